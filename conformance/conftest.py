@@ -1,0 +1,68 @@
+"""Real infrastructure for the conformance battery.
+
+One embedded PostgreSQL per test session holds a migrated template; each
+test gets a fresh database copied from it. NATS is spawned per test where a
+test asks for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from service_engine.db import Database, connect_pool
+from service_engine.embedded import (
+    EmbeddedNats,
+    EmbeddedPostgres,
+    ProvisionedDatabase,
+    drop_database,
+    provision_database,
+    provision_streams,
+)
+
+TEMPLATE = "service_engine_template"
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"), durable=False)
+    server.start()
+    try:
+        asyncio.run(provision_database(server, TEMPLATE, is_template=True))
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def database(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
+    name = f"t_{secrets.token_hex(6)}"
+    provisioned = await provision_database(pg_server, name, template=TEMPLATE)
+    try:
+        yield provisioned
+    finally:
+        await drop_database(pg_server, name)
+
+
+@pytest.fixture
+async def db(database: ProvisionedDatabase) -> AsyncIterator[Database]:
+    pool = await connect_pool(database.app_url, max_size=20)
+    try:
+        yield pool
+    finally:
+        await pool.aclose()
+
+
+@pytest.fixture
+async def nats_server(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
+    server = EmbeddedNats(tmp_path / "nats", sync_always=False)
+    await asyncio.to_thread(server.start)
+    try:
+        await provision_streams(server.url)
+        yield server
+    finally:
+        await asyncio.to_thread(server.stop)

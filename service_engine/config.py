@@ -1,0 +1,133 @@
+"""EngineConfig: every bound the engine runs under, validated at construction.
+
+A relation between two fields (``lock_timeout < ack_wait``, ...) is checked
+once, here, and a violation raises `ConfigError` naming the fields and the
+relation, so a misconfigured pod fails at boot instead of misbehaving under
+load.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ConfigError
+
+ENV_PREFIX = "SERVICE_ENGINE_"
+
+
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
+
+
+class EngineConfig(BaseModel):
+    """The engine's configuration.
+
+    Durations are `timedelta`; from the environment they are read as seconds
+    (``SERVICE_ENGINE_ACK_WAIT=30``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    service: str | None = None
+    """Service label: metric label, NATS subject segment, advisory-lock domain."""
+    service_version: str | None = None
+    """The deployed service version recorded in the schema-version singleton."""
+    http_addr: str | None = None
+    """``host:port`` the service's HTTP surface binds, when the engine serves it."""
+    pod_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    """This process's identity among the pods of one service (metric label)."""
+
+    session_ttl: timedelta = _seconds(300)
+    session_max_age: timedelta = _seconds(3600)
+    lock_timeout: timedelta = _seconds(5)
+    ack_wait: timedelta = _seconds(30)
+    max_ack_pending: int = 256
+    publish_ack_timeout: timedelta = _seconds(2)
+    beat_interval: timedelta = _seconds(1)
+    lease: timedelta = _seconds(10)
+    nats_grace: timedelta = _seconds(10)
+    listener_queue_threshold: float = 0.5
+    listener_probe_timeout: timedelta = _seconds(5)
+    schema_version_liveness: timedelta = _seconds(30)
+    window_capacity: int = 1000
+    impacts_per_commit: int = 1000
+    listener_channel_capacity: int = 10_000
+    fold_cache_capacity: int = 1024
+    repair_attempts: int = 3
+    reset_threshold: int = 64
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from exc
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> Self:
+        problems: list[str] = []
+
+        def require(ok: bool, relation: str) -> None:
+            if not ok:
+                problems.append(relation)
+
+        positive_durations = (
+            "session_ttl", "session_max_age", "lock_timeout", "ack_wait",
+            "publish_ack_timeout", "beat_interval", "lease", "nats_grace",
+            "listener_probe_timeout", "schema_version_liveness",
+        )
+        for name in positive_durations:
+            require(getattr(self, name) > timedelta(0), f"{name} > 0")
+        positive_counts = (
+            "max_ack_pending", "window_capacity", "impacts_per_commit",
+            "listener_channel_capacity", "fold_cache_capacity", "repair_attempts",
+            "reset_threshold",
+        )
+        for name in positive_counts:
+            require(getattr(self, name) > 0, f"{name} > 0")
+        require(self.session_max_age > self.session_ttl, "session_max_age > session_ttl")
+        require(self.lock_timeout < self.ack_wait, "lock_timeout < ack_wait")
+        require(self.publish_ack_timeout < self.ack_wait, "publish_ack_timeout < ack_wait")
+        require(self.lease > self.beat_interval, "lease > beat_interval")
+        require(
+            0.0 < self.listener_queue_threshold <= 1.0,
+            "listener_queue_threshold in (0.0, 1.0]",
+        )
+        if problems:
+            raise ValueError("violated: " + "; ".join(problems))
+        return self
+
+    def with_service_version(self, version: str) -> EngineConfig:
+        """A copy recording ``version`` as the deployed service version."""
+        return self.replace(service_version=version)
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        """A validated copy with ``changes`` applied."""
+        return EngineConfig(**{**self.model_dump(), **changes})
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> EngineConfig:
+        """Build from ``SERVICE_ENGINE_<FIELD>`` variables (durations in seconds)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, field in cls.model_fields.items():
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is None:
+                continue
+            values[name] = _seconds(float(raw)) if field.annotation is timedelta else raw
+        values.update(overrides)
+        return cls(**values)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        location = ".".join(str(p) for p in error["loc"]) or "EngineConfig"
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{location}: {message}")
+    return "invalid EngineConfig: " + " | ".join(parts)

