@@ -27,6 +27,10 @@ from .metrics import PROMETHEUS_CONTENT_TYPE
 from .readiness import ReadinessHandle, readiness_route
 
 
+def _data_dir() -> Path:
+    return Path(os.environ.get("SERVICE_ENGINE_DATA", ".data")).resolve()
+
+
 async def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = EngineConfig.from_env(service=os.environ.get("SERVICE_ENGINE_SERVICE", "engine-host"))
@@ -37,7 +41,7 @@ async def main() -> None:
     if database_url is None or nats_url is None:
         from .embedded import EmbeddedInfra
 
-        data_dir = Path(os.path.abspath(os.environ.get("SERVICE_ENGINE_DATA", ".data")))
+        data_dir = _data_dir()
         logging.info("starting embedded Postgres and NATS under %s", data_dir)
         infra = await EmbeddedInfra.start(data_dir)
         database_url, nats_url = infra.database.app_url, infra.nats.url

