@@ -12,6 +12,7 @@ from .db.pool import Database
 from .db.posture import assert_posture
 from .db.schema_version import Claim, VersionIdentity, claim_at_boot, claim_schema_version
 from .errors import EngineError, ListenerProbeFailed, ShuttingDown
+from .impacts.transport import PgListenNotify, fire_due
 from .integration.nats import Nats
 from .metrics import Metrics
 from .readiness import (
@@ -48,7 +49,12 @@ class Engine:
         self.metrics = Metrics(config.service, config.pod_id)
         self.version = VersionIdentity(ENGINE_VERSION, config.service_version or "unversioned")
         self._supervisor = Supervisor(readiness)
-        self._beat_steps: dict[str, BeatStep] = {"schema_version": self._refresh_schema_version}
+        self.transport = PgListenNotify(db, config, readiness)
+        self._beat_steps: dict[str, BeatStep] = {
+            "schema_version": self._refresh_schema_version,
+            "listener_queue": self.transport.check_queue,
+            "scheduled_impacts": self._fire_due,
+        }
         self._shutting_down = False
 
     @classmethod
@@ -80,6 +86,7 @@ class Engine:
         readiness.clear(REASON_BOOTING)
         readiness.set_down(REASON_NOT_RUNNING, "booted; run() has not started")
         engine._supervisor.add("beat", engine._beat)
+        engine._supervisor.add("listener", engine.transport.run)
         return engine
 
     async def _probe_listener(self) -> None:
@@ -174,6 +181,9 @@ class Engine:
                 else:
                     self.readiness.clear(reason)
             await asyncio.sleep(interval)
+
+    async def _fire_due(self) -> None:
+        await fire_due(self.db, self.metrics)
 
     async def _refresh_schema_version(self) -> None:
         async with self.db.pool.acquire() as conn:
