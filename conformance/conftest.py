@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from service_engine.db import Database, connect_pool
+from service_engine.db import Database, connect_pool, service_migrations
 from service_engine.embedded import (
     EmbeddedNats,
     EmbeddedPostgres,
@@ -25,6 +25,8 @@ from service_engine.embedded import (
 )
 
 TEMPLATE = "service_engine_template"
+SAMPLE_MIGRATIONS = Path(__file__).parent / "migrations"
+"""The conformance samples' own tables, numbered above the engine's range."""
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +34,10 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPost
     server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"), durable=False)
     server.start()
     try:
-        asyncio.run(provision_database(server, TEMPLATE, is_template=True))
+        extra = service_migrations(SAMPLE_MIGRATIONS) if SAMPLE_MIGRATIONS.is_dir() else []
+        asyncio.run(
+            provision_database(server, TEMPLATE, is_template=True, extra_migrations=extra)
+        )
         yield server
     finally:
         server.stop()

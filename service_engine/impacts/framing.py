@@ -49,7 +49,7 @@ DEFAULT_MAX_PENDING = 1024
 
 # The largest header any frame can have: version, the longest group id, and
 # six-digit index and count, with their four separators.
-_WORST_HEADER = len(FRAME_VERSION) + 1 + MAX_GROUP_ID_LENGTH + 1 + 6 + 1 + 6 + 1
+_WORST_HEADER = len(FRAME_VERSION) + MAX_GROUP_ID_LENGTH + 1 + 6 + 1 + 6 + 1
 _BRACKETS = 2
 
 MAX_IMPACT_BYTES = MAX_PAYLOAD_BYTES - 1 - _WORST_HEADER - _BRACKETS
@@ -113,7 +113,7 @@ def _pack(sizes: list[int], base_room: int) -> list[int]:
     start = 0
     index = 0
     while start < total:
-        room = base_room - 1
+        room = base_room - len(str(index))
         used = sizes[start]
         end = start + 1
         while end < total:
