@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import re
 
 import pytest
@@ -118,9 +120,7 @@ def test_hundreds_of_impacts_span_several_frames() -> None:
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
 @given(groups, limits)
-def test_every_payload_is_below_the_limit_and_round_trips(
-    group: list[Impact], limit: int
-) -> None:
+def test_every_payload_is_below_the_limit_and_round_trips(group: list[Impact], limit: int) -> None:
     group = [impact for impact in group if _fits(impact, limit)]
     payloads = encode_group("g", group, limit=limit)
     assert all(_size(payload) < limit for payload in payloads)
@@ -143,7 +143,7 @@ def test_packing_is_greedy(group: list[Impact], limit: int) -> None:
     """No frame could have taken the next frame's first impact as well."""
     group = [impact for impact in group if _fits(impact, limit)]
     payloads = encode_group("g", group, limit=limit)
-    for payload, following in zip(payloads, payloads[1:], strict=False):
+    for payload, following in itertools.pairwise(payloads):
         first_next = parse_frame(following).impacts[0]
         assert _size(payload) + 1 + _size(impact_json(first_next)) >= limit
 
@@ -252,21 +252,21 @@ def test_encoding_is_deterministic(group: list[Impact]) -> None:
         "",
         "hello",
         "1|g|0|1",
-        "2|g|0|1|[{\"n\":\"c\"}]",
-        "1||0|1|[{\"n\":\"c\"}]",
-        "1|g h|0|1|[{\"n\":\"c\"}]",
-        "1|g|1|1|[{\"n\":\"c\"}]",
-        "1|g|0|0|[{\"n\":\"c\"}]",
-        "1|g|00|2|[{\"n\":\"c\"}]",
-        "1|g|-1|2|[{\"n\":\"c\"}]",
-        "1|g|0|1234567|[{\"n\":\"c\"}]",
+        '2|g|0|1|[{"n":"c"}]',
+        '1||0|1|[{"n":"c"}]',
+        '1|g h|0|1|[{"n":"c"}]',
+        '1|g|1|1|[{"n":"c"}]',
+        '1|g|0|0|[{"n":"c"}]',
+        '1|g|00|2|[{"n":"c"}]',
+        '1|g|-1|2|[{"n":"c"}]',
+        '1|g|0|1234567|[{"n":"c"}]',
         "1|g|0|1|",
         "1|g|0|1|[]",
         "1|g|0|1|{}",
         "1|g|0|1|[1]",
-        "1|g|0|1|[{\"n\":\"c\"}",
-        "1|g|0|1|[{\"n\":\"c\",\"k\":NaN}]",
-        "1|g|0|1|[{\"n\":\"c\",\"q\":1}]",
+        '1|g|0|1|[{"n":"c"}',
+        '1|g|0|1|[{"n":"c","k":NaN}]',
+        '1|g|0|1|[{"n":"c","q":1}]',
         "1|g|0|1|" + "[" * 100_000 + "]" * 100_000,
     ],
 )
@@ -277,10 +277,8 @@ def test_malformed_payload_raises_frame_error(payload: str) -> None:
 
 @given(st.text())
 def test_parse_frame_raises_only_frame_error(payload: str) -> None:
-    try:
+    with contextlib.suppress(FrameError):
         parse_frame(payload)
-    except FrameError:
-        pass
 
 
 @given(st.lists(impacts, min_size=1, max_size=5), st.data())
@@ -313,6 +311,8 @@ def _group(size: int, noun: str = "card") -> list[Impact]:
 @settings(suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(impacts, min_size=1, max_size=25), min_size=1, max_size=6), st.data())
 def test_interleaved_groups_reassemble(groups_: list[list[Impact]], data: st.DataObject) -> None:
+    groups_ = [[impact for impact in group if _fits(impact, 256)] for group in groups_]
+    groups_ = [group for group in groups_ if group]
     frames = {f"g{i}": _frames(f"g{i}", group) for i, group in enumerate(groups_)}
     tokens = [group_id for group_id, group_frames in frames.items() for _ in group_frames]
     order = data.draw(st.permutations(tokens))

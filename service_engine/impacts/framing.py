@@ -49,7 +49,7 @@ DEFAULT_MAX_PENDING = 1024
 
 # The largest header any frame can have: version, the longest group id, and
 # six-digit index and count, with their four separators.
-_WORST_HEADER = len(FRAME_VERSION) + MAX_GROUP_ID_LENGTH + 1 + 6 + 1 + 6 + 1
+_WORST_HEADER = len(FRAME_VERSION) + 1 + MAX_GROUP_ID_LENGTH + 1 + 6 + 1 + 6 + 1
 _BRACKETS = 2
 
 MAX_IMPACT_BYTES = MAX_PAYLOAD_BYTES - 1 - _WORST_HEADER - _BRACKETS
@@ -75,17 +75,14 @@ def _utf8_len(text: str) -> int:
     try:
         return len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise ValueError(
-            "impact contains a lone surrogate and cannot be sent as UTF-8"
-        ) from exc
+        raise ValueError("impact contains a lone surrogate and cannot be sent as UTF-8") from exc
 
 
 def _too_large(position: int, impact: Impact, size: int, max_bytes: int, limit: int) -> Exception:
     key_bytes = _utf8_len(impact.key_json)
     if impact.cause is None:
         blame = (
-            f"its key alone is {key_bytes} bytes; a key identifies a row, "
-            "bulk data rides the view"
+            f"its key alone is {key_bytes} bytes; a key identifies a row, bulk data rides the view"
         )
     else:
         cause_bytes = _utf8_len(impact.cause.data_json)

@@ -1,0 +1,236 @@
+"""Impact transport over LISTEN/NOTIFY: s132, s133, s134 and the stream's
+continuity guarantees, against a real Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from service_engine import Database, EngineConfig, ReadinessHandle, Timestamp
+from service_engine.errors import CauseTooLarge
+from service_engine.impacts import MAX_PAYLOAD_BYTES, Cause, Impact
+from service_engine.impacts.transport import (
+    PgListenNotify,
+    Reconnected,
+    fire_due,
+    queue_usage,
+    schedule_in,
+    stage_in,
+)
+from service_engine.metrics import Metrics
+from service_engine.readiness import REASON_BOOTING, REASON_LISTENER_BRAKE
+
+from .harness import assert_nothing, wait_until
+
+
+@contextlib.asynccontextmanager
+async def listening(db: Database, **config: object) -> AsyncIterator[PgListenNotify]:
+    readiness = ReadinessHandle()
+    listener = PgListenNotify(db, EngineConfig(**config), readiness)  # type: ignore[arg-type]
+    task = asyncio.create_task(listener.run())
+    try:
+        await asyncio.wait_for(listener.started.wait(), 10)
+        yield listener
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def commit(db: Database, impacts: list[Impact]) -> None:
+    async with db.pool.acquire() as conn, conn.transaction():
+        await stage_in(conn, impacts)
+
+
+async def next_delivery(listener: PgListenNotify) -> list[Impact] | Reconnected:
+    return await asyncio.wait_for(listener.channel.get(), 10)
+
+
+def cards(*keys: int) -> list[Impact]:
+    return [Impact.entity("card", k) for k in keys]
+
+
+async def test_committed_impacts_arrive_whole_once_in_commit_order(db: Database) -> None:
+    async with listening(db) as listener:
+        async with db.pool.acquire() as conn:
+            for batch in ([1, 2], [3], [4, 5, 6]):
+                async with conn.transaction():
+                    await stage_in(conn, cards(*batch))
+        assert await next_delivery(listener) == cards(1, 2)
+        assert await next_delivery(listener) == cards(3)
+        assert await next_delivery(listener) == cards(4, 5, 6)
+        await assert_nothing(listener.channel, 0.2)  # type: ignore[arg-type]
+
+
+async def test_a_rolled_back_transaction_delivers_nothing(db: Database) -> None:
+    async with listening(db) as listener:
+        async with db.pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            await stage_in(conn, cards(1))
+            await tx.rollback()
+        await assert_nothing(listener.channel, 0.3)  # type: ignore[arg-type]
+
+
+async def test_large_groups_reassemble_across_frames_amid_concurrent_commits(db: Database) -> None:
+    def group(tag: str) -> list[Impact]:
+        return [Impact.entity("row", f"{tag}-{i}-" + "x" * 120) for i in range(400)]
+
+    groups = {tag: group(tag) for tag in "abcd"}
+    small = [cards(i) for i in range(20)]
+    async with listening(db) as listener:
+        await asyncio.gather(
+            *(commit(db, g) for g in groups.values()), *(commit(db, s) for s in small)
+        )
+        received = [await next_delivery(listener) for _ in range(len(groups) + len(small))]
+    assert all(isinstance(r, list) for r in received)
+    large = [r for r in received if isinstance(r, list) and len(r) == 400]
+    assert sorted(large, key=lambda g: g[0].key_json) == list(groups.values())
+    singles = sorted(r[0].key for r in received if isinstance(r, list) and len(r) == 1)  # type: ignore[type-var]
+    assert singles == list(range(20))
+
+
+async def test_an_oversize_cause_fails_the_transaction_and_commits_nothing(db: Database) -> None:
+    at = Timestamp.now() + timedelta(hours=1)
+    huge = Impact.entity("card", 1, Cause("card.moved", "x" * MAX_PAYLOAD_BYTES))
+    async with listening(db) as listener:
+        async with db.pool.acquire() as conn:
+            with pytest.raises(CauseTooLarge):
+                async with conn.transaction():
+                    await schedule_in(conn, at, cards(7))
+                    await stage_in(conn, [*cards(1), huge])
+        assert await db.pool.fetchval("SELECT count(*) FROM service_engine.scheduled_impact") == 0
+        await assert_nothing(listener.channel, 0.2)  # type: ignore[arg-type]
+
+
+async def test_s132_channel_overflow_yields_exactly_one_reconnected_and_keeps_draining(
+    db: Database,
+) -> None:
+    """s132: with a tiny channel and a stalled consumer, an overflow drops the
+    queued impacts, yields exactly one Reconnected, and the drain goes on."""
+    async with listening(db, listener_channel_capacity=3) as listener:
+        for i in range(10):  # the consumer is stalled: nobody reads
+            await commit(db, cards(i))
+        await wait_until(lambda: listener.channel.overflows >= 1, what="an overflow")
+        await wait_until(lambda: len(listener.channel) >= 1, what="queued deliveries")
+        drained: list[object] = []
+        while (item := listener.channel.get_nowait()) is not None:
+            drained.append(item)
+        assert sum(isinstance(d, Reconnected) for d in drained) == 1
+        assert isinstance(drained[0], Reconnected)
+        # The listener kept draining: a new commit arrives after the loss.
+        await commit(db, cards(99))
+        got = await next_delivery(listener)
+        while got != cards(99):
+            assert isinstance(got, list), "a second Reconnected for one overflow"
+            got = await next_delivery(listener)
+
+
+async def test_s133_queue_usage_brake_takes_readiness_down_then_recovers(
+    db: Database, database: object
+) -> None:
+    """s133: past listener_queue_threshold the brake closes the listener,
+    readiness goes DOWN with the reason, the listener reconnects and signals
+    Reconnected, and readiness returns once usage falls."""
+    # A backend that LISTENs and idles in a transaction holds the queue tail:
+    # notifications spanning more than one queue page then count as usage.
+    stuck = await db.connect_dedicated()
+    await stuck.execute("LISTEN service_engine_impacts")
+    await stuck.execute("BEGIN")
+    await stuck.execute("SELECT 1")
+    try:
+        await commit(db, [Impact.entity("row", f"{i}-" + "x" * 200) for i in range(600)])
+        usage = await queue_usage(db)
+        assert usage > 0
+        readiness = ReadinessHandle()
+        readiness.clear(REASON_BOOTING)
+        config = EngineConfig(listener_queue_threshold=usage / 10)
+        listener = PgListenNotify(db, config, readiness)
+        task = asyncio.create_task(listener.run())
+        try:
+            await asyncio.wait_for(listener.started.wait(), 10)
+            connections = listener.connections
+            await listener.check_queue()
+            assert readiness.holds(REASON_LISTENER_BRAKE)
+            assert "listener_queue_threshold" in readiness.current().reasons[REASON_LISTENER_BRAKE]
+            assert isinstance(await next_delivery(listener), Reconnected)
+            assert listener.connections == connections + 1
+            await stuck.execute("ROLLBACK")
+            await stuck.execute("UNLISTEN *")
+            await wait_until(lambda: _usage_zero(db), what="queue drained")
+            await listener.check_queue()
+            await wait_until(lambda: not readiness.holds(REASON_LISTENER_BRAKE), what="brake released")
+            assert readiness.is_up
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        await stuck.close()
+
+
+async def _usage_zero(db: Database) -> bool:
+    return await queue_usage(db) == 0.0
+
+
+async def test_s134_only_committed_impacts_are_counted_after_commit(db: Database) -> None:
+    """s134: the impacts-committed metric counts impacts of committed
+    transactions only, recorded after the commit returns."""
+    metrics = Metrics("svc", "pod-a")
+    series = "service_engine_impacts_committed_total"
+    due = Timestamp.now() - timedelta(seconds=1)
+    async with db.pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await schedule_in(conn, due, cards(1, 2, 3))
+        await tx.rollback()
+    assert await fire_due(db, metrics) == 0
+    assert (metrics.sample(series) or 0) == 0
+    async with db.pool.acquire() as conn, conn.transaction():
+        await schedule_in(conn, due, cards(1, 2, 3))
+    assert await fire_due(db, metrics) == 3
+    assert metrics.sample(series) == 3
+    assert "service_engine_impacts_committed_total" in metrics.exposition().decode()
+
+
+async def test_a_terminated_listener_backend_yields_reconnected_and_resumes(db: Database) -> None:
+    async with listening(db) as listener:
+        pid = await db.pool.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
+        )
+        assert pid is not None
+        owner = await asyncpg.connect(db._url)
+        try:
+            # The app role may terminate its own backends.
+            assert await owner.fetchval("SELECT pg_terminate_backend($1)", pid)
+        finally:
+            await owner.close()
+        assert isinstance(await next_delivery(listener), Reconnected)
+        await commit(db, cards(5))
+        assert await next_delivery(listener) == cards(5)
+
+
+async def test_scheduled_impacts_fire_once_at_database_time_with_two_pods_racing(
+    db: Database,
+) -> None:
+    db_now = Timestamp(await db.pool.fetchval("SELECT now()"))
+    async with db.pool.acquire() as conn, conn.transaction():
+        await schedule_in(conn, db_now + timedelta(milliseconds=400), cards(1, 2))
+    async with listening(db) as listener:
+        assert await fire_due(db) == 0, "fired before the database clock reached it"
+        fired: list[int] = []
+
+        async def pod() -> None:
+            for _ in range(60):
+                fired.append(await fire_due(db))
+                await asyncio.sleep(0.01)
+
+        await asyncio.gather(pod(), pod())
+        assert sum(fired) == 2
+        assert await next_delivery(listener) == cards(1, 2)
+        await assert_nothing(listener.channel, 0.2)  # type: ignore[arg-type]
