@@ -62,6 +62,8 @@ _encode = _ENCODER.encode
 # Exact types whose canonical text needs no walk and whose value is already
 # immutable; everything else goes through encode -> decode -> freeze.
 _SCALARS: frozenset[type] = frozenset({str, int, bool, float, type(None)})
+_FAST_KEYS: frozenset[type] = frozenset({str, int})
+_set = object.__setattr__
 
 
 def canonical_json(value: object) -> str:
@@ -289,6 +291,19 @@ def decode_impact(obj: object) -> Impact:
     """
     if not isinstance(obj, dict):
         raise FrameError(f"an impact is a JSON object, got {type(obj).__name__}")
+    if len(obj) == 2:
+        # The hot path on the listener: an entity impact with a str or int key
+        # (every commit's common case) needs none of the general checks.
+        noun, key = obj.get("n"), obj.get("k")
+        if type(noun) is str and noun and type(key) in _FAST_KEYS:
+            impact = object.__new__(Impact)
+            _set(impact, "kind", ImpactKind.ENTITY)
+            _set(impact, "noun", noun)
+            _set(impact, "key", key)
+            _set(impact, "cause", None)
+            _set(impact, "deps", ())
+            _set(impact, "key_json", _encode(key))
+            return impact
     unknown = obj.keys() - _FIELDS
     if unknown:
         raise FrameError(f"impact has unknown fields {sorted(map(str, unknown))}")
