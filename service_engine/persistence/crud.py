@@ -1,0 +1,174 @@
+"""CRUD: the aggregate is one state row. `CrudStore` writes the SQL for you.
+
+A slice declares its table and how a row maps to the aggregate::
+
+    class BoardStore(CrudStore[Board, str]):
+        TABLE = "board"
+        KEY = "id"
+        COLUMNS = ("id", "title", "archived")
+
+        def to_row(self, board: Board) -> Mapping[str, object]:
+            return {"id": board.id, "title": board.title, "archived": board.archived}
+
+        def from_row(self, row: Mapping[str, Any]) -> Board:
+            return Board(row["id"], row["title"], row["archived"])
+
+    class Board(Aggregate):
+        Store = BoardStore()
+
+and gets `load`, a batched `read_many` (``WHERE id = ANY($1)``), `lock`
+(``SELECT ... FOR UPDATE``, off with ``lock_rows=False``), `create`, `save`
+and `delete`. The table's own constraints (unique, foreign key, check) are
+the domain's: a violation rolls the whole command back.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar, cast
+
+from ..db.types import Conn
+from .base import NotFound, Persistence, Row, Style, as_row, qualified_name
+
+__all__ = ["CrudStore", "quote_ident"]
+
+A = TypeVar("A")
+K = TypeVar("K")
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def quote_ident(name: str) -> str:
+    """Quote ``name`` (optionally ``schema.name``) as a SQL identifier.
+
+    Only plain identifiers are accepted, so a quoted name is never a way
+    to smuggle SQL in.
+    """
+    parts = name.split(".")
+    if not 1 <= len(parts) <= 2 or not all(_IDENT.fullmatch(p) for p in parts):
+        raise ValueError(f"not a plain SQL identifier: {name!r}")
+    return ".".join(f'"{p}"' for p in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class _StateSql:
+    select: str
+    select_many: str
+    lock: str
+    insert: str
+    update: str
+    delete: str
+
+    @classmethod
+    def build(cls, table: str, key: str, columns: Sequence[str]) -> _StateSql:
+        if key not in columns:
+            raise ValueError(f"KEY {key!r} must be one of COLUMNS {tuple(columns)!r}")
+        t = quote_ident(table)
+        k = quote_ident(key)
+        cols = [quote_ident(c) for c in columns]
+        listed = ", ".join(cols)
+        values = ", ".join(f"${i}" for i in range(1, len(cols) + 1))
+        others = [c for c in cols if c != k]
+        assign = ", ".join(f"{c} = ${i}" for i, c in enumerate(others, start=2))
+        update = (
+            f"UPDATE {t} SET {assign} WHERE {k} = $1" if others
+            else f"UPDATE {t} SET {k} = $1 WHERE {k} = $1"
+        )
+        return cls(
+            select=f"SELECT {listed} FROM {t} WHERE {k} = $1",
+            select_many=f"SELECT {listed} FROM {t} WHERE {k} = ANY($1)",
+            lock=f"SELECT 1 FROM {t} WHERE {k} = $1 FOR UPDATE",
+            insert=f"INSERT INTO {t} ({listed}) VALUES ({values})",
+            update=update,
+            delete=f"DELETE FROM {t} WHERE {k} = $1",
+        )
+
+
+def _affected(status: str) -> int:
+    """The row count of a command status (``"UPDATE 1"``, ``"INSERT 0 2"``)."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
+class CrudStore(Persistence[A, K]):
+    """A store over one table keyed by one column.
+
+    Set ``TABLE``, ``KEY`` and ``COLUMNS`` (which include ``KEY``) and
+    implement `to_row` / `from_row`. ``STORE_TYPE`` (default: the store's
+    qualified class name) is what the advisory lock is keyed on.
+    ``lock_rows=False`` makes `lock` a no-op; the pipeline's advisory lock
+    still serialises commands on one key.
+    """
+
+    STYLE: ClassVar[Style] = Style.CRUD
+    TABLE: ClassVar[str]
+    KEY: ClassVar[str] = "id"
+    COLUMNS: ClassVar[tuple[str, ...]]
+    STORE_TYPE: ClassVar[str | None] = None
+
+    def __init__(self, *, lock_rows: bool = True) -> None:
+        self.lock_rows = lock_rows
+        self._sql = _StateSql.build(self.TABLE, self.KEY, self.COLUMNS)
+        self._store_type = self.STORE_TYPE or qualified_name(type(self))
+
+    @property
+    def store_type(self) -> str:
+        return self._store_type
+
+    @abstractmethod
+    def to_row(self, aggregate: A) -> Mapping[str, object]:
+        """Every column of ``COLUMNS`` for ``aggregate``."""
+
+    @abstractmethod
+    def from_row(self, row: Row) -> A:
+        """The aggregate a row (with ``COLUMNS``) holds."""
+
+    def key_of(self, aggregate: A) -> K:
+        return cast(K, self.to_row(aggregate)[self.KEY])
+
+    def _values(self, aggregate: A) -> list[object]:
+        """Column values in statement order: the key first, then the others."""
+        row = self.to_row(aggregate)
+        missing = [c for c in self.COLUMNS if c not in row]
+        if missing:
+            raise ValueError(f"{type(self).__qualname__}.to_row lacks columns {missing}")
+        return [row[self.KEY], *(row[c] for c in self.COLUMNS if c != self.KEY)]
+
+    def _insert_values(self, aggregate: A) -> list[object]:
+        row = self.to_row(aggregate)
+        missing = [c for c in self.COLUMNS if c not in row]
+        if missing:
+            raise ValueError(f"{type(self).__qualname__}.to_row lacks columns {missing}")
+        return [row[c] for c in self.COLUMNS]
+
+    async def load(self, conn: Conn, key: K) -> A | None:
+        row = await conn.fetchrow(self._sql.select, key)
+        return None if row is None else self.from_row(as_row(row))
+
+    async def read_many(self, conn: Conn, keys: Sequence[K]) -> list[A]:
+        """One query for the whole batch; found rows in the order of ``keys``."""
+        if not keys:
+            return []
+        wanted = list(dict.fromkeys(keys))
+        rows = await conn.fetch(self._sql.select_many, wanted)
+        by_key = {row[self.KEY]: row for row in rows}
+        return [self.from_row(as_row(by_key[key])) for key in wanted if key in by_key]
+
+    async def lock(self, conn: Conn, key: K) -> None:
+        if self.lock_rows:
+            await conn.execute(self._sql.lock, key)
+
+    async def create(self, conn: Conn, aggregate: A) -> None:
+        await conn.execute(self._sql.insert, *self._insert_values(aggregate))
+
+    async def save(self, conn: Conn, aggregate: A) -> None:
+        values = self._values(aggregate)
+        if _affected(await conn.execute(self._sql.update, *values)) == 0:
+            raise NotFound(self.store_type, values[0])
+
+    async def delete(self, conn: Conn, aggregate: A) -> None:
+        key = self.key_of(aggregate)
+        if _affected(await conn.execute(self._sql.delete, key)) == 0:
+            raise NotFound(self.store_type, key)

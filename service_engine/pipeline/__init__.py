@@ -1,0 +1,56 @@
+"""The write pipeline: contexts, the transaction around a handler, outcomes.
+
+`run` holds the pipeline itself, `contexts` what a handler may do (`Ops`,
+`Mutation`, `Bulk`), `executor` the `MutationExecutor` entry point,
+`outcomes` what the synchronous channel answers and `errors` the typed
+failures driver errors are translated into.
+"""
+
+from __future__ import annotations
+
+from .contexts import BULK_PATH, Bulk, Mutation, Ops, OutboxRow, Staged
+from .errors import (
+    ConstraintViolation,
+    DatabaseError,
+    DatabaseFault,
+    LockTimeout,
+    Stage,
+    TransientConflict,
+    translate_db_error,
+)
+from .executor import MutationExecutor
+from .outcomes import (
+    DATABASE_FAULT_MESSAGE,
+    MutationError,
+    MutationOutcome,
+    OneShot,
+    SecretSpent,
+    Success,
+)
+from .run import StageHook, flush, run_pipeline
+
+__all__ = [
+    "BULK_PATH",
+    "DATABASE_FAULT_MESSAGE",
+    "Bulk",
+    "ConstraintViolation",
+    "DatabaseError",
+    "DatabaseFault",
+    "LockTimeout",
+    "Mutation",
+    "MutationError",
+    "MutationExecutor",
+    "MutationOutcome",
+    "OneShot",
+    "Ops",
+    "OutboxRow",
+    "SecretSpent",
+    "Stage",
+    "StageHook",
+    "Staged",
+    "Success",
+    "TransientConflict",
+    "flush",
+    "run_pipeline",
+    "translate_db_error",
+]

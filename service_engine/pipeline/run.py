@@ -1,0 +1,153 @@
+"""The write pipeline: one transaction around one handler.
+
+    BEGIN; SET LOCAL lock_timeout
+      handler(cx): per aggregate advisory lock -> Persistence.lock -> load,
+                   gate (deny mode), domain command, save
+      flush: stage impacts (ONE stage_in), scheduled impacts, outbox rows
+    COMMIT
+    record the committed impacts; respond
+
+`run_pipeline` is shared by every entry point (the mutation executor, the
+NATS reaction loop); each builds its own context over `Ops`. It returns the
+handler's value or raises: `DatabaseError` (stage-tagged, translated from
+the driver), `Refused`, `NotFound`, `HydrationFailed`, `TooManyImpacts`,
+`CauseTooLarge`, or whatever the handler itself raised. Whatever it raises,
+nothing was committed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+from ..clock import Clock, Timestamp
+from ..config import EngineConfig
+from ..db.pool import Database
+from ..db.types import Conn
+from ..impacts.transport import schedule_in, stage_in
+from ..metrics import Metrics
+from .contexts import Ops, Staged
+from .errors import DRIVER_ERRORS, Stage, translate_db_error
+
+__all__ = ["StageHook", "flush", "run_pipeline"]
+
+C = TypeVar("C", bound=Ops)
+R = TypeVar("R")
+
+
+class StageHook(Protocol):
+    """Called at the pipeline's own stages, inside the transaction.
+
+    ``stage`` is `Stage.BEGIN` (after BEGIN), `Stage.FLUSH` (before the
+    staged writes) or `Stage.COMMIT` (just before COMMIT). A statement the
+    hook runs is part of the transaction, and an error it raises is a fault
+    of that stage. The seam for fault injection in tests.
+    """
+
+    async def __call__(self, stage: Stage, conn: Conn) -> None: ...
+
+
+_OUTBOX_INSERT = """
+INSERT INTO service_engine.integration_outbox
+       (message_id, subject, payload, headers, producer, seq_key, seq)
+SELECT r.message_id, r.subject, r.payload::jsonb, r.headers::jsonb, r.producer, r.seq_key, r.seq
+  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+              $7::bigint[]) WITH ORDINALITY
+       AS r(message_id, subject, payload, headers, producer, seq_key, seq, ord)
+ ORDER BY r.ord
+"""
+
+
+async def flush(conn: Conn, staged: Staged) -> int:
+    """Write what a handler staged, in its transaction; return the impacts
+    staged for NOTIFY (record them only after the commit)."""
+    count = await stage_in(conn, staged.impacts)
+    for at, impacts in staged.scheduled.items():
+        await schedule_in(conn, at, impacts)
+    rows = staged.outbox
+    if rows:
+        await conn.execute(
+            _OUTBOX_INSERT,
+            [r.message_id for r in rows], [r.subject for r in rows],
+            [r.payload_json for r in rows], [r.headers_json for r in rows],
+            [r.producer for r in rows], [r.seq_key for r in rows], [r.seq for r in rows],
+        )
+    return count
+
+
+def _begin_sql(config: EngineConfig) -> str:
+    # One round trip: BEGIN and the transaction's lock bound together. The
+    # value is an int we computed, so formatting it into SQL is safe.
+    millis = max(1, math.ceil(config.lock_timeout.total_seconds() * 1000))
+    return f"BEGIN; SET LOCAL lock_timeout = {millis}"
+
+
+async def run_pipeline(
+    db: Database,
+    config: EngineConfig,
+    open_context: Callable[[Conn, Timestamp], C],
+    handler: Callable[[C], Awaitable[R]],
+    *,
+    clock: Clock,
+    metrics: Metrics | None = None,
+    hook: StageHook | None = None,
+) -> R:
+    """Run ``handler`` in one pipeline transaction and commit.
+
+    ``open_context(conn, now)`` builds the handler's context over the open
+    transaction. The committed impacts are recorded on ``metrics`` only
+    after COMMIT returned.
+    """
+    stage = Stage.BEGIN
+    try:
+        conn = await db.pool.acquire(timeout=config.lock_timeout.total_seconds())
+    except DRIVER_ERRORS as exc:
+        raise translate_db_error(exc, stage) from exc
+    committed = 0
+    try:
+        try:
+            await conn.execute(_begin_sql(config))
+            if hook is not None:
+                await hook(Stage.BEGIN, conn)
+        except DRIVER_ERRORS as exc:
+            raise translate_db_error(exc, stage) from exc
+
+        cx = open_context(conn, clock.now())
+        result = await handler(cx)
+        staged = cx._staged()
+
+        try:
+            stage = Stage.FLUSH
+            if hook is not None:
+                await hook(stage, conn)
+            committed = await flush(conn, staged)
+            stage = Stage.COMMIT
+            if hook is not None:
+                await hook(stage, conn)
+            await conn.execute("COMMIT")
+        except DRIVER_ERRORS as exc:
+            raise translate_db_error(exc, stage) from exc
+    except BaseException:
+        await _abandon(conn)
+        raise
+    finally:
+        await db.pool.release(conn)
+    if metrics is not None:
+        metrics.add_impacts_committed(committed)
+    return result
+
+
+async def _abandon(conn: Conn) -> None:
+    """Roll back whatever is open; a connection that cannot is closed."""
+    if conn.is_closed() or not conn.is_in_transaction():
+        return
+    # A connection in an unknown state (cancelled mid-statement, lost) is
+    # closed, never handed back to the pool as if it were clean.
+    try:
+        await conn.execute("ROLLBACK")
+    except Exception:
+        conn.terminate()
+    except BaseException:
+        conn.terminate()
+        raise

@@ -1,0 +1,4 @@
+"""Test support: seams tests plug into (fault injection, ...).
+
+Never imported by the engine itself.
+"""
