@@ -19,8 +19,8 @@ from service_engine.render import (
     Delta,
     Dirty,
     Interest,
-    KeyText,
     Keys,
+    KeyText,
     Population,
     Route,
     Session,
@@ -201,7 +201,7 @@ class Model:
         principal = self.principals[session.principal.id]
         population = session.membership.population
         if isinstance(population, Keys):
-            candidates = [self.rows[k] for k in population.keys.values() if k in self.rows]  # type: ignore[index, comparison-overlap]
+            candidates = [self.rows[k] for k in population.keys.values() if k in self.rows]  # type: ignore[index]
             return {canonical_json(r.key): project(r, principal) for r in candidates if visible(r, principal)}
         if session.membership.rule.value == "authoritative":
             keys = self.populate(principal, self.query_of(session))

@@ -18,7 +18,13 @@ from service_engine.render import (
     group_by_cohort,
     principal_key,
 )
-from service_engine.view import Projector, Unrestricted, cohort_of, check_projector, InvalidProjector
+from service_engine.view import (
+    InvalidProjector,
+    Projector,
+    Unrestricted,
+    check_projector,
+    cohort_of,
+)
 
 _text = st.text(alphabet=st.sampled_from("ab\x00\x01\x02\x08é😀:|"), max_size=6)
 _parts = st.one_of(
@@ -95,7 +101,7 @@ def test_principal_tricks_are_distinct() -> None:
 
 def test_floats_and_other_types_are_refused() -> None:
     with pytest.raises(TypeError):
-        CohortKey.of_parts(0.0)
+        CohortKey.of_parts(0.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         CohortKey.of_parts(["list"])  # type: ignore[arg-type]
 

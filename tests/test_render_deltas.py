@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -32,7 +33,7 @@ _views = st.one_of(st.none(), st.integers(min_value=0, max_value=3), st.text(max
 _windows = st.dictionaries(_keys, _views, max_size=10)
 
 
-def _apply(last: dict[str, object], changes: list) -> dict[str, object]:
+def _apply(last: dict[str, object], changes: list[Any]) -> dict[str, object]:
     window = dict(last)
     for change in changes:
         apply_change(window, change)
@@ -219,3 +220,17 @@ def test_caused_impacts_outside_the_scope_are_ignored() -> None:
         RenderPlan(keyed([1])), {"1": "a"}, threshold=10, caused=[("2", Cause("x"))]
     )
     assert deltas == []
+
+
+@settings(max_examples=150)
+@given(last=_windows, rendered=_windows, scope=st.lists(_keys, max_size=8, unique=True))
+def test_session_render_is_diff_window_applied(
+    last: dict[str, object], rendered: dict[str, object], scope: list[str]
+) -> None:
+    # Session.render fuses the diff and its application for speed; it must
+    # send exactly what the reference diff says, and end where it leads.
+    session = _live_session(last)
+    expected = diff_window(last, rendered, revision=1, scope=scope)
+    deltas = session.render(RenderPlan(dict.fromkeys(scope)), rendered, threshold=100)
+    assert deltas == expected
+    assert session.last_sent == _apply(last, expected)

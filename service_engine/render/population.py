@@ -228,8 +228,12 @@ class Frame:
     ``projectors`` maps projector name to its `Dirty` set (only projectors
     with sessions appear). ``principals`` maps the id text of every principal
     whose facts changed to the id value: re-resolve each once, then refresh
-    its sessions. ``reconnected`` is set when continuity was lost: re-snapshot
-    every session (the dirty sets are then covered by the snapshots).
+    its sessions (a refreshed principal object is harmless on projectors
+    that do not depend on the facts; only dependent ones re-render).
+    ``reconnected`` is set when continuity was lost: re-snapshot every live
+    session (the dirty sets are then covered by the snapshots), and hold
+    ``Dirty(everything=True)`` on every holding session so its replay
+    re-renders the whole window.
     """
 
     projectors: dict[str, Dirty] = field(default_factory=dict)

@@ -50,7 +50,7 @@ from typing import Any, Generic, NewType, TypeVar
 from ..errors import AttachError, EngineError
 from ..impacts.model import Cause, JsonValue
 from .cohort import CohortKey
-from .deltas import Delta, KeyText, Remove, Reset, Revision, Upsert, apply_change, diff_window
+from .deltas import Delta, KeyText, Remove, Reset, Revision, Upsert
 from .paging import (
     NoLiveSession,
     NotPageable,
@@ -379,12 +379,25 @@ class Session(Generic[P, V]):
                 rev += 1
                 out.append(Remove(rev, key, cause))
                 del last[key]
-        changes = diff_window(last, rendered, revision=rev, scope=scope)
-        if changes:
-            for change in changes:
-                apply_change(last, change)
-            out.extend(changes)
-            rev += len(changes)
+        # `diff_window(last, rendered, scope=scope)` applied as it goes: one
+        # walk of the scope instead of a diff and a second apply loop. This
+        # runs per session per frame; tests pin it to diff_window.
+        get = rendered.get
+        sent = last.get
+        for key in scope:
+            view = get(key, _MISSING)
+            if view is _MISSING:
+                if key in last:
+                    rev += 1
+                    out.append(Remove(rev, key))
+                    del last[key]
+                continue
+            old = sent(key, _MISSING)
+            if old is view or (old is not _MISSING and old == view):
+                continue
+            rev += 1
+            out.append(Upsert(rev, key, view))
+            last[key] = view
         for key in plan.leaving:
             if key in last:
                 rev += 1
