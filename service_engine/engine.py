@@ -6,12 +6,14 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .config import EngineConfig
 from .db.pool import Database
 from .db.posture import assert_posture
 from .db.schema_version import Claim, VersionIdentity, claim_at_boot, claim_schema_version
 from .errors import EngineError, ListenerProbeFailed, ShuttingDown
+from .impacts.model import JsonValue
 from .impacts.transport import PgListenNotify, fire_due
 from .integration.nats import Nats
 from .metrics import Metrics
@@ -21,7 +23,11 @@ from .readiness import (
     REASON_SHUTTING_DOWN,
     ReadinessHandle,
 )
+from .render.paging import PageResult
+from .render.population import WindowSpec
+from .render.runtime import PrincipalRefresh, RenderRuntime, SessionStream
 from .supervisor import Supervisor, Worker
+from .view import Projector, RlsApplier
 
 ENGINE_VERSION = "0.1.0"
 REASON_NOT_RUNNING = "not_running"
@@ -50,10 +56,14 @@ class Engine:
         self.version = VersionIdentity(ENGINE_VERSION, config.service_version or "unversioned")
         self._supervisor = Supervisor(readiness)
         self.transport = PgListenNotify(db, config, readiness)
+        self.render = RenderRuntime(
+            db, config, self.transport.channel, accepting=self.ensure_accepting
+        )
         self._beat_steps: dict[str, BeatStep] = {
             "schema_version": self._refresh_schema_version,
             "listener_queue": self.transport.check_queue,
             "scheduled_impacts": self._fire_due,
+            "sessions": self.render.beat,
         }
         self._shutting_down = False
 
@@ -87,6 +97,7 @@ class Engine:
         readiness.set_down(REASON_NOT_RUNNING, "booted; run() has not started")
         engine._supervisor.add("beat", engine._beat)
         engine._supervisor.add("listener", engine.transport.run)
+        engine._supervisor.add("render", engine.render.run)
         return engine
 
     async def _probe_listener(self) -> None:
@@ -135,6 +146,43 @@ class Engine:
             raise DuplicateRegistration("beat step", name)
         self._beat_steps[name] = step
 
+    def register_projector(self, projector: Projector[Any, Any, Any, Any]) -> None:
+        """Serve ``projector``'s views; raises `DuplicateRegistration` for a
+        name already registered and `InvalidProjector` for a bad declaration."""
+        self.render.register_projector(projector)
+
+    def register_principal_refresh(self, refresh: PrincipalRefresh) -> None:
+        """How a principal is re-resolved when its facts change."""
+        self.render.register_principal_refresh(refresh)
+
+    # -- sessions ---------------------------------------------------------
+
+    async def attach(
+        self,
+        principal: Any,
+        projector: str,
+        window: WindowSpec[Any],
+        *,
+        session_id: str | None = None,
+        applier: RlsApplier[Any] | None = None,
+    ) -> SessionStream[Any]:
+        """Open a live session (see `RenderRuntime.attach`); raises
+        `AttachShuttingDown` once shutdown began."""
+        return await self.render.attach(
+            principal, projector, window, session_id=session_id, applier=applier
+        )
+
+    async def page(self, session_id: str, principal: Any, cursor: JsonValue) -> PageResult[Any]:
+        """Append an older page behind a live window the caller owns."""
+        return await self.render.page(session_id, principal, cursor)
+
+    async def fetch(
+        self, projector: str, key: JsonValue, principal: Any,
+        applier: RlsApplier[Any] | None = None,
+    ) -> Any | None:
+        """One rendered view, read exactly as a session renders it."""
+        return await self.render.fetch(projector, key, principal, applier)
+
     # -- run and shutdown -----------------------------------------------
 
     async def run(self) -> None:
@@ -153,6 +201,7 @@ class Engine:
             self._shutting_down = True
             self.readiness.set_down(REASON_SHUTTING_DOWN, "the pod is shutting down")
             self._supervisor.stop()
+            self.render.end_all("the pod is shutting down")
 
     @property
     def shutting_down(self) -> bool:

@@ -163,6 +163,11 @@ class ImpactChannel:
             self._ready.clear()
         return item
 
+    async def wait(self) -> None:
+        """Return once a delivery is queued."""
+        while not self._items:
+            await self._ready.wait()
+
     async def get(self) -> Delivery:
         while not self._items:
             await self._ready.wait()

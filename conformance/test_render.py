@@ -1,0 +1,456 @@
+"""The render runtime against real Postgres: sessions, the connect barrier,
+cohorts, visibility, paging and repair (s129, s130, s131, s132, s135,
+s162-s168)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from service_engine import Database, Engine, EngineConfig, ReadinessHandle
+from service_engine.impacts import Cause, Impact
+from service_engine.impacts.transport import Delivery, PgListenNotify, stage_in
+from service_engine.render import Keys, NoLiveSession, Query, Remove, Reset, Upsert, WindowReplica
+from service_engine.render.population import WindowSpec
+from service_engine.render.runtime import RenderRuntime, SessionEnded, SessionStream
+from service_engine.view import MissingRlsApplier, PerImpact, RlsRegimeMismatch
+
+from .harness import wait_until
+from .sample_cards import (
+    Card,
+    CardsView,
+    OrgApplier,
+    OrgCardsRls,
+    Principal,
+    RankQuery,
+    delete_card,
+    write_card,
+)
+
+ALICE = Principal("alice", frozenset({"acme"}))
+BOB = Principal("bob", frozenset({"acme"}))
+CAROL = Principal("carol", frozenset({"globex"}))
+FAST = {"beat_interval": timedelta(milliseconds=50), "lease": timedelta(seconds=1)}
+
+
+@contextlib.asynccontextmanager
+async def running_engine(db: Database, *projectors: Any, **config: Any) -> AsyncIterator[Engine]:
+    readiness = ReadinessHandle()
+    engine = await Engine.boot(EngineConfig(service="render", **{**FAST, **config}), db, None, readiness)
+    for projector in projectors:
+        engine.register_projector(projector)
+    task = asyncio.create_task(engine.run())
+    try:
+        await wait_until(lambda: readiness.is_up, what="engine UP")
+        yield engine
+    finally:
+        engine.shutdown()
+        await asyncio.wait_for(task, 10)
+
+
+class Frames:
+    """A runtime driven frame by frame from a real LISTEN channel."""
+
+    def __init__(self, db: Database, **config: Any) -> None:
+        self.config = EngineConfig(**config)
+        self.listener = PgListenNotify(db, self.config, ReadinessHandle())
+        self.runtime = RenderRuntime(db, self.config, self.listener.channel)
+
+    async def commits(self, n: int) -> list[Delivery]:
+        """The next ``n`` deliveries the listener received."""
+        return [await asyncio.wait_for(self.listener.channel.get(), 10) for _ in range(n)]
+
+
+@contextlib.asynccontextmanager
+async def frames(db: Database, *projectors: Any, **config: Any) -> AsyncIterator[Frames]:
+    f = Frames(db, **config)
+    for projector in projectors:
+        f.runtime.register_projector(projector)
+    task = asyncio.create_task(f.listener.run())
+    try:
+        await asyncio.wait_for(f.listener.started.wait(), 10)
+        yield f
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def take(stream: SessionStream[Any], n: int) -> list[Any]:
+    return [await asyncio.wait_for(stream.next(), 10) for _ in range(n)]
+
+
+def drained(stream: SessionStream[Any]) -> list[Any]:
+    out = []
+    while (d := stream.get_nowait()) is not None:
+        out.append(d)
+    return out
+
+
+def window(limit: int = 100) -> WindowSpec[Any]:
+    return WindowSpec(Query(RankQuery(limit)))
+
+
+async def seed(db: Database, *cards: Card) -> None:
+    async with db.pool.acquire() as conn:
+        for card in cards:
+            await write_card(conn, card)
+
+
+# -- the live session over the running engine ----------------------------------------
+
+
+async def test_reset_then_contiguous_upserts_and_removes(db: Database) -> None:
+    await seed(db, Card("c1", "acme", 1, "one"), Card("x1", "globex", 5, "other org"))
+    async with running_engine(db, CardsView()) as engine:
+        stream = await engine.attach(ALICE, "cards", window())
+        replica: WindowReplica[Any] = WindowReplica()
+        (reset,) = await take(stream, 1)
+        assert isinstance(reset, Reset)
+        replica.apply(reset)
+        assert replica.views == {'"c1"': ("acme", 1, "one")}
+        deltas = []
+        async with db.pool.acquire() as conn:
+            # Each change awaited before the next: the render pass coalesces
+            # to committed state, so a row created and deleted within one
+            # frame would rightly never be shown.
+            await write_card(conn, Card("c2", "acme", 2, "two"))
+            deltas += await take(stream, 1)
+            await write_card(conn, Card("x2", "globex", 3, "invisible"))
+            await write_card(conn, Card("c1", "acme", 1, "uno"))
+            deltas += await take(stream, 1)
+            await delete_card(conn, "c2")
+            deltas += await take(stream, 1)
+        for delta in deltas:
+            replica.apply(delta)
+        assert [type(d) for d in deltas] == [Upsert, Upsert, Remove]
+        assert [d.revision for d in deltas] == [reset.revision + i for i in (1, 2, 3)]
+        assert replica.views == {'"c1"': ("acme", 1, "uno")}
+
+
+async def test_s129_an_upsert_reaches_only_its_own_projectors_sessions(db: Database) -> None:
+    """s129 (engine level): a write to one noun reaches the sessions of the
+    projector rendering that noun and no other."""
+    async with running_engine(db, CardsView(), OrgCardsRls()) as engine:
+        cards = await engine.attach(ALICE, "cards", window())
+        rls = await engine.attach(ALICE, "org_cards_rls", WindowSpec(Query(None), rls=True),
+                                  applier=OrgApplier())
+        await take(cards, 1)
+        await take(rls, 1)
+        async with db.pool.acquire() as conn:
+            await write_card(conn, Card("c1", "acme", 1, "card"))
+            await write_card(conn, Card("o1", "acme", 0, "org card"), table="sample_org_card")
+        (card_delta,) = await take(cards, 1)
+        (rls_delta,) = await take(rls, 1)
+        assert card_delta.key == '"c1"' and rls_delta.key == '"o1"'
+        await asyncio.sleep(0)  # nothing else queued on either stream
+        assert drained(cards) == [] and drained(rls) == []
+
+
+async def test_connect_barrier_holds_a_write_committed_during_the_snapshot(db: Database) -> None:
+    """A write committed after the snapshot's read began is held by the
+    barrier and delivered after the Reset: nothing lost, nothing twice."""
+    await seed(db, Card("c1", "acme", 1, "one"))
+
+    class RacingView(CardsView):
+        NAME = "racing"
+        raced = False
+
+        async def populate(self, cx: Any, query: RankQuery) -> Sequence[Any]:
+            keys = await super().populate(cx, query)
+            if not RacingView.raced:
+                RacingView.raced = True
+                async with db.pool.acquire() as conn:  # commits mid-snapshot
+                    await write_card(conn, Card("c1", "acme", 1, "raced"))
+            return keys
+
+    async with running_engine(db, RacingView()) as engine:
+        stream = await engine.attach(ALICE, "racing", window())
+        reset, upsert = await take(stream, 2)
+        assert isinstance(reset, Reset) and reset.views['"c1"'] == ("acme", 1, "one")
+        assert isinstance(upsert, Upsert) and upsert.view == ("acme", 1, "raced")
+        assert upsert.revision == reset.revision + 1
+
+
+async def test_s132_a_lost_listener_resets_every_live_session(db: Database) -> None:
+    """s132 (sessions): a loss of impact continuity re-snapshots every live
+    session from committed state."""
+    await seed(db, Card("c1", "acme", 1, "one"))
+    async with running_engine(db, CardsView()) as engine:
+        a = await engine.attach(ALICE, "cards", window())
+        c = await engine.attach(CAROL, "cards", window())
+        await take(a, 1)
+        await take(c, 1)
+        pid = await db.pool.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%'"
+        )
+        await db.pool.fetchval("SELECT pg_terminate_backend($1)", pid)
+        (ra,) = await take(a, 1)
+        (rc,) = await take(c, 1)
+        assert isinstance(ra, Reset) and ra.views == {'"c1"': ("acme", 1, "one")}
+        assert isinstance(rc, Reset) and rc.views == {}
+
+
+async def test_s130_a_render_frame_takes_no_row_lock(db: Database) -> None:
+    """s130: a render frame proceeds while a mutation holds the row's lock."""
+    await seed(db, Card("c1", "acme", 1, "one"))
+    async with frames(db, CardsView()) as f:
+        stream = await f.runtime.attach(ALICE, "cards", window())
+        await take(stream, 1)
+        async with db.pool.acquire() as locker, locker.transaction():
+            await locker.execute("SELECT 1 FROM sample_card WHERE id = 'c1' FOR UPDATE")
+            report = await asyncio.wait_for(
+                f.runtime.render_pass([[Impact.entity("card", "c1")]]), 5
+            )
+        assert report.loads == 1 and report.sessions == 1
+
+
+async def test_s164_one_load_per_dirty_key_and_cohort(db: Database) -> None:
+    """s164: several sessions in one cohort and two in another load once
+    per cohort per frame."""
+    async with frames(db, CardsView()) as f:
+        acme = [Principal(f"a{i}", frozenset({"acme"})) for i in range(3)]
+        globex = [Principal(f"g{i}", frozenset({"globex"})) for i in range(2)]
+        streams = [await f.runtime.attach(p, "cards", window()) for p in acme + globex]
+        for s in streams:
+            await take(s, 1)
+        async with db.pool.acquire() as conn:
+            await write_card(conn, Card("c1", "acme", 1, "one"))
+        report = await f.runtime.render_pass(await f.commits(1))
+        assert report.loads == 2
+        assert report.sessions == 5
+        assert report.deltas == 3  # only acme's sessions see the card
+        for s in streams[:3]:
+            assert [type(d) for d in drained(s)] == [Upsert]
+
+
+async def test_s165_a_per_projector_reset_threshold(db: Database) -> None:
+    """s165: RESET_THRESHOLD resets a window where the global default still diffs."""
+
+    class Touchy(CardsView):
+        NAME = "touchy"
+        RESET_THRESHOLD = 2
+
+    async with frames(db, CardsView(), Touchy()) as f:
+        plain = await f.runtime.attach(ALICE, "cards", window())
+        touchy = await f.runtime.attach(ALICE, "touchy", window())
+        await take(plain, 1)
+        await take(touchy, 1)
+        async with db.pool.acquire() as conn, conn.transaction():
+            for i in range(3):
+                await conn.execute(
+                    "INSERT INTO sample_card (id, org, rank) VALUES ($1, 'acme', $2)", f"c{i}", i
+                )
+            await stage_in(conn, [Impact.entity("card", f"c{i}") for i in range(3)])
+        await f.runtime.render_pass(await f.commits(1))
+        assert [type(d) for d in drained(plain)] == [Upsert, Upsert, Upsert]
+        (reset,) = drained(touchy)
+        assert isinstance(reset, Reset) and len(reset.views) == 3
+
+
+async def test_s166_per_impact_emission_with_a_causeless_impact(db: Database) -> None:
+    """s166: a PerImpact view emits its cause per caused impact, and folds a
+    causeless impact coalesced without faulting."""
+
+    class Narrated(CardsView):
+        NAME = "narrated"
+
+        def emission(self, impact: Impact) -> Any:
+            return PerImpact
+
+    await seed(db, Card("c1", "acme", 1, "one"))
+    async with frames(db, Narrated()) as f:
+        stream = await f.runtime.attach(ALICE, "narrated", window())
+        await take(stream, 1)
+        async with db.pool.acquire() as conn, conn.transaction():
+            await conn.execute("UPDATE sample_card SET title = 'moved' WHERE id = 'c1'")
+            await stage_in(conn, [
+                Impact.entity("card", "c1", Cause("card.moved", {"to": "done"})),
+                Impact.entity("card", "c1", Cause("card.renamed", None)),
+                Impact.entity("card", "c1"),
+            ])
+        report = await f.runtime.render_pass(await f.commits(1))
+        assert report.failures == 0
+        deltas = drained(stream)
+        assert [d.cause.name for d in deltas if d.cause] == ["card.moved", "card.renamed"]
+        assert all(isinstance(d, Upsert) for d in deltas)
+
+
+async def test_s135_leaving_a_cohort_removes_and_a_fixed_window_follows_the_principal(
+    db: Database,
+) -> None:
+    """s135: a row that leaves the principal's cohorts is Removed; a fixed
+    (Keys) window is repopulated in both directions when the principal's
+    facts change."""
+    await seed(db, Card("c1", "acme", 1, "one"), Card("g1", "globex", 2, "two"))
+    facts = {"alice": frozenset({"acme"})}
+
+    async def refresh(principal: Principal) -> Principal:
+        return Principal(principal.id, facts[principal.id])
+
+    async with running_engine(db, CardsView()) as engine:
+        engine.register_principal_refresh(refresh)
+        query = await engine.attach(ALICE, "cards", window())
+        fixed = await engine.attach(ALICE, "cards", WindowSpec(Keys(["c1", "g1"])))
+        assert (await take(query, 1))[0].views.keys() == {'"c1"'}
+        assert (await take(fixed, 1))[0].views.keys() == {'"c1"'}
+        async with db.pool.acquire() as conn:
+            await write_card(conn, Card("c1", "globex", 1, "moved away"))
+        assert isinstance((await take(query, 1))[0], Remove)
+        assert isinstance((await take(fixed, 1))[0], Remove)
+        facts["alice"] = frozenset({"globex"})
+        async with db.pool.acquire() as conn, conn.transaction():
+            await stage_in(conn, [Impact.principal_facts("alice", ["card"])])
+        got = {d.key for d in await take(fixed, 2)}
+        assert got == {'"c1"', '"g1"'}
+
+
+async def test_s131_a_failing_principal_refresh_ends_the_session(db: Database) -> None:
+    """s131: a principal-facts change whose refresh errors ends the session
+    fail-closed."""
+
+    async def refresh(principal: Principal) -> Principal:
+        raise RuntimeError("directory unavailable")
+
+    async with running_engine(db, CardsView()) as engine:
+        engine.register_principal_refresh(refresh)
+        stream = await engine.attach(ALICE, "cards", window())
+        await take(stream, 1)
+        async with db.pool.acquire() as conn, conn.transaction():
+            await stage_in(conn, [Impact.principal_facts("alice", ["card"])])
+        with pytest.raises(SessionEnded, match="principal refresh failed"):
+            await asyncio.wait_for(stream.next(), 10)
+
+
+async def test_s162_s163_paging_appends_without_reset_and_releases_silently(
+    db: Database,
+) -> None:
+    """s162: a page appends older keys behind the live window as Upserts on
+    the contiguous revision, and an edit to a paged row reaches its holder.
+    s163: past window_capacity the oldest page is released with no Remove,
+    the live head retained."""
+    await seed(db, *(Card(f"c{i}", "acme", i, f"t{i}") for i in range(10)))
+    async with running_engine(db, CardsView(), window_capacity=6) as engine:
+        stream = await engine.attach(ALICE, "cards", window(limit=2), session_id=None)
+        (reset,) = await take(stream, 1)
+        assert list(reset.views) == ['"c9"', '"c8"']
+        result = await engine.page(str(stream.id), ALICE, 8)
+        assert [d.key for d in result.deltas] == ['"c7"', '"c6"']
+        assert [d.revision for d in result.deltas] == [reset.revision + 1, reset.revision + 2]
+        paged = await take(stream, 2)
+        assert all(isinstance(d, Upsert) for d in paged)
+        async with db.pool.acquire() as conn:
+            await write_card(conn, Card("c6", "acme", 6, "edited"))
+        (edit,) = await take(stream, 1)
+        assert edit.key == '"c6"' and edit.view == ("acme", 6, "edited")
+        await engine.page(str(stream.id), ALICE, 6)   # c5, c4 -> 6 keys held
+        second = await take(stream, 2)
+        third = await engine.page(str(stream.id), ALICE, 4)  # c3, c2: releases c7, c6
+        assert set(third.released) == {'"c7"', '"c6"'}
+        later = await take(stream, 2)
+        assert all(isinstance(d, Upsert) for d in second + later)
+
+
+async def test_s167_paging_someone_elses_session_is_refused(db: Database) -> None:
+    """s167: a page for a live session the caller does not own is refused
+    with NoLiveSession, nothing reaches the victim's wire, and the caller
+    still pages her own session."""
+    await seed(db, *(Card(f"c{i}", "acme", i) for i in range(4)))
+    async with running_engine(db, CardsView()) as engine:
+        victim = await engine.attach(BOB, "cards", window(limit=2))
+        mine = await engine.attach(ALICE, "cards", window(limit=2))
+        await take(victim, 1)
+        await take(mine, 1)
+        with pytest.raises(NoLiveSession):
+            await engine.page(str(victim.id), ALICE, 2)
+        with pytest.raises(NoLiveSession):
+            await engine.page("not-a-session", ALICE, 2)
+        result = await engine.page(str(mine.id), ALICE, 2)
+        assert len(result.deltas) == 2
+        assert drained(victim) == []
+
+
+async def test_s168_an_rls_assertion_must_match_the_projector(db: Database) -> None:
+    """s168: a window asserting an RLS regime the projector does not
+    declare, and the reverse, are refused at attach."""
+    async with running_engine(db, CardsView(), OrgCardsRls()) as engine:
+        with pytest.raises(RlsRegimeMismatch):
+            await engine.attach(ALICE, "cards", WindowSpec(Query(RankQuery()), rls=True))
+        with pytest.raises(RlsRegimeMismatch):
+            await engine.attach(ALICE, "org_cards_rls", WindowSpec(Query(None)), applier=OrgApplier())
+        with pytest.raises(MissingRlsApplier):
+            await engine.attach(ALICE, "org_cards_rls", WindowSpec(Query(None), rls=True))
+
+
+async def test_rls_reads_are_scoped_by_the_applier_on_every_path(db: Database) -> None:
+    async with db.pool.acquire() as conn:
+        await write_card(conn, Card("o1", "acme", 0, "acme card"), table="sample_org_card")
+        await write_card(conn, Card("o2", "globex", 0, "globex card"), table="sample_org_card")
+    async with running_engine(db, OrgCardsRls()) as engine:
+        stream = await engine.attach(ALICE, "org_cards_rls", WindowSpec(Query(None), rls=True),
+                                     applier=OrgApplier())
+        (reset,) = await take(stream, 1)
+        assert reset.views == {'"o1"': "acme card"}
+        assert await engine.fetch("org_cards_rls", "o2", ALICE, OrgApplier()) is None
+        assert await engine.fetch("org_cards_rls", "o1", ALICE, OrgApplier()) == "acme card"
+
+
+async def test_a_failing_render_repairs_then_ends_after_repair_attempts(db: Database) -> None:
+    """A failed render sends the session to repair (retried by the beat) and
+    ends it after repair_attempts failures, never serving a Reset rebuilt
+    from the stale last-sent view."""
+
+    class Fragile(CardsView):
+        NAME = "fragile"
+
+        def project(self, row: Card, principal: Principal) -> tuple[str, int, str]:
+            if row.title == "poison":
+                raise ValueError("cannot render")
+            return super().project(row, principal)
+
+    await seed(db, Card("c1", "acme", 1, "one"))
+    async with running_engine(db, Fragile(), repair_attempts=3) as engine:
+        stream = await engine.attach(ALICE, "fragile", window())
+        await take(stream, 1)
+        async with db.pool.acquire() as conn:
+            await write_card(conn, Card("c1", "acme", 1, "poison"))
+        with pytest.raises(SessionEnded, match="consecutive failures"):
+            while True:
+                delta = await asyncio.wait_for(stream.next(), 10)
+                assert not isinstance(delta, Reset), "a Reset served from a failing render"
+
+
+async def test_a_repaired_session_resets_from_committed_state(db: Database) -> None:
+    class Flaky(CardsView):
+        NAME = "flaky"
+        failures = 1
+
+        def project(self, row: Card, principal: Principal) -> tuple[str, int, str]:
+            if row.title == "flaky" and Flaky.failures:
+                Flaky.failures -= 1
+                raise ValueError("transient")
+            return super().project(row, principal)
+
+    async with running_engine(db, Flaky(), repair_attempts=3) as engine:
+        stream = await engine.attach(ALICE, "flaky", window())
+        await take(stream, 1)
+        async with db.pool.acquire() as conn:
+            await write_card(conn, Card("c1", "acme", 1, "flaky"))
+        (reset,) = await take(stream, 1)
+        assert isinstance(reset, Reset) and reset.views == {'"c1"': ("acme", 1, "flaky")}
+
+
+async def test_attach_after_shutdown_is_refused(db: Database) -> None:
+    from service_engine.errors import AttachShuttingDown, ShuttingDown
+
+    async with running_engine(db, CardsView()) as engine:
+        engine.shutdown()
+        with pytest.raises(AttachShuttingDown):
+            await engine.attach(ALICE, "cards", window())
+        with pytest.raises(ShuttingDown):
+            await engine.attach(ALICE, "cards", window())
