@@ -454,3 +454,145 @@ async def test_attach_after_shutdown_is_refused(db: Database) -> None:
             await engine.attach(ALICE, "cards", window())
         with pytest.raises(ShuttingDown):
             await engine.attach(ALICE, "cards", window())
+
+
+async def test_s132_a_channel_overflow_resets_every_live_session(db: Database) -> None:
+    """s132: a listener channel overflow (a stalled consumer) yields one
+    Reconnected, and the next frame re-snapshots every live session."""
+    await seed(db, Card("c1", "acme", 1, "one"))
+    async with frames(db, CardsView(), listener_channel_capacity=2) as f:
+        a = await f.runtime.attach(ALICE, "cards", window())
+        c = await f.runtime.attach(CAROL, "cards", window())
+        await take(a, 1)
+        await take(c, 1)
+        async with db.pool.acquire() as conn:
+            for i in range(6):  # nobody renders meanwhile: the channel overflows
+                await write_card(conn, Card("c1", "acme", 1, f"v{i}"))
+        await wait_until(lambda: f.listener.channel.overflows >= 1, what="overflow")
+        await wait_until(lambda: len(f.listener.channel) >= 1, what="queued")
+        deliveries = []
+        while (item := f.listener.channel.get_nowait()) is not None:
+            deliveries.append(item)
+        report = await f.runtime.render_pass(deliveries)
+        assert report.resets == 2
+        (ra,) = drained(a)
+        (rc,) = drained(c)
+        assert isinstance(ra, Reset) and ra.views == {'"c1"': ("acme", 1, "v5")}
+        assert isinstance(rc, Reset) and rc.views == {}
+
+
+async def test_s183_a_page_loses_no_race_to_a_concurrent_pass(db: Database) -> None:
+    """s183: a key written while its page renders settles on the committed
+    view the render pass delivered, never on the stale page render."""
+    await seed(db, *(Card(f"c{i}", "acme", i, "old") for i in range(4)))
+    f_holder: list[Frames] = []
+
+    class Racing(CardsView):
+        NAME = "racing_page"
+
+        async def populate(self, cx: Any, query: RankQuery) -> Sequence[Any]:
+            keys = await super().populate(cx, query)
+            if cx.cursor is not None:
+                # While the page reads, c1 changes and a pass delivers it.
+                async with db.pool.acquire() as conn:
+                    await write_card(conn, Card("c1", "acme", 1, "new"))
+                f = f_holder[0]
+                await f.runtime.render_pass(await f.commits(1))
+            return keys
+
+    async with frames(db, Racing()) as f:
+        f_holder.append(f)
+        stream = await f.runtime.attach(ALICE, "racing_page", window(limit=2))
+        (reset,) = await take(stream, 1)
+        assert set(reset.views) == {'"c3"', '"c2"'}
+        result = await f.runtime.page(str(stream.id), ALICE, 2)
+        assert '"c1"' in result.skipped
+        deltas = drained(stream)
+        c1 = [d for d in deltas if d.key == '"c1"']
+        assert len(c1) == 1 and c1[0].view == ("acme", 1, "new")
+        assert [d.revision for d in deltas] == list(
+            range(reset.revision + 1, reset.revision + 1 + len(deltas))
+        )
+
+
+async def test_one_failing_projector_leaves_other_sessions_untouched(db: Database) -> None:
+    class Broken(CardsView):
+        NAME = "broken"
+
+        def project(self, row: Card, principal: Principal) -> tuple[str, int, str]:
+            if row.title == "boom":
+                raise ValueError("broken projector")
+            return super().project(row, principal)
+
+    async with running_engine(db, Broken(), CardsView()) as engine:
+        broken = await engine.attach(ALICE, "broken", window())
+        healthy = await engine.attach(BOB, "cards", window())
+        await take(broken, 1)
+        await take(healthy, 1)
+        async with db.pool.acquire() as conn:
+            await write_card(conn, Card("c1", "acme", 1, "boom"))
+        (delta,) = await take(healthy, 1)
+        assert isinstance(delta, Upsert) and delta.view == ("acme", 1, "boom")
+
+
+async def test_randomized_windows_equal_committed_state(db: Database) -> None:
+    """Concurrent writers, attaches during the write storm and principal
+    changes: every session's window, rebuilt from its deltas with contiguous
+    revisions, equals the committed state filtered by its visibility."""
+    import random
+
+    rng = random.Random(7)
+    orgs = ["acme", "globex", "initech"]
+    facts = {f"p{i}": frozenset({orgs[i % 3]}) for i in range(6)}
+
+    async def refresh(principal: Principal) -> Principal:
+        return Principal(principal.id, facts[principal.id])
+
+    async with running_engine(db, CardsView()) as engine:
+        engine.register_principal_refresh(refresh)
+        stop = asyncio.Event()
+
+        async def writer(w: int) -> None:
+            async with db.pool.acquire() as conn:
+                while not stop.is_set():
+                    key = f"k{rng.randrange(30)}"
+                    if rng.random() < 0.2:
+                        await delete_card(conn, key)
+                    else:
+                        await write_card(conn, Card(key, rng.choice(orgs), rng.randrange(100), f"w{w}"))
+
+        writers = [asyncio.create_task(writer(w)) for w in range(3)]
+        streams: list[tuple[str, SessionStream[Any]]] = []
+        replicas: list[WindowReplica[Any]] = []
+        for i, pid in enumerate(facts):
+            spec = window() if i % 2 else WindowSpec(Keys([f"k{j}" for j in range(0, 30, 2)]))
+            streams.append((pid, await engine.attach(Principal(pid, facts[pid]), "cards", spec)))
+            replicas.append(WindowReplica())
+            await asyncio.sleep(0.02)
+        facts["p0"] = frozenset({"globex", "initech"})
+        facts["p3"] = frozenset()
+        async with db.pool.acquire() as conn, conn.transaction():
+            await stage_in(conn, [Impact.principal_facts("p0", ["card"]), Impact.principal_facts("p3", ["card"])])
+        await asyncio.sleep(0.3)
+        stop.set()
+        await asyncio.gather(*writers)
+
+        rows = {r["id"]: r for r in await db.pool.fetch("SELECT * FROM sample_card")}
+
+        def expected(pid: str, index: int) -> dict[str, Any]:
+            allowed = facts[pid]
+            keys = rows.keys() if index % 2 else [f"k{j}" for j in range(0, 30, 2)]
+            return {
+                f'"{k}"': (rows[k]["org"], rows[k]["rank"], rows[k]["title"])
+                for k in keys if k in rows and rows[k]["org"] in allowed
+            }
+
+        for index, ((pid, stream), replica) in enumerate(zip(streams, replicas, strict=True)):
+            want = expected(pid, index)
+
+            async def settled(stream: SessionStream[Any] = stream, replica: WindowReplica[Any] = replica, want: dict[str, Any] = want) -> bool:
+                while (d := stream.get_nowait()) is not None:
+                    replica.apply(d)  # raises on a revision gap
+                return dict(replica.views) == want
+
+            await wait_until(settled, what=f"window of {pid} equals committed state")
