@@ -211,8 +211,10 @@ async def test_s130_a_render_frame_takes_no_row_lock(db: Database) -> None:
 
 
 async def test_s164_one_load_per_dirty_key_and_cohort(db: Database) -> None:
-    """s164: several sessions in one cohort and two in another load once
-    per cohort per frame."""
+    """s164: several sessions in one cohort and two in another never load
+    per session: at most once per cohort per frame. Without RLS the rows are
+    the same for every cohort, so the whole frame shares one load; under RLS
+    each cohort (one principal) loads under its own context."""
     async with frames(db, CardsView()) as f:
         acme = [Principal(f"a{i}", frozenset({"acme"})) for i in range(3)]
         globex = [Principal(f"g{i}", frozenset({"globex"})) for i in range(2)]
@@ -222,11 +224,27 @@ async def test_s164_one_load_per_dirty_key_and_cohort(db: Database) -> None:
         async with db.pool.acquire() as conn:
             await write_card(conn, Card("c1", "acme", 1, "one"))
         report = await f.runtime.render_pass(await f.commits(1))
-        assert report.loads == 2
-        assert report.sessions == 5
+        assert report.loads == 1
+        assert report.sessions == 3  # globex's sessions see nothing and hold nothing: skipped
         assert report.deltas == 3  # only acme's sessions see the card
         for s in streams[:3]:
             assert [type(d) for d in drained(s)] == [Upsert]
+
+
+async def test_s164_rls_cohorts_load_once_each(db: Database) -> None:
+    async with frames(db, OrgCardsRls()) as f:
+        spec: WindowSpec[Any] = WindowSpec(Query(None), rls=True)
+        acme = [await f.runtime.attach(Principal(f"a{i}", frozenset({"acme"})), "org_cards_rls",
+                                       spec, applier=OrgApplier()) for i in range(3)]
+        globex = await f.runtime.attach(CAROL, "org_cards_rls", spec, applier=OrgApplier())
+        for s in [*acme, globex]:
+            await take(s, 1)
+        async with db.pool.acquire() as conn:
+            await write_card(conn, Card("o1", "acme", 0, "acme card"), table="sample_org_card")
+        report = await f.runtime.render_pass(await f.commits(1))
+        assert report.loads == 4  # one per principal cohort, each under its RLS context
+        assert report.deltas == 3
+        assert drained(globex) == []
 
 
 async def test_s165_a_per_projector_reset_threshold(db: Database) -> None:

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from ..config import EngineConfig
@@ -38,6 +38,7 @@ from ..impacts.transport import Delivery, ImpactChannel
 from ..view import (
     Projector,
     RlsApplier,
+    Unrestricted,
     check_projector,
     check_window_spec,
     cohort_of,
@@ -47,7 +48,7 @@ from ..view import (
 from .cohort import CohortKey, check_cohort, group_by_cohort, principal_key
 from .deltas import Delta, KeyText, Reset
 from .paging import NoLiveSession, PageInterrupted, PageResult
-from .population import Dirty, Interest, Keys, WindowSpec, keyed
+from .population import Dirty, Interest, Keys, RenderPlan, WindowSpec, keyed
 from .report import PassReport, PassTally
 from .session import Session, SessionId, new_session_id, parse_session_id
 
@@ -158,6 +159,9 @@ class _Attached:
     stream: SessionStream[Any]
     applier: RlsApplier[Any] | None
     gate: Callable[[Any], bool]
+    memberships: frozenset[Hashable] | None
+    """The principal's cohorts when the projector gates by its declared
+    Visibility alone (the render pass then indexes rows by cohort)."""
     resync: bool = False
 
 
@@ -258,7 +262,10 @@ class RenderRuntime:
         stream: SessionStream[Any] = SessionStream(
             sid, max(1024, 2 * self._config.window_capacity), lambda: self.detach(sid, "closed")
         )
-        rec = _Attached(session, proj, stream, applier, proj.render_gate(principal))
+        rec = _Attached(
+            session, proj, stream, applier, proj.render_gate(principal),
+            _memberships(proj, principal),
+        )
         self._sessions[sid] = rec
         population = window.population
         # The connect barrier: interest first, then the snapshot.
@@ -413,6 +420,17 @@ class RenderRuntime:
                 tally.projections += 1
         return out
 
+    @staticmethod
+    def _project_visible(
+        rec: _Attached, rows: Mapping[KeyText, Any], scope: Mapping[KeyText, JsonValue],
+        visible: set[KeyText], tally: PassTally,
+    ) -> dict[KeyText, Any]:
+        project = rec.projector.project
+        principal = rec.session.principal
+        out = {text: project(rows[text], principal) for text in scope if text in visible}
+        tally.projections += len(out)
+        return out
+
     # -- snapshots ------------------------------------------------------------------
 
     async def _snapshot(self, rec: _Attached, tally: PassTally | None = None) -> None:
@@ -523,13 +541,22 @@ class RenderRuntime:
             proj = self._projectors[name]
             threshold = reset_threshold_for(proj, self._config.reset_threshold)
             recs = [self._sessions[s.id] for s in dirties if s.id in self._sessions]
-            for cohort, group in group_by_cohort(r.session for r in recs).items():
-                members = [self._sessions[s.id] for s in group]
-                if self._debug:
-                    for rec in members:
-                        check_cohort(cohort, _recompute(proj, rec.session.principal))
+            groups = group_by_cohort(r.session for r in recs)
+            if self._debug:
+                for cohort, group in groups.items():
+                    for session in group:
+                        check_cohort(cohort, _recompute(proj, session.principal))
+            # Rows read without RLS are the same for every cohort: one load
+            # serves the whole frame. Under RLS every cohort is one principal
+            # and reads under its own context.
+            batches = (
+                [[self._sessions[s.id] for g in groups.values() for s in g]]
+                if not proj.RLS
+                else [[self._sessions[s.id] for s in g] for g in groups.values()]
+            )
+            for members in batches:
                 try:
-                    await self._render_cohort(proj, members, dirties, threshold, tally)
+                    await self._render_group(proj, members, dirties, threshold, tally)
                 except Exception as exc:
                     tally.failures += len(members)
                     for rec in members:
@@ -546,7 +573,7 @@ class RenderRuntime:
             self.on_report(report)
         return report
 
-    async def _render_cohort(
+    async def _render_group(
         self,
         proj: Projector[Any, Any, Any, Any],
         members: list[_Attached],
@@ -554,29 +581,67 @@ class RenderRuntime:
         threshold: int,
         tally: PassTally,
     ) -> None:
+        """Plan every member, load the union of their scopes once, then
+        render per session. A session's own fault (its populate, projection
+        or visibility) fails that session alone; a failed shared load fails
+        the group."""
         first = members[0].session
+        planned: list[tuple[_Attached, RenderPlan]] = []
         async with self._reading(proj, first.principal, members[0].applier) as conn:
-            plans = []
             union: dict[KeyText, JsonValue] = {}
             for rec in members:
                 dirty = dirties[rec.session]
-                populated = (
-                    await self._populate(conn, rec, None)
-                    if rec.session.needs_populate(dirty) else None
-                )
-                plan = rec.session.plan(dirty, populated)
-                plans.append(plan)
+                try:
+                    populated = None
+                    if rec.session.needs_populate(dirty):
+                        async with conn.transaction():  # a savepoint: isolates a failing populate
+                            populated = await self._populate(conn, rec, None)
+                    plan = rec.session.plan(dirty, populated)
+                except Exception as exc:
+                    tally.failures += 1
+                    self._failed(rec, f"populate failed: {type(exc).__name__}: {exc}", exc)
+                    continue
+                planned.append((rec, plan))
                 union.update(plan.scope)
-            # The cohort's one load: every member's dirty keys at once.
             rows = await self._load(conn, proj, union, tally)
-        for rec, plan in zip(members, plans, strict=True):
+        # Rows indexed by cohort: a session then finds its visible rows by
+        # its memberships, and skips the frame outright when none of the
+        # dirty keys is visible to it or held by it (most sessions, when
+        # cohorts partition the rows).
+        indexed = bool(planned) and planned[0][0].memberships is not None
+        index = _index_by_cohort(proj, rows) if indexed else None
+        for rec, plan in planned:
             session = rec.session
             if not session.live:
                 continue  # a snapshot began meanwhile: it covers this pass
-            rendered = self._project(rec, rows, plan.scope, tally)
-            deltas = session.render(
-                plan, rendered, threshold=threshold, caused=dirties[session].caused
-            )
+            try:
+                if index is not None and rec.memberships is not None:
+                    visible: set[KeyText] = set()
+                    for cohort in rec.memberships:
+                        found = index.get(cohort)
+                        if found:
+                            visible.update(found)
+                    if plan.populated is None and plan.head is None:
+                        held = session.last_sent
+                        head = session.membership.head
+                        pages = session.pages
+                        relevant = {
+                            k: v for k, v in plan.scope.items()
+                            if k in visible or k in held or k in head or k in pages
+                        }
+                        if not relevant:
+                            continue
+                        plan = replace(plan, scope=relevant)
+                    rendered = self._project_visible(rec, rows, plan.scope, visible, tally)
+                else:
+                    rendered = self._project(rec, rows, plan.scope, tally)
+                deltas = session.render(
+                    plan, rendered, threshold=threshold, caused=dirties[session].caused
+                )
+            except Exception as exc:
+                tally.failures += 1
+                self._failed(rec, f"render failed: {type(exc).__name__}: {exc}", exc)
+                continue
             tally.sessions += 1
             for delta in deltas:
                 self._emit(rec, delta)
@@ -601,6 +666,7 @@ class RenderRuntime:
             session.refresh_principal(principal, session.principal_key,
                                       cohort_of(rec.projector, principal))
             rec.gate = rec.projector.render_gate(principal)
+            rec.memberships = _memberships(rec.projector, principal)
 
     # -- the beat ---------------------------------------------------------------------
 
@@ -619,6 +685,25 @@ class RenderRuntime:
                 self.detach(session.id, reason)
             elif session.state.value == "repair_pending" and not session.snapshotting:
                 await self._snapshot(rec)
+
+
+def _memberships(proj: Projector[Any, Any, Any, Any], principal: Any) -> frozenset[Hashable] | None:
+    """The principal's cohorts, when visibility is exactly the declared
+    cohort intersection (not overridden, not Unrestricted)."""
+    if type(proj).visible is not Projector.visible or isinstance(proj.VISIBILITY, Unrestricted):
+        return None
+    return frozenset(proj.VISIBILITY.memberships(principal))
+
+
+def _index_by_cohort(
+    proj: Projector[Any, Any, Any, Any], rows: Mapping[KeyText, Any]
+) -> dict[Hashable, list[KeyText]]:
+    index: dict[Hashable, list[KeyText]] = {}
+    cohorts = proj.VISIBILITY.cohorts
+    for text, row in rows.items():
+        for cohort in cohorts(row):
+            index.setdefault(cohort, []).append(text)
+    return index
 
 
 def _recompute(proj: Projector[Any, Any, Any, Any], principal: Any) -> Callable[[], CohortKey]:
