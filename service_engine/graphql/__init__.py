@@ -1,0 +1,72 @@
+"""The GraphQL surface kit: compose a service's schema from its slices, type
+its subscriptions, and serve it (HTTP, GraphiQL, graphql-transport-ws).
+
+* `compose_service` / `SliceFragment`: each slice named once, its root
+  fields and types merged and checked at assembly;
+* `subscription_union`: the typed Reset / Upsert / Remove (+ lane notice)
+  members of one projector, and the stream feeding them;
+* `graphql_app`: the Starlette app, the principal from the trusted
+  ``X-Passport`` header, sockets bounded by ``session_max_age``.
+"""
+
+from .app import (
+    CONNECTION_REFUSED_CLOSE_CODE,
+    SESSION_MAX_AGE_CLOSE_CODE,
+    SESSION_MAX_AGE_CLOSE_REASON,
+    GraphQLContext,
+    graphql_app,
+)
+from .compose import (
+    ComposedService,
+    DuplicateSchemaMember,
+    SliceFragment,
+    UndeclaredSchemaMember,
+    compose_service,
+)
+from .passport import (
+    PASSPORT_HEADER,
+    Passport,
+    PassportError,
+    PassportMalformed,
+    PassportMissing,
+    PassportPrincipal,
+    PassportRefused,
+    parse_passport,
+)
+from .subscriptions import (
+    DeltaCause,
+    LaneNotice,
+    LanesPaused,
+    LanesResumed,
+    SubscriptionUnion,
+    merge_streams,
+    subscription_union,
+)
+
+__all__ = [
+    "CONNECTION_REFUSED_CLOSE_CODE",
+    "PASSPORT_HEADER",
+    "SESSION_MAX_AGE_CLOSE_CODE",
+    "SESSION_MAX_AGE_CLOSE_REASON",
+    "ComposedService",
+    "DeltaCause",
+    "DuplicateSchemaMember",
+    "GraphQLContext",
+    "LaneNotice",
+    "LanesPaused",
+    "LanesResumed",
+    "Passport",
+    "PassportError",
+    "PassportMalformed",
+    "PassportMissing",
+    "PassportPrincipal",
+    "PassportRefused",
+    "SliceFragment",
+    "SubscriptionUnion",
+    "UndeclaredSchemaMember",
+    "compose_service",
+    "graphql_app",
+    "merge_streams",
+    "parse_passport",
+    "subscription_union",
+]

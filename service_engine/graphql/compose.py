@@ -1,0 +1,344 @@
+"""Compose a service's GraphQL schema from its slices, naming each slice once.
+
+Each slice declares what it adds to the service's schema as one
+`SliceFragment`: its root objects (Strawberry types whose fields become
+fields of the service's ``Query`` / ``Mutation`` / ``Subscription``), the
+GraphQL types it owns, and the function registering its projectors,
+reactions and offers with the engine::
+
+    # slices/board/__init__.py
+    SLICE = SliceFragment(
+        "board", query=BoardQuery, mutation=BoardMutation,
+        subscription=BoardSubscription, types=(BoardView, *BOARDS.types),
+        register=register,
+    )
+
+    # slices/__init__.py: the one place a slice is named
+    SERVICE = compose_service([board.SLICE, invite.SLICE])
+
+    # register.py / graphql.py name no slice
+    SERVICE.register(engine)
+    schema = SERVICE.schema()
+
+Assembly fails loud: `compose_service` raises `DuplicateSchemaMember` when
+two slices claim one root field or one type, and `ComposedService.schema`
+(or `verify`) raises `UndeclaredSchemaMember` when the composed schema has a
+root field no slice declared. Deleting a slice is deleting its folder and its
+line in the list.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, get_args, get_origin
+
+import graphql
+import strawberry
+from strawberry.schema.config import StrawberryConfig
+from strawberry.schema.name_converter import NameConverter
+from strawberry.tools import merge_types
+from strawberry.types.base import has_object_definition
+from strawberry.types.enum import has_enum_definition
+from strawberry.types.scalar import ScalarDefinition, ScalarWrapper
+from strawberry.types.union import StrawberryUnion
+
+from ..errors import EngineError
+from .subscriptions import RESERVED_TYPE_NAMES
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+__all__ = [
+    "ENGINE_OWNER",
+    "PLACEHOLDER_QUERY_FIELD",
+    "ComposedService",
+    "DuplicateSchemaMember",
+    "RegisterFn",
+    "RootKind",
+    "SliceFragment",
+    "UndeclaredSchemaMember",
+    "compose_service",
+]
+
+RootKind: TypeAlias = Literal["query", "mutation", "subscription"]
+ROOT_KINDS: tuple[RootKind, ...] = ("query", "mutation", "subscription")
+_ROOT_TYPE_NAMES: Mapping[RootKind, str] = {
+    "query": "Query", "mutation": "Mutation", "subscription": "Subscription",
+}
+
+RegisterFn: TypeAlias = "Callable[[Engine], None]"
+"""A slice's registration: registers its projectors, reactions, offers, ..."""
+
+ENGINE_OWNER = "service_engine"
+"""The owner named for the members the engine itself contributes."""
+
+PLACEHOLDER_QUERY_FIELD = "engineVersion"
+"""The engine's own Query field, present only when no slice declares a
+query field (GraphQL requires Query to have one)."""
+
+_SLICE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+class DuplicateSchemaMember(EngineError):
+    """Two slices claim one schema member (a root field, a type, a slice name).
+
+    ``kind`` is ``"query field"``, ``"mutation field"``, ``"subscription
+    field"`` (one GraphQL name), ``"query attribute"`` / ... (one Python
+    attribute name on two root objects: merged, one would shadow the
+    other), ``"type"`` or ``"slice"``; ``owners`` the two claimants
+    (``service_engine`` for a member the engine reserves). Rename one.
+    """
+
+    def __init__(self, kind: str, member: str, owners: tuple[str, str]) -> None:
+        super().__init__(
+            f"duplicate schema member: {kind} {member!r} is claimed by "
+            f"{owners[0]!r} and {owners[1]!r}"
+        )
+        self.kind = kind
+        self.member = member
+        self.owners = owners
+
+
+class UndeclaredSchemaMember(EngineError):
+    """The composed schema has a root field no slice declared.
+
+    The schema served is not the one the slices describe (a root type built
+    by hand, an extension adding fields): declare the field in a slice's
+    `SliceFragment` instead.
+    """
+
+    def __init__(self, kind: RootKind, fields: Sequence[str]) -> None:
+        names = ", ".join(repr(f) for f in fields)
+        super().__init__(
+            f"undeclared schema member: {_ROOT_TYPE_NAMES[kind]} has field(s) {names} "
+            "that no slice declares"
+        )
+        self.root = kind
+        self.fields = tuple(fields)
+
+
+@dataclass(frozen=True, eq=False)
+class SliceFragment:
+    """What one slice adds to the service's schema, declared once.
+
+    ``name`` identifies the slice (lowercase, ``[a-z][a-z0-9_]*``).
+    ``query`` / ``mutation`` / ``subscription`` are Strawberry types whose
+    fields become root fields of the service (``None`` where the slice adds
+    none). ``types`` are the GraphQL types the slice owns: declare every type
+    a slice defines, including ``subscription_union(...).types``, so that two
+    slices defining one name are caught at assembly rather than by a
+    confusing schema error; types shared through the kernel are declared by
+    nobody. ``register`` registers the slice's projectors, reactions and
+    offers with the engine.
+    """
+
+    name: str
+    query: type[Any] | None = None
+    mutation: type[Any] | None = None
+    subscription: type[Any] | None = None
+    types: tuple[Any, ...] = ()
+    register: RegisterFn | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _SLICE_NAME.fullmatch(self.name):
+            raise ValueError(f"a slice name is [a-z][a-z0-9_]*, got {self.name!r}")
+        for kind in ROOT_KINDS:
+            root = self.root(kind)
+            if root is not None and not has_object_definition(root):
+                raise TypeError(
+                    f"slice {self.name!r}: {kind} root {root!r} is not a Strawberry type "
+                    "(decorate it with @strawberry.type)"
+                )
+        object.__setattr__(self, "types", tuple(self.types))
+        for declared in self.types:
+            graphql_type_name(declared)  # refuses what is not a GraphQL type
+
+    def root(self, kind: RootKind) -> type[Any] | None:
+        root: type[Any] | None = getattr(self, kind)
+        return root
+
+    def root_fields(self, kind: RootKind, converter: NameConverter | None = None
+                    ) -> tuple[str, ...]:
+        """The GraphQL names of the fields this slice adds to the ``kind`` root."""
+        root = self.root(kind)
+        if root is None:
+            return ()
+        convert = converter or NameConverter()
+        return tuple(
+            convert.get_graphql_name(f) for f in root.__strawberry_definition__.fields
+        )
+
+    def type_names(self) -> tuple[str, ...]:
+        """The GraphQL names of the types this slice declares it owns."""
+        return tuple(graphql_type_name(t) for t in self.types)
+
+
+def graphql_type_name(declared: Any) -> str:
+    """The GraphQL name of a Strawberry type, enum, scalar or named union."""
+    if has_object_definition(declared) or has_enum_definition(declared):
+        name: str = declared.__strawberry_definition__.name
+        return name
+    if isinstance(declared, ScalarWrapper):
+        return declared._scalar_definition.name
+    if isinstance(declared, ScalarDefinition):
+        return declared.name
+    if isinstance(declared, StrawberryUnion) and declared.graphql_name:
+        return declared.graphql_name
+    if get_origin(declared) is Annotated:
+        for meta in get_args(declared)[1:]:
+            if isinstance(meta, StrawberryUnion) and meta.graphql_name:
+                return meta.graphql_name
+    raise TypeError(f"{declared!r} is not a named GraphQL type Strawberry knows")
+
+
+@dataclass(frozen=True, eq=False)
+class ComposedService:
+    """The service's schema roots and registration, merged from its slices.
+
+    Build it with `compose_service`. ``query`` / ``mutation`` /
+    ``subscription`` are the merged root types (``None`` when no slice adds
+    to that root); `register` runs every slice's registration; `schema`
+    builds the checked Strawberry schema.
+    """
+
+    slices: tuple[SliceFragment, ...]
+    query: type[Any]
+    mutation: type[Any] | None
+    subscription: type[Any] | None
+    owners: Mapping[str, str] = field(repr=False)
+    """Every declared member (``"query field engineVersion"``, ``"type Board"``)
+    -> the slice that declared it."""
+
+    @property
+    def slice_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.slices)
+
+    def register(self, engine: Engine) -> None:
+        """Run each slice's ``register`` with ``engine``, in listing order."""
+        for fragment in self.slices:
+            if fragment.register is not None:
+                fragment.register(engine)
+
+    def schema_types(self) -> tuple[Any, ...]:
+        """The declared types a schema must list explicitly (objects and enums;
+        unions and scalars are reached through fields)."""
+        return tuple(
+            t for s in self.slices for t in s.types
+            if has_object_definition(t) or has_enum_definition(t)
+        )
+
+    def schema(self, **options: Any) -> strawberry.Schema:
+        """Build the service's Strawberry schema and `verify` it.
+
+        ``options`` are passed to `strawberry.Schema` (``extensions``,
+        ``config``, ...); ``query`` / ``mutation`` / ``subscription`` /
+        ``types`` come from the slices.
+        """
+        extra_types = tuple(options.pop("types", ()))
+        schema = strawberry.Schema(
+            query=self.query,
+            mutation=self.mutation,
+            subscription=self.subscription,
+            types=(*self.schema_types(), *extra_types),
+            **options,
+        )
+        self.verify(schema)
+        return schema
+
+    def verify(self, schema: strawberry.Schema) -> None:
+        """Raise `UndeclaredSchemaMember` unless every root field of
+        ``schema`` was declared by a slice (or is the engine's own)."""
+        config: StrawberryConfig = schema.config
+        self.verify_sdl(schema.as_str(), converter=config.name_converter)
+
+    def verify_sdl(self, sdl: str, *, converter: NameConverter | None = None) -> None:
+        """`verify` over the schema's SDL text (``converter`` names the fields
+        the way the schema did; the default camel-cases them)."""
+        built = graphql.build_schema(sdl)
+        roots: Mapping[RootKind, graphql.GraphQLObjectType | None] = {
+            "query": built.query_type,
+            "mutation": built.mutation_type,
+            "subscription": built.subscription_type,
+        }
+        for kind in ROOT_KINDS:
+            root = roots[kind]
+            if root is None:
+                continue
+            declared = set(self.declared_fields(kind, converter))
+            undeclared = sorted(name for name in root.fields if name not in declared)
+            if undeclared:
+                raise UndeclaredSchemaMember(kind, undeclared)
+
+    def declared_fields(self, kind: RootKind, converter: NameConverter | None = None
+                        ) -> tuple[str, ...]:
+        """Every root field of ``kind`` a slice (or the engine) declared."""
+        names = [name for s in self.slices for name in s.root_fields(kind, converter)]
+        if kind == "query" and not names:
+            names.append(PLACEHOLDER_QUERY_FIELD)
+        return tuple(names)
+
+
+def _engine_version() -> str:
+    from ..engine import ENGINE_VERSION
+
+    return ENGINE_VERSION
+
+
+@strawberry.type(name="Query", description="The engine host with no slice query fields.")
+class _PlaceholderQuery:
+    engine_version: str = strawberry.field(
+        resolver=_engine_version, name=PLACEHOLDER_QUERY_FIELD, description="The engine's version."
+    )
+
+
+def compose_service(slices: Iterable[SliceFragment]) -> ComposedService:
+    """Merge the slices' root objects into the service's roots.
+
+    List each slice once. Raises `DuplicateSchemaMember` when two slices
+    share a name, claim one root field, or declare one type (or a type the
+    engine reserves: ``DeltaCause``, ``LanesPaused``, ``LanesResumed``).
+    With no slice query field the ``Query`` root holds only the engine's
+    ``engineVersion``.
+    """
+    fragments = tuple(slices)
+    owners: dict[str, str] = {f"type {name}": ENGINE_OWNER for name in RESERVED_TYPE_NAMES}
+
+    def claim(kind: str, member: str, owner: str) -> None:
+        key = f"{kind} {member}"
+        if key in owners:
+            raise DuplicateSchemaMember(kind, member, (owners[key], owner))
+        owners[key] = owner
+
+    for fragment in fragments:
+        if not isinstance(fragment, SliceFragment):
+            raise TypeError(f"compose_service takes SliceFragments, got {fragment!r}")
+        claim("slice", fragment.name, fragment.name)
+        for kind in ROOT_KINDS:
+            root = fragment.root(kind)
+            if root is None:
+                continue
+            for f in root.__strawberry_definition__.fields:
+                # Both names: the GraphQL one is what clients see; the
+                # Python one is what the merged class would silently shadow.
+                claim(f"{kind} field", NameConverter().get_graphql_name(f), fragment.name)
+                claim(f"{kind} attribute", f.python_name, fragment.name)
+        for name in fragment.type_names():
+            claim("type", name, fragment.name)
+
+    merged: dict[RootKind, type[Any] | None] = {}
+    for kind in ROOT_KINDS:
+        roots = tuple(r for f in fragments if (r := f.root(kind)) is not None)
+        merged[kind] = merge_types(_ROOT_TYPE_NAMES[kind], roots) if roots else None
+    query = merged["query"] or _PlaceholderQuery
+    if merged["query"] is None:
+        owners[f"query field {PLACEHOLDER_QUERY_FIELD}"] = ENGINE_OWNER
+    return ComposedService(
+        slices=fragments,
+        query=query,
+        mutation=merged["mutation"],
+        subscription=merged["subscription"],
+        owners=MappingProxyType(owners),
+    )

@@ -1,0 +1,277 @@
+"""One typed subscription union per projector, and the stream that feeds it.
+
+`subscription_union` builds, for one projector and its view type, the
+Strawberry union a slice's subscription field returns::
+
+    union BoardsMessage = BoardsReset | BoardsUpsert | BoardsRemove
+                        | LanesPaused | LanesResumed
+
+    type BoardsReset  { revision: Int!  keys: [String!]!  views: [BoardView!]! }
+    type BoardsUpsert { revision: Int!  key: String!  view: BoardView!  cause: DeltaCause }
+    type BoardsRemove { revision: Int!  key: String!  cause: DeltaCause }
+    type LanesPaused  { lanes: [String!]! }     # out of band: no revision
+    type LanesResumed { lanes: [String!]! }
+
+``revision`` is the session's contiguous delta counter (a gap means the
+client missed something and must resubscribe); a key is its canonical JSON
+text, as the engine's deltas carry it; ``keys[i]`` is the key of
+``views[i]`` in a Reset. ``cause`` is the event that caused the change when
+the projector emits causes. The lane notices carry no revision, so they
+never disturb Reset / Upsert / Remove contiguity; a LanesResumed is
+followed by a Reset.
+
+A slice uses it like this::
+
+    BOARDS = subscription_union("Boards", BoardView)
+
+    @strawberry.type
+    class BoardSubscription:
+        @strawberry.subscription
+        async def boards(self, info: Info[GraphQLContext[Me], None]
+                         ) -> AsyncGenerator[BOARDS.type, None]:
+            async for message in BOARDS.subscribe(deltas, notices):
+                yield message
+
+and declares ``BOARDS.types`` in its `SliceFragment`. The mapping from an
+engine delta to its member is one small allocation with no GraphQL work:
+the view object the projector rendered is passed through as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, TypeAlias, TypeVar, Union
+
+import strawberry
+from strawberry.scalars import JSON
+
+from ..render.deltas import Delta, Remove, Reset, Upsert
+
+__all__ = [
+    "RESERVED_TYPE_NAMES",
+    "DeltaCause",
+    "LaneNotice",
+    "LanesPaused",
+    "LanesResumed",
+    "SubscriptionUnion",
+    "merge_streams",
+    "subscription_union",
+]
+
+V = TypeVar("V")
+A = TypeVar("A")
+B = TypeVar("B")
+
+_GRAPHQL_NAME = re.compile(r"[A-Za-z][_0-9A-Za-z]*")
+
+
+@strawberry.type(description="The event that caused a change (a projector's PerImpact cause).")
+class DeltaCause:
+    name: str
+    data: JSON | None = None
+
+
+@strawberry.type(
+    description="The named lanes paused (their dependency is unavailable); "
+    "their views are stale until LanesResumed. Carries no revision."
+)
+class LanesPaused:
+    lanes: list[str]
+
+
+@strawberry.type(
+    description="The named lanes are back; a Reset of the session follows. Carries no revision."
+)
+class LanesResumed:
+    lanes: list[str]
+
+
+LaneNotice: TypeAlias = LanesPaused | LanesResumed
+"""An out-of-band notice on a subscription (the lanes' raw signal, mapped)."""
+
+RESERVED_TYPE_NAMES = frozenset({"DeltaCause", "LanesPaused", "LanesResumed"})
+"""GraphQL type names the engine owns; a slice may not declare them."""
+
+
+@dataclass(frozen=True, eq=False)
+class SubscriptionUnion(Generic[V]):
+    """The generated union of one projector; build it with `subscription_union`.
+
+    ``type`` is the union to annotate the subscription field with
+    (``AsyncGenerator[BOARDS.type, None]``); ``types`` are the generated
+    member types the slice declares in its `SliceFragment`.
+    """
+
+    name: str
+    view_type: Any
+    reset: type[Any]
+    upsert: type[Any]
+    remove: type[Any]
+    type: Any
+
+    @property
+    def union_name(self) -> str:
+        return f"{self.name}Message"
+
+    @property
+    def types(self) -> tuple[type[Any], ...]:
+        """The member types this union generated (not the engine's shared ones)."""
+        return (self.reset, self.upsert, self.remove)
+
+    def message(self, item: Delta[V] | LaneNotice) -> Any:
+        """The union member for one engine delta (or a lane notice, as is)."""
+        # Upserts dominate a live session: test for them first.
+        if isinstance(item, Upsert):
+            # The engine's Cause has ``name`` and ``data``: DeltaCause has no
+            # is_type_of, so it is served as is, with no per-delta copy.
+            return self.upsert(
+                revision=item.revision, key=item.key, view=item.view, cause=item.cause
+            )
+        if isinstance(item, Remove):
+            return self.remove(revision=item.revision, key=item.key, cause=item.cause)
+        if isinstance(item, Reset):
+            return self.reset(
+                revision=item.revision, keys=list(item.views), views=list(item.views.values())
+            )
+        if isinstance(item, LanesPaused | LanesResumed):
+            return item
+        raise TypeError(f"{self.union_name} cannot carry a {type(item).__name__}")
+
+    def subscribe(
+        self,
+        deltas: AsyncIterable[Delta[V]],
+        notices: AsyncIterable[LaneNotice] | None = None,
+    ) -> AsyncGenerator[Any, None]:
+        """The subscription stream: ``deltas`` mapped to members, with
+        ``notices`` merged in as they arrive.
+
+        Ends when ``deltas`` ends; the end of ``notices`` does not end it.
+        Closing the stream (the client completes or disconnects) closes both
+        sources.
+        """
+        return _mapped(self, merge_streams(deltas, notices))
+
+
+async def _mapped(
+    union: SubscriptionUnion[V], source: AsyncGenerator[Any, None]
+) -> AsyncGenerator[Any, None]:
+    message = union.message
+    async with contextlib.aclosing(source):
+        async for item in source:
+            yield message(item)
+
+
+def subscription_union(name: str, view_type: Any, *, description: str | None = None
+                       ) -> SubscriptionUnion[Any]:
+    """Generate the typed union members of the projector ``name`` over ``view_type``.
+
+    ``name`` is a GraphQL name (``"Boards"``) and prefixes the generated
+    types ``<name>Reset``, ``<name>Upsert``, ``<name>Remove`` and the union
+    ``<name>Message``; ``view_type`` is the Strawberry output type the
+    projector renders. Call it once per projector, at import time.
+    """
+    if not isinstance(name, str) or not _GRAPHQL_NAME.fullmatch(name):
+        raise ValueError(
+            f"a projector name is a GraphQL name ([A-Za-z][_0-9A-Za-z]*), got {name!r}"
+        )
+    about = description or f"the {name} projector"
+    reset = _object_type(
+        f"{name}Reset",
+        {"revision": int, "keys": list[str], "views": list[view_type]},
+        f"Replace the whole window of {about}: keys[i] is the key of views[i].",
+    )
+    upsert = _object_type(
+        f"{name}Upsert",
+        {"revision": int, "key": str, "view": view_type, "cause": DeltaCause | None},
+        f"Set the view of one key in the window of {about}.",
+    )
+    remove = _object_type(
+        f"{name}Remove",
+        {"revision": int, "key": str, "cause": DeltaCause | None},
+        f"Drop one key from the window of {about}.",
+    )
+    members = (reset, upsert, remove, LanesPaused, LanesResumed)
+    union = Annotated[
+        Union[members],  # type: ignore[valid-type]  # noqa: UP007 - built from a tuple at runtime
+        strawberry.union(
+            f"{name}Message", description=f"One message on a subscription to {about}."
+        ),
+    ]
+    return SubscriptionUnion(name, view_type, reset, upsert, remove, union)
+
+
+def _object_type(name: str, fields: dict[str, Any], description: str) -> type[Any]:
+    # Annotations are real objects here (not strings), so Strawberry needs no
+    # module namespace to resolve them.
+    namespace = {"__annotations__": fields, "__module__": __name__, "__qualname__": name}
+    cls: type[Any] = strawberry.type(type(name, (), namespace), description=description)
+    return cls
+
+
+async def merge_streams(
+    primary: AsyncIterable[A], secondary: AsyncIterable[B] | None
+) -> AsyncGenerator[A | B, None]:
+    """Yield the items of both streams as they arrive, each in its own order.
+
+    Ends when ``primary`` ends (the end of ``secondary`` does not end it);
+    an error of either is raised. When both have an item ready the
+    ``secondary`` one is yielded first (a lane notice precedes the Reset the
+    engine sends after it). Closing the merged stream cancels the pending
+    reads and closes both sources.
+    """
+    first = aiter(primary)
+    if secondary is None:
+        # No notices to merge: no task per item on the hot path.
+        try:
+            async for item in first:
+                yield item
+        finally:
+            await _aclose(first)
+        return
+    second = aiter(secondary)
+    first_next: asyncio.Future[A] | None = asyncio.ensure_future(anext(first))
+    second_next: asyncio.Future[B] | None = asyncio.ensure_future(anext(second))
+    try:
+        while first_next is not None:
+            waiting: set[asyncio.Future[Any]] = {first_next}
+            if second_next is not None:
+                waiting.add(second_next)
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if second_next is not None and second_next in done:
+                try:
+                    notice = second_next.result()
+                except StopAsyncIteration:
+                    second_next = None
+                else:
+                    second_next = asyncio.ensure_future(anext(second))
+                    yield notice
+            if first_next in done:
+                try:
+                    item = first_next.result()
+                except StopAsyncIteration:
+                    first_next = None
+                else:
+                    first_next = asyncio.ensure_future(anext(first))
+                    yield item
+    finally:
+        for pending in (first_next, second_next):
+            if pending is None:
+                continue
+            pending.cancel()
+            # Awaiting also retrieves an outcome nobody consumed (a read that
+            # finished while the consumer was closing), so none is reported
+            # as "never retrieved".
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await pending
+        await _aclose(first)
+        await _aclose(second)
+
+
+async def _aclose(source: AsyncIterator[Any]) -> None:
+    aclose = getattr(source, "aclose", None)
+    if aclose is not None:
+        await aclose()

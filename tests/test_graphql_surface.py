@@ -1,0 +1,49 @@
+"""Pure pieces of the GraphQL app: the GraphiQL rewrite, close reasons, the context."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+from strawberry.http.ides import get_graphql_ide_html
+
+from service_engine.graphql import GraphQLContext, PassportMissing
+from service_engine.graphql.app import close_reason, graphiql_html
+from service_engine.graphql.passport import PassportMalformed
+
+
+def test_graphiql_opens_subscriptions_on_the_ws_path() -> None:
+    page = graphiql_html(get_graphql_ide_html("graphiql"), "/graphql", "/graphql/ws")
+    # Relative to the page, so a path prefix in front of the service keeps working.
+    assert 'httpUrlToWebSockeUrl(new URL("graphql/ws", fetchURL).toString())' in page
+    assert "httpUrlToWebSockeUrl(fetchURL);" not in page
+    elsewhere = graphiql_html(get_graphql_ide_html("graphiql"), "/graphql", "/subscriptions")
+    assert 'new URL("/subscriptions", fetchURL)' in elsewhere
+
+
+def test_a_changed_graphiql_page_fails_loud() -> None:
+    with pytest.raises(RuntimeError, match="GraphiQL page changed"):
+        graphiql_html("<html>no subscription line</html>", "/graphql", "/graphql/ws")
+
+
+def test_a_close_reason_names_the_refusal_and_fits_a_close_frame() -> None:
+    assert close_reason(PassportMissing("no header")) == "passport_missing: no header"
+    long = close_reason(PassportMalformed("é" * 200))
+    assert long.startswith("passport_malformed: ")
+    assert len(long.encode()) <= 123
+
+
+async def test_the_context_refuses_a_principal_it_does_not_have() -> None:
+    context: GraphQLContext[str] = GraphQLContext(cast(Any, None), cast(Any, None), cast(Any, None))
+    with pytest.raises(PassportMissing):
+        _ = context.principal
+    await context.resolve(lambda p: p.sub.upper(), '{"sub": "u"}')
+    assert context.principal == "U"
+    assert context.refusal is None and context.passport is not None
+    await context.resolve(lambda p: p.sub, "%%")
+    with pytest.raises(PassportMalformed) as first:
+        _ = context.principal
+    with pytest.raises(PassportMalformed) as second:
+        _ = context.principal
+    assert first.value is not second.value  # a fresh error per read
+    assert context.passport is None
