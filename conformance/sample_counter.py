@@ -291,7 +291,7 @@ class EdaCounter(CounterBase, EventSourced):
 
 
 class EdaCounterNoLock(EdaCounter):
-    Store: ClassVar[FullEda[EdaCounterNoLock]] = FullEda(lock_rows=False)
+    Store: ClassVar[FullEda[Any]] = FullEda(lock_rows=False)
 
 
 def redact_person(event: DomainEvent, person: str) -> DomainEvent | None:

@@ -17,6 +17,7 @@ from .impacts.model import JsonValue
 from .impacts.transport import PgListenNotify, fire_due
 from .integration.nats import Nats
 from .metrics import Metrics
+from .pipeline import MutationExecutor
 from .readiness import (
     REASON_BOOTING,
     REASON_SCHEMA_VERSION_DISPLACED,
@@ -154,6 +155,12 @@ class Engine:
     def register_principal_refresh(self, refresh: PrincipalRefresh) -> None:
         """How a principal is re-resolved when its facts change."""
         self.render.register_principal_refresh(refresh)
+
+    def mutation_executor(self) -> MutationExecutor:
+        """Runs mutations (and bulk writes) through the write pipeline."""
+        return MutationExecutor(
+            self.db, self.config, self.metrics, accepting=self.ensure_accepting
+        )
 
     # -- sessions ---------------------------------------------------------
 

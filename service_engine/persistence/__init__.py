@@ -15,6 +15,7 @@ from .base import (
     Persistence,
     RecordsEvents,
     Style,
+    store_of,
 )
 from .crud import CrudStore
 from .full_eda import EventSourced, FullEda, Redactor, erase, keys
@@ -35,4 +36,5 @@ __all__ = [
     "Style",
     "erase",
     "keys",
+    "store_of",
 ]

@@ -40,6 +40,7 @@ __all__ = [
     "Row",
     "Style",
     "qualified_name",
+    "store_of",
 ]
 
 A = TypeVar("A")
@@ -201,7 +202,10 @@ class Aggregate(Protocol):
     as for CRUD), or use `RecordsEvents`.
     """
 
-    Store: ClassVar[Persistence[Any, Any]]
+    # Typed Any: a protocol's class attribute is matched invariantly, so a
+    # precisely typed store (``FullEda[Ledger]``, ``BoardStore``) would not
+    # satisfy ``Persistence[Any, Any]``. `store_of` checks it at runtime.
+    Store: ClassVar[Any]
 
     def pending_events(self) -> Sequence[DomainEvent]:
         """The events the current command produced, not yet saved."""
@@ -229,6 +233,20 @@ class RecordsEvents:
     def clear_pending_events(self) -> None:
         """Called by the store after the pending events were written."""
         self._pending = ()
+
+
+def store_of(aggregate_type: type) -> Persistence[Any, Any]:
+    """The `Persistence` an aggregate class names in ``Store``.
+
+    Raises `TypeError` when the class names none.
+    """
+    store = getattr(aggregate_type, "Store", None)
+    if store is None or not callable(getattr(store, "load", None)):
+        raise TypeError(
+            f"{aggregate_type.__qualname__} names no Store: set Store = <its Persistence> "
+            "in the class body"
+        )
+    return cast(Persistence[Any, Any], store)
 
 
 def qualified_name(cls: type) -> str:

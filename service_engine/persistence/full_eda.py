@@ -51,6 +51,7 @@ from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 from ..db.locks import aggregate_lock_key
 from ..db.types import Conn
 from ..impacts.model import JsonValue, canonical_json
+from ..pipeline.errors import DRIVER_ERRORS, Stage, translate_db_error
 from .base import DomainEvent, HydrationFailed, NotFound, RecordsEvents, Row, Style, as_row
 
 __all__ = ["EventSourced", "FullEda", "Redactor", "erase", "keys"]
@@ -381,12 +382,15 @@ async def keys(
     their canonical JSON text; page with ``after`` (the last key seen) and
     ``limit``. ``aggregate`` is the `EventSourced` class or its noun."""
     noun = aggregate if isinstance(aggregate, str) else aggregate.NOUN
-    rows = await conn.fetch(
-        """SELECT key FROM service_engine.event_log
-            WHERE noun = $1 AND seq = 1 AND ($2::text IS NULL OR key > $2)
-            ORDER BY key LIMIT $3""",
-        noun, None if after is None else canonical_json(after), limit,
-    )
+    try:
+        rows = await conn.fetch(
+            """SELECT key FROM service_engine.event_log
+                WHERE noun = $1 AND seq = 1 AND ($2::text IS NULL OR key > $2)
+                ORDER BY key LIMIT $3""",
+            noun, None if after is None else canonical_json(after), limit,
+        )
+    except DRIVER_ERRORS as exc:
+        raise translate_db_error(exc, Stage.LOAD) from exc
     return [_decode_key(row["key"]) for row in rows]
 
 
@@ -405,8 +409,18 @@ async def erase(
     touched aggregate is locked with the write pipeline's advisory lock
     before it is rewritten, so no command can snapshot a pre-erasure state
     over the erasure. Returns the touched keys. Raises `HydrationFailed`
-    (failing the transaction) if a rewritten log no longer hydrates.
+    (failing the transaction) if a rewritten log no longer hydrates, and a
+    `DatabaseError` for a database failure.
     """
+    try:
+        return await _erase(conn, aggregate, redactor, person)
+    except DRIVER_ERRORS as exc:
+        raise translate_db_error(exc, Stage.SAVE) from exc
+
+
+async def _erase(
+    conn: Conn, aggregate: type[E], redactor: Redactor[P], person: P
+) -> list[JsonValue]:
     cls: type[E] = aggregate
     noun = cls.NOUN
     store_type = cls.Store.store_type

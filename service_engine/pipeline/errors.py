@@ -23,6 +23,7 @@ __all__ = [
     "LockTimeout",
     "Stage",
     "TransientConflict",
+    "is_lock_refusal",
     "translate_db_error",
 ]
 
@@ -39,11 +40,6 @@ class Stage(enum.Enum):
     SCHEDULE = "schedule"
     FLUSH = "flush"
     COMMIT = "commit"
-
-    @property
-    def owned_by_pipeline(self) -> bool:
-        """A fault here is the pipeline's own (begin, flush-and-commit)."""
-        return self in (Stage.BEGIN, Stage.FLUSH, Stage.COMMIT)
 
 
 class DatabaseError(EngineError):
@@ -142,6 +138,14 @@ DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 """What `translate_db_error` accepts: catch exactly these around driver calls."""
+
+
+def is_lock_refusal(exc: BaseException) -> bool:
+    """A lock timeout, deadlock or serialisation failure (all retryable)."""
+    return isinstance(
+        exc, asyncpg.LockNotAvailableError | asyncpg.DeadlockDetectedError
+        | asyncpg.SerializationError
+    )
 
 
 def translate_db_error(exc: BaseException, stage: Stage) -> DatabaseError:

@@ -1,11 +1,16 @@
 """The write pipeline: one transaction around one handler.
 
-    BEGIN; SET LOCAL lock_timeout
+    BEGIN; SET LOCAL lock_timeout            (sent with the first lock)
       handler(cx): per aggregate advisory lock -> Persistence.lock -> load,
                    gate (deny mode), domain command, save
       flush: stage impacts (ONE stage_in), scheduled impacts, outbox rows
     COMMIT
     record the committed impacts; respond
+
+BEGIN and ``SET LOCAL lock_timeout`` travel in the same round trip as the
+transaction's first advisory lock (or, for a handler that touches no
+aggregate, just before the flush); a `StageHook` makes BEGIN its own
+statement so a test can fail it.
 
 `run_pipeline` is shared by every entry point (the mutation executor, the
 NATS reaction loop); each builds its own context over `Ops`. It returns the
@@ -77,8 +82,8 @@ async def flush(conn: Conn, staged: Staged) -> int:
 
 
 def _begin_sql(config: EngineConfig) -> str:
-    # One round trip: BEGIN and the transaction's lock bound together. The
-    # value is an int we computed, so formatting it into SQL is safe.
+    # BEGIN and the transaction's lock bound in one statement. The value is
+    # an int we computed, so formatting it into SQL is safe.
     millis = max(1, math.ceil(config.lock_timeout.total_seconds() * 1000))
     return f"BEGIN; SET LOCAL lock_timeout = {millis}"
 
@@ -106,16 +111,20 @@ async def run_pipeline(
         raise translate_db_error(exc, stage) from exc
     committed = 0
     try:
-        try:
-            await conn.execute(_begin_sql(config))
-            if hook is not None:
-                await hook(Stage.BEGIN, conn)
-        except DRIVER_ERRORS as exc:
-            raise translate_db_error(exc, stage) from exc
-
         cx = open_context(conn, clock.now())
+        if hook is None:
+            # BEGIN rides with the handler's first lock (or the flush).
+            cx._defer_begin(_begin_sql(config))
+        else:
+            try:
+                await conn.execute(_begin_sql(config))
+                await hook(Stage.BEGIN, conn)
+            except DRIVER_ERRORS as exc:
+                raise translate_db_error(exc, stage) from exc
+
         result = await handler(cx)
         staged = cx._staged()
+        await cx._ensure_begun()
 
         try:
             stage = Stage.FLUSH

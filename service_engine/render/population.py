@@ -421,6 +421,33 @@ class Interest(Generic[S]):
             if principal in self._principals[name]:
                 frame.dirty(name).principals.add(principal)
 
+    def keyed_sessions(self, projector: str, keys: Mapping[KeyText, JsonValue]) -> set[S]:
+        """The `Keys` sessions of ``projector`` holding one of ``keys``
+        (never the discovering sessions)."""
+        out: set[S] = set()
+        index = self._keyed[projector]
+        if index:
+            if len(keys) <= len(index):
+                for key in keys:
+                    holders = index.get(key)
+                    if holders:
+                        out |= holders
+            else:
+                for key, holders in index.items():
+                    if key in keys:
+                        out |= holders
+        return out
+
+    def principal_sessions(self, projector: str, principals: Iterable[str]) -> set[S]:
+        """The sessions of ``projector`` held by one of ``principals``."""
+        out: set[S] = set()
+        by_principal = self._principals[projector]
+        for principal in principals:
+            peers = by_principal.get(principal)
+            if peers:
+                out |= peers
+        return out
+
     def sessions_for(self, projector: str, dirty: Dirty) -> set[S]:
         """The sessions of ``projector`` that ``dirty`` concerns.
 

@@ -48,7 +48,15 @@ from ..view import (
 from .cohort import CohortKey, check_cohort, group_by_cohort, principal_key
 from .deltas import Delta, KeyText, Reset
 from .paging import NoLiveSession, PageInterrupted, PageResult
-from .population import Dirty, Interest, Keys, RenderPlan, WindowSpec, keyed
+from .population import (
+    Dirty,
+    Interest,
+    Keys,
+    MembershipRule,
+    RenderPlan,
+    WindowSpec,
+    keyed,
+)
 from .report import PassReport, PassTally
 from .session import Session, SessionId, new_session_id, parse_session_id
 
@@ -196,6 +204,9 @@ class RenderRuntime:
         self._local: list[tuple[_Attached, Dirty]] = []
         self._wake = asyncio.Event()
         self._refresh: PrincipalRefresh | None = None
+        # The cohort index of projectors gated by their declared Visibility
+        # (see `_CohortIndex`), by projector name.
+        self._indexes: dict[str, _CohortIndex] = {}
         self.last_report = PassReport()
         self.on_report: Callable[[PassReport], None] | None = None
 
@@ -209,6 +220,8 @@ class RenderRuntime:
             raise DuplicateRegistration("projector", projector.NAME)
         self._interest.register(route_of(projector))
         self._projectors[projector.NAME] = projector
+        if _indexable(projector):
+            self._indexes[projector.NAME] = _CohortIndex()
 
     def register_principal_refresh(self, refresh: PrincipalRefresh) -> None:
         """How a principal is re-resolved after its facts changed. A refresh
@@ -271,6 +284,9 @@ class RenderRuntime:
         # The connect barrier: interest first, then the snapshot.
         keys = keyed(population.keys.values()) if isinstance(population, Keys) else None
         self._interest.watch(session, proj.NAME, pkey, None if keys is None else keys.keys())
+        index = self._indexes.get(proj.NAME)
+        if index is not None:
+            index.join(rec)
         try:
             await self._snapshot(rec)
         except BaseException:
@@ -284,6 +300,9 @@ class RenderRuntime:
         if rec is None:
             return
         self._interest.unwatch(rec.session)
+        index = self._indexes.get(rec.projector.NAME)
+        if index is not None:
+            index.leave(rec)
         if not rec.session.ended:
             rec.session.end(reason)
         rec.stream._put(_End(reason))
@@ -314,6 +333,7 @@ class RenderRuntime:
                 keys = await self._populate(conn, rec, cursor)
                 rows = await self._load(conn, rec.projector, keys, PassTally())
             rendered = self._project(rec, rows, keys, PassTally())
+            self._note_held(rec.projector, rows, rendered)
             try:
                 result = session.settle_page(
                     ticket, keys, rendered, capacity=self._config.window_capacity
@@ -439,6 +459,9 @@ class RenderRuntime:
         session = rec.session
         state = session.state.value
         session.begin_snapshot()
+        index = self._indexes.get(rec.projector.NAME)
+        if index is not None:
+            index.snapshotting.add(session)
         try:
             async with self._reading(rec.projector, session.principal, rec.applier) as conn:
                 populated = (
@@ -447,12 +470,17 @@ class RenderRuntime:
                 keys = session.snapshot_keys(populated)
                 rows = await self._load(conn, rec.projector, keys, tally)
             rendered = self._project(rec, rows, keys, tally)
+            self._note_held(rec.projector, rows, rendered)
         except Exception as exc:
+            if index is not None:
+                index.snapshotting.discard(session)
             if state == "attaching":
                 raise
             self._failed(rec, f"snapshot failed: {type(exc).__name__}: {exc}", exc)
             tally.failures += 1
             return
+        if index is not None:
+            index.snapshotting.discard(session)
         if state == "attaching":
             reset: Reset[Any] = session.go_live(populated, rendered)
         elif state == "repair_pending":
@@ -467,6 +495,16 @@ class RenderRuntime:
         if held is not None:
             self._local.append((rec, held))
             self._wake.set()
+
+    def _note_held(
+        self, proj: Projector[Any, Any, Any, Any], rows: Mapping[KeyText, Any],
+        rendered: Mapping[KeyText, Any],
+    ) -> None:
+        index = self._indexes.get(proj.NAME)
+        if index is not None:
+            cohorts = proj.VISIBILITY.cohorts
+            for key in rendered:
+                index.held(key).update(cohorts(rows[key]))
 
     def _emit(self, rec: _Attached, delta: Delta[Any]) -> None:
         if not rec.stream._put(delta):
@@ -527,17 +565,39 @@ class RenderRuntime:
             await self._refresh_principals(frame.principals)
 
         work: dict[str, dict[Session[Any, Any], Dirty]] = {}
+        lean: dict[str, Dirty] = {}
         for name, dirty in frame.projectors.items():
+            index = self._indexes.get(name)
+            if index is not None and not dirty.everything:
+                # Discovering sessions are found from the loaded rows' cohorts
+                # (`_render_group`); only those that must populate, or hold
+                # fixed keys, are named here.
+                for session in index.snapshotting:
+                    session.hold(dirty)
+                explicit: set[Session[Any, Any]] = set()
+                if dirty.principals:
+                    explicit |= self._interest.principal_sessions(name, dirty.principals)
+                if dirty.keys:
+                    explicit |= self._interest.keyed_sessions(name, dirty.keys)
+                    explicit |= index.authoritative
+                    lean[name] = dirty
+                for session in explicit:
+                    if session.live and not session.holding:
+                        _merge(work.setdefault(name, {}), session, dirty)
+                continue
             for session in self._interest.sessions_for(name, dirty):
                 if session.holding:
                     session.hold(dirty)
                 elif session.live:
+                    # The frame's Dirty is shared, never mutated: a second
+                    # source for one session merges into a copy.
                     _merge(work.setdefault(name, {}), session, dirty)
         for rec, dirty in local:
             if rec.session.live and rec.session.id in self._sessions:
                 _merge(work.setdefault(rec.projector.NAME, {}), rec.session, dirty)
 
-        for name, dirties in work.items():
+        for name in {*work, *lean}:
+            dirties = work.get(name, {})
             proj = self._projectors[name]
             threshold = reset_threshold_for(proj, self._config.reset_threshold)
             recs = [self._sessions[s.id] for s in dirties if s.id in self._sessions]
@@ -556,7 +616,9 @@ class RenderRuntime:
             )
             for members in batches:
                 try:
-                    await self._render_group(proj, members, dirties, threshold, tally)
+                    await self._render_group(
+                        proj, members, dirties, threshold, tally, lean.get(name)
+                    )
                 except Exception as exc:
                     tally.failures += len(members)
                     for rec in members:
@@ -580,64 +642,71 @@ class RenderRuntime:
         dirties: Mapping[Session[Any, Any], Dirty],
         threshold: int,
         tally: PassTally,
+        discover: Dirty | None = None,
     ) -> None:
         """Plan every member, load the union of their scopes once, then
         render per session. A session's own fault (its populate, projection
         or visibility) fails that session alone; a failed shared load fails
-        the group."""
-        first = members[0].session
-        planned: list[tuple[_Attached, RenderPlan]] = []
-        async with self._reading(proj, first.principal, members[0].applier) as conn:
+        the group.
+
+        ``discover`` (indexed projectors) is the frame's change for the
+        discovering sessions not named in ``members``: after the load they
+        are found through the cohort index — the sessions whose memberships
+        meet the rows' cohorts, now or when they last rendered them — so a
+        frame costs what the change touches, not the number of sessions.
+        """
+        principal = members[0].session.principal if members else None
+        applier = members[0].applier if members else None
+        index = self._indexes.get(proj.NAME)
+        planned: list[tuple[_Attached, RenderPlan | None]] = []
+        async with self._reading(proj, principal, applier) as conn:
             union: dict[KeyText, JsonValue] = {}
             for rec in members:
-                dirty = dirties[rec.session]
+                session = rec.session
+                dirty = dirties[session]
                 try:
                     populated = None
-                    if rec.session.needs_populate(dirty):
+                    if session.needs_populate(dirty):
                         async with conn.transaction():  # a savepoint: isolates a failing populate
                             populated = await self._populate(conn, rec, None)
-                    plan = rec.session.plan(dirty, populated)
+                    member_plan = session.plan(dirty, populated)
                 except Exception as exc:
                     tally.failures += 1
                     self._failed(rec, f"populate failed: {type(exc).__name__}: {exc}", exc)
                     continue
-                planned.append((rec, plan))
-                union.update(plan.scope)
+                planned.append((rec, member_plan))
+                union.update(member_plan.scope)
+            if discover is not None:
+                union.update(discover.keys)
             rows = await self._load(conn, proj, union, tally)
-        # Rows indexed by cohort: a session then finds its visible rows by
-        # its memberships, and skips the frame outright when none of the
-        # dirty keys is visible to it or held by it (most sessions, when
-        # cohorts partition the rows).
-        indexed = bool(planned) and planned[0][0].memberships is not None
-        index = _index_by_cohort(proj, rows) if indexed else None
+        if index is not None and discover is not None:
+            named = {rec.session for rec in members}
+            for session in index.candidates(proj, discover.keys, rows):
+                if session not in named and session.live and not session.holding:
+                    planned.append((self._sessions[session.id], None))
+        by_cohort = _index_by_cohort(proj, rows) if index is not None else None
+        visible_by: dict[frozenset[Hashable], set[KeyText]] = {}
         for rec, plan in planned:
             session = rec.session
             if not session.live:
                 continue  # a snapshot began meanwhile: it covers this pass
+            change = discover if plan is None else dirties[session]
+            assert change is not None
             try:
-                if index is not None and rec.memberships is not None:
-                    visible: set[KeyText] = set()
-                    for cohort in rec.memberships:
-                        found = index.get(cohort)
-                        if found:
-                            visible.update(found)
-                    if plan.populated is None and plan.head is None:
-                        held = session.last_sent
-                        head = session.membership.head
-                        pages = session.pages
-                        relevant = {
-                            k: v for k, v in plan.scope.items()
-                            if k in visible or k in held or k in head or k in pages
-                        }
+                if by_cohort is not None and rec.memberships is not None:
+                    visible = visible_by.get(rec.memberships)
+                    if visible is None:
+                        visible = visible_by[rec.memberships] = _visible(by_cohort, rec.memberships)
+                    if plan is None:
+                        relevant = _relevant(session, change.keys, visible)
                         if not relevant:
                             continue
-                        plan = replace(plan, scope=relevant)
+                        plan = replace(session.plan(change), scope=relevant)
                     rendered = self._project_visible(rec, rows, plan.scope, visible, tally)
                 else:
+                    assert plan is not None
                     rendered = self._project(rec, rows, plan.scope, tally)
-                deltas = session.render(
-                    plan, rendered, threshold=threshold, caused=dirties[session].caused
-                )
+                deltas = session.render(plan, rendered, threshold=threshold, caused=change.caused)
             except Exception as exc:
                 tally.failures += 1
                 self._failed(rec, f"render failed: {type(exc).__name__}: {exc}", exc)
@@ -648,6 +717,8 @@ class RenderRuntime:
                 tally.deltas += 1
                 if isinstance(delta, Reset):
                     tally.resets += 1
+        if index is not None:
+            index.settle(proj, union, rows, discover.keys if discover is not None else {})
 
     async def _refresh_principals(self, principals: Mapping[str, JsonValue]) -> None:
         for rec in list(self._sessions.values()):
@@ -666,7 +737,12 @@ class RenderRuntime:
             session.refresh_principal(principal, session.principal_key,
                                       cohort_of(rec.projector, principal))
             rec.gate = rec.projector.render_gate(principal)
+            index = self._indexes.get(rec.projector.NAME)
+            if index is not None:
+                index.leave(rec)
             rec.memberships = _memberships(rec.projector, principal)
+            if index is not None:
+                index.join(rec)
 
     # -- the beat ---------------------------------------------------------------------
 
@@ -685,6 +761,98 @@ class RenderRuntime:
                 self.detach(session.id, reason)
             elif session.state.value == "repair_pending" and not session.snapshotting:
                 await self._snapshot(rec)
+
+
+def _indexable(proj: Projector[Any, Any, Any, Any]) -> bool:
+    """Rows read without RLS and gated by the declared cohorts alone."""
+    return (
+        not proj.RLS
+        and type(proj).visible is Projector.visible
+        and not isinstance(proj.VISIBILITY, Unrestricted)
+    )
+
+
+class _CohortIndex:
+    """Which discovering sessions a changed row can concern.
+
+    ``members`` maps each cohort to the discovering sessions whose principal
+    belongs to it. ``held`` maps each key some session rendered to every
+    cohort the row had when a session last rendered it — a superset of the
+    cohorts through which any live session holds it — so the sessions that
+    must see a change (it is visible to them now, or they hold it and must
+    lose it) are exactly the members of the row's old and new cohorts.
+    Sessions snapshotting, and authoritative ones (they re-populate on every
+    change), are tracked apart.
+    """
+
+    __slots__ = ("authoritative", "held_cohorts", "members", "snapshotting")
+
+    def __init__(self) -> None:
+        self.members: dict[Hashable, set[Session[Any, Any]]] = {}
+        self.held_cohorts: dict[KeyText, set[Hashable]] = {}
+        self.snapshotting: set[Session[Any, Any]] = set()
+        self.authoritative: set[Session[Any, Any]] = set()
+
+    def join(self, rec: _Attached) -> None:
+        rule = rec.session.membership.rule
+        if rule is MembershipRule.AUTHORITATIVE:
+            self.authoritative.add(rec.session)
+        elif rule is MembershipRule.DISCOVERY and rec.memberships is not None:
+            for cohort in rec.memberships:
+                self.members.setdefault(cohort, set()).add(rec.session)
+
+    def leave(self, rec: _Attached) -> None:
+        self.authoritative.discard(rec.session)
+        self.snapshotting.discard(rec.session)
+        for cohort in rec.memberships or ():
+            peers = self.members.get(cohort)
+            if peers is not None:
+                peers.discard(rec.session)
+                if not peers:
+                    del self.members[cohort]
+
+    def held(self, key: KeyText) -> set[Hashable]:
+        found = self.held_cohorts.get(key)
+        if found is None:
+            found = self.held_cohorts[key] = set()
+        return found
+
+    def candidates(
+        self, proj: Projector[Any, Any, Any, Any], keys: Mapping[KeyText, JsonValue],
+        rows: Mapping[KeyText, Any],
+    ) -> set[Session[Any, Any]]:
+        cohorts: set[Hashable] = set()
+        for key in keys:
+            before = self.held_cohorts.get(key)
+            if before:
+                cohorts |= before
+            row = rows.get(key)
+            if row is not None:
+                cohorts.update(proj.VISIBILITY.cohorts(row))
+        out: set[Session[Any, Any]] = set()
+        for cohort in cohorts:
+            peers = self.members.get(cohort)
+            if peers:
+                out |= peers
+        return out
+
+    def settle(
+        self, proj: Projector[Any, Any, Any, Any], loaded: Mapping[KeyText, JsonValue],
+        rows: Mapping[KeyText, Any], changed: Mapping[KeyText, JsonValue],
+    ) -> None:
+        """After a pass: a changed key was shown to every session that could
+        hold it, so its cohorts are now the row's own; any other loaded row
+        may have been rendered, so its cohorts are added."""
+        cohorts_of = proj.VISIBILITY.cohorts
+        for key in loaded:
+            row = rows.get(key)
+            if key in changed:
+                if row is None:
+                    self.held_cohorts.pop(key, None)
+                else:
+                    self.held_cohorts[key] = set(cohorts_of(row))
+            elif row is not None:
+                self.held(key).update(cohorts_of(row))
 
 
 def _memberships(proj: Projector[Any, Any, Any, Any], principal: Any) -> frozenset[Hashable] | None:
@@ -706,6 +874,32 @@ def _index_by_cohort(
     return index
 
 
+def _visible(
+    index: Mapping[Hashable, list[KeyText]], memberships: frozenset[Hashable]
+) -> set[KeyText]:
+    visible: set[KeyText] = set()
+    for cohort in memberships:
+        found = index.get(cohort)
+        if found:
+            visible.update(found)
+    return visible
+
+
+def _relevant(
+    session: Session[Any, Any], keys: Mapping[KeyText, JsonValue], visible: set[KeyText]
+) -> dict[KeyText, JsonValue]:
+    """The dirty keys this session must render: visible to it, or held by it
+    (a held key that is no longer visible is Removed)."""
+    held = session.last_sent
+    head = session.membership.head
+    pages = session.pages
+    if not visible and held.keys().isdisjoint(keys) and head.keys().isdisjoint(keys) and (
+        not len(pages) or not any(k in pages for k in keys)
+    ):
+        return {}
+    return {k: v for k, v in keys.items() if k in visible or k in held or k in head or k in pages}
+
+
 def _recompute(proj: Projector[Any, Any, Any, Any], principal: Any) -> Callable[[], CohortKey]:
     return lambda: cohort_of(proj, principal)
 
@@ -713,5 +907,9 @@ def _recompute(proj: Projector[Any, Any, Any, Any], principal: Any) -> Callable[
 def _merge(into: dict[Session[Any, Any], Dirty], session: Session[Any, Any], dirty: Dirty) -> None:
     mine = into.get(session)
     if mine is None:
-        mine = into[session] = Dirty()
-    mine.merge(dirty)
+        into[session] = dirty
+        return
+    merged = Dirty()
+    merged.merge(mine)
+    merged.merge(dirty)
+    into[session] = merged

@@ -1,0 +1,129 @@
+"""Mutation outcomes: Success, MutationError on the wire, and the OneShot that
+cannot travel anywhere but to its caller (each refusal tested)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import pickle
+from typing import Any
+
+import pydantic
+import pytest
+from pydantic_core import PydanticSerializationError
+
+from service_engine.gates import ActionName, Reason
+from service_engine.impacts import Cause, Impact
+from service_engine.persistence import DomainEvent
+from service_engine.pipeline import (
+    DATABASE_FAULT_MESSAGE,
+    MutationError,
+    OneShot,
+    OutboxRow,
+    SecretSpent,
+    Success,
+)
+
+
+def test_success_on_the_wire() -> None:
+    assert Success().to_wire() == {"success": True}
+
+
+def test_mutation_error_carries_the_reason_code() -> None:
+    refused = MutationError.refused(Reason("counter.frozen"), ActionName("increment"))
+    assert refused.code == "counter.frozen" and not refused.retryable
+    assert refused.reason == Reason("counter.frozen")
+    assert refused.to_wire() == {
+        "code": "counter.frozen", "message": "increment refused: counter.frozen",
+        "retryable": False, "action": "increment",
+    }
+    explained = MutationError.refused(Reason("counter.frozen", "frozen since Monday"))
+    assert explained.message == "frozen since Monday"
+
+
+def test_the_database_fault_is_generic() -> None:
+    fault = MutationError.database()
+    assert (fault.code, fault.message) == ("database", "mutation failed: database")
+    assert DATABASE_FAULT_MESSAGE == "mutation failed: database"
+    assert MutationError.database(retryable=True).retryable
+
+
+def test_one_shot_reveals_once() -> None:
+    secret = OneShot("s3cr3t")
+    assert not secret.spent
+    assert secret.reveal() == "s3cr3t"
+    assert secret.spent
+    with pytest.raises(SecretSpent):
+        secret.reveal()
+
+
+def test_one_shot_never_shows_its_value() -> None:
+    secret = OneShot("s3cr3t")
+    for text in (repr(secret), str(secret), f"{secret}", f"{secret!r}", f"{secret:>20}"):
+        assert "s3cr3t" not in text
+    assert "s3cr3t" not in json.dumps({"x": secret}, default=str)
+
+
+def test_one_shot_is_not_json() -> None:
+    with pytest.raises(TypeError):
+        json.dumps({"token": OneShot("s3cr3t")})
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_one_shot_cannot_be_pickled(protocol: int) -> None:
+    with pytest.raises(TypeError, match="OneShot"):
+        pickle.dumps(OneShot("s3cr3t"), protocol=protocol)
+
+
+def test_one_shot_cannot_be_copied() -> None:
+    secret = OneShot("s3cr3t")
+    with pytest.raises(TypeError):
+        copy.copy(secret)
+    with pytest.raises(TypeError):
+        copy.deepcopy({"nested": [secret]})
+
+    @dataclasses.dataclass
+    class View:
+        token: Any
+
+    with pytest.raises(TypeError):
+        dataclasses.asdict(View(secret))
+
+
+def test_one_shot_cannot_be_subclassed() -> None:
+    with pytest.raises(TypeError):
+        type("Leaky", (OneShot,), {"__reduce__": lambda self: (str, ("x",))})
+
+
+def test_one_shot_is_refused_by_pydantic() -> None:
+    with pytest.raises(TypeError, match="pydantic"):
+        pydantic.create_model("View", token=(OneShot[str], ...))
+
+    class Loose(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+        token: Any
+
+    with pytest.raises(PydanticSerializationError):
+        Loose(token=OneShot("s3cr3t")).model_dump_json()
+    with pytest.raises(PydanticSerializationError):
+        Loose(token=OneShot("s3cr3t")).model_dump(mode="json")
+    with pytest.raises(PydanticSerializationError):
+        pydantic.TypeAdapter(Any).dump_json(OneShot("s3cr3t"))
+
+
+def test_one_shot_cannot_enter_an_impact_event_or_outbox_row() -> None:
+    """Refused at runtime; a type checker already flags each of these lines
+    (a OneShot is not a JsonValue), hence the ignores."""
+    secret = OneShot("s3cr3t")
+    with pytest.raises(TypeError):
+        Cause("leak", {"token": secret})  # type: ignore[dict-item]
+    with pytest.raises(TypeError):
+        Impact.entity("counter", secret)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        DomainEvent("leak", {"token": secret})  # type: ignore[dict-item]
+    with pytest.raises(TypeError):
+        OutboxRow("integration.evt.x", {"token": secret})  # type: ignore[dict-item]
+    with pytest.raises(TypeError):
+        OutboxRow("integration.evt.x", {}, headers={"X": secret})  # type: ignore[dict-item]
+    assert not secret.spent
