@@ -616,3 +616,27 @@ async def test_randomized_windows_equal_committed_state(db: Database, seed_value
                 return dict(replica.views) == want
 
             await wait_until(settled, what=f"window of {pid} equals committed state")
+
+
+async def test_an_impure_cohort_is_caught_by_the_debug_check(db: Database) -> None:
+    """In debug the pass recomputes each grouped session's cohort key: a
+    cohort() that is not a pure function of the principal fails the render
+    instead of landing the session in two cohorts."""
+
+    class Drifting(CardsView):
+        NAME = "drifting"
+        calls = 0
+
+        def cohort(self, principal: Principal) -> Any:
+            Drifting.calls += 1
+            from service_engine import CohortKey
+
+            return CohortKey.of_parts("drift", Drifting.calls)
+
+    async with frames(db, Drifting()) as f:
+        stream = await f.runtime.attach(ALICE, "drifting", WindowSpec(Keys(["c1"])))
+        await take(stream, 1)
+        async with db.pool.acquire() as conn:
+            await write_card(conn, Card("c1", "acme", 1, "one"))
+        report = await f.runtime.render_pass(await f.commits(1))
+        assert report.failures == 1

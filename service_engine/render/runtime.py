@@ -45,7 +45,7 @@ from ..view import (
     reset_threshold_for,
     route_of,
 )
-from .cohort import CohortKey, check_cohort, group_by_cohort, principal_key
+from .cohort import CohortKey, CohortMismatch, check_cohort, group_by_cohort, principal_key
 from .deltas import Delta, KeyText, Reset
 from .paging import NoLiveSession, PageInterrupted, PageResult
 from .population import (
@@ -603,9 +603,17 @@ class RenderRuntime:
             recs = [self._sessions[s.id] for s in dirties if s.id in self._sessions]
             groups = group_by_cohort(r.session for r in recs)
             if self._debug:
+                # A cohort() that is not a pure function of the principal
+                # would land a session in two cohorts: fail it, loudly.
                 for cohort, group in groups.items():
-                    for session in group:
-                        check_cohort(cohort, _recompute(proj, session.principal))
+                    for session in list(group):
+                        try:
+                            check_cohort(cohort, _recompute(proj, session.principal))
+                        except CohortMismatch as exc:
+                            _log.error("%s", exc)
+                            group.remove(session)
+                            tally.failures += 1
+                            self._failed(self._sessions[session.id], str(exc))
             # Rows read without RLS are the same for every cohort: one load
             # serves the whole frame. Under RLS every cohort is one principal
             # and reads under its own context.
@@ -615,6 +623,8 @@ class RenderRuntime:
                 else [[self._sessions[s.id] for s in g] for g in groups.values()]
             )
             for members in batches:
+                if not members and name not in lean:
+                    continue
                 try:
                     await self._render_group(
                         proj, members, dirties, threshold, tally, lean.get(name)

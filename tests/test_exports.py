@@ -1,0 +1,31 @@
+"""The public surface is re-exported once from `service_engine` and listed
+here: a removal or an accidental addition is a deliberate change."""
+
+from __future__ import annotations
+
+import service_engine
+
+EXPECTED = {
+    "ENGINE_VERSION", "ActionName", "Affordances", "Aggregate", "AttachError", "Bulk", "Cause",
+    "Clock", "Coalesced", "CohortKey", "ConfigError", "ConstraintViolation", "CrudStore",
+    "Database", "DatabaseError", "DatabaseUrlRefused", "DomainEvent", "DuplicateRegistration",
+    "Engine", "EngineConfig", "EngineError", "EventSourced", "FullEda", "Gate",
+    "HydrationFailed", "Impact", "Keys", "ListenerProbeFailed", "LockTimeout", "Mutation",
+    "MutationError", "MutationExecutor", "NoLiveSession", "NotFound", "OneShot", "Ordered",
+    "PerImpact", "Persistence", "Populate", "PostureBypassRls", "PostureError", "PostureOwner",
+    "PostureSuperuser", "Projector", "Query", "Readiness", "ReadinessHandle", "Reason",
+    "RecordsEvents", "Refused", "Remove", "Reset", "RlsApplier", "SchemaVersionConflict",
+    "SessionEnded", "SessionId", "SessionStream", "ShuttingDown", "SoftEdaStore", "Style",
+    "Success", "SystemClock", "Timestamp", "Unrestricted", "Upsert", "Visibility",
+    "WindowSpec", "WorkerStopped", "affordances", "check_gates_match_affordances",
+    "connect_pool", "gated", "readiness_route", "validate_database_tls",
+}
+
+
+def test_the_public_surface_is_exactly_the_listed_names() -> None:
+    assert set(service_engine.__all__) == EXPECTED
+
+
+def test_every_listed_name_resolves() -> None:
+    for name in service_engine.__all__:
+        assert getattr(service_engine, name) is not None
