@@ -206,3 +206,11 @@ def test_trusted_hosts_from_env_defaults_to_os_environ(
     assert trusted_hosts_from_env() == frozenset({"db.internal"})
     monkeypatch.delenv("TRUSTED_NETWORK_HOSTS")
     assert trusted_hosts_from_env() == frozenset()
+
+
+async def test_connect_pool_refuses_keyword_host_overrides() -> None:
+    from service_engine.db import connect_pool
+
+    with pytest.raises(DatabaseUrlRefused) as refused:
+        await connect_pool("postgresql://app:pw@127.0.0.1:5432/db", host="db.evil.example")
+    assert refused.value.rule == "host_override"

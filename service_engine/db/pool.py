@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 
+from ..errors import DatabaseUrlRefused
 from .tls import trusted_hosts_from_env, validate_database_tls
 
 
@@ -70,6 +71,11 @@ async def connect_pool(
     """
     hosts = trusted_hosts_from_env() if trusted_hosts is None else trusted_hosts
     validate_database_tls(url, hosts)
+    overrides = sorted({"host", "hostaddr", "port", "dsn"} & pool_options.keys())
+    if overrides:
+        # The URL is what was validated: a keyword override would connect
+        # somewhere else, unchecked.
+        raise DatabaseUrlRefused("host_override", f"connection keywords {overrides} are refused")
     pool = await asyncpg.create_pool(
         url, min_size=min_size, max_size=max_size, init=_init_connection, **pool_options
     )
