@@ -36,11 +36,34 @@ class Metrics:
             "service_engine_dependency_up",
             description="1 while a degrade-table dependency is healthy, else 0",
         )
+        self.dead_letters = meter.create_counter(
+            "service_engine_dead_letters",
+            description="Distinct dead letters recorded, by source (counted after commit)",
+        )
+        self.outbox_pending = meter.create_gauge(
+            "service_engine_outbox_pending",
+            description="Outbox rows waiting to be published",
+        )
+        self.outbox_oldest_age = meter.create_gauge(
+            "service_engine_outbox_oldest_age_seconds",
+            description="Age in seconds of the oldest outbox row waiting to be published",
+        )
 
     def add_impacts_committed(self, count: int) -> None:
         """Record ``count`` impacts; call only after the commit returned."""
         if count:
             self.impacts_committed.add(count, self.labels)
+
+    def add_dead_letters(self, source: str, count: int = 1) -> None:
+        """Count ``count`` distinct dead letters of ``source``; call only
+        after the transaction that recorded them committed."""
+        if count:
+            self.dead_letters.add(count, {**self.labels, "source": source})
+
+    def set_outbox_backlog(self, pending: int, oldest_age_seconds: float) -> None:
+        """Gauge the outbox backlog: rows waiting and the oldest one's age."""
+        self.outbox_pending.set(pending, self.labels)
+        self.outbox_oldest_age.set(oldest_age_seconds, self.labels)
 
     def set_dependency(self, dependency: str, up: bool) -> None:
         self.dependency_up.set(1 if up else 0, {**self.labels, "dependency": dependency})

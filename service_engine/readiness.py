@@ -22,6 +22,7 @@ REASON_WORKER_STOPPED = "worker_stopped"
 REASON_SHUTTING_DOWN = "shutting_down"
 REASON_SCHEMA_VERSION_DISPLACED = "schema_version_displaced"
 REASON_LISTENER_BRAKE = "listener_brake"
+REASON_NATS_UNREACHABLE = "nats_unreachable"
 
 
 @dataclass(frozen=True, slots=True)

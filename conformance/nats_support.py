@@ -1,0 +1,112 @@
+"""Reading what actually reached a JetStream stream, with a raw client the
+engine does not own, and the small NATS fixtures the integration tests share."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import nats
+from nats.js.api import StreamConfig
+
+from service_engine.embedded import INTEGRATION_STREAMS, EmbeddedNats
+from service_engine.integration.nats import Nats, open_nats
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+
+
+async def stream_messages(url: str, stream: str) -> list[StoredMessage]:
+    """Every message stored in ``stream``, in stream order."""
+    client = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        js = client.jetstream()
+        info = await js.stream_info(stream)
+        out = []
+        if info.state.messages:
+            for seq in range(info.state.first_seq, info.state.last_seq + 1):
+                msg = await js.get_msg(stream, seq)
+                out.append(StoredMessage(seq, msg.subject, msg.data or b"", dict(msg.headers or {})))
+        return out
+    finally:
+        await client.close()
+
+
+async def stream_count(url: str, stream: str) -> int:
+    """How many messages ``stream`` holds."""
+    client = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        info = await client.jetstream().stream_info(stream)
+        return int(info.state.messages)
+    finally:
+        await client.close()
+
+
+async def set_stream(url: str, name: str, **config: object) -> None:
+    """Redeclare integration stream ``name`` with extra ``config`` (an
+    operator's change: a size limit, a max_age)."""
+    client = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        await client.jetstream().update_stream(
+            StreamConfig(name=name, subjects=INTEGRATION_STREAMS[name], **config)  # type: ignore[arg-type]
+        )
+    finally:
+        await client.close()
+
+
+@contextlib.asynccontextmanager
+async def engine_nats(
+    server: EmbeddedNats, publish_ack_timeout: timedelta = timedelta(seconds=1)
+) -> AsyncIterator[Nats]:
+    conn = await open_nats(server.url, publish_ack_timeout=publish_ack_timeout, ping_interval=1)
+    try:
+        yield conn
+    finally:
+        await conn.aclose()
+
+
+def _wait_listening(port: int, within: float) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listens on port {port}") from None
+            time.sleep(0.02)
+
+
+def _spawn_core_server(port: int, data_dir: Path) -> subprocess.Popen[bytes]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / "core.log", "ab") as log:
+        process = subprocess.Popen(
+            [EmbeddedNats.binary(), "-a", "127.0.0.1", "-p", str(port)],
+            stdout=log, stderr=log, start_new_session=True,
+        )
+    _wait_listening(port, 15)
+    return process
+
+
+@contextlib.asynccontextmanager
+async def core_nats_without_jetstream(port: int, data_dir: Path) -> AsyncIterator[None]:
+    """A plain nats-server (no JetStream) on ``port``: a connected broker whose
+    JetStream cannot answer."""
+    process = await asyncio.to_thread(_spawn_core_server, port, data_dir)
+    try:
+        yield
+    finally:
+        process.terminate()
+        await asyncio.to_thread(process.wait, 10)

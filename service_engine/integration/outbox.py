@@ -1,0 +1,438 @@
+"""The integration outbox: rows staged with a write, published by the leader.
+
+Write side: `stage_outbox_row` inserts an envelope's row in the caller's
+transaction, so a message exists exactly when the write committed.
+
+Relay side: `OutboxRelay` runs as a beat step under the fenced ``outbox``
+lease. Each pass drains PENDING rows oldest first, up to its drain bound
+and within a time budget, publishing each through `Nats.publish` with
+``Nats-Msg-Id`` = the row's message id (a republish is deduplicated):
+
+* Acked / Duplicate: marked PUBLISHED (in fenced batches);
+* Unanswered: the pass halts, no attempt is spent, the rows wait;
+* Rejected: a bounded attempt; at the bound the row is marked FAILED and
+  dead-lettered (source Outbox) in one fenced transaction.
+
+The pass is skipped entirely while the broker is unreachable, so a backlog
+during an outage costs nothing per beat. A periodic, best-effort hygiene
+sweep deletes PUBLISHED rows, FAILED rows older than the message retention
+(their audit copy is the dead letter) and ``message_claim`` rows older than it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from ..db.pool import Database
+from ..db.types import Conn
+from ..errors import ConfigError
+from ..leader import LeaderLease, LeaseLost
+from ..metrics import Metrics
+from .dead_letters import DeadLetter, DeadLetters, DeadLetterSource
+from .envelope import (
+    DeclaredSequence,
+    Envelope,
+    OutboundMessage,
+    derive_dead_letter_id,
+    outbound_message,
+    row_publish_headers,
+)
+from .nats import Acked, Duplicate, Nats, Rejected, Unanswered
+
+_log = logging.getLogger(__name__)
+
+OUTBOX_SLOT = "outbox"
+"""The leader slot the relay holds."""
+OUTBOX_WORK = "outbox"
+"""The ``work`` an outbox dead letter names."""
+
+
+class MessageRetentionTooShort(ConfigError):
+    """``message_retention`` is below the ``max_age`` of an integration
+    stream an inbound reaction binds (or the stream keeps messages forever):
+    a claim could be swept while its message can still be redelivered."""
+
+
+# -- bounds -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxBounds:
+    """The relay's bounds, validated at construction (`ConfigError`).
+
+    ``drain_bound``: rows one pass publishes at most (its batch cap).
+    ``max_attempts``: broker rejections a row survives before it is
+    dead-lettered. ``pass_budget``: time after which a pass stops taking new
+    rows (one publish may still finish, bounded by the publish ack timeout).
+    ``message_retention``: age past which FAILED rows and message claims are
+    swept. ``sweep_every``: the hygiene sweep's period. ``sweep_batch``:
+    rows one sweep statement deletes. ``unanswered_backoff`` /
+    ``unanswered_backoff_cap``: the pause after an Unanswered publish before
+    the relay tries again, doubling up to the cap.
+    """
+
+    drain_bound: int = 1000
+    max_attempts: int = 5
+    pass_budget: timedelta = timedelta(seconds=2)
+    message_retention: timedelta = timedelta(days=7)
+    sweep_every: timedelta = timedelta(minutes=1)
+    sweep_batch: int = 5000
+    unanswered_backoff: timedelta = timedelta(milliseconds=500)
+    unanswered_backoff_cap: timedelta = timedelta(seconds=5)
+
+    def __post_init__(self) -> None:
+        problems = [
+            relation
+            for ok, relation in (
+                (self.drain_bound > 0, "drain_bound > 0"),
+                (self.max_attempts > 0, "max_attempts > 0"),
+                (self.pass_budget > timedelta(0), "pass_budget > 0"),
+                (self.message_retention > timedelta(0), "message_retention > 0"),
+                (self.sweep_every > timedelta(0), "sweep_every > 0"),
+                (self.sweep_batch > 0, "sweep_batch > 0"),
+                (self.unanswered_backoff > timedelta(0), "unanswered_backoff > 0"),
+                (
+                    self.unanswered_backoff_cap >= self.unanswered_backoff,
+                    "unanswered_backoff_cap >= unanswered_backoff",
+                ),
+            )
+            if not ok
+        ]
+        if problems:
+            raise ConfigError("invalid OutboxBounds: violated: " + "; ".join(problems))
+
+
+def retention_problems(
+    retention: timedelta, max_ages: Mapping[str, timedelta | None]
+) -> list[str]:
+    """Why ``retention`` cannot serve streams with these ``max_ages`` (None:
+    unlimited); empty when it can."""
+    problems = []
+    for name, max_age in sorted(max_ages.items()):
+        if max_age is None:
+            problems.append(
+                f"stream {name} keeps messages forever (unlimited max_age), so any "
+                "message_retention could sweep a claim before its message is gone"
+            )
+        elif retention < max_age:
+            problems.append(
+                f"message_retention {retention} is below stream {name}'s max_age {max_age}"
+            )
+    return problems
+
+
+async def check_message_retention(
+    nats: Nats, retention: timedelta, streams: Iterable[str]
+) -> None:
+    """Boot check: raise `MessageRetentionTooShort` unless ``retention``
+    covers the ``max_age`` of every stream in ``streams`` (the integration
+    streams inbound reactions bind). Raises `StreamMissing` for an absent
+    stream."""
+    max_ages = {name: await nats.stream_max_age(name) for name in set(streams)}
+    problems = retention_problems(retention, max_ages)
+    if problems:
+        raise MessageRetentionTooShort("; ".join(problems))
+
+
+# -- the write side ----------------------------------------------------------------------
+
+_INSERT = """
+INSERT INTO service_engine.integration_outbox
+       (message_id, subject, payload, producer, seq_key, seq)
+VALUES ($1, $2, $3::text::jsonb, $4, $5, $6)
+"""
+
+
+async def stage_outbound(conn: Conn, message: OutboundMessage) -> None:
+    """Insert ``message``'s outbox row in the caller's open transaction."""
+    seq = message.sequence
+    await conn.execute(
+        _INSERT, message.message_id, message.subject, message.body_json(),
+        None if seq is None else seq.producer, None if seq is None else seq.seq_key,
+        None if seq is None else seq.seq,
+    )
+
+
+async def stage_outbox_row(
+    conn: Conn,
+    envelope: Envelope,
+    subject: str,
+    sequence: DeclaredSequence | None,
+    service: str | None,
+) -> OutboundMessage:
+    """Stage ``envelope`` for publication on ``subject`` in the caller's
+    transaction (``cx.emit`` / ``cx.command``); the relay publishes it after
+    the commit. The message id is the envelope id.
+
+    Raises `SequenceWithoutService` (a `ConfigError`) when a ``sequence`` is
+    declared and no service is configured: nothing is staged.
+    """
+    message = outbound_message(envelope, subject, sequence, service)
+    await stage_outbound(conn, message)
+    return message
+
+
+# -- the relay ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RelayPass:
+    """What one relay step did. ``skipped`` says why it published nothing
+    (not the leader, unreachable, backing off); ``halted`` why it stopped
+    early (Unanswered, the pass budget, the lease lost)."""
+
+    published: int = 0
+    rejected: int = 0
+    dead_lettered: int = 0
+    skipped: str | None = None
+    halted: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReport:
+    published: int = 0
+    failed: int = 0
+    claims: int = 0
+
+
+_SELECT_BATCH = """
+SELECT id, message_id, subject, payload::text AS payload, headers::text AS headers,
+       producer, seq_key, seq, attempts
+  FROM service_engine.integration_outbox
+ WHERE status = 'PENDING'
+ ORDER BY id
+ LIMIT $1
+"""
+
+_BACKLOG = """
+SELECT count(*) AS pending,
+       coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 AS oldest
+  FROM service_engine.integration_outbox
+ WHERE status = 'PENDING'
+"""
+
+_MARK_EVERY = 100
+"""Acked rows marked PUBLISHED per fenced transaction: a crash republishes at
+most this many, and JetStream deduplicates them."""
+
+
+class OutboxRelay:
+    """Publishes the outbox under the ``outbox`` leader lease.
+
+    Register `beat` as a beat step. Every pod runs it; only the lease holder
+    publishes, measures the backlog gauges and sweeps.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        nats: Nats,
+        dead_letters: DeadLetters,
+        lease: LeaderLease,
+        *,
+        metrics: Metrics | None = None,
+        bounds: OutboxBounds | None = None,
+    ) -> None:
+        self.db = db
+        self.nats = nats
+        self.dead_letters = dead_letters
+        self.lease = lease
+        self.metrics = metrics
+        self.bounds = bounds or OutboxBounds()
+        self._quiet_until = 0.0
+        self._backoff = self.bounds.unanswered_backoff.total_seconds()
+        self._next_sweep = 0.0
+        self._was_leader = False
+
+    async def beat(self) -> None:
+        """The beat step: `step`, its report dropped."""
+        await self.step()
+
+    async def step(self) -> RelayPass:
+        """Renew or take the lease; as leader, gauge the backlog, sweep when
+        due and run one bounded publish pass."""
+        if await self.lease.acquire() is None:
+            if self._was_leader and self.metrics is not None:
+                # Only the leader's gauges describe the backlog.
+                self.metrics.set_outbox_backlog(0, 0.0)
+            self._was_leader = False
+            return RelayPass(skipped="not the leader")
+        self._was_leader = True
+        await self.measure()
+        if time.monotonic() >= self._next_sweep:
+            self._next_sweep = time.monotonic() + self.bounds.sweep_every.total_seconds()
+            await self.sweep()
+        return await self.publish_pass()
+
+    async def measure(self) -> tuple[int, float]:
+        """Gauge the backlog: (rows PENDING, age in seconds of the oldest)."""
+        row = await self.db.pool.fetchrow(_BACKLOG)
+        assert row is not None
+        pending, oldest = int(row["pending"]), float(row["oldest"])
+        if self.metrics is not None:
+            self.metrics.set_outbox_backlog(pending, oldest)
+        return pending, oldest
+
+    async def publish_pass(self) -> RelayPass:
+        """Publish up to ``drain_bound`` PENDING rows, oldest first, within
+        ``pass_budget``. Needs the lease (`step` takes it)."""
+        if not self.nats.reachable():
+            return RelayPass(skipped="NATS unreachable")
+        if time.monotonic() < self._quiet_until:
+            return RelayPass(skipped="backing off after an unanswered publish")
+        deadline = time.monotonic() + self.bounds.pass_budget.total_seconds()
+        rows = await self.db.pool.fetch(_SELECT_BATCH, self.bounds.drain_bound)
+        acked: list[int] = []
+        published = rejected = dead = 0
+        halted: str | None = None
+        try:
+            for row in rows:
+                if time.monotonic() >= deadline:
+                    halted = "pass budget spent"
+                    break
+                outcome = await self.nats.publish(
+                    row["subject"], row["payload"].encode(), _headers(row)
+                )
+                if isinstance(outcome, Acked | Duplicate):
+                    self._backoff = self.bounds.unanswered_backoff.total_seconds()
+                    acked.append(row["id"])
+                    if len(acked) >= _MARK_EVERY:
+                        published += await self._mark_published(acked)
+                        acked = []
+                elif isinstance(outcome, Unanswered):
+                    halted = f"unanswered: {outcome.detail}"
+                    self._pause()
+                    break
+                else:
+                    rejected += 1
+                    dead += await self._reject(row, outcome)
+            if acked:
+                published += await self._mark_published(acked)
+        except LeaseLost as exc:
+            _log.info("outbox relay: %s; another pod relays now", exc)
+            halted = "lease lost"
+        return RelayPass(published, rejected, dead, halted=halted)
+
+    def _pause(self) -> None:
+        self._quiet_until = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self.bounds.unanswered_backoff_cap.total_seconds())
+
+    async def _mark_published(self, ids: list[int]) -> int:
+        async with self.db.pool.acquire() as conn, conn.transaction():
+            await self.lease.assert_lease(conn)
+            result = await conn.execute(
+                """UPDATE service_engine.integration_outbox
+                      SET status = 'PUBLISHED', published_at = now()
+                    WHERE id = ANY($1::bigint[]) AND status = 'PENDING'""",
+                ids,
+            )
+        return int(result.split()[-1])
+
+    async def _reject(self, row: Any, outcome: Rejected) -> int:
+        """Count one attempt; at the bound mark FAILED and dead-letter in the
+        same transaction. Returns 1 when it dead-lettered."""
+        async with self.db.pool.acquire() as conn, conn.transaction():
+            await self.lease.assert_lease(conn)
+            attempts = await conn.fetchval(
+                """UPDATE service_engine.integration_outbox
+                      SET attempts = attempts + 1, last_error = $2
+                    WHERE id = $1 AND status = 'PENDING'
+                RETURNING attempts""",
+                row["id"], outcome.detail,
+            )
+            if attempts is None or attempts < self.bounds.max_attempts:
+                if attempts is not None:
+                    _log.warning(
+                        "outbox row %s rejected (attempt %s of %s): %s",
+                        row["message_id"], attempts, self.bounds.max_attempts, outcome.detail,
+                    )
+                return 0
+            await conn.execute(
+                "UPDATE service_engine.integration_outbox SET status = 'FAILED' WHERE id = $1",
+                row["id"],
+            )
+            recorded = await self.dead_letters.record(
+                conn,
+                DeadLetter.for_message(
+                    derive_dead_letter_id(DeadLetterSource.OUTBOX.value, str(row["message_id"])),
+                    DeadLetterSource.OUTBOX, OUTBOX_WORK,
+                    reason="rejected", detail=outcome.detail, subject=row["subject"],
+                    payload=row["payload"].encode(), headers=_headers(row),
+                    message_id=row["message_id"], attempts=attempts,
+                ),
+            )
+        self.dead_letters.committed(recorded)
+        _log.error(
+            "outbox row %s dead-lettered after %s rejections: %s",
+            row["message_id"], attempts, outcome.detail,
+        )
+        return 1
+
+    async def sweep(self) -> SweepReport:
+        """Delete PUBLISHED rows, FAILED rows and message claims older than
+        the message retention. Best-effort: a failure is logged and retried
+        at the next period, never raised, never lowering readiness."""
+        try:
+            return await self._sweep()
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            _log.warning("outbox hygiene sweep failed: %s", exc)
+            return SweepReport()
+
+    async def _sweep(self) -> SweepReport:
+        # Small statements under one deadline: the sweep never holds a long
+        # transaction, and its time is bounded like the publish pass.
+        deadline = time.monotonic() + self.bounds.pass_budget.total_seconds()
+        batch = self.bounds.sweep_batch
+        retention = self.bounds.message_retention
+        published = await self._delete_in_batches(
+            """DELETE FROM service_engine.integration_outbox WHERE id IN (
+                   SELECT id FROM service_engine.integration_outbox
+                    WHERE status = 'PUBLISHED' LIMIT $1)""",
+            deadline, batch,
+        )
+        failed = await self._delete_in_batches(
+            """DELETE FROM service_engine.integration_outbox WHERE id IN (
+                   SELECT id FROM service_engine.integration_outbox
+                    WHERE status = 'FAILED' AND created_at < now() - $2::interval LIMIT $1)""",
+            deadline, batch, retention,
+        )
+        claims = await self._delete_in_batches(
+            """DELETE FROM service_engine.message_claim WHERE (message_id, reaction) IN (
+                   SELECT message_id, reaction FROM service_engine.message_claim
+                    WHERE claimed_at < now() - $2::interval LIMIT $1)""",
+            deadline, batch, retention,
+        )
+        return SweepReport(published, failed, claims)
+
+    async def _delete_in_batches(
+        self, sql: str, deadline: float, batch: int, *args: object
+    ) -> int:
+        total = 0
+        while True:
+            result = await self.db.pool.execute(sql, batch, *args)
+            deleted = int(result.split()[-1])
+            total += deleted
+            if deleted < batch or time.monotonic() >= deadline:
+                return total
+
+    async def aclose(self) -> None:
+        """On shutdown: give up the lease so another pod relays at once."""
+        try:
+            await self.lease.release()
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # best effort: the lease expires anyway
+            _log.warning("outbox relay: releasing the lease failed: %s", exc)
+
+def _headers(row: Any) -> dict[str, str]:
+    return row_publish_headers(
+        row["message_id"], row["headers"], row["producer"], row["seq_key"], row["seq"]
+    )
