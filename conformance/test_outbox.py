@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from service_engine import Database, Engine, EngineConfig, ReadinessHandle, WorkerStopped
 from service_engine.embedded import EmbeddedNats, provision_streams
-from service_engine.integration.cron import Cron, CronScheduler, Tick
+from service_engine.integration.cron import Cron, Tick
 from service_engine.integration.dead_letters import DeadLetters, DeadLetterSource
 from service_engine.integration.envelope import (
     HEADER_MESSAGE_ID,
@@ -342,29 +342,20 @@ async def running_engine(
     db: Database, conn: Nats, *, nats_grace: timedelta, drain_bound: int = 500,
     cron_every: timedelta = timedelta(milliseconds=200),
 ) -> AsyncIterator[tuple[Engine, ReadinessHandle]]:
-    """A real Engine with the relay and a cron as beat steps and NatsHealth
-    as a worker: the wiring the engine does when it is given NATS."""
+    """A real Engine given NATS: it wires the relay and the cron scheduler as
+    beat steps and NatsHealth as a worker itself."""
     config = EngineConfig(
         service=SERVICE, beat_interval=timedelta(milliseconds=50), lease=timedelta(seconds=2),
         nats_grace=nats_grace, publish_ack_timeout=timedelta(seconds=1),
+        outbox_drain_bound=drain_bound,
     )
     readiness = ReadinessHandle()
     engine = await Engine.boot(config, db, conn, readiness)
-    dead_letters = DeadLetters(db, engine.metrics)
-    relay = OutboxRelay(
-        db, conn, dead_letters, LeaderLease(db, OUTBOX_SLOT, config.pod_id, config.lease),
-        metrics=engine.metrics, bounds=fast_bounds(drain_bound=drain_bound),
-    )
-    crons = CronScheduler(db, dead_letters, holder=config.pod_id, service=SERVICE)
 
     async def tick(_conn: object, _tick: Tick) -> None:
         return None
 
-    crons.register(Cron("heartbeat", cron_every, tick))
-    engine.register_beat_step("outbox", relay.beat)
-    engine.register_beat_step("cron", crons.beat)
-    health = NatsHealth(conn, readiness, engine.metrics, grace=nats_grace)
-    engine.register_worker("nats_health", health.run)
+    engine.register_cron(Cron("heartbeat", cron_every, tick))
     task = asyncio.create_task(engine.run())
     try:
         await wait_until(lambda: readiness.is_up, what="the engine UP")

@@ -47,7 +47,7 @@ async def main() -> None:
         database_url, nats_url = infra.database.app_url, infra.nats.url
     try:
         db = await connect_pool(database_url)
-        nats = await open_nats(nats_url)
+        nats = await open_nats(nats_url, publish_ack_timeout=config.publish_ack_timeout)
         try:
             readiness = ReadinessHandle()
             engine = await Engine.boot(config, db, nats, readiness)

@@ -61,6 +61,12 @@ class EngineConfig(BaseModel):
     fold_cache_capacity: int = 1024
     repair_attempts: int = 3
     reset_threshold: int = 64
+    message_retention: timedelta = timedelta(days=7)
+    """Age past which message claims and FAILED outbox rows are swept; must
+    cover the max_age of every integration stream a reaction binds."""
+    outbox_drain_bound: int = 1000
+    outbox_max_attempts: int = 5
+    scheduled_max_attempts: int = 5
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -79,14 +85,15 @@ class EngineConfig(BaseModel):
         positive_durations = (
             "session_ttl", "session_max_age", "lock_timeout", "ack_wait",
             "publish_ack_timeout", "beat_interval", "lease", "nats_grace",
-            "listener_probe_timeout", "schema_version_liveness",
+            "listener_probe_timeout", "schema_version_liveness", "message_retention",
         )
         for name in positive_durations:
             require(getattr(self, name) > timedelta(0), f"{name} > 0")
         positive_counts = (
             "max_ack_pending", "window_capacity", "impacts_per_commit",
             "listener_channel_capacity", "fold_cache_capacity", "repair_attempts",
-            "reset_threshold",
+            "reset_threshold", "outbox_drain_bound", "outbox_max_attempts",
+            "scheduled_max_attempts",
         )
         for name in positive_counts:
             require(getattr(self, name) > 0, f"{name} > 0")

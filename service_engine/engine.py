@@ -15,7 +15,13 @@ from .db.schema_version import Claim, VersionIdentity, claim_at_boot, claim_sche
 from .errors import EngineError, ListenerProbeFailed, ShuttingDown
 from .impacts.model import JsonValue
 from .impacts.transport import PgListenNotify, fire_due
+from .integration.cron import Cron, CronScheduler
+from .integration.dead_letters import DeadLetters
+from .integration.health import NatsHealth
 from .integration.nats import Nats
+from .integration.outbox import OUTBOX_SLOT, OutboxBounds, OutboxRelay
+from .integration.scheduled import ScheduledBounds, ScheduledPublisher
+from .leader import LeaderLease
 from .metrics import Metrics
 from .pipeline import MutationExecutor
 from .readiness import (
@@ -60,12 +66,40 @@ class Engine:
         self.render = RenderRuntime(
             db, config, self.transport.channel, accepting=self.ensure_accepting
         )
+        self.dead_letters = DeadLetters(db, self.metrics)
+        self.crons = CronScheduler(
+            db, self.dead_letters, holder=config.pod_id, service=config.service
+        )
         self._beat_steps: dict[str, BeatStep] = {
             "schema_version": self._refresh_schema_version,
             "listener_queue": self.transport.check_queue,
             "scheduled_impacts": self._fire_due,
             "sessions": self.render.beat,
+            "cron": self.crons.beat,
         }
+        self.nats_health: NatsHealth | None = None
+        self.outbox: OutboxRelay | None = None
+        self.scheduled: ScheduledPublisher | None = None
+        if nats is not None:
+            self.nats_health = NatsHealth(nats, readiness, self.metrics, grace=config.nats_grace)
+            self.outbox = OutboxRelay(
+                db, nats, self.dead_letters,
+                LeaderLease(db, OUTBOX_SLOT, config.pod_id, config.lease),
+                metrics=self.metrics,
+                bounds=OutboxBounds(
+                    drain_bound=config.outbox_drain_bound,
+                    max_attempts=config.outbox_max_attempts,
+                    message_retention=config.message_retention,
+                ),
+            )
+            self.scheduled = ScheduledPublisher(
+                db, nats, self.dead_letters,
+                bounds=ScheduledBounds(max_attempts=config.scheduled_max_attempts),
+            )
+            # The relay never blocks the beat for long: each pass is bounded
+            # and skipped outright while the broker is unreachable.
+            self._beat_steps["outbox"] = self.outbox.beat
+            self._beat_steps["scheduled_messages"] = self.scheduled.beat
         self._shutting_down = False
 
     @classmethod
@@ -99,6 +133,8 @@ class Engine:
         engine._supervisor.add("beat", engine._beat)
         engine._supervisor.add("listener", engine.transport.run)
         engine._supervisor.add("render", engine.render.run)
+        if engine.nats_health is not None:
+            engine._supervisor.add("nats_health", engine.nats_health.run)
         return engine
 
     async def _probe_listener(self) -> None:
@@ -156,6 +192,10 @@ class Engine:
         """How a principal is re-resolved when its facts change."""
         self.render.register_principal_refresh(refresh)
 
+    def register_cron(self, cron: Cron) -> None:
+        """Fire ``cron`` once per slot across every pod of the service."""
+        self.crons.register(cron)
+
     def mutation_executor(self) -> MutationExecutor:
         """Runs mutations (and bulk writes) through the write pipeline."""
         return MutationExecutor(
@@ -200,6 +240,9 @@ class Engine:
         try:
             await self._supervisor.run()
         finally:
+            if self.outbox is not None:
+                # Hand the relay's lease over now rather than at its expiry.
+                await self.outbox.aclose()
             self.metrics.shutdown()
 
     def shutdown(self) -> None:

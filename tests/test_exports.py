@@ -19,6 +19,10 @@ EXPECTED = {
     "Success", "SystemClock", "Timestamp", "Unrestricted", "Upsert", "Visibility",
     "WindowSpec", "WorkerStopped", "affordances", "check_gates_match_affordances",
     "connect_pool", "gated", "readiness_route", "validate_database_tls",
+    "Acked", "Actor", "Cron", "DeadLetter", "DeadLetterSource", "DeadLetters",
+    "DeclaredSequence", "Duplicate", "EventMetadata", "IntegrationCommand", "IntegrationEvent",
+    "KvBucket", "KvKey", "Nats", "OutboundCommand", "OutboundEvent", "PublishOutcome",
+    "Rejected", "SequenceWithoutService", "Tick", "Unanswered", "open_nats",
 }
 
 
