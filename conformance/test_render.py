@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -640,3 +640,31 @@ async def test_an_impure_cohort_is_caught_by_the_debug_check(db: Database) -> No
             await write_card(conn, Card("c1", "acme", 1, "one"))
         report = await f.runtime.render_pass(await f.commits(1))
         assert report.failures == 1
+
+
+async def test_a_joined_noun_reaches_the_keys_its_inverse_names(db: Database) -> None:
+    """The escape hatch for views that join nouns: a change of a joined noun
+    re-renders the projector keys its inverse maps it to."""
+
+    class Flagged(CardsView):
+        NAME = "flagged"
+        JOINS: ClassVar[Mapping[str, Any]] = {
+            "card_flag": lambda key: [key],
+            "org_theme": lambda key: None,  # every key may be affected
+        }
+
+    await seed(db, Card("c1", "acme", 1, "one"), Card("c2", "acme", 2, "two"))
+    async with frames(db, Flagged()) as f:
+        stream = await f.runtime.attach(ALICE, "flagged", window())
+        await take(stream, 1)
+        async with db.pool.acquire() as conn, conn.transaction():
+            await conn.execute("UPDATE sample_card SET title = 'flagged' WHERE id = 'c1'")
+            await stage_in(conn, [Impact.entity("card_flag", "c1")])
+        await f.runtime.render_pass(await f.commits(1))
+        (delta,) = drained(stream)
+        assert delta.key == '"c1"' and delta.view == ("acme", 1, "flagged")
+        async with db.pool.acquire() as conn, conn.transaction():
+            await conn.execute("UPDATE sample_card SET title = 'themed'")
+            await stage_in(conn, [Impact.entity("org_theme", "acme")])
+        await f.runtime.render_pass(await f.commits(1))
+        assert {d.key for d in drained(stream)} == {'"c1"', '"c2"'}

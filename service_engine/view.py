@@ -36,7 +36,7 @@ from .errors import AttachError, ConfigError, EngineError
 from .impacts.model import Impact, JsonValue
 from .render.cohort import CohortKey, HasPrincipalId
 from .render.deltas import KeyText
-from .render.population import Emission, Route, WindowSpec
+from .render.population import Emission, Inverse, Route, WindowSpec
 
 if TYPE_CHECKING:
     from .db.types import Conn
@@ -203,6 +203,11 @@ class Projector(ABC, Generic[RowT, ViewT, PrincipalT, QueryT]):
     VISIBILITY: ClassVar[Visibility[Any, Any]]
     RESET_THRESHOLD: ClassVar[int | None] = None
     RLS: ClassVar[bool] = False
+    JOINS: ClassVar[Mapping[str, Inverse]] = {}
+    """The escape hatch for a view that joins other nouns: each joined noun
+    maps to an inverse from its changed key to this projector's keys it
+    affects (``None`` from the inverse: every key). The store's ``read_many``
+    does the join; the engine re-renders the mapped keys."""
 
     @abstractmethod
     async def populate(self, cx: Populate[PrincipalT], query: QueryT) -> Sequence[JsonValue]:
@@ -287,6 +292,13 @@ def check_projector(projector: Projector[Any, Any, Any, Any]) -> None:
     threshold = getattr(cls, "RESET_THRESHOLD", None)
     if threshold is not None and (type(threshold) is not int or threshold < 1):
         problems.append("RESET_THRESHOLD must be None or a positive int")
+    joins = getattr(cls, "JOINS", {})
+    if not isinstance(joins, Mapping) or not all(
+        isinstance(noun, str) and noun and callable(inverse) for noun, inverse in joins.items()
+    ):
+        problems.append("JOINS must map joined nouns to inverse callables")
+    elif getattr(cls, "NOUN", None) in joins:
+        problems.append("JOINS must not name the projector's own NOUN")
     if type(getattr(cls, "RLS", None)) is not bool:
         problems.append("RLS must be a bool")
     elif cls.RLS and cls.cohort is not Projector.cohort:
@@ -300,7 +312,9 @@ def route_of(projector: Projector[Any, Any, Any, Any]) -> Route:
     hook only when overridden (so a coalesced projector costs no call)."""
     cls = type(projector)
     emission = projector.emission if cls.emission is not Projector.emission else None
-    return Route(cls.NAME, {cls.NOUN: None}, emission)
+    nouns: dict[str, Inverse | None] = {noun: inverse for noun, inverse in cls.JOINS.items()}
+    nouns[cls.NOUN] = None
+    return Route(cls.NAME, nouns, emission)
 
 
 def cohort_of(projector: Projector[Any, Any, PrincipalT, Any], principal: PrincipalT) -> CohortKey:
