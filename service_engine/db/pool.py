@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from types import TracebackType
 from typing import Any
 
 import asyncpg
 
 from ..errors import DatabaseUrlRefused
+from ..resources import AsyncResource
 from .tls import trusted_hosts_from_env, validate_database_tls
 
 
@@ -23,7 +23,7 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
-class Database:
+class Database(AsyncResource):
     """A connection pool plus the URL to open dedicated connections.
 
     The pool serves the write pipeline and render reads; a dedicated
@@ -44,16 +44,6 @@ class Database:
     async def aclose(self) -> None:
         await self.pool.close()
 
-    async def __aenter__(self) -> Database:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 async def connect_pool(

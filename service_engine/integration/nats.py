@@ -18,7 +18,6 @@ import logging
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from types import TracebackType
 from typing import Any, TypeAlias, TypeVar
 
 import nats
@@ -27,6 +26,7 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from ..errors import ConfigError, EngineError
+from ..resources import AsyncResource
 
 _log = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ class KvKey:
 # -- the connection -------------------------------------------------------------
 
 
-class Nats:
+class Nats(AsyncResource):
     """One NATS connection with JetStream, reconnecting on its own.
 
     Open it with `open_nats`. ``publish_ack_timeout`` bounds every publish
@@ -415,16 +415,6 @@ class Nats:
             if not client.is_closed:
                 await client.close()
 
-    async def __aenter__(self) -> Nats:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 async def open_nats(
