@@ -1,4 +1,4 @@
-"""Run an engine and its HTTP surface in one call (`run_with`)."""
+"""Run an engine and its HTTP surface in one call (`run_with`, `run_with_listener`)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,15 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Generator
 
 import uvicorn
 from starlette.types import ASGIApp
 
 from .engine import Engine
+
+__all__ = ["bind_listener", "parse_addr", "run_with", "run_with_listener"]
 
 _log = logging.getLogger(__name__)
 
@@ -26,8 +29,30 @@ class _Server(uvicorn.Server):
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``; an empty host is 127.0.0.1) as a pair."""
     host, _, port = addr.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"an address is host:port, got {addr!r}")
+    host = host.removeprefix("[").removesuffix("]")
     return (host or "127.0.0.1"), int(port)
+
+
+def bind_listener(addr: str) -> socket.socket:
+    """A TCP socket bound to ``addr`` (port 0: a free one), ready for
+    `run_with_listener`; read the port back with ``getsockname()``."""
+    host, port = parse_addr(addr)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections
+    # only when the listener's proto says TCP. Without it every keep-alive
+    # response waits out the client's delayed ACK (~40 ms a request).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 async def run_with(engine: Engine, app: ASGIApp, addr: str, *, handle_signals: bool = True) -> None:
@@ -36,10 +61,19 @@ async def run_with(engine: Engine, app: ASGIApp, addr: str, *, handle_signals: b
     Returns after SIGINT/SIGTERM (or `Engine.shutdown`) once both stopped;
     raises the engine's `WorkerStopped` if a worker died.
     """
-    host, port = parse_addr(addr)
-    server = _Server(
-        uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="warning")
-    )
+    sock = bind_listener(addr)
+    try:
+        await run_with_listener(engine, app, sock, handle_signals=handle_signals)
+    finally:
+        sock.close()
+
+
+async def run_with_listener(
+    engine: Engine, app: ASGIApp, sock: socket.socket, *, handle_signals: bool = True
+) -> None:
+    """`run_with` on a socket the caller already bound (a port chosen by the
+    system, a socket handed over by a supervisor). The caller closes it."""
+    server = _Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
@@ -50,7 +84,7 @@ async def run_with(engine: Engine, app: ASGIApp, addr: str, *, handle_signals: b
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop)
     engine_task = asyncio.create_task(engine.run(), name="service_engine:run")
-    server_task = asyncio.create_task(server.serve(), name="service_engine:http")
+    server_task = asyncio.create_task(server.serve(sockets=[sock]), name="service_engine:http")
     try:
         await asyncio.wait({engine_task, server_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -60,3 +94,4 @@ async def run_with(engine: Engine, app: ASGIApp, addr: str, *, handle_signals: b
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
     engine_task.result()
+    server_task.result()

@@ -1,0 +1,77 @@
+"""bb01: readiness, and a second pod on the same store converging.
+
+Two processes of the real service share one Postgres and one NATS and no
+other state: a write through either pod reaches a live subscriber on the
+other, and a pod stopped with SIGTERM exits cleanly while the other stays UP.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from service_engine.embedded import ProvisionedDatabase
+
+from .harness import (
+    ADMIN,
+    BOARDS_SUBSCRIPTION,
+    RENAME,
+    Pods,
+    create_board,
+    key,
+)
+
+
+async def test_bb01_readiness_and_a_second_pod_converges(
+    pods: Pods, store: ProvisionedDatabase
+) -> None:
+    a = await pods.spawn("a")
+    ready = await a.readyz()
+    assert (ready.status_code, ready.json()) == (200, {"status": "UP"})
+    b = await pods.spawn("b")
+    ready = await b.readyz()
+    assert (ready.status_code, ready.json()) == (200, {"status": "UP"})
+
+    async with b.socket(ADMIN) as on_b, a.socket(ADMIN) as on_a:
+        await on_b.init()
+        await on_a.init()
+        await on_b.subscribe("boards", BOARDS_SUBSCRIPTION)
+        await on_a.subscribe("boards", BOARDS_SUBSCRIPTION)
+        for ws in (on_a, on_b):
+            reset = (await ws.next("boards"))["boards"]
+            assert (reset["__typename"], reset["revision"], reset["keys"]) == ("BoardsReset", 1, [])
+
+        # A write through pod A reaches the subscriber on pod B (and A's own).
+        await create_board(a, "b-bb01", "made on a")
+        for ws in (on_a, on_b):
+            upsert = (await ws.next("boards"))["boards"]
+            assert upsert["__typename"] == "BoardsUpsert"
+            assert (upsert["revision"], upsert["key"]) == (2, key("b-bb01"))
+            assert upsert["view"]["title"] == "made on a"
+            assert upsert["cause"]["name"] == "board.created"
+
+        # And the other way round.
+        renamed = await b.gql(RENAME, {"id": "b-bb01", "title": "renamed on b"}, ADMIN)
+        assert renamed["renameBoard"]["success"], renamed
+        for ws in (on_a, on_b):
+            upsert = (await ws.next("boards"))["boards"]
+            assert (upsert["revision"], upsert["view"]["title"]) == (3, "renamed on b")
+            assert upsert["cause"] == {
+                "name": "board.renamed",
+                "data": {"board": "b-bb01", "by": "alice", "title": "renamed on b"},
+            }
+
+    # Both pods read the one committed state.
+    conn = await asyncpg.connect(store.owner_url)
+    try:
+        title = await conn.fetchval("SELECT title FROM board WHERE id = 'b-bb01'")
+    finally:
+        await conn.close()
+    assert title == "renamed on b"
+    for pod in (a, b):
+        board = (await pod.gql('{ board(id: "b-bb01") { title } }', passport=ADMIN))["board"]
+        assert board == {"title": title}
+
+    # A pod stopped with SIGTERM shuts down cleanly; the other stays UP.
+    assert await pods.stop(a) == 0, a.log_tail()
+    ready = await b.readyz()
+    assert (ready.status_code, ready.json()) == (200, {"status": "UP"})

@@ -1,0 +1,110 @@
+"""Every slice of the reference service is removable: deleting its folder and
+its one line in ``slices/__init__.py`` leaves a service that boots and
+serves, with no kernel, ``register`` or ``graphql`` edit; the kernel alone
+boots too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+
+from example_service.graphql import build_app
+from example_service.register import register
+from example_service.slices import SLICES, compose
+from service_engine import Engine, EngineConfig, ReadinessHandle, WorkerStopped, connect_pool
+from service_engine.embedded import ProvisionedDatabase
+from service_engine.graphql import ComposedService
+from service_engine.host import bind_listener, run_with_listener
+
+from ..harness import wait_until
+from .harness import BOUND, REPO, Pods
+
+ROOT_FIELDS = "{ __schema { queryType { fields { name } } } }"
+SLICE_AGNOSTIC = ("kernel", "register.py", "graphql.py")
+
+
+def query_fields(service: ComposedService) -> set[str]:
+    return set(service.declared_fields("query"))
+
+
+@contextlib.asynccontextmanager
+async def serving(store: ProvisionedDatabase, service: ComposedService) -> AsyncIterator[str]:
+    """The service composed as ``service``, in process: engine + HTTP on a free port."""
+    db = await connect_pool(store.app_url)
+    try:
+        engine = await Engine.boot(EngineConfig(service="example"), db, None, ReadinessHandle())
+        app = build_app(engine, register(engine, service), service)
+        sock = bind_listener("127.0.0.1:0")
+        task = asyncio.create_task(run_with_listener(engine, app, sock, handle_signals=False))
+        try:
+            yield f"127.0.0.1:{sock.getsockname()[1]}"
+        finally:
+            engine.shutdown()
+            with contextlib.suppress(WorkerStopped):
+                await asyncio.wait_for(task, BOUND)
+            sock.close()
+    finally:
+        await db.aclose()
+
+
+async def served_fields(addr: str) -> set[str]:
+    async with httpx.AsyncClient(base_url=f"http://{addr}", timeout=BOUND) as http:
+
+        async def up() -> bool:
+            return (await http.get("/readyz")).status_code == 200
+
+        await wait_until(up, what="readiness UP")
+        body = (await http.post("/graphql", json={"query": ROOT_FIELDS})).json()
+    return {f["name"] for f in body["data"]["__schema"]["queryType"]["fields"]}
+
+
+async def test_the_kernel_alone_and_the_service_without_each_slice_boot(
+    store: ProvisionedDatabase,
+) -> None:
+    variants: dict[str, tuple[str, ...]] = {"kernel only": (), "every slice": SLICES}
+    for removed in SLICES:
+        variants[f"without {removed}"] = tuple(s for s in SLICES if s != removed)
+    for variant, names in variants.items():
+        service = compose(names)
+        assert service.slice_names == names, variant
+        async with serving(store, service) as addr:
+            assert await served_fields(addr) == query_fields(service), variant
+    assert query_fields(compose(())) == {"engineVersion"}
+
+
+async def test_deleting_a_slice_folder_and_its_line_leaves_a_bootable_service(
+    pods: Pods, tmp_path: Path,
+) -> None:
+    for n, removed in enumerate(SLICES):
+        root = tmp_path / f"without_{removed}"
+        package = root / "example_service"
+        shutil.copytree(REPO / "example_service", package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        # No slice-agnostic file names the slice.
+        for name in SLICE_AGNOSTIC:
+            target = package / name
+            for path in [target] if target.is_file() else sorted(target.rglob("*.py")):
+                assert f'"{removed}"' not in path.read_text(), path
+                assert f"slices.{removed}" not in path.read_text(), path
+        # Its folder, and its one line in the list.
+        listing = package / "slices" / "__init__.py"
+        lines = listing.read_text().splitlines(keepends=True)
+        naming = [line for line in lines if f'"{removed}"' in line]
+        assert len(naming) == 1, naming
+        listing.write_text("".join(line for line in lines if line not in naming))
+        shutil.rmtree(package / "slices" / removed)
+
+        pod = await pods.spawn(f"r{n}", command=[sys.executable, "-m", "example_service"],
+                               cwd=root)
+        remaining = compose(tuple(s for s in SLICES if s != removed))
+        data = await pod.gql(ROOT_FIELDS)
+        assert {f["name"] for f in data["__schema"]["queryType"]["fields"]} == query_fields(
+            remaining)
+        await pods.stop(pod)

@@ -1,0 +1,33 @@
+"""The service's HTTP surface over the composed schema. Names no slice."""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+
+from service_engine import Engine
+from service_engine.graphql import ComposedService, graphql_app
+
+from .kernel import PrincipalDirectory
+from .slices import SERVICE
+
+
+def build_app(
+    engine: Engine,
+    directory: PrincipalDirectory,
+    service: ComposedService = SERVICE,
+    *,
+    passport_from_connection_params: bool = False,
+) -> Starlette:
+    """GraphQL (and GraphiQL) on ``/graphql``, subscriptions on
+    ``/graphql/ws``, ``/readyz`` and ``/metrics``.
+
+    ``passport_from_connection_params`` lets a browser (GraphiQL) send its
+    passport in the socket's ``connection_init`` payload: development only,
+    never behind a gateway.
+    """
+    return graphql_app(
+        engine,
+        service.schema(),
+        directory.resolve,
+        passport_from_connection_params=passport_from_connection_params,
+    )

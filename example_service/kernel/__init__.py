@@ -1,0 +1,25 @@
+"""The service's kernel: what every slice shares and no slice owns.
+
+The principal (`Principal`) and its generic facts bag (`PrincipalFacts`),
+the directory resolving a passport to a principal from the facts the slices
+contribute (`PrincipalDirectory`), the error base (`ServiceError`) and the
+wire shapes of affordances and refusals. Nothing here names a slice: a slice
+contributes its principal facts from its own ``register``.
+"""
+
+from .errors import ConfigurationError, ServiceError
+from .principal import FactSource, Principal, PrincipalDirectory, PrincipalFacts
+from .wire import Affordance, Refusal, affordance_list, refusal_of
+
+__all__ = [
+    "Affordance",
+    "ConfigurationError",
+    "FactSource",
+    "Principal",
+    "PrincipalDirectory",
+    "PrincipalFacts",
+    "Refusal",
+    "ServiceError",
+    "affordance_list",
+    "refusal_of",
+]

@@ -1,0 +1,262 @@
+"""The board aggregate (direct CRUD), its gates, and the rows it keeps.
+
+A board belongs to one org. People of that org see and edit it; a person
+of another org sees and edits it once they accepted an invite onto it (the
+`BOARD_MEMBERSHIPS` principal fact). Archiving needs the `BOARD_ARCHIVE`
+scope. Each gate is declared once with `gated`: the view's affordances and
+the mutation's deny check are the same function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from service_engine import Aggregate, CrudStore, Database, Gate, Reason, gated
+
+from ...kernel import Principal
+
+BOARD_ARCHIVE = "board:archive"
+"""The scope (a passport role) archiving and unarchiving need."""
+
+BOARD_MEMBERSHIPS = "board_memberships"
+"""The principal fact: the boards a person was invited onto, across orgs."""
+
+NOUN = "board"
+ORG_NOUN = "org_board"
+
+FORBIDDEN = Reason("board.forbidden", "this board is not yours to change")
+ARCHIVED = Reason("board.archived", "the board is archived")
+NOT_ARCHIVED = Reason("board.not_archived", "the board is not archived")
+ARCHIVE_SCOPE = Reason("board.archive_scope_required", f"archiving needs {BOARD_ARCHIVE}")
+ORG_ONLY = Reason("board.org_only", "only people of the board's org may do this")
+NO_ORG = Reason("board.no_org", "a board is created in the caller's org; the passport has none")
+BAD_TITLE = Reason("board.title_invalid", "a title is 1 to 200 characters")
+INVITE_UNKNOWN = Reason("invite.unknown", "no such invite")
+INVITE_SPENT = Reason("invite.spent", "the invite was already redeemed")
+
+MAX_TITLE = 200
+
+
+def valid_title(title: str) -> bool:
+    return 1 <= len(title.strip()) <= MAX_TITLE
+
+
+@dataclass
+class Board(Aggregate):
+    id: str
+    org: str
+    title: str
+    owner: str
+    archived: bool = False
+
+    Store: ClassVar[BoardStore]
+
+    # -- who -----------------------------------------------------------------
+
+    def in_org(self, principal: Principal) -> bool:
+        return principal.org == self.org
+
+    def has_member(self, principal: Principal) -> bool:
+        return self.id in principal.fact(BOARD_MEMBERSHIPS)
+
+    def visible_to(self, principal: Principal) -> bool:
+        return self.in_org(principal) or self.has_member(principal)
+
+    # -- gates (== affordances) -----------------------------------------------
+
+    @gated("rename")
+    def can_rename(self, principal: Principal) -> Gate:
+        if not self.visible_to(principal):
+            return Gate.deny(FORBIDDEN)
+        if self.archived:
+            return Gate.deny(ARCHIVED)
+        return Gate.allow()
+
+    @gated("archive")
+    def can_archive(self, principal: Principal) -> Gate:
+        if not self.visible_to(principal):
+            return Gate.deny(FORBIDDEN)
+        if not self.in_org(principal):
+            return Gate.deny(ORG_ONLY)
+        if not principal.has_role(BOARD_ARCHIVE):
+            return Gate.deny(ARCHIVE_SCOPE)
+        if self.archived:
+            return Gate.deny(ARCHIVED)
+        return Gate.allow()
+
+    @gated("unarchive")
+    def can_unarchive(self, principal: Principal) -> Gate:
+        if not self.visible_to(principal):
+            return Gate.deny(FORBIDDEN)
+        if not self.in_org(principal):
+            return Gate.deny(ORG_ONLY)
+        if not principal.has_role(BOARD_ARCHIVE):
+            return Gate.deny(ARCHIVE_SCOPE)
+        if not self.archived:
+            return Gate.deny(NOT_ARCHIVED)
+        return Gate.allow()
+
+    @gated("invite")
+    def can_invite(self, principal: Principal) -> Gate:
+        if not self.visible_to(principal):
+            return Gate.deny(FORBIDDEN)
+        if not self.in_org(principal):
+            return Gate.deny(ORG_ONLY)
+        if self.archived:
+            return Gate.deny(ARCHIVED)
+        return Gate.allow()
+
+    # -- domain commands ------------------------------------------------------
+
+    def rename(self, title: str) -> None:
+        self.title = title.strip()
+
+    def set_archived(self, archived: bool) -> None:
+        self.archived = archived
+
+
+class BoardStore(CrudStore[Board, str]):
+    TABLE = "board"
+    COLUMNS = ("id", "org", "title", "owner", "archived")
+
+    def to_row(self, board: Board) -> Mapping[str, object]:
+        return {
+            "id": board.id, "org": board.org, "title": board.title,
+            "owner": board.owner, "archived": board.archived,
+        }
+
+    def from_row(self, row: Mapping[str, Any]) -> Board:
+        return Board(row["id"], row["org"], row["title"], row["owner"], row["archived"])
+
+
+Board.Store = BoardStore()
+
+
+# -- the RLS projection ---------------------------------------------------------
+
+
+@dataclass
+class OrgBoard(Aggregate):
+    """The ``org_board`` projection of a board, readable only in its org's context."""
+
+    id: str
+    org: str
+    title: str
+    archived: bool = False
+
+    Store: ClassVar[OrgBoardStore]
+
+    @classmethod
+    def of(cls, board: Board) -> OrgBoard:
+        return cls(board.id, board.org, board.title, board.archived)
+
+
+async def enter_org(conn: Any, org: str | None) -> None:
+    """Set the transaction's RLS org context (``''``: none, so nothing is visible)."""
+    await conn.execute("SELECT set_config('app.current_org_id', $1, true)", org or "")
+
+
+class OrgBoardStore(CrudStore[OrgBoard, str]):
+    """``org_board`` is under FORCE ROW LEVEL SECURITY for writes as well as
+    reads: every write enters the row's org first (a transaction-local
+    setting, gone at commit)."""
+
+    TABLE = "org_board"
+    COLUMNS = ("id", "org", "title", "archived")
+
+    def to_row(self, row: OrgBoard) -> Mapping[str, object]:
+        return {"id": row.id, "org": row.org, "title": row.title, "archived": row.archived}
+
+    def from_row(self, row: Mapping[str, Any]) -> OrgBoard:
+        return OrgBoard(row["id"], row["org"], row["title"], row["archived"])
+
+    async def create(self, conn: Any, aggregate: OrgBoard) -> None:
+        await enter_org(conn, aggregate.org)
+        await super().create(conn, aggregate)
+
+    async def save(self, conn: Any, aggregate: OrgBoard) -> None:
+        await enter_org(conn, aggregate.org)
+        await super().save(conn, aggregate)
+
+    async def delete(self, conn: Any, aggregate: OrgBoard) -> None:
+        await enter_org(conn, aggregate.org)
+        await super().delete(conn, aggregate)
+
+
+OrgBoard.Store = OrgBoardStore()
+
+
+# -- memberships and invites ----------------------------------------------------------
+
+
+@dataclass
+class BoardMember(Aggregate):
+    board_id: str
+    person: str
+
+    Store: ClassVar[BoardMemberStore]
+
+    @property
+    def id(self) -> str:
+        return member_id(self.board_id, self.person)
+
+
+def member_id(board_id: str, person: str) -> str:
+    return f"{board_id}/{person}"
+
+
+class BoardMemberStore(CrudStore[BoardMember, str]):
+    TABLE = "board_member"
+    COLUMNS = ("id", "board_id", "person")
+
+    def to_row(self, member: BoardMember) -> Mapping[str, object]:
+        return {"id": member.id, "board_id": member.board_id, "person": member.person}
+
+    def from_row(self, row: Mapping[str, Any]) -> BoardMember:
+        return BoardMember(row["board_id"], row["person"])
+
+
+BoardMember.Store = BoardMemberStore()
+
+
+@dataclass
+class Invite(Aggregate):
+    """An invite onto a board; the store keeps only the secret's hash."""
+
+    token_hash: str
+    board_id: str
+    created_by: str
+    redeemed_by: str | None = None
+
+    Store: ClassVar[InviteStore]
+
+    @staticmethod
+    def hash_of(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
+
+class InviteStore(CrudStore[Invite, str]):
+    TABLE = "board_invite"
+    KEY = "token_hash"
+    COLUMNS = ("token_hash", "board_id", "created_by", "redeemed_by")
+
+    def to_row(self, invite: Invite) -> Mapping[str, object]:
+        return {
+            "token_hash": invite.token_hash, "board_id": invite.board_id,
+            "created_by": invite.created_by, "redeemed_by": invite.redeemed_by,
+        }
+
+    def from_row(self, row: Mapping[str, Any]) -> Invite:
+        return Invite(row["token_hash"], row["board_id"], row["created_by"], row["redeemed_by"])
+
+
+Invite.Store = InviteStore()
+
+
+async def load_memberships(db: Database, subject: str) -> Iterable[str]:
+    """The `BOARD_MEMBERSHIPS` fact of ``subject``: the boards they joined."""
+    rows = await db.pool.fetch("SELECT board_id FROM board_member WHERE person = $1", subject)
+    return [row["board_id"] for row in rows]

@@ -1,0 +1,178 @@
+"""The board slice's root fields: queries read rendered views through the
+engine (`Engine.fetch` / the render runtime's ``fetch_window``, the same path
+as a subscription's snapshot, under the projector's RLS regime); mutations
+run on the engine's mutation executor; subscriptions stream one projector's
+typed union."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any, TypeAlias
+
+import strawberry
+
+from service_engine import MutationError, MutationExecutor, OneShot, Query, WindowSpec
+from service_engine.graphql import GraphQLContext, subscription_union
+
+from ...kernel import Principal, PrincipalDirectory, Refusal, refusal_of
+from .commands import (
+    accept_invite,
+    archive_board,
+    create_board,
+    invite_to_board,
+    rename_board,
+    unarchive_board,
+)
+from .views import BOARDS, ORG_BOARDS, ORG_CONTEXT, BoardsQuery, BoardView, OrgBoardView
+
+Info: TypeAlias = strawberry.Info[GraphQLContext[Principal], None]
+
+BOARDS_UNION = subscription_union("Boards", BoardView, description="the caller's boards")
+ORG_BOARDS_UNION = subscription_union(
+    "OrgBoards", OrgBoardView, description="the boards of the caller's org (under RLS)"
+)
+
+
+@strawberry.type(description="The outcome of a board mutation: the board as the caller now "
+                             "sees it, or why nothing changed.")
+class BoardResult:
+    success: bool
+    board: BoardView | None = None
+    error: Refusal | None = None
+
+
+@strawberry.type(description="An invite's one-shot token: shown to its creator once, never stored.")
+class InviteResult:
+    success: bool
+    token: str | None = None
+    error: Refusal | None = None
+
+
+def _executor(info: Info) -> MutationExecutor:
+    return info.context.engine.mutation_executor()
+
+
+async def _board_result(
+    info: Info, outcome: object, board_id: str, principal: Principal | None = None
+) -> BoardResult:
+    if isinstance(outcome, MutationError):
+        return BoardResult(success=False, error=refusal_of(outcome))
+    view = await info.context.engine.fetch(BOARDS, board_id, principal or info.context.principal)
+    return BoardResult(success=True, board=view)
+
+
+@strawberry.type
+class BoardQuery:
+    @strawberry.field(description="The boards the caller sees, by id.")
+    async def boards(self, info: Info, limit: int = 100) -> list[BoardView]:
+        found = await info.context.engine.render.fetch_window(
+            BOARDS, BoardsQuery(limit), info.context.principal
+        )
+        return [view for _, view in found]
+
+    @strawberry.field(description="One board, if the caller sees it.")
+    async def board(self, info: Info, id: strawberry.ID) -> BoardView | None:
+        view: BoardView | None = await info.context.engine.fetch(
+            BOARDS, str(id), info.context.principal
+        )
+        return view
+
+    @strawberry.field(description="The boards of the caller's org, read under Postgres RLS.")
+    async def org_boards(self, info: Info) -> list[OrgBoardView]:
+        found = await info.context.engine.render.fetch_window(
+            ORG_BOARDS, None, info.context.principal, ORG_CONTEXT
+        )
+        return [view for _, view in found]
+
+    @strawberry.field(description="One board of the caller's org, read under Postgres RLS.")
+    async def org_board(self, info: Info, id: strawberry.ID) -> OrgBoardView | None:
+        view: OrgBoardView | None = await info.context.engine.fetch(
+            ORG_BOARDS, str(id), info.context.principal, ORG_CONTEXT
+        )
+        return view
+
+
+@strawberry.type
+class BoardMutation:
+    @strawberry.mutation(description="Create a board in the caller's org.")
+    async def create_board(
+        self, info: Info, title: str, id: strawberry.ID | None = None
+    ) -> BoardResult:
+        outcome = await _executor(info).execute(
+            info.context.principal, create_board, title, None if id is None else str(id)
+        )
+        if isinstance(outcome, MutationError):
+            return await _board_result(info, outcome, "")
+        return await _board_result(info, outcome, outcome)
+
+    @strawberry.mutation
+    async def rename_board(self, info: Info, id: strawberry.ID, title: str) -> BoardResult:
+        outcome = await _executor(info).ack(info.context.principal, rename_board, str(id), title)
+        return await _board_result(info, outcome, str(id))
+
+    @strawberry.mutation
+    async def archive_board(self, info: Info, id: strawberry.ID) -> BoardResult:
+        outcome = await _executor(info).ack(info.context.principal, archive_board, str(id))
+        return await _board_result(info, outcome, str(id))
+
+    @strawberry.mutation
+    async def unarchive_board(self, info: Info, id: strawberry.ID) -> BoardResult:
+        outcome = await _executor(info).ack(info.context.principal, unarchive_board, str(id))
+        return await _board_result(info, outcome, str(id))
+
+    @strawberry.mutation(description="Mint a one-shot invite onto a board; the token is "
+                                     "returned here once and stored only as a hash.")
+    async def invite_to_board(self, info: Info, id: strawberry.ID) -> InviteResult:
+        outcome = await _executor(info).execute(info.context.principal, invite_to_board, str(id))
+        if isinstance(outcome, MutationError):
+            return InviteResult(success=False, error=refusal_of(outcome))
+        secret: OneShot[str] = outcome
+        return InviteResult(success=True, token=secret.reveal())
+
+    @strawberry.mutation(description="Join a board (from any org) with an invite token.")
+    async def accept_invite(self, info: Info, token: str) -> BoardResult:
+        outcome = await _executor(info).execute(info.context.principal, accept_invite, token)
+        if isinstance(outcome, MutationError):
+            return await _board_result(info, outcome, "")
+        # The caller's facts just changed: answer with the view they now have.
+        directory = PrincipalDirectory.of(info.context.engine)
+        joined = await directory.refresh(info.context.principal)
+        return await _board_result(info, outcome, outcome, joined)
+
+
+async def _stream(info: Info, union: Any, projector: str, window: WindowSpec[Any],
+                  applier: Any = None) -> AsyncGenerator[Any, None]:
+    stream = await info.context.engine.attach(
+        info.context.principal, projector, window, applier=applier
+    )
+    try:
+        async for message in union.subscribe(stream):
+            yield message
+    finally:
+        await stream.aclose()
+
+
+@strawberry.type
+class BoardSubscription:
+    @strawberry.subscription(description="The caller's boards, live: a Reset, then Upserts and "
+                                         "Removes on a contiguous revision.")
+    async def boards(
+        self, info: Info, limit: int = 100
+    ) -> AsyncGenerator[BOARDS_UNION.type, None]:  # type: ignore[name-defined]
+        async for message in _stream(info, BOARDS_UNION, BOARDS,
+                                     WindowSpec(Query(BoardsQuery(limit)))):
+            yield message
+
+    @strawberry.subscription(description="The boards of the caller's org, live, under RLS.")
+    async def org_boards(
+        self, info: Info
+    ) -> AsyncGenerator[ORG_BOARDS_UNION.type, None]:  # type: ignore[name-defined]
+        async for message in _stream(info, ORG_BOARDS_UNION, ORG_BOARDS,
+                                     WindowSpec(Query(None), rls=True), ORG_CONTEXT):
+            yield message
+
+
+TYPES = (
+    BoardView, OrgBoardView, BoardResult, InviteResult,
+    *BOARDS_UNION.types, *ORG_BOARDS_UNION.types,
+)

@@ -1,0 +1,131 @@
+"""The board slice's two read regimes, on two sources.
+
+* `BoardsView` renders the plain ``board`` table under a cohort
+  `Visibility`: a board's cohorts are its org and itself, a principal's
+  their org and the boards they joined. The table carries no RLS, so the
+  projector sees every candidate and a membership can grant a cross-org
+  person a board a fail-closed org policy would hide.
+* `OrgBoardsRls` renders the ``org_board`` projection under Postgres RLS:
+  every read (populate, snapshot, render pass, repair, fetch) runs under
+  `OrgContext`, and without an org the projection answers no rows at all.
+
+The render regime is the projector's (``RLS``), never the table's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import strawberry
+
+from service_engine import Impact, PerImpact, Populate, Projector, Unrestricted, Visibility
+from service_engine.view import Emission
+
+from ...kernel import Affordance, Principal, affordance_list
+from .domain import BOARD_MEMBERSHIPS, NOUN, ORG_NOUN, Board, OrgBoard, enter_org
+
+BOARDS = "boards"
+ORG_BOARDS = "org_boards_rls"
+
+MAX_WINDOW = 500
+
+
+@strawberry.type(description="A board as the caller sees it, with what they may do to it.")
+class BoardView:
+    id: strawberry.ID
+    org: str
+    title: str
+    owner: str
+    archived: bool
+    member: bool = strawberry.field(
+        description="The caller sees it through an invite (not as a person of its org)."
+    )
+    affordances: list[Affordance]
+
+
+@strawberry.type(description="A board of the caller's org, read under Postgres RLS.")
+class OrgBoardView:
+    id: strawberry.ID
+    org: str
+    title: str
+    archived: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BoardsQuery:
+    """The boards the caller sees, by id; ``limit`` per page."""
+
+    limit: int = 100
+
+
+class BoardVisibility(Visibility[Board, Principal]):
+    def cohorts(self, row: Board) -> Iterable[Hashable]:
+        return (("org", row.org), ("board", row.id))
+
+    def memberships(self, principal: Principal) -> Iterable[Hashable]:
+        if principal.org is not None:
+            yield ("org", principal.org)
+        for board_id in principal.fact(BOARD_MEMBERSHIPS):
+            yield ("board", board_id)
+
+
+class BoardsView(Projector[Board, BoardView, Principal, BoardsQuery]):
+    NAME = BOARDS
+    NOUN = NOUN
+    STORE: ClassVar[Any] = Board.Store
+    VISIBILITY = BoardVisibility()
+
+    async def populate(self, cx: Populate[Principal], query: BoardsQuery) -> Sequence[Any]:
+        cohorts = [c for c in cx.cohorts or () if isinstance(c, tuple)]
+        orgs = [value for kind, value in cohorts if kind == "org"]
+        boards = [value for kind, value in cohorts if kind == "board"]
+        rows = await cx.conn.fetch(
+            "SELECT id FROM board WHERE (org = ANY($1) OR id = ANY($2))"
+            " AND ($3::text IS NULL OR id > $3) ORDER BY id LIMIT $4",
+            orgs, boards, cx.cursor, min(query.limit, MAX_WINDOW),
+        )
+        return [row["id"] for row in rows]
+
+    def project(self, row: Board, principal: Principal) -> BoardView:
+        return BoardView(
+            id=strawberry.ID(row.id), org=row.org, title=row.title, owner=row.owner,
+            archived=row.archived, member=not row.in_org(principal),
+            affordances=affordance_list(row, principal),
+        )
+
+    def emission(self, impact: Impact) -> Emission:
+        # Every caused change reaches the subscriber with its cause.
+        return PerImpact
+
+
+class OrgBoardsRls(Projector[OrgBoard, OrgBoardView, Principal, None]):
+    NAME = ORG_BOARDS
+    NOUN = ORG_NOUN
+    STORE: ClassVar[Any] = OrgBoard.Store
+    VISIBILITY = Unrestricted()  # the policy on org_board is the gate
+    RLS = True
+
+    async def populate(self, cx: Populate[Principal], query: None) -> Sequence[Any]:
+        # No WHERE on org: the policy scopes the rows to the applied context.
+        rows = await cx.conn.fetch(
+            "SELECT id FROM org_board WHERE ($1::text IS NULL OR id > $1) ORDER BY id LIMIT $2",
+            cx.cursor, MAX_WINDOW,
+        )
+        return [row["id"] for row in rows]
+
+    def project(self, row: OrgBoard, principal: Principal) -> OrgBoardView:
+        return OrgBoardView(
+            id=strawberry.ID(row.id), org=row.org, title=row.title, archived=row.archived
+        )
+
+
+class OrgContext:
+    """The `RlsApplier` of `OrgBoardsRls`: the principal's org, or none."""
+
+    async def apply(self, conn: Any, principal: Principal) -> None:
+        await enter_org(conn, principal.org)
+
+
+ORG_CONTEXT = OrgContext()
