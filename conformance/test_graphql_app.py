@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Generator
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from service_engine.graphql import (
     graphql_app,
     subscription_union,
 )
+from service_engine.host import bind_listener
 from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Reset, Upsert
 
@@ -149,9 +149,7 @@ class _Server(uvicorn.Server):
 @contextlib.asynccontextmanager
 async def serving(app: ASGIApp) -> AsyncIterator[str]:
     """Serve ``app`` with uvicorn on a free loopback port; yield ``host:port``."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock = bind_listener("127.0.0.1:0")
     port = sock.getsockname()[1]
     server = _Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
     task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -13,6 +13,7 @@ Requires the ``embedded`` extra.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -366,16 +367,36 @@ class EmbeddedInfra:
     ) -> EmbeddedInfra:
         postgres = EmbeddedPostgres(data_dir / "postgres")
         nats_server = EmbeddedNats(data_dir / "nats")
-        await asyncio.to_thread(postgres.start)
+
+        def start_servers() -> None:
+            postgres.start()
+            try:
+                nats_server.start()
+            except BaseException:
+                postgres.stop()
+                raise
+
+        async def stop_servers() -> None:
+            await asyncio.to_thread(nats_server.stop)
+            await asyncio.to_thread(postgres.stop)
+
+        # A thread cannot be cancelled: a Ctrl-C while the servers start
+        # lets them finish starting, then stops them, so none is left behind.
+        starting = asyncio.ensure_future(asyncio.to_thread(start_servers))
         try:
-            await asyncio.to_thread(nats_server.start)
+            await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            with contextlib.suppress(BaseException):
+                await starting
+            await stop_servers()
+            raise
+        try:
             provisioned = await provision_database(
                 postgres, database, extra_migrations=list(extra_migrations)
             )
             await provision_streams(nats_server.url, streams)
         except BaseException:
-            await asyncio.to_thread(nats_server.stop)
-            await asyncio.to_thread(postgres.stop)
+            await stop_servers()
             raise
         return cls(postgres, nats_server, provisioned)
 
