@@ -416,7 +416,6 @@ class Nats(AsyncResource):
                 await client.close()
 
 
-
 async def open_nats(
     url: str,
     *,
@@ -440,7 +439,11 @@ async def open_nats(
             episode["logged"] = True
             _log.warning("nats: %s", exc)
 
+    opened: list[Client] = []
+
     async def on_disconnected() -> None:
+        if opened and (opened[0].is_closed or opened[0].is_draining):
+            return  # our own aclose, not an outage
         _log.warning("nats: disconnected from %s; reconnecting", url)
 
     async def on_reconnected() -> None:
@@ -455,4 +458,5 @@ async def open_nats(
         )
     except Exception as exc:
         raise NatsUnavailable(f"cannot connect to NATS at {url}: {exc}") from exc
+    opened.append(client)
     return Nats(client, publish_ack_timeout=publish_ack_timeout)
