@@ -4,6 +4,7 @@ exactly-once write and integration pipeline for Python microservices."""
 from .clock import Clock, SystemClock, Timestamp
 from .config import EngineConfig
 from .db import Database, connect_pool, validate_database_tls
+from .db.types import Conn
 from .engine import ENGINE_VERSION, Engine
 from .errors import (
     AttachError,
@@ -30,6 +31,7 @@ from .gates import (
     check_gates_match_affordances,
     gated,
 )
+from .host import bind_listener, run_with, run_with_listener
 from .impacts import Cause, Impact
 from .integration import (
     Acked,
@@ -117,6 +119,7 @@ __all__ = [
     "Coalesced",
     "CohortKey",
     "ConfigError",
+    "Conn",
     "ConstraintViolation",
     "Cron",
     "CrudStore",
@@ -194,10 +197,13 @@ __all__ = [
     "WindowSpec",
     "WorkerStopped",
     "affordances",
+    "bind_listener",
     "check_gates_match_affordances",
     "connect_pool",
     "gated",
     "open_nats",
     "readiness_route",
+    "run_with",
+    "run_with_listener",
     "validate_database_tls",
 ]
