@@ -569,6 +569,7 @@ async def test_boot_refuses_a_message_retention_below_a_streams_max_age(nats_ser
 
 
 async def test_boot_refuses_any_retention_for_a_stream_without_max_age(nats_server: EmbeddedNats) -> None:
+    await set_stream(nats_server.url, "INTEGRATION_EVT")  # no max_age: keeps messages forever
     async with engine_nats(nats_server) as conn:
         with pytest.raises(MessageRetentionTooShort, match="unlimited"):
             await check_message_retention(conn, timedelta(days=3650), ["INTEGRATION_EVT"])

@@ -67,6 +67,12 @@ class EngineConfig(BaseModel):
     outbox_drain_bound: int = 1000
     outbox_max_attempts: int = 5
     scheduled_max_attempts: int = 5
+    inbound_failure_threshold: int = 3
+    """Consecutive failures of an inbound consumer past which readiness goes DOWN."""
+    inbound_restart_backoff: timedelta = _seconds(0.5)
+    """The first pause before an inbound consumer is restarted; it doubles per
+    consecutive failure up to ``inbound_restart_backoff_cap``."""
+    inbound_restart_backoff_cap: timedelta = _seconds(30)
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -86,6 +92,7 @@ class EngineConfig(BaseModel):
             "session_ttl", "session_max_age", "lock_timeout", "ack_wait",
             "publish_ack_timeout", "beat_interval", "lease", "nats_grace",
             "listener_probe_timeout", "schema_version_liveness", "message_retention",
+            "inbound_restart_backoff",
         )
         for name in positive_durations:
             require(getattr(self, name) > timedelta(0), f"{name} > 0")
@@ -93,7 +100,7 @@ class EngineConfig(BaseModel):
             "max_ack_pending", "window_capacity", "impacts_per_commit",
             "listener_channel_capacity", "fold_cache_capacity", "repair_attempts",
             "reset_threshold", "outbox_drain_bound", "outbox_max_attempts",
-            "scheduled_max_attempts",
+            "scheduled_max_attempts", "inbound_failure_threshold",
         )
         for name in positive_counts:
             require(getattr(self, name) > 0, f"{name} > 0")
@@ -101,6 +108,10 @@ class EngineConfig(BaseModel):
         require(self.lock_timeout < self.ack_wait, "lock_timeout < ack_wait")
         require(self.publish_ack_timeout < self.ack_wait, "publish_ack_timeout < ack_wait")
         require(self.lease > self.beat_interval, "lease > beat_interval")
+        require(
+            self.inbound_restart_backoff_cap >= self.inbound_restart_backoff,
+            "inbound_restart_backoff_cap >= inbound_restart_backoff",
+        )
         require(
             0.0 < self.listener_queue_threshold <= 1.0,
             "listener_queue_threshold in (0.0, 1.0]",

@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -56,6 +57,11 @@ INTEGRATION_STREAMS: dict[str, list[str]] = {
     "INTEGRATION_EVT": ["integration.evt.>"],
 }
 """The gitops-declared integration streams, by name and subjects."""
+
+INTEGRATION_STREAM_MAX_AGE = timedelta(days=1)
+"""How long the embedded integration streams keep a message. Bounded: the
+engine refuses to bind a reaction to a stream that keeps messages forever,
+or longer than its ``message_retention`` (7 days by default)."""
 
 
 def free_port() -> int:
@@ -338,7 +344,9 @@ async def provision_streams(
     try:
         js = client.jetstream()
         for name, subjects in (streams or INTEGRATION_STREAMS).items():
-            config = StreamConfig(name=name, subjects=subjects)
+            config = StreamConfig(
+                name=name, subjects=subjects, max_age=INTEGRATION_STREAM_MAX_AGE.total_seconds()
+            )
             try:
                 await js.stream_info(name)
                 await js.update_stream(config)

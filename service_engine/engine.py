@@ -12,18 +12,37 @@ from .config import EngineConfig
 from .db.pool import Database
 from .db.posture import assert_posture
 from .db.schema_version import Claim, VersionIdentity, claim_at_boot, claim_schema_version
-from .errors import EngineError, ListenerProbeFailed, ShuttingDown
+from .errors import (
+    ConfigError,
+    DuplicateRegistration,
+    EngineError,
+    ListenerProbeFailed,
+    ShuttingDown,
+)
 from .impacts.model import JsonValue
 from .impacts.transport import PgListenNotify, fire_due
 from .integration.cron import Cron, CronScheduler
 from .integration.dead_letters import DeadLetters
+from .integration.dispatch import InboundHook, ReactionRunner
 from .integration.health import NatsHealth
+from .integration.inbound import (
+    ConsumerSupervisor,
+    InboundConsumer,
+    InboundHealth,
+    InboundReaction,
+)
 from .integration.nats import Nats
-from .integration.outbox import OUTBOX_SLOT, OutboxBounds, OutboxRelay
+from .integration.outbox import (
+    OUTBOX_SLOT,
+    OutboxBounds,
+    OutboxRelay,
+    check_message_retention,
+)
 from .integration.scheduled import ScheduledBounds, ScheduledPublisher
 from .leader import LeaderLease
 from .metrics import Metrics
 from .pipeline import MutationExecutor
+from .pipeline.reaction import ReactionPrincipal
 from .readiness import (
     REASON_BOOTING,
     REASON_SCHEMA_VERSION_DISPLACED,
@@ -39,6 +58,7 @@ from .view import Projector, RlsApplier
 ENGINE_VERSION = "0.1.0"
 REASON_NOT_RUNNING = "not_running"
 REASON_POSTGRES = "postgres"
+REASON_INBOUND_BOOT = "inbound_boot"
 
 _log = logging.getLogger(__name__)
 
@@ -100,6 +120,13 @@ class Engine:
             # and skipped outright while the broker is unreachable.
             self._beat_steps["outbox"] = self.outbox.beat
             self._beat_steps["scheduled_messages"] = self.scheduled.beat
+        self._reactions: dict[str, InboundReaction[Any]] = {}
+        self._reaction_principal: ReactionPrincipal | None = None
+        self._inbound_hook: InboundHook | None = None
+        self.inbound: dict[str, ConsumerSupervisor] = {}
+        """The running inbound consumers' supervisors, by reaction (after `run` started)."""
+        self.inbound_health: InboundHealth | None = None
+        self._running = False
         self._shutting_down = False
 
     @classmethod
@@ -177,8 +204,6 @@ class Engine:
     def register_beat_step(self, name: str, step: BeatStep) -> None:
         """Run ``step`` on every beat; a failing step holds readiness DOWN
         under ``beat:<name>`` until it next succeeds."""
-        from .errors import DuplicateRegistration
-
         if name in self._beat_steps:
             raise DuplicateRegistration("beat step", name)
         self._beat_steps[name] = step
@@ -195,6 +220,40 @@ class Engine:
     def register_cron(self, cron: Cron) -> None:
         """Fire ``cron`` once per slot across every pod of the service."""
         self.crons.register(cron)
+
+    def register_reaction(self, reaction: InboundReaction[Any]) -> None:
+        """Consume ``reaction``'s messages from `run` on, on one durable every
+        pod shares.
+
+        Raises `DuplicateRegistration` for a name already registered,
+        `ConfigError` when the engine has no NATS connection, the reaction
+        is a command reaction and no service is configured, or `run` has
+        already started.
+        """
+        if self.nats is None:
+            raise ConfigError(
+                f"reaction {reaction.name} needs NATS: boot the engine with a Nats connection"
+            )
+        if self._running:
+            raise ConfigError(f"reaction {reaction.name}: register reactions before run()")
+        if reaction.name in self._reactions:
+            raise DuplicateRegistration("reaction", reaction.name)
+        reaction.subject(self.config.service)  # a command reaction needs a service
+        self._reactions[reaction.name] = reaction
+
+    def register_reaction_principal(self, resolver: ReactionPrincipal) -> None:
+        """How a reaction's sender becomes the service's own principal:
+        ``resolver(actor)`` (sync or async) answers the principal, or None
+        for a sender it does not know (``cx.principal`` then raises
+        `PrincipalUnresolved`). Raises `DuplicateRegistration` for a second
+        resolver."""
+        if self._reaction_principal is not None:
+            raise DuplicateRegistration("reaction principal", "resolver")
+        self._reaction_principal = resolver
+
+    def set_inbound_hook(self, hook: InboundHook | None) -> None:
+        """The inbound fault-injection seam (tests only; before `run`)."""
+        self._inbound_hook = hook
 
     def mutation_executor(self) -> MutationExecutor:
         """Runs mutations (and bulk writes) through the write pipeline."""
@@ -236,14 +295,53 @@ class Engine:
         """Run every worker until `shutdown`; raise `WorkerStopped` if one dies."""
         if self._shutting_down:
             raise ShuttingDown("the engine is shutting down")
-        self.readiness.clear(REASON_NOT_RUNNING)
+        if self._running:
+            raise EngineError("Engine.run() was already started")
+        self._running = True
         try:
+            if self._reactions:
+                await self._start_inbound()
+            self.readiness.clear(REASON_NOT_RUNNING)
             await self._supervisor.run()
         finally:
             if self.outbox is not None:
                 # Hand the relay's lease over now rather than at its expiry.
                 await self.outbox.aclose()
             self.metrics.shutdown()
+
+    async def _start_inbound(self) -> None:
+        """Check the retention rule and bind every reaction's durable, then
+        put each consumer under its own supervisor. A refusal (a missing
+        stream, a retention below a stream's max_age, a durable JetStream
+        refuses) raises and holds readiness DOWN."""
+        assert self.nats is not None
+        nats = self.nats
+        try:
+            await check_message_retention(
+                nats, self.config.message_retention, {r.stream for r in self._reactions.values()}
+            )
+            consumers = []
+            for reaction in self._reactions.values():
+                runner = ReactionRunner(
+                    reaction, self.db, self.config, self.dead_letters, metrics=self.metrics,
+                    principal=self._reaction_principal, hook=self._inbound_hook,
+                )
+                consumer = InboundConsumer(reaction, runner, nats, self.config)
+                await consumer.bind()
+                consumers.append(consumer)
+        except EngineError as exc:
+            self.readiness.set_down(REASON_INBOUND_BOOT, f"{type(exc).__name__}: {exc}")
+            raise
+        self.inbound_health = InboundHealth(self.readiness, self.metrics)
+        for consumer in consumers:
+            supervisor = ConsumerSupervisor(
+                consumer, self.inbound_health,
+                threshold=self.config.inbound_failure_threshold,
+                backoff=self.config.inbound_restart_backoff,
+                backoff_cap=self.config.inbound_restart_backoff_cap,
+            )
+            self.inbound[consumer.reaction.name] = supervisor
+            self._supervisor.add(f"inbound:{consumer.reaction.name}", supervisor.run)
 
     def shutdown(self) -> None:
         """Begin graceful shutdown; new attaches are refused from now on."""

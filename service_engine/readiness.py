@@ -23,6 +23,7 @@ REASON_SHUTTING_DOWN = "shutting_down"
 REASON_SCHEMA_VERSION_DISPLACED = "schema_version_displaced"
 REASON_LISTENER_BRAKE = "listener_brake"
 REASON_NATS_UNREACHABLE = "nats_unreachable"
+REASON_INBOUND_STOPPED = "inbound_stopped"
 
 
 @dataclass(frozen=True, slots=True)

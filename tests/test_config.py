@@ -82,3 +82,16 @@ def test_with_service_version_revalidates_and_copies() -> None:
     versioned = base.with_service_version("2.0.0")
     assert versioned.service_version == "2.0.0" and base.service_version is None
     assert versioned.pod_id == base.pod_id
+
+
+def test_inbound_supervision_bounds() -> None:
+    config = EngineConfig()
+    assert config.inbound_failure_threshold == 3
+    assert config.inbound_restart_backoff == timedelta(milliseconds=500)
+    assert config.inbound_restart_backoff_cap == 30 * S
+    with pytest.raises(ConfigError, match="inbound_failure_threshold > 0"):
+        EngineConfig(inbound_failure_threshold=0)
+    with pytest.raises(ConfigError, match="inbound_restart_backoff > 0"):
+        EngineConfig(inbound_restart_backoff=timedelta(0))
+    with pytest.raises(ConfigError, match="inbound_restart_backoff_cap >= inbound_restart_backoff"):
+        EngineConfig(inbound_restart_backoff=2 * S, inbound_restart_backoff_cap=S)

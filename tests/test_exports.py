@@ -24,6 +24,9 @@ EXPECTED = {
     "KvBucket", "KvKey", "Nats", "OutboundCommand", "OutboundEvent", "PublishOutcome",
     "Rejected", "SequenceWithoutService", "Tick", "Unanswered", "open_nats",
     "Conn", "bind_listener", "run_with", "run_with_listener",
+    "Disposition", "InboundReaction", "Park", "PrincipalUnresolved",
+    "ReactionBudget", "Retry", "Terminal",
+    "Reaction",
 }
 
 

@@ -34,6 +34,7 @@ from .envelope import (
     service_identity,
 )
 from .health import NatsHealth
+from .inbound import InboundReaction
 from .nats import (
     Acked,
     BucketMissing,
@@ -57,6 +58,14 @@ from .outbox import (
     check_message_retention,
     stage_outbox_row,
 )
+from .reactions import (
+    Disposition,
+    Park,
+    PrincipalUnresolved,
+    ReactionBudget,
+    Retry,
+    Terminal,
+)
 from .scheduled import ScheduledBounds, ScheduledPublisher, stage_scheduled
 
 __all__ = [
@@ -71,8 +80,10 @@ __all__ = [
     "DeadLetterSource",
     "DeadLetters",
     "DeclaredSequence",
+    "Disposition",
     "Duplicate",
     "EventMetadata",
+    "InboundReaction",
     "Incoming",
     "IntegrationCommand",
     "IntegrationEvent",
@@ -90,16 +101,21 @@ __all__ = [
     "OutboundMessage",
     "OutboxBounds",
     "OutboxRelay",
+    "Park",
     "PayloadMismatch",
+    "PrincipalUnresolved",
     "ProducerSequence",
     "PublishOutcome",
+    "ReactionBudget",
     "Recorded",
     "Rejected",
+    "Retry",
     "ScheduledBounds",
     "ScheduledPublisher",
     "SequenceWithoutService",
     "ServiceRequired",
     "StreamMissing",
+    "Terminal",
     "Tick",
     "Unanswered",
     "Unidentified",

@@ -415,14 +415,16 @@ def row_publish_headers(
 ) -> dict[str, str]:
     """`publish_headers` of a stored outbox or scheduled-message row: its own
     ``headers`` (JSON text) ride along; the sequence when all three columns
-    are set."""
+    are set. A stored ``Br-Message-Id`` (a replayed confirmation) is the
+    logical id; otherwise the row's ``message_id`` is both ids."""
     stored = json.loads(headers_json) if headers_json else {}
     extra = {str(k): str(v) for k, v in stored.items()} if isinstance(stored, dict) else {}
+    logical = _as_uuid(extra.get(HEADER_MESSAGE_ID))
     sequence = (
         None if producer is None or seq_key is None or seq is None
         else ProducerSequence(producer, seq_key, int(seq))
     )
-    return publish_headers(message_id, sequence=sequence, extra=extra)
+    return publish_headers(message_id, logical_id=logical, sequence=sequence, extra=extra)
 
 
 # -- inbound ---------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The integration outbox: rows staged with a write, published by the leader.
 
-Write side: `stage_outbox_row` inserts an envelope's row in the caller's
-transaction, so a message exists exactly when the write committed.
+Write side: `write_outbox` is the one writer of `OutboxRow` rows (the
+pipeline's flush of ``cx.emit`` / ``cx.command``, `stage_outbound`,
+`stage_outbox_row`), in the caller's transaction, so a message exists
+exactly when the write committed.
 
 Relay side: `OutboxRelay` runs as a beat step under the fenced ``outbox``
 lease. Each pass drains PENDING rows oldest first, up to its drain bound
@@ -24,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,10 +35,12 @@ from typing import Any
 from ..db.pool import Database
 from ..db.types import Conn
 from ..errors import ConfigError
+from ..impacts.model import JsonValue, canonical_json
 from ..leader import LeaderLease, LeaseLost
 from ..metrics import Metrics
 from .dead_letters import DeadLetter, DeadLetters, DeadLetterSource
 from .envelope import (
+    HEADER_MESSAGE_ID,
     DeclaredSequence,
     Envelope,
     OutboundMessage,
@@ -142,21 +147,101 @@ async def check_message_retention(
 
 # -- the write side ----------------------------------------------------------------------
 
+
+@dataclass(frozen=True, slots=True, init=False)
+class OutboxRow:
+    """One ``service_engine.integration_outbox`` row, staged in a write.
+
+    Written in the write's transaction; the relay publishes it after the
+    commit with ``Nats-Msg-Id`` = ``message_id``. The payload and headers
+    are encoded at construction, so a value that is not JSON (a `OneShot`
+    secret included) is refused here with `TypeError`. Build the row of an
+    envelope with `OutboxRow.of`.
+    """
+
+    message_id: uuid.UUID
+    subject: str
+    payload_json: str
+    headers_json: str
+    producer: str | None
+    seq_key: str | None
+    seq: int | None
+
+    def __init__(
+        self,
+        subject: str,
+        payload: Mapping[str, JsonValue],
+        *,
+        message_id: uuid.UUID | None = None,
+        headers: Mapping[str, str] | None = None,
+        producer: str | None = None,
+        seq_key: str | None = None,
+        seq: int | None = None,
+    ) -> None:
+        if not isinstance(subject, str) or not subject:
+            raise ValueError("an outbox row needs a subject")
+        if not isinstance(payload, Mapping):
+            raise TypeError("an outbox payload is a JSON object")
+        try:
+            payload_json = canonical_json(payload)
+            headers_json = canonical_json(dict(headers or {}))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"an outbox row must be JSON: {exc}") from exc
+        object.__setattr__(self, "message_id", message_id or uuid.uuid4())
+        object.__setattr__(self, "subject", subject)
+        object.__setattr__(self, "payload_json", payload_json)
+        object.__setattr__(self, "headers_json", headers_json)
+        object.__setattr__(self, "producer", producer)
+        object.__setattr__(self, "seq_key", seq_key)
+        object.__setattr__(self, "seq", seq)
+
+    @classmethod
+    def of(cls, message: OutboundMessage, *, replay: bool = False) -> OutboxRow:
+        """The row that publishes ``message``: its ``message_id`` is the
+        envelope id (the dedup token and the logical id alike).
+
+        ``replay=True`` re-emits a message published before (a stored
+        confirmation): a fresh dedup token, so JetStream does not drop it
+        inside its duplicate window, with the original logical id in
+        ``Br-Message-Id``, so a consumer's claim still sees the same message.
+        """
+        seq = message.sequence
+        return cls(
+            message.subject, message.body,
+            message_id=uuid.uuid4() if replay else message.message_id,
+            headers={HEADER_MESSAGE_ID: str(message.message_id)} if replay else None,
+            producer=None if seq is None else seq.producer,
+            seq_key=None if seq is None else seq.seq_key,
+            seq=None if seq is None else seq.seq,
+        )
+
+
 _INSERT = """
 INSERT INTO service_engine.integration_outbox
-       (message_id, subject, payload, producer, seq_key, seq)
-VALUES ($1, $2, $3::text::jsonb, $4, $5, $6)
+       (message_id, subject, payload, headers, producer, seq_key, seq)
+SELECT r.message_id, r.subject, r.payload::jsonb, r.headers::jsonb, r.producer, r.seq_key, r.seq
+  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+              $7::bigint[]) WITH ORDINALITY
+       AS r(message_id, subject, payload, headers, producer, seq_key, seq, ord)
+ ORDER BY r.ord
 """
+
+
+async def write_outbox(conn: Conn, rows: Sequence[OutboxRow]) -> None:
+    """Insert ``rows`` in the caller's open transaction, in order, in one
+    statement (the one writer of outbox rows)."""
+    if rows:
+        await conn.execute(
+            _INSERT,
+            [r.message_id for r in rows], [r.subject for r in rows],
+            [r.payload_json for r in rows], [r.headers_json for r in rows],
+            [r.producer for r in rows], [r.seq_key for r in rows], [r.seq for r in rows],
+        )
 
 
 async def stage_outbound(conn: Conn, message: OutboundMessage) -> None:
     """Insert ``message``'s outbox row in the caller's open transaction."""
-    seq = message.sequence
-    await conn.execute(
-        _INSERT, message.message_id, message.subject, message.body_json(),
-        None if seq is None else seq.producer, None if seq is None else seq.seq_key,
-        None if seq is None else seq.seq,
-    )
+    await write_outbox(conn, [OutboxRow.of(message)])
 
 
 async def stage_outbox_row(
@@ -167,8 +252,9 @@ async def stage_outbox_row(
     service: str | None,
 ) -> OutboundMessage:
     """Stage ``envelope`` for publication on ``subject`` in the caller's
-    transaction (``cx.emit`` / ``cx.command``); the relay publishes it after
-    the commit. The message id is the envelope id.
+    transaction; the relay publishes it after the commit. The message id is
+    the envelope id. (A handler uses ``cx.emit`` / ``cx.command``, which
+    stage through the same writer at the pipeline's flush.)
 
     Raises `SequenceWithoutService` (a `ConfigError`) when a ``sequence`` is
     declared and no service is configured: nothing is staged.

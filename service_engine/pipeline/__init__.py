@@ -1,14 +1,14 @@
 """The write pipeline: contexts, the transaction around a handler, outcomes.
 
 `run` holds the pipeline itself, `contexts` what a handler may do (`Ops`,
-`Mutation`, `Bulk`), `executor` the `MutationExecutor` entry point,
+`Mutation`, `Bulk`, `Reaction`), `executor` the `MutationExecutor` entry point,
 `outcomes` what the synchronous channel answers and `errors` the typed
 failures driver errors are translated into.
 """
 
 from __future__ import annotations
 
-from .contexts import BULK_PATH, Bulk, Mutation, Ops, OutboxRow, Staged
+from .contexts import BULK_PATH, Bulk, Mutation, Ops, OutboxRow, Reaction, Staged, principal_actor
 from .errors import (
     ConstraintViolation,
     DatabaseError,
@@ -44,6 +44,7 @@ __all__ = [
     "OneShot",
     "Ops",
     "OutboxRow",
+    "Reaction",
     "SecretSpent",
     "Stage",
     "StageHook",
@@ -51,6 +52,7 @@ __all__ = [
     "Success",
     "TransientConflict",
     "flush",
+    "principal_actor",
     "run_pipeline",
     "translate_db_error",
 ]

@@ -15,17 +15,22 @@ aggregate's ``Store``; database errors arrive as engine types
 (`DatabaseError` subclasses) and leave the transaction unusable, so let
 them propagate.
 
+Every context sends integration messages with the transaction:
+``cx.emit(event)``, ``cx.command(command)`` (outbox rows, published after the
+commit) and ``cx.schedule_at(at, message)`` (published once ``at`` passes).
+
 `Mutation` adds the acting ``principal`` and `Mutation.require`; `Bulk` adds
-`Bulk.impact_all`. The integration layer builds its reaction context on
-`Ops` the same way.
+`Bulk.impact_all`; `Reaction` (an inbound NATS message) adds the frame in
+hand: ``delivered``, the sender's ``metadata`` / ``actor`` and its resolved
+``principal`` / ``try_principal``.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, cast
 
 from ..clock import Timestamp
 from ..config import EngineConfig
@@ -35,10 +40,24 @@ from ..errors import TooManyImpacts
 from ..gates import BoundGate
 from ..impacts.framing import MAX_IMPACT_BYTES, encode_group, new_group_id
 from ..impacts.model import Cause, Impact, ImpactKind, JsonValue, canonical_json, impact_json
+from ..integration.envelope import (
+    Actor,
+    Envelope,
+    EventMetadata,
+    OutboundCommand,
+    OutboundEvent,
+    OutboundMessage,
+    build_command,
+    build_event,
+    service_identity,
+    stamp_sequence,
+)
+from ..integration.outbox import OutboxRow
+from ..integration.reactions import Delivery, PrincipalUnresolved
 from ..persistence.base import Aggregate, NotFound, Persistence, store_of
 from .errors import DRIVER_ERRORS, DatabaseError, Stage, is_lock_refusal, translate_db_error
 
-__all__ = ["Bulk", "Mutation", "Ops", "OutboxRow", "Staged"]
+__all__ = ["Bulk", "Mutation", "Ops", "OutboxRow", "Reaction", "Staged", "principal_actor"]
 
 AggT = TypeVar("AggT", bound=Aggregate)
 P = TypeVar("P")
@@ -47,60 +66,20 @@ T = TypeVar("T")
 BULK_PATH = "MutationExecutor.ack_bulk / execute_bulk with Bulk.impact_all"
 
 
-@dataclass(frozen=True, slots=True, init=False)
-class OutboxRow:
-    """One ``service_engine.integration_outbox`` row staged by a command.
-
-    Written in the command's transaction at flush; the relay publishes it
-    after the commit. The payload and headers are encoded at construction,
-    so a value that is not JSON (a `OneShot` secret included) is refused
-    here with `TypeError`.
-    """
-
-    message_id: uuid.UUID
-    subject: str
-    payload_json: str
-    headers_json: str
-    producer: str | None
-    seq_key: str | None
-    seq: int | None
-
-    def __init__(
-        self,
-        subject: str,
-        payload: Mapping[str, JsonValue],
-        *,
-        message_id: uuid.UUID | None = None,
-        headers: Mapping[str, str] | None = None,
-        producer: str | None = None,
-        seq_key: str | None = None,
-        seq: int | None = None,
-    ) -> None:
-        if not isinstance(subject, str) or not subject:
-            raise ValueError("an outbox row needs a subject")
-        if not isinstance(payload, Mapping):
-            raise TypeError("an outbox payload is a JSON object")
-        try:
-            payload_json = canonical_json(payload)
-            headers_json = canonical_json(dict(headers or {}))
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"an outbox row must be JSON: {exc}") from exc
-        object.__setattr__(self, "message_id", message_id or uuid.uuid4())
-        object.__setattr__(self, "subject", subject)
-        object.__setattr__(self, "payload_json", payload_json)
-        object.__setattr__(self, "headers_json", headers_json)
-        object.__setattr__(self, "producer", producer)
-        object.__setattr__(self, "seq_key", seq_key)
-        object.__setattr__(self, "seq", seq)
-
-
 @dataclass(frozen=True, slots=True)
 class Staged:
-    """Everything a handler staged, for the pipeline's flush."""
+    """Everything a handler staged, for the pipeline's flush.
+
+    ``messages`` are the envelopes behind the ``emit`` / ``command`` rows in
+    ``outbox`` (a reaction stores them on its claim as its confirmations);
+    ``scheduled_messages`` are ``schedule_at``'s, by due time.
+    """
 
     impacts: list[Impact]
     scheduled: dict[Timestamp, list[Impact]]
     outbox: list[OutboxRow]
+    messages: list[OutboundMessage] = field(default_factory=list)
+    scheduled_messages: list[tuple[Timestamp, OutboundMessage]] = field(default_factory=list)
 
 
 def _lockable(key: object) -> object:
@@ -138,6 +117,9 @@ class Ops:
         self._resets: dict[str, None] = {}
         self._scheduled: dict[Timestamp, list[Impact]] = {}
         self._outbox: list[OutboxRow] = []
+        self._messages: list[OutboundMessage] = []
+        self._scheduled_messages: list[tuple[Timestamp, OutboundMessage]] = []
+        self._metadata: EventMetadata | None = None
         self._locked: set[tuple[str, str]] = set()
         self._failed: DatabaseError | None = None
         self._begin: str | None = None
@@ -237,6 +219,92 @@ class Ops:
                 "projector-reset impact per noun instead of one per key"
             )
 
+    # -- integration messages ---------------------------------------------------
+
+    def emit(self, event: OutboundEvent, *, event_id: uuid.UUID | None = None) -> uuid.UUID:
+        """Publish ``event`` as an integration event once this transaction commits.
+
+        The envelope (``integration.evt.{service}.{AGGREGATE}.{FACT}``) is
+        staged as an outbox row written with the transaction: a rollback
+        emits nothing, a commit publishes it exactly once. Returns its
+        ``event_id``. Raises `SequenceWithoutService` when ``event`` declares
+        a sequence and no service is configured, `ServiceRequired` when no
+        service is configured at all (an event's subject names its
+        producer), `EnvelopeError` for a payload that is not a JSON object.
+        """
+        service = self._config.service
+        stamp_sequence(event.sequence(), service)  # refused before anything is built
+        message = build_event(
+            event, service=service, metadata=self._outbound_metadata(),
+            occurred_at=self._now.value, event_id=event_id,
+        )
+        self._stage_message(message)
+        return message.message_id
+
+    def command(
+        self, command: OutboundCommand, *, command_id: uuid.UUID | None = None
+    ) -> uuid.UUID:
+        """Send ``command`` to ``command.SERVICE`` once this transaction commits.
+
+        Staged like `emit` on ``integration.cmd.{SERVICE}.{AGGREGATE}.{VERB}``;
+        returns its ``command_id``. Raises `SequenceWithoutService` when it
+        declares a sequence and no service (its producer) is configured.
+        """
+        service = self._config.service
+        stamp_sequence(command.sequence(), service)
+        message = build_command(
+            command, service=service, metadata=self._outbound_metadata(),
+            occurred_at=self._now.value, command_id=command_id,
+        )
+        self._stage_message(message)
+        return message.message_id
+
+    def schedule_at(
+        self,
+        at: Timestamp,
+        message: OutboundEvent | OutboundCommand,
+        *,
+        message_id: uuid.UUID | None = None,
+    ) -> uuid.UUID:
+        """Publish ``message`` (an event, or a command: a payload declaring
+        ``VERB``) once the database clock passes ``at``.
+
+        Committed with the transaction as a scheduled-message row; the beat
+        publishes it when due (``occurred_at`` is ``at``). Returns its
+        envelope id. Raises as `emit` / `command` do.
+        """
+        service = self._config.service
+        stamp_sequence(message.sequence(), service)
+        metadata = self._outbound_metadata()
+        built = (
+            build_command(
+                cast(OutboundCommand, message), service=service, metadata=metadata,
+                occurred_at=at.value, command_id=message_id,
+            )
+            if _is_command(message)
+            else build_event(
+                cast(OutboundEvent, message), service=service, metadata=metadata,
+                occurred_at=at.value, event_id=message_id,
+            )
+        )
+        self._scheduled_messages.append((at, built))
+        return built.message_id
+
+    def _stage_message(self, message: OutboundMessage) -> None:
+        self._outbox.append(OutboxRow.of(message))
+        self._messages.append(message)
+
+    def _outbound_metadata(self) -> EventMetadata:
+        """The metadata of every message this transaction sends: one
+        correlation for all of them."""
+        if self._metadata is None:
+            self._metadata = EventMetadata.originating(self._acting_actor())
+        return self._metadata
+
+    def _acting_actor(self) -> Actor:
+        """Who acts: the engine's service identity, unless a context knows better."""
+        return Actor(kind="service", id=service_identity(self._config.service or ""))
+
     # -- engine seams -------------------------------------------------------
 
     def _stage_outbox(self, row: OutboxRow) -> None:
@@ -253,7 +321,10 @@ class Ops:
             raise self._failed
         self._check_limit()
         resets = [Impact.reset(noun) for noun in self._resets]
-        return Staged([*resets, *self._impacts], self._scheduled, self._outbox)
+        return Staged(
+            [*resets, *self._impacts], self._scheduled, self._outbox, self._messages,
+            self._scheduled_messages,
+        )
 
     async def _lock(self, store: Persistence[Any, Any], key: object) -> None:
         store_type = store.store_type
@@ -279,6 +350,15 @@ class Ops:
             )
         await self._db(Stage.LOCK, lambda: store.lock(self._conn, key))
         self._locked.add(identity)
+
+    async def _execute_first(self, stage: Stage, sql: str) -> str:
+        """Run ``sql`` (no parameters: every value inlined and safe) as the
+        transaction's first statement, in BEGIN's round trip when BEGIN is
+        still deferred; returns the command status of ``sql``."""
+        if self._begin is not None and self._failed is None:
+            begin, self._begin = self._begin, None
+            sql = f"{begin}; {sql}"
+        return await self._db(stage, lambda: self._conn.execute(sql))
 
     def _defer_begin(self, begin_sql: str) -> None:
         """The pipeline's BEGIN is sent with the first statement (`_ensure_begun`)."""
@@ -307,12 +387,49 @@ class Ops:
             raise error from exc
 
 
+def _is_command(message: object) -> bool:
+    return hasattr(type(message), "VERB")
+
+
+def principal_actor(principal: object) -> Actor | None:
+    """The passport actor a principal exposes, as an envelope `Actor`.
+
+    A principal exposes one through an ``actor`` attribute holding an
+    `Actor`, or a uuid (a `uuid.UUID` or its text) together with an
+    optional ``kind`` (``"person"``, the default, or ``"service"``). None
+    when it exposes none: the service identity acts instead.
+    """
+    if isinstance(principal, Actor):
+        return principal
+    actor = getattr(principal, "actor", None)
+    if isinstance(actor, Actor):
+        return actor
+    if isinstance(actor, uuid.UUID):
+        ident = actor
+    elif isinstance(actor, str):
+        try:
+            ident = uuid.UUID(actor)
+        except ValueError:
+            return None
+    else:
+        return None
+    kind = getattr(principal, "kind", "person")
+    return Actor(kind="service" if kind == "service" else "person", id=ident)
+
+
 class Mutation(Ops, Generic[P]):
-    """The context of a GraphQL mutation (or any command with an acting principal)."""
+    """The context of a GraphQL mutation (or any command with an acting principal).
+
+    Messages it sends (``emit`` / ``command`` / ``schedule_at``) carry the
+    principal's passport actor (`principal_actor`), else the service identity.
+    """
 
     def __init__(self, conn: Conn, config: EngineConfig, now: Timestamp, principal: P) -> None:
         super().__init__(conn, config, now)
         self.principal = principal
+
+    def _acting_actor(self) -> Actor:
+        return principal_actor(self.principal) or super()._acting_actor()
 
     def require(self, gate: BoundGate[P]) -> None:
         """The deny check: run ``gate`` for this principal; raise `Refused`
@@ -337,3 +454,77 @@ class Bulk(Mutation[P]):
         self._resets[noun] = None
         for impact in [i for i in self._impacts if i.kind is ImpactKind.ENTITY and i.noun == noun]:
             del self._impacts[impact]
+
+
+class Reaction(Ops, Generic[P]):
+    """The context of a reaction to one inbound NATS message.
+
+    Adds the frame in hand: ``delivered`` (its JetStream delivery count, 1
+    on the first delivery: bound your own retries with it), the sender's
+    ``metadata`` and ``actor``, the ``envelope`` and its logical
+    ``message_id``; and the sender as the service's own principal:
+    ``principal`` (raises `PrincipalUnresolved`, terminal, when none was
+    resolved) or ``try_principal`` (None then).
+
+    Messages it sends carry the engine's own service identity as actor and
+    the inbound message's correlation, with its envelope id as causation.
+    """
+
+    def __init__(
+        self,
+        conn: Conn,
+        config: EngineConfig,
+        now: Timestamp,
+        delivery: Delivery,
+        principal: P | None = None,
+    ) -> None:
+        super().__init__(conn, config, now)
+        self.delivery = delivery
+        self._principal = principal
+
+    @property
+    def delivered(self) -> int:
+        """How many times JetStream delivered this frame (1 the first time)."""
+        return self.delivery.delivered
+
+    @property
+    def metadata(self) -> EventMetadata:
+        """The sender's metadata: actor, correlation and causation."""
+        return self.delivery.incoming.metadata
+
+    @property
+    def actor(self) -> Actor:
+        """Who sent the message (the sender's envelope actor)."""
+        return self.delivery.incoming.metadata.actor
+
+    @property
+    def envelope(self) -> Envelope:
+        """The whole inbound envelope (type, version, occurred_at, ...)."""
+        return self.delivery.incoming.envelope
+
+    @property
+    def message_id(self) -> uuid.UUID:
+        """The logical id the message is claimed under."""
+        return self.delivery.incoming.message_id
+
+    @property
+    def principal(self) -> P:
+        """The sender resolved by the engine's reaction-principal resolver;
+        raises `PrincipalUnresolved` (terminal) when there is none."""
+        if self._principal is None:
+            raise PrincipalUnresolved(
+                f"no principal resolved for sender {self.actor.kind} {self.actor.id}"
+            )
+        return self._principal
+
+    @property
+    def try_principal(self) -> P | None:
+        """The resolved sender, or None."""
+        return self._principal
+
+    def _outbound_metadata(self) -> EventMetadata:
+        if self._metadata is None:
+            self._metadata = self.metadata.caused(
+                self.delivery.incoming.envelope.envelope_id, self._acting_actor()
+            )
+        return self._metadata

@@ -32,6 +32,7 @@ class Stage(enum.Enum):
     """Where in the pipeline a statement ran (named in logs and faults)."""
 
     BEGIN = "begin"
+    CLAIM = "claim"
     LOCK = "lock"
     LOAD = "load"
     CREATE = "create"

@@ -3,7 +3,8 @@
     BEGIN; SET LOCAL lock_timeout            (sent with the first lock)
       handler(cx): per aggregate advisory lock -> Persistence.lock -> load,
                    gate (deny mode), domain command, save
-      flush: stage impacts (ONE stage_in), scheduled impacts, outbox rows
+      flush: stage impacts (ONE stage_in), scheduled impacts, outbox rows,
+             scheduled messages
     COMMIT
     record the committed impacts; respond
 
@@ -31,6 +32,8 @@ from ..config import EngineConfig
 from ..db.pool import Database
 from ..db.types import Conn
 from ..impacts.transport import schedule_in, stage_in
+from ..integration.outbox import write_outbox
+from ..integration.scheduled import stage_scheduled_message
 from ..metrics import Metrics
 from .contexts import Ops, Staged
 from .errors import DRIVER_ERRORS, Stage, translate_db_error
@@ -53,31 +56,15 @@ class StageHook(Protocol):
     async def __call__(self, stage: Stage, conn: Conn) -> None: ...
 
 
-_OUTBOX_INSERT = """
-INSERT INTO service_engine.integration_outbox
-       (message_id, subject, payload, headers, producer, seq_key, seq)
-SELECT r.message_id, r.subject, r.payload::jsonb, r.headers::jsonb, r.producer, r.seq_key, r.seq
-  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-              $7::bigint[]) WITH ORDINALITY
-       AS r(message_id, subject, payload, headers, producer, seq_key, seq, ord)
- ORDER BY r.ord
-"""
-
-
 async def flush(conn: Conn, staged: Staged) -> int:
     """Write what a handler staged, in its transaction; return the impacts
     staged for NOTIFY (record them only after the commit)."""
     count = await stage_in(conn, staged.impacts)
     for at, impacts in staged.scheduled.items():
         await schedule_in(conn, at, impacts)
-    rows = staged.outbox
-    if rows:
-        await conn.execute(
-            _OUTBOX_INSERT,
-            [r.message_id for r in rows], [r.subject for r in rows],
-            [r.payload_json for r in rows], [r.headers_json for r in rows],
-            [r.producer for r in rows], [r.seq_key for r in rows], [r.seq for r in rows],
-        )
+    await write_outbox(conn, staged.outbox)
+    for due, message in staged.scheduled_messages:
+        await stage_scheduled_message(conn, message, due)
     return count
 
 

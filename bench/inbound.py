@@ -1,0 +1,368 @@
+"""Inbound throughput: commands/s end to end through the engine's reaction
+loop, side by side with raw JetStream consume+ack and a raw Postgres commit
+of the same effect.
+
+    python bench/inbound.py [--commands 3000] [--window 256]
+
+Starts a durable embedded Postgres (fsync on) and a nats-server with
+``sync_interval: always`` (as production should run it), declares the
+integration streams, then measures:
+
+* **engine, 1 pod / 2 pods**: each pod a separate process running an engine
+  with the orders sample's ``place_order`` reaction (claim, advisory lock,
+  load, create the order and an effect row, one impact, the confirmation
+  staged in the outbox, commit, ack). The bench process publishes
+  ``--commands`` commands with up to ``--window`` unacknowledged publishes
+  and times publish -> effect committed -> confirmation received (the
+  ``order.placed`` event the leader's outbox relay publishes); plus the
+  round-trip latency of single commands on an idle system.
+* **raw JetStream consume+ack**: one process pulling the same number of
+  messages from a durable on the same stream (batch 64) and acking each,
+  no database: the broker's ceiling for this loop.
+* **raw Postgres commit**: 16 concurrent asyncpg transactions doing the
+  effect's writes (claim row, order row, effect row, outbox row, one
+  pg_notify), no NATS: the database's ceiling for this effect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import nats  # noqa: E402
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig  # noqa: E402
+
+from conformance.sample_orders import PlaceOrder, place_order  # noqa: E402
+from service_engine import Engine, EngineConfig, ReadinessHandle  # noqa: E402
+from service_engine.db import Database, connect_pool, service_migrations  # noqa: E402
+from service_engine.embedded import (  # noqa: E402
+    INTEGRATION_STREAMS,
+    EmbeddedNats,
+    EmbeddedPostgres,
+    provision_database,
+)
+from service_engine.impacts import Impact, encode_group, new_group_id  # noqa: E402
+from service_engine.impacts.transport import CHANNEL  # noqa: E402
+from service_engine.integration.envelope import (  # noqa: E402
+    Actor,
+    EventMetadata,
+    build_command,
+    publish_headers,
+)
+from service_engine.integration.nats import open_nats  # noqa: E402
+
+CONFIRMATIONS = "integration.evt.orders.order.placed"
+RAW_SUBJECT = "integration.cmd.bench.raw.ping"
+CONCURRENCY = 16
+
+
+def pod_config(name: str) -> EngineConfig:
+    return EngineConfig(
+        service="orders", pod_id=name, beat_interval=timedelta(milliseconds=50),
+        lease=timedelta(seconds=2), ack_wait=timedelta(seconds=30),
+    )
+
+
+# -- child roles -----------------------------------------------------------------------
+
+
+async def run_pod(db_url: str, nats_url: str, name: str) -> None:
+    """A pod: the engine with ``place_order`` until SIGTERM."""
+    db = await connect_pool(db_url, max_size=CONCURRENCY + 4)
+    conn = await open_nats(nats_url)
+    readiness = ReadinessHandle()
+    engine = await Engine.boot(pod_config(name), db, conn, readiness)
+    engine.register_reaction(place_order(name, concurrency=CONCURRENCY))
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, engine.shutdown)
+    task = asyncio.create_task(engine.run())
+    while not readiness.is_up:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.02)
+    print("ready", flush=True)
+    try:
+        await task
+    finally:
+        await conn.aclose()
+        await db.aclose()
+
+
+async def run_raw_consumer(nats_url: str, durable: str) -> None:
+    """Pull and ack a durable's frames until SIGTERM; no database."""
+    client = await nats.connect(nats_url)
+    js = client.jetstream()
+    sub = await js.pull_subscribe_bind(durable, stream="INTEGRATION_CMD")
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print("ready", flush=True)
+    while not stop.is_set():
+        try:
+            msgs = await sub.fetch(64, timeout=0.05)
+        except (nats.errors.TimeoutError, TimeoutError):
+            continue
+        for msg in msgs:
+            await msg.ack()
+    await client.close()
+
+
+@contextlib.asynccontextmanager
+async def child(*args: str) -> AsyncIterator[None]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, *args, stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    try:
+        line = await asyncio.wait_for(process.stdout.readline(), 60)
+        if line != b"ready\n":
+            raise RuntimeError(f"child {args[0]} did not start: {line!r}")
+        yield
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), 20)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+# -- the measurements -------------------------------------------------------------------
+
+
+class Producer:
+    def __init__(self, client: nats.NATS) -> None:
+        self.js = client.jetstream()
+        self.metadata = EventMetadata.originating(Actor.service("bench"))
+
+    def command(self, order_id: str) -> tuple[str, bytes, dict[str, str]]:
+        message = build_command(
+            PlaceOrder(order_id=order_id), service="bench", metadata=self.metadata,
+            occurred_at=datetime.now(UTC),
+        )
+        return (message.subject, message.body_json().encode(),
+                publish_headers(message.message_id))
+
+    async def publish_all(self, frames: list[tuple[str, bytes, dict[str, str]]],
+                          window: int) -> None:
+        slots = asyncio.Semaphore(window)
+
+        async def one(frame: tuple[str, bytes, dict[str, str]]) -> None:
+            async with slots:
+                await self.js.publish(frame[0], frame[1], headers=frame[2])
+
+        await asyncio.gather(*(one(f) for f in frames))
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float
+    p99: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Percentiles:
+        ordered = sorted(values)
+        return cls(statistics.median(ordered), ordered[max(int(len(ordered) * 0.99) - 1, 0)])
+
+
+@dataclass(frozen=True)
+class Run:
+    effects_per_s: float
+    confirmed_per_s: float
+    to_commit: Percentiles
+    to_confirm: Percentiles
+
+
+async def engine_run(client: nats.NATS, db: Database, producer: Producer, commands: int,
+                     window: int) -> Run:
+    """Effects committed/s, confirmations received/s, and the idle latency
+    of one command to its commit and to its confirmation.
+
+    A commit is seen by LISTENing on the impact channel (each effect
+    commits one NOTIFY, delivered only after the commit), so measuring
+    costs the database nothing."""
+    run = uuid.uuid4().hex[:8]
+    confirmed: dict[str, float] = {}
+    commits: list[float] = []
+    wanted = {"commits": commands, "confirmations": commands}
+    enough_commits, all_in = asyncio.Event(), asyncio.Event()
+
+    def on_commit(*_: object) -> None:
+        commits.append(time.perf_counter())
+        if len(commits) >= wanted["commits"]:
+            enough_commits.set()
+
+    async def on_confirmation(msg: nats.aio.msg.Msg) -> None:
+        order = json.loads(msg.data)["payload"]["order_id"]
+        if order.startswith(run) and order not in confirmed:
+            confirmed[order] = time.perf_counter()
+            if len(confirmed) >= wanted["confirmations"]:
+                all_in.set()
+
+    listener = await db.connect_dedicated()
+    await listener.add_listener(CHANNEL, on_commit)
+    sub = await client.subscribe(CONFIRMATIONS, cb=on_confirmation)
+    to_commit: list[float] = []
+    to_confirm: list[float] = []
+    try:
+        frames = [producer.command(f"{run}-{i}") for i in range(commands)]
+        started = time.perf_counter()
+        await producer.publish_all(frames, window)
+        await asyncio.wait_for(enough_commits.wait(), 600)
+        await asyncio.wait_for(all_in.wait(), 600)
+        effects = commands / (commits[commands - 1] - started)
+        rate = commands / (max(confirmed.values()) - started)
+
+        for i in range(50):  # one at a time on an idle system
+            order = f"{run}-lat-{i}"
+            wanted["commits"] = len(commits) + 1
+            wanted["confirmations"] = len(confirmed) + 1
+            enough_commits.clear()
+            all_in.clear()
+            sent = time.perf_counter()
+            await producer.publish_all([producer.command(order)], 1)
+            await asyncio.wait_for(enough_commits.wait(), 30)
+            await asyncio.wait_for(all_in.wait(), 30)
+            to_commit.append((commits[-1] - sent) * 1000)
+            to_confirm.append((confirmed[order] - sent) * 1000)
+    finally:
+        await sub.unsubscribe()
+        await listener.close()
+    return Run(effects, rate, Percentiles.of(to_commit), Percentiles.of(to_confirm))
+
+
+async def raw_js_run(server: EmbeddedNats, client: nats.NATS, commands: int,
+                     window: int) -> float:
+    """Messages/s published and consumed+acked by a raw pull consumer process."""
+    js = client.jetstream()
+    durable = f"bench-raw-{uuid.uuid4().hex[:6]}"
+    await js.add_consumer("INTEGRATION_CMD", ConsumerConfig(
+        durable_name=durable, ack_policy=AckPolicy.EXPLICIT, filter_subject=RAW_SUBJECT,
+        max_ack_pending=1024,
+    ))
+    producer = Producer(client)
+    frames = [(RAW_SUBJECT, b'{"n":1}', {"Nats-Msg-Id": uuid.uuid4().hex})
+              for _ in range(commands)]
+    async with child("--role", "raw-js", server.url, durable):
+        started = time.perf_counter()
+        await producer.publish_all(frames, window)
+        while True:
+            info = await js.consumer_info("INTEGRATION_CMD", durable)
+            if info.num_pending == 0 and info.num_ack_pending == 0 \
+                    and info.ack_floor.stream_seq >= info.delivered.stream_seq > 0:
+                break
+            await asyncio.sleep(0.005)
+        took = time.perf_counter() - started
+    return commands / took
+
+
+async def raw_pg_run(db: Database, commits: int) -> float:
+    """Commits/s of the effect's writes done by hand, 16 clients."""
+    run = uuid.uuid4().hex[:8]
+    [frame] = encode_group(new_group_id(), [Impact.entity("order", "x")])
+    counter = iter(range(commits))
+
+    async def client() -> None:
+        for i in counter:
+            order = f"{run}-{i}"
+            async with db.pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    "INSERT INTO service_engine.message_claim (message_id, reaction) "
+                    "VALUES ($1, 'raw') ON CONFLICT DO NOTHING", uuid.uuid4())
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", order)
+                await conn.fetchrow("SELECT * FROM sample_order WHERE id = $1 FOR UPDATE", order)
+                await conn.execute(
+                    "INSERT INTO sample_order (id, item, qty) VALUES ($1, 'widget', 1)", order)
+                await conn.execute(
+                    "INSERT INTO sample_order_effect (id, reaction, order_id, message_id) "
+                    "VALUES ($1, 'raw', $2, $3)", uuid.uuid4(), order, uuid.uuid4())
+                await conn.execute(
+                    "INSERT INTO service_engine.integration_outbox (message_id, subject, payload)"
+                    " VALUES ($1, $2, $3::jsonb)", uuid.uuid4(), CONFIRMATIONS,
+                    json.dumps({"order_id": order}))
+                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, frame)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+    return commits / (time.perf_counter() - started)
+
+
+async def main(commands: int, window: int, *, sync: bool) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-inbound-") as tmp:
+        pg = EmbeddedPostgres(Path(tmp) / "pg", durable=True)
+        server = EmbeddedNats(Path(tmp) / "nats", sync_always=sync)
+        await asyncio.to_thread(pg.start)
+        await asyncio.to_thread(server.start)
+        try:
+            provisioned = await provision_database(
+                pg, "bench", extra_migrations=service_migrations(ROOT / "conformance/migrations")
+            )
+            client = await nats.connect(server.url)
+            js = client.jetstream()
+            for name, subjects in INTEGRATION_STREAMS.items():
+                await js.add_stream(StreamConfig(name=name, subjects=subjects, max_age=86400))
+            db = await connect_pool(provisioned.app_url, min_size=CONCURRENCY,
+                                    max_size=CONCURRENCY)
+            producer = Producer(client)
+            try:
+                print(f"{commands} commands, publish window {window}, durable Postgres, "
+                      f"nats sync_interval {'always' if sync else 'default'}, "
+                      "2 cores shared by everything")
+                print(f"{'path':42} {'per second':>10} {'p50 ms':>8} {'p99 ms':>8}")
+                print("(latency: one command at a time on an idle system, from its publish)")
+                for pods in (1, 2):
+                    async with contextlib.AsyncExitStack() as stack:
+                        for p in range(pods):
+                            await stack.enter_async_context(child(
+                                "--role", "pod", provisioned.app_url, server.url, f"pod{p}",
+                            ))
+                        # Warm up: prepared statements, the outbox lease.
+                        await engine_run(client, db, producer, 200, window)
+                        run = await engine_run(client, db, producer, commands, window)
+                    print(f"{f'engine, {pods} pod(s): effect committed':42} "
+                          f"{run.effects_per_s:>10.0f} {run.to_commit.p50:>8.1f} "
+                          f"{run.to_commit.p99:>8.1f}")
+                    print(f"{f'engine, {pods} pod(s): confirmation received':42} "
+                          f"{run.confirmed_per_s:>10.0f} {run.to_confirm.p50:>8.1f} "
+                          f"{run.to_confirm.p99:>8.1f}", flush=True)
+                rate = await raw_js_run(server, client, commands, window)
+                print(f"{'raw JetStream publish+consume+ack':42} {rate:>10.0f}", flush=True)
+                rate = await raw_pg_run(db, commands)
+                print(f"{'raw Postgres commit of the effect (16 clients)':42} {rate:>10.0f}",
+                      flush=True)
+            finally:
+                await db.aclose()
+                await client.close()
+        finally:
+            await asyncio.to_thread(server.stop)
+            await asyncio.to_thread(pg.stop)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--commands", type=int, default=3000)
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--no-sync", action="store_true",
+                        help="nats-server without sync_interval: always (its default)")
+    parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role and args.role[0] == "pod":
+        asyncio.run(run_pod(*args.role[1:4]))
+    elif args.role and args.role[0] == "raw-js":
+        asyncio.run(run_raw_consumer(*args.role[1:3]))
+    else:
+        asyncio.run(main(args.commands, args.window, sync=not args.no_sync))

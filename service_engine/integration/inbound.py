@@ -1,0 +1,585 @@
+"""The inbound NATS loop: one shared durable consumer per registered reaction.
+
+Declare a reaction with `InboundReaction.command` (a command addressed to
+this service) or `InboundReaction.event` (a fact another service
+publishes) and register it with ``Engine.register_reaction``::
+
+    async def create_card(cx: Reaction[Principal], command: CreateCard) -> None:
+        ...                                   # the same pipeline as a mutation
+        cx.emit(CardCreated(card_id=command.card_id))
+
+    engine.register_reaction(InboundReaction.command(
+        "create_card", aggregate="card", verb="create",
+        payload=CreateCard, handler=create_card,
+    ))
+
+Each reaction gets one durable consumer on the gitops-declared
+``INTEGRATION_CMD`` / ``INTEGRATION_EVT`` stream (bind-only: an absent
+stream fails loud with its name, the engine never creates one). The engine
+creates or updates the durable with a frozen contract: explicit ack,
+deliver-all, instant replay, the reaction's exact filter subject,
+``max_deliver`` unlimited (the budget is enforced in code), ``ack_wait`` and
+``max_ack_pending`` from `EngineConfig`. Every pod binds the same durable,
+so a message is owned by one pod at a time.
+
+Per frame (`ReactionRunner`, in ``dispatch``): identify the envelope (none: one dead letter,
+Term); decode the payload; run the reaction in the write pipeline under its
+idempotency claim and sequence guard (`run_reaction`); commit, then ack.
+A `Retry` naks with a growing, capped backoff, a `Park` with the park
+delay, both until the reaction's `ReactionBudget` is spent; a `Terminal`,
+an integrity or data violation (SQLSTATE class 23 / 22, on the engine's
+own authority) and any other handler exception are dead-lettered and
+terminated; a retryable database fault (a lock timeout, a lost connection)
+naks. A dead letter that cannot be written naks instead of terminating.
+
+`InboundConsumer` is the pull loop: one pull request at a time for as many
+frames as it has free slots, answered as soon as frames exist (an idle
+consumer adds no latency), expiring after `PULL_EXPIRES`. On shutdown it
+naks what it pulled and did not finish. `ConsumerSupervisor` restarts it
+with a bounded backoff and, past ``inbound_failure_threshold`` consecutive
+failures, holds readiness DOWN (`REASON_INBOUND_STOPPED`,
+``service_engine_dependency_up{dependency="inbound"}`` = 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Generic, Literal, TypeVar
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ReplayPolicy
+from pydantic import BaseModel
+
+from ..config import EngineConfig
+from ..errors import ConfigError, EngineError
+from ..metrics import Metrics
+from ..pipeline.contexts import Reaction
+from ..readiness import REASON_INBOUND_STOPPED, ReadinessHandle
+from .dispatch import Frame, ReactionRunner
+from .envelope import EnvelopeError, check_token, command_subject, event_subject
+from .nats import Nats, NatsUnavailable, StreamMissing
+from .reactions import Ack, Nak, ReactionBudget, Settlement, Term, backoff_delay
+
+__all__ = [
+    "COMMAND_STREAM",
+    "EVENT_STREAM",
+    "PULL_EXPIRES",
+    "ConsumerBindFailed",
+    "ConsumerLost",
+    "ConsumerSupervisor",
+    "InboundConsumer",
+    "InboundHealth",
+    "InboundReaction",
+    "ReactionHandler",
+]
+
+_log = logging.getLogger(__name__)
+
+PayloadT = TypeVar("PayloadT", bound=BaseModel)
+
+COMMAND_STREAM = "INTEGRATION_CMD"
+"""The gitops-declared stream of ``integration.cmd.>``."""
+EVENT_STREAM = "INTEGRATION_EVT"
+"""The gitops-declared stream of ``integration.evt.>``."""
+
+PULL_EXPIRES = 1.0
+"""Seconds a pull request lingers on the server. Frames are handed over the
+moment they exist, so this bounds only how often an idle consumer asks
+again (and how soon it re-asks after a reconnect)."""
+_PULL_GRACE = 1.0
+"""Past expiry, how long to wait for the server's 408 before asking again."""
+_PULL_PAUSE = 0.1
+"""Pause after a pull the server ended with an unexpected status."""
+_JS_API = "$JS.API"
+
+_REACTION_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+ReactionHandler = Callable[[Reaction[Any], PayloadT], Awaitable[object]]
+"""``async def handler(cx: Reaction[P], payload: Payload) -> None | Disposition``."""
+
+
+class ConsumerBindFailed(EngineError):
+    """JetStream refused the reaction's durable (an incompatible existing
+    durable, a limit): fix the declaration or the stream; the engine never
+    deletes a durable itself."""
+
+
+class ConsumerLost(EngineError):
+    """A bound consumer stopped answering (deleted, its stream gone): the
+    supervisor restarts it."""
+
+
+# -- the declaration -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InboundReaction(Generic[PayloadT]):
+    """A reaction to one kind of inbound message.
+
+    Build one with `command` or `event`. ``name`` names the durable (with
+    the service: ``{service}-{name}``) and the reaction's claims, watermarks
+    and dead letters: renaming it starts a new durable from the start of
+    the stream. ``budget`` bounds `Retry` and `Park`; ``concurrency`` is how
+    many of its frames one pod handles at once (capped by
+    ``max_ack_pending``; 1 handles them one at a time).
+    """
+
+    name: str
+    kind: Literal["command", "event"]
+    service: str | None
+    aggregate: str
+    action: str
+    payload: type[PayloadT]
+    handler: ReactionHandler[PayloadT]
+    budget: ReactionBudget = field(default_factory=ReactionBudget)
+    concurrency: int = 16
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _REACTION_NAME.match(self.name):
+            raise ConfigError(f"a reaction name is [A-Za-z0-9_]+, not {self.name!r}")
+        try:
+            check_token(self.aggregate, "aggregate")
+            check_token(self.action, "verb" if self.kind == "command" else "fact")
+            if self.service is not None:
+                check_token(self.service, "service")
+        except EnvelopeError as exc:
+            raise ConfigError(f"reaction {self.name}: {exc}") from exc
+        if self.concurrency < 1:
+            raise ConfigError(f"reaction {self.name}: concurrency must be >= 1")
+        if not (isinstance(self.payload, type) and issubclass(self.payload, BaseModel)):
+            raise ConfigError(f"reaction {self.name}: payload must be a pydantic model class")
+
+    @classmethod
+    def command(
+        cls,
+        name: str,
+        *,
+        aggregate: str,
+        verb: str,
+        payload: type[PayloadT],
+        handler: ReactionHandler[PayloadT],
+        service: str | None = None,
+        budget: ReactionBudget | None = None,
+        concurrency: int = 16,
+    ) -> InboundReaction[PayloadT]:
+        """React to ``integration.cmd.{service}.{aggregate}.{verb}``, the
+        commands addressed to ``service`` (default: the engine's own)."""
+        return cls(
+            name, "command", service, aggregate, verb, payload, handler,
+            budget or ReactionBudget(), concurrency,
+        )
+
+    @classmethod
+    def event(
+        cls,
+        name: str,
+        *,
+        producer: str,
+        aggregate: str,
+        fact: str,
+        payload: type[PayloadT],
+        handler: ReactionHandler[PayloadT],
+        budget: ReactionBudget | None = None,
+        concurrency: int = 16,
+    ) -> InboundReaction[PayloadT]:
+        """React to ``integration.evt.{producer}.{aggregate}.{fact}``."""
+        return cls(
+            name, "event", producer, aggregate, fact, payload, handler,
+            budget or ReactionBudget(), concurrency,
+        )
+
+    @property
+    def stream(self) -> str:
+        """The integration stream the reaction's durable lives on."""
+        return COMMAND_STREAM if self.kind == "command" else EVENT_STREAM
+
+    def subject(self, own_service: str | None) -> str:
+        """The exact filter subject. A command reaction naming no service
+        takes ``own_service``; raises `ConfigError` when neither is set."""
+        if self.kind == "event":
+            assert self.service is not None
+            return event_subject(self.service, self.aggregate, self.action)
+        service = self.service or own_service
+        if not service:
+            raise ConfigError(
+                f"command reaction {self.name} names no service and EngineConfig.service "
+                "is not set: the commands addressed to whom?"
+            )
+        return command_subject(service, self.aggregate, self.action)
+
+    def durable(self, own_service: str | None) -> str:
+        """The durable every pod of ``own_service`` binds: ``{service}-{name}``
+        (the reaction name holds no ``-``, so the pair is unambiguous)."""
+        return f"{own_service}-{self.name}" if own_service else self.name
+
+
+# -- the pull loop ---------------------------------------------------------------------
+
+
+def _status(msg: Msg) -> tuple[str, str] | None:
+    """A JetStream status message's (code, description); None for a frame."""
+    if msg.reply:
+        return None
+    headers = msg.headers or {}
+    return headers.get("Status", ""), headers.get("Description", "")
+
+
+class InboundConsumer:
+    """The pull loop of one reaction's shared durable on one pod.
+
+    `run` binds (creating or updating the durable), then pulls and handles
+    frames until cancelled; it raises when the consumer is lost or cannot
+    be bound (`StreamMissing`, `ConsumerBindFailed`, `ConsumerLost`,
+    `NatsUnavailable`), for `ConsumerSupervisor` to restart it.
+    """
+
+    def __init__(
+        self,
+        reaction: InboundReaction[Any],
+        runner: ReactionRunner,
+        nats: Nats,
+        config: EngineConfig,
+    ) -> None:
+        self.reaction = reaction
+        self.runner = runner
+        self.nats = nats
+        self.config = config
+        self.stream = reaction.stream
+        self.subject = reaction.subject(config.service)
+        self.durable = reaction.durable(config.service)
+        self.concurrency = min(reaction.concurrency, config.max_ack_pending)
+        self._refill_at = max(1, self.concurrency // 2)
+        self._next_subject = f"{_JS_API}.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}"
+
+    def consumer_config(self) -> ConsumerConfig:
+        """The frozen work-loop contract of the durable."""
+        return ConsumerConfig(
+            name=self.durable,
+            durable_name=self.durable,
+            description=f"service-engine reaction {self.reaction.name}",
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            replay_policy=ReplayPolicy.INSTANT,
+            filter_subject=self.subject,
+            max_deliver=-1,
+            ack_wait=self.config.ack_wait.total_seconds(),
+            max_ack_pending=self.config.max_ack_pending,
+        )
+
+    async def bind(self) -> None:
+        """Create or update the durable on its declared stream.
+
+        Raises `StreamMissing` (naming the stream) when it is absent,
+        `ConsumerBindFailed` when JetStream refuses the durable,
+        `NatsUnavailable` when it does not answer.
+        """
+        await self.nats.bind_stream(self.stream)
+        timeout = self.config.publish_ack_timeout.total_seconds()
+        try:
+            async with asyncio.timeout(timeout + 0.5):
+                await self.nats.js.add_consumer(
+                    self.stream, self.consumer_config(), timeout=timeout
+                )
+        except nats.js.errors.NotFoundError as exc:
+            raise StreamMissing(self.stream) from exc
+        except nats.js.errors.APIError as exc:
+            raise ConsumerBindFailed(
+                f"JetStream refused durable {self.durable} on {self.stream} "
+                f"(filter {self.subject}): {exc}"
+            ) from exc
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            raise NatsUnavailable(
+                f"binding durable {self.durable} on {self.stream} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def run(self, on_healthy: Callable[[], None] | None = None) -> None:
+        """Bind, then pull and handle frames until cancelled.
+
+        ``on_healthy`` is called whenever the server answered a pull (a
+        frame, an expiry): the supervisor's signal the consumer works.
+        """
+        healthy = on_healthy or (lambda: None)
+        await self.bind()
+        client = self.nats.client
+        inbox = client.new_inbox()
+        try:
+            sub = await client.subscribe(f"{inbox}.*")
+        except (nats.errors.Error, OSError) as exc:
+            raise NatsUnavailable(f"subscribing the pull inbox failed: {exc}") from exc
+        in_flight: set[asyncio.Task[None]] = set()
+        request = 0
+        try:
+            while True:
+                free = self.concurrency - len(in_flight)
+                if in_flight and free < self._refill_at:
+                    await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                request += 1
+                reply = f"{inbox}.{request}"
+                body = json.dumps(
+                    {"batch": free, "expires": int(PULL_EXPIRES * 1_000_000_000)}
+                ).encode()
+                try:
+                    await client.publish(self._next_subject, body, reply=reply)
+                except (nats.errors.Error, OSError) as exc:
+                    raise NatsUnavailable(f"pull request failed: {exc}") from exc
+                await self._receive(sub, reply, free, in_flight, healthy)
+        finally:
+            await self._release(sub, in_flight)
+
+    async def _receive(
+        self,
+        sub: Subscription,
+        reply: str,
+        batch: int,
+        in_flight: set[asyncio.Task[None]],
+        healthy: Callable[[], None],
+    ) -> None:
+        """Hand over the frames of one pull request as they arrive, until
+        the batch is full or the request ends."""
+        remaining = batch
+        deadline = time.monotonic() + PULL_EXPIRES + _PULL_GRACE
+        while remaining > 0:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                return  # the server forgot the request (a reconnect): ask again
+            try:
+                msg = await sub.next_msg(timeout=timeout)
+            except nats.errors.TimeoutError:
+                return
+            status = _status(msg)
+            if status is None:
+                remaining -= 1
+                healthy()
+                self._dispatch(msg, in_flight)
+                continue
+            if msg.subject != reply:
+                continue  # the late answer of an earlier request
+            code, description = status
+            if code == "100":
+                healthy()
+                continue
+            if code in ("404", "408"):
+                healthy()
+                return
+            if code == "409" and "deleted" in description.lower():
+                raise ConsumerLost(f"durable {self.durable} on {self.stream}: {description}")
+            if code == "503":
+                raise ConsumerLost(
+                    f"durable {self.durable} on {self.stream} does not answer "
+                    "(no responders: the consumer or its stream is gone)"
+                )
+            # Any other answer (a leadership change, a server limit) ends
+            # this request; pause before the next so a server that keeps
+            # answering at once is not asked in a hot loop.
+            _log.debug("durable %s: pull ended with %s %s", self.durable, code, description)
+            await asyncio.sleep(_PULL_PAUSE)
+            return
+
+    def _dispatch(self, msg: Msg, in_flight: set[asyncio.Task[None]]) -> None:
+        task = asyncio.create_task(
+            self._process(msg), name=f"service_engine:inbound:{self.reaction.name}"
+        )
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+
+    async def _process(self, msg: Msg) -> None:
+        try:
+            meta = msg.metadata
+        except Exception as exc:  # not a JetStream frame: nothing to settle
+            _log.warning("durable %s: a frame without JetStream metadata: %s", self.durable, exc)
+            return
+        frame = Frame(
+            msg.subject, msg.data or b"", dict(msg.headers or {}), int(meta.num_delivered),
+            meta.timestamp,
+        )
+        keepalive = self._keep_alive(msg)
+        try:
+            settlement: Settlement = await self.runner.handle(frame)
+        except asyncio.CancelledError:
+            # Shutdown mid-frame: the transaction rolled back; hand the frame
+            # back now rather than after ack_wait.
+            await asyncio.shield(_settle(msg, Nak(0, "shutdown"), self.durable))
+            raise
+        except Exception as exc:
+            budget = self.reaction.budget
+            delay = backoff_delay(frame.delivered, budget.retry_backoff, budget.retry_backoff_cap)
+            _log.error("durable %s: handling a frame failed: %s", self.durable, exc, exc_info=exc)
+            settlement = Nak(delay, "runner_error", str(exc))
+        finally:
+            keepalive.cancel()
+        await _settle(msg, settlement, self.durable)
+
+    def _keep_alive(self, msg: Msg) -> _KeepAlive:
+        # A long handler tells JetStream it is still at work, so the frame
+        # is not redelivered to another pod meanwhile. A timer, not a task:
+        # most frames finish long before the first tick.
+        return _KeepAlive(msg, max(self.config.ack_wait.total_seconds() / 3, 0.05))
+
+    async def _release(self, sub: Subscription, in_flight: set[asyncio.Task[None]]) -> None:
+        """On the way out: drop the inbox, nak what was delivered but never
+        started, stop the frames in hand (each naks itself)."""
+        # Interest goes first: the server drops a pull request whose inbox
+        # lost interest, so a frame nak'ed below is redelivered to a live
+        # pod, not to this pod's still-open request.
+        with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
+            await sub.unsubscribe()
+            await self.nats.client.flush(timeout=1)
+        with contextlib.suppress(nats.errors.Error, OSError):
+            while sub.pending_msgs > 0:
+                msg = await sub.next_msg(timeout=0.1)
+                if _status(msg) is None:
+                    await _settle(msg, Nak(0, "shutdown"), self.durable)
+        for task in list(in_flight):
+            task.cancel()
+        if in_flight:
+            await asyncio.gather(*in_flight, return_exceptions=True)
+
+
+class _KeepAlive:
+    """Sends ``+WPI`` (in progress) for one frame every ``interval`` until cancelled."""
+
+    def __init__(self, msg: Msg, interval: float) -> None:
+        self._msg = msg
+        self._interval = interval
+        self._loop = asyncio.get_running_loop()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._handle = self._loop.call_later(interval, self._tick)
+
+    def _tick(self) -> None:
+        task = self._loop.create_task(self._send())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._handle = self._loop.call_later(self._interval, self._tick)
+
+    async def _send(self) -> None:
+        with contextlib.suppress(nats.errors.Error, OSError):
+            await self._msg.in_progress()
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+        for task in self._tasks:
+            task.cancel()
+
+
+async def _settle(msg: Msg, settlement: Settlement, durable: str) -> None:
+    try:
+        if isinstance(settlement, Ack):
+            await msg.ack()
+        elif isinstance(settlement, Term):
+            await msg.term()
+        else:
+            await msg.nak(delay=settlement.delay if settlement.delay > 0 else None)
+    except (nats.errors.Error, OSError) as exc:
+        # The frame is redelivered after ack_wait; its claim (or its derived
+        # dead-letter id) makes the redelivery a no-op.
+        _log.warning("durable %s: could not settle a frame (%s): %s", durable,
+                     type(settlement).__name__, exc)
+
+
+# -- supervision -------------------------------------------------------------------------
+
+DEPENDENCY = "inbound"
+
+
+class InboundHealth:
+    """The pod's verdict on its inbound consumers: DOWN (`REASON_INBOUND_STOPPED`)
+    while any is past the consecutive-failure threshold."""
+
+    def __init__(self, readiness: ReadinessHandle, metrics: Metrics | None = None) -> None:
+        self.readiness = readiness
+        self.metrics = metrics
+        self._stopped: dict[str, str] = {}
+        if metrics is not None:
+            metrics.set_dependency(DEPENDENCY, True)
+
+    def stopped(self, name: str, detail: str) -> None:
+        self._stopped[name] = detail
+        self._apply()
+
+    def healthy(self, name: str) -> None:
+        if self._stopped.pop(name, None) is not None:
+            _log.info("inbound consumer %s works again", name)
+            self._apply()
+
+    @property
+    def down(self) -> bool:
+        return bool(self._stopped)
+
+    def _apply(self) -> None:
+        if self._stopped:
+            self.readiness.set_down(
+                REASON_INBOUND_STOPPED,
+                "; ".join(f"{name}: {detail}" for name, detail in sorted(self._stopped.items())),
+            )
+        else:
+            self.readiness.clear(REASON_INBOUND_STOPPED)
+        if self.metrics is not None:
+            self.metrics.set_dependency(DEPENDENCY, not self._stopped)
+
+
+class ConsumerSupervisor:
+    """Keeps one `InboundConsumer` running: restarts it with a bounded,
+    doubling backoff (one log line per step), and reports it stopped to
+    `InboundHealth` past ``threshold`` consecutive failures. A consumer that
+    answers a pull again resets the count."""
+
+    def __init__(
+        self,
+        consumer: InboundConsumer,
+        health: InboundHealth,
+        *,
+        threshold: int,
+        backoff: timedelta,
+        backoff_cap: timedelta,
+    ) -> None:
+        self.consumer = consumer
+        self.health = health
+        self.threshold = threshold
+        self.backoff = backoff
+        self.backoff_cap = backoff_cap
+        self.failures = 0
+        self.restarts = 0
+
+    def _healthy(self) -> None:
+        if self.failures:
+            self.failures = 0
+        self.health.healthy(self.consumer.reaction.name)
+
+    async def run(self) -> None:
+        """Run the consumer until cancelled; never returns."""
+        name = self.consumer.reaction.name
+        while True:
+            try:
+                await self.consumer.run(self._healthy)
+                detail = "the pull loop returned"
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                detail = f"{type(exc).__name__}: {exc}"
+            self.failures += 1
+            self.restarts += 1
+            delay = backoff_delay(self.failures, self.backoff, self.backoff_cap)
+            if self.failures >= self.threshold:
+                self.health.stopped(name, f"failed {self.failures} times in a row: {detail}")
+            # One line per restart step; the step that crosses the threshold
+            # (and takes the pod DOWN) is an error.
+            _log.log(
+                logging.ERROR if self.failures == self.threshold else logging.WARNING,
+                "inbound consumer %s stopped (failure %d of %d before readiness DOWN): %s; "
+                "restarting in %.2fs",
+                name, self.failures, self.threshold, detail, delay,
+            )
+            await asyncio.sleep(delay)

@@ -1,0 +1,160 @@
+"""The reaction entry point: one inbound message through the write pipeline.
+
+    BEGIN; SET LOCAL lock_timeout          (sent with the claim)
+      claim (message_id, reaction)         taken before: stage the stored
+                                           confirmations again, run nothing
+      sequence guard (producer, reaction,  stale or equal: roll back, a no-op
+                      seq_key)
+      resolve the sender's principal
+      handler(cx, payload)                 a Disposition returned or raised
+                                           rolls back
+      store the emitted messages on the claim
+      flush: impacts, outbox rows, scheduled messages
+    COMMIT
+
+`run_reaction` is what the inbound loop calls once it identified a frame
+and decoded its payload. It answers `Applied`, `Replayed` or `Stale` once
+committed, or raises what the pipeline raises (`DatabaseError`, ...), the
+handler's `Disposition` or whatever the handler raised; nothing committed
+then. A database error the handler caught and answered with something
+else (a coarse ``except DatabaseError: return Retry(...)``) is raised in
+its place: the engine classifies its own transaction's faults.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+
+from ..clock import Clock, Timestamp
+from ..config import EngineConfig
+from ..db.pool import Database
+from ..db.types import Conn
+from ..integration.claims import (
+    advance_sequence,
+    claim_statement,
+    claim_taken,
+    record_confirmations,
+    stored_confirmations,
+)
+from ..integration.envelope import Actor
+from ..integration.outbox import OutboxRow
+from ..integration.reactions import Delivery, Disposition
+from ..metrics import Metrics
+from .contexts import Reaction
+from .errors import Stage
+from .run import StageHook, run_pipeline
+
+__all__ = [
+    "Applied",
+    "ReactionOutcome",
+    "ReactionPrincipal",
+    "Replayed",
+    "Stale",
+    "run_reaction",
+]
+
+T = TypeVar("T")
+
+ReactionPrincipal: TypeAlias = Callable[[Actor], Awaitable[Any] | Any]
+"""Resolves a sender's envelope actor into the service's own principal (or
+None when it does not know the sender); sync or async. Register it with
+``Engine.register_reaction_principal``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """The effect committed; ``confirmations`` messages were stored on the claim."""
+
+    confirmations: int
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """The message was claimed before: its ``confirmations`` stored messages
+    were staged again (fresh dedup token, original logical id); no effect ran."""
+
+    confirmations: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stale:
+    """The producer sequence was at or below the reaction's watermark: a no-op."""
+
+
+ReactionOutcome: TypeAlias = Applied | Replayed | Stale
+
+
+class _StaleSequence(Exception):
+    """Rolls back the claim of a stale message."""
+
+
+async def run_reaction(
+    db: Database,
+    config: EngineConfig,
+    delivery: Delivery,
+    payload: T,
+    handler: Callable[[Reaction[Any], T], Awaitable[object]],
+    *,
+    clock: Clock,
+    resolve_principal: ReactionPrincipal | None = None,
+    metrics: Metrics | None = None,
+    hook: StageHook | None = None,
+) -> ReactionOutcome:
+    """Run ``handler(cx, payload)`` for ``delivery`` in one pipeline
+    transaction, under the message's claim and sequence guard."""
+    incoming = delivery.incoming
+    name = delivery.reaction
+    opened: list[Reaction[Any]] = []
+
+    def open_context(conn: Conn, now: Timestamp) -> Reaction[Any]:
+        cx: Reaction[Any] = Reaction(conn, config, now, delivery)
+        opened.append(cx)
+        return cx
+
+    async def body(cx: Reaction[Any]) -> ReactionOutcome:
+        conn = cx._conn
+        status = await cx._execute_first(
+            Stage.CLAIM, claim_statement(incoming.message_id, name)
+        )
+        if not claim_taken(status):
+            stored = await cx._db(
+                Stage.CLAIM, lambda: stored_confirmations(conn, incoming.message_id, name)
+            )
+            for message in stored:
+                cx._stage_outbox(OutboxRow.of(message, replay=True))
+            return Replayed(len(stored))
+        sequence = incoming.sequence
+        if sequence is not None and not await cx._db(
+            Stage.CLAIM, lambda: advance_sequence(conn, sequence, name)
+        ):
+            raise _StaleSequence
+        if resolve_principal is not None:
+            resolved = resolve_principal(incoming.metadata.actor)
+            if inspect.isawaitable(resolved):
+                resolved = await resolved
+            cx._principal = resolved
+        result = await handler(cx, payload)
+        if isinstance(result, Disposition):
+            raise result
+        emitted = list(cx._messages)
+        await cx._db(
+            Stage.CLAIM, lambda: record_confirmations(conn, incoming.message_id, name, emitted)
+        )
+        return Applied(len(emitted))
+
+    try:
+        return await run_pipeline(
+            db, config, open_context, body, clock=clock, metrics=metrics, hook=hook
+        )
+    except _StaleSequence:
+        return Stale()
+    except Exception as exc:
+        failed = opened[-1]._failed if opened else None
+        if failed is not None and exc is not failed:
+            # The handler caught its transaction's database error and answered
+            # something else: the engine's classification of the fault wins.
+            raise failed  # noqa: B904 - its __cause__ stays the driver error
+        raise
