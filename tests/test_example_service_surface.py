@@ -19,6 +19,7 @@ PUBLIC = frozenset({
     "service_engine.graphql",
     "service_engine.host",
     "service_engine.integration",
+    "service_engine.persistence",
     "service_engine.view",
 })
 """The engine modules a service may import: the root re-exports, the public

@@ -1,7 +1,8 @@
 """Every slice of the reference service is removable: deleting its folder and
 its one line in ``slices/__init__.py`` leaves a service that boots and
-serves, with no kernel, ``register`` or ``graphql`` edit; the kernel alone
-boots too.
+serves — exactly the remaining slices' queries, mutations and subscriptions,
+their reactions bound — with no kernel, ``register`` or ``graphql`` edit; the
+kernel alone boots too.
 """
 
 from __future__ import annotations
@@ -19,14 +20,18 @@ from example_service.graphql import build_app
 from example_service.register import register
 from example_service.slices import SLICES, compose
 from service_engine import Engine, EngineConfig, ReadinessHandle, WorkerStopped, connect_pool
-from service_engine.embedded import ProvisionedDatabase
+from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import ComposedService
+from service_engine.graphql.compose import ROOT_KINDS
 from service_engine.host import bind_listener, run_with_listener
 
 from ..harness import wait_until
+from ..nats_support import engine_nats
 from .harness import BOUND, REPO, Pods
 
 ROOT_FIELDS = "{ __schema { queryType { fields { name } } } }"
+ALL_ROOT_FIELDS = """{ __schema { queryType { fields { name } } mutationType { fields { name } }
+                      subscriptionType { fields { name } } } }"""
 SLICE_AGNOSTIC = ("kernel", "register.py", "graphql.py")
 
 
@@ -34,39 +39,53 @@ def query_fields(service: ComposedService) -> set[str]:
     return set(service.declared_fields("query"))
 
 
+def root_fields(service: ComposedService) -> dict[str, set[str]]:
+    return {kind: set(service.declared_fields(kind)) for kind in ROOT_KINDS}
+
+
 @contextlib.asynccontextmanager
-async def serving(store: ProvisionedDatabase, service: ComposedService) -> AsyncIterator[str]:
-    """The service composed as ``service``, in process: engine + HTTP on a free port."""
+async def serving(
+    store: ProvisionedDatabase, nats: EmbeddedNats, service: ComposedService
+) -> AsyncIterator[str]:
+    """The service composed as ``service``, in process: engine (with its own
+    NATS connection, which a slice's reactions need) + HTTP on a free port."""
     db = await connect_pool(store.app_url)
     try:
-        engine = await Engine.boot(EngineConfig(service="example"), db, None, ReadinessHandle())
-        app = build_app(engine, register(engine, service), service)
-        sock = bind_listener("127.0.0.1:0")
-        task = asyncio.create_task(run_with_listener(engine, app, sock, handle_signals=False))
-        try:
-            yield f"127.0.0.1:{sock.getsockname()[1]}"
-        finally:
-            engine.shutdown()
-            with contextlib.suppress(WorkerStopped):
-                await asyncio.wait_for(task, BOUND)
-            sock.close()
+        async with engine_nats(nats) as conn:
+            engine = await Engine.boot(EngineConfig(service="example"), db, conn, ReadinessHandle())
+            app = build_app(engine, register(engine, service), service)
+            sock = bind_listener("127.0.0.1:0")
+            task = asyncio.create_task(run_with_listener(engine, app, sock, handle_signals=False))
+            try:
+                yield f"127.0.0.1:{sock.getsockname()[1]}"
+            finally:
+                engine.shutdown()
+                with contextlib.suppress(WorkerStopped):
+                    await asyncio.wait_for(task, BOUND)
+                sock.close()
     finally:
         await db.aclose()
 
 
-async def served_fields(addr: str) -> set[str]:
+async def served_fields(addr: str) -> dict[str, set[str]]:
+    """The root fields the running service serves, by kind (query, mutation,
+    subscription): the slices' reactions and crons registered, readiness UP."""
     async with httpx.AsyncClient(base_url=f"http://{addr}", timeout=BOUND) as http:
 
         async def up() -> bool:
             return (await http.get("/readyz")).status_code == 200
 
         await wait_until(up, what="readiness UP")
-        body = (await http.post("/graphql", json={"query": ROOT_FIELDS})).json()
-    return {f["name"] for f in body["data"]["__schema"]["queryType"]["fields"]}
+        body = (await http.post("/graphql", json={"query": ALL_ROOT_FIELDS})).json()
+    schema = body["data"]["__schema"]
+    return {
+        kind: {f["name"] for f in (schema[f"{kind}Type"] or {"fields": []})["fields"]}
+        for kind in ROOT_KINDS
+    }
 
 
 async def test_the_kernel_alone_and_the_service_without_each_slice_boot(
-    store: ProvisionedDatabase,
+    store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
     variants: dict[str, tuple[str, ...]] = {"kernel only": (), "every slice": SLICES}
     for removed in SLICES:
@@ -74,8 +93,8 @@ async def test_the_kernel_alone_and_the_service_without_each_slice_boot(
     for variant, names in variants.items():
         service = compose(names)
         assert service.slice_names == names, variant
-        async with serving(store, service) as addr:
-            assert await served_fields(addr) == query_fields(service), variant
+        async with serving(store, nats_server, service) as addr:
+            assert await served_fields(addr) == root_fields(service), variant
     assert query_fields(compose(())) == {"engineVersion"}
 
 

@@ -14,6 +14,8 @@ from service_engine.graphql import ComposedService, SliceFragment, compose_servi
 
 SLICES: tuple[str, ...] = (
     "board",
+    "card",
+    "ledger",
 )
 
 

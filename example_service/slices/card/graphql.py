@@ -1,0 +1,183 @@
+"""The card slice's root fields: queries read rendered views through the
+engine; mutations run on the engine's mutation executor (the import on its
+bulk form); the subscriptions stream the cards projector's typed union, one
+of them under a client-supplied session id that ``pageCards`` pages back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any, TypeAlias
+
+import strawberry
+
+from service_engine import (
+    EngineError,
+    MutationError,
+    MutationExecutor,
+    NoLiveSession,
+    Query,
+    WindowSpec,
+)
+from service_engine.graphql import GraphQLContext, subscription_union
+
+from ...kernel import Principal, Refusal, refusal_of
+from .commands import ImportedCard, advance_card, create_card, import_cards, rename_card
+from .domain import BadCursor, decode_cursor
+from .views import CARDS, CardsQuery, CardView
+
+Info: TypeAlias = strawberry.Info[GraphQLContext[Principal], None]
+
+CARDS_UNION = subscription_union("Cards", CardView, description="the caller's org's cards")
+
+
+@strawberry.type(description="The outcome of a card mutation: the card as the caller now "
+                             "sees it, or why nothing changed.")
+class CardResult:
+    success: bool
+    card: CardView | None = None
+    error: Refusal | None = None
+
+
+@strawberry.type(description="The outcome of a bulk import.")
+class ImportResult:
+    success: bool
+    imported: int = 0
+    error: Refusal | None = None
+
+
+@strawberry.type(description="The outcome of a page request: the page's cards arrive on the "
+                             "session's subscription as Upserts; the keys released to keep "
+                             "the window within its capacity are listed here.")
+class PageResult:
+    success: bool
+    delivered: int = 0
+    released: list[str] = strawberry.field(default_factory=list)
+    truncated: int = 0
+    error: Refusal | None = None
+
+
+@strawberry.input(description="One card of a bulk import.")
+class CardImport:
+    title: str
+    id: strawberry.ID | None = None
+
+
+def _executor(info: Info) -> MutationExecutor:
+    return info.context.engine.mutation_executor()
+
+
+async def _card_result(info: Info, outcome: object, card_id: str) -> CardResult:
+    if isinstance(outcome, MutationError):
+        return CardResult(success=False, error=refusal_of(outcome))
+    view = await info.context.engine.fetch(CARDS, card_id, info.context.principal)
+    return CardResult(success=True, card=view)
+
+
+def _refusal(code: str, message: str, retryable: bool = False) -> Refusal:
+    return refusal_of(MutationError(code, message, retryable))
+
+
+@strawberry.type
+class CardQuery:
+    @strawberry.field(description="The caller's org's newest cards.")
+    async def cards(self, info: Info, limit: int = 50) -> list[CardView]:
+        found = await info.context.engine.render.fetch_window(
+            CARDS, CardsQuery(limit), info.context.principal
+        )
+        return [view for _, view in found]
+
+    @strawberry.field(description="One card, if the caller sees it.")
+    async def card(self, info: Info, id: strawberry.ID) -> CardView | None:
+        view: CardView | None = await info.context.engine.fetch(
+            CARDS, str(id), info.context.principal
+        )
+        return view
+
+
+@strawberry.type
+class CardMutation:
+    @strawberry.mutation(description="Create a card in the caller's org; with dueInSeconds it "
+                                     "is flagged overdue once the deadline passes undone.")
+    async def create_card(
+        self, info: Info, title: str, id: strawberry.ID | None = None,
+        due_in_seconds: float | None = None,
+    ) -> CardResult:
+        outcome = await _executor(info).execute(
+            info.context.principal, create_card, title, None if id is None else str(id),
+            due_in_seconds,
+        )
+        if isinstance(outcome, MutationError):
+            return CardResult(success=False, error=refusal_of(outcome))
+        return await _card_result(info, outcome, outcome)
+
+    @strawberry.mutation
+    async def rename_card(self, info: Info, id: strawberry.ID, title: str) -> CardResult:
+        outcome = await _executor(info).ack(info.context.principal, rename_card, str(id), title)
+        return await _card_result(info, outcome, str(id))
+
+    @strawberry.mutation(description="Move a card on one stage (needs card:advance).")
+    async def advance_card(self, info: Info, id: strawberry.ID) -> CardResult:
+        outcome = await _executor(info).ack(info.context.principal, advance_card, str(id))
+        return await _card_result(info, outcome, str(id))
+
+    @strawberry.mutation(description="Create many cards in one transaction; live windows get "
+                                     "one Reset rather than one Upsert per card.")
+    async def import_cards(self, info: Info, cards: list[CardImport]) -> ImportResult:
+        items = [ImportedCard(c.title, None if c.id is None else str(c.id)) for c in cards]
+        outcome = await _executor(info).execute_bulk(info.context.principal, import_cards, items)
+        if isinstance(outcome, MutationError):
+            return ImportResult(success=False, error=refusal_of(outcome))
+        return ImportResult(success=True, imported=outcome)
+
+    @strawberry.mutation(description="Append the page of cards older than cursor behind the "
+                                     "live window of the caller's cardPageDeltas session.")
+    async def page_cards(self, info: Info, session_id: str, cursor: str) -> PageResult:
+        try:
+            position = decode_cursor(cursor)
+        except BadCursor:
+            return PageResult(success=False, error=_refusal("card.cursor_invalid",
+                                                            "not a card cursor"))
+        try:
+            page = await info.context.engine.page(session_id, info.context.principal, position)
+        except NoLiveSession as exc:
+            return PageResult(success=False, error=_refusal("no_live_session", str(exc)))
+        except EngineError as exc:  # the window was re-snapshotted meanwhile: ask again
+            return PageResult(success=False, error=_refusal("page_interrupted", str(exc), True))
+        return PageResult(
+            success=True, delivered=len(page.deltas), released=list(page.released),
+            truncated=page.truncated,
+        )
+
+
+async def _stream(info: Info, window: WindowSpec[Any], session_id: str | None = None
+                  ) -> AsyncGenerator[Any, None]:
+    stream = await info.context.engine.attach(
+        info.context.principal, CARDS, window, session_id=session_id
+    )
+    try:
+        async for message in CARDS_UNION.subscribe(stream):
+            yield message
+    finally:
+        await stream.aclose()
+
+
+@strawberry.type
+class CardSubscription:
+    @strawberry.subscription(description="The caller's org's newest cards, live.")
+    async def cards(
+        self, info: Info, limit: int = 50
+    ) -> AsyncGenerator[CARDS_UNION.type, None]:  # type: ignore[name-defined]
+        async for message in _stream(info, WindowSpec(Query(CardsQuery(limit)))):
+            yield message
+
+    @strawberry.subscription(description="The caller's org's newest cards, live, under the "
+                                         "client's sessionId: pageCards(sessionId, cursor) "
+                                         "appends older cards to this window as Upserts.")
+    async def card_page_deltas(
+        self, info: Info, session_id: str, limit: int = 50
+    ) -> AsyncGenerator[CARDS_UNION.type, None]:  # type: ignore[name-defined]
+        async for message in _stream(info, WindowSpec(Query(CardsQuery(limit))), session_id):
+            yield message
+
+
+TYPES = (CardView, CardResult, ImportResult, PageResult, CardImport, *CARDS_UNION.types)

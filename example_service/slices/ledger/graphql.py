@@ -1,0 +1,156 @@
+"""The ledger slice's root fields: queries read rendered views through the
+engine; mutations run on the engine's mutation executor; the subscription
+streams the ledgers projector's typed union."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any, TypeAlias
+
+import strawberry
+
+from service_engine import (
+    EngineError,
+    HydrationFailed,
+    MutationError,
+    MutationExecutor,
+    Query,
+    Refused,
+    WindowSpec,
+)
+from service_engine.graphql import GraphQLContext, subscription_union
+
+from ...kernel import Principal, Refusal, refusal_of
+from .commands import (
+    close_ledger,
+    erase_person,
+    key_for,
+    open_ledger,
+    post_to_ledger,
+    require_erase_scope,
+    reset_ledger_views,
+)
+from .domain import LedgerKey
+from .views import LEDGERS, LedgerEntryView, LedgersQuery, LedgerView
+
+Info: TypeAlias = strawberry.Info[GraphQLContext[Principal], None]
+
+LEDGERS_UNION = subscription_union("Ledgers", LedgerView, description="the caller's org's ledgers")
+
+
+@strawberry.type(description="The outcome of a ledger mutation: the ledger as the caller now "
+                             "sees it, or why nothing changed.")
+class LedgerResult:
+    success: bool
+    ledger: LedgerView | None = None
+    error: Refusal | None = None
+
+
+@strawberry.type(description="The outcome of an erasure: how many ledgers it rewrote.")
+class ErasureResult:
+    success: bool
+    ledgers: int = 0
+    error: Refusal | None = None
+
+
+def _executor(info: Info) -> MutationExecutor:
+    return info.context.engine.mutation_executor()
+
+
+async def _view(info: Info, key: LedgerKey) -> LedgerView | None:
+    view: LedgerView | None = await info.context.engine.fetch(
+        LEDGERS, list(key), info.context.principal
+    )
+    return view
+
+
+async def _result(info: Info, outcome: LedgerKey | MutationError) -> LedgerResult:
+    if isinstance(outcome, MutationError):
+        return LedgerResult(success=False, error=refusal_of(outcome))
+    return LedgerResult(success=True, ledger=await _view(info, outcome))
+
+
+@strawberry.type
+class LedgerQuery:
+    @strawberry.field(description="The ledgers of the caller's org, by key.")
+    async def ledgers(self, info: Info, limit: int = 100) -> list[LedgerView]:
+        found = await info.context.engine.render.fetch_window(
+            LEDGERS, LedgersQuery(limit), info.context.principal
+        )
+        return [view for _, view in found]
+
+    @strawberry.field(description="One ledger of the caller's org, by name.")
+    async def ledger(self, info: Info, name: str) -> LedgerView | None:
+        try:
+            key = key_for(info.context.principal, name)
+        except Refused:
+            return None
+        return await _view(info, key)
+
+
+@strawberry.type
+class LedgerMutation:
+    @strawberry.mutation(description="Open a ledger in the caller's org; the caller owns it.")
+    async def open_ledger(self, info: Info, name: str) -> LedgerResult:
+        return await _result(
+            info, await _executor(info).execute(info.context.principal, open_ledger, name)
+        )
+
+    @strawberry.mutation(description="Post to a ledger: a deposit (cents > 0) or a withdrawal.")
+    async def post_to_ledger(
+        self, info: Info, name: str, cents: int, memo: str = ""
+    ) -> LedgerResult:
+        return await _result(info, await _executor(info).execute(
+            info.context.principal, post_to_ledger, name, cents, memo
+        ))
+
+    @strawberry.mutation(description="Close a settled ledger (its owner only).")
+    async def close_ledger(self, info: Info, name: str) -> LedgerResult:
+        return await _result(
+            info, await _executor(info).execute(info.context.principal, close_ledger, name)
+        )
+
+    @strawberry.mutation(description="Erase a person from every ledger's log (needs "
+                                     "ledger:erase): their postings keep their amounts but "
+                                     "lose their author and memo.")
+    async def erase_ledger_person(self, info: Info, person: str) -> ErasureResult:
+        principal = info.context.principal
+        try:
+            require_erase_scope(principal)
+            touched = await erase_person(info.context.engine.db, person)
+        except Refused as exc:
+            return ErasureResult(success=False, error=refusal_of(MutationError.refused(exc.reason)))
+        except HydrationFailed:
+            return ErasureResult(success=False, error=refusal_of(MutationError(
+                "hydration_failed", "erasure refused: a rewritten ledger would not replay")))
+        except EngineError:
+            return ErasureResult(success=False, error=refusal_of(MutationError.database()))
+        if touched:
+            outcome = await _executor(info).ack_bulk(principal, reset_ledger_views)
+            if isinstance(outcome, MutationError):
+                # The erasure committed; only the live windows lag until a reconnect.
+                return ErasureResult(success=True, ledgers=len(touched), error=refusal_of(outcome))
+        return ErasureResult(success=True, ledgers=len(touched))
+
+
+async def _stream(info: Info, window: WindowSpec[Any]) -> AsyncGenerator[Any, None]:
+    stream = await info.context.engine.attach(info.context.principal, LEDGERS, window)
+    try:
+        async for message in LEDGERS_UNION.subscribe(stream):
+            yield message
+    finally:
+        await stream.aclose()
+
+
+@strawberry.type
+class LedgerSubscription:
+    @strawberry.subscription(description="The caller's org's ledgers, live: a Reset, then "
+                                         "Upserts and Removes on a contiguous revision.")
+    async def ledgers(
+        self, info: Info, limit: int = 100
+    ) -> AsyncGenerator[LEDGERS_UNION.type, None]:  # type: ignore[name-defined]
+        async for message in _stream(info, WindowSpec(Query(LedgersQuery(limit)))):
+            yield message
+
+
+TYPES = (LedgerView, LedgerEntryView, LedgerResult, ErasureResult, *LEDGERS_UNION.types)

@@ -1,0 +1,22 @@
+"""The example twin: a separate service on the integration bus that closes
+the reference service's cross-service cycle.
+
+It is another service (``twin``, its own v5 service identity), not part of
+``example_service``: it holds its own NATS connection, builds the
+frontier envelope itself, and knows the card contract only as the JSON on
+the wire (`example_twin.contract`). The reference service holds no raw NATS
+client; only its engine does.
+
+* ``python -m example_twin --cycle N`` drives N full cycles — command
+  ``card.create`` → event ``card.created`` → command ``card.advance`` and
+  the twin's own ``review.approved`` event → events ``card.advanced`` and
+  ``card.reviewed`` — prints a JSON summary and exits 0 when every cycle
+  closed;
+* ``python -m example_twin`` runs the reviewer: every ``card.created`` the
+  service announces is answered with ``review.approved``, until SIGINT or
+  SIGTERM.
+"""
+
+from .runner import CycleResult, Summary, Twin, TwinError
+
+__all__ = ["CycleResult", "Summary", "Twin", "TwinError"]
