@@ -57,7 +57,6 @@ from .view import Projector, RlsApplier
 
 ENGINE_VERSION = "0.1.0"
 REASON_NOT_RUNNING = "not_running"
-REASON_POSTGRES = "postgres"
 REASON_INBOUND_BOOT = "inbound_boot"
 
 _log = logging.getLogger(__name__)
@@ -289,6 +288,14 @@ class Engine:
         """One rendered view, read exactly as a session renders it."""
         return await self.render.fetch(projector, key, principal, applier)
 
+    async def fetch_window(
+        self, projector: str, query: Any, principal: Any,
+        applier: RlsApplier[Any] | None = None,
+    ) -> list[tuple[str, Any]]:
+        """The views populate lists for ``query``, in window order, read
+        exactly as a session renders them."""
+        return await self.render.fetch_window(projector, query, principal, applier)
+
     # -- run and shutdown -----------------------------------------------
 
     async def run(self) -> None:
@@ -370,8 +377,6 @@ class Engine:
                 reason = f"beat:{name}"
                 try:
                     await step()
-                except (asyncio.CancelledError, KeyboardInterrupt):
-                    raise
                 except Exception as exc:
                     _log.warning("beat step %s failed: %s", name, exc, exc_info=exc)
                     self.readiness.set_down(reason, f"{type(exc).__name__}: {exc}")

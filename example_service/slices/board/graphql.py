@@ -65,7 +65,7 @@ async def _board_result(
 class BoardQuery:
     @strawberry.field(description="The boards the caller sees, by id.")
     async def boards(self, info: Info, limit: int = 100) -> list[BoardView]:
-        found = await info.context.engine.render.fetch_window(
+        found = await info.context.engine.fetch_window(
             BOARDS, BoardsQuery(limit), info.context.principal
         )
         return [view for _, view in found]
@@ -79,7 +79,7 @@ class BoardQuery:
 
     @strawberry.field(description="The boards of the caller's org, read under Postgres RLS.")
     async def org_boards(self, info: Info) -> list[OrgBoardView]:
-        found = await info.context.engine.render.fetch_window(
+        found = await info.context.engine.fetch_window(
             ORG_BOARDS, None, info.context.principal, ORG_CONTEXT
         )
         return [view for _, view in found]

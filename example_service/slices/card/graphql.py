@@ -81,7 +81,7 @@ def _refusal(code: str, message: str, retryable: bool = False) -> Refusal:
 class CardQuery:
     @strawberry.field(description="The caller's org's newest cards.")
     async def cards(self, info: Info, limit: int = 50) -> list[CardView]:
-        found = await info.context.engine.render.fetch_window(
+        found = await info.context.engine.fetch_window(
             CARDS, CardsQuery(limit), info.context.principal
         )
         return [view for _, view in found]

@@ -74,7 +74,7 @@ async def _result(info: Info, outcome: LedgerKey | MutationError) -> LedgerResul
 class LedgerQuery:
     @strawberry.field(description="The ledgers of the caller's org, by key.")
     async def ledgers(self, info: Info, limit: int = 100) -> list[LedgerView]:
-        found = await info.context.engine.render.fetch_window(
+        found = await info.context.engine.fetch_window(
             LEDGERS, LedgersQuery(limit), info.context.principal
         )
         return [view for _, view in found]
