@@ -44,12 +44,17 @@ import contextlib
 import re
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, TypeAlias, TypeVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeAlias, TypeVar, Union
 
 import strawberry
 from strawberry.scalars import JSON
 
 from ..render.deltas import Delta, Remove, Reset, Upsert
+from ..render.population import WindowSpec
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..view import RlsApplier
 
 __all__ = [
     "RESERVED_TYPE_NAMES",
@@ -154,6 +159,29 @@ class SubscriptionUnion(Generic[V]):
         sources.
         """
         return _mapped(self, merge_streams(deltas, notices))
+
+    async def live(
+        self,
+        engine: Engine,
+        principal: Any,
+        projector: str,
+        window: WindowSpec[Any],
+        *,
+        applier: RlsApplier[Any] | None = None,
+        session_id: str | None = None,
+    ) -> AsyncGenerator[Any, None]:
+        """A subscription field's whole body: attach a session of
+        ``projector`` for ``principal``, stream its members, and detach when
+        the client completes or disconnects."""
+        stream = await engine.attach(
+            principal, projector, window, applier=applier, session_id=session_id
+        )
+        try:
+            async with contextlib.aclosing(self.subscribe(stream)) as messages:
+                async for message in messages:
+                    yield message
+        finally:
+            await stream.aclose()
 
 
 async def _mapped(

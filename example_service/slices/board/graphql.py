@@ -7,7 +7,7 @@ typed union."""
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import strawberry
 
@@ -140,18 +140,6 @@ class BoardMutation:
         return await _board_result(info, outcome, outcome, joined)
 
 
-async def _stream(info: Info, union: Any, projector: str, window: WindowSpec[Any],
-                  applier: Any = None) -> AsyncGenerator[Any, None]:
-    stream = await info.context.engine.attach(
-        info.context.principal, projector, window, applier=applier
-    )
-    try:
-        async for message in union.subscribe(stream):
-            yield message
-    finally:
-        await stream.aclose()
-
-
 @strawberry.type
 class BoardSubscription:
     @strawberry.subscription(description="The caller's boards, live: a Reset, then Upserts and "
@@ -159,16 +147,20 @@ class BoardSubscription:
     async def boards(
         self, info: Info, limit: int = 100
     ) -> AsyncGenerator[BOARDS_UNION.type, None]:  # type: ignore[name-defined]
-        async for message in _stream(info, BOARDS_UNION, BOARDS,
-                                     WindowSpec(Query(BoardsQuery(limit)))):
+        async for message in BOARDS_UNION.live(
+            info.context.engine, info.context.principal, BOARDS,
+            WindowSpec(Query(BoardsQuery(limit))),
+        ):
             yield message
 
     @strawberry.subscription(description="The boards of the caller's org, live, under RLS.")
     async def org_boards(
         self, info: Info
     ) -> AsyncGenerator[ORG_BOARDS_UNION.type, None]:  # type: ignore[name-defined]
-        async for message in _stream(info, ORG_BOARDS_UNION, ORG_BOARDS,
-                                     WindowSpec(Query(None), rls=True), ORG_CONTEXT):
+        async for message in ORG_BOARDS_UNION.live(
+            info.context.engine, info.context.principal, ORG_BOARDS,
+            WindowSpec(Query(None), rls=True), applier=ORG_CONTEXT,
+        ):
             yield message
 
 

@@ -6,7 +6,7 @@ of them under a client-supplied session id that ``pageCards`` pages back."""
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import strawberry
 
@@ -149,25 +149,15 @@ class CardMutation:
         )
 
 
-async def _stream(info: Info, window: WindowSpec[Any], session_id: str | None = None
-                  ) -> AsyncGenerator[Any, None]:
-    stream = await info.context.engine.attach(
-        info.context.principal, CARDS, window, session_id=session_id
-    )
-    try:
-        async for message in CARDS_UNION.subscribe(stream):
-            yield message
-    finally:
-        await stream.aclose()
-
-
 @strawberry.type
 class CardSubscription:
     @strawberry.subscription(description="The caller's org's newest cards, live.")
     async def cards(
         self, info: Info, limit: int = 50
     ) -> AsyncGenerator[CARDS_UNION.type, None]:  # type: ignore[name-defined]
-        async for message in _stream(info, WindowSpec(Query(CardsQuery(limit)))):
+        async for message in CARDS_UNION.live(
+            info.context.engine, info.context.principal, CARDS, WindowSpec(Query(CardsQuery(limit)))
+        ):
             yield message
 
     @strawberry.subscription(description="The caller's org's newest cards, live, under the "
@@ -176,7 +166,10 @@ class CardSubscription:
     async def card_page_deltas(
         self, info: Info, session_id: str, limit: int = 50
     ) -> AsyncGenerator[CARDS_UNION.type, None]:  # type: ignore[name-defined]
-        async for message in _stream(info, WindowSpec(Query(CardsQuery(limit))), session_id):
+        async for message in CARDS_UNION.live(
+            info.context.engine, info.context.principal, CARDS,
+            WindowSpec(Query(CardsQuery(limit))), session_id=session_id,
+        ):
             yield message
 
 

@@ -5,7 +5,7 @@ streams the ledgers projector's typed union."""
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import strawberry
 
@@ -133,15 +133,6 @@ class LedgerMutation:
         return ErasureResult(success=True, ledgers=len(touched))
 
 
-async def _stream(info: Info, window: WindowSpec[Any]) -> AsyncGenerator[Any, None]:
-    stream = await info.context.engine.attach(info.context.principal, LEDGERS, window)
-    try:
-        async for message in LEDGERS_UNION.subscribe(stream):
-            yield message
-    finally:
-        await stream.aclose()
-
-
 @strawberry.type
 class LedgerSubscription:
     @strawberry.subscription(description="The caller's org's ledgers, live: a Reset, then "
@@ -149,7 +140,10 @@ class LedgerSubscription:
     async def ledgers(
         self, info: Info, limit: int = 100
     ) -> AsyncGenerator[LEDGERS_UNION.type, None]:  # type: ignore[name-defined]
-        async for message in _stream(info, WindowSpec(Query(LedgersQuery(limit)))):
+        async for message in LEDGERS_UNION.live(
+            info.context.engine, info.context.principal, LEDGERS,
+            WindowSpec(Query(LedgersQuery(limit))),
+        ):
             yield message
 
 
