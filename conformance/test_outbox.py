@@ -593,3 +593,43 @@ async def _some_published(db: Database) -> bool:
 async def _advanced(value: Awaitable[datetime | None], last: datetime | None) -> bool:
     now = await value
     return now is not None and (last is None or now > last)
+
+
+async def test_a_commit_with_outbox_rows_wakes_the_relay_between_beats(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A commit that staged outbox rows signals the relay's leader, which
+    publishes them at once instead of on its next beat."""
+    config = EngineConfig(
+        service=SERVICE, beat_interval=timedelta(seconds=30), lease=timedelta(seconds=60),
+        publish_ack_timeout=timedelta(seconds=1),
+    )
+    async with engine_nats(nats_server) as conn:
+        readiness = ReadinessHandle()
+        engine = await Engine.boot(config, db, conn, readiness)
+        task = asyncio.create_task(engine.run())
+        try:
+            await wait_until(lambda: readiness.is_up, what="the engine UP")
+            # The first beat has run (readiness is UP); the next is 30 s away.
+            await wait_until(lambda: _lease_held(db), what="the outbox lease")
+            started = time.monotonic()
+            await commit_events(db, [event("c1"), event("c2")])
+            await wait_until(
+                lambda: _published(nats_server.url, 2), timeout=5, what="the rows published"
+            )
+            assert time.monotonic() - started < 5
+            assert await statuses(db) == {"PUBLISHED": 2}
+        finally:
+            engine.shutdown()
+            with contextlib.suppress(WorkerStopped):
+                await asyncio.wait_for(task, 10)
+
+
+async def _lease_held(db: Database) -> bool:
+    return bool(await db.pool.fetchval(
+        "SELECT count(*) FROM service_engine.leader_slot WHERE slot = 'outbox'"
+    ))
+
+
+async def _published(url: str, n: int) -> bool:
+    return await stream_count(url, "INTEGRATION_EVT") >= n

@@ -116,8 +116,10 @@ class Engine:
                 bounds=ScheduledBounds(max_attempts=config.scheduled_max_attempts),
             )
             # The relay never blocks the beat for long: each pass is bounded
-            # and skipped outright while the broker is unreachable.
-            self._beat_steps["outbox"] = self.outbox.beat
+            # and skipped outright while the broker is unreachable. Between
+            # beats a commit that staged outbox rows wakes it (`_outbox_wakeups`).
+            self._outbox_pass = asyncio.Lock()
+            self._beat_steps["outbox"] = self._outbox_beat
             self._beat_steps["scheduled_messages"] = self.scheduled.beat
         self._reactions: dict[str, InboundReaction[Any]] = {}
         self._reaction_principal: ReactionPrincipal | None = None
@@ -161,6 +163,8 @@ class Engine:
         engine._supervisor.add("render", engine.render.run)
         if engine.nats_health is not None:
             engine._supervisor.add("nats_health", engine.nats_health.run)
+        if engine.outbox is not None:
+            engine._supervisor.add("outbox_wakeups", engine._outbox_wakeups)
         return engine
 
     async def _probe_listener(self) -> None:
@@ -383,6 +387,26 @@ class Engine:
                 else:
                     self.readiness.clear(reason)
             await asyncio.sleep(interval)
+
+    async def _outbox_beat(self) -> None:
+        assert self.outbox is not None
+        async with self._outbox_pass:
+            await self.outbox.beat()
+
+    async def _outbox_wakeups(self) -> None:
+        """Publish as soon as a commit staged outbox rows (the NOTIFY on
+        `OUTBOX_CHANNEL`). Best effort: a failed pass is logged and the beat,
+        which reports failures to readiness, retries it."""
+        assert self.outbox is not None
+        wake = self.transport.outbox_wake
+        while True:
+            await wake.wait()
+            wake.clear()
+            try:
+                async with self._outbox_pass:
+                    await self.outbox.step()
+            except Exception as exc:
+                _log.warning("outbox pass on wake-up failed: %s", exc)
 
     async def _fire_due(self) -> None:
         await fire_due(self.db, self.metrics)

@@ -31,6 +31,10 @@ from ..readiness import REASON_LISTENER_BRAKE, ReadinessHandle
 from .framing import Reassembler, encode_group, new_group_id, parse_frame
 from .model import Impact, decode_impact, encode_impact
 
+OUTBOX_CHANNEL = "service_engine_outbox"
+"""Where a commit that staged outbox rows signals the relay (written by
+`service_engine.integration.outbox`)."""
+
 CHANNEL = "service_engine_impacts"
 """The NOTIFY channel every pod of a database listens on."""
 
@@ -202,11 +206,17 @@ class PgListenNotify:
         self._max_backoff = max_backoff
         self.channel = ImpactChannel(config.listener_channel_capacity)
         self.started = asyncio.Event()
+        self.outbox_wake = asyncio.Event()
+        """Set when a commit staged outbox rows (and after a reconnect, which
+        may have missed one); the outbox relay waits on it."""
         self._conn: Conn | None = None
         self._lost: asyncio.Event | None = None
         self._brake_reason: str | None = None
         self.connections = 0
         readiness.set_down(REASON_LISTENER, "LISTEN is not live yet")
+
+    def _on_outbox(self, *_: object) -> None:
+        self.outbox_wake.set()
 
     def listen(self) -> ImpactChannel:
         """The stream of deliveries: impacts and `Reconnected`."""
@@ -260,10 +270,12 @@ class PgListenNotify:
             try:
                 conn.add_termination_listener(on_terminate)
                 await conn.add_listener(CHANNEL, on_notify)
+                await conn.add_listener(OUTBOX_CHANNEL, self._on_outbox)
                 self._conn, self._lost = conn, lost
                 self.connections += 1
                 backoff = 0.05
                 self._readiness.clear(REASON_LISTENER)
+                self.outbox_wake.set()
                 if not first:
                     # LISTEN is live again: only now may the consumer
                     # re-snapshot, or a commit in the gap would be missed.

@@ -36,6 +36,7 @@ from ..db.pool import Database
 from ..db.types import Conn
 from ..errors import ConfigError
 from ..impacts.model import JsonValue, canonical_json
+from ..impacts.transport import OUTBOX_CHANNEL
 from ..leader import LeaderLease, LeaseLost
 from ..metrics import Metrics
 from .dead_letters import DeadLetter, DeadLetters, DeadLetterSource
@@ -216,14 +217,22 @@ class OutboxRow:
         )
 
 
-_INSERT = """
-INSERT INTO service_engine.integration_outbox
-       (message_id, subject, payload, headers, producer, seq_key, seq)
-SELECT r.message_id, r.subject, r.payload::jsonb, r.headers::jsonb, r.producer, r.seq_key, r.seq
-  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-              $7::bigint[]) WITH ORDINALITY
-       AS r(message_id, subject, payload, headers, producer, seq_key, seq, ord)
- ORDER BY r.ord
+# The insert and its wake-up (the relay's leader publishes now instead of
+# on its next beat) in one statement: no extra round trip, and a rollback
+# delivers neither.
+_INSERT = f"""
+WITH inserted AS (
+    INSERT INTO service_engine.integration_outbox
+           (message_id, subject, payload, headers, producer, seq_key, seq)
+    SELECT r.message_id, r.subject, r.payload::jsonb, r.headers::jsonb, r.producer, r.seq_key,
+           r.seq
+      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                  $7::bigint[]) WITH ORDINALITY
+           AS r(message_id, subject, payload, headers, producer, seq_key, seq, ord)
+     ORDER BY r.ord
+    RETURNING 1
+)
+SELECT pg_notify('{OUTBOX_CHANNEL}', '') WHERE EXISTS (SELECT 1 FROM inserted)
 """
 
 
