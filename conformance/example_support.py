@@ -43,7 +43,7 @@ from service_engine.graphql import PASSPORT_HEADER, ComposedService, Passport
 from service_engine.integration import Nats
 
 from .blackbox.harness import EXAMPLE_MIGRATIONS, PROTOCOL, GqlSocket, GraphQLFailed
-from .harness import wait_until
+from .harness import fast_engine_config, wait_until
 
 EXAMPLE_TEMPLATE = "example_inprocess_template"
 """Built on first use (the black-box battery builds its own, unconditionally)."""
@@ -81,18 +81,10 @@ async def example_database(pg: EmbeddedPostgres) -> AsyncIterator[ProvisionedDat
 
 def example_config(**overrides: Any) -> EngineConfig:
     """Small bounds, so scheduled messages and redeliveries happen within a test."""
-    values: dict[str, Any] = {
-        "service": "example",
-        "beat_interval": timedelta(milliseconds=50),
-        "lease": timedelta(seconds=1),
-        "ack_wait": timedelta(seconds=2),
-        "lock_timeout": timedelta(milliseconds=500),
-        "publish_ack_timeout": timedelta(milliseconds=500),
-        "inbound_restart_backoff": timedelta(milliseconds=50),
-        "inbound_restart_backoff_cap": timedelta(milliseconds=200),
-    }
-    values.update(overrides)
-    return EngineConfig(**values)
+    return fast_engine_config(
+        overrides.pop("service", "example"),
+        **{"lock_timeout": timedelta(milliseconds=500), **overrides},
+    )
 
 
 def person(sub: str, org: str | None = "acme", *roles: str) -> Principal:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from service_engine import EngineConfig
 
 T = TypeVar("T")
 
@@ -37,3 +40,18 @@ async def assert_nothing(queue: asyncio.Queue[T], within: float = 0.2) -> None:
     except TimeoutError:
         return
     raise AssertionError(f"expected nothing, got {item!r}")
+
+
+def fast_engine_config(service: str | None, **overrides: Any) -> EngineConfig:
+    """Small bounds, so beats, redeliveries and restarts happen within a test."""
+    values: dict[str, Any] = {
+        "service": service,
+        "beat_interval": timedelta(milliseconds=50),
+        "lease": timedelta(seconds=1),
+        "ack_wait": timedelta(seconds=2),
+        "publish_ack_timeout": timedelta(milliseconds=500),
+        "inbound_restart_backoff": timedelta(milliseconds=50),
+        "inbound_restart_backoff_cap": timedelta(milliseconds=200),
+    }
+    values.update(overrides)
+    return EngineConfig(**values)

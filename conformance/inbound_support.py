@@ -37,7 +37,7 @@ from service_engine.integration.nats import open_nats
 from service_engine.integration.reactions import ReactionBudget
 from service_engine.pipeline.reaction import ReactionPrincipal
 
-from .harness import wait_until
+from .harness import fast_engine_config, wait_until
 from .sample_orders import SERVICE
 
 STREAM_MAX_AGE = timedelta(days=1)
@@ -50,19 +50,11 @@ TWIN = "twin"
 
 def fast_config(**overrides: Any) -> EngineConfig:
     """Small bounds, so redeliveries and restarts happen within a test."""
-    values: dict[str, Any] = {
-        "service": SERVICE,
-        "beat_interval": timedelta(milliseconds=50),
-        "lease": timedelta(seconds=1),
-        "ack_wait": timedelta(seconds=2),
-        "lock_timeout": timedelta(milliseconds=300),
-        "publish_ack_timeout": timedelta(milliseconds=500),
-        "nats_grace": timedelta(seconds=5),
-        "inbound_restart_backoff": timedelta(milliseconds=50),
-        "inbound_restart_backoff_cap": timedelta(milliseconds=200),
-    }
-    values.update(overrides)
-    return EngineConfig(**values)
+    return fast_engine_config(
+        overrides.pop("service", SERVICE),
+        **{"lock_timeout": timedelta(milliseconds=300), "nats_grace": timedelta(seconds=5),
+           **overrides},
+    )
 
 
 def fast_budget(**overrides: Any) -> ReactionBudget:

@@ -377,6 +377,9 @@ async def test_a_deadline_scheduled_at_creation_flags_an_open_card_overdue(
                 break
     finally:
         await stream.aclose()
+    # Both deadlines fire; due-2's may land after due-1 was already flagged.
+    await wait_until(lambda: _events_of(nats_server.url, "due", "due-2"), timeout=BOUND,
+                     what="due-2's deadline")
     due = await card_events(nats_server.url, "due")
     assert sorted(b["payload"]["card_id"] for _, b in due) == ["due-1", "due-2"]
     rows = await owner_fetch(store, "SELECT id, overdue FROM card ORDER BY id")

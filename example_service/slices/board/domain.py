@@ -75,29 +75,29 @@ class Board(Aggregate):
             return Gate.deny(ARCHIVED)
         return Gate.allow()
 
-    @gated("archive")
-    def can_archive(self, principal: Principal) -> Gate:
+    def _archive_scope(self, principal: Principal) -> Gate:
+        """Who may archive or unarchive at all: an org member with the scope."""
         if not self.visible_to(principal):
             return Gate.deny(FORBIDDEN)
         if not self.in_org(principal):
             return Gate.deny(ORG_ONLY)
         if not principal.has_role(BOARD_ARCHIVE):
             return Gate.deny(ARCHIVE_SCOPE)
-        if self.archived:
-            return Gate.deny(ARCHIVED)
         return Gate.allow()
+
+    @gated("archive")
+    def can_archive(self, principal: Principal) -> Gate:
+        scope = self._archive_scope(principal)
+        if not scope.allowed:
+            return scope
+        return Gate.deny(ARCHIVED) if self.archived else Gate.allow()
 
     @gated("unarchive")
     def can_unarchive(self, principal: Principal) -> Gate:
-        if not self.visible_to(principal):
-            return Gate.deny(FORBIDDEN)
-        if not self.in_org(principal):
-            return Gate.deny(ORG_ONLY)
-        if not principal.has_role(BOARD_ARCHIVE):
-            return Gate.deny(ARCHIVE_SCOPE)
-        if not self.archived:
-            return Gate.deny(NOT_ARCHIVED)
-        return Gate.allow()
+        scope = self._archive_scope(principal)
+        if not scope.allowed:
+            return scope
+        return Gate.allow() if self.archived else Gate.deny(NOT_ARCHIVED)
 
     @gated("invite")
     def can_invite(self, principal: Principal) -> Gate:
