@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from service_engine.db.errors import DatabaseFault
 from service_engine.errors import ConfigError
 from service_engine.gates import Reason, Refused
 from service_engine.integration.claims import confirmations_json, parse_confirmations
@@ -43,7 +44,6 @@ from service_engine.integration.reactions import (
 )
 from service_engine.persistence.base import NotFound
 from service_engine.pipeline import ConstraintViolation, LockTimeout, Stage, principal_actor
-from service_engine.pipeline.errors import DatabaseFault
 
 MS = timedelta(milliseconds=1)
 BUDGET = ReactionBudget(

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..clock import Clock, SystemClock
 from ..config import EngineConfig
+from ..db.errors import DatabaseError, Stage
 from ..db.pool import Database
 from ..db.types import Conn
 from ..errors import CauseTooLarge, ConfigError, TooManyImpacts
 from ..gates import Refused
 from ..metrics import Metrics
 from ..persistence.base import HydrationFailed, NotFound
-from ..pipeline.errors import DatabaseError, Stage
 from ..pipeline.reaction import ReactionPrincipal, Replayed, Stale, run_reaction
 from ..pipeline.run import StageHook
 from .dead_letters import DeadLetter, DeadLetters, DeadLetterSource

@@ -48,10 +48,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
+from ..db.errors import DRIVER_ERRORS, Stage, translate_db_error
 from ..db.locks import aggregate_lock_key
 from ..db.types import Conn
 from ..impacts.model import JsonValue, canonical_json
-from ..pipeline.errors import DRIVER_ERRORS, Stage, translate_db_error
 from .base import DomainEvent, HydrationFailed, NotFound, RecordsEvents, Row, Style, as_row
 
 __all__ = ["EventSourced", "FullEda", "Redactor", "erase", "keys"]

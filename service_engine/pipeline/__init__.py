@@ -8,8 +8,7 @@ failures driver errors are translated into.
 
 from __future__ import annotations
 
-from .contexts import BULK_PATH, Bulk, Mutation, Ops, OutboxRow, Reaction, Staged, principal_actor
-from .errors import (
+from ..db.errors import (
     ConstraintViolation,
     DatabaseError,
     DatabaseFault,
@@ -18,6 +17,7 @@ from .errors import (
     TransientConflict,
     translate_db_error,
 )
+from .contexts import BULK_PATH, Bulk, Mutation, Ops, OutboxRow, Reaction, Staged, principal_actor
 from .executor import MutationExecutor
 from .outcomes import (
     DATABASE_FAULT_MESSAGE,

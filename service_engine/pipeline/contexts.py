@@ -34,6 +34,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from ..clock import Timestamp
 from ..config import EngineConfig
+from ..db.errors import DRIVER_ERRORS, DatabaseError, Stage, is_lock_refusal, translate_db_error
 from ..db.locks import aggregate_lock_key
 from ..db.types import Conn
 from ..errors import TooManyImpacts
@@ -55,7 +56,6 @@ from ..integration.envelope import (
 from ..integration.outbox import OutboxRow
 from ..integration.reactions import Delivery, PrincipalUnresolved
 from ..persistence.base import Aggregate, NotFound, Persistence, store_of
-from .errors import DRIVER_ERRORS, DatabaseError, Stage, is_lock_refusal, translate_db_error
 
 __all__ = ["Bulk", "Mutation", "Ops", "OutboxRow", "Reaction", "Staged", "principal_actor"]
 

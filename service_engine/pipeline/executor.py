@@ -23,6 +23,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..clock import Clock, SystemClock, Timestamp
 from ..config import EngineConfig
+from ..db.errors import ConstraintViolation, DatabaseError
 from ..db.pool import Database
 from ..db.types import Conn
 from ..errors import CauseTooLarge, ShuttingDown, TooManyImpacts
@@ -30,7 +31,6 @@ from ..gates import Refused
 from ..metrics import Metrics
 from ..persistence.base import HydrationFailed, NotFound
 from .contexts import Bulk, Mutation, Ops
-from .errors import ConstraintViolation, DatabaseError
 from .outcomes import MutationError, Success
 from .run import StageHook, run_pipeline
 

@@ -30,6 +30,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from ..clock import Clock, Timestamp
 from ..config import EngineConfig
+from ..db.errors import Stage
 from ..db.pool import Database
 from ..db.types import Conn
 from ..integration.claims import (
@@ -44,7 +45,6 @@ from ..integration.outbox import OutboxRow
 from ..integration.reactions import Delivery, Disposition
 from ..metrics import Metrics
 from .contexts import Reaction
-from .errors import Stage
 from .run import StageHook, run_pipeline
 
 __all__ = [

@@ -29,6 +29,7 @@ from typing import Protocol, TypeVar
 
 from ..clock import Clock, Timestamp
 from ..config import EngineConfig
+from ..db.errors import DRIVER_ERRORS, Stage, translate_db_error
 from ..db.pool import Database
 from ..db.types import Conn
 from ..impacts.transport import schedule_in, stage_in
@@ -36,7 +37,6 @@ from ..integration.outbox import write_outbox
 from ..integration.scheduled import stage_scheduled_message
 from ..metrics import Metrics
 from .contexts import Ops, Staged
-from .errors import DRIVER_ERRORS, Stage, translate_db_error
 
 __all__ = ["StageHook", "flush", "run_pipeline"]
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..db.errors import Stage
 from ..db.types import Conn
-from ..pipeline.errors import Stage
 
 __all__ = ["RAISE_SQL", "InjectFault"]
 

@@ -1,4 +1,4 @@
-"""The write pipeline's typed failures, and the one place driver errors are
+"""The database's typed failures, and the one place driver errors are
 translated into them.
 
 Every asyncpg error raised inside a pipeline transaction (the pipeline's own
