@@ -11,6 +11,8 @@ still finds the driver's error in the chain.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import asyncpg
 
@@ -25,6 +27,7 @@ __all__ = [
     "TransientConflict",
     "is_lock_refusal",
     "translate_db_error",
+    "translating",
 ]
 
 
@@ -41,6 +44,9 @@ class Stage(enum.Enum):
     SCHEDULE = "schedule"
     FLUSH = "flush"
     COMMIT = "commit"
+    LEASE = "lease"
+    DEAD_LETTER = "dead_letter"
+    RELAY = "relay"
 
 
 class DatabaseError(EngineError):
@@ -182,3 +188,17 @@ def translate_db_error(exc: BaseException, stage: Stage) -> DatabaseError:
         sqlstate,
         retryable=sqlstate.startswith(_RETRYABLE_CLASSES),
     )
+
+
+@contextmanager
+def translating(stage: Stage) -> Iterator[None]:
+    """Run driver calls with their errors translated: a driver error raised in
+    the block leaves it as the `DatabaseError` for ``stage``, ``from`` the
+    driver error. Engine errors and everything else pass through untouched.
+
+    ``with translating(Stage.LEASE): await conn.fetchval(...)``
+    """
+    try:
+        yield
+    except DRIVER_ERRORS as exc:
+        raise translate_db_error(exc, stage) from exc
