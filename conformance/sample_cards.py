@@ -38,7 +38,7 @@ class Card:
 class CardStore(CrudStore[Card, str]):
     TABLE = "sample_card"
     KEY = "id"
-    COLUMNS = ("id", "org", "rank", "title")
+    COLUMNS: ClassVar[tuple[str, ...]] = ("id", "org", "rank", "title")
 
     def to_row(self, card: Card) -> Mapping[str, object]:
         return {"id": card.id, "org": card.org, "rank": card.rank, "title": card.title}
@@ -49,7 +49,7 @@ class CardStore(CrudStore[Card, str]):
 
 class OrgCardStore(CardStore):
     TABLE = "sample_org_card"
-    COLUMNS = ("id", "org", "title")
+    COLUMNS: ClassVar[tuple[str, ...]] = ("id", "org", "title")
 
     def to_row(self, card: Card) -> Mapping[str, object]:
         return {"id": card.id, "org": card.org, "title": card.title}

@@ -37,6 +37,7 @@ from example_service.slices.card.reactions import digest_cron
 from example_service.slices.card.views import CARDS, CardsQuery
 from example_twin import Twin
 from service_engine import (
+    ActionName,
     Actor,
     DeclaredSequence,
     MutationError,
@@ -178,8 +179,8 @@ async def test_the_gates_are_the_affordances(card: Running) -> None:
         async with card.db.pool.acquire() as conn:
             loaded = await Card.Store.load(conn, ids["rename"])
         attempted = {
-            "rename": reason_of(await run.ack(principal, rename_card, ids["rename"], "ok")),
-            "advance": reason_of(await run.ack(principal, advance_card, ids["advance"])),
+            ActionName("rename"): reason_of(await run.ack(principal, rename_card, ids["rename"], "ok")),
+            ActionName("advance"): reason_of(await run.ack(principal, advance_card, ids["advance"])),
         }
         assert check_gates_match_affordances(affordances(loaded, principal), attempted) == []
 

@@ -31,7 +31,7 @@ from .harness import assert_nothing, wait_until
 @contextlib.asynccontextmanager
 async def listening(db: Database, **config: object) -> AsyncIterator[PgListenNotify]:
     readiness = ReadinessHandle()
-    listener = PgListenNotify(db, EngineConfig(**config), readiness)  # type: ignore[arg-type]
+    listener = PgListenNotify(db, EngineConfig(**config), readiness)
     task = asyncio.create_task(listener.run())
     try:
         await asyncio.wait_for(listener.started.wait(), 10)

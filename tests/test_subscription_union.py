@@ -131,7 +131,7 @@ async def test_a_subscription_serves_typed_members_over_graphql() -> None:
         with pytest.raises(StopAsyncIteration):
             await asyncio.wait_for(anext(stream), BOUND)
     finally:
-        await stream.aclose()  # type: ignore[attr-defined]
+        await stream.aclose()
 
 
 def test_lane_notices_carry_no_revision() -> None:
