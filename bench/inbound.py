@@ -58,13 +58,13 @@ from service_engine.embedded import (  # noqa: E402
 )
 from service_engine.impacts import Impact, encode_group, new_group_id  # noqa: E402
 from service_engine.impacts.transport import CHANNEL  # noqa: E402
-from service_engine.integration.envelope import (  # noqa: E402
+from service_engine.messaging.envelope import (  # noqa: E402
     Actor,
     EventMetadata,
     build_command,
     publish_headers,
 )
-from service_engine.integration.nats import open_nats  # noqa: E402
+from service_engine.messaging.nats import open_nats  # noqa: E402
 
 CONFIRMATIONS = "integration.evt.orders.order.placed"
 RAW_SUBJECT = "integration.cmd.bench.raw.ping"

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 from service_engine import Engine, ReadinessHandle, connect_pool
 from service_engine.integration.dispatch import InboundPoint
-from service_engine.integration.nats import open_nats
+from service_engine.messaging.nats import open_nats
 
 from .inbound_support import fast_config
 from .sample_orders import place_order

@@ -21,7 +21,7 @@ from nats.js.api import StreamConfig
 from service_engine import Database, Engine, EngineConfig, ReadinessHandle, WorkerStopped
 from service_engine.embedded import INTEGRATION_STREAMS, EmbeddedNats
 from service_engine.integration.dispatch import InboundHook
-from service_engine.integration.envelope import (
+from service_engine.messaging.envelope import (
     HEADER_MESSAGE_ID,
     HEADER_NATS_MSG_ID,
     Actor,
@@ -32,9 +32,9 @@ from service_engine.integration.envelope import (
     build_event,
     publish_headers,
 )
-from service_engine.integration.inbound import InboundReaction
-from service_engine.integration.nats import open_nats
-from service_engine.integration.reactions import ReactionBudget
+from service_engine.messaging.nats import open_nats
+from service_engine.messaging.reactions import ReactionBudget
+from service_engine.pipeline.inbound import InboundReaction
 from service_engine.pipeline.reaction import ReactionPrincipal
 
 from .harness import fast_engine_config, wait_until

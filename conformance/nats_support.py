@@ -17,7 +17,7 @@ import nats
 from nats.js.api import StreamConfig
 
 from service_engine.embedded import INTEGRATION_STREAMS, EmbeddedNats
-from service_engine.integration.nats import Nats, open_nats
+from service_engine.messaging.nats import Nats, open_nats
 
 
 @dataclass(frozen=True, slots=True)

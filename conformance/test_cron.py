@@ -10,8 +10,8 @@ from datetime import timedelta
 from service_engine import Database
 from service_engine.db.types import Conn
 from service_engine.integration.cron import Cron, CronScheduler, Tick
-from service_engine.integration.dead_letters import DeadLetters, DeadLetterSource
-from service_engine.integration.envelope import Actor
+from service_engine.messaging.dead_letters import DeadLetters, DeadLetterSource
+from service_engine.messaging.envelope import Actor
 from service_engine.metrics import Metrics
 
 from .harness import wait_until

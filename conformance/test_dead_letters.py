@@ -16,7 +16,7 @@ from service_engine import Database, EngineConfig, ReadinessHandle
 from service_engine.embedded import EmbeddedNats
 from service_engine.impacts import Impact
 from service_engine.impacts.transport import PgListenNotify
-from service_engine.integration.dead_letters import (
+from service_engine.messaging.dead_letters import (
     DEAD_LETTER_NOUN,
     DeadLetter,
     DeadLetterNotFound,
@@ -24,12 +24,12 @@ from service_engine.integration.dead_letters import (
     DeadLetterSource,
     NotRetryable,
 )
-from service_engine.integration.envelope import (
+from service_engine.messaging.envelope import (
     HEADER_MESSAGE_ID,
     HEADER_NATS_MSG_ID,
     derive_dead_letter_id,
 )
-from service_engine.integration.nats import Acked
+from service_engine.messaging.nats import Acked
 from service_engine.metrics import Metrics
 
 from .harness import assert_nothing

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from service_engine import Database, EngineConfig, SequenceWithoutService, SystemClock, Timestamp
-from service_engine.integration.envelope import (
+from service_engine.messaging.envelope import (
     Actor,
     EventMetadata,
     Incoming,
@@ -24,7 +24,7 @@ from service_engine.integration.envelope import (
     publish_headers,
     service_identity,
 )
-from service_engine.integration.reactions import Delivery
+from service_engine.messaging.reactions import ReactionDelivery
 from service_engine.pipeline import Mutation, MutationExecutor, Reaction, Success
 from service_engine.pipeline.reaction import Applied, run_reaction
 
@@ -162,7 +162,7 @@ async def test_a_reaction_sends_as_the_service_within_the_inbound_conversation(
         cx.emit(OrderPlaced(order_id=command.order_id, qty=command.qty))
         cx.schedule_at(due, Fulfil(order_id=command.order_id))
 
-    delivery = Delivery("place", incoming, inbound.subject, 1)
+    delivery = ReactionDelivery("place", incoming, inbound.subject, 1)
     outcome = await run_reaction(
         db, EngineConfig(service=SERVICE), delivery, PlaceOrder(order_id="o1"), react,
         clock=SystemClock(),

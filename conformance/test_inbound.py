@@ -26,19 +26,19 @@ from pydantic import BaseModel
 
 from service_engine import Database, Engine, ReadinessHandle
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
-from service_engine.integration.dead_letters import DeadLetterSource
-from service_engine.integration.envelope import (
+from service_engine.integration.outbox import MessageRetentionTooShort
+from service_engine.messaging.dead_letters import DeadLetterSource
+from service_engine.messaging.envelope import (
     HEADER_MESSAGE_ID,
     HEADER_NATS_MSG_ID,
     Actor,
     derive_dead_letter_id,
     service_identity,
 )
-from service_engine.integration.inbound import EVENT_STREAM, InboundReaction
-from service_engine.integration.nats import StreamMissing, open_nats
-from service_engine.integration.outbox import MessageRetentionTooShort
-from service_engine.integration.reactions import Disposition, Park, Retry, Terminal
+from service_engine.messaging.nats import StreamMissing, open_nats
+from service_engine.messaging.reactions import Disposition, Park, Retry, Terminal
 from service_engine.pipeline import Reaction
+from service_engine.pipeline.inbound import EVENT_STREAM, InboundReaction
 from service_engine.readiness import REASON_INBOUND_STOPPED
 
 from .harness import wait_until

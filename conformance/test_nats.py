@@ -12,8 +12,8 @@ import pytest
 from nats.js.api import KeyValueConfig
 
 from service_engine.embedded import EmbeddedNats
-from service_engine.integration.envelope import HEADER_NATS_MSG_ID
-from service_engine.integration.nats import (
+from service_engine.messaging.envelope import HEADER_NATS_MSG_ID
+from service_engine.messaging.nats import (
     Acked,
     BucketMissing,
     Duplicate,

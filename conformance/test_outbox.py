@@ -20,8 +20,19 @@ from pydantic import BaseModel
 from service_engine import Database, Engine, EngineConfig, ReadinessHandle, WorkerStopped
 from service_engine.embedded import EmbeddedNats, provision_streams
 from service_engine.integration.cron import Cron, Tick
-from service_engine.integration.dead_letters import DeadLetters, DeadLetterSource
-from service_engine.integration.envelope import (
+from service_engine.integration.health import NatsHealth
+from service_engine.integration.outbox import (
+    OUTBOX_SLOT,
+    MessageRetentionTooShort,
+    OutboxBounds,
+    OutboxRelay,
+    check_message_retention,
+    stage_outbound,
+    stage_outbox_row,
+)
+from service_engine.leader import LeaderLease
+from service_engine.messaging.dead_letters import DeadLetters, DeadLetterSource
+from service_engine.messaging.envelope import (
     HEADER_MESSAGE_ID,
     HEADER_NATS_MSG_ID,
     HEADER_PRODUCER,
@@ -33,18 +44,7 @@ from service_engine.integration.envelope import (
     SequenceWithoutService,
     build_event,
 )
-from service_engine.integration.health import NatsHealth
-from service_engine.integration.nats import Nats, StreamMissing
-from service_engine.integration.outbox import (
-    OUTBOX_SLOT,
-    MessageRetentionTooShort,
-    OutboxBounds,
-    OutboxRelay,
-    check_message_retention,
-    stage_outbound,
-    stage_outbox_row,
-)
-from service_engine.leader import LeaderLease
+from service_engine.messaging.nats import Nats, StreamMissing
 from service_engine.metrics import Metrics
 from service_engine.readiness import REASON_NATS_UNREACHABLE
 
@@ -179,7 +179,7 @@ async def test_a_declared_sequence_without_a_service_stages_nothing(db: Database
     meta = EventMetadata.originating(Actor.service(SERVICE))
     message = build_event(event("c1"), service=SERVICE, metadata=meta, occurred_at=datetime.now(UTC))
     body = message.body_json()
-    from service_engine.integration.envelope import IntegrationEvent
+    from service_engine.messaging.envelope import IntegrationEvent
 
     envelope = IntegrationEvent[dict[str, object]].model_validate_json(body)
     with pytest.raises(SequenceWithoutService):

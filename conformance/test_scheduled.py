@@ -14,8 +14,13 @@ from pydantic import BaseModel
 
 from service_engine import Database, Timestamp
 from service_engine.embedded import EmbeddedNats, provision_streams
-from service_engine.integration.dead_letters import DeadLetters, DeadLetterSource
-from service_engine.integration.envelope import (
+from service_engine.integration.scheduled import (
+    ScheduledBounds,
+    ScheduledPublisher,
+    stage_scheduled_message,
+)
+from service_engine.messaging.dead_letters import DeadLetters, DeadLetterSource
+from service_engine.messaging.envelope import (
     HEADER_MESSAGE_ID,
     HEADER_NATS_MSG_ID,
     HEADER_SEQ,
@@ -24,12 +29,7 @@ from service_engine.integration.envelope import (
     EventMetadata,
     build_event,
 )
-from service_engine.integration.nats import Nats
-from service_engine.integration.scheduled import (
-    ScheduledBounds,
-    ScheduledPublisher,
-    stage_scheduled_message,
-)
+from service_engine.messaging.nats import Nats
 from service_engine.metrics import Metrics
 
 from .harness import wait_until

@@ -22,16 +22,10 @@ from .errors import (
 from .impacts.model import JsonValue
 from .impacts.transport import PgListenNotify, fire_due
 from .integration.cron import Cron, CronScheduler
-from .integration.dead_letters import DeadLetters
 from .integration.dispatch import InboundHook, ReactionRunner
 from .integration.health import NatsHealth
-from .integration.inbound import (
-    ConsumerSupervisor,
-    InboundConsumer,
-    InboundHealth,
-    InboundReaction,
-)
-from .integration.nats import Nats
+from .integration.inbound import InboundConsumer
+from .integration.inbound_health import ConsumerSupervisor, InboundHealth
 from .integration.outbox import (
     OUTBOX_SLOT,
     OutboxBounds,
@@ -40,8 +34,11 @@ from .integration.outbox import (
 )
 from .integration.scheduled import ScheduledBounds, ScheduledPublisher
 from .leader import LeaderLease
+from .messaging.dead_letters import DeadLetters
+from .messaging.nats import Nats
 from .metrics import Metrics
 from .pipeline import MutationExecutor
+from .pipeline.inbound import InboundReaction
 from .pipeline.reaction import ReactionPrincipal
 from .readiness import (
     REASON_BOOTING,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import given
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from service_engine.errors import ConfigError
-from service_engine.integration.envelope import (
+from service_engine.messaging.envelope import (
     HEADER_MESSAGE_ID,
     HEADER_NATS_MSG_ID,
     HEADER_PRODUCER,
@@ -219,7 +219,7 @@ def test_row_headers_need_all_three_sequence_columns() -> None:
 # -- inbound ------------------------------------------------------------------------------
 
 
-def frame(msg_headers: dict[str, str] | None = None, **overrides: object) -> tuple[bytes, dict[str, str]]:
+def frame(msg_headers: dict[str, str] | None = None, **overrides: Any) -> tuple[bytes, dict[str, str]]:
     meta = metadata()
     body: dict[str, object] = {
         "event_id": str(uuid.uuid4()), "type": "card.created", "version": 1,
@@ -293,7 +293,7 @@ def test_an_envelope_less_frame_is_refused(data: bytes) -> None:
         {"payload": None},
     ],
 )
-def test_a_malformed_envelope_is_refused(overrides: dict[str, object]) -> None:
+def test_a_malformed_envelope_is_refused(overrides: dict[str, Any]) -> None:
     data, headers = frame(**overrides)
     assert isinstance(identify(data, headers), Unidentified)
 

@@ -11,9 +11,9 @@ import pytest
 
 from service_engine.errors import ConfigError
 from service_engine.integration.health import GraceTracker
-from service_engine.integration.nats import Rejected, Unanswered, classify_publish_failure
 from service_engine.integration.outbox import OutboxBounds, retention_problems
 from service_engine.integration.scheduled import ScheduledBounds
+from service_engine.messaging.nats import Rejected, Unanswered, classify_publish_failure
 
 
 @pytest.mark.parametrize(

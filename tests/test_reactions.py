@@ -17,9 +17,9 @@ from pydantic import BaseModel
 from service_engine.db.errors import DatabaseFault
 from service_engine.errors import ConfigError
 from service_engine.gates import Reason, Refused
-from service_engine.integration.claims import confirmations_json, parse_confirmations
 from service_engine.integration.dispatch import classify_failure
-from service_engine.integration.envelope import (
+from service_engine.messaging.claims import confirmations_json, parse_confirmations
+from service_engine.messaging.envelope import (
     HEADER_MESSAGE_ID,
     HEADER_NATS_MSG_ID,
     Actor,
@@ -28,9 +28,8 @@ from service_engine.integration.envelope import (
     SequenceWithoutService,
     row_publish_headers,
 )
-from service_engine.integration.inbound import InboundReaction
-from service_engine.integration.outbox import OutboxRow
-from service_engine.integration.reactions import (
+from service_engine.messaging.outbox import OutboxRow
+from service_engine.messaging.reactions import (
     DeadLetterIt,
     Nak,
     Park,
@@ -44,6 +43,7 @@ from service_engine.integration.reactions import (
 )
 from service_engine.persistence.base import NotFound
 from service_engine.pipeline import ConstraintViolation, LockTimeout, Stage, principal_actor
+from service_engine.pipeline.inbound import InboundReaction
 
 MS = timedelta(milliseconds=1)
 BUDGET = ReactionBudget(
@@ -124,9 +124,9 @@ def classify(exc: BaseException, delivered: int = 1) -> Nak | DeadLetterIt:
 
 def test_integrity_and_data_violations_are_terminal_whatever_the_delivery() -> None:
     violation = ConstraintViolation("check", "qty_positive", "order", Stage.CREATE, "23514")
-    assert classify(violation).reason == "integrity_violation"  # type: ignore[union-attr]
+    assert classify(violation).reason == "integrity_violation"
     data = DatabaseFault("bad number", Stage.SAVE, "22003")
-    assert classify(data).reason == "data_exception"  # type: ignore[union-attr]
+    assert classify(data).reason == "data_exception"
     assert is_terminal_sqlstate("23505") and is_terminal_sqlstate("22P02")
     assert not is_terminal_sqlstate("55P03") and not is_terminal_sqlstate(None)
 
@@ -137,14 +137,14 @@ def test_retryable_database_faults_nak_without_a_budget() -> None:
     for exc in (timeout, lost):
         answer = classify(exc, delivered=100)
         assert isinstance(answer, Nak) and answer.delay == 0.5
-    assert classify(DatabaseFault("syntax", Stage.LOAD, "42601")).reason == "database"  # type: ignore[union-attr]
+    assert classify(DatabaseFault("syntax", Stage.LOAD, "42601")).reason == "database"
 
 
 def test_other_failures_are_terminal_with_a_reason_an_operator_reads() -> None:
     assert classify(RuntimeError("bug")) == DeadLetterIt("handler_error", "RuntimeError: bug")
-    assert classify(SequenceWithoutService("x")).reason == "sequence_without_service"  # type: ignore[union-attr]
-    assert classify(Refused(Reason("order.closed"))).reason == "refused:order.closed"  # type: ignore[union-attr]
-    assert classify(NotFound("order", "o1")).reason == "not_found"  # type: ignore[union-attr]
+    assert classify(SequenceWithoutService("x")).reason == "sequence_without_service"
+    assert classify(Refused(Reason("order.closed"))).reason == "refused:order.closed"
+    assert classify(NotFound("order", "o1")).reason == "not_found"
 
 
 # -- the declaration ----------------------------------------------------------------------
@@ -181,7 +181,7 @@ def test_a_reaction_refuses_bad_coordinates_and_payloads() -> None:
     with pytest.raises(ConfigError, match="pydantic"):
         InboundReaction.command(
             "x", aggregate="order", verb="place", payload=dict,  # type: ignore[type-var]
-            handler=_noop,
+            handler=_noop,  # type: ignore[arg-type]  # the handler's payload cannot match dict
         )
     with pytest.raises(ConfigError, match="concurrency"):
         InboundReaction.command(

@@ -1,7 +1,9 @@
-"""Integration over NATS JetStream."""
+"""Integration over NATS JetStream: the loops (inbound consumers and
+dispatch, the outbox relay, the scheduled publisher, cron, NATS health), and
+the public surface of what a transaction stages for them (`messaging`) and
+the reaction declaration (`pipeline.inbound`)."""
 
-from .cron import Cron, CronScheduler, Tick
-from .dead_letters import (
+from ..messaging.dead_letters import (
     DEAD_LETTER_NOUN,
     DeadLetter,
     DeadLetterNotFound,
@@ -10,7 +12,7 @@ from .dead_letters import (
     NotRetryable,
     Recorded,
 )
-from .envelope import (
+from ..messaging.envelope import (
     Actor,
     DeclaredSequence,
     EventMetadata,
@@ -33,9 +35,7 @@ from .envelope import (
     identify,
     service_identity,
 )
-from .health import NatsHealth
-from .inbound import InboundReaction
-from .nats import (
+from ..messaging.nats import (
     Acked,
     BucketMissing,
     Duplicate,
@@ -51,14 +51,8 @@ from .nats import (
     Unanswered,
     open_nats,
 )
-from .outbox import (
-    MessageRetentionTooShort,
-    OutboxBounds,
-    OutboxRelay,
-    check_message_retention,
-    stage_outbox_row,
-)
-from .reactions import (
+from ..messaging.outbox import stage_outbox_row
+from ..messaging.reactions import (
     Disposition,
     Park,
     PrincipalUnresolved,
@@ -66,7 +60,17 @@ from .reactions import (
     Retry,
     Terminal,
 )
-from .scheduled import ScheduledBounds, ScheduledPublisher, stage_scheduled
+from ..messaging.scheduled import stage_scheduled
+from ..pipeline.inbound import InboundReaction
+from .cron import Cron, CronScheduler, Tick
+from .health import NatsHealth
+from .outbox import (
+    MessageRetentionTooShort,
+    OutboxBounds,
+    OutboxRelay,
+    check_message_retention,
+)
+from .scheduled import ScheduledBounds, ScheduledPublisher
 
 __all__ = [
     "DEAD_LETTER_NOUN",

@@ -31,8 +31,8 @@ from ..db.locks import advisory_key
 from ..db.pool import Database
 from ..db.types import Conn
 from ..errors import ConfigError, DuplicateRegistration
-from .dead_letters import DeadLetter, DeadLetters, DeadLetterSource, Recorded
-from .envelope import Actor, check_token
+from ..messaging.dead_letters import DeadLetter, DeadLetters, DeadLetterSource, Recorded
+from ..messaging.envelope import Actor, check_token
 
 _log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ consume loop does with the frame: `Ack` once the effect (or a replay, or a
 stale no-op) committed, `Nak` with a delay for a `Retry`, a `Park` or a
 retryable fault, `Term` once the dead letter is durably written, and `Nak`
 again when it cannot be. `classify_failure` is the one place a reaction's
-failure is judged. No NATS types here: the loop hands a `Frame`.
+failure is judged. No NATS types here: the loop hands a `InboundFrame`.
 """
 
 from __future__ import annotations
@@ -28,12 +28,8 @@ from ..db.pool import Database
 from ..db.types import Conn
 from ..errors import CauseTooLarge, ConfigError, TooManyImpacts
 from ..gates import Refused
-from ..metrics import Metrics
-from ..persistence.base import HydrationFailed, NotFound
-from ..pipeline.reaction import ReactionPrincipal, Replayed, Stale, run_reaction
-from ..pipeline.run import StageHook
-from .dead_letters import DeadLetter, DeadLetters, DeadLetterSource
-from .envelope import (
+from ..messaging.dead_letters import DeadLetter, DeadLetters, DeadLetterSource
+from ..messaging.envelope import (
     HEADER_MESSAGE_ID,
     HEADER_NATS_MSG_ID,
     EnvelopeError,
@@ -43,26 +39,30 @@ from .envelope import (
     decode_payload,
     identify,
 )
-from .reactions import (
+from ..messaging.reactions import (
     Ack,
     DeadLetterIt,
-    Delivery,
     Disposition,
     Nak,
     Park,
     ReactionBudget,
+    ReactionDelivery,
     Settlement,
     Term,
     backoff_delay,
     is_terminal_sqlstate,
     route,
 )
+from ..metrics import Metrics
+from ..persistence.base import HydrationFailed, NotFound
+from ..pipeline.reaction import ReactionPrincipal, Replayed, Stale, run_reaction
+from ..pipeline.run import StageHook
 
 if TYPE_CHECKING:
-    from .inbound import InboundReaction
+    from ..pipeline.inbound import InboundReaction
 
 __all__ = [
-    "Frame",
+    "InboundFrame",
     "InboundHook",
     "InboundPoint",
     "ReactionRunner",
@@ -73,7 +73,7 @@ _log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class Frame:
+class InboundFrame:
     """One inbound frame as the runner sees it (no NATS types)."""
 
     subject: str
@@ -173,7 +173,7 @@ class ReactionRunner:
         self.principal = principal
         self.hook = hook
 
-    async def handle(self, frame: Frame) -> Settlement:
+    async def handle(self, frame: InboundFrame) -> Settlement:
         """Handle one frame; answer what the consume loop does with it."""
         name = self.reaction.name
         identified = identify(frame.data, frame.headers)
@@ -195,7 +195,7 @@ class ReactionRunner:
                 frame, DeadLetterIt("payload_mismatch", str(exc)), letter_id,
                 identified.message_id,
             )
-        delivery = Delivery(name, identified, frame.subject, frame.delivered)
+        delivery = ReactionDelivery(name, identified, frame.subject, frame.delivered)
         try:
             outcome = await run_reaction(
                 self.db, self.config, delivery, payload, self.reaction.handler,
@@ -238,13 +238,13 @@ class ReactionRunner:
 
         return at_stage
 
-    def _age(self, frame: Frame) -> timedelta | None:
+    def _age(self, frame: InboundFrame) -> timedelta | None:
         if frame.published_at is None:
             return None
         return datetime.now(UTC) - frame.published_at
 
     def _log_nak(
-        self, message_id: uuid.UUID, frame: Frame, verdict: Nak, exc: BaseException
+        self, message_id: uuid.UUID, frame: InboundFrame, verdict: Nak, exc: BaseException
     ) -> None:
         if isinstance(exc, Park):
             _log.info(
@@ -261,7 +261,7 @@ class ReactionRunner:
         )
 
     def _log_terminal(
-        self, message_id: uuid.UUID, frame: Frame, verdict: DeadLetterIt, exc: BaseException
+        self, message_id: uuid.UUID, frame: InboundFrame, verdict: DeadLetterIt, exc: BaseException
     ) -> None:
         _log.error(
             "reaction %s: message %s is terminal (delivery %d, %s): %s",
@@ -270,7 +270,7 @@ class ReactionRunner:
         )
 
     async def _dead_letter(
-        self, frame: Frame, verdict: DeadLetterIt, letter_id: uuid.UUID,
+        self, frame: InboundFrame, verdict: DeadLetterIt, letter_id: uuid.UUID,
         message_id: uuid.UUID | None,
     ) -> Term | Nak:
         letter = DeadLetter.for_message(

@@ -19,17 +19,46 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+from ..errors import ConfigError
+from ..messaging.nats import Nats
 from ..metrics import Metrics
 from ..readiness import REASON_NATS_UNREACHABLE, ReadinessHandle
-from .nats import Nats
 
 _log = logging.getLogger(__name__)
 
 DEPENDENCY = "nats"
 
 
+class DependencyGauge:
+    """One dependency's verdict applied to readiness and metrics: DOWN with
+    ``reason`` and a detail, or clear, and
+    ``service_engine_dependency_up{dependency=...}`` following it."""
+
+    def __init__(
+        self, readiness: ReadinessHandle, metrics: Metrics | None, dependency: str, reason: str
+    ) -> None:
+        self.readiness = readiness
+        self.metrics = metrics
+        self.dependency = dependency
+        self.reason = reason
+
+    def up(self) -> None:
+        """The dependency works: clear its reason, gauge it up."""
+        self.readiness.clear(self.reason)
+        self.gauge(True)
+
+    def down(self, detail: str) -> None:
+        """The dependency failed past its bound: readiness DOWN with ``detail``."""
+        self.readiness.set_down(self.reason, detail)
+        self.gauge(False)
+
+    def gauge(self, up: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.set_dependency(self.dependency, up)
+
+
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class GraceVerdict:
     """``down`` once an outage outlasted the grace; ``outage_for`` how long
     the current outage has lasted (0 when healthy)."""
 
@@ -48,18 +77,18 @@ class GraceTracker:
 
     def __init__(self, grace: float) -> None:
         if grace <= 0:
-            raise ValueError("grace must be positive")
+            raise ConfigError("grace must be positive")
         self.grace = grace
         self._since: float | None = None
 
-    def observe(self, healthy: bool, now: float, detail: str | None = None) -> Verdict:
+    def observe(self, healthy: bool, now: float, detail: str | None = None) -> GraceVerdict:
         if healthy:
             self._since = None
-            return Verdict(False, 0.0, None)
+            return GraceVerdict(False, 0.0, None)
         if self._since is None:
             self._since = now
         outage_for = now - self._since
-        return Verdict(outage_for >= self.grace, outage_for, detail)
+        return GraceVerdict(outage_for >= self.grace, outage_for, detail)
 
 
 class NatsHealth:
@@ -86,6 +115,7 @@ class NatsHealth:
         self.nats = nats
         self.readiness = readiness
         self.metrics = metrics
+        self.dependency = DependencyGauge(readiness, metrics, DEPENDENCY, REASON_NATS_UNREACHABLE)
         self.tracker = GraceTracker(seconds)
         self.interval = (
             interval.total_seconds() if interval is not None
@@ -96,7 +126,7 @@ class NatsHealth:
             else min(seconds / 4, 1.0)
         )
         if self.interval <= 0 or self.probe_timeout <= 0:
-            raise ValueError("interval and probe_timeout must be positive")
+            raise ConfigError("interval and probe_timeout must be positive")
         self._clock = clock
         self._down = False
         self.started = asyncio.Event()
@@ -106,23 +136,21 @@ class NatsHealth:
         """True while the pod is held DOWN for NATS."""
         return self._down
 
-    async def check(self) -> Verdict:
+    async def check(self) -> GraceVerdict:
         """Observe once and apply the verdict to readiness and metrics."""
         problem = await self.nats.probe_jetstream(self.probe_timeout)
         verdict = self.tracker.observe(problem is None, self._clock(), problem)
         if verdict.down and not self._down:
             _log.error("NATS unavailable for %.1fs (past nats_grace): %s",
                        verdict.outage_for, verdict.detail)
-            self.readiness.set_down(
-                REASON_NATS_UNREACHABLE,
-                f"NATS unavailable for {verdict.outage_for:.1f}s: {verdict.detail}",
+            self.dependency.down(
+                f"NATS unavailable for {verdict.outage_for:.1f}s: {verdict.detail}"
             )
         elif not verdict.down and self._down:
             _log.info("NATS available again")
-            self.readiness.clear(REASON_NATS_UNREACHABLE)
+            self.dependency.up()
         self._down = verdict.down
-        if self.metrics is not None:
-            self.metrics.set_dependency(DEPENDENCY, not verdict.down)
+        self.dependency.gauge(not verdict.down)
         return verdict
 
     async def run(self) -> None:

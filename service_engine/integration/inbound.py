@@ -1,17 +1,5 @@
-"""The inbound NATS loop: one shared durable consumer per registered reaction.
-
-Declare a reaction with `InboundReaction.command` (a command addressed to
-this service) or `InboundReaction.event` (a fact another service
-publishes) and register it with ``Engine.register_reaction``::
-
-    async def create_card(cx: Reaction[Principal], command: CreateCard) -> None:
-        ...                                   # the same pipeline as a mutation
-        cx.emit(CardCreated(card_id=command.card_id))
-
-    engine.register_reaction(InboundReaction.command(
-        "create_card", aggregate="card", verb="create",
-        payload=CreateCard, handler=create_card,
-    ))
+"""The inbound NATS loop: one shared durable consumer per registered reaction
+(declared with `pipeline.inbound.InboundReaction`).
 
 Each reaction gets one durable consumer on the gitops-declared
 ``INTEGRATION_CMD`` / ``INTEGRATION_EVT`` stream (bind-only: an absent
@@ -35,10 +23,8 @@ naks. A dead letter that cannot be written naks instead of terminating.
 `InboundConsumer` is the pull loop: one pull request at a time for as many
 frames as it has free slots, answered as soon as frames exist (an idle
 consumer adds no latency), expiring after `PULL_EXPIRES`. On shutdown it
-naks what it pulled and did not finish. `ConsumerSupervisor` restarts it
-with a bounded backoff and, past ``inbound_failure_threshold`` consecutive
-failures, holds readiness DOWN (`REASON_INBOUND_STOPPED`,
-``service_engine_dependency_up{dependency="inbound"}`` = 0).
+naks what it pulled and did not finish. Its supervision (restarts, readiness)
+is `integration.inbound_health`.
 """
 
 from __future__ import annotations
@@ -47,51 +33,32 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any, Generic, Literal, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ReplayPolicy
-from pydantic import BaseModel
 
 from ..config import EngineConfig
-from ..errors import ConfigError, EngineError
-from ..metrics import Metrics
-from ..pipeline.contexts import Reaction
-from ..readiness import REASON_INBOUND_STOPPED, ReadinessHandle
-from .dispatch import Frame, ReactionRunner
-from .envelope import EnvelopeError, check_token, command_subject, event_subject
-from .nats import Nats, NatsUnavailable, StreamMissing
-from .reactions import Ack, Nak, ReactionBudget, Settlement, Term, backoff_delay
+from ..errors import EngineError
+from ..messaging.nats import Nats, NatsUnavailable, StreamMissing
+from ..messaging.reactions import Ack, Nak, Settlement, Term, backoff_delay
+from ..pipeline.inbound import InboundReaction
+from .dispatch import InboundFrame, ReactionRunner
 
 __all__ = [
-    "COMMAND_STREAM",
-    "EVENT_STREAM",
     "PULL_EXPIRES",
     "ConsumerBindFailed",
     "ConsumerLost",
-    "ConsumerSupervisor",
     "InboundConsumer",
-    "InboundHealth",
-    "InboundReaction",
-    "ReactionHandler",
 ]
 
 _log = logging.getLogger(__name__)
 
-PayloadT = TypeVar("PayloadT", bound=BaseModel)
-
-COMMAND_STREAM = "INTEGRATION_CMD"
-"""The gitops-declared stream of ``integration.cmd.>``."""
-EVENT_STREAM = "INTEGRATION_EVT"
-"""The gitops-declared stream of ``integration.evt.>``."""
 
 PULL_EXPIRES = 1.0
 """Seconds a pull request lingers on the server. Frames are handed over the
@@ -103,10 +70,6 @@ _PULL_PAUSE = 0.1
 """Pause after a pull the server ended with an unexpected status."""
 _JS_API = "$JS.API"
 
-_REACTION_NAME = re.compile(r"^[A-Za-z0-9_]+$")
-
-ReactionHandler = Callable[[Reaction[Any], PayloadT], Awaitable[object]]
-"""``async def handler(cx: Reaction[P], payload: Payload) -> None | Disposition``."""
 
 
 class ConsumerBindFailed(EngineError):
@@ -118,110 +81,6 @@ class ConsumerBindFailed(EngineError):
 class ConsumerLost(EngineError):
     """A bound consumer stopped answering (deleted, its stream gone): the
     supervisor restarts it."""
-
-
-# -- the declaration -------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class InboundReaction(Generic[PayloadT]):
-    """A reaction to one kind of inbound message.
-
-    Build one with `command` or `event`. ``name`` names the durable (with
-    the service: ``{service}-{name}``) and the reaction's claims, watermarks
-    and dead letters: renaming it starts a new durable from the start of
-    the stream. ``budget`` bounds `Retry` and `Park`; ``concurrency`` is how
-    many of its frames one pod handles at once (capped by
-    ``max_ack_pending``; 1 handles them one at a time).
-    """
-
-    name: str
-    kind: Literal["command", "event"]
-    service: str | None
-    aggregate: str
-    action: str
-    payload: type[PayloadT]
-    handler: ReactionHandler[PayloadT]
-    budget: ReactionBudget = field(default_factory=ReactionBudget)
-    concurrency: int = 16
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _REACTION_NAME.match(self.name):
-            raise ConfigError(f"a reaction name is [A-Za-z0-9_]+, not {self.name!r}")
-        try:
-            check_token(self.aggregate, "aggregate")
-            check_token(self.action, "verb" if self.kind == "command" else "fact")
-            if self.service is not None:
-                check_token(self.service, "service")
-        except EnvelopeError as exc:
-            raise ConfigError(f"reaction {self.name}: {exc}") from exc
-        if self.concurrency < 1:
-            raise ConfigError(f"reaction {self.name}: concurrency must be >= 1")
-        if not (isinstance(self.payload, type) and issubclass(self.payload, BaseModel)):
-            raise ConfigError(f"reaction {self.name}: payload must be a pydantic model class")
-
-    @classmethod
-    def command(
-        cls,
-        name: str,
-        *,
-        aggregate: str,
-        verb: str,
-        payload: type[PayloadT],
-        handler: ReactionHandler[PayloadT],
-        service: str | None = None,
-        budget: ReactionBudget | None = None,
-        concurrency: int = 16,
-    ) -> InboundReaction[PayloadT]:
-        """React to ``integration.cmd.{service}.{aggregate}.{verb}``, the
-        commands addressed to ``service`` (default: the engine's own)."""
-        return cls(
-            name, "command", service, aggregate, verb, payload, handler,
-            budget or ReactionBudget(), concurrency,
-        )
-
-    @classmethod
-    def event(
-        cls,
-        name: str,
-        *,
-        producer: str,
-        aggregate: str,
-        fact: str,
-        payload: type[PayloadT],
-        handler: ReactionHandler[PayloadT],
-        budget: ReactionBudget | None = None,
-        concurrency: int = 16,
-    ) -> InboundReaction[PayloadT]:
-        """React to ``integration.evt.{producer}.{aggregate}.{fact}``."""
-        return cls(
-            name, "event", producer, aggregate, fact, payload, handler,
-            budget or ReactionBudget(), concurrency,
-        )
-
-    @property
-    def stream(self) -> str:
-        """The integration stream the reaction's durable lives on."""
-        return COMMAND_STREAM if self.kind == "command" else EVENT_STREAM
-
-    def subject(self, own_service: str | None) -> str:
-        """The exact filter subject. A command reaction naming no service
-        takes ``own_service``; raises `ConfigError` when neither is set."""
-        if self.kind == "event":
-            assert self.service is not None
-            return event_subject(self.service, self.aggregate, self.action)
-        service = self.service or own_service
-        if not service:
-            raise ConfigError(
-                f"command reaction {self.name} names no service and EngineConfig.service "
-                "is not set: the commands addressed to whom?"
-            )
-        return command_subject(service, self.aggregate, self.action)
-
-    def durable(self, own_service: str | None) -> str:
-        """The durable every pod of ``own_service`` binds: ``{service}-{name}``
-        (the reaction name holds no ``-``, so the pair is unambiguous)."""
-        return f"{own_service}-{self.name}" if own_service else self.name
 
 
 # -- the pull loop ---------------------------------------------------------------------
@@ -401,7 +260,7 @@ class InboundConsumer:
         except Exception as exc:  # not a JetStream frame: nothing to settle
             _log.warning("durable %s: a frame without JetStream metadata: %s", self.durable, exc)
             return
-        frame = Frame(
+        frame = InboundFrame(
             msg.subject, msg.data or b"", dict(msg.headers or {}), int(meta.num_delivered),
             meta.timestamp,
         )
@@ -487,99 +346,3 @@ async def _settle(msg: Msg, settlement: Settlement, durable: str) -> None:
         # dead-letter id) makes the redelivery a no-op.
         _log.warning("durable %s: could not settle a frame (%s): %s", durable,
                      type(settlement).__name__, exc)
-
-
-# -- supervision -------------------------------------------------------------------------
-
-DEPENDENCY = "inbound"
-
-
-class InboundHealth:
-    """The pod's verdict on its inbound consumers: DOWN (`REASON_INBOUND_STOPPED`)
-    while any is past the consecutive-failure threshold."""
-
-    def __init__(self, readiness: ReadinessHandle, metrics: Metrics | None = None) -> None:
-        self.readiness = readiness
-        self.metrics = metrics
-        self._stopped: dict[str, str] = {}
-        if metrics is not None:
-            metrics.set_dependency(DEPENDENCY, True)
-
-    def stopped(self, name: str, detail: str) -> None:
-        self._stopped[name] = detail
-        self._apply()
-
-    def healthy(self, name: str) -> None:
-        if self._stopped.pop(name, None) is not None:
-            _log.info("inbound consumer %s works again", name)
-            self._apply()
-
-    @property
-    def down(self) -> bool:
-        return bool(self._stopped)
-
-    def _apply(self) -> None:
-        if self._stopped:
-            self.readiness.set_down(
-                REASON_INBOUND_STOPPED,
-                "; ".join(f"{name}: {detail}" for name, detail in sorted(self._stopped.items())),
-            )
-        else:
-            self.readiness.clear(REASON_INBOUND_STOPPED)
-        if self.metrics is not None:
-            self.metrics.set_dependency(DEPENDENCY, not self._stopped)
-
-
-class ConsumerSupervisor:
-    """Keeps one `InboundConsumer` running: restarts it with a bounded,
-    doubling backoff (one log line per step), and reports it stopped to
-    `InboundHealth` past ``threshold`` consecutive failures. A consumer that
-    answers a pull again resets the count."""
-
-    def __init__(
-        self,
-        consumer: InboundConsumer,
-        health: InboundHealth,
-        *,
-        threshold: int,
-        backoff: timedelta,
-        backoff_cap: timedelta,
-    ) -> None:
-        self.consumer = consumer
-        self.health = health
-        self.threshold = threshold
-        self.backoff = backoff
-        self.backoff_cap = backoff_cap
-        self.failures = 0
-        self.restarts = 0
-
-    def _healthy(self) -> None:
-        if self.failures:
-            self.failures = 0
-        self.health.healthy(self.consumer.reaction.name)
-
-    async def run(self) -> None:
-        """Run the consumer until cancelled; never returns."""
-        name = self.consumer.reaction.name
-        while True:
-            try:
-                await self.consumer.run(self._healthy)
-                detail = "the pull loop returned"
-            except (asyncio.CancelledError, KeyboardInterrupt):
-                raise
-            except Exception as exc:
-                detail = f"{type(exc).__name__}: {exc}"
-            self.failures += 1
-            self.restarts += 1
-            delay = backoff_delay(self.failures, self.backoff, self.backoff_cap)
-            if self.failures >= self.threshold:
-                self.health.stopped(name, f"failed {self.failures} times in a row: {detail}")
-            # One line per restart step; the step that crosses the threshold
-            # (and takes the pod DOWN) is an error.
-            _log.log(
-                logging.ERROR if self.failures == self.threshold else logging.WARNING,
-                "inbound consumer %s stopped (failure %d of %d before readiness DOWN): %s; "
-                "restarting in %.2fs",
-                name, self.failures, self.threshold, detail, delay,
-            )
-            await asyncio.sleep(delay)

@@ -1,19 +1,15 @@
-"""The integration outbox: rows staged with a write, published by the leader.
+"""The integration outbox relay: rows staged with a write
+(`messaging.outbox`), published by the leader.
 
-Write side: `write_outbox` is the one writer of `OutboxRow` rows (the
-pipeline's flush of ``cx.emit`` / ``cx.command``, `stage_outbound`,
-`stage_outbox_row`), in the caller's transaction, so a message exists
-exactly when the write committed.
-
-Relay side: `OutboxRelay` runs as a beat step under the fenced ``outbox``
+`OutboxRelay` runs as a beat step under the fenced ``outbox``
 lease. Each pass drains PENDING rows oldest first, up to its drain bound
 and within a time budget, publishing each through `Nats.publish` with
 ``Nats-Msg-Id`` = the row's message id (a republish is deduplicated):
 
 * Acked / Duplicate: marked PUBLISHED (in fenced batches);
 * Unanswered: the pass halts, no attempt is spent, the rows wait;
-* Rejected: a bounded attempt; at the bound the row is marked FAILED and
-  dead-lettered (source Outbox) in one fenced transaction.
+* Rejected: a bounded attempt (`RowPublisher.reject`); at the bound the row
+  is marked FAILED and dead-lettered (source Outbox) in one fenced transaction.
 
 The pass is skipped entirely while the broker is unreachable, so a backlog
 during an outage costs nothing per beat. A periodic, best-effort hygiene
@@ -26,30 +22,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from ..db.errors import Stage, translating
 from ..db.pool import Database
-from ..db.types import Conn
 from ..errors import ConfigError
-from ..impacts.model import JsonValue, canonical_json
-from ..impacts.transport import OUTBOX_CHANNEL
 from ..leader import LeaderLease, LeaseLost
+from ..messaging.dead_letters import DeadLetters, DeadLetterSource
+from ..messaging.nats import Acked, Duplicate, Nats, Rejected, Unanswered
 from ..metrics import Metrics
-from .dead_letters import DeadLetter, DeadLetters, DeadLetterSource
-from .envelope import (
-    HEADER_MESSAGE_ID,
-    DeclaredSequence,
-    Envelope,
-    OutboundMessage,
-    derive_dead_letter_id,
-    outbound_message,
-    row_publish_headers,
-)
-from .nats import Acked, Duplicate, Nats, Rejected, Unanswered
+from .publishing import RowPublisher, RowTable
 
 _log = logging.getLogger(__name__)
 
@@ -146,133 +131,6 @@ async def check_message_retention(
         raise MessageRetentionTooShort("; ".join(problems))
 
 
-# -- the write side ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, init=False)
-class OutboxRow:
-    """One ``service_engine.integration_outbox`` row, staged in a write.
-
-    Written in the write's transaction; the relay publishes it after the
-    commit with ``Nats-Msg-Id`` = ``message_id``. The payload and headers
-    are encoded at construction, so a value that is not JSON (a `OneShot`
-    secret included) is refused here with `TypeError`. Build the row of an
-    envelope with `OutboxRow.of`.
-    """
-
-    message_id: uuid.UUID
-    subject: str
-    payload_json: str
-    headers_json: str
-    producer: str | None
-    seq_key: str | None
-    seq: int | None
-
-    def __init__(
-        self,
-        subject: str,
-        payload: Mapping[str, JsonValue],
-        *,
-        message_id: uuid.UUID | None = None,
-        headers: Mapping[str, str] | None = None,
-        producer: str | None = None,
-        seq_key: str | None = None,
-        seq: int | None = None,
-    ) -> None:
-        if not isinstance(subject, str) or not subject:
-            raise ValueError("an outbox row needs a subject")
-        if not isinstance(payload, Mapping):
-            raise TypeError("an outbox payload is a JSON object")
-        try:
-            payload_json = canonical_json(payload)
-            headers_json = canonical_json(dict(headers or {}))
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"an outbox row must be JSON: {exc}") from exc
-        object.__setattr__(self, "message_id", message_id or uuid.uuid4())
-        object.__setattr__(self, "subject", subject)
-        object.__setattr__(self, "payload_json", payload_json)
-        object.__setattr__(self, "headers_json", headers_json)
-        object.__setattr__(self, "producer", producer)
-        object.__setattr__(self, "seq_key", seq_key)
-        object.__setattr__(self, "seq", seq)
-
-    @classmethod
-    def of(cls, message: OutboundMessage, *, replay: bool = False) -> OutboxRow:
-        """The row that publishes ``message``: its ``message_id`` is the
-        envelope id (the dedup token and the logical id alike).
-
-        ``replay=True`` re-emits a message published before (a stored
-        confirmation): a fresh dedup token, so JetStream does not drop it
-        inside its duplicate window, with the original logical id in
-        ``Br-Message-Id``, so a consumer's claim still sees the same message.
-        """
-        seq = message.sequence
-        return cls(
-            message.subject, message.body,
-            message_id=uuid.uuid4() if replay else message.message_id,
-            headers={HEADER_MESSAGE_ID: str(message.message_id)} if replay else None,
-            producer=None if seq is None else seq.producer,
-            seq_key=None if seq is None else seq.seq_key,
-            seq=None if seq is None else seq.seq,
-        )
-
-
-# The insert and its wake-up (the relay's leader publishes now instead of
-# on its next beat) in one statement: no extra round trip, and a rollback
-# delivers neither.
-_INSERT = f"""
-WITH inserted AS (
-    INSERT INTO service_engine.integration_outbox
-           (message_id, subject, payload, headers, producer, seq_key, seq)
-    SELECT r.message_id, r.subject, r.payload::jsonb, r.headers::jsonb, r.producer, r.seq_key,
-           r.seq
-      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                  $7::bigint[]) WITH ORDINALITY
-           AS r(message_id, subject, payload, headers, producer, seq_key, seq, ord)
-     ORDER BY r.ord
-    RETURNING 1
-)
-SELECT pg_notify('{OUTBOX_CHANNEL}', '') WHERE EXISTS (SELECT 1 FROM inserted)
-"""
-
-
-async def write_outbox(conn: Conn, rows: Sequence[OutboxRow]) -> None:
-    """Insert ``rows`` in the caller's open transaction, in order, in one
-    statement (the one writer of outbox rows)."""
-    if rows:
-        await conn.execute(
-            _INSERT,
-            [r.message_id for r in rows], [r.subject for r in rows],
-            [r.payload_json for r in rows], [r.headers_json for r in rows],
-            [r.producer for r in rows], [r.seq_key for r in rows], [r.seq for r in rows],
-        )
-
-
-async def stage_outbound(conn: Conn, message: OutboundMessage) -> None:
-    """Insert ``message``'s outbox row in the caller's open transaction."""
-    await write_outbox(conn, [OutboxRow.of(message)])
-
-
-async def stage_outbox_row(
-    conn: Conn,
-    envelope: Envelope,
-    subject: str,
-    sequence: DeclaredSequence | None,
-    service: str | None,
-) -> OutboundMessage:
-    """Stage ``envelope`` for publication on ``subject`` in the caller's
-    transaction; the relay publishes it after the commit. The message id is
-    the envelope id. (A handler uses ``cx.emit`` / ``cx.command``, which
-    stage through the same writer at the pipeline's flush.)
-
-    Raises `SequenceWithoutService` (a `ConfigError`) when a ``sequence`` is
-    declared and no service is configured: nothing is staged.
-    """
-    message = outbound_message(envelope, subject, sequence, service)
-    await stage_outbound(conn, message)
-    return message
-
-
 # -- the relay ---------------------------------------------------------------------------
 
 
@@ -312,6 +170,17 @@ SELECT count(*) AS pending,
  WHERE status = 'PENDING'
 """
 
+OUTBOX_TABLE = RowTable(
+    label="outbox row",
+    source=DeadLetterSource.OUTBOX,
+    work=OUTBOX_WORK,
+    count_attempt="""UPDATE service_engine.integration_outbox
+                        SET attempts = attempts + 1, last_error = $2
+                      WHERE id = $1 AND status = 'PENDING'
+                  RETURNING attempts""",
+    retire="UPDATE service_engine.integration_outbox SET status = 'FAILED' WHERE id = $1",
+)
+
 _MARK_EVERY = 100
 """Acked rows marked PUBLISHED per fenced transaction: a crash republishes at
 most this many, and JetStream deduplicates them."""
@@ -340,6 +209,9 @@ class OutboxRelay:
         self.lease = lease
         self.metrics = metrics
         self.bounds = bounds or OutboxBounds()
+        self.publisher = RowPublisher(
+            nats, dead_letters, OUTBOX_TABLE, max_attempts=self.bounds.max_attempts
+        )
         self._quiet_until = 0.0
         self._backoff = self.bounds.unanswered_backoff.total_seconds()
         self._next_sweep = 0.0
@@ -351,7 +223,12 @@ class OutboxRelay:
 
     async def step(self) -> RelayPass:
         """Renew or take the lease; as leader, gauge the backlog, sweep when
-        due and run one bounded publish pass."""
+        due and run one bounded publish pass. A database failure raises a
+        `DatabaseError` (stage RELAY), never a driver error."""
+        with translating(Stage.RELAY):
+            return await self._step()
+
+    async def _step(self) -> RelayPass:
         if await self.lease.acquire() is None:
             if self._was_leader and self.metrics is not None:
                 # Only the leader's gauges describe the backlog.
@@ -367,7 +244,8 @@ class OutboxRelay:
 
     async def measure(self) -> tuple[int, float]:
         """Gauge the backlog: (rows PENDING, age in seconds of the oldest)."""
-        row = await self.db.pool.fetchrow(_BACKLOG)
+        with translating(Stage.RELAY):
+            row = await self.db.pool.fetchrow(_BACKLOG)
         assert row is not None
         pending, oldest = int(row["pending"]), float(row["oldest"])
         if self.metrics is not None:
@@ -377,6 +255,10 @@ class OutboxRelay:
     async def publish_pass(self) -> RelayPass:
         """Publish up to ``drain_bound`` PENDING rows, oldest first, within
         ``pass_budget``. Needs the lease (`step` takes it)."""
+        with translating(Stage.RELAY):
+            return await self._publish_pass()
+
+    async def _publish_pass(self) -> RelayPass:
         if not self.nats.reachable():
             return RelayPass(skipped="NATS unreachable")
         if time.monotonic() < self._quiet_until:
@@ -391,9 +273,7 @@ class OutboxRelay:
                 if time.monotonic() >= deadline:
                     halted = "pass budget spent"
                     break
-                outcome = await self.nats.publish(
-                    row["subject"], row["payload"].encode(), _headers(row)
-                )
+                outcome = await self.publisher.publish(row)
                 if isinstance(outcome, Acked | Duplicate):
                     self._backoff = self.bounds.unanswered_backoff.total_seconds()
                     acked.append(row["id"])
@@ -431,42 +311,13 @@ class OutboxRelay:
 
     async def _reject(self, row: Any, outcome: Rejected) -> int:
         """Count one attempt; at the bound mark FAILED and dead-letter in the
-        same transaction. Returns 1 when it dead-lettered."""
+        same fenced transaction. Returns 1 when it dead-lettered."""
         async with self.db.pool.acquire() as conn, conn.transaction():
             await self.lease.assert_lease(conn)
-            attempts = await conn.fetchval(
-                """UPDATE service_engine.integration_outbox
-                      SET attempts = attempts + 1, last_error = $2
-                    WHERE id = $1 AND status = 'PENDING'
-                RETURNING attempts""",
-                row["id"], outcome.detail,
-            )
-            if attempts is None or attempts < self.bounds.max_attempts:
-                if attempts is not None:
-                    _log.warning(
-                        "outbox row %s rejected (attempt %s of %s): %s",
-                        row["message_id"], attempts, self.bounds.max_attempts, outcome.detail,
-                    )
-                return 0
-            await conn.execute(
-                "UPDATE service_engine.integration_outbox SET status = 'FAILED' WHERE id = $1",
-                row["id"],
-            )
-            recorded = await self.dead_letters.record(
-                conn,
-                DeadLetter.for_message(
-                    derive_dead_letter_id(DeadLetterSource.OUTBOX.value, str(row["message_id"])),
-                    DeadLetterSource.OUTBOX, OUTBOX_WORK,
-                    reason="rejected", detail=outcome.detail, subject=row["subject"],
-                    payload=row["payload"].encode(), headers=_headers(row),
-                    message_id=row["message_id"], attempts=attempts,
-                ),
-            )
-        self.dead_letters.committed(recorded)
-        _log.error(
-            "outbox row %s dead-lettered after %s rejections: %s",
-            row["message_id"], attempts, outcome.detail,
-        )
+            dead = await self.publisher.reject(conn, row, outcome)
+        if dead is None:
+            return 0
+        self.publisher.committed(dead)
         return 1
 
     async def sweep(self) -> SweepReport:
@@ -526,8 +377,3 @@ class OutboxRelay:
             raise
         except Exception as exc:  # best effort: the lease expires anyway
             _log.warning("outbox relay: releasing the lease failed: %s", exc)
-
-def _headers(row: Any) -> dict[str, str]:
-    return row_publish_headers(
-        row["message_id"], row["headers"], row["producer"], row["seq_key"], row["seq"]
-    )

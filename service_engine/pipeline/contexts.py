@@ -41,7 +41,7 @@ from ..errors import TooManyImpacts
 from ..gates import BoundGate
 from ..impacts.framing import MAX_IMPACT_BYTES, encode_group, new_group_id
 from ..impacts.model import Cause, Impact, ImpactKind, JsonValue, canonical_json, impact_json
-from ..integration.envelope import (
+from ..messaging.envelope import (
     Actor,
     Envelope,
     EventMetadata,
@@ -53,8 +53,8 @@ from ..integration.envelope import (
     service_identity,
     stamp_sequence,
 )
-from ..integration.outbox import OutboxRow
-from ..integration.reactions import Delivery, PrincipalUnresolved
+from ..messaging.outbox import OutboxRow
+from ..messaging.reactions import PrincipalUnresolved, ReactionDelivery
 from ..persistence.base import Aggregate, NotFound, Persistence, store_of
 
 __all__ = ["Bulk", "Mutation", "Ops", "OutboxRow", "Reaction", "Staged", "principal_actor"]
@@ -475,7 +475,7 @@ class Reaction(Ops, Generic[P]):
         conn: Conn,
         config: EngineConfig,
         now: Timestamp,
-        delivery: Delivery,
+        delivery: ReactionDelivery,
         principal: P | None = None,
     ) -> None:
         super().__init__(conn, config, now)

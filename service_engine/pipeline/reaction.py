@@ -33,16 +33,16 @@ from ..config import EngineConfig
 from ..db.errors import Stage
 from ..db.pool import Database
 from ..db.types import Conn
-from ..integration.claims import (
+from ..messaging.claims import (
     advance_sequence,
     claim_statement,
     claim_taken,
     record_confirmations,
     stored_confirmations,
 )
-from ..integration.envelope import Actor
-from ..integration.outbox import OutboxRow
-from ..integration.reactions import Delivery, Disposition
+from ..messaging.envelope import Actor
+from ..messaging.outbox import OutboxRow
+from ..messaging.reactions import Disposition, ReactionDelivery
 from ..metrics import Metrics
 from .contexts import Reaction
 from .run import StageHook, run_pipeline
@@ -94,7 +94,7 @@ class _StaleSequence(Exception):
 async def run_reaction(
     db: Database,
     config: EngineConfig,
-    delivery: Delivery,
+    delivery: ReactionDelivery,
     payload: T,
     handler: Callable[[Reaction[Any], T], Awaitable[object]],
     *,

@@ -33,8 +33,8 @@ from ..db.errors import DRIVER_ERRORS, Stage, translate_db_error
 from ..db.pool import Database
 from ..db.types import Conn
 from ..impacts.transport import schedule_in, stage_in
-from ..integration.outbox import write_outbox
-from ..integration.scheduled import stage_scheduled_message
+from ..messaging.outbox import write_outbox
+from ..messaging.scheduled import stage_scheduled_message
 from ..metrics import Metrics
 from .contexts import Ops, Staged
 

@@ -14,7 +14,7 @@ A reaction handler ends in one of:
 A handler may ``return`` or ``raise`` a disposition: either way the
 transaction rolls back. `ReactionBudget` holds the per-reaction bounds;
 `route` turns a disposition and the delivery count into the loop's
-`Verdict` (`Ack`, `Nak`, `DeadLetterIt`). Only the consume loop acks, naks
+`RouteDecision` (`Ack`, `Nak`, `DeadLetterIt`). Only the consume loop acks, naks
 or terminates a frame.
 """
 
@@ -30,17 +30,17 @@ from .envelope import Incoming
 __all__ = [
     "Ack",
     "DeadLetterIt",
-    "Delivery",
     "Disposition",
     "Nak",
     "Park",
     "PrincipalUnresolved",
     "ReactionBudget",
+    "ReactionDelivery",
     "Retry",
+    "RouteDecision",
     "Settlement",
     "Term",
     "Terminal",
-    "Verdict",
     "backoff_delay",
     "is_terminal_sqlstate",
     "route",
@@ -125,7 +125,7 @@ class PrincipalUnresolved(Terminal):
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
+class ReactionDelivery:
     """One identified inbound frame as a reaction sees it: which reaction,
     the message, its subject and its JetStream delivery count (1 on the
     first delivery)."""
@@ -226,7 +226,7 @@ class Term:
     reason: str
 
 
-Verdict: TypeAlias = Ack | Nak | DeadLetterIt
+RouteDecision: TypeAlias = Ack | Nak | DeadLetterIt
 """What the handling of a frame came to."""
 
 Settlement: TypeAlias = Ack | Nak | Term

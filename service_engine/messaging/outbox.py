@@ -1,0 +1,151 @@
+"""The integration outbox, write side: rows staged with a write.
+
+`write_outbox` is the one writer of `OutboxRow` rows (the pipeline's flush
+of ``cx.emit`` / ``cx.command``, `stage_outbound`, `stage_outbox_row`), in
+the caller's transaction, so a message exists exactly when the write
+committed. The relay that publishes them (`integration.outbox.OutboxRelay`)
+runs above the pipeline.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..db.types import Conn
+from ..impacts.model import JsonValue, canonical_json
+from ..impacts.transport import OUTBOX_CHANNEL
+from .envelope import (
+    HEADER_MESSAGE_ID,
+    DeclaredSequence,
+    Envelope,
+    OutboundMessage,
+    outbound_message,
+)
+
+__all__ = ["OutboxRow", "stage_outbound", "stage_outbox_row", "write_outbox"]
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class OutboxRow:
+    """One ``service_engine.integration_outbox`` row, staged in a write.
+
+    Written in the write's transaction; the relay publishes it after the
+    commit with ``Nats-Msg-Id`` = ``message_id``. The payload and headers
+    are encoded at construction, so a value that is not JSON (a `OneShot`
+    secret included) is refused here with `TypeError`. Build the row of an
+    envelope with `OutboxRow.of`.
+    """
+
+    message_id: uuid.UUID
+    subject: str
+    payload_json: str
+    headers_json: str
+    producer: str | None
+    seq_key: str | None
+    seq: int | None
+
+    def __init__(
+        self,
+        subject: str,
+        payload: Mapping[str, JsonValue],
+        *,
+        message_id: uuid.UUID | None = None,
+        headers: Mapping[str, str] | None = None,
+        producer: str | None = None,
+        seq_key: str | None = None,
+        seq: int | None = None,
+    ) -> None:
+        if not isinstance(subject, str) or not subject:
+            raise ValueError("an outbox row needs a subject")
+        if not isinstance(payload, Mapping):
+            raise TypeError("an outbox payload is a JSON object")
+        try:
+            payload_json = canonical_json(payload)
+            headers_json = canonical_json(dict(headers or {}))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"an outbox row must be JSON: {exc}") from exc
+        object.__setattr__(self, "message_id", message_id or uuid.uuid4())
+        object.__setattr__(self, "subject", subject)
+        object.__setattr__(self, "payload_json", payload_json)
+        object.__setattr__(self, "headers_json", headers_json)
+        object.__setattr__(self, "producer", producer)
+        object.__setattr__(self, "seq_key", seq_key)
+        object.__setattr__(self, "seq", seq)
+
+    @classmethod
+    def of(cls, message: OutboundMessage, *, replay: bool = False) -> OutboxRow:
+        """The row that publishes ``message``: its ``message_id`` is the
+        envelope id (the dedup token and the logical id alike).
+
+        ``replay=True`` re-emits a message published before (a stored
+        confirmation): a fresh dedup token, so JetStream does not drop it
+        inside its duplicate window, with the original logical id in
+        ``Br-Message-Id``, so a consumer's claim still sees the same message.
+        """
+        seq = message.sequence
+        return cls(
+            message.subject, message.body,
+            message_id=uuid.uuid4() if replay else message.message_id,
+            headers={HEADER_MESSAGE_ID: str(message.message_id)} if replay else None,
+            producer=None if seq is None else seq.producer,
+            seq_key=None if seq is None else seq.seq_key,
+            seq=None if seq is None else seq.seq,
+        )
+
+
+# The insert and its wake-up (the relay's leader publishes now instead of
+# on its next beat) in one statement: no extra round trip, and a rollback
+# delivers neither.
+_INSERT = f"""
+WITH inserted AS (
+    INSERT INTO service_engine.integration_outbox
+           (message_id, subject, payload, headers, producer, seq_key, seq)
+    SELECT r.message_id, r.subject, r.payload::jsonb, r.headers::jsonb, r.producer, r.seq_key,
+           r.seq
+      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                  $7::bigint[]) WITH ORDINALITY
+           AS r(message_id, subject, payload, headers, producer, seq_key, seq, ord)
+     ORDER BY r.ord
+    RETURNING 1
+)
+SELECT pg_notify('{OUTBOX_CHANNEL}', '') WHERE EXISTS (SELECT 1 FROM inserted)
+"""
+
+
+async def write_outbox(conn: Conn, rows: Sequence[OutboxRow]) -> None:
+    """Insert ``rows`` in the caller's open transaction, in order, in one
+    statement (the one writer of outbox rows)."""
+    if rows:
+        await conn.execute(
+            _INSERT,
+            [r.message_id for r in rows], [r.subject for r in rows],
+            [r.payload_json for r in rows], [r.headers_json for r in rows],
+            [r.producer for r in rows], [r.seq_key for r in rows], [r.seq for r in rows],
+        )
+
+
+async def stage_outbound(conn: Conn, message: OutboundMessage) -> None:
+    """Insert ``message``'s outbox row in the caller's open transaction."""
+    await write_outbox(conn, [OutboxRow.of(message)])
+
+
+async def stage_outbox_row(
+    conn: Conn,
+    envelope: Envelope,
+    subject: str,
+    sequence: DeclaredSequence | None,
+    service: str | None,
+) -> OutboundMessage:
+    """Stage ``envelope`` for publication on ``subject`` in the caller's
+    transaction; the relay publishes it after the commit. The message id is
+    the envelope id. (A handler uses ``cx.emit`` / ``cx.command``, which
+    stage through the same writer at the pipeline's flush.)
+
+    Raises `SequenceWithoutService` (a `ConfigError`) when a ``sequence`` is
+    declared and no service is configured: nothing is staged.
+    """
+    message = outbound_message(envelope, subject, sequence, service)
+    await stage_outbound(conn, message)
+    return message

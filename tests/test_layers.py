@@ -1,0 +1,213 @@
+"""The import graph of service_engine keeps its floors: arrows one way.
+
+Every module under ``service_engine`` is parsed with `ast` (no import runs);
+every import is an arrow, relative or absolute, at module level, inside a
+function or under ``if TYPE_CHECKING:`` alike. The graph holds when
+
+* no two modules reach each other (no cycle of any length);
+* no two folders reach each other (the graph folded onto folders);
+* a module never imports a module on a higher floor (`FLOORS`).
+
+`FLOORS` is the floor table, from the ground up: extend it when a folder or
+module is added (lanes/, offers, mirrors, blobs, props/, commands/ ...). A
+module's floor is that of the longest prefix naming it; a module no prefix
+names fails the test, so a new room has to be placed on purpose.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "service_engine"
+ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("values", (
+        "service_engine.clock",
+        "service_engine.errors",
+        "service_engine.config",
+        "service_engine.readiness",
+        "service_engine.metrics",
+        "service_engine.resources",
+        "service_engine.gates",
+        "service_engine.supervisor",
+    )),
+    ("adapters", (
+        "service_engine.db",
+        "service_engine.messaging.nats",
+        "service_engine.leader",
+        "service_engine.embedded",
+    )),
+    ("impacts", ("service_engine.impacts",)),
+    ("staging", (
+        "service_engine.persistence",
+        "service_engine.messaging",
+    )),
+    ("pipeline", ("service_engine.pipeline",)),
+    ("render", ("service_engine.render", "service_engine.view")),
+    ("loops", ("service_engine.integration",)),
+    ("engine", ("service_engine.engine",)),
+    ("surface", (
+        "service_engine.graphql",
+        "service_engine.host",
+        "service_engine.testing",
+        "service_engine",
+    )),
+]
+"""Floors from the ground up; a module imports only its own floor and below."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level > 1:
+        base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _target(candidates: Iterable[str], modules: Iterable[str]) -> str | None:
+    """The first of ``candidates`` that is a module (``from pkg import x``:
+    the module ``pkg.x`` when there is one, else ``pkg``)."""
+    known = set(modules)
+    return next((name for name in candidates if name in known), None)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the service_engine modules it imports (itself excluded)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        is_package = path.name == "__init__.py"
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            imported: list[list[str]] = []
+            if isinstance(node, ast.Import):
+                imported = [[alias.name] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(module, is_package, node)
+                imported = [[f"{base}.{alias.name}", base] for alias in node.names]
+            for candidates in imported:
+                if candidates[-1].split(".")[0] != PACKAGE:
+                    continue
+                target = _target(candidates, modules)
+                if target is not None and target != module:
+                    edges.add(target)
+        graph[module] = edges
+    return graph
+
+
+def floor_of(module: str) -> int:
+    best: tuple[int, int] | None = None
+    for index, (_, prefixes) in enumerate(FLOORS):
+        for prefix in prefixes:
+            named = module == prefix or module.startswith(prefix + ".")
+            if named and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    if best is None:
+        raise AssertionError(f"{module} is on no floor: add it to FLOORS")
+    return best[1]
+
+
+def folder_of(module: str) -> str:
+    """The folder a module lives in (a package's __init__ is its folder)."""
+    path = _modules()[module]
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path (first == last), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_every_module_is_on_a_floor() -> None:
+    """A module no floor names is a room nobody placed."""
+    for module in _modules():
+        floor_of(module)
+
+
+def test_no_module_cycle() -> None:
+    """No two modules import each other, directly or through others."""
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "module import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_folder_cycle() -> None:
+    """No folder imports a folder that imports it back. The package root
+    (``service_engine/__init__.py`` and the top-level modules) re-exports
+    the surface, so it is left out of the folded graph."""
+    graph = import_graph()
+    folders: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        src = folder_of(module)
+        if src == PACKAGE:
+            continue
+        for target in targets:
+            dst = folder_of(target)
+            if dst != src and dst != PACKAGE:
+                folders.setdefault(src, set()).add(dst)
+    cycle = find_cycle(folders)
+    assert cycle is None, "folder import cycle: " + " -> ".join(cycle or [])
+
+
+def test_floors_point_down() -> None:
+    """A module on a lower floor never imports a module on a higher one."""
+    upward = [
+        f"{module} ({FLOORS[floor_of(module)][0]}) -> {target} ({FLOORS[floor_of(target)][0]})"
+        for module, targets in sorted(import_graph().items())
+        for target in sorted(targets)
+        if floor_of(target) > floor_of(module)
+    ]
+    assert not upward, "imports up a floor:\n" + "\n".join(upward)
+
+
+def test_the_graph_sees_local_and_relative_imports() -> None:
+    """The parser itself: a function-local import and a relative import are
+    arrows (so a lazy import cannot hide a cycle)."""
+    graph = import_graph()
+    assert "service_engine.db.errors" in graph["service_engine.pipeline.run"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("module", ["service_engine.integration.dispatch"])
+def test_dispatch_and_the_pull_loop_stay_apart(module: str) -> None:
+    """The reaction runner never reaches the pull loop that feeds it."""
+    assert "service_engine.integration.inbound" not in import_graph()[module]
