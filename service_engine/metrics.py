@@ -3,6 +3,22 @@
 Each engine owns its meter provider and Prometheus registry, so several
 engines in one process (two pods in a test) never share a series. Every
 instrument is labelled by ``service`` and ``pod``.
+
+The series, as Prometheus spells them (``observability/service-engine-alerts.yaml``
+alerts over them; keep the names in step):
+
+* ``service_engine_impacts_committed_total``: the notify budget counter;
+* ``service_engine_listener_queue_usage``: ``pg_notification_queue_usage()``
+  as the listener last read it (0.0 to 1.0, cluster-wide);
+* ``service_engine_resets_total{projector, cause}``: sessions reset, by
+  `RESET_CAUSES` (overflow, reconnect, threshold);
+* ``service_engine_live_sessions{projector}``: sessions attached and live;
+* ``service_engine_render_pass_duration_seconds``: a histogram of render passes;
+* ``service_engine_deltas_delivered_total{projector}``: deltas enqueued to sessions;
+* ``service_engine_dead_letters_total{source}`` and
+  ``service_engine_dead_letters_waiting{source}``: recorded, and waiting on a human;
+* ``service_engine_outbox_pending`` and ``service_engine_outbox_oldest_age_seconds``;
+* ``service_engine_dependency_up{dependency}`` for each of `DEPENDENCIES`.
 """
 
 from __future__ import annotations
@@ -15,6 +31,19 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 PROMETHEUS_CONTENT_TYPE: str = CONTENT_TYPE_LATEST
+
+DEPENDENCIES: tuple[str, ...] = ("postgres", "listener", "nats", "mirrors", "inbound")
+"""The degrade table's dependencies, each a ``service_engine_dependency_up`` series."""
+
+RESET_CAUSES: tuple[str, ...] = ("overflow", "reconnect", "threshold")
+"""Why sessions were reset: the listener channel overflowed, the LISTEN
+connection was lost (or braked) and re-established, or a pass dirtied more
+keys than the reset threshold."""
+
+RENDER_PASS_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+"""Render pass histogram boundaries, in seconds."""
 
 
 class Metrics:
@@ -48,6 +77,32 @@ class Metrics:
             "service_engine_outbox_oldest_age_seconds",
             description="Age in seconds of the oldest outbox row waiting to be published",
         )
+        self.listener_queue_usage = meter.create_gauge(
+            "service_engine_listener_queue_usage",
+            description="Postgres notification queue usage (0.0 to 1.0) as the listener read it",
+        )
+        self.resets = meter.create_counter(
+            "service_engine_resets",
+            description="Sessions reset, by projector and cause (overflow, reconnect, threshold)",
+        )
+        self.live_sessions = meter.create_gauge(
+            "service_engine_live_sessions",
+            description="Live sessions attached to this pod, by projector",
+        )
+        self.render_pass_duration = meter.create_histogram(
+            "service_engine_render_pass_duration",
+            unit="s",
+            description="Duration of one render pass in seconds",
+            explicit_bucket_boundaries_advisory=list(RENDER_PASS_BUCKETS),
+        )
+        self.deltas_delivered = meter.create_counter(
+            "service_engine_deltas_delivered",
+            description="Deltas enqueued to live sessions, by projector",
+        )
+        self.dead_letters_waiting = meter.create_gauge(
+            "service_engine_dead_letters_waiting",
+            description="Dead letters waiting on a human (retry or discard), by source",
+        )
 
     def add_impacts_committed(self, count: int) -> None:
         """Record ``count`` impacts; call only after the commit returned."""
@@ -66,7 +121,35 @@ class Metrics:
         self.outbox_oldest_age.set(oldest_age_seconds, self.labels)
 
     def set_dependency(self, dependency: str, up: bool) -> None:
+        """Gauge one of `DEPENDENCIES` up (1) or down (0)."""
         self.dependency_up.set(1 if up else 0, {**self.labels, "dependency": dependency})
+
+    def set_listener_queue_usage(self, usage: float) -> None:
+        """Gauge ``pg_notification_queue_usage()`` as last read."""
+        self.listener_queue_usage.set(usage, self.labels)
+
+    def add_resets(self, projector: str, cause: str, count: int = 1) -> None:
+        """Count ``count`` sessions of ``projector`` reset for ``cause``
+        (one of `RESET_CAUSES`)."""
+        if count:
+            self.resets.add(count, {**self.labels, "projector": projector, "cause": cause})
+
+    def set_live_sessions(self, projector: str, count: int) -> None:
+        """Gauge the live sessions of ``projector`` on this pod."""
+        self.live_sessions.set(count, {**self.labels, "projector": projector})
+
+    def observe_render_pass(self, seconds: float) -> None:
+        """Record one render pass's duration."""
+        self.render_pass_duration.record(seconds, self.labels)
+
+    def add_deltas_delivered(self, projector: str, count: int) -> None:
+        """Count ``count`` deltas of ``projector`` enqueued to sessions."""
+        if count:
+            self.deltas_delivered.add(count, {**self.labels, "projector": projector})
+
+    def set_dead_letters_waiting(self, source: str, count: int) -> None:
+        """Gauge the dead letters of ``source`` waiting on a human."""
+        self.dead_letters_waiting.set(count, {**self.labels, "source": source})
 
     def exposition(self) -> bytes:
         """The Prometheus text exposition of every instrument."""
