@@ -27,8 +27,6 @@ from service_engine.integration.outbox import (
     OutboxBounds,
     OutboxRelay,
     check_message_retention,
-    stage_outbound,
-    stage_outbox_row,
 )
 from service_engine.leader import LeaderLease
 from service_engine.messaging.dead_letters import DeadLetters, DeadLetterSource
@@ -45,6 +43,7 @@ from service_engine.messaging.envelope import (
     build_event,
 )
 from service_engine.messaging.nats import Nats, StreamMissing
+from service_engine.messaging.outbox import stage_outbound, stage_outbox_row
 from service_engine.metrics import Metrics
 from service_engine.readiness import REASON_NATS_UNREACHABLE
 

@@ -17,7 +17,6 @@ from service_engine.embedded import EmbeddedNats, provision_streams
 from service_engine.integration.scheduled import (
     ScheduledBounds,
     ScheduledPublisher,
-    stage_scheduled_message,
 )
 from service_engine.messaging.dead_letters import DeadLetters, DeadLetterSource
 from service_engine.messaging.envelope import (
@@ -30,6 +29,7 @@ from service_engine.messaging.envelope import (
     build_event,
 )
 from service_engine.messaging.nats import Nats
+from service_engine.messaging.scheduled import stage_scheduled_message
 from service_engine.metrics import Metrics
 
 from .harness import wait_until
