@@ -15,7 +15,7 @@ from service_engine.impacts import Impact, JsonValue
 from service_engine.impacts.transport import stage_in
 from service_engine.persistence.crud import CrudStore
 from service_engine.render.cohort import CohortKey
-from service_engine.view import Populate, Projector, Unrestricted, Visibility
+from service_engine.render.projector import Populate, Projector, Unrestricted, Visibility
 
 
 @dataclass(frozen=True)

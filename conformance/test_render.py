@@ -14,11 +14,13 @@ import pytest
 
 from service_engine import Database, Engine, EngineConfig, ReadinessHandle
 from service_engine.impacts import Cause, Impact
-from service_engine.impacts.transport import Delivery, PgListenNotify, stage_in
+from service_engine.impacts.model import Delivery
+from service_engine.impacts.transport import PgListenNotify, stage_in
 from service_engine.render import Keys, NoLiveSession, Query, Remove, Reset, Upsert, WindowReplica
-from service_engine.render.population import WindowSpec
-from service_engine.render.runtime import RenderRuntime, SessionEnded, SessionStream
-from service_engine.view import MissingRlsApplier, PerImpact, RlsRegimeMismatch
+from service_engine.render.projector import MissingRlsApplier, PerImpact, RlsRegimeMismatch
+from service_engine.render.runtime import RenderRuntime
+from service_engine.render.stream import SessionEnded, SessionStream
+from service_engine.render.windows import WindowSpec
 
 from .harness import wait_until
 from .sample_cards import (

@@ -14,9 +14,9 @@ import pytest
 from service_engine import Database, EngineConfig, ReadinessHandle, Timestamp
 from service_engine.errors import CauseTooLarge
 from service_engine.impacts import MAX_PAYLOAD_BYTES, Cause, Impact
+from service_engine.impacts.model import Reconnected
 from service_engine.impacts.transport import (
     PgListenNotify,
-    Reconnected,
     fire_due,
     queue_usage,
     schedule_in,

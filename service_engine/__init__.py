@@ -101,9 +101,7 @@ from .render import (
     SessionId,
     Upsert,
 )
-from .render.population import WindowSpec
-from .render.runtime import SessionEnded, SessionStream
-from .view import (
+from .render.projector import (
     Coalesced,
     PerImpact,
     Populate,
@@ -112,6 +110,8 @@ from .view import (
     Unrestricted,
     Visibility,
 )
+from .render.stream import SessionEnded, SessionStream
+from .render.windows import Emission, WindowSpec
 
 __all__ = [
     "ENGINE_VERSION",
@@ -142,6 +142,7 @@ __all__ = [
     "DomainEvent",
     "Duplicate",
     "DuplicateRegistration",
+    "Emission",
     "Engine",
     "EngineConfig",
     "EngineError",

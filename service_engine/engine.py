@@ -47,10 +47,12 @@ from .readiness import (
     ReadinessHandle,
 )
 from .render.paging import PageResult
-from .render.population import WindowSpec
-from .render.runtime import PrincipalRefresh, RenderRuntime, SessionStream
+from .render.projector import Projector, RlsApplier
+from .render.registry import PrincipalRefresh
+from .render.runtime import RenderRuntime
+from .render.stream import SessionStream
+from .render.windows import WindowSpec
 from .supervisor import Supervisor, Worker
-from .view import Projector, RlsApplier
 
 ENGINE_VERSION = "0.1.0"
 REASON_NOT_RUNNING = "not_running"

@@ -18,7 +18,7 @@ from service_engine.render import (
     group_by_cohort,
     principal_key,
 )
-from service_engine.view import (
+from service_engine.render.projector import (
     InvalidProjector,
     Projector,
     Unrestricted,

@@ -15,8 +15,8 @@ from service_engine.impacts import (
     MAX_IMPACT_BYTES,
     MAX_PAYLOAD_BYTES,
     Cause,
-    Frame,
     Impact,
+    NotifyFrame,
     Reassembler,
     encode_group,
     impact_json,
@@ -300,7 +300,7 @@ def test_new_group_ids_are_short_and_unique() -> None:
 # --- reassembly -------------------------------------------------------------
 
 
-def _frames(group_id: str, group: list[Impact], limit: int = 256) -> list[Frame]:
+def _frames(group_id: str, group: list[Impact], limit: int = 256) -> list[NotifyFrame]:
     return [parse_frame(payload) for payload in encode_group(group_id, group, limit=limit)]
 
 
@@ -350,7 +350,7 @@ def test_a_dropped_frame_is_detected(size: int, data: st.DataObject) -> None:
     assert _feed_all(reassembler, _frames("next", whole)) == whole
 
 
-def _feed_all(reassembler: Reassembler, frames: list[Frame]) -> list[Impact] | None:
+def _feed_all(reassembler: Reassembler, frames: list[NotifyFrame]) -> list[Impact] | None:
     result = None
     for frame in frames:
         result = reassembler.feed(frame)
@@ -371,7 +371,7 @@ def test_count_mismatch_is_torn() -> None:
     reassembler = Reassembler()
     reassembler.feed(frames[0])
     second = frames[1]
-    liar = Frame(second.group_id, second.index, second.count + 1, second.impacts)
+    liar = NotifyFrame(second.group_id, second.index, second.count + 1, second.impacts)
     with pytest.raises(TornGroup):
         reassembler.feed(liar)
 

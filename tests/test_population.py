@@ -9,12 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service_engine.errors import DuplicateRegistration
-from service_engine.impacts.model import Cause, Impact, JsonValue, canonical_json
-from service_engine.impacts.transport import Reconnected
+from service_engine.impacts.model import Cause, Impact, JsonValue, Reconnected, canonical_json
 from service_engine.render import (
     Dirty,
     Emission,
     Interest,
+    InvalidRoute,
+    InvalidWindow,
     Keys,
     Membership,
     MembershipRule,
@@ -41,7 +42,7 @@ def k(key: JsonValue) -> str:
 def test_keys_dedupe_by_canonical_text_and_keep_order() -> None:
     keys = Keys([3, 1, {"b": 1, "a": 2}, 3, {"a": 2, "b": 1}])
     assert list(keys.keys) == ["3", "1", '{"a":2,"b":1}']
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidWindow):
         Keys("abc")
 
 
@@ -74,7 +75,7 @@ def test_duplicate_and_unknown_projectors_are_refused() -> None:
         interest.register(Route("cards", {"card": None}))
     with pytest.raises(UnknownProjector):
         interest.watch("s", "nope", '"u"', None)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidRoute):
         interest.register(Route("empty", {}))
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from service_engine.errors import AttachError, ConfigError
 from service_engine.impacts.model import Cause, Impact, canonical_json
 from service_engine.render import Emission, Interest, Keys, WindowSpec
-from service_engine.view import (
+from service_engine.render.projector import (
     Coalesced,
     InvalidProjector,
     MissingRlsApplier,

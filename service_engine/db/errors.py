@@ -47,6 +47,8 @@ class Stage(enum.Enum):
     LEASE = "lease"
     DEAD_LETTER = "dead_letter"
     RELAY = "relay"
+    READ = "read"
+    """A render-side read: attach's snapshot, a render pass, page, fetch."""
 
 
 class DatabaseError(EngineError):

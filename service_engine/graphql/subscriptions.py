@@ -50,11 +50,11 @@ import strawberry
 from strawberry.scalars import JSON
 
 from ..render.deltas import Delta, Remove, Reset, Upsert
-from ..render.population import WindowSpec
+from ..render.windows import WindowSpec
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..view import RlsApplier
+    from ..render.projector import RlsApplier
 
 __all__ = [
     "RESERVED_TYPE_NAMES",

@@ -1,6 +1,7 @@
 """Impacts: what a commit touched, and how it travels over NOTIFY.
 
-`model` holds the `Impact` value and its canonical wire encoding; `framing`
+`model` holds the `Impact` value, its canonical wire encoding and what the
+listener delivers (`Delivery`: a commit's impacts, or `Reconnected`); `framing`
 packs one commit's impacts into NOTIFY payloads below Postgres's 8000-byte
 limit and reassembles them. Both are pure.
 """
@@ -14,7 +15,7 @@ from service_engine.impacts.framing import (
     MAX_GROUP_ID_LENGTH,
     MAX_IMPACT_BYTES,
     MAX_PAYLOAD_BYTES,
-    Frame,
+    NotifyFrame,
     Reassembler,
     encode_group,
     new_group_id,
@@ -23,9 +24,11 @@ from service_engine.impacts.framing import (
 from service_engine.impacts.model import (
     PRINCIPAL_FACTS_NOUN,
     Cause,
+    Delivery,
     Impact,
     ImpactKind,
     JsonValue,
+    Reconnected,
     canonical_json,
     decode_impact,
     encode_impact,
@@ -41,11 +44,13 @@ __all__ = [
     "MAX_PAYLOAD_BYTES",
     "PRINCIPAL_FACTS_NOUN",
     "Cause",
-    "Frame",
+    "Delivery",
     "Impact",
     "ImpactKind",
     "JsonValue",
+    "NotifyFrame",
     "Reassembler",
+    "Reconnected",
     "canonical_json",
     "decode_impact",
     "encode_group",

@@ -180,7 +180,7 @@ def encode_group(
 
 
 @dataclass(frozen=True, slots=True)
-class Frame:
+class NotifyFrame:
     """One parsed NOTIFY payload: part ``index`` (0-based) of ``count`` of a group."""
 
     group_id: str
@@ -196,7 +196,7 @@ def _reject_constant(name: str) -> object:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
-def parse_frame(payload: str) -> Frame:
+def parse_frame(payload: str) -> NotifyFrame:
     """Parse one NOTIFY payload written by `encode_group`.
 
     Raises `FrameError` saying what is wrong when the payload is not a frame
@@ -222,13 +222,13 @@ def parse_frame(payload: str) -> Frame:
         raise FrameError(f"frame body of group {group_id!r} is not valid JSON: {exc}") from exc
     if not isinstance(items, list) or not items:
         raise FrameError(f"frame body of group {group_id!r} is not a non-empty JSON array")
-    return Frame(group_id, index, count, tuple(decode_impact(item) for item in items))
+    return NotifyFrame(group_id, index, count, tuple(decode_impact(item) for item in items))
 
 
 class _Partial:
     __slots__ = ("count", "impacts", "next_index")
 
-    def __init__(self, frame: Frame) -> None:
+    def __init__(self, frame: NotifyFrame) -> None:
         self.count = frame.count
         self.next_index = 1
         self.impacts = list(frame.impacts)
@@ -265,7 +265,7 @@ class Reassembler:
         # insertion-ordered dict used as a bounded set.
         self._abandoned: dict[str, None] = {}
 
-    def feed(self, frame: Frame) -> list[Impact] | None:
+    def feed(self, frame: NotifyFrame) -> list[Impact] | None:
         """Add one frame; return its group's impacts once the group is whole.
 
         Raises `TornGroup` when continuity was lost (see the class docstring).
@@ -321,7 +321,7 @@ class Reassembler:
         self._pending.clear()
         return lost
 
-    def _abandon(self, group_id: str, last_seen: Frame | None = None) -> None:
+    def _abandon(self, group_id: str, last_seen: NotifyFrame | None = None) -> None:
         if last_seen is not None and last_seen.index >= last_seen.count - 1:
             return  # nothing more of this group can follow
         self._abandoned[group_id] = None

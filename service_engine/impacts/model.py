@@ -324,3 +324,21 @@ def decode_impact(obj: object) -> Impact:
         return Impact(kind, noun, obj.get("k"), cause, deps)
     except (TypeError, ValueError) as exc:
         raise FrameError(f"invalid impact: {exc}") from exc
+
+
+# -- what the listener delivers -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnected:
+    """Continuity was lost: impacts may have been missed.
+
+    Arrives after LISTEN is live again; the consumer re-snapshots every
+    session from committed state.
+    """
+
+    reason: str
+
+
+Delivery: TypeAlias = list[Impact] | Reconnected
+"""What the listener yields: one commit's impacts, or a loss of continuity."""

@@ -19,17 +19,16 @@ import asyncio
 import collections
 import logging
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 
 from ..clock import Timestamp
 from ..config import EngineConfig
 from ..db.pool import Database
 from ..db.types import Conn
-from ..errors import FrameError, TornGroup
+from ..errors import ConfigError, FrameError, TornGroup
 from ..metrics import Metrics
 from ..readiness import REASON_LISTENER_BRAKE, ReadinessHandle
 from .framing import Reassembler, encode_group, new_group_id, parse_frame
-from .model import Impact, decode_impact, encode_impact
+from .model import Delivery, Impact, Reconnected, decode_impact, encode_impact
 
 OUTBOX_CHANNEL = "service_engine_outbox"
 """Where a commit that staged outbox rows signals the relay (written by
@@ -41,21 +40,6 @@ CHANNEL = "service_engine_impacts"
 REASON_LISTENER = "listener"
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Reconnected:
-    """Continuity was lost: impacts may have been missed.
-
-    Arrives after LISTEN is live again; the consumer re-snapshots every
-    session from committed state.
-    """
-
-    reason: str
-
-
-Delivery = list[Impact] | Reconnected
-"""What the listener yields: one commit's impacts, or a loss of continuity."""
 
 
 async def stage_in(conn: Conn, impacts: Sequence[Impact]) -> int:
@@ -139,7 +123,7 @@ class ImpactChannel:
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
-            raise ValueError("capacity must be positive")
+            raise ConfigError("listener channel capacity must be positive")
         self.capacity = capacity
         self._items: collections.deque[Delivery] = collections.deque()
         self._ready = asyncio.Event()

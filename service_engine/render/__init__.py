@@ -1,7 +1,20 @@
-"""The render runtime's pure core: deltas, cohorts, populations, sessions, paging.
+"""The render runtime's pure core, one concept a module.
 
-Everything here is synchronous and free of I/O; the render loop (LISTEN
-channel, ``read_many`` loads, session queues) is built on top of it.
+* `windows` — window declarations (`Keys`, `Ordered`, `Query`, `WindowSpec`,
+  `Emission`);
+* `interest` — interest routing (`Interest`, `Route`, `Dirty`, `RenderFrame`);
+* `membership` — a window's head and what a pass renders of it;
+* `session` — one session's state machine; `paging` — pages behind a window;
+* `deltas` — Reset / Upsert / Remove and the window diff;
+* `cohort` — collision-free cohort keys; `cohort_index` — which discovering
+  sessions a changed row concerns;
+* `plan` — which sessions a frame renders (pure); `report` — `PassReport`;
+* `projector` — the projector surface a slice author writes;
+* `stream` — the subscriber's stream of deltas.
+
+Everything re-exported here is synchronous and free of I/O. Built on it:
+`registry` (projectors, sessions, attach / fetch / page, the reads) and
+`runtime` (the render loop and its pass).
 """
 
 from __future__ import annotations
@@ -29,6 +42,16 @@ from service_engine.render.deltas import (
     decode_key,
     diff_window,
 )
+from service_engine.render.interest import (
+    Dirty,
+    Interest,
+    InvalidRoute,
+    Inverse,
+    RenderFrame,
+    Route,
+    UnknownProjector,
+)
+from service_engine.render.membership import Membership, PopulateRequired, RenderPlan
 from service_engine.render.paging import (
     Appended,
     NoLiveSession,
@@ -38,24 +61,18 @@ from service_engine.render.paging import (
     Pages,
     PageTicket,
 )
-from service_engine.render.population import (
-    Dirty,
-    Emission,
-    Frame,
-    Interest,
-    Inverse,
-    Keys,
-    Membership,
-    MembershipRule,
-    Ordered,
-    PopulateRequired,
-    Population,
-    Query,
-    RenderPlan,
-    Route,
-    UnknownProjector,
-    WindowSpec,
-    keyed,
+from service_engine.render.projector import (
+    Coalesced,
+    InvalidProjector,
+    MissingRlsApplier,
+    PerImpact,
+    Populate,
+    Projector,
+    RlsApplier,
+    RlsRegimeMismatch,
+    Unrestricted,
+    Visibility,
+    VisibilityMismatch,
 )
 from service_engine.render.report import PassReport, PassTally
 from service_engine.render.session import (
@@ -69,27 +86,42 @@ from service_engine.render.session import (
     new_session_id,
     parse_session_id,
 )
+from service_engine.render.windows import (
+    Emission,
+    InvalidWindow,
+    Keys,
+    MembershipRule,
+    Ordered,
+    Population,
+    Query,
+    WindowSpec,
+    keyed,
+)
 
 __all__ = [
     "DEFAULT_BARRIER_CAPACITY",
     "Appended",
     "Change",
+    "Coalesced",
     "CohortKey",
     "CohortMismatch",
     "CohortPart",
     "Delta",
     "Dirty",
     "Emission",
-    "Frame",
     "HasPrincipalId",
     "IllegalTransition",
     "Interest",
+    "InvalidProjector",
+    "InvalidRoute",
     "InvalidSessionId",
+    "InvalidWindow",
     "Inverse",
     "KeyText",
     "Keys",
     "Membership",
     "MembershipRule",
+    "MissingRlsApplier",
     "NoLiveSession",
     "NotPageable",
     "Ordered",
@@ -99,20 +131,29 @@ __all__ = [
     "Pages",
     "PassReport",
     "PassTally",
+    "PerImpact",
+    "Populate",
     "PopulateRequired",
     "Population",
+    "Projector",
     "Query",
     "Remove",
+    "RenderFrame",
     "RenderPlan",
     "Reset",
     "Revision",
     "RevisionGap",
+    "RlsApplier",
+    "RlsRegimeMismatch",
     "Route",
     "Session",
     "SessionId",
     "SessionState",
     "UnknownProjector",
+    "Unrestricted",
     "Upsert",
+    "Visibility",
+    "VisibilityMismatch",
     "WindowReplica",
     "WindowSpec",
     "apply_change",

@@ -14,7 +14,7 @@ Any other transition raises `IllegalTransition`. The session owns:
 * the contiguous **revision** (0 before anything is sent; each delta,
   Resets included, carries exactly the next one);
 * **last_sent**: key text -> the view the subscriber holds, in window order;
-* the window's membership (`population.Membership`, the head) and its
+* the window's membership (`membership.Membership`, the head) and its
   appended pages (`paging.Pages`);
 * the **connect barrier**: from `Interest.watch` until the session is live
   and whenever a snapshot is in flight, changes routed to it are *held*
@@ -51,6 +51,8 @@ from ..errors import AttachError, EngineError
 from ..impacts.model import Cause, JsonValue
 from .cohort import CohortKey
 from .deltas import Delta, KeyText, Remove, Reset, Revision, Upsert
+from .interest import Dirty
+from .membership import Membership, RenderPlan
 from .paging import (
     NoLiveSession,
     NotPageable,
@@ -59,7 +61,7 @@ from .paging import (
     Pages,
     PageTicket,
 )
-from .population import Dirty, Membership, MembershipRule, Population, RenderPlan
+from .windows import MembershipRule, Population
 
 __all__ = [
     "DEFAULT_BARRIER_CAPACITY",

@@ -20,8 +20,15 @@ from typing import Any, ClassVar
 
 import strawberry
 
-from service_engine import Impact, PerImpact, Populate, Projector, Unrestricted, Visibility
-from service_engine.view import Emission
+from service_engine import (
+    Emission,
+    Impact,
+    PerImpact,
+    Populate,
+    Projector,
+    Unrestricted,
+    Visibility,
+)
 
 from ...kernel import Affordance, Principal, affordance_list
 from .domain import BOARD_MEMBERSHIPS, NOUN, ORG_NOUN, Board, OrgBoard, enter_org

@@ -15,8 +15,7 @@ from typing import Any, ClassVar
 
 import strawberry
 
-from service_engine import CohortKey, PerImpact, Populate, Projector, Visibility
-from service_engine.view import Emission
+from service_engine import CohortKey, Emission, PerImpact, Populate, Projector, Visibility
 
 from ...kernel import Affordance, Principal, affordance_list
 from .domain import NOUN, Card, encode_cursor

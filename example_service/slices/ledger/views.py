@@ -14,9 +14,8 @@ from typing import Any
 
 import strawberry
 
-from service_engine import CohortKey, PerImpact, Populate, Projector, Visibility
+from service_engine import CohortKey, Emission, PerImpact, Populate, Projector, Visibility
 from service_engine.persistence import keys
-from service_engine.view import Emission
 
 from ...kernel import Affordance, Principal, affordance_list
 from .domain import NOUN, Ledger, key_of

@@ -1,4 +1,5 @@
-"""The ergonomic projector surface: what a slice author writes to serve a view.
+"""The ergonomic projector surface: what a slice author writes to serve a view
+(re-exported as ``service_engine.Projector`` and friends).
 
 A `Projector` declares, as class attributes, its ``NAME``, the ``NOUN`` it
 renders, the ``STORE`` its rows load through (the engine calls the store's
@@ -32,15 +33,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
-from .errors import AttachError, ConfigError, EngineError
-from .impacts.model import Impact, JsonValue
-from .render.cohort import CohortKey, HasPrincipalId
-from .render.deltas import KeyText
-from .render.population import Emission, Inverse, Route, WindowSpec
+from ..errors import AttachError, ConfigError, EngineError
+from ..impacts.model import Impact, JsonValue
+from .cohort import CohortKey, HasPrincipalId
+from .deltas import KeyText
+from .interest import Inverse, Route
+from .windows import Emission, WindowSpec
 
 if TYPE_CHECKING:
-    from .db.types import Conn
-    from .persistence.base import Persistence
+    from ..db.types import Conn
+    from ..persistence.base import Persistence
 
 __all__ = [
     "Coalesced",

@@ -1,0 +1,421 @@
+"""The render registry: projectors, live sessions, and the attach / fetch / page API.
+
+`RenderRegistry` owns the registered projectors and the sessions of one pod,
+and serves what a subscriber or resolver asks for:
+
+* ``attach`` registers the session's interest *before* its snapshot (the
+  connect barrier): what commits while the snapshot reads is held and
+  replayed after the Reset, so nothing between snapshot and live is lost or
+  delivered twice;
+* ``page`` appends an older page behind a live window (Upserts on the
+  session's stream); ``fetch`` / ``fetch_window`` read views exactly as a
+  session renders them.
+
+Every read is a plain read-only transaction (the render side never takes a
+row lock, s130), and every driver error on it leaves as a
+`service_engine.db.errors.DatabaseError` (stage ``read``). The render loop
+that keeps sessions current is `service_engine.render.runtime.RenderRuntime`,
+built on this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import EngineConfig
+from ..db.errors import Stage, translating
+from ..db.pool import Database
+from ..db.types import Conn
+from ..errors import AttachError, AttachShuttingDown, DuplicateRegistration, EngineError
+from ..impacts.model import JsonValue, canonical_json
+from .cohort import principal_key
+from .cohort_index import CohortIndex, indexable, memberships_of
+from .deltas import Delta, KeyText, Reset
+from .interest import Dirty, Interest
+from .paging import NoLiveSession, PageInterrupted, PageResult
+from .projector import (
+    MissingRlsApplier,
+    Projector,
+    RlsApplier,
+    check_projector,
+    check_window_spec,
+    cohort_of,
+    route_of,
+)
+from .report import PassTally
+from .session import Session, SessionId, authorize_page, new_session_id, parse_session_id
+from .stream import SessionStream
+from .windows import Keys, WindowSpec, keyed
+
+__all__ = ["AttachedSession", "PrincipalRefresh", "RenderRegistry", "UnknownProjectorName"]
+
+_log = logging.getLogger(__name__)
+
+PrincipalRefresh = Callable[[Any], Awaitable[Any]]
+"""Re-resolves a principal (same id) after a principal-facts impact."""
+
+
+class UnknownProjectorName(AttachError):
+    """An attach or fetch named a projector that is not registered."""
+
+
+@dataclass(slots=True)
+class AttachedSession:
+    """The registry's record of one session."""
+
+    session: Session[Any, Any]
+    projector: Projector[Any, Any, Any, Any]
+    stream: SessionStream[Any]
+    applier: RlsApplier[Any] | None
+    gate: Callable[[Any], bool]
+    memberships: frozenset[Hashable] | None
+    """The principal's cohorts when the projector gates by its declared
+    Visibility alone (the render pass then indexes rows by cohort)."""
+    resync: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _PopulateCx:
+    principal: Any
+    cursor: JsonValue
+    cohorts: frozenset[Hashable] | None
+    conn: Conn
+
+
+class RenderRegistry:
+    """Projectors and sessions of one pod, and the reads that serve them."""
+
+    def __init__(
+        self,
+        db: Database,
+        config: EngineConfig,
+        *,
+        accepting: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._db = db
+        self._config = config
+        self._accepting = accepting
+        self._projectors: dict[str, Projector[Any, Any, Any, Any]] = {}
+        self._interest: Interest[Session[Any, Any]] = Interest()
+        self._sessions: dict[SessionId, AttachedSession] = {}
+        # What snapshots held while they read, replayed by the next pass.
+        self._replays: list[tuple[AttachedSession, Dirty]] = []
+        self._wake = asyncio.Event()
+        self._refresh: PrincipalRefresh | None = None
+        # The cohort index of projectors gated by their declared Visibility
+        # (see `CohortIndex`), by projector name.
+        self._indexes: dict[str, CohortIndex] = {}
+
+    # -- registration -----------------------------------------------------
+
+    def register_projector(self, projector: Projector[Any, Any, Any, Any]) -> None:
+        """Register ``projector`` under its ``NAME`` (its noun binds to its
+        store's key type through ``STORE.key_of``)."""
+        check_projector(projector)
+        if projector.NAME in self._projectors:
+            raise DuplicateRegistration("projector", projector.NAME)
+        self._interest.register(route_of(projector))
+        self._projectors[projector.NAME] = projector
+        if indexable(projector):
+            self._indexes[projector.NAME] = CohortIndex()
+
+    def register_principal_refresh(self, refresh: PrincipalRefresh) -> None:
+        """How a principal is re-resolved after its facts changed. A refresh
+        that raises ends that principal's sessions (fail-closed)."""
+        if self._refresh is not None:
+            raise DuplicateRegistration("principal refresh", "principal_refresh")
+        self._refresh = refresh
+
+    def projector(self, name: str) -> Projector[Any, Any, Any, Any]:
+        try:
+            return self._projectors[name]
+        except KeyError:
+            raise UnknownProjectorName(f"no projector named {name!r}") from None
+
+    @property
+    def sessions(self) -> Mapping[SessionId, AttachedSession]:
+        return self._sessions
+
+    # -- attach, detach, page, fetch ---------------------------------------------
+
+    async def attach(
+        self,
+        principal: Any,
+        projector: str,
+        window: WindowSpec[Any],
+        *,
+        session_id: str | None = None,
+        applier: RlsApplier[Any] | None = None,
+    ) -> SessionStream[Any]:
+        """Open a live session: the first delta is a Reset of the window.
+
+        ``session_id`` (a client-supplied id) correlates the subscription
+        with later page requests. Raises `AttachShuttingDown` once shutdown
+        began, `RlsRegimeMismatch` / `MissingRlsApplier` when the window's
+        RLS assertion does not fit the projector, and a `DatabaseError` when
+        the snapshot's read fails.
+        """
+        try:
+            self._accepting()
+        except EngineError as exc:
+            raise AttachShuttingDown(str(exc)) from exc
+        proj = self.projector(projector)
+        check_window_spec(proj, window, applier)
+        sid = new_session_id() if session_id is None else parse_session_id(session_id)
+        if sid in self._sessions:
+            raise AttachError(f"session {sid} is already attached")
+        pkey = principal_key(principal.id)
+        session: Session[Any, Any] = Session(
+            sid, proj.NAME, principal, pkey, cohort_of(proj, principal), window.population,
+            repair_attempts=self._config.repair_attempts, now=time.monotonic(),
+        )
+        stream: SessionStream[Any] = SessionStream(
+            sid, max(1024, 2 * self._config.window_capacity), lambda: self.detach(sid, "closed")
+        )
+        rec = AttachedSession(
+            session, proj, stream, applier, proj.render_gate(principal),
+            memberships_of(proj, principal),
+        )
+        self._sessions[sid] = rec
+        population = window.population
+        # The connect barrier: interest first, then the snapshot.
+        keys = keyed(population.keys.values()) if isinstance(population, Keys) else None
+        self._interest.watch(session, proj.NAME, pkey, None if keys is None else keys.keys())
+        index = self._indexes.get(proj.NAME)
+        if index is not None:
+            index.join(session, rec.memberships)
+        try:
+            await self._snapshot(rec)
+        except BaseException:
+            self.detach(sid, "attach failed")
+            raise
+        return stream
+
+    def detach(self, session_id: SessionId, reason: str) -> None:
+        """End a session and stop routing to it (idempotent)."""
+        rec = self._sessions.pop(session_id, None)
+        if rec is None:
+            return
+        self._interest.unwatch(rec.session)
+        index = self._indexes.get(rec.projector.NAME)
+        if index is not None:
+            index.leave(rec.session, rec.memberships)
+        if not rec.session.ended:
+            rec.session.end(reason)
+        rec.stream.end(reason)
+
+    def end_all(self, reason: str) -> None:
+        for sid in list(self._sessions):
+            self.detach(sid, reason)
+
+    async def page(self, session_id: str, principal: Any, cursor: JsonValue) -> PageResult[Any]:
+        """Append the page of older keys before ``cursor`` behind the live
+        window, delivered as Upserts on the session's stream.
+
+        Only a live session of this pod owned by ``principal`` may page:
+        anything else is `NoLiveSession`, whatever the reason. A failed read
+        raises a `DatabaseError`.
+        """
+        try:
+            sid = parse_session_id(session_id)
+        except AttachError:
+            raise NoLiveSession() from None
+        for _ in range(3):
+            rec = self._sessions.get(sid)
+            session = authorize_page(rec.session if rec else None, principal_key(principal.id))
+            assert rec is not None
+            ticket = session.open_page(cursor)
+            async with self._reading(rec.projector, session.principal, rec.applier) as conn:
+                keys = await self._populate(conn, rec, cursor)
+                rows = await self._load(conn, rec.projector, keys, PassTally())
+            rendered = self._project(rec, rows, keys, PassTally())
+            self._note_rendered(rec.projector, rows, rendered)
+            try:
+                result = session.settle_page(
+                    ticket, keys, rendered, capacity=self._config.window_capacity
+                )
+            except PageInterrupted:
+                continue
+            for delta in result.deltas:
+                self._emit(rec, delta)
+            return result
+        raise PageInterrupted("the window kept being re-snapshotted; try the page again")
+
+    async def fetch(
+        self, projector: str, key: JsonValue, principal: Any,
+        applier: RlsApplier[Any] | None = None,
+    ) -> Any | None:
+        """The view of ``key`` for ``principal``, read exactly as a session
+        renders it (same store, same RLS regime, same visibility), or None.
+        A failed read raises a `DatabaseError`."""
+        proj = self.projector(projector)
+        self._check_applier(proj, applier)
+        async with self._reading(proj, principal, applier) as conn:
+            rows = await proj.STORE.read_many(conn, [key])
+        gate = proj.render_gate(principal)
+        for row in rows:
+            if gate(row):
+                return proj.project(row, principal)
+        return None
+
+    async def fetch_window(
+        self, projector: str, query: Any, principal: Any,
+        applier: RlsApplier[Any] | None = None,
+    ) -> list[tuple[KeyText, Any]]:
+        """The views populate lists for ``query``, in window order. A failed
+        read raises a `DatabaseError`."""
+        proj = self.projector(projector)
+        self._check_applier(proj, applier)
+        gate = proj.render_gate(principal)
+        async with self._reading(proj, principal, applier) as conn:
+            cx = _PopulateCx(principal, None, proj.VISIBILITY.window(principal), conn)
+            keys = keyed(await proj.populate(cx, query))
+            rows = await proj.STORE.read_many(conn, list(keys.values()))
+        by_key = {canonical_json(proj.STORE.key_of(row)): row for row in rows}
+        return [
+            (text, proj.project(by_key[text], principal))
+            for text in keys if text in by_key and gate(by_key[text])
+        ]
+
+    @staticmethod
+    def _check_applier(proj: Projector[Any, Any, Any, Any], applier: object) -> None:
+        if proj.RLS and applier is None:
+            raise MissingRlsApplier(f"projector {proj.NAME!r} renders under RLS: no applier")
+
+    # -- reads --------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _reading(
+        self, proj: Projector[Any, Any, Any, Any], principal: Any,
+        applier: RlsApplier[Any] | None,
+    ) -> AsyncIterator[Conn]:
+        # One read-only snapshot per read: populate and the load agree, and
+        # no row lock is ever taken. The translation spans acquire, BEGIN,
+        # the block (populate's own SQL included) and COMMIT.
+        with translating(Stage.READ):
+            async with self._db.pool.acquire() as conn, conn.transaction(
+                isolation="repeatable_read", readonly=True
+            ):
+                if proj.RLS:
+                    assert applier is not None
+                    await applier.apply(conn, principal)
+                yield conn
+
+    async def _populate(
+        self, conn: Conn, rec: AttachedSession, cursor: JsonValue
+    ) -> dict[KeyText, JsonValue]:
+        session = rec.session
+        principal = session.principal
+        cx = _PopulateCx(principal, cursor, rec.projector.VISIBILITY.window(principal), conn)
+        return keyed(await rec.projector.populate(cx, session.membership.query))
+
+    @staticmethod
+    async def _load(
+        conn: Conn, proj: Projector[Any, Any, Any, Any], keys: Mapping[KeyText, JsonValue],
+        tally: PassTally,
+    ) -> dict[KeyText, Any]:
+        if not keys:
+            return {}
+        rows = await proj.STORE.read_many(conn, list(keys.values()))
+        tally.load(len(rows))
+        key_of = proj.STORE.key_of
+        return {canonical_json(key_of(row)): row for row in rows}
+
+    @staticmethod
+    def _project(
+        rec: AttachedSession, rows: Mapping[KeyText, Any], scope: Mapping[KeyText, JsonValue],
+        tally: PassTally,
+    ) -> dict[KeyText, Any]:
+        out: dict[KeyText, Any] = {}
+        gate = rec.gate
+        project = rec.projector.project
+        principal = rec.session.principal
+        for text in scope:
+            row = rows.get(text)
+            if row is not None and gate(row):
+                out[text] = project(row, principal)
+                tally.projections += 1
+        return out
+
+    @staticmethod
+    def _project_visible(
+        rec: AttachedSession, rows: Mapping[KeyText, Any], scope: Mapping[KeyText, JsonValue],
+        visible: set[KeyText], tally: PassTally,
+    ) -> dict[KeyText, Any]:
+        project = rec.projector.project
+        principal = rec.session.principal
+        out = {text: project(rows[text], principal) for text in scope if text in visible}
+        tally.projections += len(out)
+        return out
+
+    # -- snapshots ------------------------------------------------------------------
+
+    async def _snapshot(self, rec: AttachedSession, tally: PassTally | None = None) -> None:
+        """Reset ``rec`` from committed state (attach, repair or resnapshot)."""
+        tally = tally or PassTally()
+        session = rec.session
+        state = session.state.value
+        session.begin_snapshot()
+        index = self._indexes.get(rec.projector.NAME)
+        if index is not None:
+            index.snapshotting.add(session)
+        try:
+            async with self._reading(rec.projector, session.principal, rec.applier) as conn:
+                populated = (
+                    await self._populate(conn, rec, None) if session.membership.populates else None
+                )
+                keys = session.snapshot_keys(populated)
+                rows = await self._load(conn, rec.projector, keys, tally)
+            rendered = self._project(rec, rows, keys, tally)
+            self._note_rendered(rec.projector, rows, rendered)
+        except Exception as exc:
+            if index is not None:
+                index.snapshotting.discard(session)
+            if state == "attaching":
+                raise
+            self._failed(rec, f"snapshot failed: {type(exc).__name__}: {exc}", exc)
+            tally.failures += 1
+            return
+        if index is not None:
+            index.snapshotting.discard(session)
+        if state == "attaching":
+            reset: Reset[Any] = session.go_live(populated, rendered)
+        elif state == "repair_pending":
+            reset = session.repaired(populated, rendered)
+        else:
+            reset = session.resnapshot(populated, rendered)
+        rec.resync = False
+        self._emit(rec, reset)
+        tally.deltas += 1
+        tally.resets += 1
+        held = session.take_held()
+        if held is not None:
+            self._replays.append((rec, held))
+            self._wake.set()
+
+    def _note_rendered(
+        self, proj: Projector[Any, Any, Any, Any], rows: Mapping[KeyText, Any],
+        rendered: Mapping[KeyText, Any],
+    ) -> None:
+        index = self._indexes.get(proj.NAME)
+        if index is not None:
+            index.note_rendered(proj, rows, rendered)
+
+    def _emit(self, rec: AttachedSession, delta: Delta[Any]) -> None:
+        if not rec.stream.put(delta):
+            # The subscriber fell too far behind: a Reset replaces the backlog.
+            rec.resync = True
+            self._wake.set()
+
+    def _failed(self, rec: AttachedSession, reason: str, exc: BaseException | None = None) -> None:
+        _log.warning("session %s: %s", rec.session.id, reason, exc_info=exc)
+        state = rec.session.fail(reason)
+        if state.value == "ended":
+            self.detach(rec.session.id, rec.session.end_reason or reason)
+
