@@ -1,0 +1,320 @@
+"""Every verb through the transport-free handler on the in-memory store:
+reply shapes, the capability and redaction matrix, describe views, sagas,
+grants and the replay window."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from service_engine.props import (
+    FieldSpec,
+    Granted,
+    GranterMissing,
+    GrantOutcome,
+    GrantRefused,
+    MemoryStore,
+    Namespace,
+    PeerIdentity,
+    PropsError,
+    PropsHandler,
+    SagaOutcome,
+    StaticPolicy,
+    Validator,
+    all_caps,
+    audit_cap,
+    describe_cap,
+    parse_command,
+    read_cap,
+    secrets_cap,
+    write_cap,
+)
+
+SVC = "demo"
+CAP = "demo.settings"
+
+
+def short(value: Any) -> str | None:
+    return None if len(value) <= 8 else "too long"
+
+
+SETTINGS = Namespace(
+    "settings",
+    (
+        FieldSpec("title", "string", default="untitled", help="shown to people", validators=(Validator("max8", short),)),
+        FieldSpec("api_key", "string", secret=True, validators=(Validator("vault_format_v2", short, secret=True),)),
+        FieldSpec("legacy", "integer", until="2"),
+        FieldSpec("color", "string", validators=(Validator("internal_rule", short, secret=True),), since="2"),
+    ),
+    primary_key_field="title",
+    schema_version="3",
+)
+PREFS = Namespace("prefs", (FieldSpec("theme", "string"),), cardinality="singleton", canonical_key="current")
+LOCKED = Namespace("locked", (FieldSpec("a", "string"),), schema_public="deny")
+
+
+async def provision(key: str, fields: Mapping[str, Any]) -> SagaOutcome:
+    if fields.get("size") == "huge":
+        return SagaOutcome("failed", "no capacity")
+    return SagaOutcome("active")
+
+
+SAGA = Namespace("machines", (FieldSpec("size", "string"),), saga=provision)
+
+ALICE = PeerIdentity("A", "alice")
+PEERS = {
+    "reader": {read_cap(CAP)},
+    "writer": {write_cap(CAP)},
+    "auditor": {audit_cap(CAP)},
+    "public_describer": {describe_cap(CAP, "public")},
+    "full_describer": {describe_cap(CAP, "full")},
+    "secrets": {read_cap(CAP), secrets_cap(CAP)},
+}
+
+
+class FakeGranter:
+    def __init__(self, outcome: GrantOutcome) -> None:
+        self.outcome = outcome
+        self.calls: list[tuple[str, str, str]] = []
+
+    async def subscribe_grant(self, topic: str, target_peer: str, namespace: str) -> GrantOutcome:
+        self.calls.append((topic, target_peer, namespace))
+        return self.outcome
+
+
+def policy() -> StaticPolicy:
+    grants: dict[str, set[str]] = {f"P/{name}": caps for name, caps in PEERS.items()}
+    everything: set[str] = set()
+    for ns in ("settings", "prefs", "locked", "machines"):
+        everything |= all_caps(f"demo.{ns}")
+    grants["A/alice"] = everything
+    return StaticPolicy(grants)
+
+
+@pytest.fixture
+async def handler() -> PropsHandler:
+    h = PropsHandler(SVC, MemoryStore(), policy(), FakeGranter(Granted("sub_1", "settings")))
+    for ns in (SETTINGS, PREFS, LOCKED, SAGA):
+        await h.register(ns)
+    return h
+
+
+async def call(h: PropsHandler, verb: str, headers: dict[str, str], body: bytes = b"", peer: PeerIdentity = ALICE, live: bool = True) -> dict[str, Any]:
+    return await h.command(parse_command(SVC, f"{SVC}.props.{verb}", headers, body), peer, live=live)
+
+
+async def test_set_simple_reply_shape_and_warnings(handler: PropsHandler) -> None:
+    reply = await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
+    assert reply == {"namespace": "settings", "key": "k", "version": 1, "nseq": 1, "created": True}
+    warned = await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"legacy": 1}')
+    assert warned["created"] is False and warned["version"] == 2
+    assert warned["warnings"] and "legacy" in warned["warnings"][0]
+
+
+async def test_saga_reply_shape(handler: PropsHandler) -> None:
+    ok = await call(handler, "set", {"namespace": "machines", "key": "m1"}, b'{"size": "small"}')
+    assert ok == {
+        "namespace": "machines", "key": "m1", "set_version": 1, "set_nseq": 1,
+        "complete_version": 2, "complete_nseq": 2, "lifecycle": "active", "created": True,
+    }
+    failed = await call(handler, "set", {"namespace": "machines", "key": "m2"}, b'{"size": "huge"}')
+    assert (failed["lifecycle"], failed["reason"], failed["set_nseq"], failed["complete_nseq"]) == ("failed", "no capacity", 3, 4)
+    replay = await call(handler, "watch", {"namespace": "machines"}, live=False)
+    kinds = [(e["kind"], e.get("lifecycle")) for e in replay["events"]]
+    assert kinds == [("created", None), ("completed", "active"), ("created", None), ("completed", "failed")]
+    assert replay["events"][3]["reason"] == "no capacity"
+
+
+async def test_delete_reply_shape_and_collection_only(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
+    assert await call(handler, "delete", {"namespace": "settings", "key": "k", "cause": "cleanup"}) == {
+        "namespace": "settings", "key": "k", "deleted": True, "tombstone_version": 2, "nseq": 2,
+    }
+    await call(handler, "set", {"namespace": "prefs"}, b'{"theme": "dark"}')
+    with pytest.raises(PropsError) as caught:
+        await call(handler, "delete", {"namespace": "prefs"})
+    assert caught.value.error_code == "validation_error"
+
+
+async def test_get_reply_uses_the_canonical_key_and_observed_cursor(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "prefs", "key": ""}, b'{"theme": "dark"}')
+    await call(handler, "set", {"namespace": "settings", "key": "x"}, b'{"title": "t"}')
+    assert await call(handler, "get", {"namespace": "prefs"}) == {
+        "namespace": "prefs", "key": "current", "version": 1, "nseq": 1, "fields": {"theme": "dark"},
+    }
+    with pytest.raises(PropsError) as missing:
+        await call(handler, "get", {"namespace": "settings", "key": "nope"})
+    assert missing.value.error_code == "not_found"
+
+
+async def test_list_reply_shape(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "settings", "key": "b"}, b'{"title": "tb"}')
+    await call(handler, "set", {"namespace": "settings", "key": "a"}, b'{"title": "ta"}')
+    assert await call(handler, "list", {"namespace": "settings"}) == {
+        "namespace": "settings", "nseq": 2, "next_cursor": None,
+        "records": [{"key": "a", "version": 1, "fields": {"title": "ta"}}, {"key": "b", "version": 1, "fields": {"title": "tb"}}],
+    }
+
+
+async def test_secret_fields_are_nulled_without_the_secrets_capability(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t", "api_key": "s3cr3t"}')
+    reader = PeerIdentity("P", "reader")
+    secrets = PeerIdentity("P", "secrets")
+    assert (await call(handler, "get", {"namespace": "settings", "key": "k"}, peer=reader))["fields"] == {"title": "t", "api_key": None}
+    assert (await call(handler, "list", {"namespace": "settings"}, peer=reader))["records"][0]["fields"]["api_key"] is None
+    assert (await call(handler, "get", {"namespace": "settings", "key": "k"}, peer=secrets))["fields"]["api_key"] == "s3cr3t"
+
+
+async def test_describe_views(handler: PropsHandler) -> None:
+    public = await call(handler, "describe", {"namespace": "settings"})
+    assert set(public) == {"namespace", "schema_version", "cardinality", "fields", "primary_key_field"}
+    assert (public["schema_version"], public["cardinality"], public["primary_key_field"]) == ("3", "collection", "title")
+    names = [f["name"] for f in public["fields"]]
+    assert names == ["title", "legacy", "color"]
+    title = public["fields"][0]
+    assert title == {"name": "title", "type": "string", "secret": False, "default": "untitled", "validators": ["max8"], "help": "shown to people"}
+    color = public["fields"][2]
+    assert color["validators"] == ["redacted"] and color["since"] == "2"
+    assert public["fields"][1]["until"] == "2"
+    assert "vault_format_v2" not in str(public) and "api_key" not in str(public)
+    full = await call(handler, "describe", {"namespace": "settings", "view": "full"})
+    assert [f["name"] for f in full["fields"]] == ["title", "api_key", "legacy", "color"]
+    assert full["fields"][1]["validators"] == ["vault_format_v2"] and full["fields"][1]["secret"] is True
+    assert "primary_key_field" not in await call(handler, "describe", {"namespace": "prefs"})
+
+
+async def test_schema_public_deny_refuses_public_describe(handler: PropsHandler) -> None:
+    with pytest.raises(PropsError) as caught:
+        await call(handler, "describe", {"namespace": "locked"})
+    assert caught.value.error_code == "auth_denied"
+    assert (await call(handler, "describe", {"namespace": "locked", "view": "full"}))["namespace"] == "locked"
+
+
+VERB_REQUESTS: list[tuple[str, dict[str, str], bytes]] = [
+    ("set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}'),
+    ("delete", {"namespace": "settings", "key": "k"}, b""),
+    ("get", {"namespace": "settings", "key": "k"}, b""),
+    ("list", {"namespace": "settings"}, b""),
+    ("describe", {"namespace": "settings"}, b""),
+    ("describe", {"namespace": "settings", "view": "full"}, b""),
+    ("watch", {"namespace": "settings"}, b""),
+    ("audit.watch", {"namespace": "settings"}, b""),
+]
+ALLOWED = {
+    "reader": {"get", "list", "watch"},
+    "secrets": {"get", "list", "watch"},
+    "writer": {"set", "delete"},
+    "auditor": {"audit.watch"},
+    "public_describer": {"describe"},
+    "full_describer": {"describe:full"},
+}
+
+
+@pytest.mark.parametrize("peer_name", sorted(PEERS))
+async def test_capability_matrix(handler: PropsHandler, peer_name: str) -> None:
+    peer = PeerIdentity("P", peer_name)
+    for verb, headers, body in VERB_REQUESTS:
+        label = "describe:full" if headers.get("view") == "full" else verb
+        await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
+        try:
+            await call(handler, verb, headers, body, peer=peer)
+            allowed = True
+        except PropsError as exc:
+            assert exc.error_code == "auth_denied", (peer_name, label, exc)
+            allowed = False
+        assert allowed == (label in ALLOWED[peer_name]), (peer_name, label)
+
+
+async def test_unattested_and_unknown_peers_hold_nothing(handler: PropsHandler) -> None:
+    for peer in (PeerIdentity.unattested(), PeerIdentity("Z", "zed")):
+        with pytest.raises(PropsError) as caught:
+            await call(handler, "get", {"namespace": "settings", "key": "k"}, peer=peer)
+        assert caught.value.error_code == "auth_denied"
+
+
+async def test_capability_check_precedes_namespace_lookup(handler: PropsHandler) -> None:
+    with pytest.raises(PropsError) as denied:
+        await call(handler, "get", {"namespace": "ghost", "key": "k"}, peer=PeerIdentity("P", "reader"))
+    assert denied.value.error_code == "auth_denied"
+    granted = PropsHandler(SVC, MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.ghost")}))
+    with pytest.raises(PropsError) as missing:
+        await call(granted, "get", {"namespace": "ghost", "key": "k"})
+    assert missing.value.error_code == "not_found"
+
+
+async def test_watch_reply_shapes_and_grant_arguments(handler: PropsHandler) -> None:
+    for n in range(3):
+        await call(handler, "set", {"namespace": "settings", "key": f"k{n}"}, b'{"title": "t"}')
+    reply = await call(handler, "watch", {"namespace": "settings", "since_nseq": "1"})
+    assert set(reply) == {"namespace", "observed_nseq", "events", "live", "caught_up"}
+    assert reply["live"] is True and reply["observed_nseq"] == 3
+    assert [e["nseq"] for e in reply["events"]] == [2, 3]
+    assert reply["caught_up"] == {"event_type": "caught_up", "namespace": "settings", "nseq": 3}
+    granter = handler.granter
+    assert isinstance(granter, FakeGranter)
+    assert granter.calls[-1] == ("demo.props.records.changed", "A/alice", "settings")
+    audit = await call(handler, "audit.watch", {"namespace": "settings"})
+    assert set(audit) == {"namespace", "observed_nseq", "events", "live"}
+    assert granter.calls[-1][0] == "demo.props.audit"
+    assert all("audit_digest" in e and "kind" not in e for e in audit["events"])
+
+
+async def test_caller_cursor_above_observed(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
+    reply = await call(handler, "watch", {"namespace": "settings", "since_nseq": "99"})
+    assert reply["events"] == [] and reply["caught_up"]["nseq"] == 1 and reply["observed_nseq"] == 1
+
+
+async def test_replay_only_is_for_unit_tests(handler: PropsHandler) -> None:
+    reply = await call(handler, "watch", {"namespace": "settings"}, live=False)
+    assert reply["live"] is False
+    granter = handler.granter
+    assert isinstance(granter, FakeGranter) and granter.calls == []
+
+
+async def test_grant_failures(handler: PropsHandler) -> None:
+    handler.granter = FakeGranter(GrantRefused("target_peer_not_connected", "A/alice via route r-17 to leaf x"))
+    with pytest.raises(PropsError) as refused:
+        await call(handler, "watch", {"namespace": "settings"})
+    assert (refused.value.error_code, refused.value.rc) == ("grant_failed", 10)
+    assert "r-17" not in refused.value.message and "target_peer" not in refused.value.message
+    handler.granter = FakeGranter(GranterMissing("NoRespondersError"))
+    with pytest.raises(PropsError) as missing:
+        await call(handler, "audit.watch", {"namespace": "settings"})
+    assert (missing.value.error_code, missing.value.rc) == ("unavailable", 20)
+    handler.granter = None
+    with pytest.raises(PropsError) as none:
+        await call(handler, "watch", {"namespace": "settings"})
+    assert none.value.error_code == "unavailable"
+
+
+async def test_replay_window_exceeded() -> None:
+    h = PropsHandler(SVC, MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.tiny")}), FakeGranter(Granted("s", "tiny")))
+    await h.register(Namespace("tiny", (FieldSpec("n", "integer"),), retain_events=2))
+    for n in range(5):
+        await call(h, "set", {"namespace": "tiny", "key": "k"}, f'{{"n": {n}}}'.encode())
+    with pytest.raises(PropsError) as caught:
+        await call(h, "watch", {"namespace": "tiny", "since_nseq": "1"})
+    assert caught.value.body() == {
+        "error_code": "replay_window_exceeded", "message": caught.value.message, "since_nseq": 1, "oldest_nseq": 4,
+    }
+    assert [e["nseq"] for e in (await call(h, "watch", {"namespace": "tiny", "since_nseq": "3"}))["events"]] == [4, 5]
+
+
+async def test_handle_answers_every_failure_with_a_body(handler: PropsHandler) -> None:
+    reply = await handler.handle("demo.props.get", {"namespace": "settings", "key": "k", "field_path": ""}, b"", ALICE)
+    assert (reply.rc, reply.body["error_code"]) == (10, "validation_error")
+    assert reply.error == reply.body["message"] and set(reply.body) == {"error_code", "message"}
+    ok = await handler.handle("demo.props.describe", {"namespace": "prefs"}, b"", ALICE)
+    assert ok.rc == 0 and ok.error is None
+
+
+async def test_validation_of_values(handler: PropsHandler) -> None:
+    with pytest.raises(PropsError) as long_title:
+        await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "far too long"}')
+    assert "max8" in long_title.value.message
+    with pytest.raises(PropsError) as long_key:
+        await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"api_key": "far too long"}')
+    assert "vault_format_v2" not in long_key.value.message

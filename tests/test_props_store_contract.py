@@ -1,0 +1,382 @@
+"""One contract suite for both property stores (the in-memory store and
+SqliteStore on disk), then what only SQLite promises: the frozen DDL, opening
+an existing database without migration, soft delete, domain mappings inside
+the one BEGIN IMMEDIATE transaction, I/O off the event loop."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service_engine.errors import ConfigError
+from service_engine.props import (
+    DDL,
+    Actor,
+    FieldSpec,
+    HookRejected,
+    MemoryStore,
+    Namespace,
+    PropsError,
+    PropsSchemaMismatch,
+    SqliteStore,
+    Store,
+    open_sqlite_store,
+)
+from service_engine.props.records import now
+
+
+def actor(cause: str | None = None) -> Actor:
+    return Actor("A/alice", now(), cause)
+
+
+ITEMS = Namespace(
+    "items",
+    (
+        FieldSpec("title", "string", default="untitled"),
+        FieldSpec("count", "integer", default=0),
+        FieldSpec("token", "string", secret=True),
+    ),
+    retain_events=50,
+)
+
+
+def rejecting(key: str, fields: Mapping[str, Any]) -> None:
+    if fields.get("title") == "bad":
+        raise HookRejected("title may not be bad")
+    if fields.get("title") == "boom":
+        raise RuntimeError("the hook itself broke")
+
+
+HOOKED = Namespace("hooked", (FieldSpec("title", "string"),), validate=rejecting)
+SHORT = Namespace("short", (FieldSpec("n", "integer"),), retain_events=3)
+
+
+def canonical(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class StoreContract:
+    """The behaviour every `Store` shares. Subclasses provide `store` and
+    `audit_key`."""
+
+    @pytest.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[Store]:
+        raise NotImplementedError
+        yield
+
+    def audit_key(self, store: Store, namespace: str) -> bytes:
+        raise NotImplementedError
+
+    @pytest.fixture(autouse=True)
+    async def registered(self, store: Store) -> None:
+        for ns in (ITEMS, HOOKED, SHORT):
+            await store.register(ns)
+
+    async def test_register_is_idempotent_and_starts_at_zero(self, store: Store) -> None:
+        await store.register(ITEMS)
+        assert await store.cursor("items") == 0
+        assert await store.oldest_nseq("items") is None
+
+    async def test_versions_and_nseq_increase_on_commits(self, store: Store) -> None:
+        first = await store.set(ITEMS, "a", {"title": "x"}, merge=True, if_version=None, actor=actor())
+        assert (first.version, first.nseq, first.created) == (1, 1, True)
+        second = await store.set(ITEMS, "a", {"count": 2}, merge=True, if_version=None, actor=actor())
+        assert (second.version, second.nseq, second.created) == (2, 2, False)
+        other = await store.set(ITEMS, "b", {"title": "y"}, merge=True, if_version=None, actor=actor())
+        assert (other.version, other.nseq) == (1, 3)
+        assert await store.cursor("items") == 3
+        assert await store.cursor("hooked") == 0
+
+    async def test_merge_patches_and_replace_replaces(self, store: Store) -> None:
+        await store.set(ITEMS, "a", {"title": "x", "count": 1}, merge=True, if_version=None, actor=actor())
+        await store.set(ITEMS, "a", {"count": 2}, merge=True, if_version=None, actor=actor())
+        assert (await store.get("items", "a")).record.fields == {"title": "x", "count": 2}  # type: ignore[union-attr]
+        await store.set(ITEMS, "a", {"count": 3}, merge=False, if_version=None, actor=actor())
+        assert (await store.get("items", "a")).record.fields == {"count": 3}  # type: ignore[union-attr]
+
+    async def test_stored_values_are_verbatim_without_defaults(self, store: Store) -> None:
+        await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
+        snap = await store.get("items", "a")
+        assert snap.record is not None and snap.record.fields == {"count": 1}
+        assert snap.nseq == 1
+
+    async def test_zero_fences_creation(self, store: Store) -> None:
+        created = await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=0, actor=actor())
+        assert created.version == 1
+        with pytest.raises(PropsError) as caught:
+            await store.set(ITEMS, "a", {"count": 2}, merge=True, if_version=0, actor=actor())
+        assert caught.value.error_code == "version_mismatch"
+        assert caught.value.body() == {
+            "error_code": "version_mismatch", "message": caught.value.message,
+            "expected_version": 0, "current_version": 1,
+        }
+        assert await store.cursor("items") == 1
+
+    async def test_fence_on_update_and_delete(self, store: Store) -> None:
+        await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
+        assert (await store.set(ITEMS, "a", {"count": 2}, merge=True, if_version=1, actor=actor())).version == 2
+        with pytest.raises(PropsError) as caught:
+            await store.delete(ITEMS, "a", if_version=1, actor=actor())
+        assert (caught.value.extra["expected_version"], caught.value.extra["current_version"]) == (1, 2)
+        deleted = await store.delete(ITEMS, "a", if_version=2, actor=actor())
+        assert deleted.version == 3
+
+    async def test_hard_delete_restarts_a_recreated_record_at_version_one(self, store: Store) -> None:
+        await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
+        await store.set(ITEMS, "a", {"count": 2}, merge=True, if_version=None, actor=actor())
+        deleted = await store.delete(ITEMS, "a", if_version=None, actor=actor())
+        assert (deleted.version, deleted.nseq) == (3, 3)
+        assert (await store.get("items", "a")).record is None
+        again = await store.set(ITEMS, "a", {"count": 9}, merge=True, if_version=0, actor=actor())
+        assert (again.version, again.created, again.nseq) == (1, True, 4)
+
+    async def test_delete_of_a_missing_record_is_not_found(self, store: Store) -> None:
+        with pytest.raises(PropsError) as caught:
+            await store.delete(ITEMS, "nope", if_version=None, actor=actor())
+        assert caught.value.error_code == "not_found"
+
+    async def test_list_returns_cursor_and_live_records(self, store: Store) -> None:
+        await store.set(ITEMS, "b", {"count": 1}, merge=True, if_version=None, actor=actor())
+        await store.set(ITEMS, "a", {"count": 2}, merge=True, if_version=None, actor=actor())
+        await store.set(ITEMS, "c", {"count": 3}, merge=True, if_version=None, actor=actor())
+        await store.delete(ITEMS, "c", if_version=None, actor=actor())
+        nseq, records = await store.list_records("items")
+        assert nseq == 4
+        assert [(r.key, r.version, dict(r.fields)) for r in records] == [("a", 1, {"count": 2}), ("b", 1, {"count": 1})]
+
+    async def test_events_carry_kind_changes_and_secret_counts(self, store: Store) -> None:
+        await store.set(ITEMS, "a", {"title": "x", "token": "s1"}, merge=True, if_version=None, actor=actor("c1"))
+        await store.set(ITEMS, "a", {"title": "x", "token": "s2", "count": 1}, merge=True, if_version=None, actor=actor())
+        await store.delete(ITEMS, "a", if_version=None, actor=actor())
+        events = await store.events("items", 0, 3)
+        assert [(e.kind, e.verb, e.version, e.nseq) for e in events] == [
+            ("created", "set", 1, 1), ("updated", "set", 2, 2), ("deleted", "delete", 3, 3),
+        ]
+        assert (events[0].fields_changed, events[0].secret_fields_changed_count, events[0].cause) == (("title",), 1, "c1")
+        assert (events[1].fields_changed, events[1].secret_fields_changed_count) == (("count",), 1)
+        assert events[0].actor == "A/alice" and events[0].audit_epoch == 0
+        assert [e.nseq for e in await store.events("items", 1, 2)] == [2]
+
+    async def test_digests_recompute_from_the_private_key(self, store: Store) -> None:
+        await store.set(ITEMS, "a", {"title": "x", "token": "s"}, merge=True, if_version=None, actor=actor())
+        await store.delete(ITEMS, "a", if_version=None, actor=actor())
+        key = self.audit_key(store, "items")
+        assert len(key) == 32
+        created, deleted = await store.events("items", 0, 2)
+        expected = hmac.new(key, canonical({"title": "x", "token": "s"}) + (1).to_bytes(8, "big"), hashlib.sha256)
+        assert created.digest == expected.hexdigest()
+        assert deleted.digest == hmac.new(key, b"null" + (2).to_bytes(8, "big"), hashlib.sha256).hexdigest()
+
+    async def test_hook_rejection_and_hook_failure_commit_nothing(self, store: Store) -> None:
+        with pytest.raises(PropsError) as rejected:
+            await store.set(HOOKED, "a", {"title": "bad"}, merge=True, if_version=None, actor=actor())
+        assert rejected.value.error_code == "validation_error"
+        with pytest.raises(PropsError) as failed:
+            await store.set(HOOKED, "a", {"title": "boom"}, merge=True, if_version=None, actor=actor())
+        assert (failed.value.error_code, failed.value.rc) == ("hook_error", 20)
+        assert await store.cursor("hooked") == 0 and await store.events("hooked", 0, 10) == []
+
+    async def test_field_checks(self, store: Store) -> None:
+        for fields in ({"nope": 1}, {"count": "1"}, {"count": True}, {"_lifecycle": "x"}):
+            with pytest.raises(PropsError) as caught:
+                await store.set(ITEMS, "a", fields, merge=True, if_version=None, actor=actor())
+            assert caught.value.error_code == "validation_error"
+
+    async def test_reconciliation_alone_increases_the_audit_epoch(self, store: Store) -> None:
+        await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
+        rec = await store.reconcile(ITEMS, "a", {"count": 5}, actor=Actor("demo", now()))
+        after = await store.set(ITEMS, "a", {"count": 6}, merge=True, if_version=None, actor=actor())
+        epochs = [(e.kind, e.audit_epoch) for e in await store.events("items", 0, after.nseq)]
+        assert epochs == [("created", 0), ("reconciled", 1), ("updated", 1)]
+        assert rec.version == 2
+
+    async def test_saga_completion_is_its_own_commit(self, store: Store) -> None:
+        await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor(), lifecycle="provisioning")
+        done = await store.complete(ITEMS, "a", lifecycle="failed", reason="quota", actor=actor())
+        last = (await store.events("items", 1, 2))[0]
+        assert (last.kind, last.lifecycle, last.reason, done.version) == ("completed", "failed", "quota", 2)
+        snap = await store.get("items", "a")
+        assert snap.record is not None and snap.record.lifecycle == "failed"
+
+    async def test_history_is_bounded_by_retention(self, store: Store) -> None:
+        for n in range(5):
+            await store.set(SHORT, "k", {"n": n}, merge=True, if_version=None, actor=actor())
+        assert await store.oldest_nseq("short") == 3
+        assert [e.nseq for e in await store.events("short", 0, 5)] == [3, 4, 5]
+
+    async def test_listeners_hear_every_commit(self, store: Store) -> None:
+        heard: list[str] = []
+        remove = store.add_listener(heard.append)
+        await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
+        remove()
+        await store.set(ITEMS, "a", {"count": 2}, merge=True, if_version=None, actor=actor())
+        assert heard == ["items"]
+
+    async def test_unregistered_namespace_is_not_found(self, store: Store) -> None:
+        with pytest.raises(PropsError) as caught:
+            await store.cursor("ghost")
+        assert caught.value.error_code == "not_found"
+
+
+class TestMemoryStore(StoreContract):
+    @pytest.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[Store]:
+        store = MemoryStore()
+        yield store
+        await store.aclose()
+
+    def audit_key(self, store: Store, namespace: str) -> bytes:
+        assert isinstance(store, MemoryStore)
+        return store._audit_key(namespace)
+
+    async def test_implements_hard_delete_only(self, store: Store) -> None:
+        with pytest.raises(ConfigError):
+            await store.register(SOFT)
+
+
+class TestSqliteStore(StoreContract):
+    @pytest.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[Store]:
+        store = await open_sqlite_store(tmp_path / "props.db")
+        yield store
+        await store.aclose()
+
+    def audit_key(self, store: Store, namespace: str) -> bytes:
+        assert isinstance(store, SqliteStore)
+        with sqlite3.connect(store.path) as conn:
+            row = conn.execute("SELECT audit_key FROM __props_audit_keys WHERE namespace = ?", (namespace,)).fetchone()
+        return bytes(row[0])
+
+
+SOFT = Namespace("soft", (FieldSpec("n", "integer"),), deletion="soft", require_version=True)
+
+FROZEN_DDL = {
+    "__props_meta": "CREATE TABLE __props_meta (namespace TEXT PRIMARY KEY NOT NULL, nseq INTEGER NOT NULL, audit_epoch INTEGER NOT NULL)",
+    "__props_records": "CREATE TABLE __props_records (namespace TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL, lifecycle TEXT, reason TEXT, tombstone INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (namespace, key))",
+    "__props_events": "CREATE TABLE __props_events (namespace TEXT NOT NULL, nseq INTEGER NOT NULL, key TEXT NOT NULL, kind TEXT NOT NULL, verb TEXT NOT NULL, version INTEGER NOT NULL, audit_epoch INTEGER NOT NULL, actor TEXT NOT NULL, ts TEXT NOT NULL, digest TEXT NOT NULL, cause TEXT, lifecycle TEXT, reason TEXT, fields_changed TEXT NOT NULL, secret_fields_changed_count INTEGER NOT NULL, PRIMARY KEY (namespace, nseq))",
+    "__props_audit_keys": "CREATE TABLE __props_audit_keys (namespace TEXT PRIMARY KEY NOT NULL, audit_key BLOB NOT NULL)",
+    "__props_values": "CREATE TABLE __props_values (namespace TEXT NOT NULL, key TEXT NOT NULL, fields TEXT NOT NULL, PRIMARY KEY (namespace, key))",
+}
+"""The schema-compatibility pin: change these and existing databases break."""
+
+
+def master_tables(path: Path) -> dict[str, str]:
+    with sqlite3.connect(path) as conn:
+        return dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall())
+
+
+async def test_sqlite_owns_exactly_the_five_tables_with_frozen_ddl(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "p.db")
+    await store.register(ITEMS)
+    await store.aclose()
+    assert master_tables(tmp_path / "p.db") == FROZEN_DDL
+    assert dict(DDL) == FROZEN_DDL
+
+
+async def test_sqlite_existing_database_opens_without_migration(tmp_path: Path) -> None:
+    path = tmp_path / "p.db"
+    store = await open_sqlite_store(path)
+    await store.register(ITEMS)
+    await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
+    await store.aclose()
+    before = master_tables(path)
+    reopened = await open_sqlite_store(path)
+    try:
+        await reopened.register(ITEMS)
+        snap = await reopened.get("items", "a")
+        assert snap.nseq == 1 and snap.record is not None and snap.record.fields == {"count": 1}
+        assert (await reopened.set(ITEMS, "a", {"count": 2}, merge=True, if_version=1, actor=actor())).nseq == 2
+    finally:
+        await reopened.aclose()
+    assert master_tables(path) == before
+
+
+async def test_sqlite_refuses_a_foreign_props_table(tmp_path: Path) -> None:
+    path = tmp_path / "p.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE __props_meta (namespace TEXT, nseq INTEGER)")
+    with pytest.raises(PropsSchemaMismatch):
+        await open_sqlite_store(path)
+
+
+async def test_sqlite_soft_delete_keeps_the_tombstone_and_recreates_against_it(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "p.db")
+    try:
+        await store.register(SOFT)
+        with pytest.raises(PropsError) as unfenced:
+            await store.set(SOFT, "a", {"n": 1}, merge=True, if_version=None, actor=actor())
+        assert unfenced.value.error_code == "validation_error"
+        await store.set(SOFT, "a", {"n": 1}, merge=True, if_version=0, actor=actor())
+        deleted = await store.delete(SOFT, "a", if_version=1, actor=actor())
+        assert deleted.version == 2
+        assert (await store.get("soft", "a")).record is None
+        assert (await store.list_records("soft"))[1] == []
+        with pytest.raises(PropsError) as stale:
+            await store.set(SOFT, "a", {"n": 2}, merge=True, if_version=0, actor=actor())
+        assert stale.value.extra == {"expected_version": 0, "current_version": 2}
+        again = await store.set(SOFT, "a", {"n": 2}, merge=True, if_version=2, actor=actor())
+        assert (again.version, again.created) == (3, True)
+    finally:
+        await store.aclose()
+
+
+class Tickets:
+    """A domain mapping: the namespace's values in a business table."""
+
+    def __init__(self) -> None:
+        self.threads: set[int] = set()
+        self.fail_next = False
+
+    def create(self, conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE IF NOT EXISTS tickets (id TEXT PRIMARY KEY, title TEXT)")
+
+    def load(self, conn: sqlite3.Connection, key: str) -> dict[str, Any] | None:
+        row = conn.execute("SELECT title FROM tickets WHERE id = ?", (key,)).fetchone()
+        return None if row is None else {"title": row[0]}
+
+    def save(self, conn: sqlite3.Connection, key: str, fields: Mapping[str, Any]) -> None:
+        self.threads.add(threading.get_ident())
+        conn.execute("INSERT OR REPLACE INTO tickets (id, title) VALUES (?, ?)", (key, fields.get("title")))
+        if self.fail_next:
+            raise sqlite3.IntegrityError("the business rule refused it")
+
+    def remove(self, conn: sqlite3.Connection, key: str) -> None:
+        conn.execute("DELETE FROM tickets WHERE id = ?", (key,))
+
+
+TICKETS = Namespace("tickets", (FieldSpec("title", "string"),))
+
+
+async def test_sqlite_domain_mapping_shares_the_one_transaction_off_the_loop(tmp_path: Path) -> None:
+    path = tmp_path / "p.db"
+    mapping = Tickets()
+    store = await open_sqlite_store(path, {"tickets": mapping})
+    try:
+        await store.register(TICKETS)
+        await store.set(TICKETS, "t1", {"title": "first"}, merge=True, if_version=None, actor=actor())
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT title FROM tickets").fetchall() == [("first",)]
+            assert conn.execute("SELECT COUNT(*) FROM __props_values").fetchone() == (0,)
+        assert threading.get_ident() not in mapping.threads
+        mapping.fail_next = True
+        with pytest.raises(Exception, match="business rule"):
+            await store.set(TICKETS, "t1", {"title": "second"}, merge=True, if_version=None, actor=actor())
+        mapping.fail_next = False
+        snap = await store.get("tickets", "t1")
+        assert snap.nseq == 1 and snap.record is not None and snap.record.fields == {"title": "first"}
+        assert [e.nseq for e in await store.events("tickets", 0, 9)] == [1]
+    finally:
+        await store.aclose()
+
+
+def test_hard_delete_cannot_require_version_fencing() -> None:
+    with pytest.raises(ConfigError):
+        Namespace("x", (FieldSpec("n", "integer"),), require_version=True)
