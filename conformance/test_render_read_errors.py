@@ -6,7 +6,7 @@ raw asyncpg exception."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -71,7 +71,7 @@ async def test_a_dropped_table_reaches_no_reader_as_a_driver_error(
             await owner.execute("DROP TABLE sample_card")
         finally:
             await owner.close()
-        reads = {
+        reads: dict[str, Callable[[], Awaitable[Any]]] = {
             "attach": lambda: rt.attach(ALICE, "cards", window),
             "fetch": lambda: rt.fetch("cards", "c1", ALICE),
             "fetch_window": lambda: rt.fetch_window("cards", RankQuery(10), ALICE),
