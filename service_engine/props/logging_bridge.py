@@ -29,6 +29,8 @@ from .errors import HookRejected, PropsError, PropsStoreError
 from .schema import FieldSpec, Namespace
 from .store import Store
 
+_log = logging.getLogger(__name__)
+
 LOG_NAMESPACE = "log"
 LOG_KEY = "current"
 
@@ -153,7 +155,12 @@ class LogBridge(AsyncResource):
         level = fields.get("level", "info")
         base = _PY_LEVELS.get(level if isinstance(level, str) else "info", logging.INFO)
         text = fields.get("filter") or ""
-        directives = parse_filter(text) if isinstance(text, str) else []
+        try:
+            directives = parse_filter(text) if isinstance(text, str) else []
+        except HookRejected as exc:
+            # Only a reconciliation can store one: keep the level, skip the filter.
+            _log.warning("log filter not applied: %s", exc)
+            directives = []
         for directive in directives:
             if directive.target is None:
                 base = directive.level

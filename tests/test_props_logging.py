@@ -1,0 +1,113 @@
+"""The logging bridge: the ``log`` singleton's hooks, EnvFilter parsing, and
+a real Python logger's level changed live by a commit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from service_engine.props import (
+    LogBridge,
+    MemoryStore,
+    PeerIdentity,
+    PropsError,
+    PropsHandler,
+    StaticPolicy,
+    all_caps,
+    log_namespace,
+    parse_command,
+    parse_filter,
+)
+from service_engine.props.errors import HookRejected
+from service_engine.props.logging_bridge import OFF, Directive
+
+ALICE = PeerIdentity("A", "alice")
+
+
+@pytest.fixture
+async def handler() -> PropsHandler:
+    h = PropsHandler("demo", MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.log")}))
+    await h.register(log_namespace())
+    return h
+
+
+@pytest.fixture
+def loggers() -> Iterator[None]:
+    names = ["", "svc_test_bridge", "svc_test_bridge.db", "svc_test_other"]
+    saved = {n: logging.getLogger(n or None).level for n in names}
+    yield
+    for name, level in saved.items():
+        logging.getLogger(name or None).setLevel(level)
+
+
+async def call(h: PropsHandler, verb: str, headers: dict[str, str], body: bytes = b"") -> dict[str, object]:
+    return await h.command(parse_command("demo", f"demo.props.{verb}", headers, body), ALICE)
+
+
+def test_parse_filter() -> None:
+    assert parse_filter("") == []
+    assert parse_filter("warn,svc_test::db=debug, other=off") == [
+        Directive(None, logging.WARNING), Directive("svc_test.db", logging.DEBUG), Directive("other", OFF),
+    ]
+    assert parse_filter("a.b") == [Directive("a.b", logging.DEBUG)]
+    for bad in ("a=loud", "=info", "a b=info", "a,,b", "9x=info", "a=info=debug"):
+        with pytest.raises(HookRejected, match="^log_filter_invalid:"):
+            parse_filter(bad)
+
+
+async def test_log_singleton_shape(handler: PropsHandler) -> None:
+    described = await call(handler, "describe", {"namespace": "log"})
+    assert described["cardinality"] == "singleton"
+    fields = {f["name"]: f["default"] for f in described["fields"]}  # type: ignore[attr-defined]
+    assert fields == {"level": "info", "filter": "", "format": "human", "applied_at": "", "source": "", "applied_by": "default"}
+    reply = await call(handler, "set", {"namespace": "log"}, b'{"level": "debug", "applied_by": "props"}')
+    assert reply["key"] == "current"
+
+
+@pytest.mark.parametrize("body", [b'{"level": "loud"}', b'{"format": "xml"}', b'{"applied_by": "me"}'])
+async def test_hooks_reject_unknown_enum_variants(handler: PropsHandler, body: bytes) -> None:
+    with pytest.raises(PropsError) as caught:
+        await call(handler, "set", {"namespace": "log"}, body)
+    assert caught.value.error_code == "validation_error"
+    assert caught.value.message.startswith("log_unknown_enum_variant:")
+
+
+async def test_hooks_reject_bad_filters_and_every_delete(handler: PropsHandler) -> None:
+    with pytest.raises(PropsError) as bad:
+        await call(handler, "set", {"namespace": "log"}, b'{"filter": "a=loud"}')
+    assert bad.value.message.startswith("log_filter_invalid:")
+    await call(handler, "set", {"namespace": "log"}, b'{"level": "info"}')
+    with pytest.raises(PropsError) as undeletable:
+        await call(handler, "delete", {"namespace": "log"})
+    assert (undeletable.value.error_code, undeletable.value.message.split(":")[0]) == ("validation_error", "log_undeletable")
+
+
+async def test_bridge_changes_real_logger_levels_live(handler: PropsHandler, loggers: None) -> None:
+    logger = logging.getLogger("svc_test_bridge")
+    handlers_before = list(logging.getLogger().handlers)
+    bridge = LogBridge(handler.store, root="svc_test_bridge")
+    await bridge.start()
+    try:
+        await call(handler, "set", {"namespace": "log"}, b'{"level": "debug"}')
+        await asyncio.wait_for(bridge.applied.wait(), 2)
+        assert logger.level == logging.DEBUG and logger.isEnabledFor(logging.DEBUG)
+        bridge.applied.clear()
+        await call(handler, "set", {"namespace": "log"}, b'{"level": "none", "filter": "svc_test_bridge::db=warn,svc_test_other=error"}')
+        await asyncio.wait_for(bridge.applied.wait(), 2)
+        assert logger.level == OFF and not logger.isEnabledFor(logging.CRITICAL)
+        assert logging.getLogger("svc_test_bridge.db").level == logging.WARNING
+        assert logging.getLogger("svc_test_other").level == logging.ERROR
+        bridge.applied.clear()
+        await call(handler, "set", {"namespace": "log"}, b'{"level": "warn", "filter": ""}')
+        await asyncio.wait_for(bridge.applied.wait(), 2)
+        assert logger.level == logging.WARNING
+        assert logging.getLogger("svc_test_other").level == logging.NOTSET
+        record = await call(handler, "get", {"namespace": "log"})
+        assert record["fields"] == {"level": "warn", "filter": ""}  # nothing written back
+        assert record["version"] == 3
+        assert list(logging.getLogger().handlers) == handlers_before  # no sink rebuilt
+    finally:
+        await bridge.aclose()
