@@ -54,7 +54,7 @@ def test_parse_filter() -> None:
     ]
     assert parse_filter("a.b") == [Directive("a.b", logging.DEBUG)]
     for bad in ("a=loud", "=info", "a b=info", "a,,b", "9x=info", "a=info=debug"):
-        with pytest.raises(HookRejected, match="^log_filter_invalid:"):
+        with pytest.raises(HookRejected, match=r"^log_filter_invalid:"):
             parse_filter(bad)
 
 
