@@ -1,0 +1,420 @@
+"""The declarative command layer against real Postgres (seeds/003 semantics).
+
+Each test states the property it proves. The sample (`sample_commands`)
+declares projects, tasks (a workflow, a unique title per org, an update row
+policy, a cascade of steps) and steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from service_engine import Database
+from service_engine.clock import Timestamp
+from service_engine.commands import (
+    IDEMPOTENCY_CONFLICT,
+    INVALID_INPUT,
+    REFUSED,
+    CommandConfig,
+    CommandOutcome,
+    CommandRunner,
+    sweep_idempotency,
+)
+from service_engine.db.errors import Stage
+from service_engine.db.locks import aggregate_lock_key
+from service_engine.db.types import Conn
+from service_engine.gates import affordances
+from service_engine.pipeline import MutationError
+
+from .harness import wait_until
+from .sample_commands import (
+    ALICE,
+    COMMANDS,
+    EVE,
+    MAX_STEPS,
+    ROOT,
+    Principal,
+    Task,
+    executor_for,
+    runner_for,
+)
+
+C = COMMANDS
+
+
+async def run(
+    runner: CommandRunner, command: str, principal: Any = ALICE, /, **inputs: Any
+) -> Any:
+    return await runner.run(C[command], principal, inputs)
+
+
+async def ok(
+    runner: CommandRunner, command: str, principal: Any = ALICE, /, **inputs: Any
+) -> Any:
+    outcome = await run(runner, command, principal, **inputs)
+    assert isinstance(outcome, CommandOutcome) and outcome.ok, outcome
+    return outcome
+
+
+async def task_row(db: Database, task_id: str) -> dict[str, Any] | None:
+    row = await db.pool.fetchrow("SELECT * FROM cmd_task WHERE id = $1", task_id)
+    return None if row is None else dict(row)
+
+
+async def count(db: Database, sql: str, *args: Any) -> int:
+    value = await db.pool.fetchval(sql, *args)
+    assert isinstance(value, int)
+    return value
+
+
+async def seed(runner: CommandRunner, task_id: str = "t1", title: str = "first",
+               project: str = "p1") -> CommandOutcome:
+    await run(runner, "CreateProject", request_key=f"p-{project}", org="acme",
+              project_id=project, name="Project")
+    created: CommandOutcome = await ok(
+        runner, "CreateTask", request_key=f"t-{task_id}", org="acme", task_id=task_id,
+        project_id=project, title=title,
+    )
+    return created
+
+
+async def test_lost_response_retry_runs_once_with_the_same_sealed_values(db: Database) -> None:
+    """A retry with the key of a run whose response was lost runs nothing and
+    answers the stored outcome with the originally sealed uuid_v7 and time."""
+    runner = runner_for(db)
+    await seed(runner)
+    first = await ok(runner, "StartTask", request_key="k1", org="acme", task_id="t1",
+                     expected_revision=1)
+    # A fresh runner over the same database: a restarted pod answers the same.
+    again = await run(runner_for(db), "StartTask", request_key="k1", org="acme",
+                      task_id="t1", expected_revision=1)
+    assert again == first and again.replayed and not first.replayed
+    assert again.sealed["execution_id"] == first.sealed["execution_id"]
+    assert again.data["execution_id"] == first.data["execution_id"]
+    assert again.data["started_at"] == first.data["started_at"]
+    row = await task_row(db, "t1")
+    assert row is not None
+    assert (row["state"], row["version"]) == ("running", 2)
+    assert str(row["execution_id"]) == first.sealed["execution_id"]
+    assert row["started_at"].isoformat() == first.sealed["started_at"]
+    assert str(first.sealed["execution_id"])[14] == "7"  # a version-7 uuid
+
+
+async def test_same_key_with_other_inputs_is_refused(db: Database) -> None:
+    """The same key with other inputs answers IdempotencyConflict and changes nothing."""
+    runner = runner_for(db)
+    await seed(runner)
+    await seed(runner, "t2", "second")
+    await ok(runner, "StartTask", request_key="k1", org="acme", task_id="t1",
+             expected_revision=1)
+    before = await task_row(db, "t2")
+    conflict = await run(runner, "StartTask", request_key="k1", org="acme", task_id="t2",
+                         expected_revision=1)
+    assert isinstance(conflict, CommandOutcome)
+    assert (conflict.name, conflict.ok) == (IDEMPOTENCY_CONFLICT, False)
+    assert await task_row(db, "t2") == before
+    # Keys are the caller's own: another principal's same key is its own first run.
+    other = await run(runner, "StartTask", ROOT, request_key="k1", org="acme", task_id="t2",
+                      expected_revision=1)
+    assert isinstance(other, CommandOutcome) and other.name == "Started"
+
+
+async def test_a_refusal_is_stored_and_replayed_without_running(db: Database) -> None:
+    """A declared zero-mutation outcome is the key's stored outcome: a retry
+    answers it again even once running the command would now succeed."""
+    runner = runner_for(db)
+    await seed(runner)
+    stale = await run(runner, "StartTask", request_key="k", org="acme", task_id="t1",
+                      expected_revision=2)
+    assert isinstance(stale, CommandOutcome) and stale.name == "StaleRevision"
+    await ok(runner, "RenameTask", org="acme", task_id="t1", title="renamed")  # revision 2
+    replay = await run(runner, "StartTask", request_key="k", org="acme", task_id="t1",
+                       expected_revision=2)
+    assert replay == stale and replay.replayed
+    row = await task_row(db, "t1")
+    assert row is not None and (row["state"], row["version"]) == ("queued", 2)
+
+
+async def test_twenty_concurrent_creates_of_one_title_one_wins(db: Database) -> None:
+    """Twenty concurrent creates of one unique value: exactly one Created, the
+    others the declared TitleTaken, and one occupancy row."""
+    runner = runner_for(db)
+    await run(runner, "CreateProject", request_key="p", org="acme", project_id="p1", name="P")
+    outcomes = await asyncio.gather(*(
+        run(runner, "CreateTask", request_key=f"k{n}", org="acme", task_id=f"t{n}",
+            project_id="p1", title="same")
+        for n in range(20)
+    ))
+    names = sorted(o.name for o in outcomes)
+    assert names == ["Created"] + ["TitleTaken"] * 19, names
+    assert await count(db, "SELECT count(*) FROM cmd_task WHERE title = 'same'") == 1
+    assert await count(db, "SELECT count(*) FROM service_engine.command_occupancy") == 1
+
+
+async def test_unique_is_per_partition_and_renames_move_the_occupancy(db: Database) -> None:
+    """A title is unique within its org only; a rename frees the old title
+    and takes the new one in the same commit; a rename onto a taken title is
+    TitleTaken with zero mutation."""
+    runner = runner_for(db)
+    await seed(runner, "t1", "alpha")
+    await run(runner, "CreateProject", EVE, request_key="p", org="umbrella", project_id="u1",
+              name="U")
+    await ok(runner, "CreateTask", EVE, request_key="k", org="umbrella", task_id="u-t1",
+             project_id="u1", title="alpha")
+    await ok(runner, "RenameTask", org="acme", task_id="t1", title="beta")
+    await ok(runner, "CreateTask", request_key="k2", org="acme", task_id="t2",
+             project_id="p1", title="alpha")
+    before = await task_row(db, "t2")
+    taken = await run(runner, "RenameTask", org="acme", task_id="t2", title="beta")
+    assert taken.name == "TitleTaken"
+    assert await task_row(db, "t2") == before
+    taken = await run(runner, "CreateTask", request_key="k3", org="acme", task_id="t3",
+                      project_id="p1", title="beta")
+    assert taken.name == "TitleTaken"
+    assert await count(db, "SELECT count(*) FROM service_engine.command_occupancy") == 3
+
+
+async def test_stale_and_illegal_transitions_are_idempotent_zero_mutation(db: Database) -> None:
+    """The revision is compared before the source state: a mismatch is
+    StaleRevision, a match outside the source set IllegalState; both leave
+    the row as it was, however often they are sent."""
+    runner = runner_for(db)
+    await seed(runner)
+    queued = await task_row(db, "t1")
+    for _ in range(2):
+        stale = await run(runner, "FinishTask", org="acme", task_id="t1", expected_revision=7)
+        assert stale.name == "StaleRevision"
+        illegal = await run(runner, "FinishTask", org="acme", task_id="t1", expected_revision=1)
+        assert illegal.name == "IllegalState"
+    assert await task_row(db, "t1") == queued
+    await ok(runner, "StartTask", request_key="s", org="acme", task_id="t1", expected_revision=1)
+    running = await task_row(db, "t1")
+    # Stale wins over illegal: the wrong revision in the wrong state is stale.
+    assert (await run(runner, "StartTask", request_key="s2", org="acme", task_id="t1",
+                      expected_revision=1)).name == "StaleRevision"
+    assert (await run(runner, "StartTask", request_key="s3", org="acme", task_id="t1",
+                      expected_revision=2)).name == "IllegalState"
+    assert await task_row(db, "t1") == running
+    done = await ok(runner, "FinishTask", org="acme", task_id="t1", expected_revision=2)
+    assert done.data == {"revision": 3}
+
+
+async def _waiting_locks(db: Database) -> int:
+    return await count(db, "SELECT count(*) FROM pg_locks WHERE NOT granted")
+
+
+@pytest.mark.parametrize("writer", ["pipeline", "raw_sql"])
+async def test_a_concurrent_write_between_check_and_commit_is_not_lost(
+    db: Database, writer: str
+) -> None:
+    """A write that arrives while a checked transition is between its check
+    and its commit waits for it and applies after: both changes survive and
+    the revision counts both (no lost update)."""
+    runner = runner_for(db)
+    await seed(runner)
+    concurrent: list[asyncio.Task[Any]] = []
+
+    async def write_now(stage: Stage, conn: Conn) -> None:
+        if stage is not Stage.COMMIT:
+            return
+        if writer == "pipeline":
+            coro: Any = run(runner, "RenameTask", org="acme", task_id="t1", title="renamed")
+        else:
+            coro = db.pool.execute(
+                "UPDATE cmd_task SET title = 'renamed', version = version + 1 WHERE id = 't1'"
+            )
+        concurrent.append(asyncio.ensure_future(coro))
+        await wait_until(lambda: _at_least_one(db), what="the concurrent writer to wait")
+
+    hooked = CommandRunner(executor_for(db).with_hook(write_now), runner.config)
+    started = await hooked.run(C["StartTask"], ALICE, {
+        "request_key": "k", "org": "acme", "task_id": "t1", "expected_revision": 1,
+    })
+    assert isinstance(started, CommandOutcome) and started.name == "Started"
+    await asyncio.wait_for(concurrent[0], 10)
+    row = await task_row(db, "t1")
+    assert row is not None
+    assert (row["state"], row["title"], row["version"]) == ("running", "renamed", 3)
+
+
+async def _at_least_one(db: Database) -> bool:
+    return await _waiting_locks(db) >= 1
+
+
+async def test_restrict_refuses_while_referenced(db: Database) -> None:
+    """Deleting a project a task references answers Referenced and deletes
+    nothing; once the reference is gone the delete commits."""
+    runner = runner_for(db)
+    await seed(runner)
+    referenced = await run(runner, "DeleteProject", org="acme", project_id="p1")
+    assert referenced.name == "Referenced"
+    assert await count(db, "SELECT count(*) FROM cmd_project") == 1
+    await ok(runner, "DeleteTask", org="acme", task_id="t1")
+    await ok(runner, "DeleteProject", org="acme", project_id="p1")
+    assert await count(db, "SELECT count(*) FROM cmd_project") == 0
+
+
+async def test_cascade_deletes_at_most_its_maximum_and_refuses_beyond(db: Database) -> None:
+    """A task with MAX_STEPS steps is deleted with its steps (and frees its
+    title); one with more answers TooManySteps and keeps everything."""
+    runner = runner_for(db)
+    await seed(runner, "t1", "small")
+    await seed(runner, "t2", "large")
+    for n in range(MAX_STEPS):
+        await ok(runner, "AddStep", org="acme", task_id="t1", step_id=f"s1-{n}", label="x")
+    for n in range(MAX_STEPS + 1):
+        await ok(runner, "AddStep", org="acme", task_id="t2", step_id=f"s2-{n}", label="x")
+    too_many = await run(runner, "DeleteTask", org="acme", task_id="t2")
+    assert too_many.name == "TooManySteps" and too_many.data == {"maximum": MAX_STEPS}
+    assert await count(db, "SELECT count(*) FROM cmd_step WHERE task_id = 't2'") == MAX_STEPS + 1
+    assert await task_row(db, "t2") is not None
+    await ok(runner, "DeleteTask", org="acme", task_id="t1")
+    assert await count(db, "SELECT count(*) FROM cmd_step WHERE task_id = 't1'") == 0
+    assert await task_row(db, "t1") is None
+    await ok(runner, "CreateTask", request_key="again", org="acme", task_id="t3",
+             project_id="p1", title="small")
+
+
+async def test_relationship_proof_reads_the_target(db: Database) -> None:
+    """A create whose required relationship has no target answers the
+    proof's absence outcome and writes nothing."""
+    runner = runner_for(db)
+    missing = await run(runner, "CreateTask", request_key="k", org="acme", task_id="t1",
+                        project_id="nope", title="x")
+    assert missing.name == "ProjectMissing"
+    assert await task_row(db, "t1") is None
+    assert (await run(runner, "AddStep", org="acme", task_id="t1", step_id="s",
+                      label="x")).name == "TaskMissing"
+
+
+async def test_row_policy_checks_both_rows_and_affordance_equals_gate(db: Database) -> None:
+    """An update must satisfy the row policy for the current and the proposed
+    row; a missing or mistyped fact denies; the affordance is the same
+    function: it says denied exactly when the command answers Refused."""
+    runner = runner_for(db)
+    await seed(runner)
+    proposed = await run(runner, "LockTask", org="acme", task_id="t1", locked=True)
+    assert (proposed.name, proposed.data["reason"]) == (REFUSED, "task.update_denied")
+    await ok(runner, "LockTask", ROOT, org="acme", task_id="t1", locked=True)
+    async with db.pool.acquire() as conn:
+        task = await Task.Store.load(conn, "t1")
+    assert task is not None
+    for principal in (ALICE, ROOT, Principal("typo", admin="yes"), Principal("none", org=None)):
+        offered = affordances(task, principal)["update"]  # type: ignore[index]
+        outcome = await run(runner, "RenameTask", principal, org="acme", task_id="t1",
+                            title=f"by-{principal.id}")
+        if offered.allowed:
+            assert outcome.name == "Renamed", principal
+        else:
+            assert offered.reason is not None
+            assert (outcome.name, outcome.data["reason"]) == (REFUSED, offered.reason.code)
+    row = await task_row(db, "t1")
+    assert row is not None and row["title"] == "by-root"
+
+
+async def test_cross_aggregate_command_takes_all_locks_in_one_order(db: Database) -> None:
+    """Commands writing the same two tasks in opposite binding order never
+    deadlock (the union of locks in one fixed order) and each commits both
+    rows or neither."""
+    runner = runner_for(db)
+    await seed(runner, "a", "A")
+    await seed(runner, "b", "B")
+    outcomes = await asyncio.gather(*(
+        run(runner, "LockPair", ROOT, org="acme", first=x, second=y)
+        for x, y in [("a", "b"), ("b", "a")] * 10
+    ))
+    assert all(isinstance(o, CommandOutcome) and o.name == "Locked" for o in outcomes), outcomes
+    rows = [await task_row(db, k) for k in ("a", "b")]
+    assert all(r is not None and r["locked"] and r["version"] == 21 for r in rows)
+    await seed(runner, "c", "C")
+    half = await run(runner, "LockPair", ROOT, org="acme", first="c", second="missing")
+    assert half.name == "SecondMissing"
+    row = await task_row(db, "c")
+    assert row is not None and not row["locked"]
+
+
+@contextlib.asynccontextmanager
+async def holding(db: Database, store_type: str, key: object) -> AsyncIterator[None]:
+    conn = await db.connect_dedicated()
+    try:
+        await conn.execute("SELECT pg_advisory_lock($1)", aggregate_lock_key(store_type, key))
+        yield
+    finally:
+        await conn.close()
+
+
+async def test_different_conflict_keys_never_contend(db: Database) -> None:
+    """A command contends only on its conflict key: with task a's lock held
+    elsewhere, a command on task b commits and one on a times out (retryable)."""
+    runner = runner_for(db)
+    await seed(runner, "a", "A")
+    await seed(runner, "b", "B")
+    short = CommandRunner(executor_for(db, lock_timeout=timedelta(milliseconds=200)))
+    async with holding(db, Task.Store.store_type, "a"):
+        assert (await run(short, "RenameTask", org="acme", task_id="b", title="B2")).ok
+        blocked = await run(short, "RenameTask", org="acme", task_id="a", title="A2")
+        assert isinstance(blocked, MutationError)
+        assert (blocked.code, blocked.retryable) == ("lock_timeout", True)
+
+
+async def test_a_binding_outside_its_partition_is_absent(db: Database) -> None:
+    """A row read under another partition route is absent there."""
+    runner = runner_for(db)
+    await seed(runner)
+    assert (await run(runner, "RenameTask", EVE, org="umbrella", task_id="t1",
+                      title="x")).name == "Missing"
+
+
+async def test_inputs_that_do_not_match_the_declaration_are_refused(db: Database) -> None:
+    """A missing, mistyped, unknown or service-owned input is refused with
+    ``invalid_input`` before anything runs."""
+    runner = runner_for(db)
+    await seed(runner)
+    cases: list[dict[str, Any]] = [
+        {"org": "acme", "task_id": "t1"},
+        {"org": "acme", "task_id": "t1", "expected_revision": True, "request_key": "k"},
+        {"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k", "x": 1},
+        {"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k",
+         "execution_id": "01900000-0000-7000-8000-000000000001"},
+        {"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k" * 129},
+    ]
+    for inputs in cases:
+        refused = await runner.run(C["StartTask"], ALICE, inputs)
+        assert isinstance(refused, MutationError) and refused.code == INVALID_INPUT, inputs
+    row = await task_row(db, "t1")
+    assert row is not None and row["version"] == 1
+
+
+class SteppedClock:
+    def __init__(self) -> None:
+        self.at = Timestamp.now()
+
+    def now(self) -> Timestamp:
+        return self.at
+
+
+async def test_records_expire_after_their_retention_and_are_swept(db: Database) -> None:
+    """A key answers from its record within the retention only; past it the
+    key runs anew, and the sweep deletes expired records."""
+    clock = SteppedClock()
+    from dataclasses import replace
+    executor = replace(executor_for(db), clock=clock)
+    runner = CommandRunner(executor, CommandConfig(idempotency_retention=timedelta(minutes=1)))
+    first = await ok(runner, "CreateProject", request_key="k", org="acme", project_id="p",
+                     name="P")
+    clock.at = clock.at + timedelta(seconds=59)
+    assert await run(runner, "CreateProject", request_key="k", org="acme", project_id="p",
+                     name="P") == first
+    clock.at = clock.at + timedelta(seconds=2)
+    anew = await run(runner, "CreateProject", request_key="k", org="acme", project_id="p",
+                     name="P")
+    assert anew.name == "ProjectExists" and not anew.replayed
+    swept = await sweep_idempotency(db, older_than=clock.at + timedelta(seconds=1), batch=10)
+    assert swept == 1
+    assert await count(db, "SELECT count(*) FROM service_engine.command_idempotency") == 0

@@ -1,0 +1,171 @@
+"""The declarative command layer, on the write pipeline (seeds/003 semantics).
+
+Declare entities and workflows once in a `Catalog`, then commands as
+clauses in their visible order (inputs and service values, idempotency
+key, bindings, requirements, effects, return); `Catalog.command` checks a
+command at registration and a wrong declaration fails boot with a named
+`DeclarationError`. `CommandRunner.run` executes a checked command in one
+pipeline transaction and answers a typed `CommandOutcome` (or the
+pipeline's `MutationError` for a failure of the pipeline itself).
+
+Modules: `declaration` (the clauses and entity declarations), `expr`
+(expressions, strict evaluation), `check` (registration), `policy` (row
+policies as gates), `plan` (the runner's pure steps), `outcomes`, `config`,
+`rows` (the engine rows of migration 0010), `runner`, `errors`.
+"""
+
+from __future__ import annotations
+
+from .check import Catalog, CheckedCommand
+from .config import CommandConfig
+from .declaration import (
+    MAX_CASCADE,
+    TRANSACTION_TIME,
+    UUID_V7,
+    Cascade,
+    CascadeEdge,
+    Command,
+    Create,
+    Delete,
+    Emit,
+    Entity,
+    IdempotencyKey,
+    IndexRef,
+    Input,
+    Mutate,
+    NoInbound,
+    Outcome,
+    Read,
+    Record,
+    Relationship,
+    Require,
+    RequireGate,
+    Restrict,
+    Return,
+    ReverseIndex,
+    RowPolicy,
+    Service,
+    Set,
+    Transition,
+    Unique,
+    Workflow,
+    WorkflowTransition,
+)
+from .errors import (
+    BindingError,
+    ClauseOrderError,
+    DeclarationError,
+    DeletePolicyError,
+    DuplicateName,
+    IdempotencyDeclarationError,
+    MissingOutcome,
+    MissingRelationshipProof,
+    PartitionRouteMismatch,
+    RouteIdentifiesRow,
+    ServiceValueError,
+    UnboundReference,
+    UniqueKeyOutsidePartition,
+    UnknownName,
+    WorkflowError,
+)
+from .expr import (
+    INVALID,
+    And,
+    Const,
+    Contains,
+    Eq,
+    Fact,
+    Field,
+    Ge,
+    Gt,
+    Le,
+    Lt,
+    Ne,
+    Not,
+    Or,
+    Row,
+    Var,
+)
+from .outcomes import IDEMPOTENCY_CONFLICT, REFUSED, CommandOutcome
+from .plan import InvalidInput, uuid_v7
+from .policy import check_row, row_policy_gate
+from .rows import sweep_idempotency
+from .runner import INVALID_INPUT, CommandRunner
+
+__all__ = [
+    "IDEMPOTENCY_CONFLICT",
+    "INVALID",
+    "INVALID_INPUT",
+    "MAX_CASCADE",
+    "REFUSED",
+    "TRANSACTION_TIME",
+    "UUID_V7",
+    "And",
+    "BindingError",
+    "Cascade",
+    "CascadeEdge",
+    "Catalog",
+    "CheckedCommand",
+    "ClauseOrderError",
+    "Command",
+    "CommandConfig",
+    "CommandOutcome",
+    "CommandRunner",
+    "Const",
+    "Contains",
+    "Create",
+    "DeclarationError",
+    "Delete",
+    "DeletePolicyError",
+    "DuplicateName",
+    "Emit",
+    "Entity",
+    "Eq",
+    "Fact",
+    "Field",
+    "Ge",
+    "Gt",
+    "IdempotencyDeclarationError",
+    "IdempotencyKey",
+    "IndexRef",
+    "Input",
+    "InvalidInput",
+    "Le",
+    "Lt",
+    "MissingOutcome",
+    "MissingRelationshipProof",
+    "Mutate",
+    "Ne",
+    "NoInbound",
+    "Not",
+    "Or",
+    "Outcome",
+    "PartitionRouteMismatch",
+    "Read",
+    "Record",
+    "Relationship",
+    "Require",
+    "RequireGate",
+    "Restrict",
+    "Return",
+    "ReverseIndex",
+    "RouteIdentifiesRow",
+    "Row",
+    "RowPolicy",
+    "Service",
+    "ServiceValueError",
+    "Set",
+    "Transition",
+    "UnboundReference",
+    "Unique",
+    "UniqueKeyOutsidePartition",
+    "UnknownName",
+    "Var",
+    "Workflow",
+    "WorkflowError",
+    "WorkflowTransition",
+    "check_row",
+    "row_policy_gate",
+    "sweep_idempotency",
+    "uuid_v7",
+]

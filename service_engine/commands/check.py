@@ -1,0 +1,767 @@
+"""Registration checks: a `Catalog` of entities and workflows, and the
+checked form of each command (pure: no I/O).
+
+`Catalog(entities, workflows)` checks the entity graph (keys, partition
+routes, unique keys, relationships, reverse indexes, delete policies,
+workflows); `Catalog.command(decl)` checks one command clause by clause in
+its visible order and answers the `CheckedCommand` the runner executes.
+Every refusal is a named `DeclarationError`.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from types import MappingProxyType
+
+from ..gates import GateFn
+from .declaration import (
+    MAX_CASCADE,
+    OUTCOME_NAME,
+    TRANSACTION_TIME,
+    UUID_V7,
+    Binding,
+    Cascade,
+    Clause,
+    Command,
+    Create,
+    Delete,
+    Emit,
+    Entity,
+    IdempotencyKey,
+    Input,
+    Mutate,
+    NoInbound,
+    Outcome,
+    Read,
+    Record,
+    Relationship,
+    Require,
+    RequireGate,
+    Restrict,
+    Return,
+    Service,
+    Set,
+    Transition,
+    Workflow,
+    WorkflowTransition,
+)
+from .errors import (
+    BindingError,
+    ClauseOrderError,
+    DeclarationError,
+    DeletePolicyError,
+    DuplicateName,
+    IdempotencyDeclarationError,
+    MissingOutcome,
+    MissingRelationshipProof,
+    PartitionRouteMismatch,
+    RouteIdentifiesRow,
+    ServiceValueError,
+    UnboundReference,
+    UniqueKeyOutsidePartition,
+    UnknownName,
+    WorkflowError,
+)
+from .expr import Const, Expr, Field, Row, Var, is_expr, references
+
+__all__ = ["Catalog", "CheckedCommand", "DeleteStep", "TransitionStep"]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_INPUT_TYPES: tuple[type, ...] = (str, int, bool, float, uuid.UUID, datetime)
+_SECTION_NAMES = (
+    "inputs and service values", "the idempotency key", "bindings", "requirements",
+    "effects", "return",
+)
+_ENGINE_OUTCOMES = frozenset({"Refused", "IdempotencyConflict"})
+
+
+def _section(clause: Clause) -> int:
+    if isinstance(clause, Input | Service):
+        return 0
+    if isinstance(clause, IdempotencyKey):
+        return 1
+    if isinstance(clause, Read | Mutate | Create):
+        return 2
+    if isinstance(clause, Require | RequireGate):
+        return 3
+    if isinstance(clause, Set | Transition | Delete | Record | Emit):
+        return 4
+    if isinstance(clause, Return):
+        return 5
+    raise DeclarationError(f"not a command clause: {clause!r}")
+
+
+def _identifier(what: str, name: object) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise DeclarationError(f"{what} must be an identifier, got {name!r}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionStep:
+    clause: Transition
+    workflow: Workflow
+    move: WorkflowTransition
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteStep:
+    clause: Delete
+    entity: Entity
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedCommand:
+    """A command that passed registration: what the runner executes."""
+
+    declaration: Command
+    inputs: tuple[Input, ...]
+    services: tuple[Service, ...]
+    idempotency_key: str | None
+    bindings: tuple[Binding, ...]
+    entities: Mapping[str, Entity]
+    """The entity of each binding, by binding name."""
+    requirements: tuple[Require | RequireGate, ...]
+    effects: tuple[Set | Transition | Delete | Record | Emit, ...]
+    transitions: Mapping[str, TransitionStep]
+    """The transition of each binding that has one."""
+    deletes: Mapping[str, DeleteStep]
+    returns: Return
+    outcomes: frozenset[str]
+    catalog: Catalog
+
+    @property
+    def name(self) -> str:
+        return self.declaration.name
+
+    @property
+    def written(self) -> tuple[Binding, ...]:
+        return tuple(b for b in self.bindings if isinstance(b, Mutate | Create))
+
+
+class Catalog:
+    """The entities and workflows commands are declared over, checked once."""
+
+    def __init__(self, entities: Iterable[Entity], workflows: Iterable[Workflow] = ()) -> None:
+        by_name: dict[str, Entity] = {}
+        for entity in entities:
+            if not isinstance(entity, Entity):
+                raise DeclarationError(f"not an Entity: {entity!r}")
+            _identifier("an entity name", entity.name)
+            if entity.name in by_name:
+                raise DuplicateName(f"two entities named {entity.name!r}")
+            by_name[entity.name] = entity
+        self.entities: Mapping[str, Entity] = MappingProxyType(by_name)
+        flows: dict[str, Workflow] = {}
+        for workflow in workflows:
+            _identifier("a workflow name", workflow.name)
+            if workflow.name in flows:
+                raise DuplicateName(f"two workflows named {workflow.name!r}")
+            flows[workflow.name] = workflow
+        self.workflows: Mapping[str, Workflow] = MappingProxyType(flows)
+        for entity in by_name.values():
+            self._check_entity(entity)
+        for entity in by_name.values():
+            self._check_delete_policy(entity)
+        for workflow in flows.values():
+            self._check_workflow(workflow)
+
+    # -- entities -------------------------------------------------------------
+
+    def _check_entity(self, e: Entity) -> None:
+        where = f"entity {e.name}"
+        if not isinstance(e.aggregate, type) or getattr(e.aggregate, "Store", None) is None:
+            raise DeclarationError(f"{where}: aggregate must be a class naming a Store")
+        if not e.key:
+            raise BindingError(f"{where}: declares no key")
+        _unique_names(where + " key", e.key)
+        for name in (*e.key, *e.fields):
+            _identifier(f"{where}: a field", name)
+        if tuple(e.key[: len(e.partition_by)]) != tuple(e.partition_by):
+            raise BindingError(f"{where}: partition_by {e.partition_by} is not a prefix of the "
+                               f"key {e.key}")
+        if not e.conflict_fields or not set(e.conflict_fields) <= set(e.key):
+            raise BindingError(f"{where}: conflict_key {e.conflict_fields} must be key fields")
+        for kind, typ in e.fields.items():
+            if not isinstance(typ, type):
+                raise DeclarationError(f"{where}: field {kind} has no type")
+        known = set(e.all_fields)
+        if e.revision is not None and e.revision in e.key:
+            raise DeclarationError(f"{where}: the revision {e.revision!r} cannot be a key field")
+        seen: set[str] = set()
+        for unique in e.unique:
+            _identifier(f"{where}: a unique key name", unique.name)
+            if unique.name in seen:
+                raise DuplicateName(f"{where}: two unique keys named {unique.name!r}")
+            seen.add(unique.name)
+            missing = [f for f in unique.fields if f not in known]
+            if missing:
+                raise UnknownName(f"{where}: unique {unique.name} names unknown fields {missing}")
+            if tuple(unique.fields[: len(e.partition_by)]) != tuple(e.partition_by) or len(
+                unique.fields
+            ) <= len(e.partition_by):
+                raise UniqueKeyOutsidePartition(
+                    f"{where}: unique {unique.name} {unique.fields} must begin with the "
+                    f"partition route {e.partition_by} (and add a field to it)"
+                )
+        for index in e.indexes:
+            _identifier(f"{where}: an index name", index.name)
+            if index.name in seen:
+                raise DuplicateName(f"{where}: index {index.name!r} reuses a name")
+            seen.add(index.name)
+            missing = [f for f in index.fields if f not in known]
+            if missing:
+                raise UnknownName(f"{where}: index {index.name} names unknown fields {missing}")
+            if len(index.sql_columns) != len(index.fields):
+                raise DeclarationError(f"{where}: index {index.name} columns do not match fields")
+        if (e.unique or e.indexes) and set(e.partition_by) == set(e.key):
+            raise RouteIdentifiesRow(
+                f"{where}: partition_by {e.partition_by} is the whole key, so each partition "
+                "holds one row and its unique keys and indexes are vacuous; partition by the "
+                "scope it is searched within and keep the row id in the conflict key"
+            )
+        rels: set[str] = set()
+        for rel in e.relationships:
+            _identifier(f"{where}: a relationship name", rel.name)
+            if rel.name in rels:
+                raise DuplicateName(f"{where}: two relationships named {rel.name!r}")
+            rels.add(rel.name)
+            target = self.entities.get(rel.target)
+            if target is None:
+                raise UnknownName(f"{where}: relationship {rel.name} targets unknown entity "
+                                  f"{rel.target!r}")
+            if len(rel.fields) != len(target.key):
+                raise BindingError(
+                    f"{where}: relationship {rel.name} must reference the complete key "
+                    f"{target.key} of {target.name}, got {rel.fields}"
+                )
+            missing = [f for f in rel.fields if f not in known]
+            if missing:
+                raise UnknownName(f"{where}: relationship {rel.name} names unknown fields "
+                                  f"{missing}")
+        for policy in (e.create_policy, e.update_policy):
+            if policy is None:
+                continue
+            for leaf in references(policy.predicate):
+                if isinstance(leaf, Var | Field):
+                    raise DeclarationError(
+                        f"{where}: a row policy observes the row (Row), principal facts "
+                        f"(Fact) and constants, not {leaf!r}"
+                    )
+                if isinstance(leaf, Row) and leaf.name not in known:
+                    raise UnknownName(f"{where}: a row policy reads unknown field {leaf.name!r}")
+
+    def inbound(self, target: str) -> list[tuple[Entity, Relationship]]:
+        """Every declared relationship that targets ``target``."""
+        return [
+            (e, rel) for e in self.entities.values() for rel in e.relationships
+            if rel.target == target
+        ]
+
+    def _check_delete_policy(self, e: Entity) -> None:
+        policy = e.delete_policy
+        where = f"entity {e.name}: delete policy"
+        inbound = self.inbound(e.name)
+        if policy is None or isinstance(policy, NoInbound):
+            if isinstance(policy, NoInbound) and inbound:
+                names = [f"{c.name}.{r.name}" for c, r in inbound]
+                raise DeletePolicyError(f"{where} no_inbound, but {names} target it")
+            return
+        if isinstance(policy, Restrict):
+            proven: set[tuple[str, str]] = set()
+            for ref in policy.indexes:
+                child = self.entities.get(ref.entity)
+                index = None if child is None else child.index(ref.index)
+                if child is None or index is None:
+                    raise UnknownName(f"{where} restrict names unknown index "
+                                      f"{ref.entity}.{ref.index}")
+                matched = [r for c, r in inbound if c.name == child.name
+                           and tuple(index.fields[: len(r.fields)]) == r.fields]
+                if not matched:
+                    raise DeletePolicyError(
+                        f"{where} restrict {ref.entity}.{ref.index} is not a reverse index of a "
+                        f"relationship targeting {e.name} (it must start with the "
+                        "relationship's fields: the target's partition and key)"
+                    )
+                proven.update((child.name, r.name) for r in matched)
+            missing = [f"{c.name}.{r.name}" for c, r in inbound if (c.name, r.name) not in proven]
+            if missing or not inbound:
+                raise DeletePolicyError(
+                    f"{where} restrict leaves inbound relationships {missing} unproven"
+                    if missing else f"{where} restrict, but nothing targets {e.name}: "
+                    "declare no_inbound"
+                )
+            return
+        if isinstance(policy, Cascade):
+            covered: set[tuple[str, str]] = set()
+            for edge in policy.edges:
+                child = self.entities.get(edge.entity)
+                rel = None if child is None else child.relationship(edge.relationship)
+                if child is None or rel is None or rel.target != e.name:
+                    raise DeletePolicyError(
+                        f"{where} cascade names {edge.entity}.{edge.relationship}, which is not "
+                        f"a relationship targeting {e.name}"
+                    )
+                index = child.index(edge.index)
+                if index is None or tuple(index.fields[: len(rel.fields)]) != rel.fields:
+                    raise DeletePolicyError(
+                        f"{where} cascade {edge.entity}.{edge.relationship} needs a reverse "
+                        f"index of {edge.entity} starting with {rel.fields}, got {edge.index!r}"
+                    )
+                if (
+                    type(edge.maximum) is not int or not 1 <= edge.maximum <= MAX_CASCADE
+                ):
+                    raise DeletePolicyError(
+                        f"{where} cascade maximum must be 1..{MAX_CASCADE}, got {edge.maximum!r}"
+                    )
+                if not isinstance(child.delete_policy, NoInbound):
+                    raise DeletePolicyError(
+                        f"{where} cascade reaches {child.name}, which must declare no_inbound "
+                        "(a cascade is one bounded hop, never recursive)"
+                    )
+                if (child.name, rel.name) in covered:
+                    raise DuplicateName(f"{where} cascade lists {child.name}.{rel.name} twice")
+                covered.add((child.name, rel.name))
+            missing = [f"{c.name}.{r.name}" for c, r in inbound if (c.name, r.name) not in covered]
+            if missing:
+                raise DeletePolicyError(f"{where} cascade does not enumerate {missing}")
+            return
+        raise DeletePolicyError(f"{where}: not a delete policy: {policy!r}")
+
+    def _check_workflow(self, w: Workflow) -> None:
+        where = f"workflow {w.name}"
+        entity = self.entities.get(w.entity)
+        if entity is None:
+            raise UnknownName(f"{where}: unknown entity {w.entity!r}")
+        if w.state not in entity.fields:
+            raise UnknownName(f"{where}: {w.entity} declares no field {w.state!r}")
+        if entity.revision is None:
+            raise WorkflowError(f"{where}: {w.entity} declares no revision to check transitions on")
+        if not w.states or len(set(w.states)) != len(w.states):
+            raise WorkflowError(f"{where}: declare each state once")
+        names: set[str] = set()
+        for move in w.transitions:
+            _identifier(f"{where}: a transition name", move.name)
+            if move.name in names:
+                raise DuplicateName(f"{where}: two transitions named {move.name!r}")
+            names.add(move.name)
+            outside = [s for s in (*move.sources, move.to) if s not in w.states]
+            if outside or not move.sources:
+                raise WorkflowError(
+                    f"{where}: transition {move.name} leaves the closed state graph {w.states}: "
+                    f"{outside or 'no source state'}"
+                )
+        if any(
+            other.entity == w.entity and other.state == w.state and other.name != w.name
+            for other in self.workflows.values()
+        ):
+            raise WorkflowError(f"{where}: {w.entity}.{w.state} has two workflows")
+
+    def workflow_of(self, entity: str, field_name: str) -> Workflow | None:
+        return next(
+            (w for w in self.workflows.values() if w.entity == entity and w.state == field_name),
+            None,
+        )
+
+    # -- commands ---------------------------------------------------------------
+
+    def command(self, declaration: Command) -> CheckedCommand:
+        """Check ``declaration`` against this catalog; the checked command."""
+        return _CommandChecker(self, declaration).check()
+
+
+def _unique_names(where: str, names: Iterable[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise DuplicateName(f"{where}: {name!r} appears twice")
+        seen.add(name)
+
+
+class _CommandChecker:
+    def __init__(self, catalog: Catalog, declaration: Command) -> None:
+        self.catalog = catalog
+        self.decl = declaration
+        self.where = f"command {declaration.name}"
+        self.values: dict[str, Input | Service] = {}
+        self.bound: dict[str, Entity] = {}
+        self.binding_of: dict[str, Binding] = {}
+        self.outcomes: set[str] = set()
+
+    def fail(self, error: type[DeclarationError], message: str) -> DeclarationError:
+        return error(f"{self.where}: {message}")
+
+    def outcome(self, outcome: object, what: str) -> None:
+        if not isinstance(outcome, Outcome):
+            raise self.fail(MissingOutcome, f"{what} declares no Outcome, got {outcome!r}")
+        if not OUTCOME_NAME.fullmatch(outcome.name) or outcome.name in _ENGINE_OUTCOMES:
+            raise self.fail(
+                MissingOutcome,
+                f"{what}: outcome {outcome.name!r} must be PascalCase and not one of the "
+                f"engine's own {sorted(_ENGINE_OUTCOMES)}",
+            )
+        if outcome.name in self.outcomes:
+            raise self.fail(DuplicateName, f"{what}: outcome {outcome.name!r} is declared twice")
+        self.outcomes.add(outcome.name)
+
+    def observe(self, expr: object, what: str, *, allow_bindings: bool = True) -> None:
+        if not is_expr(expr):
+            raise self.fail(DeclarationError, f"{what} is not an expression: {expr!r}")
+        for leaf in references(expr):  # type: ignore[arg-type]
+            if isinstance(leaf, Var) and leaf.name not in self.values:
+                raise self.fail(UnboundReference, f"{what} reads {leaf.name!r}, not an input or "
+                                "service value declared before it")
+            if isinstance(leaf, Field):
+                if not allow_bindings:
+                    raise self.fail(BindingError, f"{what} may not read the binding "
+                                    f"{leaf.binding!r}")
+                entity = self.bound.get(leaf.binding)
+                if entity is None:
+                    raise self.fail(UnboundReference, f"{what} reads {leaf.binding}.{leaf.name} "
+                                    "before (or without) binding it")
+                if leaf.name not in entity.all_fields:
+                    raise self.fail(UnknownName, f"{what} reads unknown field "
+                                    f"{entity.name}.{leaf.name}")
+            if isinstance(leaf, Row):
+                raise self.fail(DeclarationError, f"{what}: Row is for row policies only")
+
+    def check(self) -> CheckedCommand:
+        decl = self.decl
+        _identifier("a command name", decl.name)
+        if not decl.clauses:
+            raise self.fail(DeclarationError, "declares no clauses")
+        section = 0
+        for clause in decl.clauses:
+            now = _section(clause)
+            if now < section:
+                raise self.fail(
+                    ClauseOrderError,
+                    f"{type(clause).__name__} ({_SECTION_NAMES[now]}) after "
+                    f"{_SECTION_NAMES[section]}: clauses follow the order inputs and service "
+                    "values, idempotency key, bindings, requirements, effects, return",
+                )
+            if now == 1 and section == 1:
+                raise self.fail(IdempotencyDeclarationError, "declares two idempotency keys")
+            if now == 5 and section == 5:
+                raise self.fail(ClauseOrderError, "declares two returns")
+            section = now
+        if not isinstance(decl.clauses[-1], Return):
+            raise self.fail(ClauseOrderError, "ends without a Return")
+
+        inputs: list[Input] = []
+        services: list[Service] = []
+        idem: str | None = None
+        bindings: list[Binding] = []
+        requirements: list[Require | RequireGate] = []
+        effects: list[Set | Transition | Delete | Record | Emit] = []
+        transitions: dict[str, TransitionStep] = {}
+        deletes: dict[str, DeleteStep] = {}
+        returns: Return | None = None
+        set_fields: dict[str, dict[str, Expr]] = {}
+
+        for clause in decl.clauses:
+            if isinstance(clause, Input):
+                self._name(clause.name)
+                if clause.type not in _INPUT_TYPES:
+                    raise self.fail(DeclarationError, f"input {clause.name} has unsupported type "
+                                    f"{clause.type!r}")
+                if clause.max_length is not None and (
+                    clause.type is not str or type(clause.max_length) is not int
+                    or clause.max_length < 1
+                ):
+                    raise self.fail(DeclarationError, f"input {clause.name}: max_length bounds a "
+                                    "str input by a positive int")
+                self.values[clause.name] = clause
+                inputs.append(clause)
+            elif isinstance(clause, Service):
+                self._name(clause.name)
+                if clause.kind not in (TRANSACTION_TIME, UUID_V7):
+                    raise self.fail(ServiceValueError, f"service {clause.name}: unknown kind "
+                                    f"{clause.kind!r} (transaction_time or uuid_v7)")
+                self.values[clause.name] = clause
+                services.append(clause)
+            elif isinstance(clause, IdempotencyKey):
+                declared = self.values.get(clause.input)
+                if not isinstance(declared, Input) or declared.type is not str or declared.optional:
+                    raise self.fail(IdempotencyDeclarationError,
+                                    f"idempotency_key {clause.input!r} must name a required str "
+                                    "input declared before it")
+                idem = clause.input
+            elif isinstance(clause, Read | Mutate | Create):
+                self._binding(clause)
+                bindings.append(clause)
+            elif isinstance(clause, Require):
+                _identifier(f"{self.where}: a requirement name", clause.name)
+                self.observe(clause.predicate, f"require {clause.name}")
+                self.outcome(clause.else_, f"require {clause.name}")
+                requirements.append(clause)
+            elif isinstance(clause, RequireGate):
+                entity = self._bound(clause.binding, "require gate")
+                if not isinstance(getattr(entity.aggregate, clause.gate, None), GateFn):
+                    raise self.fail(UnknownName, f"require gate: {entity.aggregate.__qualname__} "
+                                    f"declares no gated {clause.gate!r}")
+                requirements.append(clause)
+            elif isinstance(clause, Set):
+                entity = self._written(clause.binding, "set")
+                if clause.field not in entity.fields:
+                    raise self.fail(UnknownName, f"set {clause.binding}.{clause.field}: "
+                                    f"{entity.name} declares no such field")
+                if clause.field in entity.key:
+                    raise self.fail(BindingError, f"set {clause.binding}.{clause.field}: a key "
+                                    "field is fixed by the binding")
+                flow = self.catalog.workflow_of(entity.name, clause.field)
+                if flow is not None and not (
+                    isinstance(self.binding_of[clause.binding], Create)
+                    and isinstance(clause.value, Const) and clause.value.value in flow.states
+                ):
+                    raise self.fail(
+                        WorkflowError,
+                        f"set {clause.binding}.{clause.field}: a workflow state is initialised "
+                        "by a create (to a declared state) and changes only by a "
+                        "revision-checked Transition",
+                    )
+                if clause.field in set_fields.setdefault(clause.binding, {}):
+                    raise self.fail(DuplicateName, f"set {clause.binding}.{clause.field} twice")
+                self.observe(clause.value, f"set {clause.binding}.{clause.field}")
+                set_fields[clause.binding][clause.field] = clause.value
+                effects.append(clause)
+            elif isinstance(clause, Transition):
+                transitions[clause.on] = self._transition(clause, transitions)
+                effects.append(clause)
+            elif isinstance(clause, Delete):
+                deletes[clause.binding] = self._delete(clause, deletes)
+                effects.append(clause)
+            elif isinstance(clause, Record):
+                self._written(clause.binding, "record")
+                if not isinstance(clause.type, str) or not clause.type:
+                    raise self.fail(DeclarationError, "record needs a fact type")
+                for name, value in clause.data.items():
+                    self.observe(value, f"record {clause.type}.{name}")
+                effects.append(clause)
+            elif isinstance(clause, Emit):
+                if not callable(clause.build):
+                    raise self.fail(DeclarationError, "emit needs a callable")
+                effects.append(clause)
+            elif isinstance(clause, Return):
+                if not OUTCOME_NAME.fullmatch(clause.name):
+                    raise self.fail(MissingOutcome, f"return {clause.name!r} must be PascalCase")
+                if clause.name in self.outcomes or clause.name in _ENGINE_OUTCOMES:
+                    raise self.fail(DuplicateName, f"return {clause.name!r} reuses an outcome")
+                self.outcomes.add(clause.name)
+                for name, value in clause.fields.items():
+                    _identifier(f"{self.where}: a return field", name)
+                    self.observe(value, f"return {clause.name}.{name}")
+                returns = clause
+
+        written = [b for b in bindings if isinstance(b, Mutate | Create)]
+        for binding in bindings:
+            if isinstance(binding, Mutate) and not any(
+                getattr(e, "binding", getattr(e, "on", None)) == binding.as_ for e in effects
+                if not isinstance(e, Emit)
+            ):
+                raise self.fail(BindingError, f"mutate {binding.as_} is never written: read it")
+        if services and (idem is None or not written):
+            raise self.fail(
+                ServiceValueError,
+                "service values need a durably idempotent mutation: declare an "
+                "idempotency_key and a create or mutate binding",
+            )
+        self._routes(written)
+        self._proofs(bindings, set_fields)
+        self._unique_outcomes(written, set_fields)
+        self._creates_initialised(written, set_fields)
+        assert returns is not None
+        return CheckedCommand(
+            declaration=decl,
+            inputs=tuple(inputs),
+            services=tuple(services),
+            idempotency_key=idem,
+            bindings=tuple(bindings),
+            entities=MappingProxyType(dict(self.bound)),
+            requirements=tuple(requirements),
+            effects=tuple(effects),
+            transitions=MappingProxyType(transitions),
+            deletes=MappingProxyType(deletes),
+            returns=returns,
+            outcomes=frozenset(self.outcomes),
+            catalog=self.catalog,
+        )
+
+    def _name(self, name: str) -> None:
+        _identifier(f"{self.where}: a name", name)
+        if name in self.values or name in self.bound:
+            raise self.fail(DuplicateName, f"{name!r} is declared twice")
+
+    def _bound(self, name: str, what: str) -> Entity:
+        entity = self.bound.get(name)
+        if entity is None:
+            raise self.fail(UnboundReference, f"{what} {name!r}: no binding of that name")
+        return entity
+
+    def _written(self, name: str, what: str) -> Entity:
+        entity = self._bound(name, what)
+        if isinstance(self.binding_of[name], Read):
+            raise self.fail(BindingError, f"{what} {name!r}: a read binding is not written; "
+                            "declare it mutate")
+        return entity
+
+    def _binding(self, clause: Binding) -> None:
+        kind = type(clause).__name__.lower()
+        entity = self.catalog.entities.get(clause.entity)
+        if entity is None:
+            raise self.fail(UnknownName, f"{kind} {clause.as_}: unknown entity {clause.entity!r}")
+        self._name(clause.as_)
+        if len(clause.key) != len(entity.key):
+            raise self.fail(BindingError, f"{kind} {clause.as_}: the key of {entity.name} is "
+                            f"{entity.key}, got {len(clause.key)} values")
+        for part in clause.key:
+            self.observe(part, f"{kind} {clause.as_} key", allow_bindings=False)
+        self.outcome(clause.else_, f"{kind} {clause.as_}")
+        if isinstance(clause, Mutate | Create):
+            names = {u.name for u in entity.unique}
+            for index, outcome in clause.taken.items():
+                if index not in names:
+                    raise self.fail(UnknownName, f"{kind} {clause.as_}: {entity.name} has no "
+                                    f"unique key {index!r}")
+                self.outcome(outcome, f"{kind} {clause.as_} taken {index}")
+        self.bound[clause.as_] = entity
+        self.binding_of[clause.as_] = clause
+
+    def _transition(
+        self, clause: Transition, seen: Mapping[str, TransitionStep]
+    ) -> TransitionStep:
+        entity = self._written(clause.on, "transition")
+        if not isinstance(self.binding_of[clause.on], Mutate):
+            raise self.fail(WorkflowError, f"transition on {clause.on!r}: name a mutate binding")
+        flow_name, dot, move_name = clause.transition.partition(".")
+        workflow = self.catalog.workflows.get(flow_name)
+        move = None if workflow is None or not dot else workflow.transition(move_name)
+        if workflow is None or move is None:
+            raise self.fail(UnknownName, f"transition {clause.transition!r}: not a declared "
+                            "Workflow.Transition")
+        if workflow.entity != entity.name:
+            raise self.fail(WorkflowError, f"transition {clause.transition}: workflow of "
+                            f"{workflow.entity}, binding {clause.on} is a {entity.name}")
+        if clause.on in seen:
+            raise self.fail(WorkflowError, f"two transitions on {clause.on!r}")
+        self.observe(clause.revision, f"transition {clause.transition} revision",
+                     allow_bindings=False)
+        if not any(isinstance(leaf, Var) for leaf in references(clause.revision)):
+            raise self.fail(WorkflowError, f"transition {clause.transition}: the revision is "
+                            "supplied by the caller (an input)")
+        self.outcome(clause.stale, f"transition {clause.transition} stale")
+        self.outcome(clause.illegal, f"transition {clause.transition} illegal")
+        return TransitionStep(clause, workflow, move)
+
+    def _delete(self, clause: Delete, seen: Mapping[str, DeleteStep]) -> DeleteStep:
+        entity = self._written(clause.binding, "delete")
+        if not isinstance(self.binding_of[clause.binding], Mutate):
+            raise self.fail(DeletePolicyError, f"delete {clause.binding!r}: name a mutate binding")
+        if clause.binding in seen:
+            raise self.fail(DeletePolicyError, f"delete {clause.binding!r} twice")
+        policy = entity.delete_policy
+        if policy is None:
+            raise self.fail(DeletePolicyError, f"delete {clause.binding}: {entity.name} declares "
+                            "no delete policy")
+        if isinstance(policy, Restrict) and clause.referenced is None:
+            raise self.fail(MissingOutcome, f"delete {clause.binding}: restrict needs the "
+                            "referenced outcome")
+        if isinstance(policy, Cascade) and clause.too_many is None:
+            raise self.fail(MissingOutcome, f"delete {clause.binding}: cascade needs the "
+                            "too_many outcome")
+        for name, outcome in (("referenced", clause.referenced), ("too_many", clause.too_many)):
+            if outcome is not None:
+                wanted = Restrict if name == "referenced" else Cascade
+                if not isinstance(policy, wanted):
+                    raise self.fail(DeletePolicyError, f"delete {clause.binding}: {name} does "
+                                    f"not apply to {type(policy).__name__}")
+                self.outcome(outcome, f"delete {clause.binding} {name}")
+        return DeleteStep(clause, entity)
+
+    def _route(self, binding: Binding) -> tuple[Expr, ...]:
+        entity = self.bound[binding.as_]
+        return tuple(binding.key[: len(entity.partition_by)])
+
+    def _routes(self, written: Sequence[Binding]) -> None:
+        if not written:
+            return
+        first = written[0]
+        route = self._route(first)
+        for other in written[1:]:
+            if self._route(other) != route:
+                raise self.fail(
+                    PartitionRouteMismatch,
+                    f"{first.as_} routes by {route} but {other.as_} by {self._route(other)}: "
+                    "every create/mutate binding derives the same complete partition route "
+                    "(split a cross-partition operation into idempotent commands)",
+                )
+
+    def _field_expr(
+        self, binding: Binding, set_fields: Mapping[str, Mapping[str, Expr]], name: str
+    ) -> Expr | None:
+        entity = self.bound[binding.as_]
+        if name in entity.key:
+            return binding.key[entity.key.index(name)]
+        return set_fields.get(binding.as_, {}).get(name)
+
+    def _proofs(
+        self, bindings: list[Binding], set_fields: Mapping[str, Mapping[str, Expr]]
+    ) -> None:
+        for position, binding in enumerate(bindings):
+            if isinstance(binding, Read):
+                continue
+            entity = self.bound[binding.as_]
+            changed = set(set_fields.get(binding.as_, {}))
+            for rel in entity.relationships:
+                if not rel.required:
+                    continue
+                if isinstance(binding, Mutate) and not changed & set(rel.fields):
+                    continue
+                exprs = tuple(self._field_expr(binding, set_fields, f) for f in rel.fields)
+                proof = next(
+                    (b for b in bindings[:position]
+                     if isinstance(b, Read | Mutate) and b.entity == rel.target
+                     and tuple(b.key) == exprs),
+                    None,
+                )
+                if proof is None:
+                    raise self.fail(
+                        MissingRelationshipProof,
+                        f"{binding.as_} affects {entity.name}.{rel.name} -> {rel.target}: read "
+                        f"{rel.target} under exactly {rel.fields} before it (a dominating exact "
+                        "read of the complete target key)",
+                    )
+
+    def _unique_outcomes(
+        self, written: Sequence[Binding], set_fields: Mapping[str, Mapping[str, Expr]]
+    ) -> None:
+        for binding in written:
+            assert isinstance(binding, Mutate | Create)
+            entity = self.bound[binding.as_]
+            changed = set(set_fields.get(binding.as_, {}))
+            for unique in entity.unique:
+                touches = isinstance(binding, Create) or bool(changed & set(unique.fields))
+                if touches and unique.name not in binding.taken:
+                    raise self.fail(MissingOutcome, f"{binding.as_} writes unique key "
+                                    f"{entity.name}.{unique.name}: declare its taken outcome")
+
+    def _creates_initialised(
+        self, written: Sequence[Binding], set_fields: Mapping[str, Mapping[str, Expr]]
+    ) -> None:
+        for binding in written:
+            if not isinstance(binding, Create):
+                continue
+            entity = self.bound[binding.as_]
+            for name in entity.fields:
+                if name == entity.revision:
+                    continue
+                if self._field_expr(binding, set_fields, name) is None:
+                    raise self.fail(
+                        BindingError,
+                        f"create {binding.as_}: field {entity.name}.{name} is never set",
+                    )
+

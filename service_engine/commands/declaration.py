@@ -1,0 +1,438 @@
+"""What a service declares: entities, workflows and commands (pure values).
+
+An **entity** names an aggregate class (its ``Store`` is the pipeline's),
+its complete key, the partition route (a prefix of the key: the locality
+unit a command writes in) and the conflict key (what the pipeline's
+advisory lock serialises on: the store key is derived from it), plus its
+unique keys, relationships, reverse indexes, delete policy and row policies.
+
+A **command** is a sequence of clauses in one visible order::
+
+    Command(
+        "StartWork",
+        Input("request_key", str, max_length=128),
+        Input("org", str), Input("work_id", str), Input("expected_revision", int),
+        Service("execution_id", UUID_V7),
+        IdempotencyKey("request_key"),
+        Mutate("WorkItem", (Var("org"), Var("work_id")), as_="work", else_=Outcome("Missing")),
+        Transition("WorkLifecycle.Start", on="work", revision=Var("expected_revision"),
+                   stale=Outcome("StaleRevision"), illegal=Outcome("IllegalState")),
+        Set("work", "execution_id", Var("execution_id")),
+        Return("Started", revision=Field("work", "version")),
+    )
+
+`Catalog.command` checks it at registration (`check`), so a wrong
+declaration fails boot with a named `DeclarationError`.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, TypeAlias
+
+from ..gates import Reason
+from .expr import Expr
+
+__all__ = [
+    "TRANSACTION_TIME",
+    "UUID_V7",
+    "Binding",
+    "Cascade",
+    "CascadeEdge",
+    "Clause",
+    "Command",
+    "Create",
+    "Delete",
+    "DeletePolicy",
+    "Emit",
+    "Entity",
+    "IdempotencyKey",
+    "IndexRef",
+    "Input",
+    "Mutate",
+    "NoInbound",
+    "Outcome",
+    "Read",
+    "Record",
+    "Relationship",
+    "Require",
+    "RequireGate",
+    "Restrict",
+    "Return",
+    "ReverseIndex",
+    "RowPolicy",
+    "Service",
+    "Set",
+    "Transition",
+    "Unique",
+    "Workflow",
+    "WorkflowTransition",
+]
+
+TRANSACTION_TIME = "transaction_time"
+"""A service value: the transaction's instant (`Timestamp`), sealed once."""
+UUID_V7 = "uuid_v7"
+"""A service value: a time-ordered UUID the engine generates, sealed once."""
+
+ServiceKind: TypeAlias = Literal["transaction_time", "uuid_v7"]
+InputType: TypeAlias = type[str] | type[int] | type[bool] | type[float] | type[uuid.UUID] | type[
+    datetime
+]
+
+OUTCOME_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
+
+
+# -- entities ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Unique:
+    """A unique key: durable occupancy rows inside the writing partition.
+
+    ``fields`` must begin with the entity's partition route.
+    """
+
+    name: str
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Relationship:
+    """``fields`` of this entity reference the complete key of ``target``
+    (positionally). A required relationship needs a proof in every command
+    that creates the row or changes those fields."""
+
+    name: str
+    target: str
+    fields: tuple[str, ...]
+    required: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ReverseIndex:
+    """A partition-local index over ``fields`` of this entity's table, used
+    to prove there are no referencing rows (restrict) or to enumerate them
+    (cascade). ``table``/``columns``/``key_column`` say where it lives:
+    ``columns`` default to ``fields``, ``key_column`` holds the store key."""
+
+    name: str
+    fields: tuple[str, ...]
+    table: str
+    key_column: str = "id"
+    columns: tuple[str, ...] | None = None
+
+    @property
+    def sql_columns(self) -> tuple[str, ...]:
+        return self.columns if self.columns is not None else self.fields
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRef:
+    """``entity.index``: a reverse index of another entity."""
+
+    entity: str
+    index: str
+
+
+@dataclass(frozen=True, slots=True)
+class NoInbound:
+    """Deletable: no declared relationship may target the entity."""
+
+
+@dataclass(frozen=True, slots=True)
+class Restrict:
+    """Deletable only while no row references it: one reverse index per
+    inbound relationship proves it (the delete declares its outcome)."""
+
+    indexes: tuple[IndexRef, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeEdge:
+    """One inbound relationship a cascade deletes along, at most ``maximum`` rows."""
+
+    entity: str
+    relationship: str
+    index: str
+    maximum: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cascade:
+    """Deleting the entity deletes the rows of every direct inbound
+    relationship (one bounded hop; each child entity declares `NoInbound`)."""
+
+    edges: tuple[CascadeEdge, ...]
+
+
+DeletePolicy: TypeAlias = NoInbound | Restrict | Cascade
+
+MAX_CASCADE = 1000
+"""The largest fan-out maximum a cascade edge may declare."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowPolicy:
+    """A boolean predicate over the row (`Row`), principal facts (`Fact`)
+    and constants; ``reason`` is the code a denial answers with."""
+
+    predicate: Expr
+    reason: Reason
+
+
+@dataclass(frozen=True, slots=True)
+class Entity:
+    """An aggregate-owned entity the command layer reads and writes.
+
+    ``key`` lists the attributes forming the complete key; ``partition_by``
+    is a prefix of it; ``conflict_key`` (default: the key) lists the
+    attributes the store key is made of, by ``store_key`` (default: the
+    single value, or a list of the values). ``fields`` declares the other
+    attributes commands may observe or set, with their types. ``revision``
+    names the attribute counting the entity's changes (the layer bumps it on
+    every write). ``construct`` builds a new aggregate from its fields
+    (default: the class called with them as keywords). ``nouns`` are the
+    render nouns every write impacts, keyed by the store key.
+    """
+
+    name: str
+    aggregate: type
+    key: tuple[str, ...]
+    partition_by: tuple[str, ...] = ()
+    conflict_key: tuple[str, ...] | None = None
+    fields: Mapping[str, type] = field(default_factory=dict)
+    revision: str | None = None
+    unique: tuple[Unique, ...] = ()
+    relationships: tuple[Relationship, ...] = ()
+    indexes: tuple[ReverseIndex, ...] = ()
+    delete_policy: DeletePolicy | None = None
+    create_policy: RowPolicy | None = None
+    update_policy: RowPolicy | None = None
+    nouns: tuple[str, ...] = ()
+    store_key: Callable[[tuple[Any, ...]], Any] | None = None
+    construct: Callable[[Mapping[str, Any]], object] | None = None
+
+    @property
+    def conflict_fields(self) -> tuple[str, ...]:
+        return self.key if self.conflict_key is None else self.conflict_key
+
+    @property
+    def all_fields(self) -> tuple[str, ...]:
+        extra = [name for name in self.fields if name not in self.key]
+        if self.revision is not None and self.revision not in self.key:
+            extra = [n for n in extra if n != self.revision] + [self.revision]
+        return (*self.key, *extra)
+
+    def key_of_values(self, values: Mapping[str, Any]) -> Any:
+        """The store key of the row with these key values."""
+        parts = tuple(values[name] for name in self.conflict_fields)
+        if self.store_key is not None:
+            return self.store_key(parts)
+        return parts[0] if len(parts) == 1 else list(parts)
+
+    def relationship(self, name: str) -> Relationship | None:
+        return next((r for r in self.relationships if r.name == name), None)
+
+    def index(self, name: str) -> ReverseIndex | None:
+        return next((i for i in self.indexes if i.name == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowTransition:
+    """A legal move: from any of ``sources`` to ``to``."""
+
+    name: str
+    sources: tuple[str, ...]
+    to: str
+
+
+@dataclass(frozen=True, slots=True)
+class Workflow:
+    """The closed state graph of one entity's ``state`` attribute."""
+
+    name: str
+    entity: str
+    state: str
+    states: tuple[str, ...]
+    transitions: tuple[WorkflowTransition, ...]
+
+    def transition(self, name: str) -> WorkflowTransition | None:
+        return next((t for t in self.transitions if t.name == name), None)
+
+
+# -- command clauses -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A declared outcome: a PascalCase name (unique within its command)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """A caller-supplied input. ``max_length`` bounds a string."""
+
+    name: str
+    type: InputType
+    max_length: int | None = None
+    optional: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """A service-owned value (`TRANSACTION_TIME` or `UUID_V7`): sampled by
+    the engine, sealed with the idempotency record, never a caller input."""
+
+    name: str
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyKey:
+    """The input whose value makes retries idempotent."""
+
+    input: str
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """An exact read of the entity under ``key`` (its complete key, in
+    order); ``else_`` is the absence outcome."""
+
+    entity: str
+    key: tuple[Expr, ...]
+    as_: str
+    else_: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Mutate:
+    """A read of an entity the command writes; ``else_`` when absent;
+    ``taken`` maps each unique key a change may collide on to its outcome."""
+
+    entity: str
+    key: tuple[Expr, ...]
+    as_: str
+    else_: Outcome
+    taken: Mapping[str, Outcome] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """A new entity under ``key``; ``else_`` when one exists; ``taken`` maps
+    each unique key to the outcome of a value already occupied."""
+
+    entity: str
+    key: tuple[Expr, ...]
+    as_: str
+    else_: Outcome
+    taken: Mapping[str, Outcome] = field(default_factory=dict)
+
+
+Binding: TypeAlias = Read | Mutate | Create
+
+
+@dataclass(frozen=True, slots=True)
+class Require:
+    """A named requirement: ``predicate`` must be ``True``, else ``else_``."""
+
+    name: str
+    predicate: Expr
+    else_: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class RequireGate:
+    """The bound entity's gate (a `gated` attribute) must allow the
+    principal; a denial answers ``Refused`` with the gate's reason, the same
+    function the affordance pass runs."""
+
+    binding: str
+    gate: str
+
+
+@dataclass(frozen=True, slots=True)
+class Set:
+    """Assign ``binding.field = value``."""
+
+    binding: str
+    field: str
+    value: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A revision-checked workflow transition (``"Workflow.Transition"``) on a
+    mutable binding: the caller's ``revision`` is compared first (``stale``
+    on a mismatch), then the source state (``illegal`` outside it)."""
+
+    transition: str
+    on: str
+    revision: Expr
+    stale: Outcome
+    illegal: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Delete the bound entity under its declared delete policy:
+    ``referenced`` is the outcome of a restrict proof that fails,
+    ``too_many`` of a cascade beyond its maximum."""
+
+    binding: str
+    referenced: Outcome | None = None
+    too_many: Outcome | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Record a fact (``DomainEvent``) on a bound soft/full-EDA aggregate."""
+
+    binding: str
+    type: str
+    data: Mapping[str, Expr] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """Emit the integration event (an ``OutboundEvent``) ``build(values)``
+    returns, with the commit; ``values`` holds the inputs, service values and
+    bound entities by name."""
+
+    build: Callable[[Mapping[str, Any]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    """The success outcome and its fields."""
+
+    name: str
+    fields: Mapping[str, Expr] = field(default_factory=dict)
+
+    def __init__(self, name: str, /, **fields: Expr) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "fields", dict(fields))
+
+
+Clause: TypeAlias = (
+    Input | Service | IdempotencyKey | Read | Mutate | Create | Require | RequireGate
+    | Set | Transition | Delete | Record | Emit | Return
+)
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Command:
+    """A command: its name and clauses, in the visible order."""
+
+    name: str
+    clauses: tuple[Clause, ...]
+
+    def __init__(self, name: str, *clauses: Clause) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "clauses", tuple(clauses))

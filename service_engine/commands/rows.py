@@ -1,0 +1,254 @@
+"""The command layer's engine rows, as stores the pipeline locks and loads.
+
+Each is a `Persistence` over an engine table of migration 0010, so the
+runner reaches them only through the pipeline's context (``cx.load_optional``
+takes the row's advisory lock, held to commit; ``cx.create`` / ``cx.delete``
+write in the command's transaction):
+
+* `IdempotencyRecord` (``command_idempotency``): a key's first outcome and
+  its sealed service values, written with the effect;
+* `Occupancy` (``command_occupancy``): one unique value inside one
+  partition, owned by one row; the advisory lock on it serialises two
+  writers of one value, so the second sees the first's row (exact);
+* `ReverseScan`: a bounded read of a reverse index (the referencing rows'
+  store keys), for restrict proofs and cascades.
+
+`sweep_idempotency` deletes records past their retention, a batch at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar
+
+from ..clock import Timestamp
+from ..db.errors import DRIVER_ERRORS, Stage, translate_db_error
+from ..db.pool import Database
+from ..db.types import Conn
+from ..impacts.model import JsonValue
+from ..persistence.base import Aggregate, Style
+from ..persistence.crud import quote_ident
+
+__all__ = [
+    "IdempotencyRecord",
+    "Occupancy",
+    "ReverseScan",
+    "scan_key",
+    "sweep_idempotency",
+]
+
+
+@dataclass
+class IdempotencyRecord(Aggregate):
+    """The stored first run of one idempotency key."""
+
+    command: str
+    scope: str
+    key: str
+    digest: str
+    outcome: Mapping[str, Any]
+    sealed: Mapping[str, JsonValue]
+    recorded_at: datetime
+
+    Store: ClassVar[_IdempotencyStore]
+
+    @property
+    def record_key(self) -> list[str]:
+        return [self.command, self.scope, self.key]
+
+
+class _IdempotencyStore:
+    STYLE: ClassVar[Style] = Style.CRUD
+    store_type = "service_engine.commands.idempotency"
+
+    def key_of(self, record: IdempotencyRecord) -> list[str]:
+        return record.record_key
+
+    async def load(self, conn: Conn, key: Sequence[str]) -> IdempotencyRecord | None:
+        row = await conn.fetchrow(
+            "SELECT input_digest, outcome, sealed, recorded_at"
+            " FROM service_engine.command_idempotency"
+            " WHERE command = $1 AND scope = $2 AND key = $3",
+            key[0], key[1], key[2],
+        )
+        if row is None:
+            return None
+        return IdempotencyRecord(
+            key[0], key[1], key[2], row["input_digest"], row["outcome"], row["sealed"],
+            row["recorded_at"],
+        )
+
+    async def read_many(self, conn: Conn, keys: Sequence[Sequence[str]]) -> list[IdempotencyRecord]:
+        found = [await self.load(conn, key) for key in keys]
+        return [r for r in found if r is not None]
+
+    async def lock(self, conn: Conn, key: Sequence[str]) -> None:
+        return None
+
+    async def create(self, conn: Conn, record: IdempotencyRecord) -> None:
+        # A record past its retention may still be there (not yet swept):
+        # the key is free again, and its new first run replaces it.
+        await conn.execute(
+            "INSERT INTO service_engine.command_idempotency"
+            " (command, scope, key, input_digest, outcome, sealed, recorded_at)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7)"
+            " ON CONFLICT (command, scope, key) DO UPDATE SET input_digest = EXCLUDED.input_digest,"
+            " outcome = EXCLUDED.outcome, sealed = EXCLUDED.sealed,"
+            " recorded_at = EXCLUDED.recorded_at",
+            record.command, record.scope, record.key, record.digest, dict(record.outcome),
+            dict(record.sealed), record.recorded_at,
+        )
+
+    async def save(self, conn: Conn, record: IdempotencyRecord) -> None:
+        await self.create(conn, record)
+
+    async def delete(self, conn: Conn, record: IdempotencyRecord) -> None:
+        await conn.execute(
+            "DELETE FROM service_engine.command_idempotency"
+            " WHERE command = $1 AND scope = $2 AND key = $3",
+            record.command, record.scope, record.key,
+        )
+
+
+IdempotencyRecord.Store = _IdempotencyStore()
+
+
+@dataclass
+class Occupancy(Aggregate):
+    """One occupied unique value: ``(entity, index, partition, value)`` owned by ``owner``."""
+
+    entity: str
+    index: str
+    partition: str
+    value: str
+    owner: str
+
+    Store: ClassVar[_OccupancyStore]
+
+    @classmethod
+    def of(cls, key: Sequence[str], owner: str) -> Occupancy:
+        return cls(key[0], key[1], key[2], key[3], owner)
+
+    @property
+    def occupancy_key(self) -> list[str]:
+        return [self.entity, self.index, self.partition, self.value]
+
+
+class _OccupancyStore:
+    STYLE: ClassVar[Style] = Style.CRUD
+    store_type = "service_engine.commands.occupancy"
+
+    def key_of(self, row: Occupancy) -> list[str]:
+        return row.occupancy_key
+
+    async def load(self, conn: Conn, key: Sequence[str]) -> Occupancy | None:
+        owner = await conn.fetchval(
+            "SELECT owner FROM service_engine.command_occupancy"
+            " WHERE entity = $1 AND index_name = $2 AND partition = $3 AND value = $4",
+            key[0], key[1], key[2], key[3],
+        )
+        return None if owner is None else Occupancy(key[0], key[1], key[2], key[3], owner)
+
+    async def read_many(self, conn: Conn, keys: Sequence[Sequence[str]]) -> list[Occupancy]:
+        found = [await self.load(conn, key) for key in keys]
+        return [r for r in found if r is not None]
+
+    async def lock(self, conn: Conn, key: Sequence[str]) -> None:
+        return None
+
+    async def create(self, conn: Conn, row: Occupancy) -> None:
+        await conn.execute(
+            "INSERT INTO service_engine.command_occupancy"
+            " (entity, index_name, partition, value, owner) VALUES ($1, $2, $3, $4, $5)",
+            row.entity, row.index, row.partition, row.value, row.owner,
+        )
+
+    async def save(self, conn: Conn, row: Occupancy) -> None:
+        await conn.execute(
+            "UPDATE service_engine.command_occupancy SET owner = $5"
+            " WHERE entity = $1 AND index_name = $2 AND partition = $3 AND value = $4",
+            row.entity, row.index, row.partition, row.value, row.owner,
+        )
+
+    async def delete(self, conn: Conn, row: Occupancy) -> None:
+        await conn.execute(
+            "DELETE FROM service_engine.command_occupancy"
+            " WHERE entity = $1 AND index_name = $2 AND partition = $3 AND value = $4",
+            row.entity, row.index, row.partition, row.value,
+        )
+
+
+Occupancy.Store = _OccupancyStore()
+
+
+@dataclass
+class ReverseScan(Aggregate):
+    """The store keys of the rows a reverse index holds under one prefix."""
+
+    query: list[Any]
+    keys: list[Any] = field(default_factory=list)
+
+    Store: ClassVar[_ReverseScanStore]
+
+
+def scan_key(
+    table: str, key_column: str, columns: Sequence[str], values: Sequence[Any], limit: int
+) -> list[Any]:
+    """The scan's store key: which index, which prefix, how many at most."""
+    return [table, key_column, list(columns), list(values), limit]
+
+
+class _ReverseScanStore:
+    STYLE: ClassVar[Style] = Style.CRUD
+    store_type = "service_engine.commands.reverse_index"
+
+    def key_of(self, scan: ReverseScan) -> list[Any]:
+        return scan.query
+
+    async def load(self, conn: Conn, key: Sequence[Any]) -> ReverseScan:
+        table, key_column, columns, values, limit = key
+        where = " AND ".join(f"{quote_ident(c)} = ${i}" for i, c in enumerate(columns, start=1))
+        k = quote_ident(key_column)
+        rows = await conn.fetch(
+            f"SELECT {k} FROM {quote_ident(table)} WHERE {where} ORDER BY {k}"
+            f" LIMIT {int(limit):d}",
+            *values,
+        )
+        return ReverseScan(list(key), [row[0] for row in rows])
+
+    async def read_many(self, conn: Conn, keys: Sequence[Sequence[Any]]) -> list[ReverseScan]:
+        return [await self.load(conn, key) for key in keys]
+
+    async def lock(self, conn: Conn, key: Sequence[Any]) -> None:
+        return None
+
+    async def create(self, conn: Conn, scan: ReverseScan) -> None:
+        raise TypeError("a reverse scan is read-only")
+
+    async def save(self, conn: Conn, scan: ReverseScan) -> None:
+        raise TypeError("a reverse scan is read-only")
+
+    async def delete(self, conn: Conn, scan: ReverseScan) -> None:
+        raise TypeError("a reverse scan is read-only")
+
+
+ReverseScan.Store = _ReverseScanStore()
+
+
+async def sweep_idempotency(
+    db: Database, *, older_than: Timestamp, batch: int
+) -> int:
+    """Delete up to ``batch`` idempotency records recorded before ``older_than``;
+    the number deleted (run it on a beat until it answers less than ``batch``)."""
+    try:
+        status = await db.pool.execute(
+            "DELETE FROM service_engine.command_idempotency WHERE ctid IN ("
+            " SELECT ctid FROM service_engine.command_idempotency"
+            " WHERE recorded_at < $1 ORDER BY recorded_at LIMIT $2)",
+            older_than.value, batch,
+        )
+    except DRIVER_ERRORS as exc:
+        raise translate_db_error(exc, Stage.FLUSH) from exc
+    return int(status.rsplit(" ", 1)[-1])

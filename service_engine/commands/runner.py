@@ -1,0 +1,485 @@
+"""`CommandRunner`: run a checked command through the write pipeline.
+
+One command is one pipeline transaction (`MutationExecutor.execute`)::
+
+    idempotency record (lock, read)  -> a stored outcome answers at once
+    bindings: every lock in one fixed order (the union of the command's
+              conflict keys), then the exact reads, absence/existence outcomes
+    requirements, effects (revision-checked transitions, sets), row
+    policies, delete proofs (restrict / bounded cascade), unique occupancy
+    -> every zero-mutation outcome is decided before anything is written
+    writes: cascaded children, deletes, creates, saves, occupancy moves,
+            impacts, emitted events, the idempotency record
+    COMMIT
+
+A declared outcome commits only the idempotency record (when a key was
+given); a failure of the pipeline (a lock timeout, ...) commits nothing and
+answers the pipeline's `MutationError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, cast
+
+from ..db.errors import Stage, TransientConflict
+from ..gates import BoundGate
+from ..impacts.model import JsonValue, canonical_json
+from ..persistence.base import Aggregate, DomainEvent, store_of
+from ..pipeline import Mutation, MutationError, MutationExecutor
+from .check import CheckedCommand
+from .config import CommandConfig
+from .declaration import (
+    Cascade,
+    Create,
+    Delete,
+    Emit,
+    Entity,
+    Mutate,
+    Outcome,
+    Read,
+    Record,
+    Require,
+    Restrict,
+    Set,
+    Transition,
+)
+from .expr import INVALID, Env, evaluate, truth
+from .outcomes import IDEMPOTENCY_CONFLICT, REFUSED, CommandOutcome
+from .plan import (
+    InvalidInput,
+    OccupancyKey,
+    encode_value,
+    input_digest,
+    lock_identity,
+    occupancy_keys,
+    order_by_lock,
+    seal,
+    validate_inputs,
+)
+from .policy import check_row, row_of
+from .rows import IdempotencyRecord, Occupancy, ReverseScan, scan_key
+
+__all__ = ["INVALID_INPUT", "CommandRunner"]
+
+INVALID_INPUT = "invalid_input"
+"""The `MutationError` code of inputs that do not match the declaration."""
+
+
+class _Answer(Exception):
+    """A zero-mutation outcome decided before any write (internal)."""
+
+    def __init__(self, outcome: str, data: Mapping[str, JsonValue] | None = None) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+        self.data = dict(data or {})
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRunner:
+    """Runs checked commands over one engine's `MutationExecutor`."""
+
+    executor: MutationExecutor
+    config: CommandConfig = field(default_factory=CommandConfig)
+
+    async def run(
+        self, command: CheckedCommand, principal: Any, inputs: Mapping[str, object]
+    ) -> CommandOutcome | MutationError:
+        """Run ``command`` as ``principal`` with ``inputs``: its typed outcome,
+        or the pipeline's `MutationError` (``invalid_input`` for inputs that do
+        not match the declaration)."""
+        retention = self.config.idempotency_retention
+        try:
+            values = validate_inputs(command, inputs)
+
+            async def handler(cx: Mutation[Any]) -> CommandOutcome:
+                return await _Run(command, cx, values, retention).execute()
+
+            return await self.executor.execute(principal, handler)
+        except InvalidInput as exc:
+            # Before the pipeline, or from a set effect (rolled back).
+            return MutationError(INVALID_INPUT, str(exc))
+
+
+def _scope(principal: object) -> str:
+    ident = getattr(principal, "id", None)
+    return "" if ident is None else str(ident)
+
+
+@dataclass
+class _Bound:
+    binding: Read | Mutate | Create
+    entity: Entity
+    key_values: dict[str, Any]
+    store_key: Any
+    aggregate: Any = None
+    current: dict[str, Any] = field(default_factory=dict)
+    fields: dict[str, Any] = field(default_factory=dict)
+    revision: Any = None
+    changed: bool = False
+    deleted: bool = False
+    children: list[tuple[Entity, Any]] = field(default_factory=list)
+
+
+class _Run:
+    def __init__(
+        self, command: CheckedCommand, cx: Mutation[Any], inputs: dict[str, object],
+        retention: timedelta,
+    ) -> None:
+        self.command = command
+        self.cx = cx
+        self.inputs = inputs
+        self.retention = retention
+        self.values: dict[str, object] = dict(inputs)
+        self.sealed: dict[str, JsonValue] = {}
+        self.bound: dict[str, _Bound] = {}
+        self.records: list[tuple[str, DomainEvent]] = []
+        self.release: list[OccupancyKey] = []
+        self.claims: list[tuple[OccupancyKey, str, Outcome]] = []
+        self.held: dict[OccupancyKey, bool] = {}
+        self.children: list[tuple[Entity, Any]] = []
+
+    @property
+    def principal(self) -> Any:
+        return self.cx.principal
+
+    def env(self) -> Env:
+        views: dict[str, object] = {}
+        for name, b in self.bound.items():
+            views[name] = b.fields if b.aggregate is None else b.aggregate
+        return Env(self.values, views, None, self.principal)
+
+    async def execute(self) -> CommandOutcome:
+        command = self.command
+        key = None if command.idempotency_key is None else str(self.inputs[command.idempotency_key])
+        digest = input_digest(command, self.inputs)
+        if key is not None:
+            record = await self.cx.load_optional(
+                IdempotencyRecord, [command.name, _scope(self.principal), key]
+            )
+            if record is not None and record.recorded_at >= (self.cx.now() - self.retention).value:
+                if record.digest != digest:
+                    return CommandOutcome(command.name, IDEMPOTENCY_CONFLICT, False)
+                return CommandOutcome.from_record(command.name, record.outcome, record.sealed)
+        sealed_values = seal(command.services, self.cx.now())
+        self.values.update(sealed_values)
+        self.sealed = {name: encode_value(v) for name, v in sealed_values.items()}
+        try:
+            outcome = await self._decide_and_write()
+        except _Answer as answer:
+            outcome = CommandOutcome(command.name, answer.outcome, False, answer.data, self.sealed)
+        if key is not None:
+            await self.cx.create(IdempotencyRecord(
+                command.name, _scope(self.principal), key, digest, outcome.to_record(),
+                self.sealed, self.cx.now().value,
+            ))
+        return outcome
+
+    # -- deciding -------------------------------------------------------------------
+
+    async def _decide_and_write(self) -> CommandOutcome:
+        await self._bind()
+        self._require()
+        self._effects()
+        self._construct()
+        self._policies()
+        await self._delete_proofs()
+        await self._occupancy()
+        await self._read_dependencies()
+        await self._write()
+        env = self.env()
+        data = {name: encode_value(_valued(evaluate(e, env), f"return {name}"))
+                for name, e in self.command.returns.fields.items()}
+        return CommandOutcome(self.command.name, self.command.returns.name, True, data, self.sealed)
+
+    async def _bind(self) -> None:
+        key_env = Env(self.values, {}, None, self.principal)
+        pending: list[_Bound] = []
+        invalid: dict[str, Outcome] = {}
+        for binding in self.command.bindings:
+            entity = self.command.entities[binding.as_]
+            parts = [evaluate(e, key_env) for e in binding.key]
+            if any(p is INVALID or p is None for p in parts):
+                invalid[binding.as_] = binding.else_
+                continue
+            values = dict(zip(entity.key, parts, strict=True))
+            pending.append(_Bound(binding, entity, values, entity.key_of_values(values)))
+        loaded: dict[tuple[str, str], Any] = {}
+
+        def identity(b: _Bound) -> tuple[str, str]:
+            return lock_identity(store_of(b.entity.aggregate).store_type, b.store_key)
+
+        # The union of the command's locks, in the one fixed order.
+        for b in order_by_lock(pending, identity):
+            loaded[identity(b)] = await _load(self.cx, b.entity, b.store_key)
+        by_name = {b.binding.as_: b for b in pending}
+        for binding in self.command.bindings:
+            if binding.as_ in invalid:
+                raise _Answer(invalid[binding.as_].name)
+            b = by_name[binding.as_]
+            found = loaded[identity(b)]
+            if found is not None and not _same_key(found, b.key_values):
+                found = None  # under this store key, but in another partition
+            if isinstance(binding, Create):
+                if found is not None:
+                    raise _Answer(binding.else_.name)
+                b.fields = dict(b.key_values)
+            else:
+                if found is None:
+                    raise _Answer(binding.else_.name)
+                b.aggregate = found
+                b.current = row_of(found, b.entity.all_fields)
+                if b.entity.revision is not None:
+                    b.revision = getattr(found, b.entity.revision, None)
+            self.bound[binding.as_] = b
+
+    def _require(self) -> None:
+        for clause in self.command.requirements:
+            if isinstance(clause, Require):
+                if not truth(evaluate(clause.predicate, self.env())):
+                    raise _Answer(clause.else_.name)
+                continue
+            b = self.bound[clause.binding]
+            gate = getattr(b.aggregate, clause.gate, None)
+            if not isinstance(gate, BoundGate):
+                raise TypeError(f"{clause.binding}.{clause.gate} is not a gate")
+            verdict = gate(self.principal)
+            if verdict.reason is not None:
+                raise _Answer(REFUSED, {"reason": verdict.reason.code, "action": gate.action})
+
+    def _effects(self) -> None:
+        for clause in self.command.effects:
+            if isinstance(clause, Transition):
+                step = self.command.transitions[clause.on]
+                b = self.bound[clause.on]
+                expected = evaluate(clause.revision, self.env())
+                # The revision first: a stale caller learns it is stale even
+                # when the state also moved on.
+                if type(expected) is not int or type(b.revision) is not int or (
+                    expected != b.revision
+                ):
+                    raise _Answer(clause.stale.name)
+                if getattr(b.aggregate, step.workflow.state, INVALID) not in step.move.sources:
+                    raise _Answer(clause.illegal.name)
+                setattr(b.aggregate, step.workflow.state, step.move.to)
+                b.changed = True
+            elif isinstance(clause, Set):
+                b = self.bound[clause.binding]
+                value = _valued(evaluate(clause.value, self.env()), f"set {clause.field}")
+                declared = b.entity.fields[clause.field]
+                if value is not None and not _is_type(value, declared):
+                    raise InvalidInputOutcome(clause.field, declared, value)
+                if b.aggregate is None:
+                    b.fields[clause.field] = value
+                else:
+                    setattr(b.aggregate, clause.field, value)
+                    b.changed = True
+            elif isinstance(clause, Delete):
+                self.bound[clause.binding].deleted = True
+            elif isinstance(clause, Record):
+                data = {name: encode_value(_valued(evaluate(e, self.env()), name))
+                        for name, e in clause.data.items()}
+                self.records.append((clause.binding, DomainEvent(clause.type, data)))
+
+    def _construct(self) -> None:
+        for b in self.bound.values():
+            if not isinstance(b.binding, Create):
+                continue
+            fields = dict(b.fields)
+            if b.entity.revision is not None:
+                fields.setdefault(b.entity.revision, 1)
+            construct = b.entity.construct
+            b.aggregate = b.entity.aggregate(**fields) if construct is None else construct(fields)
+            b.changed = True
+
+    def _policies(self) -> None:
+        for b in self.bound.values():
+            if isinstance(b.binding, Create) and b.entity.create_policy is not None:
+                proposed = row_of(b.aggregate, b.entity.all_fields)
+                self._allow(check_row(b.entity.create_policy, proposed, self.principal), "create")
+            elif (
+                isinstance(b.binding, Mutate) and b.changed and not b.deleted
+                and b.entity.update_policy is not None
+            ):
+                policy = b.entity.update_policy
+                # Both rows: the one the affordance judged and the one written.
+                self._allow(check_row(policy, b.current, self.principal), "update")
+                proposed = row_of(b.aggregate, b.entity.all_fields)
+                self._allow(check_row(policy, proposed, self.principal), "update")
+
+    def _allow(self, verdict: Any, action: str) -> None:
+        if verdict.reason is not None:
+            raise _Answer(REFUSED, {"reason": verdict.reason.code, "action": action})
+
+    async def _delete_proofs(self) -> None:
+        catalog = self.command.catalog
+        for name, step in self.command.deletes.items():
+            b = self.bound[name]
+            policy = step.entity.delete_policy
+            target_key = [b.key_values[f] for f in step.entity.key]
+            if isinstance(policy, Restrict):
+                for ref in policy.indexes:
+                    child = catalog.entities[ref.entity]
+                    index = child.index(ref.index)
+                    assert index is not None
+                    scan = await self._scan(index.table, index.key_column,
+                                            index.sql_columns[: len(target_key)], target_key, 1)
+                    if scan:
+                        assert step.clause.referenced is not None
+                        raise _Answer(step.clause.referenced.name)
+            elif isinstance(policy, Cascade):
+                for edge in policy.edges:
+                    child = catalog.entities[edge.entity]
+                    index = child.index(edge.index)
+                    assert index is not None
+                    keys = await self._scan(index.table, index.key_column,
+                                            index.sql_columns[: len(target_key)], target_key,
+                                            edge.maximum + 1)
+                    if len(keys) > edge.maximum:
+                        assert step.clause.too_many is not None
+                        raise _Answer(step.clause.too_many.name, {"maximum": edge.maximum})
+                    b.children.extend((child, k) for k in keys)
+
+    async def _scan(
+        self, table: str, key_column: str, columns: tuple[str, ...], values: list[Any], limit: int
+    ) -> list[Any]:
+        scan = await self.cx.load_optional(
+            ReverseScan, scan_key(table, key_column, columns, values, limit)
+        )
+        return [] if scan is None else list(scan.keys)
+
+    async def _occupancy(self) -> None:
+        for b in self.bound.values():
+            entity = b.entity
+            if not entity.unique or isinstance(b.binding, Read):
+                continue
+            owner = canonical_json(encode_value(b.store_key))
+            before = {} if isinstance(b.binding, Create) else occupancy_keys(entity, b.current)
+            if b.deleted:
+                self.release.extend(before.values())
+                continue
+            after = occupancy_keys(entity, row_of(b.aggregate, entity.all_fields))
+            taken = b.binding.taken if isinstance(b.binding, Mutate | Create) else {}
+            for index, occupancy in after.items():
+                if before.get(index) == occupancy:
+                    continue
+                self.claims.append((occupancy, owner, taken[index]))
+                if index in before:
+                    self.release.append(before[index])
+        # Children a cascade removes give up their unique values too.
+        children: list[tuple[Entity, Any]] = [
+            c for b in self.bound.values() for c in b.children
+        ]
+        for entity, key in order_by_lock(
+            children, lambda c: lock_identity(store_of(c[0].aggregate).store_type, c[1])
+        ):
+            child = await _load(self.cx, entity, key)
+            if child is None:
+                continue
+            self.children.append((entity, child))
+            self.release.extend(occupancy_keys(entity, row_of(child, entity.all_fields)).values())
+        # Every occupancy lock (claims and releases) in the one fixed order.
+        wanted = {occupancy: None for occupancy in self.release}
+        wanted.update({c[0]: None for c in self.claims})
+        owners: dict[OccupancyKey, str | None] = {}
+        for occupancy in order_by_lock(
+            wanted, lambda o: lock_identity(Occupancy.Store.store_type, o.as_key())
+        ):
+            held = await self.cx.load_optional(Occupancy, occupancy.as_key())
+            owners[occupancy] = None if held is None else held.owner
+            self.held[occupancy] = held is not None
+        released = set(self.release)
+        for occupancy, owner, outcome in self.claims:
+            holder = owners[occupancy]
+            if holder is not None and holder != owner and occupancy not in released:
+                raise _Answer(outcome.name)
+
+    async def _read_dependencies(self) -> None:
+        # A checked transition keeps the entity's version as a read
+        # dependency: re-read it under the held lock; a write that slipped
+        # past the lock (a store without row locks, a writer outside the
+        # pipeline) fails the commit instead of being lost.
+        for name in self.command.transitions:
+            b = self.bound[name]
+            fresh = await _load(self.cx, b.entity, b.store_key)
+            revision = b.entity.revision
+            assert revision is not None
+            if fresh is None or getattr(fresh, revision, None) != b.revision:
+                raise TransientConflict(
+                    f"{b.entity.name} {b.store_key!r} changed between its check and the commit",
+                    Stage.SAVE,
+                )
+
+    # -- writing --------------------------------------------------------------------
+
+    async def _write(self) -> None:
+        cx = self.cx
+        for entity, child in self.children:
+            await cx.delete(child)
+            for noun in entity.nouns:
+                cx.impact(noun, encode_value(store_of(entity.aggregate).key_of(child)))
+        for binding_name, event in self.records:
+            self.bound[binding_name].aggregate.record(event)
+        for b in self.bound.values():
+            if isinstance(b.binding, Read):
+                continue
+            if b.deleted:
+                await cx.delete(b.aggregate)
+            elif isinstance(b.binding, Create):
+                await cx.create(b.aggregate)
+            elif b.changed:
+                if b.entity.revision is not None and type(b.revision) is int:
+                    setattr(b.aggregate, b.entity.revision, b.revision + 1)
+                await cx.save(b.aggregate)
+            else:
+                continue
+            for noun in b.entity.nouns:
+                cx.impact(noun, encode_value(b.store_key))
+        claimed = {c[0] for c in self.claims}
+        for occupancy in self.release:
+            if occupancy not in claimed:
+                await cx.delete(Occupancy.of(occupancy.as_key(), ""))
+        for occupancy, owner, _ in self.claims:
+            row = Occupancy.of(occupancy.as_key(), owner)
+            if not self.held[occupancy]:
+                await cx.create(row)
+            else:
+                await cx.save(row)  # released by this command and claimed again
+        env_values: dict[str, Any] = dict(self.values)
+        env_values.update({name: b.aggregate for name, b in self.bound.items()})
+        for clause in self.command.effects:
+            if isinstance(clause, Emit):
+                cx.emit(clause.build(env_values))
+
+
+class InvalidInputOutcome(InvalidInput):
+    def __init__(self, field_name: str, declared: type, value: object) -> None:
+        super().__init__(
+            f"{field_name} must be a {declared.__name__}, got {type(value).__name__}"
+        )
+
+
+def _is_type(value: object, declared: type) -> bool:
+    if declared is bool or isinstance(value, bool):
+        return type(value) is declared
+    if declared is float:
+        return isinstance(value, int | float)
+    return isinstance(value, declared)
+
+
+def _valued(value: Any, what: str) -> Any:
+    if value is INVALID:
+        raise TypeError(f"{what} evaluated to nothing (a missing field or mistyped value)")
+    return value
+
+
+async def _load(cx: Mutation[Any], entity: Entity, key: Any) -> Any:
+    aggregate_type = cast(type[Aggregate], entity.aggregate)
+    return await cx.load_optional(aggregate_type, key)
+
+
+def _same_key(found: object, values: Mapping[str, Any]) -> bool:
+    return all(getattr(found, name, INVALID) == value for name, value in values.items())
+
