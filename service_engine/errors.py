@@ -10,17 +10,26 @@ branches say whose fault a failure is:
 
 Driver exceptions (asyncpg, nats) are translated at the adapter with
 ``raise ... from exc`` and never reach a slice author.
+
+Every engine error carries a stable ``code``: what it is called when it
+crosses a wire (a `MutationError` code, a reaction's dead-letter reason).
+Which errors are answered by their code, and how, is the one table
+`pipeline.outcomes.ANSWERED`.
 """
 
 from __future__ import annotations
 
 
 class EngineError(Exception):
-    """Root of the engine's typed failures."""
+    """Root of the engine's typed failures. ``code`` is its stable wire name."""
+
+    code: str = "engine_error"
 
 
 class ConfigError(EngineError, ValueError):
     """A configuration value or relation is out of bounds."""
+
+    code = "configuration"
 
 
 class DatabaseUrlRefused(ConfigError):
@@ -114,6 +123,8 @@ class WorkerStopped(EngineError):
 class ShuttingDown(EngineError):
     """The engine is shutting down and accepts no new work."""
 
+    code = "shutting_down"
+
 
 class AttachError(EngineError):
     """A subscription attach was refused."""
@@ -130,6 +141,8 @@ class CauseTooLarge(EngineError):
     a small fact, bulk data rides the view.
     """
 
+    code = "cause_too_large"
+
 
 class TornGroup(EngineError):
     """A framed impact group lost a frame: its impacts cannot be trusted."""
@@ -145,3 +158,5 @@ class TooManyImpacts(EngineError):
     Bulk writes go through the bulk path (``Bulk.impact_all``), which stages
     one projector-reset impact instead of one per key.
     """
+
+    code = "too_many_impacts"

@@ -26,7 +26,7 @@ from ..config import EngineConfig
 from ..db.errors import DatabaseError, Stage
 from ..db.pool import Database
 from ..db.types import Conn
-from ..errors import CauseTooLarge, ConfigError, TooManyImpacts
+from ..errors import ConfigError, EngineError
 from ..gates import Refused
 from ..messaging.dead_letters import DeadLetter, DeadLetters, DeadLetterSource
 from ..messaging.envelope import (
@@ -34,7 +34,6 @@ from ..messaging.envelope import (
     HEADER_NATS_MSG_ID,
     EnvelopeError,
     PayloadMismatch,
-    SequenceWithoutService,
     Unidentified,
     decode_payload,
     identify,
@@ -54,7 +53,7 @@ from ..messaging.reactions import (
     route,
 )
 from ..metrics import Metrics
-from ..persistence.base import HydrationFailed, NotFound
+from ..pipeline.outcomes import ANSWERED
 from ..pipeline.reaction import ReactionPrincipal, Replayed, Stale, run_reaction
 from ..pipeline.run import StageHook
 
@@ -115,28 +114,21 @@ def classify_failure(
         if exc.retryable:
             delay = backoff_delay(delivered, budget.retry_backoff, budget.retry_backoff_cap)
             return Nak(delay, exc.code, str(exc))
-        return DeadLetterIt("database", str(exc))
+        return DeadLetterIt(exc.code, str(exc))
     if isinstance(exc, Disposition):
         return route(exc, delivered=delivered, age=age, budget=budget)
-    if isinstance(exc, SequenceWithoutService):
-        return DeadLetterIt("sequence_without_service", str(exc))
     if isinstance(exc, Refused):
         return DeadLetterIt(f"refused:{exc.reason.code}", str(exc))
-    for engine_type, reason in _ENGINE_REASONS:
-        if isinstance(exc, engine_type):
-            return DeadLetterIt(reason, f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, _TERMINAL):
+        # The engine's own terminal faults, dead-lettered under their code.
+        return DeadLetterIt(exc.code, f"{type(exc).__name__}: {exc}")
     return DeadLetterIt("handler_error", f"{type(exc).__name__}: {exc}")
 
 
-_ENGINE_REASONS: tuple[tuple[type[BaseException], str], ...] = (
-    (NotFound, "not_found"),
-    (HydrationFailed, "hydration_failed"),
-    (TooManyImpacts, "too_many_impacts"),
-    (CauseTooLarge, "cause_too_large"),
-    (EnvelopeError, "envelope"),
-    (ConfigError, "configuration"),
-)
-"""The engine's own terminal faults, by the dead-letter reason they record."""
+_TERMINAL: tuple[type[EngineError], ...] = (*ANSWERED, EnvelopeError, ConfigError)
+"""What a reaction dead-letters under the error's own ``code``: the answered
+errors of the one table (`ANSWERED`) and, on a reaction's own authority, a
+bad envelope or configuration."""
 
 
 def _header_uuid(headers: Mapping[str, str]) -> uuid.UUID | None:

@@ -59,6 +59,8 @@ _TYPE = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
 class EnvelopeError(EngineError):
     """An outbound envelope cannot be built from what the author gave."""
 
+    code = "envelope"
+
 
 class ServiceRequired(ConfigError):
     """An engine gesture needs ``EngineConfig.service`` and none is configured."""
@@ -71,6 +73,8 @@ class SequenceWithoutService(ServiceRequired):
     Refused at emit: a sequence a consumer would order or dedup on must never
     vanish. A reaction that hits it is a terminal violation (dead-lettered).
     """
+
+    code = "sequence_without_service"
 
 
 def check_token(value: str, what: str) -> str:

@@ -72,6 +72,8 @@ class NotFound(EngineError):
     The pipeline answers it as the `MutationError` code ``not_found``.
     """
 
+    code = "not_found"
+
     def __init__(self, store_type: str, key: object) -> None:
         super().__init__(f"no aggregate of {store_type} under key {key!r}")
         self.store_type = store_type
@@ -85,6 +87,8 @@ class HydrationFailed(EngineError):
     The load is refused rather than a corrupt aggregate acted on; the
     pipeline answers ``hydration_failed`` and logs the detail at error.
     """
+
+    code = "hydration_failed"
 
     def __init__(self, noun: str, key: object, problem: str) -> None:
         super().__init__(f"aggregate {noun} {key!r} failed hydration: {problem}")

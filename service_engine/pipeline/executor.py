@@ -19,27 +19,29 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, TypeAlias, TypeVar
 
-from ..clock import Clock, SystemClock, Timestamp
+from ..clock import Clock, SystemClock
 from ..config import EngineConfig
 from ..db.errors import ConstraintViolation, DatabaseError
 from ..db.pool import Database
-from ..db.types import Conn
-from ..errors import CauseTooLarge, ShuttingDown, TooManyImpacts
-from ..gates import Refused
+from ..errors import CauseTooLarge, EngineError, ShuttingDown, TooManyImpacts
 from ..metrics import Metrics
-from ..persistence.base import HydrationFailed, NotFound
-from .contexts import Bulk, Mutation, Ops
-from .outcomes import MutationError, Success
+from ..persistence.base import HydrationFailed
+from .contexts import Bulk, Mutation
+from .outcomes import ANSWERED, MutationError, Success, mutation_error
 from .run import StageHook, run_pipeline
 
 __all__ = ["MutationExecutor"]
 
 P = TypeVar("P")
 T = TypeVar("T")
-C = TypeVar("C", bound=Ops)
 Ps = ParamSpec("Ps")
+
+MutationHandler: TypeAlias = Callable[Concatenate[Mutation[P], Ps], Awaitable[T]]
+"""``async def handler(cx: Mutation[P], *args, **kwargs) -> T``."""
+BulkHandler: TypeAlias = Callable[Concatenate[Bulk[P], Ps], Awaitable[T]]
+"""``async def handler(cx: Bulk[P], *args, **kwargs) -> T``."""
 
 _log = logging.getLogger(__name__)
 
@@ -65,97 +67,80 @@ class MutationExecutor:
         """A copy of this executor calling ``hook`` at the pipeline's stages."""
         return replace(self, hook=hook)
 
-    async def ack(
-        self,
-        principal: P,
-        handler: Callable[Concatenate[Mutation[P], Ps], Awaitable[object]],
-        /,
-        *args: Ps.args,
-        **kwargs: Ps.kwargs,
-    ) -> Success | MutationError:
-        """Run ``handler(cx, *args, **kwargs)`` as ``principal``; `Success` once committed."""
-        outcome = await self._run(_mutation(principal), lambda cx: handler(cx, *args, **kwargs))
-        return outcome if isinstance(outcome, MutationError) else Success()
-
     async def execute(
-        self,
-        principal: P,
-        handler: Callable[Concatenate[Mutation[P], Ps], Awaitable[T]],
-        /,
-        *args: Ps.args,
-        **kwargs: Ps.kwargs,
+        self, principal: P, handler: MutationHandler[P, Ps, T], /,
+        *args: Ps.args, **kwargs: Ps.kwargs,
     ) -> T | MutationError:
-        """Run the handler; its return value once committed."""
-        return await self._run(_mutation(principal), lambda cx: handler(cx, *args, **kwargs))
-
-    async def ack_bulk(
-        self,
-        principal: P,
-        handler: Callable[Concatenate[Bulk[P], Ps], Awaitable[object]],
-        /,
-        *args: Ps.args,
-        **kwargs: Ps.kwargs,
-    ) -> Success | MutationError:
-        """`ack` with a `Bulk` context (``cx.impact_all``)."""
-        outcome = await self._run(_bulk(principal), lambda cx: handler(cx, *args, **kwargs))
-        return outcome if isinstance(outcome, MutationError) else Success()
+        """Run ``handler(cx, *args, **kwargs)`` as ``principal``; its return
+        value once committed."""
+        return await self._run(Mutation, principal, handler, *args, **kwargs)
 
     async def execute_bulk(
-        self,
-        principal: P,
-        handler: Callable[Concatenate[Bulk[P], Ps], Awaitable[T]],
-        /,
-        *args: Ps.args,
-        **kwargs: Ps.kwargs,
+        self, principal: P, handler: BulkHandler[P, Ps, T], /,
+        *args: Ps.args, **kwargs: Ps.kwargs,
     ) -> T | MutationError:
         """`execute` with a `Bulk` context (``cx.impact_all``)."""
-        return await self._run(_bulk(principal), lambda cx: handler(cx, *args, **kwargs))
+        return await self._run(Bulk, principal, handler, *args, **kwargs)
+
+    async def ack(
+        self, principal: P, handler: MutationHandler[P, Ps, object], /,
+        *args: Ps.args, **kwargs: Ps.kwargs,
+    ) -> Success | MutationError:
+        """`execute`, answering `Success` once committed."""
+        return _acked(await self.execute(principal, handler, *args, **kwargs))
+
+    async def ack_bulk(
+        self, principal: P, handler: BulkHandler[P, Ps, object], /,
+        *args: Ps.args, **kwargs: Ps.kwargs,
+    ) -> Success | MutationError:
+        """`execute_bulk`, answering `Success` once committed."""
+        return _acked(await self.execute_bulk(principal, handler, *args, **kwargs))
 
     async def _run(
         self,
-        open_context: Callable[[Conn, Timestamp, EngineConfig], C],
-        handler: Callable[[C], Awaitable[T]],
+        context: type[Mutation[P]],
+        principal: P,
+        handler: Callable[..., Awaitable[T]],
+        /,
+        *args: object,
+        **kwargs: object,
     ) -> T | MutationError:
+        """The one body of every entry point: the pipeline around the
+        handler, each `ANSWERED` error answered as its `MutationError`."""
         try:
             if self.accepting is not None:
                 self.accepting()
         except ShuttingDown:
-            return MutationError("shutting_down", "the service is shutting down", True)
+            return MutationError(ShuttingDown.code, "the service is shutting down", True)
         try:
             return await run_pipeline(
                 self.db,
                 self.config,
-                lambda conn, now: open_context(conn, now, self.config),
-                handler,
+                lambda conn, now: context(conn, self.config, now, principal),
+                lambda cx: handler(cx, *args, **kwargs),
                 clock=self.clock,
                 metrics=self.metrics,
                 hook=self.hook,
             )
-        except Refused as exc:
-            return MutationError.refused(exc.reason, exc.action)
-        except NotFound as exc:
-            return MutationError("not_found", f"not found: {exc.key!r}")
-        except ConstraintViolation as exc:
-            _log.info("mutation refused at stage %s: %s", exc.stage.value, exc)
-            return MutationError(exc.code, f"mutation refused: {exc.kind} violation")
-        except DatabaseError as exc:
-            if exc.retryable and exc.code != MutationError.DATABASE:
-                _log.warning("mutation retryable at stage %s: %s", exc.stage.value, exc)
-                return MutationError(exc.code, f"mutation not applied: {exc.code}", True)
+        except ANSWERED as exc:
+            _log_answered(exc)
+            return mutation_error(exc)
+
+
+def _acked(outcome: object) -> Success | MutationError:
+    return outcome if isinstance(outcome, MutationError) else Success()
+
+
+def _log_answered(exc: EngineError) -> None:
+    """Log what the caller is not told: a fault's detail stays server-side."""
+    if isinstance(exc, ConstraintViolation):
+        _log.info("mutation refused at stage %s: %s", exc.stage.value, exc)
+    elif isinstance(exc, DatabaseError):
+        if exc.retryable and exc.code != MutationError.DATABASE:
+            _log.warning("mutation retryable at stage %s: %s", exc.stage.value, exc)
+        else:
             _log.error("mutation failed at stage %s: %s", exc.stage.value, exc, exc_info=exc)
-            return MutationError.database(retryable=exc.retryable)
-        except HydrationFailed as exc:
-            _log.error("mutation refused a load: %s", exc, exc_info=exc)
-            return MutationError("hydration_failed", "mutation failed: an aggregate did not load")
-        except (TooManyImpacts, CauseTooLarge) as exc:
-            _log.error("mutation refused: %s", exc)
-            code = "too_many_impacts" if isinstance(exc, TooManyImpacts) else "cause_too_large"
-            return MutationError(code, str(exc))
-
-
-def _mutation(principal: Any) -> Callable[[Conn, Timestamp, EngineConfig], Mutation[Any]]:
-    return lambda conn, now, config: Mutation(conn, config, now, principal)
-
-
-def _bulk(principal: Any) -> Callable[[Conn, Timestamp, EngineConfig], Bulk[Any]]:
-    return lambda conn, now, config: Bulk(conn, config, now, principal)
+    elif isinstance(exc, HydrationFailed):
+        _log.error("mutation refused a load: %s", exc, exc_info=exc)
+    elif isinstance(exc, TooManyImpacts | CauseTooLarge):
+        _log.error("mutation refused: %s", exc)

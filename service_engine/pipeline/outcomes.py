@@ -11,6 +11,11 @@ A mutation answers its caller with exactly one of:
   itself, whose cause is logged server-side and never sent.
 
 These are values a caller branches on, not exceptions. This module is pure.
+
+`ANSWERED` is the one table of the engine errors a handler's run is answered
+by (rather than propagated as a bug): the mutation executor turns each into
+its `MutationError` (`mutation_error`), the reaction classifier into a dead
+letter or a nak; both read the wire code from the error's ``code``.
 """
 
 from __future__ import annotations
@@ -18,16 +23,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, NoReturn, TypeAlias, TypeVar, final
 
-from ..errors import EngineError
-from ..gates import ActionName, Reason
+from ..db.errors import ConstraintViolation, DatabaseError
+from ..errors import CauseTooLarge, EngineError, TooManyImpacts
+from ..gates import ActionName, Reason, Refused
+from ..persistence.base import HydrationFailed, NotFound
 
 __all__ = [
+    "ANSWERED",
     "DATABASE_FAULT_MESSAGE",
     "MutationError",
     "MutationOutcome",
     "OneShot",
     "SecretSpent",
     "Success",
+    "mutation_error",
 ]
 
 T = TypeVar("T")
@@ -90,6 +99,40 @@ class MutationError:
         if self.action is not None:
             wire["action"] = self.action
         return wire
+
+
+ANSWERED: tuple[type[EngineError], ...] = (
+    Refused,
+    NotFound,
+    HydrationFailed,
+    TooManyImpacts,
+    CauseTooLarge,
+    DatabaseError,
+)
+"""The engine errors a handler's run is answered by, under their ``code``:
+a `MutationError` for a mutation, a dead letter (or a nak, for a retryable
+`DatabaseError`) for a reaction. Anything else a handler raises is a bug."""
+
+
+def mutation_error(exc: EngineError) -> MutationError:
+    """The `MutationError` a mutation answers for ``exc`` (one of `ANSWERED`).
+
+    A refusal carries its `Reason`; a constraint its ``<kind>_violation``; a
+    retryable database error its own code; any other database fault the
+    generic ``database``; never driver internals."""
+    if isinstance(exc, Refused):
+        return MutationError.refused(exc.reason, exc.action)
+    if isinstance(exc, ConstraintViolation):
+        return MutationError(exc.code, f"mutation refused: {exc.kind} violation")
+    if isinstance(exc, DatabaseError):
+        if exc.retryable and exc.code != MutationError.DATABASE:
+            return MutationError(exc.code, f"mutation not applied: {exc.code}", True)
+        return MutationError.database(retryable=exc.retryable)
+    if isinstance(exc, NotFound):
+        return MutationError(exc.code, f"not found: {exc.key!r}")
+    if isinstance(exc, HydrationFailed):
+        return MutationError(exc.code, "mutation failed: an aggregate did not load")
+    return MutationError(exc.code, str(exc))
 
 
 class SecretSpent(EngineError):
