@@ -74,6 +74,41 @@ class EngineConfig(BaseModel):
     consecutive failure up to ``inbound_restart_backoff_cap``."""
     inbound_restart_backoff_cap: timedelta = _seconds(30)
 
+    # -- the HTTP and WebSocket edge (service_engine.graphql.app) ----------
+    http_max_body_bytes: int = 1_048_576
+    """A request body past this many bytes is refused with 413
+    (``request_body_too_large``) before it is read whole: at once from its
+    Content-Length, or as soon as a chunked body crosses the bound."""
+    query_max_tokens: int = 2000
+    """A GraphQL document of more lexical tokens is refused while it is
+    parsed (``query_too_many_tokens``; Strawberry's MaxTokensLimiter).
+    GraphiQL's introspection query is about 200."""
+    query_max_aliases: int = 30
+    """An operation with more aliased fields is refused at validation
+    (``query_too_many_aliases``; Strawberry's MaxAliasesLimiter)."""
+    query_max_depth: int = 12
+    """An operation nested deeper is refused at validation
+    (``query_too_deep``; Strawberry's QueryDepthLimiter; introspection
+    fields are not counted)."""
+    graphql_introspection: bool = True
+    """False refuses introspection (``introspection_disabled``): schema
+    queries and GraphiQL's documentation stop working."""
+    ws_max_message_bytes: int = 262_144
+    """A graphql-transport-ws message past this many bytes closes its socket
+    with 1009 (message too big) and reason ``message_too_big``."""
+    ws_max_subscriptions_per_socket: int = 100
+    """Operations live at once on one socket; the next ``subscribe`` gets an
+    ``error`` message (``too_many_subscriptions``) and the socket stays up."""
+    ws_max_sockets: int = 2000
+    """Sockets open at once on this pod; past it a new upgrade is accepted
+    and closed with 1013 (try again later) and reason ``too_many_sockets``,
+    and existing sockets are untouched."""
+    graphiql_asset_base_url: str = "https://unpkg.com"
+    """Where GraphiQL's page loads React and GraphiQL from: the public CDN,
+    or an operator's mirror of the same files (same paths, same bytes: the
+    page checks their integrity hashes). An ``http(s)://`` URL or a path
+    on this host starting with ``/``."""
+
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
@@ -101,6 +136,8 @@ class EngineConfig(BaseModel):
             "listener_channel_capacity", "fold_cache_capacity", "repair_attempts",
             "reset_threshold", "outbox_drain_bound", "outbox_max_attempts",
             "scheduled_max_attempts", "inbound_failure_threshold",
+            "http_max_body_bytes", "query_max_tokens", "query_max_aliases", "query_max_depth",
+            "ws_max_message_bytes", "ws_max_subscriptions_per_socket", "ws_max_sockets",
         )
         for name in positive_counts:
             require(getattr(self, name) > 0, f"{name} > 0")
@@ -115,6 +152,10 @@ class EngineConfig(BaseModel):
         require(
             0.0 < self.listener_queue_threshold <= 1.0,
             "listener_queue_threshold in (0.0, 1.0]",
+        )
+        require(
+            _is_asset_base(self.graphiql_asset_base_url),
+            "graphiql_asset_base_url is an http(s):// URL or a path starting with /",
         )
         if problems:
             raise ValueError("violated: " + "; ".join(problems))
@@ -137,9 +178,25 @@ class EngineConfig(BaseModel):
             raw = env.get(ENV_PREFIX + name.upper())
             if raw is None:
                 continue
-            values[name] = _seconds(float(raw)) if field.annotation is timedelta else raw
+            if field.annotation is timedelta:
+                try:
+                    values[name] = _seconds(float(raw))
+                except ValueError:
+                    raise ConfigError(
+                        f"invalid EngineConfig: {name}: {ENV_PREFIX}{name.upper()}={raw!r} "
+                        "is not a number of seconds"
+                    ) from None
+            else:
+                values[name] = raw
         values.update(overrides)
         return cls(**values)
+
+
+def _is_asset_base(value: str) -> bool:
+    if value.startswith("/"):
+        return not value.startswith("//")
+    scheme, sep, rest = value.partition("://")
+    return bool(sep) and scheme in ("http", "https") and bool(rest) and " " not in value
 
 
 def _describe(exc: ValidationError) -> str:

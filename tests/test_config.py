@@ -95,3 +95,70 @@ def test_inbound_supervision_bounds() -> None:
         EngineConfig(inbound_restart_backoff=timedelta(0))
     with pytest.raises(ConfigError, match="inbound_restart_backoff_cap >= inbound_restart_backoff"):
         EngineConfig(inbound_restart_backoff=2 * S, inbound_restart_backoff_cap=S)
+
+
+def test_edge_bounds_have_sane_defaults() -> None:
+    config = EngineConfig()
+    assert config.http_max_body_bytes == 1024 * 1024
+    assert config.query_max_tokens == 2000
+    assert config.query_max_aliases == 30
+    assert config.query_max_depth == 12
+    assert config.graphql_introspection is True
+    assert config.ws_max_message_bytes == 256 * 1024
+    assert config.ws_max_subscriptions_per_socket == 100
+    assert config.ws_max_sockets == 2000
+    assert config.graphiql_asset_base_url == "https://unpkg.com"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "http_max_body_bytes", "query_max_tokens", "query_max_aliases", "query_max_depth",
+        "ws_max_message_bytes", "ws_max_subscriptions_per_socket", "ws_max_sockets",
+    ],
+)
+def test_each_edge_bound_must_be_positive(name: str) -> None:
+    for bad in (0, -1):
+        with pytest.raises(ConfigError, match=f"{name} > 0"):
+            EngineConfig(**{name: bad})
+
+
+@pytest.mark.parametrize(
+    ("base", "ok"),
+    [
+        ("https://unpkg.com", True),
+        ("http://mirror.internal:8080/npm", True),
+        ("/static/npm", True),
+        ("//cdn.example.com", False),
+        ("ftp://mirror.internal", False),
+        ("unpkg.com", False),
+        ("https://", False),
+        ("", False),
+    ],
+)
+def test_graphiql_asset_base_is_a_url_or_an_absolute_path(base: str, ok: bool) -> None:
+    if ok:
+        assert EngineConfig(graphiql_asset_base_url=base).graphiql_asset_base_url == base
+    else:
+        with pytest.raises(ConfigError, match="graphiql_asset_base_url is an http"):
+            EngineConfig(graphiql_asset_base_url=base)
+
+
+def test_edge_bounds_from_the_environment() -> None:
+    config = EngineConfig.from_env({
+        "SERVICE_ENGINE_HTTP_MAX_BODY_BYTES": "2048",
+        "SERVICE_ENGINE_GRAPHQL_INTROSPECTION": "false",
+        "SERVICE_ENGINE_WS_MAX_SOCKETS": "5",
+        "SERVICE_ENGINE_GRAPHIQL_ASSET_BASE_URL": "/assets",
+    })
+    assert config.http_max_body_bytes == 2048
+    assert config.graphql_introspection is False
+    assert config.ws_max_sockets == 5
+    assert config.graphiql_asset_base_url == "/assets"
+    with pytest.raises(ConfigError, match="ws_max_sockets"):
+        EngineConfig.from_env({"SERVICE_ENGINE_WS_MAX_SOCKETS": "lots"})
+
+
+def test_a_duration_that_is_not_a_number_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="SERVICE_ENGINE_ACK_WAIT='soon' is not a number"):
+        EngineConfig.from_env({"SERVICE_ENGINE_ACK_WAIT": "soon"})

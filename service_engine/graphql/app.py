@@ -19,39 +19,86 @@ A socket whose passport is missing, malformed or refused is closed with
 `SESSION_MAX_AGE_CLOSE_CODE` (1001, going away) and
 `SESSION_MAX_AGE_CLOSE_REASON`: the client reconnects, and the gateway hands
 it a fresh passport.
+
+Hostile input meets a bound at the edge, each an `EngineConfig` field, each
+refused with a typed `EdgeRefusal` code:
+
+* a request body past ``http_max_body_bytes``: 413 with a GraphQL error
+  ``request_body_too_large``, answered from the Content-Length before any
+  of the body is read, or as soon as a chunked body crosses the bound;
+* a document past ``query_max_tokens`` (``query_too_many_tokens``), an
+  operation with more than ``query_max_aliases`` aliases
+  (``query_too_many_aliases``) or nested deeper than ``query_max_depth``
+  (``query_too_deep``), introspection while ``graphql_introspection`` is off
+  (``introspection_disabled``): Strawberry's own limiter extensions, their
+  errors carrying the code in ``extensions.code``; over the socket the
+  operation gets an ``error`` message and the socket stays up;
+* a socket message past ``ws_max_message_bytes``: the socket is closed
+  with 1009 and a reason starting ``message_too_big``;
+* a ``subscribe`` past ``ws_max_subscriptions_per_socket`` live operations:
+  an ``error`` message (``too_many_subscriptions``); the socket and its
+  other operations stay up;
+* an upgrade past ``ws_max_sockets`` open sockets on the pod: accepted and
+  closed at once with 1013 (try again later) and a reason starting
+  ``too_many_sockets``; existing sockets are untouched.
+
+None of these reads past its bound, and none touches work already admitted:
+a committed write or an acknowledged delta is never undone by a refusal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import enum
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from cross_web import AsyncHTTPRequestAdapter, HTTPException
+from graphql import GraphQLError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
-from starlette.websockets import WebSocket, WebSocketState
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from strawberry import Schema
 from strawberry.asgi import ASGIWebSocketAdapter, GraphQL
 from strawberry.exceptions import MissingQueryError
+from strawberry.extensions import (
+    DisableIntrospection,
+    MaxAliasesLimiter,
+    MaxTokensLimiter,
+    QueryDepthLimiter,
+    SchemaExtension,
+)
 from strawberry.http import GraphQLRequestData
-from strawberry.http.exceptions import WebSocketDisconnected
+from strawberry.http.exceptions import (
+    NonJsonMessageReceived,
+    NonTextMessageReceived,
+    WebSocketDisconnected,
+)
 from strawberry.schema import BaseSchema
 from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     BaseGraphQLTransportWSHandler,
 )
-from strawberry.subscriptions.protocols.graphql_transport_ws.types import ConnectionInitMessage
-from strawberry.types import ExecutionResult
+from strawberry.subscriptions.protocols.graphql_transport_ws.types import (
+    ConnectionInitMessage,
+    SubscribeMessage,
+)
+from strawberry.types import ExecutionContext, ExecutionResult
 from strawberry.types.graphql import OperationType
 
+from ..config import EngineConfig
+from ..errors import ConfigError
 from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
 from .passport import (
@@ -69,11 +116,47 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONNECTION_REFUSED_CLOSE_CODE",
+    "MESSAGE_TOO_BIG_CLOSE_CODE",
     "SESSION_MAX_AGE_CLOSE_CODE",
     "SESSION_MAX_AGE_CLOSE_REASON",
+    "TRY_AGAIN_LATER_CLOSE_CODE",
+    "EdgeRefusal",
     "GraphQLContext",
     "graphql_app",
 ]
+
+
+class EdgeRefusal(enum.StrEnum):
+    """Why the edge refused hostile input: the ``extensions.code`` of the
+    GraphQL error, or the start of the WebSocket close reason. Each names
+    the `EngineConfig` bound that refused it."""
+
+    REQUEST_BODY_TOO_LARGE = "request_body_too_large"
+    """HTTP 413: the body passed ``http_max_body_bytes``. Send less: bulk
+    data belongs in a bulk path, not one GraphQL request."""
+    QUERY_TOO_MANY_TOKENS = "query_too_many_tokens"
+    """The document passed ``query_max_tokens``."""
+    QUERY_TOO_MANY_ALIASES = "query_too_many_aliases"
+    """The operation passed ``query_max_aliases``: ask once, page instead."""
+    QUERY_TOO_DEEP = "query_too_deep"
+    """The operation nested deeper than ``query_max_depth``."""
+    INTROSPECTION_DISABLED = "introspection_disabled"
+    """``graphql_introspection`` is off on this service."""
+    MESSAGE_TOO_BIG = "message_too_big"
+    """Close 1009: a socket message passed ``ws_max_message_bytes``."""
+    TOO_MANY_SUBSCRIPTIONS = "too_many_subscriptions"
+    """An ``error`` for one ``subscribe``: the socket already carries
+    ``ws_max_subscriptions_per_socket`` live operations. Complete one first."""
+    TOO_MANY_SOCKETS = "too_many_sockets"
+    """Close 1013: the pod holds ``ws_max_sockets`` sockets. Reconnect with
+    backoff (another pod may take it)."""
+
+
+MESSAGE_TOO_BIG_CLOSE_CODE = 1009
+"""RFC 6455 "message too big": a socket message passed ws_max_message_bytes."""
+
+TRY_AGAIN_LATER_CLOSE_CODE = 1013
+"""RFC 6455 "try again later": the pod is at ws_max_sockets."""
 
 SESSION_MAX_AGE_CLOSE_CODE = 1001
 """The close code ending a socket at session_max_age (RFC 6455 "going away")."""
@@ -175,10 +258,220 @@ class GraphQLContext(Generic[P]):
         self._refusal = None
 
 
+_REFUSAL_MESSAGES: tuple[tuple[re.Pattern[str], EdgeRefusal], ...] = (
+    # The wording of Strawberry's limiters and graphql-core's rule; a test
+    # pins each, so an upgrade that changes one fails loudly.
+    (re.compile(r"Document contains more than \d+ tokens"), EdgeRefusal.QUERY_TOO_MANY_TOKENS),
+    (re.compile(r"^\d+ aliases found\. Allowed: \d+"), EdgeRefusal.QUERY_TOO_MANY_ALIASES),
+    (re.compile(r"exceeds maximum operation depth of \d+"), EdgeRefusal.QUERY_TOO_DEEP),
+    (re.compile(r"^GraphQL introspection has been disabled"), EdgeRefusal.INTROSPECTION_DISABLED),
+)
+
+
+def refusal_of(error: GraphQLError) -> EdgeRefusal | None:
+    """The `EdgeRefusal` a limiter's error stands for, or None."""
+    for pattern, refusal in _REFUSAL_MESSAGES:
+        if pattern.search(error.message):
+            return refusal
+    return None
+
+
+class _RefusalCodes(SchemaExtension):
+    """Tags the limiters' errors with their `EdgeRefusal` code."""
+
+    def on_parse(self) -> Iterator[None]:
+        yield
+        self._tag()
+
+    def on_validate(self) -> Iterator[None]:
+        yield
+        self._tag()
+
+    def _tag(self) -> None:
+        for error in self.execution_context.pre_execution_errors or ():
+            refusal = refusal_of(error)
+            if refusal is not None:
+                error.extensions = {**(error.extensions or {}), "code": refusal.value}
+
+
+def limited_schema(schema: BaseSchema, config: EngineConfig) -> Schema:
+    """A copy of ``schema`` running Strawberry's limiters at ``config``'s
+    bounds (tokens, aliases, depth; introspection off when configured).
+
+    The service's schema object is left as it was: one schema may serve
+    several apps under different bounds.
+    """
+    if not isinstance(schema, Schema):
+        raise ConfigError(
+            f"graphql_app needs a strawberry.Schema to enforce the query limits, got "
+            f"{type(schema).__name__}"
+        )
+    limits: list[Callable[[], SchemaExtension]] = [
+        lambda: MaxTokensLimiter(max_token_count=config.query_max_tokens),
+        lambda: MaxAliasesLimiter(max_alias_count=config.query_max_aliases),
+        lambda: QueryDepthLimiter(max_depth=config.query_max_depth),
+    ]
+    if not config.graphql_introspection:
+        limits.append(DisableIntrospection)
+    limited = copy.copy(schema)
+    limited.extensions = (*schema.extensions, *limits, _RefusalCodes)
+    log_errors = schema.process_errors
+
+    def process_errors(
+        errors: list[GraphQLError], execution_context: ExecutionContext | None = None
+    ) -> None:
+        # A refusal is the client's fault and cheap to provoke: one line,
+        # without the document, instead of Strawberry's error with it.
+        refused = sorted({r.value for e in errors if (r := refusal_of(e)) is not None})
+        if refused:
+            _log.info("refused at the edge: %s", ", ".join(refused))
+        rest = [e for e in errors if refusal_of(e) is None]
+        if rest:
+            log_errors(rest, execution_context)
+
+    limited.process_errors = process_errors  # type: ignore[method-assign]
+    return limited
+
+
+def _refusal_body(refusal: EdgeRefusal, message: str, **extensions: object) -> bytes:
+    error = {"message": message, "extensions": {"code": refusal.value, **extensions}}
+    return json.dumps({"data": None, "errors": [error]}).encode()
+
+
+class BodyLimit:
+    """ASGI middleware refusing request bodies past ``limit`` bytes with 413.
+
+    A declared Content-Length past the bound is refused before any of the
+    body is read. A body without one (chunked) is read up to the bound and
+    refused the moment it crosses it; a body within the bound is handed on
+    whole, so at most ``limit`` bytes are ever held for a request.
+    """
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Any], limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None:
+            if declared > self.limit:
+                await self._refuse(receive, send, declared)
+                return
+            # The server holds the body to its Content-Length.
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body: bytes = message.get("body", b"")
+            total += len(body)
+            if total > self.limit:
+                await self._refuse(receive, send, None)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, receive: Receive, send: Send, declared: int | None) -> None:
+        detail = f"{declared} bytes declared" if declared is not None else "chunked body"
+        body = _refusal_body(
+            EdgeRefusal.REQUEST_BODY_TOO_LARGE,
+            f"request body exceeds http_max_body_bytes ({self.limit} bytes; {detail})",
+            limit=self.limit,
+        )
+        await send({
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        })
+        # The whole answer is on the wire (its Content-Length says so), but
+        # the response is held open while what the client is still sending
+        # is read and dropped, within a bound: closing a socket with unread
+        # input resets it, and the reset can destroy the 413 before the
+        # client has read it. Nothing drained is kept.
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        await self._discard(receive)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _discard(self, receive: Receive) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _LINGER_SECONDS
+        drained = 0
+        while drained < _LINGER_BYTES_FACTOR * self.limit:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            try:
+                message = await asyncio.wait_for(receive(), remaining)
+            except TimeoutError:
+                return
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            drained += len(message.get("body", b""))
+
+
+_LINGER_SECONDS = 1.0
+_LINGER_BYTES_FACTOR = 16
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
 class _WebSocketAdapter(ASGIWebSocketAdapter):
     # The socket can be closed by the session bound while an operation is
     # about to send: both paths must see a closed socket, not Starlette's
     # RuntimeError for a send or close after the close frame.
+    async def iter_json(
+        self, *, ignore_parsing_errors: bool = False
+    ) -> AsyncGenerator[object, None]:
+        # Strawberry's own loop plus the message bound.
+        limit = cast(_EngineGraphQL, self.view).config.ws_max_message_bytes
+        try:
+            while self.ws.application_state != WebSocketState.DISCONNECTED:
+                try:
+                    text = await self.ws.receive_text()
+                    if len(text) > limit or len(text.encode()) > limit:
+                        await self.close(
+                            MESSAGE_TOO_BIG_CLOSE_CODE,
+                            f"{EdgeRefusal.MESSAGE_TOO_BIG}: over ws_max_message_bytes ({limit})",
+                        )
+                        return
+                    yield self.view.decode_json(text)
+                except json.JSONDecodeError as e:
+                    if not ignore_parsing_errors:
+                        raise NonJsonMessageReceived from e
+        except KeyError as e:
+            raise NonTextMessageReceived from e
+        except WebSocketDisconnect:
+            pass
+
     async def send_json(self, message: Mapping[str, object]) -> None:
         if self.ws.application_state is WebSocketState.DISCONNECTED:
             raise WebSocketDisconnected
@@ -228,6 +521,35 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[GraphQLContext[Any], Non
             code=SESSION_MAX_AGE_CLOSE_CODE, reason=SESSION_MAX_AGE_CLOSE_REASON
         )
 
+    async def handle_subscribe(self, message: SubscribeMessage) -> None:
+        limit = self._engine_view.config.ws_max_subscriptions_per_socket
+        if (
+            self.connection_acknowledged
+            and message["id"] not in self.operations
+            and len(self.operations) >= limit
+        ):
+            await self.send_message({
+                "id": message["id"],
+                "type": "error",
+                "payload": [{
+                    "message": f"this socket already carries {limit} live operations "
+                               "(ws_max_subscriptions_per_socket)",
+                    "extensions": {
+                        "code": EdgeRefusal.TOO_MANY_SUBSCRIPTIONS.value, "limit": limit,
+                    },
+                }],
+            })
+            return
+        await super().handle_subscribe(message)
+
+    @staticmethod
+    def _get_pre_execution_close_reason(error: GraphQLError) -> str | None:
+        # A document refused by a limiter is the operation's error, not a
+        # protocol violation: the socket and its other operations stay up.
+        if refusal_of(error) is not None:
+            return None
+        return BaseGraphQLTransportWSHandler._get_pre_execution_close_reason(error)
+
     async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
         payload = message.get("payload", {})
         # Strawberry refuses a repeated init, a non-object payload and an
@@ -265,13 +587,18 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         allowed_origins: Sequence[str],
     ) -> None:
         super().__init__(
-            schema,
+            limited_schema(schema, engine.config),
             graphql_ide="graphiql" if graphiql else None,
             subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
             connection_init_wait_timeout=connection_init_wait_timeout,
+            # The handler enforces ws_max_subscriptions_per_socket with a typed code.
+            max_subscriptions_per_connection=None,
             allowed_origins=allowed_origins,
         )
         self.engine = engine
+        self.config: EngineConfig = engine.config
+        self.open_sockets = 0
+        """Sockets open on this app now (bounded by ws_max_sockets)."""
         self.resolver = resolver
         self.session_max_age: timedelta = engine.config.session_max_age
         self.passport_from_connection_params = passport_from_connection_params
@@ -279,7 +606,12 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
             f"subscriptions are served over graphql-transport-ws on {ws_path}, not over HTTP"
         )
         self._ide_html = (
-            graphiql_html(self.graphql_ide_html, http_path, ws_path) if graphiql else ""
+            graphiql_html(
+                self.graphql_ide_html, http_path, ws_path,
+                asset_base=engine.config.graphiql_asset_base_url,
+            )
+            if graphiql
+            else ""
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -288,7 +620,32 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
             # that is shutting down takes no new session.
             await WebSocket(scope, receive, send).close()
             return
-        await super().__call__(scope, receive, send)
+        if scope["type"] != "websocket":
+            await super().__call__(scope, receive, send)
+            return
+        if self.open_sockets >= self.config.ws_max_sockets:
+            await self._refuse_socket(scope, receive, send)
+            return
+        self.open_sockets += 1
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.open_sockets -= 1
+
+    async def _refuse_socket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Accept, then close: a close code reaches the client only on an
+        # accepted socket (a refused handshake is a bare 403).
+        websocket = WebSocket(scope, receive, send)
+        offered = scope.get("subprotocols") or ()
+        protocol = (
+            GRAPHQL_TRANSPORT_WS_PROTOCOL if GRAPHQL_TRANSPORT_WS_PROTOCOL in offered else None
+        )
+        await websocket.accept(subprotocol=protocol)
+        await websocket.close(
+            code=TRY_AGAIN_LATER_CLOSE_CODE,
+            reason=f"{EdgeRefusal.TOO_MANY_SOCKETS}: this pod holds ws_max_sockets "
+                   f"({self.config.ws_max_sockets}); reconnect later",
+        )
 
     async def get_context(
         self, request: Request | WebSocket, response: Response | WebSocket
@@ -373,22 +730,72 @@ def close_reason(refusal: PassportError) -> str:
 
 
 _SUBSCRIPTION_URL_LINE = "const subscriptionUrl = httpUrlToWebSockeUrl(fetchURL);"
+_CDN = "https://unpkg.com/"
+_ASSET_TAG = re.compile(r"<(script|link)(\s+)crossorigin")
+
+GRAPHIQL_ASSET_TIMEOUT_SECONDS = 15
+"""Past this, a GraphiQL page whose assets have not loaded says so."""
+
+_ASSET_STATUS = """<script>
+      (function () {
+        var base = %(base)s;
+        var failed = [];
+        function show(text) {
+          var box = document.getElementById("graphiql-asset-status");
+          if (!box) {
+            box = document.createElement("div");
+            box.id = "graphiql-asset-status";
+            box.setAttribute("role", "alert");
+            box.style.cssText = "font: 16px/1.5 sans-serif; padding: 2em; max-width: 50em;";
+            (document.body || document.documentElement).appendChild(box);
+          }
+          box.textContent = text;
+          var root = document.getElementById("graphiql");
+          if (root && root.textContent === "Loading...") { root.textContent = ""; }
+        }
+        var advice = " GraphiQL's scripts and styles come from " + base +
+          ", which this browser cannot reach. An operator can serve a mirror of the same " +
+          "files and point SERVICE_ENGINE_GRAPHIQL_ASSET_BASE_URL at it. The GraphQL " +
+          "endpoint itself is not affected.";
+        window.graphiqlAssetFailed = function (element) {
+          failed.push(element.src || element.href);
+          show("GraphiQL could not load its assets (" + failed.join(", ") + ")." + advice);
+        };
+        setTimeout(function () {
+          if (typeof window.GraphiQL === "undefined" && !failed.length) {
+            show("GraphiQL's assets have not loaded after %(timeout)d seconds." + advice);
+          }
+        }, %(timeout)d * 1000);
+      })();
+    </script>"""
 
 
-def graphiql_html(template: str, http_path: str, ws_path: str) -> str:
-    """Strawberry's GraphiQL page, its subscriptions pointed at ``ws_path``.
+def graphiql_html(
+    template: str, http_path: str, ws_path: str, *, asset_base: str = "https://unpkg.com"
+) -> str:
+    """Strawberry's GraphiQL page, its subscriptions pointed at ``ws_path``
+    and its assets loaded from ``asset_base``.
 
     Strawberry's page opens subscriptions on the page's own URL; this app
     serves them on ``ws_path``. The URL is resolved against the page's, so
     a service behind a path prefix keeps working when ``ws_path`` extends
-    ``http_path``. Raises `RuntimeError` if the page no longer has the line
-    this rewrites (a Strawberry upgrade changed it): fail at startup rather
-    than serve a GraphiQL whose subscriptions silently go nowhere.
+    ``http_path``.
+
+    The page loads React and GraphiQL from the public CDN; ``asset_base``
+    replaces it (an operator's mirror serving the same paths and bytes: the
+    integrity hashes stay). A script or stylesheet that fails to load, or
+    assets still missing after `GRAPHIQL_ASSET_TIMEOUT_SECONDS`, replace the
+    page's "Loading..." with a message saying so and what to do.
+
+    Raises `RuntimeError` if the page no longer has what this rewrites (a
+    Strawberry upgrade changed it): fail at startup rather than serve a
+    GraphiQL whose subscriptions silently go nowhere.
     """
-    if _SUBSCRIPTION_URL_LINE not in template:
+    if _SUBSCRIPTION_URL_LINE not in template or _CDN not in template or "<head>" not in template:
         raise RuntimeError(
             "Strawberry's GraphiQL page changed: cannot point its subscriptions at "
-            f"{ws_path!r}; update service_engine.graphql.app.graphiql_html"
+            f"{ws_path!r} and its assets at {asset_base!r}; update "
+            "service_engine.graphql.app.graphiql_html"
         )
     if ws_path.startswith(http_path.rstrip("/") + "/"):
         target = http_path.rstrip("/").rsplit("/", 1)[-1] + ws_path[len(http_path.rstrip("/")):]
@@ -398,7 +805,15 @@ def graphiql_html(template: str, http_path: str, ws_path: str) -> str:
         "const subscriptionUrl = httpUrlToWebSockeUrl("
         f"new URL({json.dumps(target)}, fetchURL).toString());"
     )
-    return template.replace(_SUBSCRIPTION_URL_LINE, line)
+    page = template.replace(_SUBSCRIPTION_URL_LINE, line)
+    page = page.replace(_CDN, asset_base.rstrip("/") + "/")
+    page = _ASSET_TAG.sub(r'<\1\2onerror="graphiqlAssetFailed(this)"\2crossorigin', page)
+    status = _ASSET_STATUS % {
+        # </script> cannot appear inside the inline script.
+        "base": json.dumps(asset_base).replace("</", "<\\/"),
+        "timeout": GRAPHIQL_ASSET_TIMEOUT_SECONDS,
+    }
+    return page.replace("<head>", "<head>\n    " + status, 1)
 
 
 def graphql_app(
@@ -451,12 +866,15 @@ def graphql_app(
 
     # Route + WebSocketRoute, never Mount: a Mount answers POST /graphql with
     # a 307 to /graphql/ and refuses the WebSocket.
-    return Starlette(
+    app = Starlette(
         routes=[
             Route(path, view, methods=["GET", "POST"]),
             WebSocketRoute(ws_path, view),
             readiness_route(engine.readiness),
             Route("/metrics", metrics, methods=["GET"]),
             *routes,
-        ]
+        ],
+        middleware=[Middleware(BodyLimit, limit=engine.config.http_max_body_bytes)],
     )
+    app.state.graphql_view = view
+    return app
