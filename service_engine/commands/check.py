@@ -634,9 +634,10 @@ class _CommandChecker:
     def _transition(
         self, clause: Transition, seen: Mapping[str, TransitionStep]
     ) -> TransitionStep:
-        entity = self._written(clause.on, "transition")
+        self._bound(clause.on, "transition")
         if not isinstance(self.binding_of[clause.on], Mutate):
             raise self.fail(WorkflowError, f"transition on {clause.on!r}: name a mutate binding")
+        entity = self._written(clause.on, "transition")
         flow_name, dot, move_name = clause.transition.partition(".")
         workflow = self.catalog.workflows.get(flow_name)
         move = None if workflow is None or not dot else workflow.transition(move_name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Self
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -25,13 +25,22 @@ class CommandConfig(BaseModel):
     ``idempotency_retention`` (1 minute to 30 days, default a day): a retry
     within it gets the stored outcome; past it the key is free again and the
     record is swept. ``sweep_batch`` (1 to 100 000) bounds one sweep's delete.
-    Build with `CommandConfig.of` to get a `ConfigError` for a bad bound.
+    A bad bound raises `ConfigError` naming it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     idempotency_retention: timedelta = timedelta(days=1)
     sweep_batch: int = 1000
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()
+            )
+            raise ConfigError(f"invalid CommandConfig: {problems}") from exc
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
@@ -43,11 +52,3 @@ class CommandConfig(BaseModel):
         if not 1 <= self.sweep_batch <= 100_000:
             raise ValueError(f"sweep_batch must be 1..100000, got {self.sweep_batch}")
         return self
-
-    @classmethod
-    def of(cls, **values: object) -> CommandConfig:
-        """Validate ``values``; a bad bound raises `ConfigError` naming it."""
-        try:
-            return cls.model_validate(values)
-        except ValidationError as exc:
-            raise ConfigError(f"invalid command configuration: {exc}") from exc

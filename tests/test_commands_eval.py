@@ -1,0 +1,134 @@
+"""Expressions and row policies evaluate strictly, and a policy gate is the
+same function as the command's check (pure: no database)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from service_engine.commands import (
+    INVALID,
+    And,
+    Const,
+    Contains,
+    Eq,
+    Fact,
+    Field,
+    Ge,
+    Gt,
+    Le,
+    Lt,
+    Ne,
+    Not,
+    Or,
+    Row,
+    RowPolicy,
+    Var,
+    check_row,
+    row_policy_gate,
+)
+from service_engine.commands.expr import Env, evaluate, truth
+from service_engine.gates import Reason, affordances
+
+
+@dataclass(frozen=True)
+class Who:
+    id: str
+    org: Any = "acme"
+    admin: Any = False
+    facts: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def fact(self, name: str) -> frozenset[str]:
+        return self.facts.get(name, frozenset())
+
+
+def ev(expr: Any, row: dict[str, Any] | None = None, principal: Any = None, **values: Any) -> Any:
+    return evaluate(expr, Env(values, {}, row, principal))
+
+
+def test_only_the_boolean_true_is_true() -> None:
+    assert truth(True)
+    for value in (1, "yes", [1], INVALID, None, False, 0):
+        assert not truth(value)
+
+
+def test_missing_fields_and_facts_are_invalid_never_coerced() -> None:
+    assert ev(Row("archived"), {}) is INVALID
+    assert ev(Not(Row("archived")), {"archived": 0}) is INVALID
+    assert ev(Not(Row("archived")), {"archived": False}) is True
+    assert ev(Fact("org"), None, None) is INVALID
+    assert ev(Fact("_secret"), None, Who("a")) is INVALID
+    assert ev(Var("x")) is INVALID
+    assert ev(Field("post", "state")) is INVALID
+
+
+def test_comparisons_refuse_mixed_types() -> None:
+    assert ev(Eq(Const(1), Const(True))) is INVALID
+    assert ev(Eq(Const("1"), Const(1))) is INVALID
+    assert ev(Eq(Const(1), Const(1.0))) is True
+    assert ev(Ne(Const("a"), Const("b"))) is True
+    assert ev(Lt(Const(1), Const(2))) is True
+    assert ev(Le(Const("a"), Const(2))) is INVALID
+    assert ev(Gt(Const(None), Const(2))) is INVALID
+    assert ev(Ge(Const(3), Const(2))) is True
+
+
+def test_and_or_are_strict_over_invalid_operands() -> None:
+    assert ev(And(Const(False), Row("x")), {}) is INVALID
+    assert ev(Or(Const(True), Row("x")), {}) is INVALID
+    assert ev(Or(Const(False), Const(True))) is True
+    assert ev(And(Const(True), Const(1))) is INVALID
+
+
+def test_contains_reads_a_principal_fact_set() -> None:
+    who = Who("a", facts={"boards": frozenset({"b1"})})
+    assert ev(Contains(Fact("boards"), Row("id")), {"id": "b1"}, who) is True
+    assert ev(Contains(Fact("boards"), Row("id")), {"id": "b2"}, who) is False
+    assert ev(Contains(Fact("org"), Row("id")), {"id": "b1"}, who) is INVALID
+    assert ev(Contains(Fact("boards"), Row("id")), {}, who) is INVALID
+
+
+POLICY = RowPolicy(And(Eq(Row("org"), Fact("org")), Or(Not(Row("locked")), Fact("admin"))),
+                   Reason("thing.denied"))
+
+
+@dataclass
+class Thing:
+    org: str
+    locked: bool
+
+    can_update = row_policy_gate("update", POLICY, ("org", "locked"))
+
+
+def test_a_mistyped_fact_denies() -> None:
+    assert check_row(POLICY, {"org": "acme", "locked": True}, Who("a", admin="yes")).reason
+    assert not check_row(POLICY, {"org": "acme", "locked": True}, Who("a", admin=True)).reason
+    assert check_row(POLICY, {"org": "acme", "locked": False}, Who("a", org=None)).reason
+    assert check_row(POLICY, {"locked": False}, Who("a")).reason
+
+
+rows = st.fixed_dictionaries({}, optional={
+    "org": st.sampled_from(["acme", "umbrella", 1, None]),
+    "locked": st.sampled_from([True, False, 0, 1, "no", None]),
+})
+principals = st.builds(
+    Who, st.just("p"), st.sampled_from(["acme", "umbrella", None, 7]),
+    st.sampled_from([True, False, "yes", 1, None]),
+)
+
+
+@given(rows, principals)
+def test_the_affordance_is_the_policy_check(row: dict[str, Any], who: Who) -> None:
+    """For any row and principal, the gate the affordance pass runs answers
+    exactly what the command's row check answers."""
+    thing = Thing.__new__(Thing)
+    for name, value in row.items():
+        setattr(thing, name, value)
+    offered = affordances(thing, who)["update"]  # type: ignore[index]
+    assert offered == check_row(POLICY, row, who)
+    if offered.allowed:
+        assert row.get("org") == who.org and type(row.get("org")) is str
+        assert row.get("locked") is False or who.admin is True

@@ -1,0 +1,156 @@
+"""The runner's pure steps: inputs, uuid_v7, sealing, digests, lock order,
+occupancy keys, and the configuration's bounds (no database)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from service_engine.clock import Timestamp
+from service_engine.commands import (
+    TRANSACTION_TIME,
+    UUID_V7,
+    Catalog,
+    Command,
+    CommandConfig,
+    CommandOutcome,
+    Create,
+    Entity,
+    IdempotencyKey,
+    Input,
+    InvalidInput,
+    Outcome,
+    Return,
+    Service,
+    Set,
+    Unique,
+    Var,
+    uuid_v7,
+)
+from service_engine.commands.plan import (
+    encode_value,
+    input_digest,
+    lock_identity,
+    occupancy_keys,
+    order_by_lock,
+    seal,
+    unseal,
+    validate_inputs,
+)
+from service_engine.errors import ConfigError
+
+
+class _Store:
+    async def load(self, conn: Any, key: Any) -> None:
+        return None
+
+
+@dataclass
+class Item:
+    org: str
+    id: str
+    name: str
+    version: int = 1
+    Store: ClassVar[Any] = _Store()
+
+
+ITEM = Entity("Item", Item, key=("org", "id"), partition_by=("org",), conflict_key=("id",),
+              fields={"name": str}, revision="version",
+              unique=(Unique("by_name", ("org", "name")),))
+CATALOG = Catalog([ITEM])
+CREATE = CATALOG.command(Command(
+    "CreateItem",
+    Input("key", str, max_length=8), Input("org", str), Input("id", str), Input("name", str),
+    Input("count", int, optional=True), Input("ref", uuid.UUID, optional=True),
+    Input("at", datetime, optional=True), Input("ratio", float, optional=True),
+    Service("made", UUID_V7), Service("when", TRANSACTION_TIME),
+    IdempotencyKey("key"),
+    Create("Item", (Var("org"), Var("id")), as_="item", else_=Outcome("Exists"),
+           taken={"by_name": Outcome("NameTaken")}),
+    Set("item", "name", Var("name")),
+    Return("Created"),
+))
+BASE = {"key": "k", "org": "acme", "id": "i", "name": "n"}
+
+
+def test_inputs_are_validated_strictly() -> None:
+    values = validate_inputs(CREATE, {**BASE, "ref": "01900000-0000-7000-8000-000000000001",
+                                      "ratio": 1})
+    assert isinstance(values["ref"], uuid.UUID) and values["ratio"] == 1.0
+    assert values["count"] is None
+    for bad in (
+        {k: v for k, v in BASE.items() if k != "name"},
+        {**BASE, "count": True},
+        {**BASE, "count": "1"},
+        {**BASE, "ref": "nope"},
+        {**BASE, "at": datetime(2026, 1, 1)},  # naive
+        {**BASE, "key": "x" * 9},
+        {**BASE, "made": str(uuid.uuid4())},
+        {**BASE, "extra": 1},
+    ):
+        with pytest.raises(InvalidInput):
+            validate_inputs(CREATE, bad)
+
+
+@given(st.integers(0, (1 << 48) - 1), st.binary(min_size=10, max_size=10))
+def test_uuid_v7_is_version_7_and_time_ordered(ms: int, rand: bytes) -> None:
+    value = uuid_v7(ms, rand)
+    assert value.version == 7 and value.variant == uuid.RFC_4122
+    assert value.int >> 80 == ms
+    later = uuid_v7(ms + 1, bytes(10)) if ms + 1 < 1 << 48 else None
+    assert later is None or later > value
+
+
+def test_sealed_values_round_trip() -> None:
+    now = Timestamp(datetime(2026, 12, 1, 9, 0, tzinfo=UTC))
+    sealed = seal(CREATE.services, now)
+    assert sealed["when"] == now.value and isinstance(sealed["made"], uuid.UUID)
+    assert uuid.UUID(str(sealed["made"])).int >> 80 == now.epoch_micros // 1000
+    stored = {k: encode_value(v) for k, v in sealed.items()}
+    assert unseal(CREATE.services, stored) == sealed
+
+
+def test_the_digest_ignores_the_key_and_sees_every_other_input() -> None:
+    a = validate_inputs(CREATE, BASE)
+    assert input_digest(CREATE, a) == input_digest(CREATE, {**a, "key": "other"})
+    assert input_digest(CREATE, a) != input_digest(CREATE, {**a, "name": "m"})
+
+
+@given(st.lists(st.tuples(st.sampled_from(["s1", "s2"]), st.text(max_size=3)), max_size=12))
+def test_lock_order_is_one_total_order(items: list[tuple[str, str]]) -> None:
+    forward = order_by_lock(items, lambda i: lock_identity(i[0], i[1]))
+    backward = order_by_lock(list(reversed(items)), lambda i: lock_identity(i[0], i[1]))
+    assert forward == backward
+    assert len(forward) == len(set(items))
+
+
+def test_occupancy_is_keyed_inside_the_partition() -> None:
+    mine = occupancy_keys(ITEM, {"org": "acme", "id": "1", "name": "x"})["by_name"]
+    theirs = occupancy_keys(ITEM, {"org": "umbrella", "id": "2", "name": "x"})["by_name"]
+    assert (mine.partition, mine.value) == ('["acme"]', '["x"]')
+    assert mine != theirs and mine.value == theirs.value
+    assert occupancy_keys(ITEM, {"org": "acme", "id": "1", "name": None}) == {}
+
+
+def test_the_command_config_bounds_its_retention() -> None:
+    assert CommandConfig().idempotency_retention == timedelta(days=1)
+    with pytest.raises(ConfigError):
+        CommandConfig(idempotency_retention=timedelta(seconds=5))
+    with pytest.raises(ConfigError):
+        CommandConfig(idempotency_retention=timedelta(days=31))
+    with pytest.raises(ConfigError):
+        CommandConfig(sweep_batch=0)
+
+
+def test_an_outcome_is_a_typed_wire_value() -> None:
+    outcome = CommandOutcome("C", "StaleRevision", False, {}, {"id": "x"})
+    assert outcome.to_wire() == {"outcome": "StaleRevision", "ok": False, "data": {},
+                                 "sealed": {"id": "x"}, "replayed": False}
+    replay = CommandOutcome.from_record("C", outcome.to_record(), outcome.sealed)
+    assert replay == outcome and replay.replayed and not replay.mutated
