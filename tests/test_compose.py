@@ -10,9 +10,11 @@ import pytest
 import strawberry
 from strawberry.schema.config import StrawberryConfig
 
+from service_engine import Query, WindowSpec
 from service_engine.errors import EngineError
 from service_engine.graphql import (
     DuplicateSchemaMember,
+    Live,
     SliceFragment,
     UndeclaredSchemaMember,
     compose_service,
@@ -46,10 +48,9 @@ class BoardMutation:
 
 @strawberry.type
 class BoardSubscription:
-    @strawberry.subscription
-    async def boards(self) -> AsyncGenerator[BOARDS.type, None]:  # type: ignore[name-defined]
-        if False:
-            yield None
+    @BOARDS.field
+    def boards(self) -> Live:
+        return Live("boards", WindowSpec(Query(None)))
 
 
 @strawberry.type
@@ -185,13 +186,14 @@ def test_one_projector_union_in_two_slices_is_refused() -> None:
 
 
 def test_a_slice_may_not_declare_an_engine_type() -> None:
-    @strawberry.type(name="LanesPaused")
-    class Mine:
-        lanes: list[str]
+    for name in ("LanesPaused", "Refusal"):
+        @strawberry.type(name=name)
+        class Mine:
+            lanes: list[str]
 
-    with pytest.raises(DuplicateSchemaMember) as refused:
-        compose_service([SliceFragment("mine", types=(Mine,))])
-    assert refused.value.owners == (ENGINE_OWNER, "mine")
+        with pytest.raises(DuplicateSchemaMember) as refused:
+            compose_service([SliceFragment("mine", types=(Mine,))])
+        assert (refused.value.member, refused.value.owners) == (name, (ENGINE_OWNER, "mine"))
 
 
 def test_a_slice_listed_twice_is_refused() -> None:

@@ -1,13 +1,16 @@
-"""Pure pieces of the GraphQL app: the GraphiQL rewrite, close reasons, the context."""
+"""Pure pieces of the GraphQL app: the GraphiQL rewrite, close reasons, the
+context, and the mutation result shape the kit gives every slice."""
 
 from __future__ import annotations
 
 from typing import Any, cast
 
 import pytest
+import strawberry
 from strawberry.http.ides import get_graphql_ide_html
 
-from service_engine.graphql import GraphQLContext, PassportMissing
+from service_engine import MutationError
+from service_engine.graphql import GraphQLContext, MutationResult, PassportMissing, Refusal
 from service_engine.graphql.app import close_reason, graphiql_html
 from service_engine.graphql.passport import PassportMalformed
 
@@ -47,3 +50,46 @@ async def test_the_context_refuses_a_principal_it_does_not_have() -> None:
         _ = context.principal
     assert first.value is not second.value  # a fresh error per read
     assert context.passport is None
+
+
+@strawberry.type(description="The outcome of a rename.")
+class RenameResult(MutationResult):
+    title: str | None = None
+
+
+@strawberry.type
+class ResultQuery:
+    @strawberry.field
+    def refused(self) -> RenameResult:
+        return RenameResult.refused(MutationError("board.archived", "archived", False, "rename"))
+
+    @strawberry.field
+    def renamed(self) -> RenameResult:
+        return RenameResult(success=True, title="new")
+
+
+def test_a_result_type_extends_the_kits_success_and_refusal() -> None:
+    schema = strawberry.Schema(query=ResultQuery)
+    sdl = schema.as_str()
+    result = sdl.split("type RenameResult {", 1)[1].split("}", 1)[0].split()
+    assert result == ["success:", "Boolean!", "error:", "Refusal", "title:", "String"]
+    refusal = sdl.split("type Refusal {", 1)[1].split("}", 1)[0].split()
+    assert refusal == ["code:", "String!", "message:", "String!", "retryable:", "Boolean!",
+                       "action:", "String"]
+    answered = schema.execute_sync(
+        "{ refused { success title error { code message retryable action } }"
+        "  renamed { success title error { code } } }"
+    )
+    assert answered.errors is None
+    assert answered.data == {
+        "refused": {"success": False, "title": None, "error": {
+            "code": "board.archived", "message": "archived", "retryable": False,
+            "action": "rename"}},
+        "renamed": {"success": True, "title": "new", "error": None},
+    }
+
+
+def test_a_refusal_carries_the_errors_wire_form() -> None:
+    error = MutationError.database(retryable=True)
+    assert Refusal.of(error) == Refusal(code="database", message=error.message, retryable=True)
+    assert {**error.to_wire(), "action": None} == vars(Refusal.of(error))

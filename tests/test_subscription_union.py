@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 import strawberry
 
-from service_engine.graphql import LanesPaused, LanesResumed, merge_streams, subscription_union
+from service_engine import ConfigError, Query, WindowSpec
+from service_engine.graphql import (
+    LanesPaused,
+    LanesResumed,
+    Live,
+    merge_streams,
+    subscription_union,
+)
 from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Remove, Reset, Upsert, WindowReplica
 
@@ -60,19 +67,19 @@ async def _feed(queue: asyncio.Queue[Any]) -> AsyncGenerator[Any, None]:
 
 
 @strawberry.type
-class Query:
+class RootQuery:
     ok: bool = True
 
 
 def _schema(deltas: asyncio.Queue[Any], notices: asyncio.Queue[Any]) -> strawberry.Schema:
     @strawberry.type
     class Subscription:
-        @strawberry.subscription
-        async def cards(self) -> AsyncGenerator[CARDS.type, None]:  # type: ignore[name-defined]
+        @strawberry.subscription(graphql_type=CARDS.type)
+        async def cards(self) -> AsyncGenerator[Any, None]:
             async for message in CARDS.subscribe(_feed(deltas), _feed(notices)):
                 yield message
 
-    return strawberry.Schema(query=Query, subscription=Subscription, types=CARDS.types)
+    return strawberry.Schema(query=RootQuery, subscription=Subscription, types=CARDS.types)
 
 
 SELECTION = """subscription { cards {
@@ -226,3 +233,57 @@ async def test_closing_a_stream_without_notices_closes_the_deltas() -> None:
     assert isinstance(await asyncio.wait_for(anext(stream), BOUND), CARDS.reset)
     await stream.aclose()
     assert primary.closed
+
+
+# -- the live field ----------------------------------------------------------------------
+
+
+@strawberry.type
+class LiveSubscription:
+    @CARDS.field(description="The caller's cards, live.")
+    def cards(self, limit: int = 50) -> Live:
+        return Live("cards", WindowSpec(Query(limit)))
+
+    @CARDS.field(name="pagedCards")
+    def paged(self, session_id: str, limit: int = 50) -> Live:
+        return Live("cards", WindowSpec(Query(limit)), session_id=session_id)
+
+    @CARDS.field
+    def declared(self, info: strawberry.Info) -> Live:
+        return Live("cards", WindowSpec(Query(None)))
+
+
+def test_a_live_field_takes_its_functions_arguments_and_serves_the_union() -> None:
+    schema = strawberry.Schema(query=RootQuery, subscription=LiveSubscription, types=CARDS.types)
+    sdl = schema.as_str()
+    subscription = sdl.split("type LiveSubscription {", 1)[1].split("}", 1)[0]
+    assert '"""The caller\'s cards, live."""\n  cards(limit: Int! = 50): CardsMessage!' in subscription
+    assert "pagedCards(sessionId: String!, limit: Int! = 50): CardsMessage!" in subscription
+    # The kit's own ``info`` is never a GraphQL argument, nor a declared one.
+    assert "declared: CardsMessage!" in subscription
+    assert "info" not in subscription
+
+
+def test_a_live_field_needs_named_arguments() -> None:
+    def loose(self: object, **arguments: Any) -> Live:
+        return Live("cards", WindowSpec(Query(None)))
+
+    with pytest.raises(ConfigError, match="no \\*\\*kwargs"):
+        CARDS.field(loose)
+    with pytest.raises(ConfigError, match="returning Live"):
+        CARDS.field("cards")  # type: ignore[call-overload]
+
+
+async def test_a_live_field_that_does_not_return_live_fails_its_subscription() -> None:
+    @strawberry.type
+    class Wrong:
+        @CARDS.field
+        def cards(self) -> Live:
+            return "cards"  # type: ignore[return-value]
+
+    schema = strawberry.Schema(query=RootQuery, subscription=Wrong, types=CARDS.types)
+    stream = await schema.subscribe("subscription { cards { __typename } }")
+    assert isinstance(stream, AsyncIterator)
+    result = await asyncio.wait_for(anext(stream), BOUND)
+    assert result.errors is not None
+    assert "returned str, not Live" in result.errors[0].message

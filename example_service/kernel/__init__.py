@@ -3,13 +3,14 @@
 The principal (`Principal`) and its generic facts bag (`PrincipalFacts`),
 the directory resolving a passport to a principal from the facts the slices
 contribute (`PrincipalDirectory`), the error base (`ServiceError`) and the
-wire shapes of affordances and refusals. Nothing here names a slice: a slice
+wire shape of affordances (a mutation's refusal is the engine kit's
+`MutationResult`). Nothing here names a slice: a slice
 contributes its principal facts from its own ``register``.
 """
 
 from .errors import ConfigurationError, ServiceError
 from .principal import FactSource, Principal, PrincipalDirectory, PrincipalFacts
-from .wire import Affordance, Refusal, affordance_list, refusal_of
+from .wire import Affordance, affordance_list
 
 __all__ = [
     "Affordance",
@@ -18,8 +19,6 @@ __all__ = [
     "Principal",
     "PrincipalDirectory",
     "PrincipalFacts",
-    "Refusal",
     "ServiceError",
     "affordance_list",
-    "refusal_of",
 ]

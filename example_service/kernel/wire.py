@@ -1,12 +1,13 @@
-"""Wire shapes every slice serves the same way: affordances and refusals."""
+"""Wire shapes every slice serves the same way: affordances. (A mutation's
+refusal is the kit's: `service_engine.graphql.MutationResult` / `Refusal`.)"""
 
 from __future__ import annotations
 
 import strawberry
 
-from service_engine import MutationError, affordances
+from service_engine import affordances
 
-__all__ = ["Affordance", "Refusal", "affordance_list", "refusal_of"]
+__all__ = ["Affordance", "affordance_list"]
 
 
 @strawberry.type(description="One action the caller may (or may not) take on what a view shows.")
@@ -18,14 +19,6 @@ class Affordance:
     )
 
 
-@strawberry.type(description="Why a mutation did not commit.")
-class Refusal:
-    code: str
-    message: str
-    retryable: bool
-    action: str | None = None
-
-
 def affordance_list(aggregate: object, principal: object) -> list[Affordance]:
     """Every gate declared on ``aggregate``'s type, evaluated for ``principal``:
     the same functions the mutations require, so the two cannot disagree."""
@@ -33,9 +26,3 @@ def affordance_list(aggregate: object, principal: object) -> list[Affordance]:
         Affordance(action=action, allowed=wire["allowed"], reason=wire["reason"])
         for action, wire in affordances(aggregate, principal).to_wire().items()
     ]
-
-
-def refusal_of(error: MutationError) -> Refusal:
-    return Refusal(
-        code=error.code, message=error.message, retryable=error.retryable, action=error.action
-    )

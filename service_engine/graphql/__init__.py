@@ -4,7 +4,11 @@ its subscriptions, and serve it (HTTP, GraphiQL, graphql-transport-ws).
 * `compose_service` / `SliceFragment`: each slice named once, its root
   fields and types merged and checked at assembly;
 * `subscription_union`: the typed Reset / Upsert / Remove (+ lane notice)
-  members of one projector, and the stream feeding them;
+  members of one projector, and the stream feeding them; its
+  `SubscriptionUnion.field` declares a live subscription field from a
+  function of the field's arguments to the `Live` session to attach;
+* `MutationResult` / `Refusal`: the ``{ success error { code message
+  retryable action } }`` shape every mutation's result type extends;
 * `graphql_app`: the Starlette app, the principal from the trusted
   ``X-Passport`` header, sockets bounded by ``session_max_age``.
 """
@@ -33,11 +37,14 @@ from .passport import (
     PassportRefused,
     parse_passport,
 )
+from .results import MutationResult, Refusal
 from .subscriptions import (
     DeltaCause,
     LaneNotice,
     LanesPaused,
     LanesResumed,
+    Live,
+    LiveRequest,
     SubscriptionUnion,
     merge_streams,
     subscription_union,
@@ -55,12 +62,16 @@ __all__ = [
     "LaneNotice",
     "LanesPaused",
     "LanesResumed",
+    "Live",
+    "LiveRequest",
+    "MutationResult",
     "Passport",
     "PassportError",
     "PassportMalformed",
     "PassportMissing",
     "PassportPrincipal",
     "PassportRefused",
+    "Refusal",
     "SliceFragment",
     "SubscriptionUnion",
     "UndeclaredSchemaMember",

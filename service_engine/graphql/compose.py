@@ -46,7 +46,8 @@ from strawberry.types.scalar import ScalarDefinition, ScalarWrapper
 from strawberry.types.union import StrawberryUnion
 
 from ..errors import EngineError
-from .subscriptions import RESERVED_TYPE_NAMES
+from .results import Refusal
+from .subscriptions import DeltaCause, LanesPaused, LanesResumed
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ENGINE_OWNER",
     "PLACEHOLDER_QUERY_FIELD",
+    "RESERVED_TYPE_NAMES",
     "ComposedService",
     "DuplicateSchemaMember",
     "RegisterFn",
@@ -194,6 +196,13 @@ def graphql_type_name(declared: Any) -> str:
     raise TypeError(f"{declared!r} is not a named GraphQL type Strawberry knows")
 
 
+RESERVED_TYPE_NAMES = frozenset(
+    graphql_type_name(t) for t in (DeltaCause, LanesPaused, LanesResumed, Refusal)
+)
+"""GraphQL type names the kit owns (``DeltaCause``, ``LanesPaused``,
+``LanesResumed``, ``Refusal``); a slice may not declare them."""
+
+
 @dataclass(frozen=True, eq=False)
 class ComposedService:
     """The service's schema roots and registration, merged from its slices.
@@ -299,7 +308,8 @@ def compose_service(slices: Iterable[SliceFragment]) -> ComposedService:
 
     List each slice once. Raises `DuplicateSchemaMember` when two slices
     share a name, claim one root field, or declare one type (or a type the
-    engine reserves: ``DeltaCause``, ``LanesPaused``, ``LanesResumed``).
+    engine reserves: ``DeltaCause``, ``LanesPaused``, ``LanesResumed``,
+    ``Refusal``).
     With no slice query field the ``Query`` root holds only the engine's
     ``engineVersion``.
     """

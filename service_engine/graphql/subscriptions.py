@@ -20,35 +20,44 @@ the projector emits causes. The lane notices carry no revision, so they
 never disturb Reset / Upsert / Remove contiguity; a LanesResumed is
 followed by a Reset.
 
-A slice uses it like this::
+A slice declares a live field with `SubscriptionUnion.field`: the
+function names the projector and the window from the field's arguments
+(`Live`), and the kit attaches a session for the caller, streams its
+members and detaches when the client completes or disconnects::
 
     BOARDS = subscription_union("Boards", BoardView)
 
     @strawberry.type
     class BoardSubscription:
-        @strawberry.subscription
-        async def boards(self, info: Info[GraphQLContext[Me], None]
-                         ) -> AsyncGenerator[BOARDS.type, None]:
-            async for message in BOARDS.subscribe(deltas, notices):
-                yield message
+        @BOARDS.field(description="The caller's boards, live.")
+        def boards(self, limit: int = 100) -> Live:
+            return Live("boards", WindowSpec(Query(BoardsQuery(limit))))
 
-and declares ``BOARDS.types`` in its `SliceFragment`. The mapping from an
-engine delta to its member is one small allocation with no GraphQL work:
-the view object the projector rendered is passed through as is.
+and declares ``BOARDS.types`` in its `SliceFragment`. The field's GraphQL
+type is the union (``BoardsMessage!``); its arguments are the function's;
+the caller is ``info.context.principal`` (a `GraphQLContext`), and a
+function that needs ``info`` itself declares it. A stream the kit does not
+attach (a test's queue) is served the same way with
+``@strawberry.subscription(graphql_type=BOARDS.type)`` over
+`SubscriptionUnion.subscribe`. The mapping from an engine delta to its
+member is one small allocation with no GraphQL work: the view object the
+projector rendered is passed through as is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import re
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeAlias, TypeVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeAlias, TypeVar, Union, overload
 
 import strawberry
 from strawberry.scalars import JSON
 
+from ..errors import ConfigError
 from ..render.deltas import Delta, Remove, Reset, Upsert
 from ..render.windows import WindowSpec
 
@@ -57,11 +66,12 @@ if TYPE_CHECKING:
     from ..render.projector import RlsApplier
 
 __all__ = [
-    "RESERVED_TYPE_NAMES",
     "DeltaCause",
     "LaneNotice",
     "LanesPaused",
     "LanesResumed",
+    "Live",
+    "LiveRequest",
     "SubscriptionUnion",
     "merge_streams",
     "subscription_union",
@@ -98,16 +108,34 @@ class LanesResumed:
 LaneNotice: TypeAlias = LanesPaused | LanesResumed
 """An out-of-band notice on a subscription (the lanes' raw signal, mapped)."""
 
-RESERVED_TYPE_NAMES = frozenset({"DeltaCause", "LanesPaused", "LanesResumed"})
-"""GraphQL type names the engine owns; a slice may not declare them."""
+
+@dataclass(frozen=True, slots=True)
+class Live:
+    """What a live subscription field attaches: a session of ``projector``
+    over ``window`` (under ``applier`` for an RLS window; under the client's
+    ``session_id`` when it pages the window later)."""
+
+    projector: str
+    window: WindowSpec[Any]
+    applier: RlsApplier[Any] | None = None
+    session_id: str | None = None
+
+
+LiveRequest: TypeAlias = Callable[..., Live]
+"""A live field's function: its arguments (and ``self``, ``info`` when it
+declares them) to the `Live` session it attaches."""
+
+_FieldDecorator: TypeAlias = Callable[[LiveRequest], Any]
+
+_INFO = "info"
 
 
 @dataclass(frozen=True, eq=False)
 class SubscriptionUnion(Generic[V]):
     """The generated union of one projector; build it with `subscription_union`.
 
-    ``type`` is the union to annotate the subscription field with
-    (``AsyncGenerator[BOARDS.type, None]``); ``types`` are the generated
+    `field` declares a live subscription field over it; ``type`` is the
+    union itself (a field's ``graphql_type``); ``types`` are the generated
     member types the slice declares in its `SliceFragment`.
     """
 
@@ -182,6 +210,101 @@ class SubscriptionUnion(Generic[V]):
                     yield message
         finally:
             await stream.aclose()
+
+
+    @overload
+    def field(self, request: LiveRequest, /) -> Any: ...
+
+    @overload
+    def field(
+        self,
+        request: None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        deprecation_reason: str | None = None,
+    ) -> _FieldDecorator: ...
+
+    def field(
+        self,
+        request: LiveRequest | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        deprecation_reason: str | None = None,
+    ) -> Any:
+        """Declare a live subscription field of this union (a decorator, with
+        or without arguments).
+
+        ``request`` maps the field's arguments to the `Live` session to
+        attach; its parameters are the field's GraphQL arguments (``self``
+        and a declared ``info`` excepted). Each subscription attaches that
+        session for ``info.context.principal`` on ``info.context.engine``,
+        streams this union's members and detaches when the client completes
+        or disconnects (`live`). ``name``, ``description`` and
+        ``deprecation_reason`` are the field's, as with
+        `strawberry.subscription`.
+        """
+
+        def declare(function: LiveRequest) -> Any:
+            return strawberry.subscription(
+                _live_resolver(self, function),
+                name=name,
+                description=description,
+                deprecation_reason=deprecation_reason,
+                graphql_type=self.type,
+            )
+
+        return declare if request is None else declare(request)
+
+
+def _live_resolver(union: SubscriptionUnion[Any], request: LiveRequest) -> Callable[..., Any]:
+    """The resolver of a live field: ``request``'s signature (plus ``info``
+    when it does not declare it), returning the union's stream."""
+    if not callable(request):
+        raise ConfigError(f"a live field takes a function returning Live, got {request!r}")
+    signature = inspect.signature(request)
+    parameters = list(signature.parameters.values())
+    declares_info = _INFO in signature.parameters
+    if not declares_info:
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            raise ConfigError(
+                f"live field {request.__qualname__}: declare its arguments (no **kwargs)"
+            )
+        parameters.append(
+            inspect.Parameter(_INFO, inspect.Parameter.KEYWORD_ONLY, annotation=strawberry.Info)
+        )
+
+    async def resolve(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+        # An async generator, as a hand-written field is: nothing (not even
+        # reading the principal) runs before the client reads the stream.
+        info = kwargs[_INFO] if declares_info else kwargs.pop(_INFO)
+        live = request(*args, **kwargs)
+        if not isinstance(live, Live):
+            raise TypeError(
+                f"live field {request.__qualname__} returned {type(live).__name__}, not Live"
+            )
+        context = info.context
+        messages = union.live(
+            context.engine, context.principal, live.projector, live.window,
+            applier=live.applier, session_id=live.session_id,
+        )
+        async with contextlib.aclosing(messages):
+            async for message in messages:
+                yield message
+
+    # Strawberry reads the arguments from this signature and resolves its
+    # (string) annotations in the module of the slice's function.
+    resolve.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=parameters, return_annotation=inspect.Signature.empty
+    )
+    resolve.__module__ = request.__module__
+    resolve.__name__ = request.__name__
+    resolve.__qualname__ = request.__qualname__
+    resolve.__doc__ = request.__doc__
+    return resolve
 
 
 async def _mapped(

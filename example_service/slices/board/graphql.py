@@ -6,15 +6,14 @@ typed union."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import TypeAlias
 
 import strawberry
 
 from service_engine import MutationError, MutationExecutor, OneShot, Query, WindowSpec
-from service_engine.graphql import GraphQLContext, subscription_union
+from service_engine.graphql import GraphQLContext, Live, MutationResult, subscription_union
 
-from ...kernel import Principal, PrincipalDirectory, Refusal, refusal_of
+from ...kernel import Principal, PrincipalDirectory
 from .commands import (
     accept_invite,
     archive_board,
@@ -35,17 +34,13 @@ ORG_BOARDS_UNION = subscription_union(
 
 @strawberry.type(description="The outcome of a board mutation: the board as the caller now "
                              "sees it, or why nothing changed.")
-class BoardResult:
-    success: bool
+class BoardResult(MutationResult):
     board: BoardView | None = None
-    error: Refusal | None = None
 
 
 @strawberry.type(description="An invite's one-shot token: shown to its creator once, never stored.")
-class InviteResult:
-    success: bool
+class InviteResult(MutationResult):
     token: str | None = None
-    error: Refusal | None = None
 
 
 def _executor(info: Info) -> MutationExecutor:
@@ -56,7 +51,7 @@ async def _board_result(
     info: Info, outcome: object, board_id: str, principal: Principal | None = None
 ) -> BoardResult:
     if isinstance(outcome, MutationError):
-        return BoardResult(success=False, error=refusal_of(outcome))
+        return BoardResult.refused(outcome)
     view = await info.context.engine.fetch(BOARDS, board_id, principal or info.context.principal)
     return BoardResult(success=True, board=view)
 
@@ -125,7 +120,7 @@ class BoardMutation:
     async def invite_to_board(self, info: Info, id: strawberry.ID) -> InviteResult:
         outcome = await _executor(info).execute(info.context.principal, invite_to_board, str(id))
         if isinstance(outcome, MutationError):
-            return InviteResult(success=False, error=refusal_of(outcome))
+            return InviteResult.refused(outcome)
         secret: OneShot[str] = outcome
         return InviteResult(success=True, token=secret.reveal())
 
@@ -142,26 +137,14 @@ class BoardMutation:
 
 @strawberry.type
 class BoardSubscription:
-    @strawberry.subscription(description="The caller's boards, live: a Reset, then Upserts and "
-                                         "Removes on a contiguous revision.")
-    async def boards(
-        self, info: Info, limit: int = 100
-    ) -> AsyncGenerator[BOARDS_UNION.type, None]:  # type: ignore[name-defined]
-        async for message in BOARDS_UNION.live(
-            info.context.engine, info.context.principal, BOARDS,
-            WindowSpec(Query(BoardsQuery(limit))),
-        ):
-            yield message
+    @BOARDS_UNION.field(description="The caller's boards, live: a Reset, then Upserts and "
+                                    "Removes on a contiguous revision.")
+    def boards(self, limit: int = 100) -> Live:
+        return Live(BOARDS, WindowSpec(Query(BoardsQuery(limit))))
 
-    @strawberry.subscription(description="The boards of the caller's org, live, under RLS.")
-    async def org_boards(
-        self, info: Info
-    ) -> AsyncGenerator[ORG_BOARDS_UNION.type, None]:  # type: ignore[name-defined]
-        async for message in ORG_BOARDS_UNION.live(
-            info.context.engine, info.context.principal, ORG_BOARDS,
-            WindowSpec(Query(None), rls=True), applier=ORG_CONTEXT,
-        ):
-            yield message
+    @ORG_BOARDS_UNION.field(description="The boards of the caller's org, live, under RLS.")
+    def org_boards(self) -> Live:
+        return Live(ORG_BOARDS, WindowSpec(Query(None), rls=True), applier=ORG_CONTEXT)
 
 
 TYPES = (

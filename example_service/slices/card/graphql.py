@@ -5,7 +5,6 @@ of them under a client-supplied session id that ``pageCards`` pages back."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import TypeAlias
 
 import strawberry
@@ -18,9 +17,9 @@ from service_engine import (
     Query,
     WindowSpec,
 )
-from service_engine.graphql import GraphQLContext, subscription_union
+from service_engine.graphql import GraphQLContext, Live, MutationResult, subscription_union
 
-from ...kernel import Principal, Refusal, refusal_of
+from ...kernel import Principal
 from .commands import ImportedCard, advance_card, create_card, import_cards, rename_card
 from .domain import BadCursor, decode_cursor
 from .views import CARDS, CardsQuery, CardView
@@ -32,28 +31,22 @@ CARDS_UNION = subscription_union("Cards", CardView, description="the caller's or
 
 @strawberry.type(description="The outcome of a card mutation: the card as the caller now "
                              "sees it, or why nothing changed.")
-class CardResult:
-    success: bool
+class CardResult(MutationResult):
     card: CardView | None = None
-    error: Refusal | None = None
 
 
 @strawberry.type(description="The outcome of a bulk import.")
-class ImportResult:
-    success: bool
+class ImportResult(MutationResult):
     imported: int = 0
-    error: Refusal | None = None
 
 
 @strawberry.type(description="The outcome of a page request: the page's cards arrive on the "
                              "session's subscription as Upserts; the keys released to keep "
                              "the window within its capacity are listed here.")
-class PageResult:
-    success: bool
+class PageResult(MutationResult):
     delivered: int = 0
     released: list[str] = strawberry.field(default_factory=list)
     truncated: int = 0
-    error: Refusal | None = None
 
 
 @strawberry.input(description="One card of a bulk import.")
@@ -68,13 +61,13 @@ def _executor(info: Info) -> MutationExecutor:
 
 async def _card_result(info: Info, outcome: object, card_id: str) -> CardResult:
     if isinstance(outcome, MutationError):
-        return CardResult(success=False, error=refusal_of(outcome))
+        return CardResult.refused(outcome)
     view = await info.context.engine.fetch(CARDS, card_id, info.context.principal)
     return CardResult(success=True, card=view)
 
 
-def _refusal(code: str, message: str, retryable: bool = False) -> Refusal:
-    return refusal_of(MutationError(code, message, retryable))
+def _refused(code: str, message: str, retryable: bool = False) -> PageResult:
+    return PageResult.refused(MutationError(code, message, retryable))
 
 
 @strawberry.type
@@ -107,7 +100,7 @@ class CardMutation:
             due_in_seconds,
         )
         if isinstance(outcome, MutationError):
-            return CardResult(success=False, error=refusal_of(outcome))
+            return CardResult.refused(outcome)
         return await _card_result(info, outcome, outcome)
 
     @strawberry.mutation
@@ -126,7 +119,7 @@ class CardMutation:
         items = [ImportedCard(c.title, None if c.id is None else str(c.id)) for c in cards]
         outcome = await _executor(info).execute_bulk(info.context.principal, import_cards, items)
         if isinstance(outcome, MutationError):
-            return ImportResult(success=False, error=refusal_of(outcome))
+            return ImportResult.refused(outcome)
         return ImportResult(success=True, imported=outcome)
 
     @strawberry.mutation(description="Append the page of cards older than cursor behind the "
@@ -135,14 +128,13 @@ class CardMutation:
         try:
             position = decode_cursor(cursor)
         except BadCursor:
-            return PageResult(success=False, error=_refusal("card.cursor_invalid",
-                                                            "not a card cursor"))
+            return _refused("card.cursor_invalid", "not a card cursor")
         try:
             page = await info.context.engine.page(session_id, info.context.principal, position)
         except NoLiveSession as exc:
-            return PageResult(success=False, error=_refusal("no_live_session", str(exc)))
+            return _refused("no_live_session", str(exc))
         except EngineError as exc:  # the window was re-snapshotted meanwhile: ask again
-            return PageResult(success=False, error=_refusal("page_interrupted", str(exc), True))
+            return _refused("page_interrupted", str(exc), True)
         return PageResult(
             success=True, delivered=len(page.deltas), released=list(page.released),
             truncated=page.truncated,
@@ -151,26 +143,15 @@ class CardMutation:
 
 @strawberry.type
 class CardSubscription:
-    @strawberry.subscription(description="The caller's org's newest cards, live.")
-    async def cards(
-        self, info: Info, limit: int = 50
-    ) -> AsyncGenerator[CARDS_UNION.type, None]:  # type: ignore[name-defined]
-        async for message in CARDS_UNION.live(
-            info.context.engine, info.context.principal, CARDS, WindowSpec(Query(CardsQuery(limit)))
-        ):
-            yield message
+    @CARDS_UNION.field(description="The caller's org's newest cards, live.")
+    def cards(self, limit: int = 50) -> Live:
+        return Live(CARDS, WindowSpec(Query(CardsQuery(limit))))
 
-    @strawberry.subscription(description="The caller's org's newest cards, live, under the "
-                                         "client's sessionId: pageCards(sessionId, cursor) "
-                                         "appends older cards to this window as Upserts.")
-    async def card_page_deltas(
-        self, info: Info, session_id: str, limit: int = 50
-    ) -> AsyncGenerator[CARDS_UNION.type, None]:  # type: ignore[name-defined]
-        async for message in CARDS_UNION.live(
-            info.context.engine, info.context.principal, CARDS,
-            WindowSpec(Query(CardsQuery(limit))), session_id=session_id,
-        ):
-            yield message
+    @CARDS_UNION.field(description="The caller's org's newest cards, live, under the client's "
+                                   "sessionId: pageCards(sessionId, cursor) appends older cards "
+                                   "to this window as Upserts.")
+    def card_page_deltas(self, session_id: str, limit: int = 50) -> Live:
+        return Live(CARDS, WindowSpec(Query(CardsQuery(limit))), session_id=session_id)
 
 
 TYPES = (CardView, CardResult, ImportResult, PageResult, CardImport, *CARDS_UNION.types)

@@ -4,7 +4,6 @@ streams the ledgers projector's typed union."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import TypeAlias
 
 import strawberry
@@ -18,9 +17,9 @@ from service_engine import (
     Refused,
     WindowSpec,
 )
-from service_engine.graphql import GraphQLContext, subscription_union
+from service_engine.graphql import GraphQLContext, Live, MutationResult, Refusal, subscription_union
 
-from ...kernel import Principal, Refusal, refusal_of
+from ...kernel import Principal
 from .commands import (
     close_ledger,
     erase_person,
@@ -40,17 +39,13 @@ LEDGERS_UNION = subscription_union("Ledgers", LedgerView, description="the calle
 
 @strawberry.type(description="The outcome of a ledger mutation: the ledger as the caller now "
                              "sees it, or why nothing changed.")
-class LedgerResult:
-    success: bool
+class LedgerResult(MutationResult):
     ledger: LedgerView | None = None
-    error: Refusal | None = None
 
 
 @strawberry.type(description="The outcome of an erasure: how many ledgers it rewrote.")
-class ErasureResult:
-    success: bool
+class ErasureResult(MutationResult):
     ledgers: int = 0
-    error: Refusal | None = None
 
 
 def _executor(info: Info) -> MutationExecutor:
@@ -66,7 +61,7 @@ async def _view(info: Info, key: LedgerKey) -> LedgerView | None:
 
 async def _result(info: Info, outcome: LedgerKey | MutationError) -> LedgerResult:
     if isinstance(outcome, MutationError):
-        return LedgerResult(success=False, error=refusal_of(outcome))
+        return LedgerResult.refused(outcome)
     return LedgerResult(success=True, ledger=await _view(info, outcome))
 
 
@@ -119,32 +114,26 @@ class LedgerMutation:
             require_erase_scope(principal)
             touched = await erase_person(info.context.engine.db, person)
         except Refused as exc:
-            return ErasureResult(success=False, error=refusal_of(MutationError.refused(exc.reason)))
+            return ErasureResult.refused(MutationError.refused(exc.reason))
         except HydrationFailed:
-            return ErasureResult(success=False, error=refusal_of(MutationError(
-                "hydration_failed", "erasure refused: a rewritten ledger would not replay")))
+            return ErasureResult.refused(MutationError(
+                "hydration_failed", "erasure refused: a rewritten ledger would not replay"))
         except EngineError:
-            return ErasureResult(success=False, error=refusal_of(MutationError.database()))
+            return ErasureResult.refused(MutationError.database())
         if touched:
             outcome = await _executor(info).ack_bulk(principal, reset_ledger_views)
             if isinstance(outcome, MutationError):
                 # The erasure committed; only the live windows lag until a reconnect.
-                return ErasureResult(success=True, ledgers=len(touched), error=refusal_of(outcome))
+                return ErasureResult(success=True, ledgers=len(touched), error=Refusal.of(outcome))
         return ErasureResult(success=True, ledgers=len(touched))
 
 
 @strawberry.type
 class LedgerSubscription:
-    @strawberry.subscription(description="The caller's org's ledgers, live: a Reset, then "
-                                         "Upserts and Removes on a contiguous revision.")
-    async def ledgers(
-        self, info: Info, limit: int = 100
-    ) -> AsyncGenerator[LEDGERS_UNION.type, None]:  # type: ignore[name-defined]
-        async for message in LEDGERS_UNION.live(
-            info.context.engine, info.context.principal, LEDGERS,
-            WindowSpec(Query(LedgersQuery(limit))),
-        ):
-            yield message
+    @LEDGERS_UNION.field(description="The caller's org's ledgers, live: a Reset, then Upserts "
+                                     "and Removes on a contiguous revision.")
+    def ledgers(self, limit: int = 100) -> Live:
+        return Live(LEDGERS, WindowSpec(Query(LedgersQuery(limit))))
 
 
 TYPES = (LedgerView, LedgerEntryView, LedgerResult, ErasureResult, *LEDGERS_UNION.types)
