@@ -37,10 +37,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service_engine import ConfigError, Engine, EngineConfig, ReadinessHandle, connect_pool
-from service_engine.db import service_migrations
-from service_engine.host import bind_listener, run_with_listener
-from service_engine.integration import open_nats
+from service_engine import (
+    ConfigError,
+    Engine,
+    EngineConfig,
+    ReadinessHandle,
+    bind_listener,
+    connect_pool,
+    open_nats,
+    run_with_listener,
+    service_migrations,
+)
 
 from .graphql import build_app
 from .kernel import ConfigurationError

@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 
-from service_engine.integration import NatsUnavailable
+from service_engine import NatsUnavailable
 
 from .runner import Twin, TwinError
 

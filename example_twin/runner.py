@@ -27,7 +27,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel, ValidationError
 
-from service_engine.integration import (
+from service_engine import (
     Acked,
     Actor,
     Duplicate,

@@ -1,9 +1,30 @@
 """service-engine: personalised live views of Postgres state and one
-exactly-once write and integration pipeline for Python microservices."""
+exactly-once write and integration pipeline for Python microservices.
+
+The public surface is this package and a short list of public
+sub-packages; a service imports nothing else (the reference service is held
+to it by ``tests/test_example_service_surface.py``). Every other module is
+the engine's own and may move between releases.
+
+* ``service_engine``: everything a service authors against (the engine and
+  its configuration, stores, commands and reactions, projectors and windows,
+  gates, the integration envelope and subjects, the host functions, errors);
+* ``service_engine.graphql``: the GraphQL surface kit (`compose_service`,
+  `subscription_union` and its live fields, `MutationResult` / `Refusal`,
+  `graphql_app`, the passport), kept apart so the engine imports no
+  Strawberry until a service serves GraphQL;
+* ``service_engine.persistence``: the persistence kit's helpers beyond the
+  styles exported here (the full-EDA log's ``keys``, ``erase``, ``Redactor``);
+* ``service_engine.embedded``: embedded Postgres and NATS for a development
+  machine and tests (the ``embedded`` extra); never in production.
+
+``service_engine.testing`` is test support for the engine's own batteries,
+not part of the surface.
+"""
 
 from .clock import Clock, SystemClock, Timestamp
 from .config import EngineConfig
-from .db import Database, connect_pool, validate_database_tls
+from .db import Database, connect_pool, service_migrations, validate_database_tls
 from .db.types import Conn
 from .engine import ENGINE_VERSION, Engine
 from .errors import (
@@ -50,6 +71,7 @@ from .integration import (
     KvBucket,
     KvKey,
     Nats,
+    NatsUnavailable,
     OutboundCommand,
     OutboundEvent,
     Park,
@@ -62,7 +84,10 @@ from .integration import (
     Terminal,
     Tick,
     Unanswered,
+    command_subject,
+    event_subject,
     open_nats,
+    stage_outbox_row,
 )
 from .persistence import (
     Aggregate,
@@ -164,6 +189,7 @@ __all__ = [
     "MutationError",
     "MutationExecutor",
     "Nats",
+    "NatsUnavailable",
     "NoLiveSession",
     "NotFound",
     "OneShot",
@@ -216,11 +242,15 @@ __all__ = [
     "affordances",
     "bind_listener",
     "check_gates_match_affordances",
+    "command_subject",
     "connect_pool",
+    "event_subject",
     "gated",
     "open_nats",
     "readiness_route",
     "run_with",
     "run_with_listener",
+    "service_migrations",
+    "stage_outbox_row",
     "validate_database_tls",
 ]

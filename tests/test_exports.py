@@ -27,6 +27,9 @@ EXPECTED = {
     "Disposition", "InboundReaction", "Park", "PrincipalUnresolved",
     "ReactionBudget", "Retry", "Terminal",
     "Reaction",
+    "Emission",
+    "NatsUnavailable", "command_subject", "event_subject", "stage_outbox_row",
+    "service_migrations",
 }
 
 

@@ -42,8 +42,9 @@ from service_engine import (
     Reason,
     Refused,
     Tick,
+    event_subject,
+    stage_outbox_row,
 )
-from service_engine.integration import event_subject, stage_outbox_row
 
 from ...kernel import ConfigurationError, Principal, PrincipalDirectory
 from .commands import advance, create, due_at
