@@ -6,11 +6,11 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from service_engine import EngineConfig
 
-T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
 async def wait_until(
@@ -33,13 +33,41 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
-async def assert_nothing(queue: asyncio.Queue[T], within: float = 0.2) -> None:
+class Gets(Protocol[T_co]):
+    """Anything with an awaitable ``get()``: an ``asyncio.Queue``, the
+    listener's bounded channel."""
+
+    def get(self) -> Awaitable[T_co]: ...
+
+
+async def assert_nothing(queue: Gets[object], within: float = 0.2) -> None:
     """Assert no item arrives on ``queue`` within the bound."""
     try:
         item = await asyncio.wait_for(queue.get(), within)
     except TimeoutError:
         return
     raise AssertionError(f"expected nothing, got {item!r}")
+
+
+async def assert_never(
+    predicate: Callable[[], bool | Awaitable[bool]],
+    *,
+    within: float = 0.2,
+    interval: float = 0.02,
+    what: str = "condition",
+) -> None:
+    """Assert ``predicate`` never holds while polled for ``within`` seconds:
+    a bounded absence where there is no queue to watch."""
+    deadline = time.monotonic() + within
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            raise AssertionError(f"{what} held within {within}s")
+        if time.monotonic() > deadline:
+            return
+        await asyncio.sleep(interval)
 
 
 def fast_engine_config(service: str | None, **overrides: Any) -> EngineConfig:

@@ -66,6 +66,7 @@ class OrderPlaced(BaseModel):
 
 class _WarehouseFact(BaseModel):
     AGGREGATE: ClassVar[str] = "order"
+    FACT: ClassVar[str]
     VERSION: ClassVar[int] = 1
 
     order_id: str

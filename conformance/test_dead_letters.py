@@ -94,7 +94,7 @@ async def test_a_rolled_back_record_leaves_no_row_no_impact_no_count(db: Databas
             await tx.start()
             await store.record(conn, reaction_letter(uuid.uuid4()))
             await tx.rollback()
-        await assert_nothing(listener.channel, 0.3)  # type: ignore[arg-type]
+        await assert_nothing(listener.channel, 0.3)
     assert await store.list() == []
     assert counted(metrics, DeadLetterSource.REACTION) == 0
 
@@ -155,7 +155,7 @@ async def test_list_filters_by_source_and_discard_removes_with_an_impact(db: Dat
         delivery = await asyncio.wait_for(listener.channel.get(), 10)
         assert delivery == [Impact.entity(DEAD_LETTER_NOUN, str(work.id))]
         assert not await store.discard(work.id)
-        await assert_nothing(listener.channel, 0.2)  # type: ignore[arg-type]
+        await assert_nothing(listener.channel, 0.2)
     assert [d.id for d in await store.list()] == [message.id]
 
 

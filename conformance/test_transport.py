@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from service_engine import Database, EngineConfig, ReadinessHandle, Timestamp
+from service_engine.embedded import ProvisionedDatabase
 from service_engine.errors import CauseTooLarge
 from service_engine.impacts import MAX_PAYLOAD_BYTES, Cause, Impact
 from service_engine.impacts.model import Reconnected
@@ -64,7 +65,7 @@ async def test_committed_impacts_arrive_whole_once_in_commit_order(db: Database)
         assert await next_delivery(listener) == cards(1, 2)
         assert await next_delivery(listener) == cards(3)
         assert await next_delivery(listener) == cards(4, 5, 6)
-        await assert_nothing(listener.channel, 0.2)  # type: ignore[arg-type]
+        await assert_nothing(listener.channel, 0.2)
 
 
 async def test_a_rolled_back_transaction_delivers_nothing(db: Database) -> None:
@@ -74,7 +75,7 @@ async def test_a_rolled_back_transaction_delivers_nothing(db: Database) -> None:
             await tx.start()
             await stage_in(conn, cards(1))
             await tx.rollback()
-        await assert_nothing(listener.channel, 0.3)  # type: ignore[arg-type]
+        await assert_nothing(listener.channel, 0.3)
 
 
 async def test_large_groups_reassemble_across_frames_amid_concurrent_commits(db: Database) -> None:
@@ -91,7 +92,7 @@ async def test_large_groups_reassemble_across_frames_amid_concurrent_commits(db:
     assert all(isinstance(r, list) for r in received)
     large = [r for r in received if isinstance(r, list) and len(r) == 400]
     assert sorted(large, key=lambda g: g[0].key_json) == list(groups.values())
-    singles = sorted(r[0].key for r in received if isinstance(r, list) and len(r) == 1)  # type: ignore[type-var]
+    singles = sorted(int(str(r[0].key)) for r in received if isinstance(r, list) and len(r) == 1)
     assert singles == list(range(20))
 
 
@@ -105,7 +106,7 @@ async def test_an_oversize_cause_fails_the_transaction_and_commits_nothing(db: D
                     await schedule_in(conn, at, cards(7))
                     await stage_in(conn, [*cards(1), huge])
         assert await db.pool.fetchval("SELECT count(*) FROM service_engine.scheduled_impact") == 0
-        await assert_nothing(listener.channel, 0.2)  # type: ignore[arg-type]
+        await assert_nothing(listener.channel, 0.2)
 
 
 async def test_s132_channel_overflow_yields_exactly_one_reconnected_and_keeps_draining(
@@ -178,9 +179,13 @@ async def _usage_zero(db: Database) -> bool:
     return await queue_usage(db) == 0.0
 
 
-async def test_s134_only_committed_impacts_are_counted_after_commit(db: Database) -> None:
+async def test_s134_only_committed_impacts_are_counted_after_commit(
+    db: Database, database: ProvisionedDatabase
+) -> None:
     """s134: the impacts-committed metric counts impacts of committed
-    transactions only, recorded after the commit returns."""
+    transactions only, recorded after COMMIT returned: a firing whose
+    impacts were staged but whose COMMIT itself fails (a deferred constraint
+    trigger) moves the counter not at all and delivers nothing."""
     metrics = Metrics("svc", "pod-a")
     series = "service_engine_impacts_committed_total"
     due = Timestamp.now() - timedelta(seconds=1)
@@ -191,9 +196,28 @@ async def test_s134_only_committed_impacts_are_counted_after_commit(db: Database
         await tx.rollback()
     assert await fire_due(db, metrics) == 0
     assert (metrics.sample(series) or 0) == 0
-    async with db.pool.acquire() as conn, conn.transaction():
-        await schedule_in(conn, due, cards(1, 2, 3))
-    assert await fire_due(db, metrics) == 3
+
+    owner = await asyncpg.connect(database.owner_url)
+    try:  # the firing's DELETE of its claimed rows fails the COMMIT, and only the COMMIT
+        await owner.execute(
+            """CREATE FUNCTION public.fail_at_commit() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN RAISE EXCEPTION 'commit refused'; END $$;
+               CREATE CONSTRAINT TRIGGER refuse_firing AFTER DELETE
+                   ON service_engine.scheduled_impact DEFERRABLE INITIALLY DEFERRED
+                   FOR EACH ROW EXECUTE FUNCTION public.fail_at_commit()"""
+        )
+        async with db.pool.acquire() as conn, conn.transaction():
+            await schedule_in(conn, due, cards(1, 2, 3))
+        async with listening(db) as listener:
+            with pytest.raises(Exception, match="commit refused"):
+                await fire_due(db, metrics)
+            assert (metrics.sample(series) or 0) == 0
+            await owner.execute("DROP TRIGGER refuse_firing ON service_engine.scheduled_impact")
+            assert await fire_due(db, metrics) == 3  # the rows survived the failed COMMIT
+            assert await next_delivery(listener) == cards(1, 2, 3)
+            await assert_nothing(listener.channel)  # the failed firing delivered nothing
+    finally:
+        await owner.close()
     assert metrics.sample(series) == 3
     assert "service_engine_impacts_committed_total" in metrics.exposition().decode()
 
@@ -233,4 +257,4 @@ async def test_scheduled_impacts_fire_once_at_database_time_with_two_pods_racing
         await asyncio.gather(pod(), pod())
         assert sum(fired) == 2
         assert await next_delivery(listener) == cards(1, 2)
-        await assert_nothing(listener.channel, 0.2)  # type: ignore[arg-type]
+        await assert_nothing(listener.channel, 0.2)
