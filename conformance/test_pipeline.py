@@ -22,6 +22,7 @@ import pytest
 from service_engine import Database, ShuttingDown
 from service_engine.clock import Timestamp
 from service_engine.db.locks import aggregate_lock_key
+from service_engine.embedded import ProvisionedDatabase
 from service_engine.gates import ActionName, Reason, affordances, check_gates_match_affordances
 from service_engine.impacts import Cause, Impact
 from service_engine.persistence import DomainEvent, erase, keys
@@ -516,9 +517,13 @@ async def test_a_pipeline_fault_is_generic_on_the_wire_and_logged_with_its_cause
     assert await executor.ack(WRITER, increment, CrudCounter, "f1", 1) == Success()
 
 
-async def test_impacts_are_counted_only_after_commit(db: Database) -> None:
-    """The committed-impacts metric moves after COMMIT returned, never
-    before it, and not at all for a commit that failed."""
+async def test_s134_impacts_are_counted_only_after_commit_returned(
+    db: Database, database: ProvisionedDatabase, caplog: pytest.LogCaptureFixture
+) -> None:
+    """s134 (the write pipeline): the committed-impacts metric moves after
+    COMMIT returned, never before it, and not at all for a mutation whose
+    impacts were flushed but whose COMMIT itself failed (a deferred
+    constraint trigger, no fault hook); that mutation delivers nothing."""
     executor = executor_for(db)
     metrics = executor.metrics
     assert metrics is not None
@@ -531,18 +536,35 @@ async def test_impacts_are_counted_only_after_commit(db: Database) -> None:
         if stage is Stage.COMMIT:
             at_commit.append(metrics.sample(IMPACTS_METRIC))
 
-    async def two(cx: Mutation[Principal]) -> None:
-        await increment(cx, CrudCounter, "m1")
+    async def two(cx: Mutation[Principal], by: int = 1) -> None:
+        await increment(cx, CrudCounter, "m1", by)
         cx.impact(NOUN, "other")
 
     assert await executor.with_hook(observe).ack(WRITER, two) == Success()
     assert at_commit == [after_create]
     assert metrics.sample(IMPACTS_METRIC) == after_create + 2
-    failing = executor.with_hook(
-        InjectFault(Stage.COMMIT, "INSERT INTO sample_commit_fault DEFAULT VALUES")
-    )
-    assert isinstance(await failing.ack(WRITER, two), MutationError)
+
+    owner = await asyncpg.connect(database.owner_url)
+    try:
+        await owner.execute(
+            """CREATE CONSTRAINT TRIGGER refuse_large AFTER UPDATE ON sample_counter_crud
+                   DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.value >= 100)
+                   EXECUTE FUNCTION sample_fail_at_commit()"""
+        )
+    finally:
+        await owner.close()
+    with caplog.at_level(logging.ERROR, logger="service_engine.pipeline"):
+        async with listen_impacts(db) as probe:
+            outcome = await executor.ack(WRITER, two, 100)
+            await probe.assert_quiet()
+    assert outcome == MutationError("database", DATABASE_FAULT_MESSAGE, False)
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.exc_info is not None
+    error = record.exc_info[1]
+    assert isinstance(error, DatabaseError) and error.stage is Stage.COMMIT
+    assert "injected commit fault" in str(error.__cause__)
     assert metrics.sample(IMPACTS_METRIC) == after_create + 2
+    assert (await counter_state(db, CrudCounter, "m1"))[1] == 1
 
 
 async def test_a_shutting_down_engine_answers_retryable(db: Database) -> None:
@@ -645,21 +667,24 @@ async def test_staged_outbox_rows_commit_with_the_command(db: Database) -> None:
 
 
 async def test_concurrent_commands_on_distinct_keys_do_not_wait(db: Database) -> None:
-    """Commands on distinct keys run side by side: with every command
-    holding its lock for a while, eight of them take far less than eight
-    times as long."""
+    """Commands on distinct keys run side by side: eight commands, each
+    holding its lock until all eight hold theirs at once, all succeed (run
+    one after another, the first would never see the others arrive)."""
     executor = executor_for(db)
     for i in range(8):
         await executor.ack(WRITER, create_counter, CrudCounter, f"p{i}")
+    inside: set[str] = set()
+    all_inside = asyncio.Event()
 
     async def hold(cx: Mutation[Principal], key: str) -> None:
         await increment(cx, CrudCounter, key)
-        await asyncio.sleep(0.2)
+        inside.add(key)
+        if len(inside) == 8:
+            all_inside.set()
+        await asyncio.wait_for(all_inside.wait(), 10)
 
-    started = time.monotonic()
     outcomes = await asyncio.gather(
         *(executor.ack(WRITER, hold, f"p{i}") for i in range(8))
     )
-    elapsed = time.monotonic() - started
     assert outcomes == [Success()] * 8
-    assert elapsed < 0.2 * 4
+    assert all_inside.is_set()
