@@ -41,7 +41,7 @@ from service_engine.pipeline import Reaction
 from service_engine.pipeline.inbound import EVENT_STREAM, InboundReaction
 from service_engine.readiness import REASON_INBOUND_STOPPED
 
-from .harness import wait_until
+from .harness import assert_nothing, wait_until
 from .inbound_support import (
     TWIN,
     claim_confirmations,
@@ -190,12 +190,23 @@ async def test_two_pods_share_one_durable_and_each_message_is_handled_once(
 ) -> None:
     """Two engines over one store bind the same durable: every message is
     handled by exactly one pod, and both pods take work."""
-    async def slow(cx: Reaction[Any], _: BaseModel) -> None:
-        await asyncio.sleep(0.01)
+    started: set[str] = set()
+    both = asyncio.Event()
+
+    def held_until_both_pods_work(pod_name: str) -> Any:
+        async def before(cx: Reaction[Any], _: BaseModel) -> None:
+            # Each pod holds its first frames until the other pod has taken
+            # one: a pod that never gets work fails the bounded wait.
+            started.add(pod_name)
+            if len(started) == 2:
+                both.set()
+            await asyncio.wait_for(both.wait(), 10)
+
+        return before
 
     n = 40
-    a = place_order("a", before=slow, concurrency=2)
-    b = place_order("b", before=slow, concurrency=2)
+    a = place_order("a", before=held_until_both_pods_work("a"), concurrency=2)
+    b = place_order("b", before=held_until_both_pods_work("b"), concurrency=2)
     async with pod(db, streams, [a]), pod(db, streams, [b]), producer(streams) as twin:
         for i in range(n):
             await twin.command(PlaceOrder(order_id=f"o{i}"))
@@ -315,22 +326,29 @@ async def test_a_handler_slower_than_ack_wait_keeps_its_frame(
 ) -> None:
     """A frame in hand is reported in progress, so JetStream does not hand
     it to the other pod while a slow handler (1.5 x ack_wait) works on it."""
-    calls: list[tuple[str, int]] = []
+    calls: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+    release = asyncio.Event()
+    ack_wait = fast_config().ack_wait.total_seconds()
 
     def slow(pod_name: str) -> Any:
         async def before(cx: Reaction[Any], _: BaseModel) -> None:
-            calls.append((pod_name, cx.delivered))
-            await asyncio.sleep(3)
+            calls.put_nowait((pod_name, cx.delivered))
+            await asyncio.wait_for(release.wait(), 30)
 
         return before
 
     a, b = place_order("a", before=slow("a")), place_order("b", before=slow("b"))
     async with pod(db, streams, [a]), pod(db, streams, [b]), producer(streams) as twin:
         await twin.command(PlaceOrder(order_id="o1"))
+        _, delivered = await asyncio.wait_for(calls.get(), 10)
+        assert delivered == 1
+        # The frame stays in hand past ack_wait: nobody is handed it again.
+        await assert_nothing(calls, within=1.5 * ack_wait)
+        release.set()
         await wait_until(lambda: _count(effects(db), 1), what="the slow effect")
         await wait_until(lambda: place_settled(streams), what="the frame acked")
         info = await consumer_state(streams.url, CMD, DURABLE)
-    assert [delivered for _, delivered in calls] == [1]
+    assert calls.empty()
     assert info.delivered.consumer_seq == 1, "the frame was redelivered while in hand"
 
 

@@ -97,7 +97,7 @@ async def test_a_takeover_waits_for_the_holders_fenced_transaction(db: Database)
     assert await a.acquire() is not None
     async with db.pool.acquire() as conn, conn.transaction():
         await a.assert_lease(conn)
-        await asyncio.sleep(SHORT.total_seconds() * 1.5)  # the lease expires mid-transaction
+        await wait_until(lambda: _expired(db, "relay"), timeout=5, what="the lease to expire mid-transaction")
         takeover = asyncio.create_task(b.acquire())
         done, _ = await asyncio.wait({takeover}, timeout=0.2)
         assert not done, "the takeover did not wait for the fenced transaction"
@@ -120,3 +120,10 @@ async def test_release_lets_another_pod_take_over_at_once(db: Database) -> None:
 
 async def _acquired(lease: LeaderLease) -> bool:
     return await lease.acquire() is not None
+
+
+async def _expired(db: Database, slot: str) -> bool:
+    """The slot's lease is past its expiry by the database clock."""
+    return bool(await db.pool.fetchval(
+        "SELECT expires_at <= clock_timestamp() FROM service_engine.leader_slot WHERE slot = $1", slot
+    ))

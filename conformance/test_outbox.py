@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import ClassVar
@@ -26,6 +26,7 @@ from service_engine.integration.outbox import (
     MessageRetentionTooShort,
     OutboxBounds,
     OutboxRelay,
+    RelayPass,
     check_message_retention,
 )
 from service_engine.leader import LeaderLease
@@ -47,8 +48,9 @@ from service_engine.messaging.outbox import stage_outbound, stage_outbox_row
 from service_engine.metrics import Metrics
 from service_engine.readiness import REASON_NATS_UNREACHABLE
 
-from .harness import wait_until
+from .harness import assert_never, wait_until
 from .nats_support import (
+    StoredMessage,
     core_nats_without_jetstream,
     engine_nats,
     set_stream,
@@ -148,8 +150,24 @@ async def restart(server: EmbeddedNats, conn: Nats) -> None:
     await wait_until(conn.reachable, timeout=15, what="the client to reconnect")
 
 
-def message_ids(stored: list[object]) -> list[str]:
-    return [m.headers[HEADER_NATS_MSG_ID] for m in stored]  # type: ignore[attr-defined]
+async def passes_that_really_try(relay: OutboxRelay, n: int) -> None:
+    """Step ``relay`` until ``n`` passes tried a publish and halted on it
+    (the passes between them back off), none publishing nor rejecting."""
+    tried: list[RelayPass] = []
+
+    async def one_more_tried() -> bool:
+        result = await relay.step()
+        assert result.published == 0 and result.rejected == 0, result
+        assert result.skipped is not None or result.halted is not None, result
+        if result.halted is not None:
+            tried.append(result)
+        return len(tried) >= n
+
+    await wait_until(one_more_tried, timeout=15, what=f"{n} passes that tried a publish")
+
+
+def message_ids(stored: Sequence[StoredMessage]) -> list[str]:
+    return [m.headers[HEADER_NATS_MSG_ID] for m in stored]
 
 
 # -- the relay's ordinary work ---------------------------------------------------------------
@@ -439,7 +457,9 @@ async def test_an_outage_shorter_than_the_grace_keeps_the_pod_up(db: Database, n
         try:
             await stop(nats_server, conn)
             await restart(nats_server, conn)
-            await asyncio.sleep(0.2)  # a last look after the reconnect
+            await assert_never(  # a last look after the reconnect
+                lambda: readiness.holds(REASON_NATS_UNREACHABLE), within=0.2, what="the nats reason"
+            )
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -503,10 +523,7 @@ async def test_s189_a_subject_jetstream_cannot_answer_is_an_outage(db: Database,
     async with engine_nats(nats_server) as conn:
         relay = relay_for(db, conn)
         ids = await commit_events(db, [event(f"c{i}") for i in range(5)])
-        for _ in range(4):
-            result = await relay.step()
-            assert result.published == 0 and result.rejected == 0
-            await asyncio.sleep(0.06)  # past the backoff: every pass really tries
+        await passes_that_really_try(relay, 4)
         assert await statuses(db) == {"PENDING": 5}
         assert await attempts_spent(db) == 0
         await provision_streams(nats_server.url)
@@ -532,11 +549,7 @@ async def test_s190_a_server_restarted_without_jetstream_is_an_outage(
             async with core_nats_without_jetstream(nats_server.port, tmp_path / "core"):
                 await wait_until(conn.reachable, timeout=15, what="a connection to the core server")
                 ids = await commit_events(db, [event(f"c{i}") for i in range(5)])
-                for _ in range(4):
-                    result = await relay.step()
-                    assert result.published == 0 and result.rejected == 0
-                    assert result.skipped is not None or result.halted is not None
-                    await asyncio.sleep(0.06)
+                await passes_that_really_try(relay, 4)
                 assert await statuses(db) == {"PENDING": 5}
                 assert await attempts_spent(db) == 0
                 await wait_until(lambda: readiness.holds(REASON_NATS_UNREACHABLE), timeout=5, what="DOWN without JetStream")
