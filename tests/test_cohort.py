@@ -14,6 +14,7 @@ from service_engine.impacts.model import Impact, canonical_json
 from service_engine.render import (
     CohortKey,
     CohortMismatch,
+    InvalidCohortPart,
     check_cohort,
     group_by_cohort,
     principal_key,
@@ -100,9 +101,9 @@ def test_principal_tricks_are_distinct() -> None:
 
 
 def test_floats_and_other_types_are_refused() -> None:
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidCohortPart):
         CohortKey.of_parts(0.0)  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidCohortPart):
         CohortKey.of_parts(["list"])  # type: ignore[arg-type]
 
 

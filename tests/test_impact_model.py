@@ -17,6 +17,7 @@ from service_engine.impacts import (
     Cause,
     Impact,
     ImpactKind,
+    InvalidImpact,
     JsonValue,
     canonical_json,
     decode_impact,
@@ -112,15 +113,15 @@ def test_deps_are_a_set() -> None:
         lambda: Cause("c", float("nan")),
     ],
 )
-def test_invalid_fields_raise_value_error(build: Any) -> None:
-    with pytest.raises(ValueError):
+def test_invalid_fields_raise_invalid_impact(build: Any) -> None:
+    with pytest.raises(InvalidImpact):
         build()
 
 
-def test_unencodable_key_raises_type_error() -> None:
-    with pytest.raises(TypeError, match="impact key"):
+def test_unencodable_key_raises_invalid_impact() -> None:
+    with pytest.raises(InvalidImpact, match="impact key"):
         Impact.entity("x", object())  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="cause data"):
+    with pytest.raises(InvalidImpact, match="cause data"):
         Cause("c", {1, 2})  # type: ignore[arg-type]
 
 

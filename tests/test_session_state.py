@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service_engine.errors import AttachError
+from service_engine.errors import AttachError, ConfigError
 from service_engine.impacts.model import Impact
 from service_engine.render import (
     CohortKey,
@@ -17,6 +17,7 @@ from service_engine.render import (
     InvalidSessionId,
     Keys,
     Ordered,
+    PrincipalChanged,
     Query,
     Reset,
     Session,
@@ -136,7 +137,7 @@ def test_an_attach_whose_snapshot_fails_goes_to_repair() -> None:
 
 
 def test_repair_attempts_must_be_positive() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         _session(attempts=0)
 
 
@@ -288,7 +289,7 @@ def test_refresh_principal_keeps_the_id() -> None:
     session = _live(_session())
     session.refresh_principal("alice v2", '"alice"', CohortKey.of_parts("org", 2))
     assert session.principal == "alice v2" and session.cohort == CohortKey.of_parts("org", 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(PrincipalChanged):
         session.refresh_principal("bob", '"bob"', session.cohort)
 
 

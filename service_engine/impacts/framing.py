@@ -33,8 +33,8 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service_engine.errors import CauseTooLarge, FrameError, TornGroup
-from service_engine.impacts.model import Impact, decode_impact, impact_json
+from service_engine.errors import CauseTooLarge, ConfigError, FrameError, TornGroup
+from service_engine.impacts.model import Impact, InvalidImpact, decode_impact, impact_json
 
 MAX_PAYLOAD_BYTES = 8000
 """Postgres's NOTIFY limit: every payload is strictly shorter than this, in UTF-8 bytes."""
@@ -75,7 +75,7 @@ def _utf8_len(text: str) -> int:
     try:
         return len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise ValueError("impact contains a lone surrogate and cannot be sent as UTF-8") from exc
+        raise InvalidImpact("impact contains a lone surrogate and cannot be sent as UTF-8") from exc
 
 
 def _too_large(position: int, impact: Impact, size: int, max_bytes: int, limit: int) -> Exception:
@@ -137,16 +137,16 @@ def encode_group(
 
     Raises `CauseTooLarge` when one impact alone cannot fit a frame (its text
     exceeds ``limit - 52`` bytes, `MAX_IMPACT_BYTES` at the default limit);
-    let it fail the transaction. Raises `ValueError` for a malformed group id
-    or limit, or an impact containing a lone surrogate.
+    let it fail the transaction. Raises `ConfigError` for a malformed group id
+    or limit, `InvalidImpact` for an impact containing a lone surrogate.
     """
     if type(group_id) is not str or not _GROUP_ID.fullmatch(group_id):
-        raise ValueError(
+        raise ConfigError(
             f"group id must be 1-{MAX_GROUP_ID_LENGTH} characters of [0-9A-Za-z_-], "
             f"got {group_id!r}"
         )
     if not _MIN_LIMIT <= limit <= MAX_PAYLOAD_BYTES:
-        raise ValueError(f"limit must be within {_MIN_LIMIT}..{MAX_PAYLOAD_BYTES}, got {limit}")
+        raise ConfigError(f"limit must be within {_MIN_LIMIT}..{MAX_PAYLOAD_BYTES}, got {limit}")
     if not impacts:
         return []
     # Each impact is encoded exactly once; packing works on byte lengths.
@@ -258,7 +258,7 @@ class Reassembler:
 
     def __init__(self, max_pending: int = DEFAULT_MAX_PENDING) -> None:
         if max_pending < 1:
-            raise ValueError(f"max_pending must be at least 1, got {max_pending}")
+            raise ConfigError(f"max_pending must be at least 1, got {max_pending}")
         self._max_pending = max_pending
         self._pending: dict[str, _Partial] = {}
         # Groups already reported lost whose tail may still arrive; an

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeAlias
 
-from service_engine.errors import FrameError
+from service_engine.errors import ConfigError, FrameError
 
 JsonValue: TypeAlias = (
     bool | int | float | str | Sequence["JsonValue"] | Mapping[str, "JsonValue"] | None
@@ -64,6 +64,16 @@ _encode = _ENCODER.encode
 _SCALARS: frozenset[type] = frozenset({str, int, bool, float, type(None)})
 _FAST_KEYS: frozenset[type] = frozenset({str, int})
 _set = object.__setattr__
+
+
+class InvalidImpact(ConfigError):
+    """An `Impact` or `Cause` was built from values it cannot carry (an empty
+    noun, a key JSON cannot encode, a cause on a non-entity impact, ...)."""
+
+
+class UnencodableImpactValue(InvalidImpact, TypeError):
+    """A key or cause payload of a type JSON cannot carry (also a `TypeError`,
+    as ``json`` raises for one)."""
 
 
 def canonical_json(value: object) -> str:
@@ -116,9 +126,10 @@ def _canonical(value: object, what: str) -> tuple[str, JsonValue]:
     try:
         text = _encode(value)
     except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{what} must be a finite JSON value: {exc}") from exc
+        error = UnencodableImpactValue if isinstance(exc, TypeError) else InvalidImpact
+        raise error(f"{what} must be a finite JSON value: {exc}") from exc
     except RecursionError as exc:
-        raise ValueError(f"{what} is nested too deeply to encode") from exc
+        raise InvalidImpact(f"{what} is nested too deeply to encode") from exc
     if type(value) in _SCALARS:
         return text, value  # type: ignore[return-value]
     # Decoding our own text yields plain types (no subclasses, str dict keys),
@@ -134,7 +145,7 @@ def _name_json(name: str) -> str:
 
 def _check_name(value: object, what: str) -> str:
     if type(value) is not str or not value:
-        raise ValueError(f"{what} must be a non-empty str, got {value!r}")
+        raise InvalidImpact(f"{what} must be a non-empty str, got {value!r}")
     return value
 
 
@@ -171,8 +182,7 @@ class Impact:
 
     Equality and hashing use the canonical key text (``key_json``), not the
     decoded ``key``. ``deps`` are stored sorted and without duplicates.
-    Invalid fields raise `ValueError` (or `TypeError` for a key JSON cannot
-    carry).
+    Invalid fields (a key JSON cannot carry included) raise `InvalidImpact`.
     """
 
     kind: ImpactKind
@@ -191,22 +201,22 @@ class Impact:
         deps: Iterable[str] = (),
     ) -> None:
         if not isinstance(kind, ImpactKind):
-            raise ValueError(f"impact kind must be an ImpactKind, got {kind!r}")
+            raise InvalidImpact(f"impact kind must be an ImpactKind, got {kind!r}")
         _check_name(noun, "impact noun")
         if cause is not None:
             if kind is not ImpactKind.ENTITY:
-                raise ValueError(f"only an entity impact carries a cause, not {kind.value}")
+                raise InvalidImpact(f"only an entity impact carries a cause, not {kind.value}")
             if not isinstance(cause, Cause):
-                raise ValueError(f"cause must be a Cause, got {cause!r}")
+                raise InvalidImpact(f"cause must be a Cause, got {cause!r}")
         if isinstance(deps, str):
-            raise ValueError("deps must be an iterable of nouns, not a str")
+            raise InvalidImpact("deps must be an iterable of nouns, not a str")
         canonical_deps = tuple(sorted({_check_name(dep, "dep noun") for dep in deps}))
         if canonical_deps and kind is not ImpactKind.PRINCIPAL_FACTS:
-            raise ValueError(f"only a principal-facts impact carries deps, not {kind.value}")
+            raise InvalidImpact(f"only a principal-facts impact carries deps, not {kind.value}")
         if kind is ImpactKind.PRINCIPAL_FACTS and noun != PRINCIPAL_FACTS_NOUN:
-            raise ValueError(f"a principal-facts impact has noun {PRINCIPAL_FACTS_NOUN!r}")
+            raise InvalidImpact(f"a principal-facts impact has noun {PRINCIPAL_FACTS_NOUN!r}")
         if kind is ImpactKind.PROJECTOR_RESET and key is not None:
-            raise ValueError("a projector-reset impact has no key")
+            raise InvalidImpact("a projector-reset impact has no key")
         text, value = _canonical(key, "impact key")
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "noun", noun)

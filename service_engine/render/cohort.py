@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeAlias, TypeVar
 
-from ..errors import EngineError
+from ..errors import ConfigError, EngineError
 from ..impacts.model import JsonValue, canonical_json
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "CohortPart",
     "Grouped",
     "HasPrincipalId",
+    "InvalidCohortPart",
     "check_cohort",
     "group_by_cohort",
     "principal_key",
@@ -91,7 +92,7 @@ def _encode_part(part: CohortPart) -> bytes:
         return _frame(b"i", str(part).encode("ascii"))
     if isinstance(part, uuid.UUID):
         return b"u" + part.bytes
-    raise TypeError(
+    raise InvalidCohortPart(
         f"a cohort part is str, bytes, int, bool, UUID or None, not {type(part).__name__}"
     )
 
@@ -116,7 +117,7 @@ class CohortKey(bytes):
 
         Every principal whose `cohort` returns equal parts (same types, same
         values, same order) shares one load; ``of_parts()`` is the cohort of
-        everyone. Raises ``TypeError`` for a part of another type.
+        everyone. Raises `InvalidCohortPart` for a part of another type.
         """
         return cls(_TAG_PARTS + b"".join(_encode_part(part) for part in parts))
 
@@ -129,6 +130,11 @@ class CohortKey(bytes):
         if self.is_principal:
             return f"CohortKey.of_principal({self[1:].decode('utf-8', 'surrogatepass')})"
         return f"CohortKey({bytes(self)!r})"
+
+
+class InvalidCohortPart(ConfigError):
+    """A declared cohort was built from a part of a type it cannot hold
+    (a float, a list, ...): declare it from str, bytes, int, bool, UUID, None."""
 
 
 class CohortMismatch(EngineError):

@@ -47,7 +47,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, NewType, TypeVar
 
-from ..errors import AttachError, EngineError
+from ..errors import AttachError, ConfigError, EngineError
 from ..impacts.model import Cause, JsonValue
 from .cohort import CohortKey
 from .deltas import Delta, KeyText, Remove, Reset, Revision, Upsert
@@ -67,6 +67,7 @@ __all__ = [
     "DEFAULT_BARRIER_CAPACITY",
     "IllegalTransition",
     "InvalidSessionId",
+    "PrincipalChanged",
     "Session",
     "SessionId",
     "SessionState",
@@ -116,6 +117,11 @@ class SessionState(enum.Enum):
     """A render or snapshot failed; waiting for a fresh snapshot."""
     ENDED = "ended"
     """Terminal: unwatch it and drop it."""
+
+
+class PrincipalChanged(EngineError):
+    """A principal refresh returned a principal with another id: a refresh
+    re-resolves the same principal's facts, it never swaps the principal."""
 
 
 class IllegalTransition(EngineError):
@@ -175,7 +181,7 @@ class Session(Generic[P, V]):
         now: float = 0.0,
     ) -> None:
         if repair_attempts < 1:
-            raise ValueError("repair_attempts must be positive")
+            raise ConfigError("repair_attempts must be positive")
         self.id = id
         self.projector = projector
         self.principal = principal
@@ -422,7 +428,9 @@ class Session(Generic[P, V]):
         if self.state is SessionState.ENDED:
             raise self._illegal("refresh_principal")
         if principal_key != self.principal_key:
-            raise ValueError("a refreshed principal must keep the session's principal id")
+            raise PrincipalChanged(
+                f"session {self.id}: a refreshed principal must keep the session's principal id"
+            )
         self.principal = principal
         self.cohort = cohort
 
