@@ -87,6 +87,15 @@ async def take(stream: SessionStream[Any], n: int) -> list[Any]:
     return [await asyncio.wait_for(stream.next(), 10) for _ in range(n)]
 
 
+async def assert_quiet(stream: SessionStream[Any], within: float = 0.3) -> None:
+    """No delta reaches ``stream`` within the bound."""
+    try:
+        delta = await asyncio.wait_for(stream.next(), within)
+    except TimeoutError:
+        return
+    raise AssertionError(f"expected no delta, got {delta!r}")
+
+
 def drained(stream: SessionStream[Any]) -> list[Any]:
     out = []
     while (d := stream.get_nowait()) is not None:
@@ -135,23 +144,35 @@ async def test_reset_then_contiguous_upserts_and_removes(db: Database) -> None:
         assert replica.views == {'"c1"': ("acme", 1, "uno")}
 
 
+class CardMirror(CardsView):
+    """A second projector over the same store as ``CardsView`` under its own
+    noun: a delta routed to the wrong projector renders a real row here."""
+
+    NAME = "card_mirror"
+    NOUN = "card_mirror"
+
+
 async def test_s129_an_upsert_reaches_only_its_own_projectors_sessions(db: Database) -> None:
     """s129 (engine level): a write to one noun reaches the sessions of the
-    projector rendering that noun and no other."""
-    async with running_engine(db, CardsView(), OrgCardsRls()) as engine:
+    projector rendering that noun and no other, even where the other
+    projector reads the same rows."""
+    async with running_engine(db, CardsView(), CardMirror()) as engine:
         cards = await engine.attach(ALICE, "cards", window())
-        rls = await engine.attach(ALICE, "org_cards_rls", WindowSpec(Query(None), rls=True),
-                                  applier=OrgApplier())
+        mirror = await engine.attach(ALICE, "card_mirror", window())
         await take(cards, 1)
-        await take(rls, 1)
+        await take(mirror, 1)
         async with db.pool.acquire() as conn:
-            await write_card(conn, Card("c1", "acme", 1, "card"))
-            await write_card(conn, Card("o1", "acme", 0, "org card"), table="sample_org_card")
-        (card_delta,) = await take(cards, 1)
-        (rls_delta,) = await take(rls, 1)
-        assert card_delta.key == '"c1"' and rls_delta.key == '"o1"'
-        await asyncio.sleep(0)  # nothing else queued on either stream
-        assert drained(cards) == [] and drained(rls) == []
+            await write_card(conn, Card("c1", "acme", 1, "card"))  # the "card" noun only
+            async with conn.transaction():
+                await conn.execute("INSERT INTO sample_card (id, org, rank) VALUES ('m1', 'acme', 0)")
+                await stage_in(conn, [Impact.entity("card_mirror", "m1")])
+            await write_card(conn, Card("c2", "acme", 2, "card"))
+        # Frames are rendered in commit order: a misrouted delta would arrive
+        # ahead of each stream's own next one.
+        assert [d.key for d in await take(cards, 2)] == ['"c1"', '"c2"']
+        assert [d.key for d in await take(mirror, 1)] == ['"m1"']
+        await assert_quiet(cards)
+        await assert_quiet(mirror)
 
 
 async def test_connect_barrier_holds_a_write_committed_during_the_snapshot(db: Database) -> None:
@@ -274,40 +295,54 @@ async def test_s165_a_per_projector_reset_threshold(db: Database) -> None:
 
 
 async def test_s166_per_impact_emission_with_a_causeless_impact(db: Database) -> None:
-    """s166: a PerImpact view emits its cause per caused impact, and folds a
-    causeless impact coalesced without faulting."""
+    """s166: a PerImpact view emits its cause per caused impact (even when
+    the view did not change between them), and folds causeless impacts
+    coalesced, one cause-less Upsert per key, without faulting; only caused
+    impacts are asked for their emission."""
+    asked: list[str | None] = []
 
     class Narrated(CardsView):
         NAME = "narrated"
 
         def emission(self, impact: Impact) -> Any:
+            asked.append(impact.cause.name if impact.cause else None)
             return PerImpact
 
-    await seed(db, Card("c1", "acme", 1, "one"))
+    await seed(db, Card("c1", "acme", 1, "one"), Card("c2", "acme", 2, "two"))
     async with frames(db, Narrated()) as f:
         stream = await f.runtime.attach(ALICE, "narrated", window())
-        await take(stream, 1)
+        (reset,) = await take(stream, 1)
         async with db.pool.acquire() as conn, conn.transaction():
             await conn.execute("UPDATE sample_card SET title = 'moved' WHERE id = 'c1'")
+            await conn.execute("UPDATE sample_card SET title = 'touched' WHERE id = 'c2'")
             await stage_in(conn, [
                 Impact.entity("card", "c1", Cause("card.moved", {"to": "done"})),
+                Impact.entity("card", "c2"),
                 Impact.entity("card", "c1", Cause("card.renamed", None)),
-                Impact.entity("card", "c1"),
+                Impact.entity("card", "c2"),
             ])
         report = await f.runtime.render_pass(await f.commits(1))
         assert report.failures == 0
         deltas = drained(stream)
-        assert [d.cause.name for d in deltas if d.cause] == ["card.moved", "card.renamed"]
-        assert all(isinstance(d, Upsert) for d in deltas)
+        assert [(type(d), d.key, d.cause.name if d.cause else None) for d in deltas] == [
+            (Upsert, '"c1"', "card.moved"),
+            (Upsert, '"c1"', "card.renamed"),
+            (Upsert, '"c2"', None),  # the two causeless impacts, coalesced into one
+        ]
+        assert [d.view for d in deltas] == [("acme", 1, "moved"), ("acme", 1, "moved"), ("acme", 2, "touched")]
+        assert [d.revision for d in deltas] == [reset.revision + i for i in (1, 2, 3)]
+        assert None not in asked and "card.moved" in asked and "card.renamed" in asked
 
 
 async def test_s135_leaving_a_cohort_removes_and_a_fixed_window_follows_the_principal(
     db: Database,
 ) -> None:
-    """s135: a row that leaves the principal's cohorts is Removed; a fixed
-    (Keys) window is repopulated in both directions when the principal's
-    facts change."""
-    await seed(db, Card("c1", "acme", 1, "one"), Card("g1", "globex", 2, "two"))
+    """s135 (the Projector surface): a row that leaves the principal's
+    cohorts is Removed; when the principal's facts change, a fixed (Keys)
+    window and a query window are repopulated in both directions: the rows
+    of the org she left are Removed, those of the org she joined Upserted."""
+    await seed(db, Card("c1", "acme", 3, "one"), Card("a1", "acme", 1, "stays acme"),
+               Card("g1", "globex", 2, "two"))
     facts = {"alice": frozenset({"acme"})}
 
     async def refresh(principal: Principal) -> Principal:
@@ -316,18 +351,33 @@ async def test_s135_leaving_a_cohort_removes_and_a_fixed_window_follows_the_prin
     async with running_engine(db, CardsView()) as engine:
         engine.register_principal_refresh(refresh)
         query = await engine.attach(ALICE, "cards", window())
-        fixed = await engine.attach(ALICE, "cards", WindowSpec(Keys(["c1", "g1"])))
-        assert (await take(query, 1))[0].views.keys() == {'"c1"'}
-        assert (await take(fixed, 1))[0].views.keys() == {'"c1"'}
+        fixed = await engine.attach(ALICE, "cards", WindowSpec(Keys(["c1", "a1", "g1"])))
+        replicas = {"query": WindowReplica[Any](), "fixed": WindowReplica[Any]()}
+        streams = {"query": query, "fixed": fixed}
+        for name, stream in streams.items():
+            (reset,) = await take(stream, 1)
+            replicas[name].apply(reset)
+            assert set(replicas[name].views) == {'"c1"', '"a1"'}
         async with db.pool.acquire() as conn:
-            await write_card(conn, Card("c1", "globex", 1, "moved away"))
-        assert isinstance((await take(query, 1))[0], Remove)
-        assert isinstance((await take(fixed, 1))[0], Remove)
+            await write_card(conn, Card("c1", "globex", 3, "moved away"))
+        for name, stream in streams.items():
+            (left,) = await take(stream, 1)
+            assert isinstance(left, Remove) and left.key == '"c1"'
+            replicas[name].apply(left)
         facts["alice"] = frozenset({"globex"})
         async with db.pool.acquire() as conn, conn.transaction():
             await stage_in(conn, [Impact.principal_facts("alice", ["card"])])
-        got = {d.key for d in await take(fixed, 2)}
-        assert got == {'"c1"', '"g1"'}
+        for name, stream in streams.items():
+            deltas = await take(stream, 3)
+            assert {(type(d), d.key) for d in deltas} == {
+                (Remove, '"a1"'), (Upsert, '"c1"'), (Upsert, '"g1"'),
+            }, name
+            for delta in deltas:
+                replicas[name].apply(delta)  # raises on a revision gap
+            assert dict(replicas[name].views) == {
+                '"c1"': ("globex", 3, "moved away"), '"g1"': ("globex", 2, "two"),
+            }, name
+            await assert_quiet(stream)
 
 
 async def test_s131_a_failing_principal_refresh_ends_the_session(db: Database) -> None:
@@ -374,6 +424,12 @@ async def test_s162_s163_paging_appends_without_reset_and_releases_silently(
         assert set(third.released) == {'"c7"', '"c6"'}
         later = await take(stream, 2)
         assert all(isinstance(d, Upsert) for d in second + later)
+        await assert_quiet(stream)  # the release is silent: no Remove
+        async with db.pool.acquire() as conn:  # the live head is still held
+            await write_card(conn, Card("c9", "acme", 9, "head edited"))
+        (head,) = await take(stream, 1)
+        assert isinstance(head, Upsert) and head.key == '"c9"' and head.view == ("acme", 9, "head edited")
+        await assert_quiet(stream)
 
 
 async def test_s167_paging_someone_elses_session_is_refused(db: Database) -> None:
