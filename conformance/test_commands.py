@@ -418,3 +418,17 @@ async def test_records_expire_after_their_retention_and_are_swept(db: Database) 
     swept = await sweep_idempotency(db, older_than=clock.at + timedelta(seconds=1), batch=10)
     assert swept == 1
     assert await count(db, "SELECT count(*) FROM service_engine.command_idempotency") == 0
+
+
+async def test_a_create_under_a_store_key_held_in_another_partition_exists(
+    db: Database,
+) -> None:
+    """The conflict key is the store key: a create under one another
+    partition holds answers the existence outcome, never a constraint error."""
+    runner = runner_for(db)
+    await seed(runner)
+    await run(runner, "CreateProject", EVE, request_key="p", org="umbrella", project_id="u1",
+              name="U")
+    exists = await run(runner, "CreateTask", EVE, request_key="k", org="umbrella",
+                       task_id="t1", project_id="u1", title="x")
+    assert isinstance(exists, CommandOutcome) and exists.name == "TaskExists"

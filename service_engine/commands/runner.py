@@ -220,15 +220,15 @@ class _Run:
                 raise _Answer(invalid[binding.as_].name)
             b = by_name[binding.as_]
             found = loaded[identity(b)]
-            if found is not None and not _same_key(found, b.key_values):
-                found = None  # under this store key, but in another partition
             if isinstance(binding, Create):
+                # A row under the store key exists, in this partition or
+                # another: the key is taken either way.
                 if found is not None:
                     raise _Answer(binding.else_.name)
                 b.fields = dict(b.key_values)
             else:
-                if found is None:
-                    raise _Answer(binding.else_.name)
+                if found is None or not _same_key(found, b.key_values):
+                    raise _Answer(binding.else_.name)  # absent here (maybe elsewhere)
                 b.aggregate = found
                 b.current = row_of(found, b.entity.all_fields)
                 if b.entity.revision is not None:
