@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,7 +14,7 @@ from pathlib import Path
 import nats
 from nats.js.api import StreamConfig
 
-from service_engine.embedded import INTEGRATION_STREAMS, EmbeddedNats
+from service_engine.embedded import INTEGRATION_STREAMS, EmbeddedNats, wait_for_port
 from service_engine.messaging.nats import Nats, open_nats
 
 
@@ -77,18 +75,6 @@ async def engine_nats(
         await conn.aclose()
 
 
-def _wait_listening(port: int, within: float) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"nothing listens on port {port}") from None
-            time.sleep(0.02)
-
-
 def _spawn_core_server(port: int, data_dir: Path) -> subprocess.Popen[bytes]:
     data_dir.mkdir(parents=True, exist_ok=True)
     with open(data_dir / "core.log", "ab") as log:
@@ -96,7 +82,7 @@ def _spawn_core_server(port: int, data_dir: Path) -> subprocess.Popen[bytes]:
             [EmbeddedNats.binary(), "-a", "127.0.0.1", "-p", str(port)],
             stdout=log, stderr=log, start_new_session=True,
         )
-    _wait_listening(port, 15)
+    wait_for_port(port, 15, "nats-server (core)")
     return process
 
 

@@ -71,7 +71,11 @@ def free_port() -> int:
         return port
 
 
-def _wait_port(port: int, deadline: float, what: str) -> None:
+def wait_for_port(port: int, within: float, what: str = "a server") -> None:
+    """Block until something accepts TCP connections on loopback ``port``;
+    raise `RuntimeError` naming ``what`` after ``within`` seconds. The one
+    wait-for-port loop of every embedded server start (and the tests')."""
+    deadline = time.monotonic() + within
     while True:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -235,7 +239,7 @@ class EmbeddedNats:
             [self.binary(), "-c", str(config)], stdout=log, stderr=log, start_new_session=True
         )
         log.close()
-        _wait_port(self.port, time.monotonic() + 15, "nats-server")
+        wait_for_port(self.port, 15, "nats-server")
 
     def stop(self) -> None:
         if self._process is None:

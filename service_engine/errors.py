@@ -32,6 +32,14 @@ class ConfigError(EngineError, ValueError):
     code = "configuration"
 
 
+class DeclarationError(ConfigError, TypeError):
+    """A declaration is ill-formed: a store, an aggregate class, an event, a
+    row or a value handed to the engine is not of the shape it must have.
+    (Also a `TypeError`, what a wrong shape was called before.)"""
+
+    code = "declaration"
+
+
 class DatabaseUrlRefused(ConfigError):
     """A database URL failed the secure-by-default connect rules.
 

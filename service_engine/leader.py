@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from .db.errors import Stage, translating
 from .db.pool import Database
 from .db.types import Conn
-from .errors import EngineError
+from .errors import ConfigError, EngineError
 
 
 class LeaseLost(EngineError):
@@ -74,14 +75,15 @@ class LeaderLease:
 
     ``holder`` must be unique among the pods (`EngineConfig.pod_id`);
     ``lease`` is how long an acquire holds without renewal
-    (`EngineConfig.lease`, which outlasts the beat).
+    (`EngineConfig.lease`, which outlasts the beat). A database failure
+    raises a `DatabaseError` (stage LEASE), never a driver error.
     """
 
     def __init__(self, db: Database, slot: str, holder: str, lease: timedelta) -> None:
         if not slot or not holder:
-            raise ValueError("a lease needs a slot and a holder")
+            raise ConfigError("a lease needs a slot and a holder")
         if lease <= timedelta(0):
-            raise ValueError("lease must be positive")
+            raise ConfigError("lease must be positive")
         self.db = db
         self.slot = slot
         self.holder = holder
@@ -97,11 +99,12 @@ class LeaderLease:
     async def acquire(self) -> Lease | None:
         """Take, renew or take over the slot; None while another pod's lease
         is live. Call on every beat."""
-        row = await self.db.pool.fetchrow(_ACQUIRE, self.slot, self.holder, self.lease)
-        self._current = (
-            None if row is None
-            else Lease(self.slot, self.holder, int(row["fence"]), row["expires_at"])
-        )
+        with translating(Stage.LEASE):
+            row = await self.db.pool.fetchrow(_ACQUIRE, self.slot, self.holder, self.lease)
+            self._current = (
+                None if row is None
+                else Lease(self.slot, self.holder, int(row["fence"]), row["expires_at"])
+            )
         return self._current
 
     async def assert_lease(self, conn: Conn) -> Lease:
@@ -111,7 +114,8 @@ class LeaderLease:
         lease = self._current
         if lease is None:
             raise LeaseLost(self.slot, self.holder, "not acquired")
-        held = await conn.fetchval(_ASSERT, self.slot, self.holder, lease.fence)
+        with translating(Stage.LEASE):
+            held = await conn.fetchval(_ASSERT, self.slot, self.holder, lease.fence)
         if held is None:
             self._current = None
             raise LeaseLost(self.slot, self.holder, f"fence {lease.fence} expired or taken over")
@@ -120,7 +124,8 @@ class LeaderLease:
     async def release(self) -> None:
         """Expire our lease now so another pod takes over without waiting
         (on shutdown)."""
-        lease = self._current
-        self._current = None
-        if lease is not None:
-            await self.db.pool.execute(_RELEASE, self.slot, self.holder, lease.fence)
+        with translating(Stage.LEASE):
+            lease = self._current
+            self._current = None
+            if lease is not None:
+                await self.db.pool.execute(_RELEASE, self.slot, self.holder, lease.fence)

@@ -127,3 +127,82 @@ def test_one_shot_cannot_enter_an_impact_event_or_outbox_row() -> None:
     with pytest.raises(TypeError):
         OutboxRow("integration.evt.x", {}, headers={"X": secret})  # type: ignore[dict-item]
     assert not secret.spent
+
+
+# -- the one code table ----------------------------------------------------------
+
+
+def _answered_errors() -> list[Any]:
+    from service_engine.db.errors import DatabaseFault, LockTimeout, Stage
+    from service_engine.errors import CauseTooLarge, TooManyImpacts
+    from service_engine.gates import Refused
+    from service_engine.persistence.base import HydrationFailed, NotFound
+
+    return [
+        Refused(Reason("counter.frozen"), ActionName("increment")),
+        NotFound("Counter", "c1"),
+        HydrationFailed("counter", "c1", "gap"),
+        TooManyImpacts("too many"),
+        CauseTooLarge("too large"),
+        LockTimeout("lock", Stage.LOCK, "55P03"),
+        DatabaseFault("fault", Stage.SAVE, "XX000"),
+    ]
+
+
+def test_every_answered_error_is_in_the_table_and_answers_its_code() -> None:
+    """The mutation answer and the reaction's dead letter read one code, the
+    error's own: the executor's codes are never spelled out a second time."""
+    from datetime import timedelta
+
+    from service_engine.gates import Refused
+    from service_engine.integration.dispatch import classify_failure
+    from service_engine.messaging.reactions import DeadLetterIt, ReactionBudget
+    from service_engine.pipeline.outcomes import ANSWERED, mutation_error
+
+    for exc in _answered_errors():
+        assert isinstance(exc, ANSWERED)
+        answer = mutation_error(exc)
+        routed = classify_failure(exc, delivered=1, age=timedelta(0), budget=ReactionBudget())
+        if isinstance(exc, Refused):
+            assert answer.code == exc.reason.code
+            assert routed == DeadLetterIt(f"refused:{exc.reason.code}", str(exc))
+        elif getattr(exc, "retryable", False):
+            assert answer.code == exc.code and answer.retryable
+            assert not isinstance(routed, DeadLetterIt) and routed.reason == exc.code
+        else:
+            assert answer.code == exc.code
+            assert isinstance(routed, DeadLetterIt) and routed.reason == exc.code
+
+
+def test_translating_turns_driver_errors_into_engine_errors() -> None:
+    """`db.errors.translating` lets no driver error out: a lock refusal is
+    the retryable `LockTimeout`, a lost connection a retryable fault, both
+    raised from the driver error; an engine error passes untouched."""
+    import asyncpg
+
+    from service_engine.db.errors import DatabaseFault, LockTimeout, Stage, translating
+    from service_engine.errors import ShuttingDown
+
+    with pytest.raises(LockTimeout) as caught, translating(Stage.LEASE):
+        raise asyncpg.LockNotAvailableError("busy")
+    assert caught.value.stage is Stage.LEASE and caught.value.retryable
+    assert isinstance(caught.value.__cause__, asyncpg.LockNotAvailableError)
+    with pytest.raises(DatabaseFault) as fault, translating(Stage.DEAD_LETTER):
+        raise ConnectionResetError("gone")
+    assert fault.value.retryable and fault.value.stage is Stage.DEAD_LETTER
+    with pytest.raises(ShuttingDown), translating(Stage.RELAY):
+        raise ShuttingDown("stop")
+
+
+def test_declaration_mistakes_are_config_errors() -> None:
+    """A store declared wrong is refused with a `ConfigError` (a
+    `DeclarationError` for a wrong shape), never a bare ValueError/TypeError."""
+    from service_engine.errors import ConfigError, DeclarationError
+    from service_engine.persistence.crud import quote_ident
+
+    with pytest.raises(ConfigError):
+        quote_ident("bad; drop table")
+    with pytest.raises(DeclarationError):
+        OutboxRow("a.subject", ["not", "an", "object"])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        OutboxRow("", {})

@@ -171,14 +171,9 @@ SELECT count(*) AS pending,
 """
 
 OUTBOX_TABLE = RowTable(
-    label="outbox row",
-    source=DeadLetterSource.OUTBOX,
-    work=OUTBOX_WORK,
-    count_attempt="""UPDATE service_engine.integration_outbox
-                        SET attempts = attempts + 1, last_error = $2
-                      WHERE id = $1 AND status = 'PENDING'
-                  RETURNING attempts""",
+    "outbox row", DeadLetterSource.OUTBOX, OUTBOX_WORK, "service_engine.integration_outbox",
     retire="UPDATE service_engine.integration_outbox SET status = 'FAILED' WHERE id = $1",
+    publishable="status = 'PENDING'",
 )
 
 _MARK_EVERY = 100

@@ -35,19 +35,26 @@ def row_headers(row: Any) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class RowTable:
-    """How one table of publishable rows counts an attempt and retires a row.
-
-    ``count_attempt`` takes ``$1`` the row id and ``$2`` the rejection's
-    detail and returns the new attempt count (no row: the row is no longer
-    publishable, nothing to count). ``retire`` takes ``$1`` the row id.
-    ``label`` names a row in logs; ``source`` and ``work`` its dead letter.
-    """
+    """One table of publishable rows: ``table`` its name, ``publishable`` the
+    predicate a row still to publish meets (an attempt is counted only on
+    such a row), ``retire`` what becomes of a row at the attempt bound;
+    ``label`` names a row in logs, ``source`` and ``work`` its dead letter."""
 
     label: str
     source: DeadLetterSource
     work: str
-    count_attempt: str
+    table: str
     retire: str
+    publishable: str = "TRUE"
+
+    @property
+    def count_attempt(self) -> str:
+        """``$1`` the row id, ``$2`` the rejection's detail; returns the new
+        attempt count, no row when the row is no longer publishable."""
+        return (
+            f"UPDATE {self.table} SET attempts = attempts + 1, last_error = $2"
+            f" WHERE id = $1 AND {self.publishable} RETURNING attempts"
+        )
 
 
 @dataclass(frozen=True, slots=True)

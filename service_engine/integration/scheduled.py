@@ -34,13 +34,8 @@ _log = logging.getLogger(__name__)
 SCHEDULED_WORK = "scheduled"
 """The ``work`` a scheduled-message dead letter names."""
 SCHEDULED_TABLE = RowTable(
-    label="scheduled message",
-    source=DeadLetterSource.SCHEDULED,
-    work=SCHEDULED_WORK,
-    count_attempt="""UPDATE service_engine.scheduled_message
-                        SET attempts = attempts + 1, last_error = $2
-                      WHERE id = $1
-                  RETURNING attempts""",
+    "scheduled message", DeadLetterSource.SCHEDULED, SCHEDULED_WORK,
+    "service_engine.scheduled_message",
     retire="DELETE FROM service_engine.scheduled_message WHERE id = $1",
 )
 

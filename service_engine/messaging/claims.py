@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..db.types import Conn
+from ..errors import ConfigError
 from .envelope import OutboundMessage, ProducerSequence
 
 __all__ = [
@@ -87,7 +88,7 @@ def claim_statement(message_id: uuid.UUID, reaction: str) -> str:
     one round trip with BEGIN; its command status ends in ``1`` when it
     took the claim, ``0`` when the claim was taken before."""
     if not isinstance(message_id, uuid.UUID) or not _REACTION.match(reaction):
-        raise ValueError(f"not a claim: {message_id!r} / {reaction!r}")
+        raise ConfigError(f"not a claim: {message_id!r} / {reaction!r}")
     return (
         "INSERT INTO service_engine.message_claim (message_id, reaction) "
         f"VALUES ('{message_id}'::uuid, '{reaction}') "

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ..db.errors import Stage, translating
 from ..db.pool import Database
 from ..db.types import Conn
 from ..errors import EngineError
@@ -163,7 +164,9 @@ class DeadLetters:
     """The dead-letter store of one engine.
 
     ``metrics`` receives ``service_engine_dead_letters_total{source}`` and the
-    impacts a record commits.
+    impacts a record commits. The admin calls (`get`, `list`, `discard`,
+    `retry`, `record_work`) raise a `DatabaseError` (stage DEAD_LETTER) for
+    a database failure, never a driver error.
     """
 
     def __init__(self, db: Database, metrics: Metrics | None = None) -> None:
@@ -198,15 +201,17 @@ class DeadLetters:
         """Record ``letter`` in a transaction of its own and count it: for a
         worker that gives up outside any other transaction (a mirror past its
         restart threshold). Safe to call on every beat: one row, one count."""
-        async with self.db.pool.acquire() as conn, conn.transaction():
-            recorded = await self.record(conn, letter)
+        with translating(Stage.DEAD_LETTER):
+            async with self.db.pool.acquire() as conn, conn.transaction():
+                recorded = await self.record(conn, letter)
         self.committed(recorded)
         return recorded
 
     async def get(self, id: uuid.UUID) -> DeadLetter | None:
-        row = await self.db.pool.fetchrow(
-            f"SELECT {_COLUMNS} FROM service_engine.dead_letter WHERE id = $1", id
-        )
+        with translating(Stage.DEAD_LETTER):
+            row = await self.db.pool.fetchrow(
+                f"SELECT {_COLUMNS} FROM service_engine.dead_letter WHERE id = $1", id
+            )
         return None if row is None else _from_row(row)
 
     async def list(
@@ -214,23 +219,25 @@ class DeadLetters:
     ) -> list[DeadLetter]:
         """Dead letters waiting on a human, oldest first; of one ``source``
         when given."""
-        rows = await self.db.pool.fetch(
-            f"""SELECT {_COLUMNS} FROM service_engine.dead_letter
-                 WHERE $1::text IS NULL OR source = $1
-                 ORDER BY recorded_at, id LIMIT $2""",
-            None if source is None else source.value, limit,
-        )
+        with translating(Stage.DEAD_LETTER):
+            rows = await self.db.pool.fetch(
+                f"""SELECT {_COLUMNS} FROM service_engine.dead_letter
+                     WHERE $1::text IS NULL OR source = $1
+                     ORDER BY recorded_at, id LIMIT $2""",
+                None if source is None else source.value, limit,
+            )
         return [_from_row(r) for r in rows]
 
     async def discard(self, id: uuid.UUID) -> bool:
         """Delete a dead letter a human resolved; False when it was gone."""
-        async with self.db.pool.acquire() as conn, conn.transaction():
-            deleted = await conn.fetchval(
-                "DELETE FROM service_engine.dead_letter WHERE id = $1 RETURNING id", id
-            )
-            impacts = 0
-            if deleted is not None:
-                impacts = await stage_in(conn, [Impact.entity(DEAD_LETTER_NOUN, str(id))])
+        with translating(Stage.DEAD_LETTER):
+            async with self.db.pool.acquire() as conn, conn.transaction():
+                deleted = await conn.fetchval(
+                    "DELETE FROM service_engine.dead_letter WHERE id = $1 RETURNING id", id
+                )
+                impacts = 0
+                if deleted is not None:
+                    impacts = await stage_in(conn, [Impact.entity(DEAD_LETTER_NOUN, str(id))])
         if self.metrics is not None:
             self.metrics.add_impacts_committed(impacts)
         return deleted is not None
@@ -245,28 +252,29 @@ class DeadLetters:
         other outcome it stays and the outcome says why. Raises
         `DeadLetterNotFound` or `NotRetryable` (not a message).
         """
-        async with self.db.pool.acquire() as conn, conn.transaction():
-            # The row lock makes two concurrent retries of one letter publish once.
-            row = await conn.fetchrow(
-                f"SELECT {_COLUMNS} FROM service_engine.dead_letter WHERE id = $1 FOR UPDATE",
-                id,
-            )
-            if row is None:
-                raise DeadLetterNotFound(f"no dead letter {id}")
-            letter = _from_row(row)
-            if letter.subject is None or letter.payload is None:
-                raise NotRetryable(
-                    f"dead letter {id} ({letter.source.value} {letter.work!r}) is not a message"
+        with translating(Stage.DEAD_LETTER):
+            async with self.db.pool.acquire() as conn, conn.transaction():
+                # The row lock makes two concurrent retries of one letter publish once.
+                row = await conn.fetchrow(
+                    f"SELECT {_COLUMNS} FROM service_engine.dead_letter WHERE id = $1 FOR UPDATE",
+                    id,
                 )
-            headers = dict(letter.headers)
-            headers[HEADER_NATS_MSG_ID] = str(uuid.uuid4())
-            if letter.message_id is not None:
-                headers[HEADER_MESSAGE_ID] = str(letter.message_id)
-            outcome = await nats.publish(letter.subject, letter.payload, headers)
-            impacts = 0
-            if isinstance(outcome, Acked | Duplicate):
-                await conn.execute("DELETE FROM service_engine.dead_letter WHERE id = $1", id)
-                impacts = await stage_in(conn, [Impact.entity(DEAD_LETTER_NOUN, str(id))])
+                if row is None:
+                    raise DeadLetterNotFound(f"no dead letter {id}")
+                letter = _from_row(row)
+                if letter.subject is None or letter.payload is None:
+                    raise NotRetryable(
+                        f"dead letter {id} ({letter.source.value} {letter.work!r}) is not a message"
+                    )
+                headers = dict(letter.headers)
+                headers[HEADER_NATS_MSG_ID] = str(uuid.uuid4())
+                if letter.message_id is not None:
+                    headers[HEADER_MESSAGE_ID] = str(letter.message_id)
+                outcome = await nats.publish(letter.subject, letter.payload, headers)
+                impacts = 0
+                if isinstance(outcome, Acked | Duplicate):
+                    await conn.execute("DELETE FROM service_engine.dead_letter WHERE id = $1", id)
+                    impacts = await stage_in(conn, [Impact.entity(DEAD_LETTER_NOUN, str(id))])
         if self.metrics is not None:
             self.metrics.add_impacts_committed(impacts)
         return outcome

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..db.types import Conn
+from ..errors import ConfigError, DeclarationError
 from ..impacts.model import JsonValue, canonical_json
 from ..impacts.transport import OUTBOX_CHANNEL
 from .envelope import (
@@ -58,14 +59,14 @@ class OutboxRow:
         seq: int | None = None,
     ) -> None:
         if not isinstance(subject, str) or not subject:
-            raise ValueError("an outbox row needs a subject")
+            raise ConfigError("an outbox row needs a subject")
         if not isinstance(payload, Mapping):
-            raise TypeError("an outbox payload is a JSON object")
+            raise DeclarationError("an outbox payload is a JSON object")
         try:
             payload_json = canonical_json(payload)
             headers_json = canonical_json(dict(headers or {}))
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"an outbox row must be JSON: {exc}") from exc
+            raise DeclarationError(f"an outbox row must be JSON: {exc}") from exc
         object.__setattr__(self, "message_id", message_id or uuid.uuid4())
         object.__setattr__(self, "subject", subject)
         object.__setattr__(self, "payload_json", payload_json)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeAlias, TypeVar, cast
 
 from ..db.types import Conn
-from ..errors import EngineError
+from ..errors import ConfigError, DeclarationError, EngineError
 from ..impacts.model import JsonValue, canonical_json
 
 __all__ = [
@@ -122,14 +122,14 @@ class DomainEvent:
 
     def __init__(self, type: str, data: Mapping[str, JsonValue] | None = None) -> None:
         if not isinstance(type, str) or not type:
-            raise ValueError(f"an event type is a non-empty str, got {type!r}")
+            raise ConfigError(f"an event type is a non-empty str, got {type!r}")
         payload = {} if data is None else data
         if not isinstance(payload, Mapping):
-            raise TypeError(f"event data is a JSON object, got {payload.__class__.__name__}")
+            raise DeclarationError(f"event data is a JSON object, got {payload.__class__.__name__}")
         try:
             text = canonical_json(payload)
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"event data of {type!r} must be JSON: {exc}") from exc
+            raise DeclarationError(f"event data of {type!r} must be JSON: {exc}") from exc
         object.__setattr__(self, "type", type)
         object.__setattr__(self, "data", _freeze(json.loads(text)))
         object.__setattr__(self, "data_json", text)
@@ -228,7 +228,7 @@ class RecordsEvents:
     def record(self, event: DomainEvent) -> None:
         """Add ``event`` to what the next save writes."""
         if not isinstance(event, DomainEvent):
-            raise TypeError(f"record takes a DomainEvent, got {event!r}")
+            raise DeclarationError(f"record takes a DomainEvent, got {event!r}")
         self._pending = (*self._pending, event)
 
     def pending_events(self) -> Sequence[DomainEvent]:
@@ -246,7 +246,7 @@ def store_of(aggregate_type: type) -> Persistence[Any, Any]:
     """
     store = getattr(aggregate_type, "Store", None)
     if store is None or not callable(getattr(store, "load", None)):
-        raise TypeError(
+        raise DeclarationError(
             f"{aggregate_type.__qualname__} names no Store: set Store = <its Persistence> "
             "in the class body"
         )

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeVar, cast
 
 from ..db.types import Conn
+from ..errors import ConfigError
 from .base import NotFound, Persistence, Row, Style, as_row, qualified_name
 
 __all__ = ["CrudStore", "quote_ident"]
@@ -49,7 +50,7 @@ def quote_ident(name: str) -> str:
     """
     parts = name.split(".")
     if not 1 <= len(parts) <= 2 or not all(_IDENT.fullmatch(p) for p in parts):
-        raise ValueError(f"not a plain SQL identifier: {name!r}")
+        raise ConfigError(f"not a plain SQL identifier: {name!r}")
     return ".".join(f'"{p}"' for p in parts)
 
 
@@ -65,7 +66,7 @@ class _StateSql:
     @classmethod
     def build(cls, table: str, key: str, columns: Sequence[str]) -> _StateSql:
         if key not in columns:
-            raise ValueError(f"KEY {key!r} must be one of COLUMNS {tuple(columns)!r}")
+            raise ConfigError(f"KEY {key!r} must be one of COLUMNS {tuple(columns)!r}")
         t = quote_ident(table)
         k = quote_ident(key)
         cols = [quote_ident(c) for c in columns]
@@ -133,14 +134,14 @@ class CrudStore(Persistence[A, K]):
         row = self.to_row(aggregate)
         missing = [c for c in self.COLUMNS if c not in row]
         if missing:
-            raise ValueError(f"{type(self).__qualname__}.to_row lacks columns {missing}")
+            raise ConfigError(f"{type(self).__qualname__}.to_row lacks columns {missing}")
         return [row[self.KEY], *(row[c] for c in self.COLUMNS if c != self.KEY)]
 
     def _insert_values(self, aggregate: A) -> list[object]:
         row = self.to_row(aggregate)
         missing = [c for c in self.COLUMNS if c not in row]
         if missing:
-            raise ValueError(f"{type(self).__qualname__}.to_row lacks columns {missing}")
+            raise ConfigError(f"{type(self).__qualname__}.to_row lacks columns {missing}")
         return [row[c] for c in self.COLUMNS]
 
     async def load(self, conn: Conn, key: K) -> A | None:

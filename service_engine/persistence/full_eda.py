@@ -51,6 +51,7 @@ from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 from ..db.errors import DRIVER_ERRORS, Stage, translate_db_error
 from ..db.locks import aggregate_lock_key
 from ..db.types import Conn
+from ..errors import ConfigError, DeclarationError
 from ..impacts.model import JsonValue, canonical_json
 from .base import DomainEvent, HydrationFailed, NotFound, RecordsEvents, Row, Style, as_row
 
@@ -101,7 +102,7 @@ class EventSourced(RecordsEvents, ABC):
     def stream_key(self) -> JsonValue:
         """The aggregate's key in the log."""
         if self._stream_key is _UNBOUND:
-            raise TypeError(
+            raise DeclarationError(
                 f"{type(self).__qualname__} was not started with {type(self).__qualname__}"
                 ".start(key) nor loaded: it has no key in the log"
             )
@@ -215,22 +216,24 @@ class FullEda(Generic[E]):
 
     def __set_name__(self, owner: type[Any], name: str) -> None:
         if not (isinstance(owner, type) and issubclass(owner, EventSourced)):
-            raise TypeError(f"FullEda is the store of an EventSourced class, not {owner!r}")
+            raise DeclarationError(f"FullEda is the store of an EventSourced class, not {owner!r}")
         noun = getattr(owner, "NOUN", None)
         if not isinstance(noun, str) or not noun:
-            raise TypeError(f"{owner.__qualname__}.NOUN must be a non-empty str")
+            raise DeclarationError(f"{owner.__qualname__}.NOUN must be a non-empty str")
         for attr in ("EVENT_VERSION", "SNAPSHOT_EVERY"):
             value = getattr(owner, attr)
             if type(value) is not int or value < 1:
-                raise TypeError(f"{owner.__qualname__}.{attr} must be an int >= 1, got {value!r}")
+                raise DeclarationError(
+                    f"{owner.__qualname__}.{attr} must be an int >= 1, got {value!r}"
+                )
         if self._aggregate is not None:
-            raise TypeError(f"this FullEda already serves {self._aggregate.__qualname__}")
+            raise DeclarationError(f"this FullEda already serves {self._aggregate.__qualname__}")
         self._aggregate = cast(type[E], owner)
 
     @property
     def aggregate(self) -> type[E]:
         if self._aggregate is None:
-            raise TypeError("FullEda() must be assigned in an EventSourced class body")
+            raise DeclarationError("FullEda() must be assigned in an EventSourced class body")
         return self._aggregate
 
     @property
@@ -266,11 +269,11 @@ class FullEda(Generic[E]):
 
     async def create(self, conn: Conn, aggregate: E) -> None:
         if aggregate.stream_seq != 0:
-            raise ValueError(
+            raise ConfigError(
                 f"create of {self.noun} {aggregate.stream_key!r}, which is already in the log"
             )
         if not aggregate.pending_events():
-            raise ValueError(f"create of {self.noun} records no event: nothing would be stored")
+            raise ConfigError(f"create of {self.noun} records no event: nothing would be stored")
         await self._append(conn, aggregate)
 
     async def save(self, conn: Conn, aggregate: E) -> None:
@@ -305,11 +308,15 @@ class FullEda(Generic[E]):
 def _snapshot_json(aggregate: EventSourced) -> str:
     state = aggregate.to_snapshot()
     if not isinstance(state, Mapping):
-        raise TypeError(f"{type(aggregate).__qualname__}.to_snapshot must return a JSON object")
+        raise DeclarationError(
+            f"{type(aggregate).__qualname__}.to_snapshot must return a JSON object"
+        )
     try:
         return canonical_json(state)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{type(aggregate).__qualname__} snapshot is not JSON: {exc}") from exc
+        raise DeclarationError(
+            f"{type(aggregate).__qualname__} snapshot is not JSON: {exc}"
+        ) from exc
 
 
 def _current(cls: type[EventSourced], key: JsonValue, row: Row) -> DomainEvent:
@@ -329,7 +336,7 @@ def _current(cls: type[EventSourced], key: JsonValue, row: Row) -> DomainEvent:
     except NotImplementedError as exc:
         raise HydrationFailed(cls.NOUN, key, str(exc)) from exc
     if not isinstance(upcast, DomainEvent):
-        raise TypeError(f"{cls.__qualname__}.upcast must return a DomainEvent")
+        raise DeclarationError(f"{cls.__qualname__}.upcast must return a DomainEvent")
     return upcast
 
 
@@ -469,7 +476,7 @@ def _rewrite(redactor: Redactor[P], event: DomainEvent, person: P) -> DomainEven
     if rewritten is None or rewritten == event:
         return None
     if not isinstance(rewritten, DomainEvent):
-        raise TypeError(f"a redactor returns a DomainEvent or None, not {rewritten!r}")
+        raise DeclarationError(f"a redactor returns a DomainEvent or None, not {rewritten!r}")
     return rewritten
 
 

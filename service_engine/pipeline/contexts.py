@@ -37,7 +37,7 @@ from ..config import EngineConfig
 from ..db.errors import DRIVER_ERRORS, DatabaseError, Stage, is_lock_refusal, translate_db_error
 from ..db.locks import aggregate_lock_key
 from ..db.types import Conn
-from ..errors import TooManyImpacts
+from ..errors import DeclarationError, TooManyImpacts
 from ..gates import BoundGate
 from ..impacts.framing import MAX_IMPACT_BYTES, encode_group, new_group_id
 from ..impacts.model import Cause, Impact, ImpactKind, JsonValue, canonical_json, impact_json
@@ -151,7 +151,7 @@ class Ops:
         await self._lock(store, key)
         found = await self._db(Stage.LOAD, lambda: store.load(self._conn, key))
         if found is not None and not isinstance(found, aggregate_type):
-            raise TypeError(
+            raise DeclarationError(
                 f"{aggregate_type.__qualname__}.Store loaded a {type(found).__qualname__}: "
                 "declare a Store on each concrete aggregate class"
             )
@@ -310,7 +310,7 @@ class Ops:
     def _stage_outbox(self, row: OutboxRow) -> None:
         """Stage an outbox row (the integration layer's ``emit`` / ``command``)."""
         if not isinstance(row, OutboxRow):
-            raise TypeError(f"expected an OutboxRow, got {row!r}")
+            raise DeclarationError(f"expected an OutboxRow, got {row!r}")
         self._outbox.append(row)
 
     def _staged(self) -> Staged:
@@ -332,7 +332,9 @@ class Ops:
         try:
             identity = (store_type, canonical_json(lockable))
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"an aggregate key must be JSON (or a UUID), got {key!r}") from exc
+            raise DeclarationError(
+                f"an aggregate key must be JSON (or a UUID), got {key!r}"
+            ) from exc
         if identity in self._locked:
             return
         lock_key = aggregate_lock_key(store_type, lockable)
