@@ -43,7 +43,7 @@ class Route:
 
     ``nouns`` maps each noun the projector reads to its `Inverse`, or to
     ``None`` when that noun's keys *are* the projector's keys (an ergonomic
-    ``view.Projector`` has exactly ``{NOUN: None}``). ``emission`` is the
+    ``projector.Projector`` has exactly ``{NOUN: None}``). ``emission`` is the
     projector's emission hook; leave it ``None`` when it always coalesces
     (it is then never called).
     """
