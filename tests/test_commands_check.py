@@ -18,9 +18,9 @@ from service_engine.commands import (
     Catalog,
     ClauseOrderError,
     Command,
+    CommandDeclarationError,
     Const,
     Create,
-    DeclarationError,
     Delete,
     DeletePolicyError,
     DuplicateName,
@@ -140,7 +140,7 @@ def test_a_well_formed_command_checks() -> None:
 
 
 def test_declaration_errors_are_config_errors() -> None:
-    assert issubclass(DeclarationError, ConfigError)
+    assert issubclass(CommandDeclarationError, ConfigError)
 
 
 @pytest.mark.parametrize("clauses", [
@@ -389,7 +389,7 @@ def test_workflows_close_their_graph_and_are_the_only_way_to_move_state() -> Non
 
 
 def test_row_policies_observe_rows_facts_and_constants_only() -> None:
-    with pytest.raises(DeclarationError):
+    with pytest.raises(CommandDeclarationError):
         Catalog([replace(POST, update_policy=RowPolicy(Eq(Var("x"), Const(1)), Reason("no"))),
                  COMMENT])
     with pytest.raises(UnknownName):

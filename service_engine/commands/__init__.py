@@ -4,7 +4,7 @@ Declare entities and workflows once in a `Catalog`, then commands as
 clauses in their visible order (inputs and service values, idempotency
 key, bindings, requirements, effects, return); `Catalog.command` checks a
 command at registration and a wrong declaration fails boot with a named
-`DeclarationError`. `CommandRunner.run` executes a checked command in one
+`CommandDeclarationError`. `CommandRunner.run` executes a checked command in one
 pipeline transaction and answers a typed `CommandOutcome` (or the
 pipeline's `MutationError` for a failure of the pipeline itself).
 
@@ -54,7 +54,7 @@ from .declaration import (
 from .errors import (
     BindingError,
     ClauseOrderError,
-    DeclarationError,
+    CommandDeclarationError,
     DeletePolicyError,
     DuplicateName,
     IdempotencyDeclarationError,
@@ -109,12 +109,12 @@ __all__ = [
     "ClauseOrderError",
     "Command",
     "CommandConfig",
+    "CommandDeclarationError",
     "CommandOutcome",
     "CommandRunner",
     "Const",
     "Contains",
     "Create",
-    "DeclarationError",
     "Delete",
     "DeletePolicyError",
     "DuplicateName",

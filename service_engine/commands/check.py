@@ -5,7 +5,7 @@ checked form of each command (pure: no I/O).
 routes, unique keys, relationships, reverse indexes, delete policies,
 workflows); `Catalog.command(decl)` checks one command clause by clause in
 its visible order and answers the `CheckedCommand` the runner executes.
-Every refusal is a named `DeclarationError`.
+Every refusal is a named `CommandDeclarationError`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from .declaration import (
 from .errors import (
     BindingError,
     ClauseOrderError,
-    DeclarationError,
+    CommandDeclarationError,
     DeletePolicyError,
     DuplicateName,
     IdempotencyDeclarationError,
@@ -92,12 +92,12 @@ def _section(clause: Clause) -> int:
         return 4
     if isinstance(clause, Return):
         return 5
-    raise DeclarationError(f"not a command clause: {clause!r}")
+    raise CommandDeclarationError(f"not a command clause: {clause!r}")
 
 
 def _identifier(what: str, name: object) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise DeclarationError(f"{what} must be an identifier, got {name!r}")
+        raise CommandDeclarationError(f"{what} must be an identifier, got {name!r}")
     return name
 
 
@@ -150,7 +150,7 @@ class Catalog:
         by_name: dict[str, Entity] = {}
         for entity in entities:
             if not isinstance(entity, Entity):
-                raise DeclarationError(f"not an Entity: {entity!r}")
+                raise CommandDeclarationError(f"not an Entity: {entity!r}")
             _identifier("an entity name", entity.name)
             if entity.name in by_name:
                 raise DuplicateName(f"two entities named {entity.name!r}")
@@ -175,7 +175,7 @@ class Catalog:
     def _check_entity(self, e: Entity) -> None:
         where = f"entity {e.name}"
         if not isinstance(e.aggregate, type) or getattr(e.aggregate, "Store", None) is None:
-            raise DeclarationError(f"{where}: aggregate must be a class naming a Store")
+            raise CommandDeclarationError(f"{where}: aggregate must be a class naming a Store")
         if not e.key:
             raise BindingError(f"{where}: declares no key")
         _unique_names(where + " key", e.key)
@@ -188,10 +188,12 @@ class Catalog:
             raise BindingError(f"{where}: conflict_key {e.conflict_fields} must be key fields")
         for kind, typ in e.fields.items():
             if not isinstance(typ, type):
-                raise DeclarationError(f"{where}: field {kind} has no type")
+                raise CommandDeclarationError(f"{where}: field {kind} has no type")
         known = set(e.all_fields)
         if e.revision is not None and e.revision in e.key:
-            raise DeclarationError(f"{where}: the revision {e.revision!r} cannot be a key field")
+            raise CommandDeclarationError(
+                f"{where}: the revision {e.revision!r} cannot be a key field"
+            )
         seen: set[str] = set()
         for unique in e.unique:
             _identifier(f"{where}: a unique key name", unique.name)
@@ -217,7 +219,9 @@ class Catalog:
             if missing:
                 raise UnknownName(f"{where}: index {index.name} names unknown fields {missing}")
             if len(index.sql_columns) != len(index.fields):
-                raise DeclarationError(f"{where}: index {index.name} columns do not match fields")
+                raise CommandDeclarationError(
+                    f"{where}: index {index.name} columns do not match fields"
+                )
         if (e.unique or e.indexes) and set(e.partition_by) == set(e.key):
             raise RouteIdentifiesRow(
                 f"{where}: partition_by {e.partition_by} is the whole key, so each partition "
@@ -248,7 +252,7 @@ class Catalog:
                 continue
             for leaf in references(policy.predicate):
                 if isinstance(leaf, Var | Field):
-                    raise DeclarationError(
+                    raise CommandDeclarationError(
                         f"{where}: a row policy observes the row (Row), principal facts "
                         f"(Fact) and constants, not {leaf!r}"
                     )
@@ -392,7 +396,7 @@ class _CommandChecker:
         self.binding_of: dict[str, Binding] = {}
         self.outcomes: set[str] = set()
 
-    def fail(self, error: type[DeclarationError], message: str) -> DeclarationError:
+    def fail(self, error: type[CommandDeclarationError], message: str) -> CommandDeclarationError:
         return error(f"{self.where}: {message}")
 
     def outcome(self, outcome: object, what: str) -> None:
@@ -410,7 +414,7 @@ class _CommandChecker:
 
     def observe(self, expr: object, what: str, *, allow_bindings: bool = True) -> None:
         if not is_expr(expr):
-            raise self.fail(DeclarationError, f"{what} is not an expression: {expr!r}")
+            raise self.fail(CommandDeclarationError, f"{what} is not an expression: {expr!r}")
         for leaf in references(expr):  # type: ignore[arg-type]
             if isinstance(leaf, Var) and leaf.name not in self.values:
                 raise self.fail(UnboundReference, f"{what} reads {leaf.name!r}, not an input or "
@@ -427,13 +431,13 @@ class _CommandChecker:
                     raise self.fail(UnknownName, f"{what} reads unknown field "
                                     f"{entity.name}.{leaf.name}")
             if isinstance(leaf, Row):
-                raise self.fail(DeclarationError, f"{what}: Row is for row policies only")
+                raise self.fail(CommandDeclarationError, f"{what}: Row is for row policies only")
 
     def check(self) -> CheckedCommand:
         decl = self.decl
         _identifier("a command name", decl.name)
         if not decl.clauses:
-            raise self.fail(DeclarationError, "declares no clauses")
+            raise self.fail(CommandDeclarationError, "declares no clauses")
         section = 0
         for clause in decl.clauses:
             now = _section(clause)
@@ -467,14 +471,18 @@ class _CommandChecker:
             if isinstance(clause, Input):
                 self._name(clause.name)
                 if clause.type not in _INPUT_TYPES:
-                    raise self.fail(DeclarationError, f"input {clause.name} has unsupported type "
-                                    f"{clause.type!r}")
+                    raise self.fail(
+                        CommandDeclarationError,
+                        f"input {clause.name} has unsupported type {clause.type!r}",
+                    )
                 if clause.max_length is not None and (
                     clause.type is not str or type(clause.max_length) is not int
                     or clause.max_length < 1
                 ):
-                    raise self.fail(DeclarationError, f"input {clause.name}: max_length bounds a "
-                                    "str input by a positive int")
+                    raise self.fail(
+                        CommandDeclarationError,
+                        f"input {clause.name}: max_length bounds a str input by a positive int",
+                    )
                 self.values[clause.name] = clause
                 inputs.append(clause)
             elif isinstance(clause, Service):
@@ -538,13 +546,13 @@ class _CommandChecker:
             elif isinstance(clause, Record):
                 self._written(clause.binding, "record")
                 if not isinstance(clause.type, str) or not clause.type:
-                    raise self.fail(DeclarationError, "record needs a fact type")
+                    raise self.fail(CommandDeclarationError, "record needs a fact type")
                 for name, value in clause.data.items():
                     self.observe(value, f"record {clause.type}.{name}")
                 effects.append(clause)
             elif isinstance(clause, Emit):
                 if not callable(clause.build):
-                    raise self.fail(DeclarationError, "emit needs a callable")
+                    raise self.fail(CommandDeclarationError, "emit needs a callable")
                 effects.append(clause)
             elif isinstance(clause, Return):
                 if not OUTCOME_NAME.fullmatch(clause.name):

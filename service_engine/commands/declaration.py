@@ -22,7 +22,7 @@ A **command** is a sequence of clauses in one visible order::
     )
 
 `Catalog.command` checks it at registration (`check`), so a wrong
-declaration fails boot with a named `DeclarationError`.
+declaration fails boot with a named `CommandDeclarationError`.
 """
 
 from __future__ import annotations

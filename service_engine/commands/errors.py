@@ -1,19 +1,20 @@
 """The command layer's named errors.
 
 A malformed declaration fails registration (boot) with one of the
-`DeclarationError` subclasses below, each naming the command or entity and
-the clause at fault, the way a contract compiler refuses a contract. They
-are `ConfigError`s: the fix is in the declaration, never at run time.
+`CommandDeclarationError` subclasses below, each naming the command or
+entity and the clause at fault, the way a contract compiler refuses a
+contract. They are `ConfigError`s: the fix is in the declaration, never at
+run time.
 """
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..errors import DeclarationError
 
 __all__ = [
     "BindingError",
     "ClauseOrderError",
-    "DeclarationError",
+    "CommandDeclarationError",
     "DeletePolicyError",
     "DuplicateName",
     "IdempotencyDeclarationError",
@@ -29,74 +30,75 @@ __all__ = [
 ]
 
 
-class DeclarationError(ConfigError):
-    """A command, entity or workflow declaration the layer refuses."""
+class CommandDeclarationError(DeclarationError):
+    """A command, entity or workflow declaration the layer refuses (a
+    `DeclarationError`, so a `ConfigError`)."""
 
 
-class ClauseOrderError(DeclarationError):
+class ClauseOrderError(CommandDeclarationError):
     """A clause out of the visible order: inputs and service values, the
     idempotency key, bindings, requirements, effects, return."""
 
 
-class DuplicateName(DeclarationError):
+class DuplicateName(CommandDeclarationError):
     """Two declarations share a name in one namespace (an input and a
     binding of one command, two outcomes of one command, two entities)."""
 
 
-class UnknownName(DeclarationError):
+class UnknownName(CommandDeclarationError):
     """A clause names an entity, field, input, index, workflow or transition
     that is not declared."""
 
 
-class UnboundReference(DeclarationError):
+class UnboundReference(CommandDeclarationError):
     """A clause observes a name bound only later (or never): bind everything
     a requirement or effect observes before writing it."""
 
 
-class BindingError(DeclarationError):
+class BindingError(CommandDeclarationError):
     """A binding key that is not the entity's complete key, or derives from
     something other than inputs, service values, principal facts or constants."""
 
 
-class PartitionRouteMismatch(DeclarationError):
+class PartitionRouteMismatch(CommandDeclarationError):
     """The create/mutate bindings of one command derive different partition
     routes: a command writes inside one partition only."""
 
 
-class UniqueKeyOutsidePartition(DeclarationError):
+class UniqueKeyOutsidePartition(CommandDeclarationError):
     """A unique key that does not begin with the entity's partition route
     (uniqueness is enforced inside one partition)."""
 
 
-class RouteIdentifiesRow(DeclarationError):
+class RouteIdentifiesRow(CommandDeclarationError):
     """An entity with a unique key or reverse index whose partition route is
     its whole key: every partition holds one row, so the index is vacuous."""
 
 
-class MissingRelationshipProof(DeclarationError):
+class MissingRelationshipProof(CommandDeclarationError):
     """A create or mutation affects a required relationship without a
     dominating exact read of its complete target key."""
 
 
-class DeletePolicyError(DeclarationError):
+class DeletePolicyError(CommandDeclarationError):
     """A delete policy incomplete or inconsistent with the declared
     relationships (or a delete of an entity that declares none)."""
 
 
-class WorkflowError(DeclarationError):
+class WorkflowError(CommandDeclarationError):
     """A workflow that does not close its state graph, a transition outside
     it, or a write of a workflow state outside a revision-checked transition."""
 
 
-class MissingOutcome(DeclarationError):
+class MissingOutcome(CommandDeclarationError):
     """A clause that can refuse declares no typed outcome for it, or an
     outcome name is not an identifier."""
 
 
-class IdempotencyDeclarationError(DeclarationError):
+class IdempotencyDeclarationError(CommandDeclarationError):
     """An idempotency key that is not a declared string input, or declared twice."""
 
 
-class ServiceValueError(DeclarationError):
+class ServiceValueError(CommandDeclarationError):
     """A service value of an unknown kind, or in a command that is not a
     durably idempotent mutation (service values need both)."""
