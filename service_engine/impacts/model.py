@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeAlias
 
-from service_engine.errors import ConfigError, FrameError
+from service_engine.errors import ConfigError, DeclarationError, FrameError
 
 JsonValue: TypeAlias = (
     bool | int | float | str | Sequence["JsonValue"] | Mapping[str, "JsonValue"] | None
@@ -71,7 +71,7 @@ class InvalidImpact(ConfigError):
     noun, a key JSON cannot encode, a cause on a non-entity impact, ...)."""
 
 
-class UnencodableImpactValue(InvalidImpact, TypeError):
+class UnencodableImpactValue(InvalidImpact, DeclarationError):
     """A key or cause payload of a type JSON cannot carry (also a `TypeError`,
     as ``json`` raises for one)."""
 

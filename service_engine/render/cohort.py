@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeAlias, TypeVar
 
-from ..errors import ConfigError, EngineError
+from ..errors import DeclarationError, EngineError
 from ..impacts.model import JsonValue, canonical_json
 
 __all__ = [
@@ -132,7 +132,7 @@ class CohortKey(bytes):
         return f"CohortKey({bytes(self)!r})"
 
 
-class InvalidCohortPart(ConfigError):
+class InvalidCohortPart(DeclarationError):
     """A declared cohort was built from a part of a type it cannot hold
     (a float, a list, ...): declare it from str, bytes, int, bool, UUID, None."""
 

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeAlias, TypeVar
 
-from ..errors import ConfigError
+from ..errors import DeclarationError
 from ..impacts.model import JsonValue, canonical_json
 from .deltas import KeyText
 
@@ -54,7 +54,7 @@ __all__ = [
 Q = TypeVar("Q")
 
 
-class InvalidWindow(ConfigError):
+class InvalidWindow(DeclarationError):
     """A window declaration is malformed (e.g. ``Keys("abc")``: one str, not keys)."""
 
 
