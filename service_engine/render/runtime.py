@@ -131,6 +131,8 @@ class RenderRuntime(RenderRegistry):
         started = time.perf_counter()
         tally = PassTally()
         frame = self._route(deliveries, tally)
+        # Taken before recovery: a snapshot it takes queues its own replay
+        # for the next pass.
         replays = self._take_replays()
         await self._recover(frame, tally)
         plan = plan_frame(frame, replays, self._interest, self._indexes)
