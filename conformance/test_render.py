@@ -427,8 +427,10 @@ async def test_s162_s163_paging_appends_without_reset_and_releases_silently(
         await assert_quiet(stream)  # the release is silent: no Remove
         async with db.pool.acquire() as conn:  # the live head is still held
             await write_card(conn, Card("c9", "acme", 9, "head edited"))
-        (head,) = await take(stream, 1)
-        assert isinstance(head, Upsert) and head.key == '"c9"' and head.view == ("acme", 9, "head edited")
+            await delete_card(conn, "c8")  # only a key still held can be Removed
+        edited, removed = await take(stream, 2)
+        assert isinstance(edited, Upsert) and edited.key == '"c9"' and edited.view == ("acme", 9, "head edited")
+        assert isinstance(removed, Remove) and removed.key == '"c8"'
         await assert_quiet(stream)
 
 
