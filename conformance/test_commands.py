@@ -420,6 +420,24 @@ async def test_records_expire_after_their_retention_and_are_swept(db: Database) 
     assert await count(db, "SELECT count(*) FROM service_engine.command_idempotency") == 0
 
 
+async def test_record_writes_sweep_expired_records(db: Database) -> None:
+    """Every record write deletes a few records past their retention, so the
+    table stays bounded by the retention while commands run."""
+    clock = SteppedClock()
+    from dataclasses import replace
+    executor = replace(executor_for(db), clock=clock)
+    runner = CommandRunner(executor, CommandConfig(idempotency_retention=timedelta(minutes=1)))
+    for n in range(4):
+        await ok(runner, "CreateProject", request_key=f"old{n}", org="acme",
+                 project_id=f"p{n}", name="P")
+    clock.at = clock.at + timedelta(minutes=2)
+    for n in range(2):
+        await ok(runner, "CreateProject", request_key=f"new{n}", org="acme",
+                 project_id=f"q{n}", name="Q")
+    keys = await db.pool.fetch("SELECT key FROM service_engine.command_idempotency")
+    assert sorted(r["key"] for r in keys) == ["new0", "new1"]
+
+
 async def test_a_create_under_a_store_key_held_in_another_partition_exists(
     db: Database,
 ) -> None:

@@ -13,14 +13,16 @@ write in the command's transaction):
 * `ReverseScan`: a bounded read of a reverse index (the referencing rows'
   store keys), for restrict proofs and cascades.
 
-`sweep_idempotency` deletes records past their retention, a batch at a time.
+Each record write also deletes a few records past their retention (the
+table stays bounded while commands run); `sweep_idempotency` deletes them a
+batch at a time (for a beat, or after a quiet period).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from ..clock import Timestamp
@@ -32,12 +34,17 @@ from ..persistence.base import Aggregate, Style
 from ..persistence.crud import quote_ident
 
 __all__ = [
+    "SWEEP_WITH_WRITE",
     "IdempotencyRecord",
     "Occupancy",
     "ReverseScan",
     "scan_key",
     "sweep_idempotency",
 ]
+
+SWEEP_WITH_WRITE = 2
+"""Expired records each record write deletes: twice the write rate drains a
+backlog while commands keep coming."""
 
 
 @dataclass
@@ -51,6 +58,9 @@ class IdempotencyRecord(Aggregate):
     outcome: Mapping[str, Any]
     sealed: Mapping[str, JsonValue]
     recorded_at: datetime
+    expired_before: datetime | None = None
+    """Writing the record also deletes up to `SWEEP_WITH_WRITE` records
+    recorded before this instant (past their retention)."""
 
     Store: ClassVar[_IdempotencyStore]
 
@@ -89,9 +99,15 @@ class _IdempotencyStore:
 
     async def create(self, conn: Conn, record: IdempotencyRecord) -> None:
         # A record past its retention may still be there (not yet swept):
-        # the key is free again, and its new first run replaces it.
+        # the key is free again, and its new first run replaces it. Each
+        # write sweeps a few expired records in the same statement, so the
+        # table stays bounded by the retention without a loop of its own;
+        # SKIP LOCKED keeps two writers from contending on one.
         await conn.execute(
-            "INSERT INTO service_engine.command_idempotency"
+            "WITH swept AS (DELETE FROM service_engine.command_idempotency WHERE ctid IN ("
+            " SELECT ctid FROM service_engine.command_idempotency WHERE recorded_at < $8"
+            f" ORDER BY recorded_at LIMIT {SWEEP_WITH_WRITE:d} FOR UPDATE SKIP LOCKED))"
+            " INSERT INTO service_engine.command_idempotency"
             " (command, scope, key, input_digest, outcome, sealed, recorded_at)"
             " VALUES ($1, $2, $3, $4, $5, $6, $7)"
             " ON CONFLICT (command, scope, key) DO UPDATE SET input_digest = EXCLUDED.input_digest,"
@@ -99,6 +115,7 @@ class _IdempotencyStore:
             " recorded_at = EXCLUDED.recorded_at",
             record.command, record.scope, record.key, record.digest, dict(record.outcome),
             dict(record.sealed), record.recorded_at,
+            record.expired_before or datetime.min.replace(tzinfo=UTC),
         )
 
     async def save(self, conn: Conn, record: IdempotencyRecord) -> None:

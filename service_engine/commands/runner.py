@@ -173,7 +173,7 @@ class _Run:
         if key is not None:
             await self.cx.create(IdempotencyRecord(
                 command.name, _scope(self.principal), key, digest, outcome.to_record(),
-                self.sealed, self.cx.now().value,
+                self.sealed, self.cx.now().value, (self.cx.now() - self.retention).value,
             ))
         return outcome
 
