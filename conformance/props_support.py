@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
+import nats.errors
 from nats.aio.client import Client
 
 from service_engine.embedded import EmbeddedNats, free_port
@@ -148,6 +149,28 @@ class PropsStack:
         return PropsClient(self.clients[user], SERVICE, timeout=5)
 
 
+async def _answered(client: Client, subj: str, headers: dict[str, str]) -> None:
+    async with asyncio.timeout(5):
+        while True:
+            try:
+                await client.request(subj, b"", timeout=2, headers=headers)
+                return
+            except nats.errors.NoRespondersError:
+                await asyncio.sleep(0.005)
+
+
+async def _reachable(clients: Mapping[str, Client], *, granter: bool) -> None:
+    # Right after start-up nats-server may answer the first request crossing a
+    # service import with no-responders although the responder is subscribed
+    # (observed: once, within ~10 ms). Wait until every import path answers.
+    for user in ("alice", "bob"):
+        await _answered(clients[user], f"{SERVICE}.props.describe", {"namespace": "_probe"})
+        if granter:
+            await _answered(clients[user], "noded.topic.subscribe", {"topic": "_probe"})
+    if granter:
+        await _answered(clients["svc"], "noded.props.subscribe_grant", {})
+
+
 @contextlib.asynccontextmanager
 async def props_stack(
     tmp_path: Path, namespaces: Sequence[Namespace], policy: Policy, *, granter: bool = True
@@ -170,6 +193,7 @@ async def props_stack(
             await service.register(ns)
         await service.start()
         try:
+            await _reachable(clients, granter=granter)
             yield PropsStack(server, service, dev, store, clients)
         finally:
             await service.aclose()

@@ -216,15 +216,22 @@ class DevGranter(AsyncResource):
         return requester.attested and requester.account == account
 
     async def _connected(self, target: PeerIdentity) -> bool:
-        try:
-            await self._client.request(
-                f"{deliver_prefix(target)}.{PROBE_TOKEN}", b"", timeout=self._probe_timeout
-            )
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError):
-            return False
-        except nats.errors.Error:
-            return False
-        return True
+        # Twice on no-responders: a server that just started may answer the
+        # first request across a service import with no-responders even though
+        # a responder is subscribed.
+        for attempt in range(2):
+            try:
+                await self._client.request(
+                    f"{deliver_prefix(target)}.{PROBE_TOKEN}", b"", timeout=self._probe_timeout
+                )
+            except nats.errors.NoRespondersError:
+                if attempt == 0:
+                    await asyncio.sleep(0.05)
+                continue
+            except (nats.errors.TimeoutError, TimeoutError, nats.errors.Error):
+                return False
+            return True
+        return False
 
     async def _on_topic_message(self, msg: Msg) -> None:
         try:

@@ -77,6 +77,8 @@ class PropsWatch(AsyncResource):
         self._queue: asyncio.Queue[Mapping[str, Any]] = asyncio.Queue()
         self._sub: Subscription | None = None
         self.reply: dict[str, Any] = {}
+        self.delivered: list[int] = []
+        """The nseq of every live delivery received, duplicates included."""
 
     async def _open(self, since_nseq: int, request_timeout: float) -> None:
         try:
@@ -114,6 +116,7 @@ class PropsWatch(AsyncResource):
             return
         if not isinstance(event, dict) or event.get("namespace") != self._namespace:
             return
+        self.delivered.append(int(event.get("nseq", 0)))
         for item in self._merge.on_live(event):
             self._queue.put_nowait(item)
 
