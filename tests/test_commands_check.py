@@ -394,3 +394,13 @@ def test_row_policies_observe_rows_facts_and_constants_only() -> None:
                  COMMENT])
     with pytest.raises(UnknownName):
         Catalog([replace(POST, update_policy=RowPolicy(Row("colour"), Reason("no"))), COMMENT])
+
+
+def test_a_gate_judges_an_existing_row() -> None:
+    CATALOG.command(Command("Edit", SITE, POST_ID, READ_POST, RequireGate("post", "can_edit"),
+                            Return("Edited")))
+    with pytest.raises(BindingError):
+        CATALOG.command(add_comment().__class__(
+            "Bad", *add_comment().clauses[:9], RequireGate("comment", "can_edit"),
+            *add_comment().clauses[9:],
+        ))

@@ -509,6 +509,9 @@ class _CommandChecker:
                 requirements.append(clause)
             elif isinstance(clause, RequireGate):
                 entity = self._bound(clause.binding, "require gate")
+                if isinstance(self.binding_of[clause.binding], Create):
+                    raise self.fail(BindingError, f"require gate on {clause.binding!r}: a gate "
+                                    "judges a row that exists (a create has its row policy)")
                 if not isinstance(getattr(entity.aggregate, clause.gate, None), GateFn):
                     raise self.fail(UnknownName, f"require gate: {entity.aggregate.__qualname__} "
                                     f"declares no gated {clause.gate!r}")
