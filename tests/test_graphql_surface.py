@@ -10,7 +10,14 @@ import strawberry
 from strawberry.http.ides import get_graphql_ide_html
 
 from service_engine import MutationError
-from service_engine.graphql import GraphQLContext, MutationResult, PassportMissing, Refusal
+from service_engine.graphql import (
+    GraphQLContext,
+    MutationResult,
+    PassportMissing,
+    ProjectorViewMismatch,
+    Refusal,
+    Views,
+)
 from service_engine.graphql.app import close_reason, graphiql_html
 from service_engine.graphql.passport import PassportMalformed
 
@@ -93,3 +100,16 @@ def test_a_refusal_carries_the_errors_wire_form() -> None:
     error = MutationError.database(retryable=True)
     assert Refusal.of(error) == Refusal(code="database", message=error.message, retryable=True)
     assert {**error.to_wire(), "action": None} == vars(Refusal.of(error))
+
+
+@strawberry.type
+class Board:
+    id: str
+
+
+def test_views_serve_only_the_bound_view_type() -> None:
+    views = Views("boards", Board)
+    board = Board(id="b-1")
+    assert views.typed(board) is board
+    with pytest.raises(ProjectorViewMismatch, match="rendered a dict, not a Board"):
+        views.typed({"id": "b-1"})

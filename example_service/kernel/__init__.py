@@ -10,12 +10,13 @@ contributes its principal facts from its own ``register``.
 
 from .errors import ConfigurationError, ServiceError
 from .principal import FactSource, Principal, PrincipalDirectory, PrincipalFacts
-from .wire import Affordance, affordance_list
+from .wire import Affordance, Info, affordance_list
 
 __all__ = [
     "Affordance",
     "ConfigurationError",
     "FactSource",
+    "Info",
     "Principal",
     "PrincipalDirectory",
     "PrincipalFacts",

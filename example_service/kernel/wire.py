@@ -1,13 +1,23 @@
-"""Wire shapes every slice serves the same way: affordances. (A mutation's
-refusal is the kit's: `service_engine.graphql.MutationResult` / `Refusal`.)"""
+"""Wire shapes every slice serves the same way: the resolvers' ``Info`` and
+affordances. (A mutation's refusal is the kit's:
+`service_engine.graphql.MutationResult` / `Refusal`.)"""
 
 from __future__ import annotations
+
+from typing import TypeAlias
 
 import strawberry
 
 from service_engine import affordances
+from service_engine.graphql import GraphQLContext
 
-__all__ = ["Affordance", "affordance_list"]
+from .principal import Principal
+
+__all__ = ["Affordance", "Info", "affordance_list"]
+
+Info: TypeAlias = strawberry.Info[GraphQLContext[Principal], None]
+"""What every slice's resolvers take: ``info.context`` holds the engine and
+the caller's `Principal`."""
 
 
 @strawberry.type(description="One action the caller may (or may not) take on what a view shows.")

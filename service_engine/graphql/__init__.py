@@ -9,6 +9,8 @@ its subscriptions, and serve it (HTTP, GraphiQL, graphql-transport-ws).
   function of the field's arguments to the `Live` session to attach;
 * `MutationResult` / `Refusal`: the ``{ success error { code message
   retryable action } }`` shape every mutation's result type extends;
+* `Views`: a query field's read of one projector's views for the caller,
+  exactly as a session renders them;
 * `graphql_app`: the Starlette app, the principal from the trusted
   ``X-Passport`` header, sockets bounded by ``session_max_age``.
 """
@@ -37,6 +39,7 @@ from .passport import (
     PassportRefused,
     parse_passport,
 )
+from .reads import ProjectorViewMismatch, Views
 from .results import MutationResult, Refusal
 from .subscriptions import (
     DeltaCause,
@@ -71,10 +74,12 @@ __all__ = [
     "PassportMissing",
     "PassportPrincipal",
     "PassportRefused",
+    "ProjectorViewMismatch",
     "Refusal",
     "SliceFragment",
     "SubscriptionUnion",
     "UndeclaredSchemaMember",
+    "Views",
     "compose_service",
     "graphql_app",
     "merge_streams",

@@ -48,7 +48,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, cast, get_args, overload
+from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args, overload
 
 from ..errors import EngineError
 from ..impacts.model import JsonValue
@@ -92,7 +92,7 @@ class PassportError(EngineError):
     ``connection_init`` (close code 4403) with the code in the reason.
     """
 
-    code: ClassVar[str] = "passport"
+    code = "passport"
 
     @property
     def extensions(self) -> dict[str, object]:

@@ -1,19 +1,16 @@
 """The board slice's root fields: queries read rendered views through the
-engine (`Engine.fetch` / the render runtime's ``fetch_window``, the same path
-as a subscription's snapshot, under the projector's RLS regime); mutations
-run on the engine's mutation executor; subscriptions stream one projector's
-typed union."""
+kit's `Views` (the same path as a subscription's snapshot, under the
+projector's RLS regime); mutations run on the engine's mutation executor;
+subscriptions stream one projector's typed union."""
 
 from __future__ import annotations
-
-from typing import TypeAlias
 
 import strawberry
 
 from service_engine import MutationError, MutationExecutor, OneShot, Query, WindowSpec
-from service_engine.graphql import GraphQLContext, Live, MutationResult, subscription_union
+from service_engine.graphql import Live, MutationResult, Views, subscription_union
 
-from ...kernel import Principal, PrincipalDirectory
+from ...kernel import Info, Principal, PrincipalDirectory
 from .commands import (
     accept_invite,
     archive_board,
@@ -24,8 +21,8 @@ from .commands import (
 )
 from .views import BOARDS, ORG_BOARDS, ORG_CONTEXT, BoardsQuery, BoardView, OrgBoardView
 
-Info: TypeAlias = strawberry.Info[GraphQLContext[Principal], None]
-
+BOARD_VIEWS = Views(BOARDS, BoardView)
+ORG_BOARD_VIEWS = Views(ORG_BOARDS, OrgBoardView, ORG_CONTEXT)
 BOARDS_UNION = subscription_union("Boards", BoardView, description="the caller's boards")
 ORG_BOARDS_UNION = subscription_union(
     "OrgBoards", OrgBoardView, description="the boards of the caller's org (under RLS)"
@@ -52,7 +49,7 @@ async def _board_result(
 ) -> BoardResult:
     if isinstance(outcome, MutationError):
         return BoardResult.refused(outcome)
-    view = await info.context.engine.fetch(BOARDS, board_id, principal or info.context.principal)
+    view = await BOARD_VIEWS.one(info.context, board_id, principal=principal)
     return BoardResult(success=True, board=view)
 
 
@@ -60,31 +57,19 @@ async def _board_result(
 class BoardQuery:
     @strawberry.field(description="The boards the caller sees, by id.")
     async def boards(self, info: Info, limit: int = 100) -> list[BoardView]:
-        found = await info.context.engine.fetch_window(
-            BOARDS, BoardsQuery(limit), info.context.principal
-        )
-        return [view for _, view in found]
+        return await BOARD_VIEWS.window(info.context, BoardsQuery(limit))
 
     @strawberry.field(description="One board, if the caller sees it.")
     async def board(self, info: Info, id: strawberry.ID) -> BoardView | None:
-        view: BoardView | None = await info.context.engine.fetch(
-            BOARDS, str(id), info.context.principal
-        )
-        return view
+        return await BOARD_VIEWS.one(info.context, str(id))
 
     @strawberry.field(description="The boards of the caller's org, read under Postgres RLS.")
     async def org_boards(self, info: Info) -> list[OrgBoardView]:
-        found = await info.context.engine.fetch_window(
-            ORG_BOARDS, None, info.context.principal, ORG_CONTEXT
-        )
-        return [view for _, view in found]
+        return await ORG_BOARD_VIEWS.window(info.context, None)
 
     @strawberry.field(description="One board of the caller's org, read under Postgres RLS.")
     async def org_board(self, info: Info, id: strawberry.ID) -> OrgBoardView | None:
-        view: OrgBoardView | None = await info.context.engine.fetch(
-            ORG_BOARDS, str(id), info.context.principal, ORG_CONTEXT
-        )
-        return view
+        return await ORG_BOARD_VIEWS.one(info.context, str(id))
 
 
 @strawberry.type

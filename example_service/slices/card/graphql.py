@@ -5,8 +5,6 @@ of them under a client-supplied session id that ``pageCards`` pages back."""
 
 from __future__ import annotations
 
-from typing import TypeAlias
-
 import strawberry
 
 from service_engine import (
@@ -17,15 +15,14 @@ from service_engine import (
     Query,
     WindowSpec,
 )
-from service_engine.graphql import GraphQLContext, Live, MutationResult, subscription_union
+from service_engine.graphql import Live, MutationResult, Views, subscription_union
 
-from ...kernel import Principal
+from ...kernel import Info
 from .commands import ImportedCard, advance_card, create_card, import_cards, rename_card
 from .domain import BadCursor, decode_cursor
 from .views import CARDS, CardsQuery, CardView
 
-Info: TypeAlias = strawberry.Info[GraphQLContext[Principal], None]
-
+CARD_VIEWS = Views(CARDS, CardView)
 CARDS_UNION = subscription_union("Cards", CardView, description="the caller's org's cards")
 
 
@@ -62,8 +59,7 @@ def _executor(info: Info) -> MutationExecutor:
 async def _card_result(info: Info, outcome: object, card_id: str) -> CardResult:
     if isinstance(outcome, MutationError):
         return CardResult.refused(outcome)
-    view = await info.context.engine.fetch(CARDS, card_id, info.context.principal)
-    return CardResult(success=True, card=view)
+    return CardResult(success=True, card=await CARD_VIEWS.one(info.context, card_id))
 
 
 def _refused(code: str, message: str, retryable: bool = False) -> PageResult:
@@ -74,17 +70,11 @@ def _refused(code: str, message: str, retryable: bool = False) -> PageResult:
 class CardQuery:
     @strawberry.field(description="The caller's org's newest cards.")
     async def cards(self, info: Info, limit: int = 50) -> list[CardView]:
-        found = await info.context.engine.fetch_window(
-            CARDS, CardsQuery(limit), info.context.principal
-        )
-        return [view for _, view in found]
+        return await CARD_VIEWS.window(info.context, CardsQuery(limit))
 
     @strawberry.field(description="One card, if the caller sees it.")
     async def card(self, info: Info, id: strawberry.ID) -> CardView | None:
-        view: CardView | None = await info.context.engine.fetch(
-            CARDS, str(id), info.context.principal
-        )
-        return view
+        return await CARD_VIEWS.one(info.context, str(id))
 
 
 @strawberry.type

@@ -4,8 +4,6 @@ streams the ledgers projector's typed union."""
 
 from __future__ import annotations
 
-from typing import TypeAlias
-
 import strawberry
 
 from service_engine import (
@@ -17,9 +15,9 @@ from service_engine import (
     Refused,
     WindowSpec,
 )
-from service_engine.graphql import GraphQLContext, Live, MutationResult, Refusal, subscription_union
+from service_engine.graphql import Live, MutationResult, Refusal, Views, subscription_union
 
-from ...kernel import Principal
+from ...kernel import Info
 from .commands import (
     close_ledger,
     erase_person,
@@ -32,8 +30,7 @@ from .commands import (
 from .domain import LedgerKey
 from .views import LEDGERS, LedgerEntryView, LedgersQuery, LedgerView
 
-Info: TypeAlias = strawberry.Info[GraphQLContext[Principal], None]
-
+LEDGER_VIEWS = Views(LEDGERS, LedgerView)
 LEDGERS_UNION = subscription_union("Ledgers", LedgerView, description="the caller's org's ledgers")
 
 
@@ -52,27 +49,17 @@ def _executor(info: Info) -> MutationExecutor:
     return info.context.engine.mutation_executor()
 
 
-async def _view(info: Info, key: LedgerKey) -> LedgerView | None:
-    view: LedgerView | None = await info.context.engine.fetch(
-        LEDGERS, list(key), info.context.principal
-    )
-    return view
-
-
 async def _result(info: Info, outcome: LedgerKey | MutationError) -> LedgerResult:
     if isinstance(outcome, MutationError):
         return LedgerResult.refused(outcome)
-    return LedgerResult(success=True, ledger=await _view(info, outcome))
+    return LedgerResult(success=True, ledger=await LEDGER_VIEWS.one(info.context, list(outcome)))
 
 
 @strawberry.type
 class LedgerQuery:
     @strawberry.field(description="The ledgers of the caller's org, by key.")
     async def ledgers(self, info: Info, limit: int = 100) -> list[LedgerView]:
-        found = await info.context.engine.fetch_window(
-            LEDGERS, LedgersQuery(limit), info.context.principal
-        )
-        return [view for _, view in found]
+        return await LEDGER_VIEWS.window(info.context, LedgersQuery(limit))
 
     @strawberry.field(description="One ledger of the caller's org, by name.")
     async def ledger(self, info: Info, name: str) -> LedgerView | None:
@@ -80,7 +67,7 @@ class LedgerQuery:
             key = key_for(info.context.principal, name)
         except Refused:
             return None
-        return await _view(info, key)
+        return await LEDGER_VIEWS.one(info.context, list(key))
 
 
 @strawberry.type
