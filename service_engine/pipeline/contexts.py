@@ -123,6 +123,7 @@ class Ops:
         self._locked: set[tuple[str, str]] = set()
         self._failed: DatabaseError | None = None
         self._begin: str | None = None
+        self._on_begun: Callable[[], Awaitable[None]] | None = None
 
     # -- time -------------------------------------------------------------
 
@@ -362,9 +363,14 @@ class Ops:
             sql = f"{begin}; {sql}"
         return await self._db(stage, lambda: self._conn.execute(sql))
 
-    def _defer_begin(self, begin_sql: str) -> None:
-        """The pipeline's BEGIN is sent with the first statement (`_ensure_begun`)."""
+    def _defer_begin(
+        self, begin_sql: str, on_begun: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """The pipeline's BEGIN is sent with the first statement (`_ensure_begun`).
+        ``on_begun`` (the fault hook's BEGIN stage) runs once that round trip
+        returned, inside the transaction; a driver error it raises is BEGIN's."""
         self._begin = begin_sql
+        self._on_begun = on_begun
 
     async def _ensure_begun(self) -> None:
         """Send a deferred BEGIN now (before the flush, or a non-lock statement)."""
@@ -378,7 +384,7 @@ class Ops:
             raise self._failed
         await self._ensure_begun()
         try:
-            return await call()
+            result = await call()
         except DRIVER_ERRORS as exc:
             if stage is Stage.BEGIN and is_lock_refusal(exc):
                 # The statement that began the transaction also took the
@@ -387,6 +393,11 @@ class Ops:
             error = translate_db_error(exc, stage)
             self._failed = error
             raise error from exc
+        if self._on_begun is not None and self._begin is None:
+            # The call that just returned sent BEGIN: the hook's BEGIN stage.
+            on_begun, self._on_begun = self._on_begun, None
+            await self._db(Stage.BEGIN, on_begun)
+        return result
 
 
 def _is_command(message: object) -> bool:

@@ -10,8 +10,9 @@
 
 BEGIN and ``SET LOCAL lock_timeout`` travel in the same round trip as the
 transaction's first advisory lock (or, for a handler that touches no
-aggregate, just before the flush); a `StageHook` makes BEGIN its own
-statement so a test can fail it.
+aggregate, just before the flush). A `StageHook` observes the stages without
+changing that sequence: it is called once BEGIN's round trip returned, before
+the flush and before COMMIT, and sends nothing unless it means to (a fault).
 
 `run_pipeline` is shared by every entry point (the mutation executor, the
 NATS reaction loop); each builds its own context over `Ops`. It returns the
@@ -47,10 +48,12 @@ R = TypeVar("R")
 class StageHook(Protocol):
     """Called at the pipeline's own stages, inside the transaction.
 
-    ``stage`` is `Stage.BEGIN` (after BEGIN), `Stage.FLUSH` (before the
-    staged writes) or `Stage.COMMIT` (just before COMMIT). A statement the
-    hook runs is part of the transaction, and an error it raises is a fault
-    of that stage. The seam for fault injection in tests.
+    ``stage`` is `Stage.BEGIN` (once the round trip that began the
+    transaction returned), `Stage.FLUSH` (before the staged writes) or
+    `Stage.COMMIT` (just before COMMIT). The pipeline sends the same
+    statements with a hook as without one; a statement the hook runs is
+    part of the transaction, and an error it raises is a fault of that
+    stage. The seam for fault injection in tests.
     """
 
     async def __call__(self, stage: Stage, conn: Conn) -> None: ...
@@ -99,15 +102,10 @@ async def run_pipeline(
     committed = 0
     try:
         cx = open_context(conn, clock.now())
-        if hook is None:
-            # BEGIN rides with the handler's first lock (or the flush).
-            cx._defer_begin(_begin_sql(config))
-        else:
-            try:
-                await conn.execute(_begin_sql(config))
-                await hook(Stage.BEGIN, conn)
-            except DRIVER_ERRORS as exc:
-                raise translate_db_error(exc, stage) from exc
+        # BEGIN rides with the handler's first lock (or the flush), hooked or not.
+        cx._defer_begin(
+            _begin_sql(config), None if hook is None else (lambda: hook(Stage.BEGIN, conn))
+        )
 
         result = await handler(cx)
         staged = cx._staged()

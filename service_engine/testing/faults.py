@@ -10,6 +10,11 @@ database, not by patching the engine.
 * ``InjectFault(Stage.COMMIT, sql=...)`` with an insert into a table whose
   deferred constraint trigger raises makes COMMIT itself fail.
 
+Until it fires, a hook sends nothing: a hooked pipeline sends the same
+statements as production (BEGIN, the lock bound and the first advisory lock
+in one round trip; ``conformance/test_fault_hook.py`` holds it so). A fault
+that fires sends its one statement, inside the transaction, at its stage.
+
 Nothing under ``service_engine/`` outside ``testing/`` imports this module.
 """
 
