@@ -49,7 +49,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     )),
     ("pipeline", ("service_engine.pipeline",)),
     ("render", ("service_engine.render", "service_engine.view")),
-    ("loops", ("service_engine.integration",)),
+    ("loops", ("service_engine.integration", "service_engine.props")),
     ("engine", ("service_engine.engine",)),
     ("surface", (
         "service_engine.graphql",
