@@ -28,6 +28,7 @@ from service_engine.commands import (
     Cascade,
     CascadeEdge,
     Catalog,
+    Caused,
     CheckedCommand,
     Command,
     CommandConfig,
@@ -271,6 +272,7 @@ RENAME_TASK = Command(
     Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing"),
            taken={"by_title": Outcome("TitleTaken")}),
     Set("task", "title", Var("title")),
+    Caused("task", "cmd_task", "task.renamed", {"title": Var("title")}),
     Return("Renamed", revision=Field("task", "version")),
 )
 LOCK_TASK = Command(

@@ -44,6 +44,7 @@ from .sample_commands import (
     executor_for,
     runner_for,
 )
+from .sample_counter import listen_impacts
 
 C = COMMANDS
 
@@ -450,3 +451,23 @@ async def test_a_create_under_a_store_key_held_in_another_partition_exists(
     exists = await run(runner, "CreateTask", EVE, request_key="k", org="umbrella",
                        task_id="t1", project_id="u1", title="x")
     assert isinstance(exists, CommandOutcome) and exists.name == "TaskExists"
+
+
+async def test_impacts_are_staged_with_the_effect_and_only_then(db: Database) -> None:
+    """A committed command impacts its entity's nouns (with the declared
+    cause); a zero-mutation outcome and a replay impact nothing."""
+    runner = runner_for(db)
+    await seed(runner, "t1", "a")
+    await seed(runner, "t2", "b")
+    async with listen_impacts(db) as probe:
+        await ok(runner, "RenameTask", org="acme", task_id="t1", title="c")
+        [impact] = await probe.next()
+        assert (impact.noun, impact.key) == ("cmd_task", "t1")
+        assert impact.cause is not None and impact.cause.name == "task.renamed"
+        assert impact.cause.data == {"title": "c"}
+        assert (await run(runner, "RenameTask", org="acme", task_id="t1",
+                          title="b")).name == "TitleTaken"
+        await run(runner, "CreateTask", request_key="t-t1", org="acme", task_id="t1",
+                  project_id="p1", title="a")  # a replay
+        await probe.assert_quiet()
+

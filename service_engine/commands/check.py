@@ -25,6 +25,7 @@ from .declaration import (
     UUID_V7,
     Binding,
     Cascade,
+    Caused,
     Clause,
     Command,
     Create,
@@ -88,7 +89,7 @@ def _section(clause: Clause) -> int:
         return 2
     if isinstance(clause, Require | RequireGate):
         return 3
-    if isinstance(clause, Set | Transition | Delete | Record | Emit):
+    if isinstance(clause, Set | Transition | Delete | Record | Caused | Emit):
         return 4
     if isinstance(clause, Return):
         return 5
@@ -126,7 +127,7 @@ class CheckedCommand:
     entities: Mapping[str, Entity]
     """The entity of each binding, by binding name."""
     requirements: tuple[Require | RequireGate, ...]
-    effects: tuple[Set | Transition | Delete | Record | Emit, ...]
+    effects: tuple[Set | Transition | Delete | Record | Caused | Emit, ...]
     transitions: Mapping[str, TransitionStep]
     """The transition of each binding that has one."""
     deletes: Mapping[str, DeleteStep]
@@ -461,7 +462,7 @@ class _CommandChecker:
         idem: str | None = None
         bindings: list[Binding] = []
         requirements: list[Require | RequireGate] = []
-        effects: list[Set | Transition | Delete | Record | Emit] = []
+        effects: list[Set | Transition | Delete | Record | Caused | Emit] = []
         transitions: dict[str, TransitionStep] = {}
         deletes: dict[str, DeleteStep] = {}
         returns: Return | None = None
@@ -552,6 +553,14 @@ class _CommandChecker:
                     raise self.fail(CommandDeclarationError, "record needs a fact type")
                 for name, value in clause.data.items():
                     self.observe(value, f"record {clause.type}.{name}")
+                effects.append(clause)
+            elif isinstance(clause, Caused):
+                entity = self._written(clause.binding, "caused")
+                if clause.noun not in entity.nouns:
+                    raise self.fail(UnknownName, f"caused {clause.binding}: {entity.name} "
+                                    f"impacts no noun {clause.noun!r} (nouns {entity.nouns})")
+                for name, value in clause.data.items():
+                    self.observe(value, f"caused {clause.name}.{name}")
                 effects.append(clause)
             elif isinstance(clause, Emit):
                 if not callable(clause.build):

@@ -43,6 +43,7 @@ __all__ = [
     "Binding",
     "Cascade",
     "CascadeEdge",
+    "Caused",
     "Clause",
     "Command",
     "Create",
@@ -400,6 +401,18 @@ class Record:
 
 
 @dataclass(frozen=True, slots=True)
+class Caused:
+    """The impact a write of ``binding`` stages on ``noun`` (one of its
+    entity's nouns) carries the cause ``name`` with ``data`` (for PerImpact
+    projectors); without it the impact carries none."""
+
+    binding: str
+    noun: str
+    name: str
+    data: Mapping[str, Expr] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Emit:
     """Emit the integration event (an ``OutboundEvent``) ``build(values)``
     returns, with the commit; ``values`` holds the inputs, service values and
@@ -422,7 +435,7 @@ class Return:
 
 Clause: TypeAlias = (
     Input | Service | IdempotencyKey | Read | Mutate | Create | Require | RequireGate
-    | Set | Transition | Delete | Record | Emit | Return
+    | Set | Transition | Delete | Record | Caused | Emit | Return
 )
 
 

@@ -26,13 +26,14 @@ from typing import Any, cast
 
 from ..db.errors import Stage, TransientConflict
 from ..gates import BoundGate
-from ..impacts.model import JsonValue, canonical_json
+from ..impacts.model import Cause, JsonValue, canonical_json
 from ..persistence.base import Aggregate, DomainEvent, store_of
 from ..pipeline import Mutation, MutationError, MutationExecutor
 from .check import CheckedCommand
 from .config import CommandConfig
 from .declaration import (
     Cascade,
+    Caused,
     Create,
     Delete,
     Emit,
@@ -139,6 +140,7 @@ class _Run:
         self.release: list[OccupancyKey] = []
         self.claims: list[tuple[OccupancyKey, str, Outcome]] = []
         self.held: dict[OccupancyKey, bool] = {}
+        self.causes: dict[tuple[str, str], Cause] = {}
         self.children: list[tuple[Entity, Any]] = []
 
     @property
@@ -282,6 +284,10 @@ class _Run:
                 data = {name: encode_value(_valued(evaluate(e, self.env()), name))
                         for name, e in clause.data.items()}
                 self.records.append((clause.binding, DomainEvent(clause.type, data)))
+            elif isinstance(clause, Caused):
+                data = {name: encode_value(_valued(evaluate(e, self.env()), name))
+                        for name, e in clause.data.items()}
+                self.causes[(clause.binding, clause.noun)] = Cause(clause.name, data)
 
     def _construct(self) -> None:
         for b in self.bound.values():
@@ -436,7 +442,11 @@ class _Run:
             else:
                 continue
             for noun in b.entity.nouns:
-                cx.impact(noun, encode_value(b.store_key))
+                cause = self.causes.get((b.binding.as_, noun))
+                if cause is None:
+                    cx.impact(noun, encode_value(b.store_key))
+                else:
+                    cx.impact_caused(noun, encode_value(b.store_key), cause)
         claimed = {c[0] for c in self.claims}
         for occupancy in self.release:
             if occupancy not in claimed:
