@@ -19,15 +19,18 @@ import pytest
 from conformance.harness import wait_until
 from conformance.props_support import SERVICE, PropsStack, props_stack
 from service_engine.props import (
+    Actor,
     FieldSpec,
     GrantOutcome,
     Namespace,
     PropsError,
     StaticPolicy,
     all_caps,
+    open_sqlite_store,
     open_watch,
     read_cap,
 )
+from service_engine.props.records import now
 
 SETTINGS = Namespace("settings", (FieldSpec("title", "string"), FieldSpec("api_key", "string", secret=True)))
 OTHER = Namespace("other", (FieldSpec("n", "integer"),))
@@ -212,3 +215,32 @@ async def test_missing_granter_is_unavailable(tmp_path: Path) -> None:
         msg = await stack.clients["alice"].request("demo.props.watch", b"", timeout=5, headers={"namespace": "settings"})
         assert (msg.headers or {})["rc"] == "20"
         assert json.loads(msg.data)["error_code"] == "unavailable"
+
+
+async def test_dispatcher_starts_at_the_current_cursor(tmp_path: Path) -> None:
+    """History committed before the service started is replayed by watch but
+    never published live; commits after start are."""
+    store = await open_sqlite_store(tmp_path / "props.db")
+    await store.register(SETTINGS)
+    for n in range(2):
+        await store.set(SETTINGS, f"old{n}", {"title": "old"}, merge=True, if_version=None, actor=Actor("A/alice", now()))
+    await store.aclose()
+    async with props_stack(tmp_path, [SETTINGS], POLICY) as stack:
+        watch = await open_watch(stack.clients["alice"], SERVICE, "settings")
+        try:
+            assert [(await watch.next()).get("nseq") for _ in range(3)] == [1, 2, 2]
+            await commit(stack, 1)
+            assert (await watch.next())["nseq"] == 3
+            assert watch.delivered == [3]
+        finally:
+            await watch.aclose()
+
+
+async def test_publication_is_best_effort(stack: PropsStack, caplog: pytest.LogCaptureFixture) -> None:
+    """A publication that fails is logged and the dispatcher's cursor still
+    advances; the commit stands and watch recovers it."""
+    await stack.clients["svc"].close()
+    await stack.store.set(SETTINGS, "k", {"title": "t"}, merge=True, if_version=None, actor=Actor("A/alice", now()))
+    await wait_until(lambda: stack.service._cursors["settings"] == 1, timeout=5, what="cursor advanced")
+    assert any("publication" in r.getMessage() for r in caplog.records)
+    assert (await stack.store.get("settings", "k")).record is not None

@@ -1,0 +1,99 @@
+"""Pure capability policy: attested peers from Nats-Request-Info, capability
+strings, verb rules, redaction, and the props public surface."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import service_engine.props as props
+from service_engine.props import (
+    PeerIdentity,
+    PropsError,
+    StaticPolicy,
+    all_caps,
+    attested_peer,
+    audit_cap,
+    describe_cap,
+    read_cap,
+    secrets_cap,
+    write_cap,
+)
+from service_engine.props.capabilities import redact, required_capability
+
+
+def info(**fields: object) -> dict[str, str]:
+    return {"Nats-Request-Info": json.dumps(fields)}
+
+
+def test_attested_peer_reads_account_and_user() -> None:
+    assert attested_peer(info(acc="A", user="alice", rtt=5), "SVC") == PeerIdentity("A", "alice")
+    assert attested_peer(info(acc="B"), "SVC") == PeerIdentity("B", None)
+    assert PeerIdentity("B").peer_id == "B" and PeerIdentity("A", "alice").peer_id == "A/alice"
+
+
+@pytest.mark.parametrize("headers", [
+    {},
+    {"Nats-Request-Info": "not json"},
+    {"Nats-Request-Info": "[1]"},
+    info(user="alice"),
+    info(acc="SVC", user="root"),  # the service's own account: nothing rewrote it
+    info(acc="A.B", user="x"),
+    info(acc="A", user="a b"),
+    info(acc="A", user=7),
+])
+def test_unattested_requests(headers: dict[str, str]) -> None:
+    peer = attested_peer(headers, "SVC")
+    assert not peer.attested and peer.peer_id == "anonymous"
+
+
+def test_without_a_service_account_nothing_is_attested() -> None:
+    assert not attested_peer(info(acc="A", user="alice"), None).attested
+
+
+def test_peer_id_round_trip_and_refusal() -> None:
+    for peer in (PeerIdentity("A", "alice"), PeerIdentity("B"), PeerIdentity.unattested()):
+        assert PeerIdentity.parse_peer_id(peer.peer_id) == peer
+    with pytest.raises(PropsError):
+        PeerIdentity.parse_peer_id("A.x/bob")
+
+
+def test_capability_strings() -> None:
+    cap = "demo.settings"
+    assert read_cap(cap) == "props.read:demo.settings"
+    assert write_cap(cap) == "props.write:demo.settings"
+    assert describe_cap(cap, "public") == "props.describe:demo.settings:public"
+    assert describe_cap(cap, "full") == "props.describe:demo.settings:full"
+    assert audit_cap(cap) == "props.audit:demo.settings"
+    assert secrets_cap(cap) == "props.read:demo.settings:secrets"
+    assert len(all_caps(cap)) == 6
+
+
+def test_verb_rules() -> None:
+    cap = "s.n"
+    assert {v: required_capability(v, cap) for v in ("set", "delete", "get", "list", "watch", "audit.watch")} == {
+        "set": write_cap(cap), "delete": write_cap(cap), "get": read_cap(cap), "list": read_cap(cap),
+        "watch": read_cap(cap), "audit.watch": audit_cap(cap),
+    }
+    assert required_capability("describe", cap, "full") == describe_cap(cap, "full")
+
+
+def test_static_policy_unions_account_and_user_grants() -> None:
+    policy = StaticPolicy({"A": {"x"}, "A/alice": {"y"}, "anonymous": {"z"}})
+    assert policy.capabilities(PeerIdentity("A", "alice")) == {"x", "y"}
+    assert policy.capabilities(PeerIdentity("A", "bob")) == {"x"}
+    assert policy.capabilities(PeerIdentity.unattested()) == {"z"}
+
+
+def test_redaction_nulls_secrets_and_keeps_missing_fields_missing() -> None:
+    secret = frozenset({"token"})
+    assert redact(secret, {"a": 1, "token": "t"}, False) == {"a": 1, "token": None}
+    assert redact(secret, {"a": 1}, False) == {"a": 1}
+    assert redact(secret, {"token": "t"}, True) == {"token": "t"}
+
+
+def test_public_surface() -> None:
+    for name in props.__all__:
+        assert getattr(props, name) is not None
+    assert sorted(props.__all__) == sorted(set(props.__all__))
