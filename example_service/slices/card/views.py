@@ -18,7 +18,7 @@ import strawberry
 from service_engine import CohortKey, Emission, PerImpact, Populate, Projector, Visibility
 
 from ...kernel import Affordance, Principal, affordance_list
-from .domain import NOUN, Card, encode_cursor
+from .domain import NOUN, BadCursor, Card, encode_cursor
 
 CARDS = "cards"
 
@@ -57,6 +57,14 @@ class CardVisibility(Visibility[Card, Principal]):
             yield ("org", principal.org)
 
 
+def _place(cursor: object) -> tuple[str, str]:
+    """The ``[created_at, id]`` a paging cursor carries (`decode_cursor`'s shape)."""
+    match cursor:
+        case [str() as created, str() as card_id]:
+            return created, card_id
+    raise BadCursor(f"not a card cursor place: {cursor!r}")
+
+
 class CardsView(Projector[Card, CardView, Principal, CardsQuery]):
     NAME = CARDS
     NOUN = NOUN
@@ -74,7 +82,7 @@ class CardsView(Projector[Card, CardView, Principal, CardsQuery]):
                 orgs, limit,
             )
         else:
-            created, card_id = cx.cursor  # type: ignore[misc]  # decode_cursor's shape
+            created, card_id = _place(cx.cursor)
             rows = await cx.conn.fetch(
                 "SELECT id FROM card WHERE org = ANY($1)"
                 " AND (created_at, id) < ($2::text::timestamptz, $3)"
