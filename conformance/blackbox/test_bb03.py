@@ -52,6 +52,9 @@ async def rename(pod: Pod, board_id: str, title: str) -> None:
 async def test_bb03_reset_then_contiguous_upserts_and_a_reconnect_reset_from_committed_state(
     pods: Pods, store: ProvisionedDatabase
 ) -> None:
+    """bb03: over a real graphql-transport-ws socket, each operation gets a
+    Reset then Upserts on a contiguous revision (with their causes); after a
+    reconnect, a Reset rebuilt from committed state, live again from there."""
     pod = await pods.spawn("a")
     await create_board(pod, "b-1", "first")
     await create_board(pod, "b-2", "second")
@@ -117,16 +120,25 @@ async def test_bb03_reset_then_contiguous_upserts_and_a_reconnect_reset_from_com
 
 
 async def test_bb03_the_rls_projection_shows_nothing_without_an_org_context(pods: Pods) -> None:
+    """bb03 (the RLS regime): a principal with no org, or another org, gets
+    an empty Reset of the fail-closed projection and no delta for a change
+    an org member on the same pod is shown; queries show nothing either."""
     pod = await pods.spawn("a")
     await create_board(pod, "b-1", "acme only")
     for passport in (NO_ORG, OUTSIDER):
-        async with pod.socket(passport) as ws:
+        async with pod.socket(passport) as ws, pod.socket(ADMIN) as witness:
+            await witness.init()
+            await witness.subscribe("orgBoards", ORG_BOARDS_SUBSCRIPTION)
+            assert (await next_of(witness, "orgBoards"))["__typename"] == "OrgBoardsReset"
             await ws.init()
             await ws.subscribe("orgBoards", ORG_BOARDS_SUBSCRIPTION)
             reset = await next_of(ws, "orgBoards")
             assert (reset["__typename"], reset["keys"]) == ("OrgBoardsReset", []), passport
             await rename(pod, "b-1", f"renamed while {passport.sub} watches")
-            await ws.quiet(0.3)
+            # The member's Upsert says the pod rendered the change's frame.
+            upsert = await next_of(witness, "orgBoards")
+            assert (upsert["__typename"], upsert["key"]) == ("OrgBoardsUpsert", key("b-1"))
+            await ws.quiet(0.2)
         data = await pod.gql('{ orgBoards { id } orgBoard(id: "b-1") { id } }', passport=passport)
         assert data == {"orgBoards": [], "orgBoard": None}
     data = await pod.gql('{ orgBoards { id } }', passport=ADMIN)
