@@ -61,6 +61,8 @@ async def admin_exec(pg: EmbeddedPostgres, database: str, *sql: str) -> None:
 
 
 async def test_app_role_boots_and_goes_up_when_running(db: Database) -> None:
+    """The app role boots; readiness is UP only once run() is running and DOWN again while
+    shutting down."""
     readiness = ReadinessHandle()
     engine = await Engine.boot(config(), db, None, readiness)
     assert not readiness.is_up, "UP before run() started"
@@ -70,6 +72,8 @@ async def test_app_role_boots_and_goes_up_when_running(db: Database) -> None:
 
 
 async def test_superuser_is_refused(pg_server: EmbeddedPostgres, database: ProvisionedDatabase) -> None:
+    """Boot refuses a superuser connection (PostureSuperuser) and readiness holds its
+    reason, never UP."""
     db = await pool_as(pg_server.url(pg_server.SUPERUSER, pg_server.superuser_password, database.name))
     readiness = ReadinessHandle()
     try:
@@ -82,6 +86,7 @@ async def test_superuser_is_refused(pg_server: EmbeddedPostgres, database: Provi
 
 
 async def test_bypassrls_is_refused(pg_server: EmbeddedPostgres, database: ProvisionedDatabase) -> None:
+    """Boot refuses a role with BYPASSRLS (PostureBypassRls) and readiness holds its reason."""
     await admin_exec(
         pg_server, database.name,
         "DROP ROLE IF EXISTS se_bypass",
@@ -104,6 +109,8 @@ async def test_bypassrls_is_refused(pg_server: EmbeddedPostgres, database: Provi
 async def test_owner_and_owner_member_are_refused(
     pg_server: EmbeddedPostgres, database: ProvisionedDatabase
 ) -> None:
+    """Boot refuses the schema owner and any member of the owner role (PostureOwner),
+    readiness holding the reason."""
     owner_db = await pool_as(database.owner_url)
     readiness = ReadinessHandle()
     try:
@@ -195,6 +202,8 @@ async def test_listener_probe_refuses_a_connection_notify_never_reaches(
 
 @pytest.mark.parametrize("ending", ["raises", "returns"])
 async def test_a_dead_worker_takes_readiness_down_and_run_raises(db: Database, ending: str) -> None:
+    """A supervised worker that returns or raises takes readiness DOWN naming it, and run()
+    raises WorkerStopped."""
     readiness = ReadinessHandle()
     engine = await Engine.boot(config(), db, None, readiness)
     release = asyncio.Event()
@@ -216,6 +225,8 @@ async def test_a_dead_worker_takes_readiness_down_and_run_raises(db: Database, e
 
 
 async def test_shutdown_refuses_new_work_and_run_returns(db: Database) -> None:
+    """shutdown() makes run() return, refuses new work with ShuttingDown, and leaves
+    readiness DOWN."""
     readiness = ReadinessHandle()
     engine = await Engine.boot(config(), db, None, readiness)
     task = asyncio.create_task(engine.run())
@@ -228,6 +239,8 @@ async def test_shutdown_refuses_new_work_and_run_returns(db: Database) -> None:
 
 
 async def test_duplicate_worker_name_is_refused(db: Database) -> None:
+    """A second worker under a name already registered is refused with
+    DuplicateRegistration."""
     from service_engine import DuplicateRegistration
 
     engine = await Engine.boot(config(), db, None, ReadinessHandle())

@@ -38,6 +38,8 @@ def scheduler(db: Database, holder: str, metrics: Metrics | None = None) -> Cron
 
 
 async def test_two_pods_racing_fire_each_slot_once(db: Database) -> None:
+    """Two pods racing to fire the same cron fire each slot exactly once, every fired slot
+    recorded FIRED by one of them."""
     pods = [scheduler(db, "pod-a"), scheduler(db, "pod-b")]
     for pod in pods:
         pod.register(Cron("sweep", timedelta(milliseconds=150), record_tick))
@@ -57,6 +59,8 @@ async def test_two_pods_racing_fire_each_slot_once(db: Database) -> None:
 
 
 async def test_a_tick_acts_as_the_service(db: Database) -> None:
+    """A cron tick runs as the service's actor on its first attempt, and a fired slot is not
+    fired again."""
     seen: list[Tick] = []
 
     async def capture(_conn: Conn, tick: Tick) -> None:
@@ -71,6 +75,8 @@ async def test_a_tick_acts_as_the_service(db: Database) -> None:
 
 
 async def test_a_failing_tick_rolls_back_retries_then_dead_letters(db: Database) -> None:
+    """A failing tick's writes roll back; the slot is retried up to max_attempts, then dead-
+    lettered (source Cron) and counted once."""
     metrics = Metrics("cards", "pod-a")
 
     async def broken(conn: Conn, tick: Tick) -> None:
@@ -89,6 +95,7 @@ async def test_a_failing_tick_rolls_back_retries_then_dead_letters(db: Database)
 
 
 async def test_a_slot_left_to_retry_fires_after_its_period_passed(db: Database) -> None:
+    """A slot left to retry still fires (on its second attempt) after its period has passed."""
     failures = {"left": 1}
 
     async def flaky(conn: Conn, tick: Tick) -> None:

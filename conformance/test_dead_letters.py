@@ -67,6 +67,8 @@ def counted(metrics: Metrics, source: DeadLetterSource) -> float:
 
 
 async def test_record_in_the_callers_transaction_stages_an_impact_on_the_ops_noun(db: Database) -> None:
+    """A dead letter recorded in the caller's transaction stages an impact on the dead-
+    letter noun, is counted only after commit, and stores the message whole."""
     metrics = Metrics("dl", "pod")
     store = DeadLetters(db, metrics)
     letter = reaction_letter(uuid.uuid4())
@@ -86,6 +88,8 @@ async def test_record_in_the_callers_transaction_stages_an_impact_on_the_ops_nou
 
 
 async def test_a_rolled_back_record_leaves_no_row_no_impact_no_count(db: Database) -> None:
+    """A dead letter recorded in a transaction that rolls back leaves no row, delivers no
+    impact and is not counted."""
     metrics = Metrics("dl", "pod")
     store = DeadLetters(db, metrics)
     async with listening(db) as listener:
@@ -132,6 +136,8 @@ async def test_s169_a_stuck_worker_re_recorded_every_beat_is_one_row_counted_onc
 
 
 async def test_concurrent_records_of_one_dead_letter_count_once(db: Database) -> None:
+    """Concurrent records of one dead letter store one row with every occurrence and count
+    it once."""
     metrics = Metrics("dl", "pod")
     store = DeadLetters(db, metrics)
     letter = DeadLetter.for_work(DeadLetterSource.CRON, "nightly", reason="tick failed", key="slot-1")
@@ -143,6 +149,8 @@ async def test_concurrent_records_of_one_dead_letter_count_once(db: Database) ->
 
 
 async def test_list_filters_by_source_and_discard_removes_with_an_impact(db: Database) -> None:
+    """list filters by source; discard removes a dead letter with one impact, and a second
+    discard of it does nothing."""
     store = DeadLetters(db, Metrics("dl", "pod"))
     message = reaction_letter(uuid.uuid4())
     work = DeadLetter.for_work(DeadLetterSource.CRON, "nightly", reason="tick failed")
@@ -162,6 +170,8 @@ async def test_list_filters_by_source_and_discard_removes_with_an_impact(db: Dat
 async def test_retry_republishes_with_a_fresh_dedup_token_and_the_original_logical_id(
     db: Database, nats_server: EmbeddedNats
 ) -> None:
+    """A retried dead letter is republished with a fresh Nats-Msg-Id (not dropped as a
+    duplicate) and its original logical message id, then leaves the store."""
     store = DeadLetters(db, Metrics("dl", "pod"))
     message_id = uuid.uuid4()
     letter = reaction_letter(message_id)
@@ -187,6 +197,7 @@ async def test_retry_republishes_with_a_fresh_dedup_token_and_the_original_logic
 
 
 async def test_a_failed_retry_keeps_the_dead_letter(db: Database, nats_server: EmbeddedNats) -> None:
+    """A retry the broker does not ack keeps the dead letter."""
     store = DeadLetters(db, Metrics("dl", "pod"))
     letter = DeadLetter.for_message(
         uuid.uuid4(), DeadLetterSource.OUTBOX, "outbox", reason="rejected",
@@ -200,6 +211,8 @@ async def test_a_failed_retry_keeps_the_dead_letter(db: Database, nats_server: E
 
 
 async def test_work_that_was_no_message_is_not_retryable(db: Database, nats_server: EmbeddedNats) -> None:
+    """A dead letter for work that was no message is refused a retry (NotRetryable) and
+    kept."""
     store = DeadLetters(db, Metrics("dl", "pod"))
     letter = DeadLetter.for_work(DeadLetterSource.MIRROR, "known_persons", reason="stuck")
     await store.record_work(letter)

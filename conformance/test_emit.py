@@ -72,6 +72,8 @@ async def scheduled(db: Database) -> list[dict[str, Any]]:
 async def test_a_mutation_emits_and_commands_as_its_principals_passport_actor(
     db: Database,
 ) -> None:
+    """A mutation's emitted event, command and scheduled message carry its principal's
+    passport actor and share one correlation id."""
     due = Timestamp.now() + timedelta(hours=1)
 
     async def place(cx: Mutation[Person]) -> None:
@@ -103,6 +105,7 @@ async def test_a_mutation_emits_and_commands_as_its_principals_passport_actor(
 
 
 async def test_a_principal_without_a_passport_actor_sends_as_the_service(db: Database) -> None:
+    """A principal without a passport actor sends as the service's own actor."""
     async def place(cx: Mutation[Anonymous]) -> None:
         cx.emit(OrderPlaced(order_id="o1", qty=1))
 
@@ -114,6 +117,8 @@ async def test_a_principal_without_a_passport_actor_sends_as_the_service(db: Dat
 
 
 async def test_a_rolled_back_mutation_sends_nothing(db: Database) -> None:
+    """A mutation that fails after emitting and scheduling leaves no outbox row and no
+    scheduled message."""
     async def place(cx: Mutation[Person]) -> None:
         cx.emit(OrderPlaced(order_id="o1", qty=1))
         cx.schedule_at(Timestamp.now(), OrderPlaced(order_id="o1", qty=1))

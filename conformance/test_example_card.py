@@ -138,6 +138,8 @@ class ReviewEvent(ReviewApproved):
 async def test_soft_eda_writes_the_state_row_and_its_facts_together_or_not_at_all(
     card: Running, store: ProvisionedDatabase
 ) -> None:
+    """Soft EDA: the card's state row and its facts commit together or not at all (a refused
+    or failed command writes neither)."""
     run = card.executor
     assert await run.execute(BOB, create_card, "first", "c-1") == "c-1"
     assert await facts(store, "c-1") == ["card.created"]
@@ -157,6 +159,8 @@ async def test_soft_eda_writes_the_state_row_and_its_facts_together_or_not_at_al
 
 
 async def test_the_gates_are_the_affordances(card: Running) -> None:
+    """The card slice's gates are its affordances: for each principal, what the view offers
+    is what running each mutation does."""
     run = card.executor
     await run.execute(BOB, create_card, "gated", "c-g")
     refused = await run.ack(BOB, advance_card, "c-g")
@@ -188,6 +192,8 @@ async def test_the_gates_are_the_affordances(card: Running) -> None:
 async def test_a_bulk_import_stages_one_reset_impact_and_reaches_a_window_in_one_frame(
     card: Running, store: ProvisionedDatabase
 ) -> None:
+    """A bulk import stages one projector-reset impact, and a live window receives every
+    imported card on a contiguous revision."""
     stream = await card.engine.attach(BOB, CARDS, WindowSpec(Query(CardsQuery(limit=100))))
     try:
         reset = await asyncio.wait_for(stream.next(), BOUND)
@@ -233,6 +239,9 @@ PAGE = """mutation($sid: String!, $cursor: String!) { pageCards(sessionId: $sid,
 async def test_the_paging_pair_appends_older_cards_to_the_callers_session_only(
     card: Running,
 ) -> None:
+    """The paging pair appends older cards to the caller's own live session; another
+    principal paging it gets no_live_session and the owner's wire receives nothing from
+    that attempt."""
     for i in range(8):
         assert await card.executor.execute(BOB, create_card, f"card {i}", f"p-{i}") == f"p-{i}"
     bob = Passport(sub="bob", org="acme")
@@ -276,6 +285,8 @@ async def test_the_paging_pair_appends_older_cards_to_the_callers_session_only(
 async def test_create_card_by_command_answers_card_created_with_the_inbound_metadata(
     card: Running, store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
+    """create_card by command on the bus answers card.created correlated and caused by the
+    inbound command, with the card's producer sequence headers."""
     async with producer(nats_server) as bus:
         sent = await bus.command(CreateCardCommand(card_id="bus-1"))
         await wait_until(lambda: _events_of(nats_server.url, "created", "bus-1"), timeout=BOUND,
@@ -300,6 +311,8 @@ async def _events_of(url: str, fact: str, card_id: str) -> bool:
 async def test_create_card_refuses_a_command_whose_actor_is_a_person(
     card: Running, store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
+    """A card command whose actor is a person is answered card.rejected (not dead-lettered)
+    and creates nothing."""
     impostor = Actor.person(uuid.uuid4())
     async with producer(nats_server, impostor) as bus:
         sent = await bus.command(CreateCardCommand(card_id="bus-person"))
@@ -319,6 +332,8 @@ async def test_create_card_refuses_a_command_whose_actor_is_a_person(
 async def test_a_resent_create_reemits_its_confirmation_and_creates_one_card(
     card: Running, store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
+    """A create command resent past the dedup window re-emits its stored confirmation and
+    creates the card once."""
     command_id = uuid.uuid4()
     async with producer(nats_server) as bus:
         await bus.command(CreateCardCommand(card_id="bus-2"), command_id=command_id)
@@ -343,6 +358,7 @@ async def test_a_resent_create_reemits_its_confirmation_and_creates_one_card(
 async def test_an_early_review_is_parked_until_its_card_exists(
     card: Running, store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
+    """A review that arrives before its card is parked, then applied once the card exists."""
     async with producer(nats_server) as bus:
         await bus.event(ReviewEvent(card_id="early"), producer="twin")
 
@@ -363,6 +379,8 @@ async def test_an_early_review_is_parked_until_its_card_exists(
 async def test_a_deadline_scheduled_at_creation_flags_an_open_card_overdue(
     card: Running, store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
+    """A deadline scheduled at creation flags the still-open card overdue (seen live on the
+    window); both deadlines fire."""
     stream = await card.engine.attach(BOB, CARDS, WindowSpec(Query(CardsQuery())))
     try:
         await asyncio.wait_for(stream.next(), BOUND)
@@ -392,6 +410,8 @@ async def test_a_deadline_scheduled_at_creation_flags_an_open_card_overdue(
 async def test_a_card_due_ahead_of_the_cards_own_deadline_flags_nothing_until_it_passes(
     card: Running, store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
+    """A due event that arrives before the card's own deadline flags nothing; the card is
+    flagged only once its deadline passed."""
     await card.executor.execute(BOB, create_card, "no deadline", "stray")
     await card.executor.execute(BOB, create_card, "due later", "later", 1.5)
 
@@ -434,6 +454,8 @@ async def digests(store: ProvisionedDatabase) -> list[dict[str, Any]]:
 
 async def test_the_digest_cron_publishes_once_per_slot(card: Running, store: ProvisionedDatabase
                                                        ) -> None:
+    """The digest cron publishes once per slot as the service, counting the cards per org
+    and stage at that slot."""
     await card.executor.execute(BOB, create_card, "one", "d-1")
     await card.executor.execute(GLOBEX, create_card, "two", "d-2")
     # The beat fired the current slot at start; firing it again does nothing.
@@ -459,6 +481,8 @@ async def _has_digest(store: ProvisionedDatabase) -> bool:
 async def test_the_twin_closes_the_cycle_against_the_slice(
     card: Running, store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
+    """The twin closes every cross-service cycle against the card slice: each card ends
+    doing, reviewed by the twin and overdue."""
     async with Twin.connect(nats_server.url) as twin:
         summary = await twin.run_cycles(3, org="acme", bound=BOUND, due_in=0.3)
     assert summary.ok, summary.to_json()
@@ -472,6 +496,7 @@ async def test_the_twin_closes_the_cycle_against_the_slice(
 async def test_the_twins_reviewer_approves_every_card_the_service_creates(
     card: Running, store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
+    """The twin's reviewer approves every card the service creates, in any org, once each."""
     stop = asyncio.Event()
     async with Twin.connect(nats_server.url) as twin:
         reviewer = asyncio.create_task(twin.review(stop))

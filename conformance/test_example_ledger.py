@@ -94,6 +94,8 @@ async def log_of(store: ProvisionedDatabase, org: str, name: str) -> list[tuple[
 async def test_a_version_1_posting_is_upcast_at_read_and_left_as_written(
     ledger: Running, store: ProvisionedDatabase
 ) -> None:
+    """A version-1 posting is upcast when read (by the view and by the write side) and left
+    as written in the log; new postings append at the current version."""
     await append_raw(store, "acme", "old", [
         (1, "opened", 1, {"org": "acme", "name": "old", "owner": "alice"}),
         (2, "posted", 1, {"amount": "12.34", "note": "rent", "by": "alice"}),
@@ -128,6 +130,8 @@ async def test_a_version_1_posting_is_upcast_at_read_and_left_as_written(
 async def test_the_hydration_barrier_refuses_the_load_on_both_sides(
     ledger: Running, store: ProvisionedDatabase, events: list[Any], problem: str
 ) -> None:
+    """A log the hydration barrier refuses fails the write (hydration_failed, nothing
+    appended) and the read (HydrationFailed)."""
     await append_raw(store, "acme", "bad", events)
     before = await log_of(store, "acme", "bad")
 
@@ -140,6 +144,9 @@ async def test_the_hydration_barrier_refuses_the_load_on_both_sides(
 
 
 async def test_the_gates_hold_what_the_generic_log_cannot_declare(ledger: Running) -> None:
+    """The ledger's gates refuse what the generic log cannot: a duplicate open, an overdraw,
+    a zero amount, another org's ledger, closing by a non-owner or unsettled, posting to
+    a closed ledger."""
     run = ledger.executor
     assert await run.execute(ALICE, open_ledger, "ops") == ("acme", "ops")
     again = await run.execute(BOB, open_ledger, "ops")
@@ -189,6 +196,8 @@ async def residue(store: ProvisionedDatabase, needle: str) -> list[str]:
 async def test_erasure_leaves_no_residue_in_the_log_nor_the_lagging_snapshot(
     ledger: Running, store: ProvisionedDatabase
 ) -> None:
+    """Erasing a person leaves no residue in the log nor in a snapshot that lags it, and the
+    view still renders."""
     run = ledger.executor
     await run.execute(ALICE, open_ledger, "shared")
     await run.execute(BOB, open_ledger, "bobs")
@@ -223,6 +232,8 @@ async def test_erasure_leaves_no_residue_in_the_log_nor_the_lagging_snapshot(
 async def test_the_erase_mutation_needs_its_scope_and_rerenders_the_live_windows(
     ledger: Running
 ) -> None:
+    """The erase mutation needs its scope, and a live window re-renders without the erased
+    person's postings."""
     await ledger.executor.execute(ALICE, open_ledger, "live")
     await ledger.executor.execute(ALICE, post_to_ledger, "live", 30, "alice's lunch")
     erase = """mutation($p: String!) { eraseLedgerPerson(person: $p) {

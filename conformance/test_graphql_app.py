@@ -247,6 +247,8 @@ async def subscribe(ws: ClientConnection, op_id: str, query: str) -> list[dict[s
 
 
 async def test_post_query_answers_as_the_passport_principal(db: Database) -> None:
+    """A POSTed query answers as the principal of the X-Passport header (either encoding),
+    with the engine in the context."""
     async with service(db) as (engine, addr), httpx.AsyncClient(base_url=f"http://{addr}") as http:
         query = {"query": "{ whoami { sub org roles } pod }"}
         for header in (ALICE.to_header(), json.dumps(ALICE.to_json())):
@@ -259,6 +261,8 @@ async def test_post_query_answers_as_the_passport_principal(db: Database) -> Non
 
 
 async def test_post_without_a_usable_passport_is_refused_typed(db: Database) -> None:
+    """A POST without a usable passport is refused with a typed code (missing, malformed,
+    refused); a field that needs no principal still answers."""
     async with service(db) as (_, addr), httpx.AsyncClient(base_url=f"http://{addr}") as http:
         query = {"query": "{ whoami { sub } }"}
         cases = {
@@ -289,6 +293,8 @@ async def test_subscriptions_are_not_served_over_http(db: Database) -> None:
 
 
 async def test_graphiql_is_served_to_a_browser_with_subscriptions_on_the_ws_path(db: Database) -> None:
+    """A browser GET of /graphql is served GraphiQL, wired to run subscriptions on the
+    WebSocket path."""
     async with service(db) as (_, addr), httpx.AsyncClient(base_url=f"http://{addr}") as http:
         response = await http.get("/graphql", headers={"Accept": "text/html"})
         assert response.status_code == 200
@@ -298,6 +304,8 @@ async def test_graphiql_is_served_to_a_browser_with_subscriptions_on_the_ws_path
 
 
 async def test_readyz_and_metrics_answer(db: Database) -> None:
+    """/readyz answers 200 UP and 503 with the reasons when DOWN; /metrics exposes the
+    engine's series labelled by service and pod."""
     async with service(db) as (engine, addr), httpx.AsyncClient(base_url=f"http://{addr}") as http:
         ready = await http.get("/readyz")
         assert (ready.status_code, ready.json()) == (200, {"status": "UP"})
@@ -319,6 +327,8 @@ async def test_readyz_and_metrics_answer(db: Database) -> None:
 
 
 async def test_a_subscription_streams_over_graphql_transport_ws(db: Database) -> None:
+    """A subscription streams over graphql-transport-ws: ping/pong, a typed union of Reset,
+    an out-of-band notice and caused Upsert, and queries over the socket."""
     async with service(db) as (_, addr), ws_connect(addr, ALICE.to_header()) as ws:
         assert ws.subprotocol == PROTOCOL
         await initialise(ws)
@@ -347,6 +357,8 @@ async def test_a_subscription_streams_over_graphql_transport_ws(db: Database) ->
 
 
 async def test_connection_init_without_a_usable_passport_is_refused(db: Database) -> None:
+    """connection_init without a usable passport closes the socket with the refusal code and
+    the typed reason."""
     cases = {"passport_missing": None, "passport_malformed": "!!", "passport_refused": BANNED.to_header()}
     async with service(db) as (_, addr):
         for code, header in cases.items():
@@ -359,6 +371,7 @@ async def test_connection_init_without_a_usable_passport_is_refused(db: Database
 
 
 async def test_the_principal_is_resolved_once_per_socket(db: Database) -> None:
+    """The principal is resolved once per socket, not once per operation."""
     seen: list[str] = []
 
     def counting(passport: Passport) -> Me:
@@ -379,6 +392,8 @@ async def test_the_principal_is_resolved_once_per_socket(db: Database) -> None:
 
 
 async def test_the_connection_params_passport_is_opt_in_and_never_beats_the_header(db: Database) -> None:
+    """A passport in connection_init's payload is honoured only when opted in, and never
+    over the gateway's header."""
     payload = {"X-Passport": ALICE.to_header()}  # what GraphiQL's Headers tab sends
     async with service(db) as (_, addr), ws_connect(addr) as ws:
         await send(ws, {"type": "connection_init", "payload": payload})
@@ -434,6 +449,7 @@ async def test_the_socket_closes_at_session_max_age_from_the_handshake(
 
 
 async def test_a_pod_shutting_down_refuses_the_upgrade(db: Database) -> None:
+    """A pod shutting down refuses the WebSocket upgrade (403)."""
     async with service(db) as (engine, addr):
         engine.shutdown()
         with pytest.raises(InvalidStatus) as refused:

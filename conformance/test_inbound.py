@@ -404,6 +404,7 @@ async def test_an_early_message_is_parked_and_released_when_its_prerequisite_lan
 async def test_a_message_parked_past_its_park_budget_is_dead_lettered(
     db: Database, streams: EmbeddedNats
 ) -> None:
+    """A message parked past its park budget is dead-lettered (park_budget_spent)."""
     reaction = place_order(
         "a", before=recording([], Park("never")),
         budget=fast_budget(park_delay=timedelta(milliseconds=100), park_for=timedelta(seconds=1)),
@@ -418,6 +419,8 @@ async def test_a_message_parked_past_its_park_budget_is_dead_lettered(
 async def test_a_handler_exception_is_rolled_back_dead_lettered_and_the_consumer_serves_on(
     db: Database, streams: EmbeddedNats
 ) -> None:
+    """A handler exception rolls back the handler's writes, dead-letters the message after
+    one attempt, and the consumer serves the next message with readiness UP."""
     async def buggy(cx: Reaction[Any], command: BaseModel) -> None:
         assert isinstance(command, PlaceOrder)
         await cx.create(Prerequisite(command.order_id))  # rolled back with the failure
@@ -681,6 +684,7 @@ async def test_run_refuses_a_stream_that_outlives_the_message_retention(
 async def test_run_fails_loud_on_an_absent_stream_and_never_creates_it(
     db: Database, streams: EmbeddedNats
 ) -> None:
+    """run() fails loud (StreamMissing) on an absent stream and never creates it."""
     client = await nats.connect(streams.url)
     try:
         await client.jetstream().delete_stream(EVENT_STREAM)
@@ -746,6 +750,8 @@ async def test_the_consumer_serves_again_after_a_nats_restart(
 async def test_registration_refuses_duplicates_and_a_second_principal_resolver(
     db: Database, streams: EmbeddedNats
 ) -> None:
+    """Registering a reaction twice, or a second reaction principal resolver, is refused
+    with DuplicateRegistration."""
     from service_engine import DuplicateRegistration
 
     conn = await open_nats(streams.url)

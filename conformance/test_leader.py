@@ -35,6 +35,8 @@ async def audit(db: Database) -> list[str]:
 
 
 async def test_only_one_of_two_holders_holds(db: Database) -> None:
+    """Of two pods racing for one slot exactly one holds it; renewals keep its fence, the
+    loser keeps losing and its fenced write fails."""
     a = LeaderLease(db, "relay", "pod-a", LONG)
     b = LeaderLease(db, "relay", "pod-b", LONG)
     results = await asyncio.gather(a.acquire(), b.acquire())
@@ -56,6 +58,8 @@ async def test_only_one_of_two_holders_holds(db: Database) -> None:
 
 
 async def test_takeover_only_after_expiry_bumps_the_fence(db: Database) -> None:
+    """A takeover happens only after expiry and bumps the fence; the frozen former holder's
+    fenced write fails and it cannot renew."""
     a = LeaderLease(db, "relay", "pod-a", SHORT)
     b = LeaderLease(db, "relay", "pod-b", SHORT)
     held = await a.acquire()
@@ -73,6 +77,7 @@ async def test_takeover_only_after_expiry_bumps_the_fence(db: Database) -> None:
 
 
 async def test_an_expired_holder_fails_its_writes_even_before_a_takeover(db: Database) -> None:
+    """A holder past its lease fails its fenced writes even before anyone takes over."""
     a = LeaderLease(db, "relay", "pod-a", SHORT)
     assert await a.acquire() is not None
     await fenced_write(db, a, "in-time")
@@ -109,6 +114,7 @@ async def test_a_takeover_waits_for_the_holders_fenced_transaction(db: Database)
 
 
 async def test_release_lets_another_pod_take_over_at_once(db: Database) -> None:
+    """A released lease is taken by another pod at once, on the next fence."""
     a = LeaderLease(db, "relay", "pod-a", LONG)
     b = LeaderLease(db, "relay", "pod-b", LONG)
     assert await a.acquire() is not None

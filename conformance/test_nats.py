@@ -30,6 +30,8 @@ SUBJECT = "integration.evt.cards.card.created"
 
 
 async def test_publish_outcomes_ack_and_duplicate(nats_server: EmbeddedNats) -> None:
+    """A publish is Acked; the same Nats-Msg-Id again is a Duplicate of that stream
+    sequence."""
     async with engine_nats(nats_server) as conn:
         token = {HEADER_NATS_MSG_ID: str(uuid.uuid4())}
         first = await conn.publish(SUBJECT, b"{}", token)
@@ -39,6 +41,8 @@ async def test_publish_outcomes_ack_and_duplicate(nats_server: EmbeddedNats) -> 
 
 
 async def test_genuine_broker_refusals_are_rejected(nats_server: EmbeddedNats) -> None:
+    """Genuine broker refusals (message too large, wrong expected sequence) are Rejected
+    with their error codes."""
     await set_stream(nats_server.url, "INTEGRATION_EVT", max_msg_size=256)
     async with engine_nats(nats_server) as conn:
         too_big = await conn.publish(SUBJECT, b"x" * 1024)
@@ -49,6 +53,8 @@ async def test_genuine_broker_refusals_are_rejected(nats_server: EmbeddedNats) -
 
 
 async def test_a_broker_that_cannot_answer_is_unanswered(nats_server: EmbeddedNats) -> None:
+    """A subject no stream captures and a broker that is down are Unanswered, never
+    Rejected; after the reconnect a publish is Acked."""
     async with engine_nats(nats_server, publish_ack_timeout=timedelta(milliseconds=300)) as conn:
         no_stream = await conn.publish("nowhere.captures.this", b"{}")
         assert isinstance(no_stream, Unanswered)
@@ -64,6 +70,7 @@ async def test_a_broker_that_cannot_answer_is_unanswered(nats_server: EmbeddedNa
 
 
 async def test_streams_are_bind_only(nats_server: EmbeddedNats) -> None:
+    """Streams are bound, never created: an undeclared stream raises StreamMissing."""
     async with engine_nats(nats_server) as conn:
         await conn.bind_stream("INTEGRATION_CMD")
         with pytest.raises(StreamMissing, match="NOT_DECLARED"):
@@ -71,6 +78,8 @@ async def test_streams_are_bind_only(nats_server: EmbeddedNats) -> None:
 
 
 async def test_buckets_are_bind_only_and_compare_and_set(nats_server: EmbeddedNats) -> None:
+    """Buckets are bound, never created (BucketMissing); keys create and update by compare-
+    and-set (KvConflict on a stale revision)."""
     admin = await nats.connect(nats_server.url, max_reconnect_attempts=0)
     try:
         await admin.jetstream().create_key_value(KeyValueConfig(bucket="published_cards"))

@@ -174,6 +174,8 @@ def message_ids(stored: Sequence[StoredMessage]) -> list[str]:
 
 
 async def test_committed_rows_publish_once_with_their_headers(db: Database, nats_server: EmbeddedNats) -> None:
+    """Committed rows publish once, in order, with their message id and producer sequence
+    headers; a second step publishes nothing."""
     async with engine_nats(nats_server) as conn:
         relay = relay_for(db, conn)
         ids = await commit_events(db, [event("c1", sequenced=True, version=4), event("c2")])
@@ -193,6 +195,8 @@ async def test_committed_rows_publish_once_with_their_headers(db: Database, nats
 
 
 async def test_a_declared_sequence_without_a_service_stages_nothing(db: Database) -> None:
+    """A declared sequence without a service is refused (SequenceWithoutService) and stages
+    nothing; with one it stages the producer and sequence."""
     meta = EventMetadata.originating(Actor.service(SERVICE))
     message = build_event(event("c1"), service=SERVICE, metadata=meta, occurred_at=datetime.now(UTC))
     body = message.body_json()
@@ -223,6 +227,7 @@ async def test_a_pass_drains_up_to_its_drain_bound(db: Database, nats_server: Em
 
 
 async def test_only_the_lease_holder_relays(db: Database, nats_server: EmbeddedNats) -> None:
+    """Of two relays only the lease holder publishes; every row is published once."""
     async with engine_nats(nats_server) as conn:
         a, b = relay_for(db, conn, holder="pod-a"), relay_for(db, conn, holder="pod-b")
         await commit_backlog(db, 50)
@@ -253,6 +258,7 @@ async def test_a_leader_frozen_past_its_lease_cannot_mark_rows(db: Database, nat
 
 
 async def test_a_closing_relay_hands_the_lease_over_at_once(db: Database, nats_server: EmbeddedNats) -> None:
+    """A relay that closes releases its lease, so another relay leads at once."""
     async with engine_nats(nats_server) as conn:
         first, second = relay_for(db, conn, holder="pod-a"), relay_for(db, conn, holder="pod-b")
         assert (await first.step()).skipped is None
@@ -276,6 +282,8 @@ async def test_a_republished_row_is_deduplicated(db: Database, nats_server: Embe
 
 
 async def test_backlog_gauges_follow_the_pending_rows(db: Database, nats_server: EmbeddedNats) -> None:
+    """The backlog gauges report the pending rows and the oldest one's age, and fall to zero
+    once drained."""
     metrics = Metrics(SERVICE, "pod-a")
     async with engine_nats(nats_server) as conn:
         relay = relay_for(db, conn, metrics)
@@ -296,6 +304,8 @@ async def test_backlog_gauges_follow_the_pending_rows(db: Database, nats_server:
 
 
 async def test_the_sweep_deletes_published_aged_failed_rows_and_old_claims(db: Database, nats_server: EmbeddedNats) -> None:
+    """The sweep deletes published rows, failed rows past the retention and old claims, in
+    bounded batches, and keeps the fresh ones."""
     async with engine_nats(nats_server) as conn:
         relay = relay_for(db, conn, message_retention=timedelta(hours=1), sweep_batch=2)
         await commit_backlog(db, 5)
@@ -442,6 +452,7 @@ async def test_s177_the_nats_verdict_lands_within_grace_despite_a_backlog(
 
 
 async def test_an_outage_shorter_than_the_grace_keeps_the_pod_up(db: Database, nats_server: EmbeddedNats) -> None:
+    """A NATS outage shorter than nats_grace never takes the pod DOWN."""
     async with engine_nats(nats_server) as conn, running_engine(
         db, conn, nats_grace=timedelta(seconds=4)
     ) as (engine, readiness):
@@ -570,6 +581,8 @@ async def test_s190_a_server_restarted_without_jetstream_is_an_outage(
 
 
 async def test_boot_refuses_a_message_retention_below_a_streams_max_age(nats_server: EmbeddedNats) -> None:
+    """Boot refuses a message retention below a stream's max_age, and a stream that does not
+    exist."""
     await set_stream(nats_server.url, "INTEGRATION_CMD", max_age=3600)
     await set_stream(nats_server.url, "INTEGRATION_EVT", max_age=600)
     async with engine_nats(nats_server) as conn:
@@ -581,6 +594,7 @@ async def test_boot_refuses_a_message_retention_below_a_streams_max_age(nats_ser
 
 
 async def test_boot_refuses_any_retention_for_a_stream_without_max_age(nats_server: EmbeddedNats) -> None:
+    """Boot refuses any retention for a stream that keeps messages forever."""
     await set_stream(nats_server.url, "INTEGRATION_EVT")  # no max_age: keeps messages forever
     async with engine_nats(nats_server) as conn:
         with pytest.raises(MessageRetentionTooShort, match="unlimited"):

@@ -67,6 +67,8 @@ class PersistenceContract:
             return await self.style.Store.load(conn, key)
 
     async def test_same_commands_same_state_and_impacts(self, db: Database) -> None:
+        """The same commands give the same state and the same impacts in every persistence
+        style."""
         executor = executor_for(db)
         s = self.style
         async with listen_impacts(db) as probe:
@@ -95,6 +97,8 @@ class PersistenceContract:
         ]
 
     async def test_create_of_an_existing_key_is_a_unique_violation(self, db: Database) -> None:
+        """Creating an existing key answers unique_violation and leaves the aggregate as it
+        was."""
         executor = executor_for(db)
         assert await executor.ack(WRITER, create_counter, self.style, "dup") == Success()
         await executor.ack(WRITER, increment, self.style, "dup", 5)
@@ -104,6 +108,7 @@ class PersistenceContract:
         assert (await self.load(db, "dup")).observed() == ("dup", 5, False, "alice")
 
     async def test_missing_aggregate_is_not_found(self, db: Database) -> None:
+        """A command on a missing aggregate answers not_found and creates nothing."""
         executor = executor_for(db)
         outcome = await executor.ack(WRITER, increment, self.style, "nope")
         assert isinstance(outcome, MutationError)
@@ -111,6 +116,7 @@ class PersistenceContract:
         assert await self.load(db, "nope") is None
 
     async def test_delete_removes_the_aggregate(self, db: Database) -> None:
+        """Delete removes the aggregate with one impact; deleting it again is not_found."""
         executor = executor_for(db)
         await executor.ack(WRITER, create_counter, self.style, "gone")
         async with listen_impacts(db) as probe:
@@ -121,6 +127,8 @@ class PersistenceContract:
         assert isinstance(again, MutationError) and again.code == "not_found"
 
     async def test_read_many_finds_in_key_order(self, db: Database) -> None:
+        """read_many finds the aggregates in the order of the keys asked, skipping missing
+        ones, in one query where the style batches."""
         executor = executor_for(db)
         for key, by in (("a", 1), ("b", 2), ("c", 3)):
             await executor.ack(WRITER, create_counter, self.style, key)
@@ -171,6 +179,8 @@ class PersistenceContract:
         assert (await self.load(db, "hot")).value == n
 
     async def test_a_refused_command_writes_nothing(self, db: Database) -> None:
+        """A command the gate refuses answers forbidden, writes nothing and stages no
+        impact."""
         executor = executor_for(db)
         await executor.ack(WRITER, create_counter, self.style, "calm")
         async with listen_impacts(db) as probe:

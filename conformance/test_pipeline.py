@@ -460,6 +460,8 @@ async def test_erase_leaves_no_residue_in_log_or_snapshot(db: Database) -> None:
 
 
 async def test_keys_lists_a_nouns_aggregates(db: Database) -> None:
+    """keys() lists a noun's aggregates in key order, paged by after/limit, and nothing for
+    an unknown noun."""
     executor = executor_for(db)
     for key in ("b", "a", "c"):
         await executor.ack(WRITER, create_counter, EdaCounter, key)
@@ -568,6 +570,8 @@ async def test_s134_impacts_are_counted_only_after_commit_returned(
 
 
 async def test_a_shutting_down_engine_answers_retryable(db: Database) -> None:
+    """A command reaching an engine that is shutting down answers the retryable
+    shutting_down and runs nothing."""
     def refuse() -> None:
         raise ShuttingDown("stopping")
 

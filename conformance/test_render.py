@@ -117,6 +117,8 @@ async def seed(db: Database, *cards: Card) -> None:
 
 
 async def test_reset_then_contiguous_upserts_and_removes(db: Database) -> None:
+    """A live session gets a Reset of committed visible state, then Upserts and Removes on
+    contiguous revisions; rows of other orgs never reach it."""
     await seed(db, Card("c1", "acme", 1, "one"), Card("x1", "globex", 5, "other org"))
     async with running_engine(db, CardsView()) as engine:
         stream = await engine.attach(ALICE, "cards", window())
@@ -255,6 +257,8 @@ async def test_s164_one_load_per_dirty_key_and_cohort(db: Database) -> None:
 
 
 async def test_s164_rls_cohorts_load_once_each(db: Database) -> None:
+    """s164 (RLS): with RLS each principal is its own cohort and loads once under its own
+    context; sessions that cannot see the row get nothing."""
     async with frames(db, OrgCardsRls()) as f:
         spec: WindowSpec[Any] = WindowSpec(Query(None), rls=True)
         acme = [await f.runtime.attach(Principal(f"a{i}", frozenset({"acme"})), "org_cards_rls",
@@ -466,6 +470,8 @@ async def test_s168_an_rls_assertion_must_match_the_projector(db: Database) -> N
 
 
 async def test_rls_reads_are_scoped_by_the_applier_on_every_path(db: Database) -> None:
+    """RLS reads are scoped by the applier on every path: the snapshot and fetch see only
+    the principal's org."""
     async with db.pool.acquire() as conn:
         await write_card(conn, Card("o1", "acme", 0, "acme card"), table="sample_org_card")
         await write_card(conn, Card("o2", "globex", 0, "globex card"), table="sample_org_card")
@@ -504,6 +510,7 @@ async def test_a_failing_render_repairs_then_ends_after_repair_attempts(db: Data
 
 
 async def test_a_repaired_session_resets_from_committed_state(db: Database) -> None:
+    """A session whose render failed once is repaired with a Reset from committed state."""
     class Flaky(CardsView):
         NAME = "flaky"
         failures = 1
@@ -524,6 +531,7 @@ async def test_a_repaired_session_resets_from_committed_state(db: Database) -> N
 
 
 async def test_attach_after_shutdown_is_refused(db: Database) -> None:
+    """An attach after shutdown is refused with AttachShuttingDown, which is a ShuttingDown."""
     from service_engine.errors import AttachShuttingDown, ShuttingDown
 
     async with running_engine(db, CardsView()) as engine:
@@ -594,6 +602,8 @@ async def test_s183_a_page_loses_no_race_to_a_concurrent_pass(db: Database) -> N
 
 
 async def test_one_failing_projector_leaves_other_sessions_untouched(db: Database) -> None:
+    """A projector that fails to render leaves the sessions of other projectors untouched:
+    they still get the change."""
     class Broken(CardsView):
         NAME = "broken"
 

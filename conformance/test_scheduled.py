@@ -83,6 +83,8 @@ async def waiting(db: Database) -> list[tuple[uuid.UUID, int]]:
 
 
 async def test_due_messages_publish_once_and_future_ones_wait(db: Database, nats_server: EmbeddedNats) -> None:
+    """Due scheduled messages publish once, with their message id as the dedup token; future
+    ones wait."""
     due = await schedule(db, ["c1", "c2", "c3"], at=past())
     later = await schedule(db, ["c4"], at=Timestamp.now() + timedelta(hours=1))
     async with engine_nats(nats_server) as conn:
@@ -100,6 +102,8 @@ async def test_due_messages_publish_once_and_future_ones_wait(db: Database, nats
 async def test_a_poison_row_is_dead_lettered_past_its_budget_while_the_rest_fire(
     db: Database, nats_server: EmbeddedNats
 ) -> None:
+    """A scheduled row the broker keeps rejecting is dead-lettered (source Scheduled) at its
+    attempt bound while the other rows fire, and later beats still fire."""
     metrics = Metrics(SERVICE, "pod")
     await set_stream(nats_server.url, "INTEGRATION_EVT", max_msg_size=1024)
     [poison] = await schedule(db, ["big"], at=Timestamp.now() - timedelta(seconds=5), note="x" * 4096)
@@ -124,6 +128,8 @@ async def test_a_poison_row_is_dead_lettered_past_its_budget_while_the_rest_fire
 
 
 async def test_an_outage_or_silent_jetstream_costs_no_attempt(db: Database, nats_server: EmbeddedNats) -> None:
+    """An outage, or a JetStream that cannot answer, costs a scheduled row no attempt; the
+    rows publish once JetStream answers."""
     ids = await schedule(db, ["c1", "c2"], at=past())
     async with engine_nats(nats_server) as conn:
         pub = publisher(db, conn, max_attempts=1)
@@ -151,6 +157,7 @@ async def test_an_outage_or_silent_jetstream_costs_no_attempt(db: Database, nats
 
 
 async def test_two_pods_publish_each_due_row_once(db: Database, nats_server: EmbeddedNats) -> None:
+    """Two pods firing the same due rows publish each exactly once."""
     await schedule(db, [f"c{i}" for i in range(60)], at=past())
     async with engine_nats(nats_server) as a, engine_nats(nats_server) as b:
         pods = [publisher(db, a), publisher(db, b)]

@@ -19,6 +19,9 @@ instants = st.datetimes(
 
 
 def test_timestamp_round_trips_through_timestamptz(database: ProvisionedDatabase) -> None:
+    """Any Timestamp round-trips through a Postgres timestamptz unchanged, to the
+    microsecond."""
+
     @settings(max_examples=25, deadline=None)
     @given(st.lists(instants, min_size=1, max_size=40))
     def round_trip(values: list[datetime]) -> None:
@@ -43,6 +46,7 @@ def test_timestamp_round_trips_through_timestamptz(database: ProvisionedDatabase
 
 
 def test_timestamp_is_utc_and_refuses_naive() -> None:
+    """A Timestamp is always UTC (an aware value is converted) and refuses a naive datetime."""
     import pytest
 
     local = datetime(2026, 1, 1, 12, tzinfo=timezone(timedelta(hours=2)))

@@ -57,6 +57,7 @@ def cards(*keys: int) -> list[Impact]:
 
 
 async def test_committed_impacts_arrive_whole_once_in_commit_order(db: Database) -> None:
+    """Committed impact groups arrive whole, once each, in commit order."""
     async with listening(db) as listener:
         async with db.pool.acquire() as conn:
             for batch in ([1, 2], [3], [4, 5, 6]):
@@ -69,6 +70,7 @@ async def test_committed_impacts_arrive_whole_once_in_commit_order(db: Database)
 
 
 async def test_a_rolled_back_transaction_delivers_nothing(db: Database) -> None:
+    """A transaction that rolls back delivers nothing."""
     async with listening(db) as listener:
         async with db.pool.acquire() as conn:
             tx = conn.transaction()
@@ -79,6 +81,8 @@ async def test_a_rolled_back_transaction_delivers_nothing(db: Database) -> None:
 
 
 async def test_large_groups_reassemble_across_frames_amid_concurrent_commits(db: Database) -> None:
+    """Groups too large for one NOTIFY reassemble whole across frames while other
+    transactions commit concurrently."""
     def group(tag: str) -> list[Impact]:
         return [Impact.entity("row", f"{tag}-{i}-" + "x" * 120) for i in range(400)]
 
@@ -97,6 +101,8 @@ async def test_large_groups_reassemble_across_frames_amid_concurrent_commits(db:
 
 
 async def test_an_oversize_cause_fails_the_transaction_and_commits_nothing(db: Database) -> None:
+    """An impact whose cause exceeds the payload bound fails its transaction (CauseTooLarge)
+    and commits nothing, scheduled impacts included."""
     at = Timestamp.now() + timedelta(hours=1)
     huge = Impact.entity("card", 1, Cause("card.moved", "x" * MAX_PAYLOAD_BYTES))
     async with listening(db) as listener:
@@ -223,6 +229,8 @@ async def test_s134_only_committed_impacts_are_counted_after_commit(
 
 
 async def test_a_terminated_listener_backend_yields_reconnected_and_resumes(db: Database) -> None:
+    """A terminated LISTEN backend yields one Reconnected and the listener resumes
+    delivering."""
     async with listening(db) as listener:
         pid = await db.pool.fetchval(
             "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
@@ -242,6 +250,8 @@ async def test_a_terminated_listener_backend_yields_reconnected_and_resumes(db: 
 async def test_scheduled_impacts_fire_once_at_database_time_with_two_pods_racing(
     db: Database,
 ) -> None:
+    """Scheduled impacts fire at database time, not before, and exactly once with two pods
+    racing."""
     db_now = Timestamp(await db.pool.fetchval("SELECT now()"))
     async with db.pool.acquire() as conn, conn.transaction():
         await schedule_in(conn, db_now + timedelta(milliseconds=400), cards(1, 2))

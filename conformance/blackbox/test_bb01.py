@@ -24,6 +24,8 @@ from .harness import (
 async def test_bb01_readiness_and_a_second_pod_converges(
     pods: Pods, store: ProvisionedDatabase
 ) -> None:
+    """bb01: the spawned binary answers /readyz UP, a second pod on the same store boots UP
+    beside it, and a write through one pod reaches subscribers on both."""
     a = await pods.spawn("a")
     ready = await a.readyz()
     assert (ready.status_code, ready.json()) == (200, {"status": "UP"})

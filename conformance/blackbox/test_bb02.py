@@ -66,6 +66,9 @@ async def board_in_state(
 async def test_bb02_every_affordance_is_true_exactly_when_its_mutation_succeeds(
     pods: Pods, store: ProvisionedDatabase,
 ) -> None:
+    """bb02: for every principal, board state and action, the served affordance is allowed
+    exactly when running its mutation succeeds, and a refusal names the affordance's
+    reason."""
     pod = await pods.spawn("a")
     tokens: list[str] = []
     served_actions: set[str] = set()

@@ -80,6 +80,9 @@ async def committed(store: ProvisionedDatabase) -> tuple[dict[str, Any], dict[st
 async def test_bb04_the_spawned_twin_closes_the_cross_service_cycle(
     pods: Pods, store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
+    """bb04: the spawned twin binary drives full cross-service cycles over NATS against the
+    running service; every cycle closes correlated, and the live subscriber sees each
+    card reach its final state on a contiguous revision."""
     pod = await pods.spawn("a")
     async with pod.socket(ACME) as ws:
         await ws.init()

@@ -33,6 +33,9 @@ def archive_affordance(view: dict[str, Any]) -> dict[str, Any]:
 async def test_bb06_the_socket_closes_at_session_max_age_and_the_client_resumes(
     pods: Pods,
 ) -> None:
+    """bb06: the graphql-transport-ws socket stays live until session_max_age measured from
+    the handshake, is closed then (1001 session_max_age), and the client reconnecting
+    with a fresh passport resumes under it from a Reset of committed state."""
     pod = await pods.spawn("a", env={
         "SERVICE_ENGINE_SESSION_MAX_AGE": str(MAX_AGE),
         "SERVICE_ENGINE_SESSION_TTL": "1",

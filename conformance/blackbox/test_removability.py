@@ -87,6 +87,8 @@ async def served_fields(addr: str) -> dict[str, set[str]]:
 async def test_the_kernel_alone_and_the_service_without_each_slice_boot(
     store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
+    """The kernel alone, every slice, and the service without each one slice compose and
+    serve exactly the root fields of the slices they hold."""
     variants: dict[str, tuple[str, ...]] = {"kernel only": (), "every slice": SLICES}
     for removed in SLICES:
         variants[f"without {removed}"] = tuple(s for s in SLICES if s != removed)
@@ -101,6 +103,8 @@ async def test_the_kernel_alone_and_the_service_without_each_slice_boot(
 async def test_deleting_a_slice_folder_and_its_line_leaves_a_bootable_service(
     pods: Pods, tmp_path: Path,
 ) -> None:
+    """Deleting a slice's folder and its one line in the slice list (no slice-agnostic file
+    names it) leaves a service that boots and serves the other slices' fields."""
     for n, removed in enumerate(SLICES):
         root = tmp_path / f"without_{removed}"
         package = root / "example_service"
