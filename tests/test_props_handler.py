@@ -318,3 +318,29 @@ async def test_validation_of_values(handler: PropsHandler) -> None:
     with pytest.raises(PropsError) as long_key:
         await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"api_key": "far too long"}')
     assert "vault_format_v2" not in long_key.value.message
+
+
+class BrokenStore(MemoryStore):
+    async def get(self, namespace: str, key: str) -> Any:
+        from service_engine.props import PropsStoreError
+
+        raise PropsStoreError("disk I/O error at /var/lib/secret/path")
+
+
+async def test_storage_failure_is_storage_error_without_detail() -> None:
+    h = PropsHandler(SVC, BrokenStore(), StaticPolicy({"A/alice": all_caps("demo.settings")}))
+    await h.register(SETTINGS)
+    reply = await h.handle("demo.props.get", {"namespace": "settings", "key": "k"}, b"", ALICE)
+    assert (reply.rc, reply.body["error_code"]) == (20, "storage_error")
+    assert "/var/lib" not in reply.body["message"]
+
+
+def test_verb_registry_classes() -> None:
+    from service_engine.props import verb_registry
+
+    assert {e["subject"]: e["class"] for e in verb_registry("demo")} == {
+        "demo.props.set": "intent", "demo.props.delete": "intent", "demo.props.get": "query",
+        "demo.props.list": "query", "demo.props.describe": "query", "demo.props.watch": "intent",
+        "demo.props.audit.watch": "intent",
+    }
+    assert {e["owner"] for e in verb_registry("demo")} == {"demo"}

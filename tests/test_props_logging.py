@@ -111,3 +111,16 @@ async def test_bridge_changes_real_logger_levels_live(handler: PropsHandler, log
         assert list(logging.getLogger().handlers) == handlers_before  # no sink rebuilt
     finally:
         await bridge.aclose()
+
+
+async def test_open_log_bridge_maps_registration_failure(handler: PropsHandler) -> None:
+    from service_engine.props import LogBridgeError, open_log_bridge
+
+    with pytest.raises(LogBridgeError):
+        await open_log_bridge(handler)  # "log" is registered already
+    fresh = PropsHandler("demo", MemoryStore(), StaticPolicy({}))
+    bridge = await open_log_bridge(fresh)
+    try:
+        assert "log" in fresh.namespaces
+    finally:
+        await bridge.aclose()

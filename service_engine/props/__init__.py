@@ -2,7 +2,14 @@
 over NATS request/reply, capabilities and redaction, replay and live topics,
 the SQLite and in-memory stores, and the logging bridge."""
 
-from .addressing import VERBS, Command, audit_topic, parse_command, records_changed_topic
+from .addressing import (
+    VERBS,
+    Command,
+    audit_topic,
+    parse_command,
+    records_changed_topic,
+    verb_registry,
+)
 from .capabilities import (
     REQUEST_INFO_HEADER,
     PeerIdentity,
@@ -31,9 +38,15 @@ from .handler import (
     PropsHandler,
     Reply,
 )
-from .logging_bridge import LogBridge, LogBridgeError, log_namespace, parse_filter
+from .logging_bridge import (
+    LogBridge,
+    LogBridgeError,
+    log_namespace,
+    open_log_bridge,
+    parse_filter,
+)
 from .memory_store import MemoryStore
-from .records import Actor, Commit, Record, Snapshot, StoredEvent
+from .records import Actor, Commit, Record, Snapshot, StoredEvent, now
 from .schema import FieldSpec, Namespace, SagaOutcome, Validator
 from .service import NatsGranter, PropsService
 from .sqlite_store import DDL, SqliteMapping, SqliteStore, open_sqlite_store
@@ -93,6 +106,8 @@ __all__ = [
     "describe_cap",
     "event_digest",
     "log_namespace",
+    "now",
+    "open_log_bridge",
     "open_sqlite_store",
     "open_watch",
     "parse_command",
@@ -102,5 +117,6 @@ __all__ = [
     "records_changed_topic",
     "rfc3339_ms",
     "secrets_cap",
+    "verb_registry",
     "write_cap",
 ]

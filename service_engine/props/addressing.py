@@ -28,6 +28,20 @@ MUTATIONS = frozenset({"set", "delete"})
 QUERIES = frozenset({"get", "list", "describe"})
 """Get/list/describe are queries; set/delete/watch/audit.watch are intents."""
 
+
+def verb_registry(service: str) -> list[dict[str, str]]:
+    """The Bus registry entries of a service's props verbs: each subject,
+    its owner (the service exposing it) and its class."""
+    return [
+        {
+            "subject": subject(service, verb),
+            "owner": service,
+            "class": "query" if verb in QUERIES else "intent",
+        }
+        for verb in VERBS
+    ]
+
+
 # Header names of the wire surface.
 H_NAMESPACE = "namespace"
 H_KEY = "key"

@@ -21,7 +21,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import EngineError
 from ..resources import AsyncResource
@@ -213,3 +213,23 @@ class LogBridge(AsyncResource):
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+
+
+class _Registers(Protocol):
+    @property
+    def store(self) -> Store: ...
+
+    async def register(self, ns: Namespace) -> None: ...
+
+
+async def open_log_bridge(owner: _Registers, *, root: str = "") -> LogBridge:
+    """Register the ``log`` namespace with ``owner`` (a `PropsService` or
+    `PropsHandler`) and start a bridge on its store. Failures raise
+    `LogBridgeError`; run the bridge's `run` under a supervisor or `aclose` it."""
+    try:
+        await owner.register(log_namespace())
+    except Exception as exc:
+        raise LogBridgeError(f"registering the log namespace failed: {exc}") from exc
+    bridge = LogBridge(owner.store, root=root)
+    await bridge.start()
+    return bridge
