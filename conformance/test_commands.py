@@ -24,13 +24,14 @@ from service_engine.commands import (
     CommandConfig,
     CommandOutcome,
     CommandRunner,
+    run_in,
     sweep_idempotency,
 )
 from service_engine.db.errors import Stage
 from service_engine.db.locks import aggregate_lock_key
 from service_engine.db.types import Conn
 from service_engine.gates import affordances
-from service_engine.pipeline import MutationError
+from service_engine.pipeline import Mutation, MutationError
 
 from .harness import wait_until
 from .sample_commands import (
@@ -470,4 +471,28 @@ async def test_impacts_are_staged_with_the_effect_and_only_then(db: Database) ->
         await run(runner, "CreateTask", request_key="t-t1", org="acme", task_id="t1",
                   project_id="p1", title="a")  # a replay
         await probe.assert_quiet()
+
+
+async def test_a_command_runs_inside_a_handler_transaction(db: Database) -> None:
+    """`run_in` runs a command in the transaction a handler holds: it commits
+    with the handler, and a handler that fails afterwards rolls it back."""
+    runner = runner_for(db)
+    await seed(runner)
+    executor = executor_for(db)
+
+    async def rename_then(cx: Mutation[Any], fail: bool) -> CommandOutcome:
+        outcome = await run_in(cx, C["RenameTask"], {"org": "acme", "task_id": "t1",
+                                                     "title": "inside"})
+        if fail:
+            raise RuntimeError("the handler fails after the command")
+        return outcome
+
+    with pytest.raises(RuntimeError):
+        await executor.execute(ALICE, rename_then, True)
+    row = await task_row(db, "t1")
+    assert row is not None and (row["title"], row["version"]) == ("first", 1)
+    outcome = await executor.execute(ALICE, rename_then, False)
+    assert isinstance(outcome, CommandOutcome) and outcome.name == "Renamed"
+    row = await task_row(db, "t1")
+    assert row is not None and (row["title"], row["version"]) == ("inside", 2)
 

@@ -91,7 +91,7 @@ from .outcomes import IDEMPOTENCY_CONFLICT, REFUSED, CommandOutcome
 from .plan import InvalidInput, uuid_v7
 from .policy import check_row, row_policy_gate
 from .rows import sweep_idempotency
-from .runner import INVALID_INPUT, CommandRunner
+from .runner import INVALID_INPUT, CommandRunner, run_in
 
 __all__ = [
     "IDEMPOTENCY_CONFLICT",
@@ -168,6 +168,7 @@ __all__ = [
     "WorkflowTransition",
     "check_row",
     "row_policy_gate",
+    "run_in",
     "sweep_idempotency",
     "uuid_v7",
 ]

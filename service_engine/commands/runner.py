@@ -28,7 +28,7 @@ from ..db.errors import Stage, TransientConflict
 from ..gates import BoundGate
 from ..impacts.model import Cause, JsonValue, canonical_json
 from ..persistence.base import Aggregate, DomainEvent, store_of
-from ..pipeline import Mutation, MutationError, MutationExecutor
+from ..pipeline import Mutation, MutationError, MutationExecutor, Ops
 from .check import CheckedCommand
 from .config import CommandConfig
 from .declaration import (
@@ -63,7 +63,7 @@ from .plan import (
 from .policy import check_row, row_of
 from .rows import IdempotencyRecord, Occupancy, ReverseScan, scan_key
 
-__all__ = ["INVALID_INPUT", "CommandRunner"]
+__all__ = ["INVALID_INPUT", "CommandRunner", "run_in"]
 
 INVALID_INPUT = "invalid_input"
 """The `MutationError` code of inputs that do not match the declaration."""
@@ -96,12 +96,36 @@ class CommandRunner:
             values = validate_inputs(command, inputs)
 
             async def handler(cx: Mutation[Any]) -> CommandOutcome:
-                return await _Run(command, cx, values, retention).execute()
+                return await _Run(command, cx, cx.principal, values, retention).execute()
 
             return await self.executor.execute(principal, handler)
         except InvalidInput as exc:
             # Before the pipeline, or from a set effect (rolled back).
             return MutationError(INVALID_INPUT, str(exc))
+
+
+async def run_in(
+    cx: Ops,
+    command: CheckedCommand,
+    inputs: Mapping[str, object],
+    *,
+    principal: Any = None,
+    config: CommandConfig | None = None,
+) -> CommandOutcome:
+    """Run ``command`` inside a transaction a handler already holds (a
+    reaction under its message claim, a mutation doing more around it).
+
+    ``principal`` defaults to the context's own (``cx.principal`` of a
+    mutation, the resolved sender of a reaction). A declared zero-mutation
+    outcome writes nothing of the command's but its idempotency record; the
+    caller's own writes commit as the caller decides. Raises `InvalidInput`
+    for inputs that do not match the declaration.
+    """
+    values = validate_inputs(command, inputs)
+    if principal is None:
+        principal = getattr(cx, "try_principal", None) or getattr(cx, "principal", None)
+    retention = (config or CommandConfig()).idempotency_retention
+    return await _Run(command, cx, principal, values, retention).execute()
 
 
 def _scope(principal: object) -> str:
@@ -126,11 +150,12 @@ class _Bound:
 
 class _Run:
     def __init__(
-        self, command: CheckedCommand, cx: Mutation[Any], inputs: dict[str, object],
+        self, command: CheckedCommand, cx: Ops, principal: Any, inputs: dict[str, object],
         retention: timedelta,
     ) -> None:
         self.command = command
         self.cx = cx
+        self._principal = principal
         self.inputs = inputs
         self.retention = retention
         self.values: dict[str, object] = dict(inputs)
@@ -145,7 +170,7 @@ class _Run:
 
     @property
     def principal(self) -> Any:
-        return self.cx.principal
+        return self._principal
 
     def env(self) -> Env:
         views: dict[str, object] = {}
@@ -485,7 +510,7 @@ def _valued(value: Any, what: str) -> Any:
     return value
 
 
-async def _load(cx: Mutation[Any], entity: Entity, key: Any) -> Any:
+async def _load(cx: Ops, entity: Entity, key: Any) -> Any:
     aggregate_type = cast(type[Aggregate], entity.aggregate)
     return await cx.load_optional(aggregate_type, key)
 
