@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ConfigError
+from .logs import log_format
 
 ENV_PREFIX = "SERVICE_ENGINE_"
 
@@ -199,10 +201,74 @@ def _is_asset_base(value: str) -> bool:
     return bool(sep) and scheme in ("http", "https") and bool(rest) and " " not in value
 
 
-def _describe(exc: ValidationError) -> str:
-    parts = []
+def _problems(exc: ValidationError) -> list[str]:
+    parts: list[str] = []
     for error in exc.errors():
         location = ".".join(str(p) for p in error["loc"]) or "EngineConfig"
         message = error["msg"].removeprefix("Value error, ")
-        parts.append(f"{location}: {message}")
-    return "invalid EngineConfig: " + " | ".join(parts)
+        if location == "EngineConfig" and message.startswith("violated: "):
+            parts.extend(f"violated: {r}" for r in message.removeprefix("violated: ").split("; "))
+        else:
+            parts.append(f"{location}: {message}")
+    return parts
+
+
+def _describe(exc: ValidationError) -> str:
+    return "invalid EngineConfig: " + " | ".join(_problems(exc))
+
+
+NON_FIELD_VARIABLES = frozenset({"LOG_FORMAT"})  # service_engine.logs
+"""``SERVICE_ENGINE_*`` variables that are not `EngineConfig` fields."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigCheck:
+    """What `check_environment` found: the config when every bound and
+    relation holds, else each problem (a violated relation, a bad value, a
+    ``SERVICE_ENGINE_*`` variable no field reads) on its own line."""
+
+    config: EngineConfig | None
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.config is not None and not self.problems
+
+
+def check_environment(environ: Mapping[str, str]) -> ConfigCheck:
+    """Validate the `EngineConfig` ``environ`` describes, without booting.
+
+    Unlike `EngineConfig.from_env`, a misspelt ``SERVICE_ENGINE_*`` name is
+    a problem rather than silently ignored.
+    """
+    fields = {name.upper() for name in EngineConfig.model_fields}
+    unknown = sorted(
+        key for key in environ
+        if key.startswith(ENV_PREFIX)
+        and key.removeprefix(ENV_PREFIX) not in fields
+        and key.removeprefix(ENV_PREFIX) not in NON_FIELD_VARIABLES
+    )
+    problems = [f"{key}: no EngineConfig field reads this variable" for key in unknown]
+    try:
+        log_format(environ)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    try:
+        config: EngineConfig | None = EngineConfig.from_env(environ)
+    except ConfigError as exc:
+        config = None
+        cause = exc.__cause__
+        if isinstance(cause, ValidationError):
+            problems.extend(_problems(cause))
+        else:
+            problems.append(str(exc).removeprefix("invalid EngineConfig: "))
+    return ConfigCheck(config, tuple(problems))
+
+
+def describe_config(config: EngineConfig) -> dict[str, Any]:
+    """Every field as plain JSON values (durations in seconds)."""
+    values: dict[str, Any] = {}
+    for name in EngineConfig.model_fields:
+        value = getattr(config, name)
+        values[name] = value.total_seconds() if isinstance(value, timedelta) else value
+    return values

@@ -13,6 +13,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from .engine import Engine
+from .logs import configure_logging
 
 __all__ = ["bind_listener", "parse_addr", "run_with", "run_with_listener"]
 
@@ -73,7 +74,13 @@ async def run_with_listener(
 ) -> None:
     """`run_with` on a socket the caller already bound (a port chosen by the
     system, a socket handed over by a supervisor). The caller closes it."""
-    server = _Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+    configure_logging(engine.config.service, engine.config.pod_id)
+    # The server's own frame bound backs the app's typed ws_max_message_bytes
+    # refusal: nothing much larger is ever buffered.
+    ws_max_size = engine.config.ws_max_message_bytes + 1
+    server = _Server(
+        uvicorn.Config(app, lifespan="off", log_level="warning", ws_max_size=ws_max_size)
+    )
     loop = asyncio.get_running_loop()
 
     def stop() -> None:

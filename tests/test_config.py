@@ -162,3 +162,24 @@ def test_edge_bounds_from_the_environment() -> None:
 def test_a_duration_that_is_not_a_number_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="SERVICE_ENGINE_ACK_WAIT='soon' is not a number"):
         EngineConfig.from_env({"SERVICE_ENGINE_ACK_WAIT": "soon"})
+
+
+def test_check_environment_lists_every_problem_without_booting() -> None:
+    from service_engine.config import check_environment, describe_config
+
+    good = check_environment({"SERVICE_ENGINE_ACK_WAIT": "45", "SERVICE_ENGINE_LOG_FORMAT": "json"})
+    assert good.ok and good.config is not None and good.problems == ()
+    assert describe_config(good.config)["ack_wait"] == 45.0
+    bad = check_environment({
+        "SERVICE_ENGINE_LOCK_TIMEOUT": "60",
+        "SERVICE_ENGINE_WINDOW_CAPACITY": "0",
+        "SERVICE_ENGINE_ACK_WIAT": "30",
+    })
+    assert not bad.ok and bad.config is None
+    assert bad.problems == (
+        "SERVICE_ENGINE_ACK_WIAT: no EngineConfig field reads this variable",
+        "violated: window_capacity > 0",
+        "violated: lock_timeout < ack_wait",
+    )
+    typed = check_environment({"SERVICE_ENGINE_MAX_ACK_PENDING": "many"})
+    assert len(typed.problems) == 1 and typed.problems[0].startswith("max_ack_pending: ")
