@@ -113,6 +113,14 @@ class DevGranter(AsyncResource):
             self._subs.append(await self._client.subscribe(subj, cb=cb))
         await self._client.flush()
 
+    async def run(self) -> None:
+        """Answer until cancelled (a supervisor worker)."""
+        await self.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self.aclose()
+
     async def _respond(self, msg: Msg, rc: int, body: Mapping[str, Any]) -> None:
         if not msg.reply:
             return

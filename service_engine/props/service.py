@@ -7,6 +7,17 @@ to the `PropsHandler` and replies with an ``rc`` header (``0``/``10``/``20``),
 an ``error`` header carrying the human message on failure, and the JSON
 body. Its dispatcher publishes each commit on the two reserved topics.
 
+How the requester is attested (the actor of every commit and the peer a
+policy resolves): nats-server writes ``Nats-Request-Info`` (``acc``, and
+``user`` when the import shares request info) on a request that crosses a
+service import, replacing whatever header the client sent. Deploy the
+service in its own account, export the verb subjects, and let each calling
+account import them with ``share: true``; deny the service account's users
+publishing to the verb subjects, since within one account nothing rewrites
+the header. A request without the header, or whose ``acc`` is the service's
+own account, is unattested. (Nkeys and user JWTs change how an account's
+users authenticate, not this header: the same rule holds with either.)
+
 nats-py exceptions stay inside this module.
 """
 
@@ -24,6 +35,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from ..errors import ConfigError
 from ..resources import AsyncResource
 from .addressing import VERBS, audit_topic, records_changed_topic, subject
 from .capabilities import Policy, attested_peer
@@ -95,7 +107,8 @@ class PropsService(AsyncResource):
     request info, carry an attested requester. Without it every request is
     unattested (development on a single-account server).
 
-    Register namespaces, then `start` (or run `run` under a supervisor).
+    At most ``max_in_flight`` requests are answered at once. Register
+    namespaces, then `start` (or run `run` under a supervisor).
     """
 
     def __init__(
@@ -107,13 +120,17 @@ class PropsService(AsyncResource):
         *,
         service_account: str | None = None,
         granter: NatsGranter | None = None,
+        max_in_flight: int = 256,
     ) -> None:
+        if max_in_flight < 1:
+            raise ConfigError("max_in_flight must be at least 1")
         self._client = client
         self.handler = PropsHandler(service, store, policy, granter or NatsGranter(client))
         self.service = service
         self._service_account = service_account
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(max_in_flight)
         self._dispatcher: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._cursors: dict[str, int] = {}
@@ -158,10 +175,17 @@ class PropsService(AsyncResource):
             await self.aclose()
 
     async def _on_request(self, msg: Msg) -> None:
-        # Each request in its own task: a watch waits on the broker's grant.
+        # Each request in its own task (a watch waits on the broker's grant),
+        # at most max_in_flight at once: past that the subscription's own
+        # pending limits push back.
+        await self._slots.acquire()
         task = asyncio.create_task(self._answer(msg))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
 
     async def _answer(self, msg: Msg) -> None:
         headers: Mapping[str, str] = msg.headers or {}
