@@ -113,6 +113,8 @@ async def test_migrate_runs_as_the_owner_and_is_idempotent(pg_server: EmbeddedPo
 async def test_migrate_refuses_a_service_migration_in_the_reserved_range(
     pg_server: EmbeddedPostgres, tmp_path: Path
 ) -> None:
+    """migrate refuses a service migration numbered in the engine's reserved range, with a
+    typed error and a non-zero exit."""
     (tmp_path / "0005_mine.sql").write_text("SELECT 1;")
     async with empty_database(pg_server) as database:
         code, answer = await cli("migrate", "--owner-url", database.owner_url,
@@ -122,6 +124,8 @@ async def test_migrate_refuses_a_service_migration_in_the_reserved_range(
 
 
 async def test_an_unreachable_database_exits_4() -> None:
+    """An unreachable database exits UNAVAILABLE (database_unreachable); a database URL the
+    engine refuses exits NO (database_url_refused)."""
     url = f"postgresql://nobody:x@127.0.0.1:{free_port()}/none"
     code, answer = await cli("outbox", "status", DATABASE_URL=url)
     assert (code, answer["error"]["code"]) == (ExitCode.UNAVAILABLE, "database_unreachable")
@@ -181,6 +185,8 @@ def _poison(subject: str, body: bytes) -> DeadLetter:
 
 
 async def test_dead_letters_list_by_source_show_and_discard(database: ProvisionedDatabase) -> None:
+    """dead-letters list (optionally by source), show and discard operate on the stored dead
+    letters and say which are retryable."""
     db = await connect_pool(database.app_url)
     try:
         letters = DeadLetters(db)
@@ -264,6 +270,8 @@ async def test_dead_letters_retry_republishes_and_deletes_once_acked(
 async def test_outbox_status_counts_the_backlog_and_its_oldest_age(
     database: ProvisionedDatabase, db: Database
 ) -> None:
+    """outbox status counts pending, failed and published rows and reports the oldest
+    pending row's age."""
     async with db.pool.acquire() as conn:
         for status, age in (("PENDING", 120), ("PENDING", 5), ("FAILED", 30), ("PUBLISHED", 60)):
             await conn.execute(
