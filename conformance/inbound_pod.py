@@ -26,10 +26,10 @@ from .sample_orders import place_order
 
 
 async def main(db_url: str, nats_url: str, pod_name: str, kill_at: str, ack_wait: float) -> None:
-    point = InboundPoint(kill_at)
+    kill_point = InboundPoint(kill_at)
 
-    async def hook(at: InboundPoint, reaction: str, message_id: uuid.UUID) -> None:
-        if at is point:
+    async def hook(point: InboundPoint, reaction: str, message_id: uuid.UUID) -> None:
+        if point is kill_point:
             os.kill(os.getpid(), signal.SIGKILL)
 
     db = await connect_pool(db_url, max_size=4)

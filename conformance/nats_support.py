@@ -36,7 +36,7 @@ async def stream_messages(url: str, stream: str) -> list[StoredMessage]:
         if info.state.messages:
             for seq in range(info.state.first_seq, info.state.last_seq + 1):
                 msg = await js.get_msg(stream, seq)
-                out.append(StoredMessage(seq, msg.subject, msg.data or b"", dict(msg.headers or {})))
+                out.append(StoredMessage(seq, msg.subject or "", msg.data or b"", dict(msg.headers or {})))
         return out
     finally:
         await client.close()

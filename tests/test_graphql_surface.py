@@ -9,7 +9,7 @@ import pytest
 import strawberry
 from strawberry.http.ides import get_graphql_ide_html
 
-from service_engine import MutationError
+from service_engine import ActionName, MutationError
 from service_engine.graphql import (
     GraphQLContext,
     MutationResult,
@@ -68,7 +68,9 @@ class RenameResult(MutationResult):
 class ResultQuery:
     @strawberry.field
     def refused(self) -> RenameResult:
-        return RenameResult.refused(MutationError("board.archived", "archived", False, "rename"))
+        return RenameResult.refused(
+            MutationError("board.archived", "archived", False, ActionName("rename"))
+        )
 
     @strawberry.field
     def renamed(self) -> RenameResult:
