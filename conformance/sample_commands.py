@@ -186,6 +186,8 @@ PROJECT = Entity(
     "Project", Project, key=("org", "id"), partition_by=("org",), conflict_key=("id",),
     fields={"name": str}, revision="version",
     delete_policy=Restrict((IndexRef("Task", "by_project"),)),
+    create_policy=RowPolicy(Eq(Row("org"), Fact("org")),
+                            Reason("project.other_org", "a project is created in your org")),
     nouns=("cmd_project",),
 )
 TASK = Entity(

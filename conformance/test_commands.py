@@ -496,3 +496,13 @@ async def test_a_command_runs_inside_a_handler_transaction(db: Database) -> None
     row = await task_row(db, "t1")
     assert row is not None and (row["title"], row["version"]) == ("inside", 2)
 
+
+async def test_a_create_satisfies_its_row_policy(db: Database) -> None:
+    """A create whose proposed row the create policy denies is Refused with
+    the policy's reason and writes nothing."""
+    runner = runner_for(db)
+    refused = await run(runner, "CreateProject", EVE, request_key="k", org="acme",
+                        project_id="p", name="P")
+    assert (refused.name, refused.data["reason"]) == (REFUSED, "project.other_org")
+    assert await count(db, "SELECT count(*) FROM cmd_project") == 0
+
