@@ -344,3 +344,16 @@ def test_verb_registry_classes() -> None:
         "demo.props.audit.watch": "intent",
     }
     assert {e["owner"] for e in verb_registry("demo")} == {"demo"}
+
+
+class DefectiveStore(MemoryStore):
+    async def list_records(self, namespace: str) -> Any:
+        raise RuntimeError("a bug")
+
+
+async def test_a_defect_still_answers_unavailable(caplog: pytest.LogCaptureFixture) -> None:
+    h = PropsHandler(SVC, DefectiveStore(), StaticPolicy({"A/alice": all_caps("demo.settings")}))
+    await h.register(SETTINGS)
+    reply = await h.handle("demo.props.list", {"namespace": "settings"}, b"", ALICE)
+    assert (reply.rc, reply.body["error_code"]) == (20, "unavailable")
+    assert "a bug" not in reply.body["message"]

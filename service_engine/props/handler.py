@@ -125,6 +125,10 @@ class PropsHandler:
         except PropsStoreError as exc:
             _log.error("props storage failed: %s", exc)
             return Reply.of_error(PropsError("storage_error", "the property store failed"))
+        except Exception:
+            # A defect, not a refusal: the caller still gets an answer.
+            _log.exception("props %s failed", subject)
+            return Reply.of_error(PropsError("unavailable", "the property service failed"))
 
     async def command(
         self, cmd: Command, peer: PeerIdentity, *, live: bool = True
