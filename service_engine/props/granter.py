@@ -105,6 +105,9 @@ class DevGranter(AsyncResource):
         ]
 
     async def start(self) -> None:
+        """Answer the three verbs (idempotent); returns once subscribed."""
+        if self._subs:
+            return
         for subj, cb in (
             (GRANT_SUBJECT, self._on_grant),
             (REGISTER_SUBJECT, self._on_register),

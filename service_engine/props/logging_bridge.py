@@ -183,6 +183,9 @@ class LogBridge(AsyncResource):
             self.applied.set()
 
     async def start(self) -> None:
+        """Apply the current record and watch for changes (idempotent)."""
+        if self._task is not None:
+            return
         self._remove = self._store.add_listener(self._on_commit)
         await self._apply_current()
         self._task = asyncio.create_task(self._watch(), name="props:log_bridge")
