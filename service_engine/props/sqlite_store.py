@@ -254,8 +254,10 @@ class SqliteStore:
             return await asyncio.get_running_loop().run_in_executor(self._executor, work)
         except (PropsError, PropsStoreError):
             raise
-        except sqlite3.Error as exc:
-            raise PropsStoreError(f"sqlite: {exc}") from exc
+        except Exception as exc:
+            # A driver error or a domain mapping's own failure: the commit
+            # rolled back, and the caller sees a storage failure.
+            raise PropsStoreError(f"sqlite: {type(exc).__name__}: {exc}") from exc
 
     async def open(self) -> None:
         def connect() -> None:
@@ -473,7 +475,8 @@ class SqliteStore:
                 self._conn = None
 
         await asyncio.get_running_loop().run_in_executor(self._executor, close)
-        self._executor.shutdown(wait=True)
+        # The close ran last on the one worker: nothing is left to wait for.
+        self._executor.shutdown(wait=False)
 
 
 async def open_sqlite_store(
