@@ -15,6 +15,7 @@ from service_engine.render import (
     CohortKey,
     CohortMismatch,
     InvalidCohortPart,
+    InvalidPrincipalId,
     check_cohort,
     group_by_cohort,
     principal_key,
@@ -112,6 +113,14 @@ def test_cohort_keys_hash_as_their_bytes_and_print_readably() -> None:
     assert {key: 1}[CohortKey.of_principal("alice")] == 1
     assert repr(key) == 'CohortKey.of_principal("alice")'
     assert key.is_principal and not CohortKey.of_parts("org", 1).is_principal
+
+
+def test_a_principal_id_json_cannot_carry_is_refused_by_name() -> None:
+    for bad in (object(), float("nan"), {1, 2}):
+        with pytest.raises(InvalidPrincipalId):
+            principal_key(bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidPrincipalId):
+            CohortKey.of_principal(bad)  # type: ignore[arg-type]
 
 
 def test_principal_key_matches_the_principal_facts_impact() -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "Grouped",
     "HasPrincipalId",
     "InvalidCohortPart",
+    "InvalidPrincipalId",
     "check_cohort",
     "group_by_cohort",
     "principal_key",
@@ -62,16 +63,25 @@ _TAG_PARTS = b"\x02"
 _LENGTH_BYTES = 8
 
 
+class InvalidPrincipalId(DeclarationError):
+    """A principal's ``id`` is neither a JSON value nor a UUID."""
+
+
 def principal_key(principal_id: PrincipalIdLike) -> str:
     """Return the canonical JSON text of a principal id.
 
     A UUID is taken as its string form, so ``Impact.principal_facts(str(u),
     ...)`` reaches the sessions of the principal whose id is ``u``. Raises
-    ``TypeError`` for an id JSON cannot carry.
+    `InvalidPrincipalId` for an id JSON cannot carry.
     """
     if isinstance(principal_id, uuid.UUID):
         principal_id = str(principal_id)
-    return canonical_json(principal_id)
+    try:
+        return canonical_json(principal_id)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPrincipalId(
+            f"a principal id is a JSON value or a UUID, not {type(principal_id).__name__}"
+        ) from exc
 
 
 def _frame(tag: bytes, raw: bytes) -> bytes:

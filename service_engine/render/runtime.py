@@ -212,9 +212,9 @@ class RenderRuntime(RenderRegistry):
             if self._debug:
                 self._fail_impure_cohorts(proj, groups, recs, tally)
             threshold = reset_threshold_for(proj, self._config.reset_threshold)
-            for sessions in [[recs[s] for s in b] for b in batches(proj.RLS, groups)]:
-                if sessions or work.discover is not None:
-                    yield _Batch(proj, sessions, work.dirties, work.discover, threshold)
+            for members in [[recs[s] for s in batch] for batch in batches(proj.RLS, groups)]:
+                if members or work.discover is not None:
+                    yield _Batch(proj, members, work.dirties, work.discover, threshold)
 
     def _fail_impure_cohorts(
         self, proj: Projector[Any, Any, Any, Any],
