@@ -48,6 +48,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.messaging",
     )),
     ("pipeline", ("service_engine.pipeline",)),
+    ("commands", ("service_engine.commands",)),
     ("render", ("service_engine.render", "service_engine.view")),
     ("loops", ("service_engine.integration", "service_engine.props")),
     ("engine", ("service_engine.engine",)),
