@@ -506,3 +506,22 @@ async def test_a_create_satisfies_its_row_policy(db: Database) -> None:
     assert (refused.name, refused.data["reason"]) == (REFUSED, "project.other_org")
     assert await count(db, "SELECT count(*) FROM cmd_project") == 0
 
+
+
+async def test_concurrent_renames_onto_one_title_one_wins(db: Database) -> None:
+    """Twenty tasks renamed onto one title at once: one is Renamed, the others
+    TitleTaken and unchanged; the winner's old title is free again."""
+    runner = runner_for(db)
+    for n in range(20):
+        await seed(runner, f"t{n}", f"old-{n}")
+    outcomes = await asyncio.gather(*(
+        run(runner, "RenameTask", org="acme", task_id=f"t{n}", title="new") for n in range(20)
+    ))
+    names = sorted(o.name for o in outcomes)
+    assert names == ["Renamed"] + ["TitleTaken"] * 19, names
+    [winner] = [n for n, o in enumerate(outcomes) if o.name == "Renamed"]
+    rows = await db.pool.fetch("SELECT id, title, version FROM cmd_task ORDER BY id")
+    assert sum(r["title"] == "new" for r in rows) == 1
+    assert all(r["version"] == (2 if r["id"] == f"t{winner}" else 1) for r in rows)
+    await ok(runner, "CreateTask", request_key="again", org="acme", task_id="t-again",
+             project_id="p1", title=f"old-{winner}")
