@@ -30,15 +30,18 @@ session's cohorts and scores every expected change of every session:
 * ``late``: expected changes never delivered by the end (writers stopped, then
   ``--grace`` seconds). They stay in the percentiles with their wait so far as
   a lower bound; a percentile that lands on one prints as ``>N``;
-* ``q@stop``: expected changes not yet delivered when the writers stopped;
+* ``q@stop``: expected changes not yet delivered when the writers stopped
+  (the late ones included);
 * ``backlog``: impacts committed but not yet rendered (engine) or processed
   (per-subscriber) at the end;
 * ``ovf s/c``: session-stream overflows (the backlog dropped, a Reset follows;
   the dropped deltas are not counted as delivered) / listener-channel overflows;
 * ``extra``: delivered Upserts/Removes that match no expected change (0 when
   the strategy is exact);
-* ``cpu us/d``: this process's CPU (writers and Postgres excluded) from the
-  first write to the end, per delivered Upsert or Remove (Resets excluded).
+* ``cpu us/d``: this process's CPU (the writer excluded) from the first write
+  to the end, per delivered Upsert or Remove (Resets excluded);
+* ``db us/d``: the Postgres server's CPU over the same span (its backends,
+  the writer's included, and its own processes), per delivered Upsert or Remove.
 """
 
 from __future__ import annotations
@@ -158,6 +161,25 @@ async def write_load(url: str, cohorts: str, rate: int, seconds: float, deletes:
     ops = await asyncio.to_thread(result)
     await asyncio.to_thread(proc.join)
     return ops
+
+
+def server_cpu(pgdata: Path) -> float:
+    """CPU seconds the Postgres server has used: the postmaster with the
+    backends it reaped, and every live child."""
+    postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
+    ticks = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile: its time is in the postmaster's reaped total
+        if int(entry) == postmaster:
+            ticks += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+        elif int(fields[1]) == postmaster:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 # -- scoring (pure) -------------------------------------------------------------------
@@ -311,6 +333,7 @@ class Run:
     stopped: int
     ended: int
     cpu: float
+    db_cpu: float
     seen: int
     """Writes the strategy had fully rendered / processed at the end."""
     overflows: str
@@ -364,7 +387,8 @@ class _Tap:
         return out
 
 
-async def engine_run(db: Database, url: str, n: int, cohorts: str, args: argparse.Namespace) -> Run:
+async def engine_run(db: Database, url: str, n: int, cohorts: str, args: argparse.Namespace,
+                     pgdata: Path) -> Run:
     config = EngineConfig(window_capacity=KEYS * 2, reset_threshold=10_000)
     listener = PgListenNotify(db, config, ReadinessHandle())
     runtime = RenderRuntime(db, config, listener.channel, debug=False)
@@ -412,28 +436,28 @@ async def engine_run(db: Database, url: str, n: int, cohorts: str, args: argpars
         tap.overflows = 0
     loads.clear()
     rendered = drained = 0
-    cpu0 = time.process_time()
+    cpu0, db0 = time.process_time(), server_cpu(pgdata)
     ops = await write_load(url, cohorts, args.rate, args.seconds, args.deletes)
     stopped = time.perf_counter_ns()
     await asyncio.sleep(args.grace)
     for tap in taps:
         tap.drain()
     ended = time.perf_counter_ns()
-    cpu = time.process_time() - cpu0
+    cpu, db_cpu = time.process_time() - cpu0, server_cpu(pgdata) - db0
     channel_overflows = listener.channel.overflows
     for t in (drainer, render_task, listen_task):
         t.cancel()
     await asyncio.gather(drainer, render_task, listen_task, return_exceptions=True)
     return Run(
         ops, [(p.orgs, tap.events()) for p, tap in zip(subs, taps, strict=True)], args.seconds,
-        stopped, ended, cpu, rendered,
+        stopped, ended, cpu, db_cpu, rendered,
         f"{sum(t.overflows for t in taps)}/{channel_overflows}",
         sum(loads) / len(loads) if loads else 0.0,
     )
 
 
 async def per_subscriber_run(db: Database, url: str, n: int, cohorts: str,
-                             args: argparse.Namespace) -> Run:
+                             args: argparse.Namespace, pgdata: Path) -> Run:
     """Each session re-queries its own row for every impact it may care
     about; after a listener overflow it re-reads its whole window (a Reset)."""
     config = EngineConfig()
@@ -481,18 +505,18 @@ async def per_subscriber_run(db: Database, url: str, n: int, cohorts: str,
     listen_task = asyncio.create_task(listener.run())
     await listener.started.wait()
     consumer = asyncio.create_task(consume())
-    cpu0 = time.process_time()
+    cpu0, db0 = time.process_time(), server_cpu(pgdata)
     ops = await write_load(url, cohorts, args.rate, args.seconds, args.deletes)
     stopped = time.perf_counter_ns()
     await asyncio.sleep(args.grace)
     ended = time.perf_counter_ns()
-    cpu = time.process_time() - cpu0
+    cpu, db_cpu = time.process_time() - cpu0, server_cpu(pgdata) - db0
     consumer.cancel()
     listen_task.cancel()
     await asyncio.gather(consumer, listen_task, return_exceptions=True)
     return Run(
         ops, [(p.orgs, ev) for p, ev in zip(subs, events, strict=True)], args.seconds,
-        stopped, ended, cpu, processed, f"-/{listener.channel.overflows}",
+        stopped, ended, cpu, db_cpu, processed, f"-/{listener.channel.overflows}",
         queries / max(len(ops), 1),
     )
 
@@ -502,7 +526,7 @@ async def per_subscriber_run(db: Database, url: str, n: int, cohorts: str,
 HEADER = (
     f"{'strategy':<14} {'sess':>5} {'coh':>3} | {'w/s':>4} {'upserts':>8} {'removes':>7} "
     f"{'resets':>6} {'extra':>5} {'netted':>6} | {'p50 ms':>8} {'p99 ms':>9} {'q@stop':>7} {'late':>7} "
-    f"{'backlog':>7} {'ovf s/c':>7} | {'per/wr':>6} {'cpu us/d':>8}"
+    f"{'backlog':>7} {'ovf s/c':>7} | {'per/wr':>6} {'cpu us/d':>8} {'db us/d':>8}"
 )
 
 
@@ -513,7 +537,8 @@ def line(strategy: str, n: int, cohorts: str, run: Run) -> str:
         f"{strategy:<14} {n:>5} {cohorts:>3} | {len(run.ops) / run.seconds:>4.0f} {s.upserts:>8} "
         f"{s.removes:>7} {s.resets:>6} {s.extra:>5} {s.netted:>6} | {s.pct(.5):>8} {s.pct(.99):>9} "
         f"{s.queued_at_stop:>7} {s.late:>7} {len(run.ops) - run.seen:>7} {run.overflows:>7} | "
-        f"{run.per_write:>6.1f} {run.cpu / max(delivered, 1) * 1e6:>8.1f}"
+        f"{run.per_write:>6.1f} {run.cpu / max(delivered, 1) * 1e6:>8.1f} "
+        f"{run.db_cpu / max(delivered, 1) * 1e6:>8.1f}"
     )
 
 
@@ -550,7 +575,7 @@ async def main() -> None:
                         db = await connect_pool(provisioned.app_url, min_size=2, max_size=8)
                         try:
                             fn = engine_run if strategy == "engine" else per_subscriber_run
-                            result = await fn(db, provisioned.app_url, n, cohorts, args)
+                            result = await fn(db, provisioned.app_url, n, cohorts, args, pg.pgdata)
                         finally:
                             await db.aclose()
                         print(line(strategy, n, cohorts, result), flush=True)
