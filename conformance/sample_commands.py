@@ -293,6 +293,17 @@ LOCK_PAIR = Command(
     Set("b", "locked", Const(True)),
     Return("Locked"),
 )
+SWAP_TITLES = Command(
+    "SwapTitles",
+    ORG, Input("first", str), Input("second", str),
+    Mutate("Task", (Var("org"), Var("first")), as_="a", else_=Outcome("FirstMissing"),
+           taken={"by_title": Outcome("FirstTaken")}),
+    Mutate("Task", (Var("org"), Var("second")), as_="b", else_=Outcome("SecondMissing"),
+           taken={"by_title": Outcome("SecondTaken")}),
+    Set("a", "title", Field("b", "title")),
+    Set("b", "title", Field("a", "title")),
+    Return("Swapped"),
+)
 ADD_STEP = Command(
     "AddStep",
     ORG, Input("task_id", str), Input("step_id", str), Input("label", str),
@@ -322,7 +333,7 @@ COMMANDS: dict[str, CheckedCommand] = {
     decl.name: CATALOG.command(decl)
     for decl in (
         CREATE_PROJECT, CREATE_TASK, START_TASK, FINISH_TASK, RENAME_TASK, LOCK_TASK,
-        LOCK_PAIR, ADD_STEP, DELETE_PROJECT, DELETE_TASK,
+        LOCK_PAIR, SWAP_TITLES, ADD_STEP, DELETE_PROJECT, DELETE_TASK,
     )
 }
 

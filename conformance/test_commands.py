@@ -525,3 +525,18 @@ async def test_concurrent_renames_onto_one_title_one_wins(db: Database) -> None:
     assert all(r["version"] == (2 if r["id"] == f"t{winner}" else 1) for r in rows)
     await ok(runner, "CreateTask", request_key="again", org="acme", task_id="t-again",
              project_id="p1", title=f"old-{winner}")
+
+
+async def test_a_swap_moves_both_occupancies_in_one_commit(db: Database) -> None:
+    """Two tasks of one partition swap titles in one command: each takes the
+    value the other frees in the same commit, and no value is held twice."""
+    runner = runner_for(db)
+    await seed(runner, "a", "left")
+    await seed(runner, "b", "right")
+    await ok(runner, "SwapTitles", org="acme", first="a", second="b")
+    rows = {r["id"]: r["title"] for r in await db.pool.fetch("SELECT id, title FROM cmd_task")}
+    assert rows == {"a": "right", "b": "left"}
+    held = await db.pool.fetch("SELECT value, owner FROM service_engine.command_occupancy")
+    assert sorted((r["value"], r["owner"]) for r in held) == [
+        ('["left"]', '"b"'), ('["right"]', '"a"')]
+

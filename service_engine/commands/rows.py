@@ -9,7 +9,8 @@ write in the command's transaction):
   its sealed service values, written with the effect;
 * `Occupancy` (``command_occupancy``): one unique value inside one
   partition, owned by one row; the advisory lock on it serialises two
-  writers of one value, so the second sees the first's row (exact);
+  writers of one value, so the second finds the first's row (exact), and
+  a claim is a conditional insert that answers whether it took the value;
 * `ReverseScan`: a bounded read of a reverse index (the referencing rows'
   store keys), for restrict proofs and cascades.
 
@@ -141,6 +142,8 @@ class Occupancy(Aggregate):
     partition: str
     value: str
     owner: str
+    claimed: bool = field(default=False, compare=False)
+    """Set by a create: whether the value was free and is now this owner's."""
 
     Store: ClassVar[_OccupancyStore]
 
@@ -176,11 +179,15 @@ class _OccupancyStore:
         return None
 
     async def create(self, conn: Conn, row: Occupancy) -> None:
-        await conn.execute(
+        # Conditional: a held value is not an error but an answer
+        # (``row.claimed``), so the transaction goes on to its outcome.
+        claimed = await conn.fetchval(
             "INSERT INTO service_engine.command_occupancy"
-            " (entity, index_name, partition, value, owner) VALUES ($1, $2, $3, $4, $5)",
+            " (entity, index_name, partition, value, owner) VALUES ($1, $2, $3, $4, $5)"
+            " ON CONFLICT DO NOTHING RETURNING true",
             row.entity, row.index, row.partition, row.value, row.owner,
         )
+        row.claimed = claimed is True
 
     async def save(self, conn: Conn, row: Occupancy) -> None:
         await conn.execute(

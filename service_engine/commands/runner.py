@@ -164,7 +164,7 @@ class _Run:
         self.records: list[tuple[str, DomainEvent]] = []
         self.release: list[OccupancyKey] = []
         self.claims: list[tuple[OccupancyKey, str, Outcome]] = []
-        self.held: dict[OccupancyKey, bool] = {}
+        self.transfers: list[Occupancy] = []
         self.causes: dict[tuple[str, str], Cause] = {}
         self.children: list[tuple[Entity, Any]] = []
 
@@ -173,9 +173,17 @@ class _Run:
         return self._principal
 
     def env(self) -> Env:
+        """What requirements and effects observe: every binding as it was
+        read (effects see the rows before any effect, so ``a.x = b.x`` and
+        ``b.x = a.x`` swap), a create's fields as set so far."""
         views: dict[str, object] = {}
         for name, b in self.bound.items():
-            views[name] = b.fields if b.aggregate is None else b.aggregate
+            views[name] = b.fields if isinstance(b.binding, Create) else b.current
+        return Env(self.values, views, None, self.principal)
+
+    def after(self) -> Env:
+        """What the return observes: the rows as written."""
+        views = {name: b.aggregate for name, b in self.bound.items()}
         return Env(self.values, views, None, self.principal)
 
     async def execute(self) -> CommandOutcome:
@@ -216,7 +224,7 @@ class _Run:
         await self._occupancy()
         await self._read_dependencies()
         await self._write()
-        env = self.env()
+        env = self.after()
         data = {name: encode_value(_valued(evaluate(e, env), f"return {name}"))
                 for name, e in self.command.returns.fields.items()}
         return CommandOutcome(self.command.name, self.command.returns.name, True, data, self.sealed)
@@ -411,21 +419,29 @@ class _Run:
                 continue
             self.children.append((entity, child))
             self.release.extend(occupancy_keys(entity, row_of(child, entity.all_fields)).values())
-        # Every occupancy lock (claims and releases) in the one fixed order.
-        wanted = {occupancy: None for occupancy in self.release}
-        wanted.update({c[0]: None for c in self.claims})
-        owners: dict[OccupancyKey, str | None] = {}
-        for occupancy in order_by_lock(
-            wanted, lambda o: lock_identity(Occupancy.Store.store_type, o.as_key())
-        ):
-            held = await self.cx.load_optional(Occupancy, occupancy.as_key())
-            owners[occupancy] = None if held is None else held.owner
-            self.held[occupancy] = held is not None
+        # The claims in the one fixed order, each under its value's lock: a
+        # conditional insert takes a free value; a value another row holds
+        # answers the declared outcome, and the claims made so far are taken
+        # back so the outcome changes nothing. Releases are written last.
         released = set(self.release)
-        for occupancy, owner, outcome in self.claims:
-            holder = owners[occupancy]
-            if holder is not None and holder != owner and occupancy not in released:
-                raise _Answer(outcome.name)
+        made: list[Occupancy] = []
+        for occupancy, owner, outcome in order_by_lock(
+            self.claims, lambda c: lock_identity(Occupancy.Store.store_type, c[0].as_key())
+        ):
+            row = Occupancy.of(occupancy.as_key(), owner)
+            await self.cx.create(row)
+            if row.claimed:
+                made.append(row)
+                continue
+            if occupancy in released:
+                self.transfers.append(row)  # freed by this command, taken again
+                continue
+            held = await self.cx.load_optional(Occupancy, occupancy.as_key())
+            if held is not None and held.owner == owner:
+                continue
+            for claim in made:
+                await self.cx.delete(claim)
+            raise _Answer(outcome.name)
 
     async def _read_dependencies(self) -> None:
         # A checked transition keeps the entity's version as a read
@@ -472,16 +488,12 @@ class _Run:
                     cx.impact(noun, encode_value(b.store_key))
                 else:
                     cx.impact_caused(noun, encode_value(b.store_key), cause)
-        claimed = {c[0] for c in self.claims}
+        transferred = {tuple(row.occupancy_key) for row in self.transfers}
         for occupancy in self.release:
-            if occupancy not in claimed:
+            if tuple(occupancy.as_key()) not in transferred:
                 await cx.delete(Occupancy.of(occupancy.as_key(), ""))
-        for occupancy, owner, _ in self.claims:
-            row = Occupancy.of(occupancy.as_key(), owner)
-            if not self.held[occupancy]:
-                await cx.create(row)
-            else:
-                await cx.save(row)  # released by this command and claimed again
+        for row in self.transfers:
+            await cx.save(row)
         env_values: dict[str, Any] = dict(self.values)
         env_values.update({name: b.aggregate for name, b in self.bound.items()})
         for clause in self.command.effects:
