@@ -10,8 +10,9 @@ function or under ``if TYPE_CHECKING:`` alike. The graph holds when
 
 `FLOORS` is the floor table, from the ground up: extend it when a folder or
 module is added (lanes/, offers, mirrors, blobs, props/, commands/ ...). A
-module's floor is that of the longest prefix naming it; a module no prefix
-names fails the test, so a new room has to be placed on purpose.
+module's floor is that of the longest prefix naming it (the bare package
+name names only ``service_engine/__init__.py``); a module no prefix names
+fails the test, so a new room has to be placed on purpose.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.resources",
         "service_engine.gates",
         "service_engine.supervisor",
+        "service_engine.logs",
     )),
     ("adapters", (
         "service_engine.db",
@@ -56,6 +58,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.graphql",
         "service_engine.host",
         "service_engine.testing",
+        "service_engine.cli",
+        "service_engine.__main__",
         "service_engine",
     )),
 ]
@@ -117,7 +121,9 @@ def floor_of(module: str) -> int:
     best: tuple[int, int] | None = None
     for index, (_, prefixes) in enumerate(FLOORS):
         for prefix in prefixes:
-            named = module == prefix or module.startswith(prefix + ".")
+            named = module == prefix or (
+                prefix != PACKAGE and module.startswith(prefix + ".")
+            )
             if named and (best is None or len(prefix) > best[0]):
                 best = (len(prefix), index)
     if best is None:
