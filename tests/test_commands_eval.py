@@ -69,6 +69,8 @@ def test_comparisons_refuse_mixed_types() -> None:
     assert ev(Eq(Const(1), Const(True))) is INVALID
     assert ev(Eq(Const("1"), Const(1))) is INVALID
     assert ev(Eq(Const(1), Const(1.0))) is True
+    assert ev(Eq(Const(None), Const(None))) is INVALID
+    assert ev(Ne(Const(None), Const("a"))) is INVALID
     assert ev(Ne(Const("a"), Const("b"))) is True
     assert ev(Lt(Const(1), Const(2))) is True
     assert ev(Le(Const("a"), Const(2))) is INVALID

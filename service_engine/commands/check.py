@@ -581,7 +581,7 @@ class _CommandChecker:
         for binding in bindings:
             if isinstance(binding, Mutate) and not any(
                 getattr(e, "binding", getattr(e, "on", None)) == binding.as_ for e in effects
-                if not isinstance(e, Emit)
+                if not isinstance(e, Emit | Caused)
             ):
                 raise self.fail(BindingError, f"mutate {binding.as_} is never written: read it")
         if services and (idem is None or not written):

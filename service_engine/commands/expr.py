@@ -6,8 +6,8 @@ expression trees built from these nodes::
     And(Eq(Field("post", "state"), Const("published")), Not(Field("post", "locked")))
     Contains(Fact("board_memberships"), Row("id"))
 
-Evaluation never coerces: a missing field, a mistyped fact, or an operand
-of the wrong type makes the result `INVALID`, and `truth` reads anything
+Evaluation never coerces: a missing field, a mistyped fact, an operand of
+the wrong type, or a null in a comparison makes the result `INVALID`, and `truth` reads anything
 but the boolean ``True`` as false (deny). `And` and `Or` are strict: an
 invalid operand invalidates the whole expression even when the other side
 would decide it. This module does no I/O.
@@ -255,7 +255,9 @@ def evaluate(expr: Expr, env: Env) -> Any:
     if left is INVALID or right is INVALID:
         return INVALID
     if isinstance(expr, Eq | Ne):
-        if not _same_kind(left, right):
+        # A null compares as unknown (as in SQL): a fact or field that is
+        # None never proves an equality.
+        if left is None or right is None or not _same_kind(left, right):
             return INVALID
         return (left == right) if isinstance(expr, Eq) else (left != right)
     if isinstance(expr, Lt):

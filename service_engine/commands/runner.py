@@ -317,6 +317,7 @@ class _Run:
                 data = {name: encode_value(_valued(evaluate(e, self.env()), name))
                         for name, e in clause.data.items()}
                 self.records.append((clause.binding, DomainEvent(clause.type, data)))
+                self.bound[clause.binding].changed = True
             elif isinstance(clause, Caused):
                 data = {name: encode_value(_valued(evaluate(e, self.env()), name))
                         for name, e in clause.data.items()}
