@@ -154,3 +154,12 @@ def test_an_outcome_is_a_typed_wire_value() -> None:
                                  "sealed": {"id": "x"}, "replayed": False}
     replay = CommandOutcome.from_record("C", outcome.to_record(), outcome.sealed)
     assert replay == outcome and replay.replayed and not replay.mutated
+
+
+def test_an_outcome_names_its_stable_code() -> None:
+    assert CommandOutcome("C", "StaleRevision", False).code("card") == "card.stale_revision"
+    assert CommandOutcome("C", "IdempotencyConflict", False).code("b") == "b.idempotency_conflict"
+    refused = CommandOutcome("C", "Refused", False, {"reason": "card.done", "action": "advance"})
+    assert refused.code("card") == "card.done"
+    assert CommandOutcome("C", "Started", True).code("card") is None
+

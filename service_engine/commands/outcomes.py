@@ -13,6 +13,7 @@ with the service values sealed then.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 from ..impacts.model import JsonValue
 
 __all__ = ["IDEMPOTENCY_CONFLICT", "REFUSED", "CommandOutcome"]
+
+_WORD = re.compile(r"(?<!^)(?=[A-Z])")
 
 REFUSED = "Refused"
 IDEMPOTENCY_CONFLICT = "IdempotencyConflict"
@@ -48,6 +51,18 @@ class CommandOutcome:
         """Whether this run changed anything (only a first, successful run does)."""
         return self.ok and not self.replayed
 
+    def code(self, namespace: str) -> str | None:
+        """The stable error code of a refusal, None for a success: the gate's
+        `Reason` code for ``Refused``, else ``namespace`` and the outcome in
+        snake case (``"card"`` and ``StaleRevision``: ``card.stale_revision``)."""
+        if self.ok:
+            return None
+        if self.name == REFUSED:
+            reason = self.data.get("reason")
+            if isinstance(reason, str):
+                return reason
+        return f"{namespace}.{_snake(self.name)}"
+
     def to_wire(self) -> dict[str, Any]:
         """``{"outcome", "ok", "data", "sealed", "replayed"}``."""
         return {
@@ -67,3 +82,8 @@ class CommandOutcome:
             command, str(record["name"]), bool(record["ok"]), dict(record.get("data", {})),
             dict(sealed), replayed=True,
         )
+
+
+def _snake(name: str) -> str:
+    return _WORD.sub("_", name).lower()
+
