@@ -161,5 +161,30 @@ class Metrics:
         value: float | None = self.registry.get_sample_value(name, {**self.labels, **labels})
         return value
 
+    def by_label(self, name: str, label: str) -> dict[str, float]:
+        """This engine's samples of ``name`` (as Prometheus spells it),
+        summed by the value of ``label``."""
+        totals: dict[str, float] = {}
+        for metric in self.registry.collect():
+            for sample in metric.samples:
+                if sample.name != name or label not in sample.labels:
+                    continue
+                if any(sample.labels.get(k) != v for k, v in self.labels.items()):
+                    continue
+                key = sample.labels[label]
+                totals[key] = totals.get(key, 0.0) + float(sample.value)
+        return totals
+
+    def total(self, name: str) -> float:
+        """The sum of this engine's samples of ``name`` over every other label."""
+        total = 0.0
+        for metric in self.registry.collect():
+            for sample in metric.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in self.labels.items()
+                ):
+                    total += float(sample.value)
+        return total
+
     def shutdown(self) -> None:
         self._provider.shutdown()

@@ -36,6 +36,7 @@ from .. import (
 from ..config import check_environment, describe_config
 from ..db import engine_migrations, grant_engine_access, migrate, service_migrations
 from ..errors import ConfigError, MigrationError
+from ..ops.queries import outbox_status as read_outbox_status
 
 
 class ExitCode(enum.IntEnum):
@@ -500,17 +501,6 @@ async def discard_dead_letter(
 # -- outbox --------------------------------------------------------------------
 
 
-_OUTBOX_STATUS = """
-SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending,
-       count(*) FILTER (WHERE status = 'FAILED') AS failed,
-       count(*) FILTER (WHERE status = 'PUBLISHED') AS published,
-       coalesce(extract(epoch FROM clock_timestamp()
-                - min(created_at) FILTER (WHERE status = 'PENDING')), 0)::float8
-           AS oldest_pending_age_seconds
-  FROM service_engine.integration_outbox
-"""
-
-
 @cli.group("outbox")
 def outbox() -> None:
     """The integration outbox."""
@@ -524,12 +514,10 @@ async def outbox_status(database_url: str) -> tuple[dict[str, Any], str, ExitCod
     """Rows waiting to be published, the oldest one's age, failed and published rows."""
     db = await _open_database(database_url)
     async with db:
-        row = await db.pool.fetchrow(_OUTBOX_STATUS)
-    assert row is not None
+        status = await read_outbox_status(db)
     data = {
-        "pending": int(row["pending"]), "failed": int(row["failed"]),
-        "published": int(row["published"]),
-        "oldest_pending_age_seconds": round(float(row["oldest_pending_age_seconds"]), 3),
+        "pending": status.pending, "failed": status.failed, "published": status.published,
+        "oldest_pending_age_seconds": status.oldest_pending_age_seconds,
     }
     text = (f"pending {data['pending']} (oldest {data['oldest_pending_age_seconds']:g}s), "
             f"failed {data['failed']}, published {data['published']}")

@@ -828,6 +828,7 @@ def graphql_app(
     connection_init_wait_timeout: timedelta = timedelta(seconds=10),
     allowed_origins: Sequence[str] = (),
     routes: Sequence[BaseRoute] = (),
+    ops_role: str | None = "ops",
 ) -> Starlette:
     """The service's Starlette app: GraphQL, GraphiQL, the subscription
     socket, ``/readyz`` and ``/metrics``. Serve it with `run_with`.
@@ -848,7 +849,17 @@ def graphql_app(
     ``allowed_origins`` lists the cross-origin pages allowed to open the
     socket (same-origin pages and non-browser clients always may);
     ``routes`` are appended to the app's routes.
+
+    ``/ops`` serves the ops page (`service_engine.ops`) to passports with
+    ``ops_role``; None leaves it out.
+
+    The edge bounds (body size, query limits, socket bounds) come from
+    ``engine.config``; see the module docstring.
     """
+    # Here, not at the top: the ops page reads the passport module of this
+    # package, and importing it from either side first must work.
+    from ..ops.routes import ops_routes
+
     view = _EngineGraphQL(
         engine,
         schema,
@@ -872,6 +883,7 @@ def graphql_app(
             WebSocketRoute(ws_path, view),
             readiness_route(engine.readiness),
             Route("/metrics", metrics, methods=["GET"]),
+            *(ops_routes(engine, role=ops_role) if ops_role is not None else ()),
             *routes,
         ],
         middleware=[Middleware(BodyLimit, limit=engine.config.http_max_body_bytes)],
