@@ -52,7 +52,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("pipeline", ("service_engine.pipeline",)),
     ("commands", ("service_engine.commands",)),
     ("render", ("service_engine.render", "service_engine.view")),
-    ("loops", ("service_engine.integration", "service_engine.props")),
+    ("loops", ("service_engine.integration", "service_engine.props", "service_engine.ops")),
     ("engine", ("service_engine.engine",)),
     ("surface", (
         "service_engine.graphql",

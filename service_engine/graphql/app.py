@@ -101,6 +101,7 @@ from ..config import EngineConfig
 from ..errors import ConfigError
 from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
+from .ops import DEFAULT_OPS_ROLE, ops_routes
 from .passport import (
     PASSPORT_HEADER,
     PassportError,
@@ -828,7 +829,7 @@ def graphql_app(
     connection_init_wait_timeout: timedelta = timedelta(seconds=10),
     allowed_origins: Sequence[str] = (),
     routes: Sequence[BaseRoute] = (),
-    ops_role: str | None = "ops",
+    ops_role: str | None = DEFAULT_OPS_ROLE,
 ) -> Starlette:
     """The service's Starlette app: GraphQL, GraphiQL, the subscription
     socket, ``/readyz`` and ``/metrics``. Serve it with `run_with`.
@@ -850,16 +851,12 @@ def graphql_app(
     socket (same-origin pages and non-browser clients always may);
     ``routes`` are appended to the app's routes.
 
-    ``/ops`` serves the ops page (`service_engine.ops`) to passports with
+    ``/ops`` serves the ops page (`service_engine.graphql.ops`) to passports with
     ``ops_role``; None leaves it out.
 
     The edge bounds (body size, query limits, socket bounds) come from
     ``engine.config``; see the module docstring.
     """
-    # Here, not at the top: the ops page reads the passport module of this
-    # package, and importing it from either side first must work.
-    from ..ops.routes import ops_routes
-
     view = _EngineGraphQL(
         engine,
         schema,

@@ -25,10 +25,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ..graphql.passport import PASSPORT_HEADER, Passport, PassportError, parse_passport
 from ..messaging.nats import Acked, Duplicate
-from .history import RateHistory
-from .queries import dead_letters_waiting, outbox_status
+from ..ops import RateHistory, dead_letters_waiting, outbox_status
+from .passport import PASSPORT_HEADER, Passport, PassportError, parse_passport
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -55,7 +54,7 @@ _STATIC = {
 
 
 def _asset(name: str) -> bytes:
-    return (resources.files(__package__) / "static" / name).read_bytes()
+    return (resources.files(__package__) / "ops_static" / name).read_bytes()
 
 
 class OpsState:
