@@ -1,5 +1,5 @@
 """The ops page (``/ops``) in a real headless Chromium against a real pod:
-Postgres, nats-server, uvicorn on a free port.
+Postgres, nats-server, uvicorn on a free port, an inbound reaction.
 
 The page loads with no console error and nothing from outside the pod; a
 dead letter shows up on it, is retried from it (an audited action) and
@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import secrets
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import httpx
-import nats
 import pytest
 from playwright.async_api import ConsoleMessage, Page, Request
+from pydantic import BaseModel
 
 from service_engine import (
     Database,
@@ -37,9 +35,13 @@ from service_engine import (
 )
 from service_engine.embedded import EmbeddedNats
 from service_engine.graphql import PASSPORT_HEADER, Passport, graphql_app
+from service_engine.pipeline import Reaction
 
 from .browser_support import chromium
 from .harness import wait_until
+from .inbound_support import dead_letter_rows, declare_streams, effects, producer
+from .inbound_support import pod as inbound_pod
+from .sample_orders import PlaceOrder, place_order
 from .test_graphql_app import SCHEMA, resolve_me, serving
 
 OPERATOR = Passport(sub="olivia", org="acme", roles=("member", "ops"))
@@ -90,12 +92,34 @@ class Watched:
         self.requests.append(request.url)
 
 
-async def test_a_dead_letter_appears_on_the_ops_page_is_retried_from_it_and_disappears(
-    db: Database, nats_server: EmbeddedNats, caplog: pytest.LogCaptureFixture
+@pytest.fixture
+async def streams(nats_server: EmbeddedNats) -> EmbeddedNats:
+    """Both integration streams with a bounded max_age, as the engine binds them."""
+    await declare_streams(nats_server.url)
+    return nats_server
+
+
+async def test_a_poison_message_dead_letter_appears_is_retried_from_the_page_and_disappears(
+    db: Database, streams: EmbeddedNats, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A command the reaction cannot handle is dead-lettered and shows up on
+    the page; once the cause is fixed, Retry republishes it, the reaction
+    applies it, and the row leaves the page. The retry is audited; the page
+    logs no console error and loads nothing from outside the pod."""
     caplog.set_level(logging.INFO, logger="service_engine.audit")
-    subject = f"integration.evt.payments.{secrets.token_hex(4)}"
-    async with ops_pod(db, nats_server) as (_, addr), chromium() as browser:
+    fixed = False
+
+    async def buggy(cx: Reaction[Any], command: BaseModel) -> None:
+        assert isinstance(command, PlaceOrder)
+        if command.order_id == "o-poison" and not fixed:
+            raise RuntimeError("amount is not a number")
+
+    async with (
+        inbound_pod(db, streams, [place_order("a", before=buggy)]) as running,
+        serving(graphql_app(running.engine, SCHEMA, resolve_me)) as addr,
+        producer(streams) as twin,
+        chromium() as browser,
+    ):
         context = await browser.new_context(
             extra_http_headers={PASSPORT_HEADER: OPERATOR.to_header()})
         page = await context.new_page()
@@ -105,16 +129,22 @@ async def test_a_dead_letter_appears_on_the_ops_page_is_retried_from_it_and_disa
         assert await page.text_content("#readiness-status") == "UP"
         assert await page.locator("#dead-letters tbody tr").count() == 0
 
-        letter = poison(subject)
-        await DeadLetters(db).record_work(letter)
-        row = page.locator(f'#dead-letters tr[data-id="{letter.id}"]')
+        sent = await twin.command(PlaceOrder(order_id="o-poison"))
+        await wait_until(lambda: _count(dead_letter_rows(db), 1), what="the dead letter")
+        [letter] = await dead_letter_rows(db)
+        assert letter["message_id"] == sent.envelope_id
+        row = page.locator(f'#dead-letters tr[data-id="{letter["id"]}"]')
         await row.wait_for(state="visible", timeout=BOUND_MS)
-        assert "ValueError: amount is not a number" in (await row.text_content() or "")
+        assert "RuntimeError: amount is not a number" in (await row.text_content() or "")
+        assert "Reaction: 1" in (await page.text_content("#dead-letter-sources") or "")
 
+        fixed = True  # the fix is deployed
         await row.locator('button[data-action="retry"]').click()
         await row.wait_for(state="detached", timeout=BOUND_MS)
         assert await page.get_attribute("#action-result", "data-outcome") == "Acked"
-        assert await DeadLetters(db).get(letter.id) is None
+        await wait_until(lambda: _count(effects(db), 1), what="the retried command applied")
+        assert [e["order_id"] for e in await effects(db)] == ["o-poison"]
+        assert await dead_letter_rows(db) == []
 
         assert watched.errors == []
         assert watched.requests and all(url.startswith(f"http://{addr}/ops") for url in watched.requests)
@@ -122,14 +152,11 @@ async def test_a_dead_letter_appears_on_the_ops_page_is_retried_from_it_and_disa
 
     audit = [r for r in caplog.records if r.name == "service_engine.audit"]
     assert [(r.ops_action, r.ops_actor, r.ops_target, r.ops_outcome) for r in audit] == [  # type: ignore[attr-defined]
-        ("retry", "olivia", str(letter.id), "Acked")]
-    client = await nats.connect(nats_server.url)
-    try:
-        stored = await client.jetstream().get_last_msg("INTEGRATION_EVT", subject)
-        assert stored.data is not None
-        assert json.loads(stored.data) == {"order": 9, "amount": "lots"}
-    finally:
-        await client.close()
+        ("retry", "olivia", str(letter["id"]), "Acked")]
+
+
+async def _count(rows: Any, n: int) -> bool:
+    return len(await rows) == n
 
 
 async def test_a_passport_without_the_ops_role_gets_no_data(
