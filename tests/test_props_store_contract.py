@@ -380,3 +380,29 @@ async def test_sqlite_domain_mapping_shares_the_one_transaction_off_the_loop(tmp
 def test_hard_delete_cannot_require_version_fencing() -> None:
     with pytest.raises(ConfigError):
         Namespace("x", (FieldSpec("n", "integer"),), require_version=True)
+
+
+async def test_sqlite_commit_waits_for_the_write_lock_off_the_loop(tmp_path: Path) -> None:
+    """A commit takes the write lock at BEGIN IMMEDIATE: while another
+    connection holds it, the commit waits on the store's thread and the event
+    loop keeps running; it lands once the lock is released."""
+    import asyncio
+
+    path = tmp_path / "p.db"
+    store = await open_sqlite_store(path)
+    try:
+        await store.register(ITEMS)
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")
+        pending = asyncio.ensure_future(
+            store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
+        )
+        # The loop's own timer fires while the commit waits on its thread.
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(pending), 0.1)
+        assert not pending.done()
+        other.execute("ROLLBACK")
+        other.close()
+        assert (await asyncio.wait_for(pending, 5)).nseq == 1
+    finally:
+        await store.aclose()
