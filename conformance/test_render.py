@@ -688,6 +688,57 @@ async def test_randomized_windows_equal_committed_state(db: Database, seed_value
             await wait_until(settled, what=f"window of {pid} equals committed state")
 
 
+@pytest.mark.xfail(
+    reason="open: a write committed while a session attaches amid concurrent writers is"
+    " sometimes never delivered to it (the window keeps the older view); seen on the"
+    " engine before and after the render split",
+    strict=False,
+)
+@pytest.mark.parametrize("seed_value", [3, 5, 8])
+async def test_a_session_attached_amid_writers_converges_on_committed_state(
+    db: Database, seed_value: int
+) -> None:
+    """A session attached while three writers commit, with only a few commits
+    after its attach, still ends on committed state: no write committed during
+    the attach is lost."""
+    import random
+
+    rng = random.Random(seed_value)
+    orgs = ["acme", "globex", "initech"]
+    alice = Principal("alice", frozenset({"acme", "initech"}))
+    async with running_engine(db, CardsView()) as engine:
+        stop = asyncio.Event()
+        written = [0]
+
+        async def writer(w: int) -> None:
+            async with db.pool.acquire() as conn:
+                while not stop.is_set():
+                    key = f"k{rng.randrange(30)}"
+                    if rng.random() < 0.2:
+                        await delete_card(conn, key)
+                    else:
+                        await write_card(conn, Card(key, rng.choice(orgs), rng.randrange(100), f"w{w}"))
+                    written[0] += 1
+
+        writers = [asyncio.create_task(writer(w)) for w in range(3)]
+        await wait_until(lambda: written[0] > 20, what="the writers under way")
+        stream = await engine.attach(alice, "cards", window())
+        mark = written[0]
+        await wait_until(lambda: written[0] > mark + 3, what="a few writes after the attach")
+        stop.set()
+        await asyncio.gather(*writers)
+        rows = await db.pool.fetch("SELECT * FROM sample_card")
+        want = {f'"{r["id"]}"': (r["org"], r["rank"], r["title"]) for r in rows if r["org"] in alice.orgs}
+        replica: WindowReplica[Any] = WindowReplica()
+
+        def settled() -> bool:
+            while (d := stream.get_nowait()) is not None:
+                replica.apply(d)  # raises on a revision gap
+            return dict(replica.views) == want
+
+        await wait_until(settled, timeout=5, what="the window to equal committed state")
+
+
 async def test_an_impure_cohort_is_caught_by_the_debug_check(db: Database) -> None:
     """In debug the pass recomputes each grouped session's cohort key: a
     cohort() that is not a pure function of the principal fails the render
