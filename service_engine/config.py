@@ -75,6 +75,20 @@ class EngineConfig(BaseModel):
     """The first pause before an inbound consumer is restarted; it doubles per
     consecutive failure up to ``inbound_restart_backoff_cap``."""
     inbound_restart_backoff_cap: timedelta = _seconds(30)
+    offer_reconcile: timedelta = _seconds(300)
+    """How often the offer leader reconciles its bucket against the store
+    (besides its first drain after boot or takeover)."""
+    offer_drain_batch: int = 256
+    """Dirty offer keys claimed, resolved and written per drain batch."""
+    mirror_reconcile: timedelta = _seconds(60)
+    """How often a mirror re-reads its consumed prefixes in full and the
+    leader re-projects them (repairs drift in ``known_*``)."""
+    mirror_failure_threshold: int = 3
+    """Consecutive failed mirror restarts past which it is dead-lettered."""
+    mirror_restart_backoff: timedelta = _seconds(0.5)
+    """The first pause before a failed mirror restarts; doubles per
+    consecutive failure up to ``mirror_restart_backoff_cap``."""
+    mirror_restart_backoff_cap: timedelta = _seconds(30)
 
     # -- the HTTP and WebSocket edge (service_engine.graphql.app) ----------
     http_max_body_bytes: int = 1_048_576
@@ -129,7 +143,8 @@ class EngineConfig(BaseModel):
             "session_ttl", "session_max_age", "lock_timeout", "ack_wait",
             "publish_ack_timeout", "beat_interval", "lease", "nats_grace",
             "listener_probe_timeout", "schema_version_liveness", "message_retention",
-            "inbound_restart_backoff",
+            "inbound_restart_backoff", "offer_reconcile", "mirror_reconcile",
+            "mirror_restart_backoff",
         )
         for name in positive_durations:
             require(getattr(self, name) > timedelta(0), f"{name} > 0")
@@ -138,6 +153,7 @@ class EngineConfig(BaseModel):
             "listener_channel_capacity", "fold_cache_capacity", "repair_attempts",
             "reset_threshold", "outbox_drain_bound", "outbox_max_attempts",
             "scheduled_max_attempts", "inbound_failure_threshold",
+            "offer_drain_batch", "mirror_failure_threshold",
             "http_max_body_bytes", "query_max_tokens", "query_max_aliases", "query_max_depth",
             "ws_max_message_bytes", "ws_max_subscriptions_per_socket", "ws_max_sockets",
         )
@@ -150,6 +166,12 @@ class EngineConfig(BaseModel):
         require(
             self.inbound_restart_backoff_cap >= self.inbound_restart_backoff,
             "inbound_restart_backoff_cap >= inbound_restart_backoff",
+        )
+        require(self.offer_reconcile > self.beat_interval, "offer_reconcile > beat_interval")
+        require(self.mirror_reconcile > self.beat_interval, "mirror_reconcile > beat_interval")
+        require(
+            self.mirror_restart_backoff_cap >= self.mirror_restart_backoff,
+            "mirror_restart_backoff_cap >= mirror_restart_backoff",
         )
         require(
             0.0 < self.listener_queue_threshold <= 1.0,

@@ -360,6 +360,25 @@ async def provision_streams(
         await client.close()
 
 
+async def provision_buckets(nats_url: str, buckets: Iterable[str]) -> None:
+    """Declare the gitops-owned key-value buckets (the published-language
+    buckets offers drain into and mirrors read; idempotent). One value per
+    key (``history=1``): a reader wants the current image, not its past."""
+    import nats
+    from nats.js.api import KeyValueConfig
+
+    client = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        js = client.jetstream()
+        for name in buckets:
+            try:
+                await js.key_value(name)
+            except Exception:
+                await js.create_key_value(KeyValueConfig(bucket=name, history=1))
+    finally:
+        await client.close()
+
+
 @dataclass
 class EmbeddedInfra:
     """Postgres and NATS started and provisioned under one data folder."""
@@ -376,6 +395,7 @@ class EmbeddedInfra:
         database: str = "service",
         extra_migrations: Iterable[Migration] = (),
         streams: dict[str, list[str]] | None = None,
+        buckets: Iterable[str] = (),
     ) -> EmbeddedInfra:
         postgres = EmbeddedPostgres(data_dir / "postgres")
         nats_server = EmbeddedNats(data_dir / "nats")
@@ -407,6 +427,7 @@ class EmbeddedInfra:
                 postgres, database, extra_migrations=list(extra_migrations)
             )
             await provision_streams(nats_server.url, streams)
+            await provision_buckets(nats_server.url, buckets)
         except BaseException:
             await stop_servers()
             raise

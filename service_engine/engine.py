@@ -37,6 +37,10 @@ from .leader import LeaderLease
 from .messaging.dead_letters import DeadLetters
 from .messaging.nats import Nats
 from .metrics import Metrics
+from .mirrors.declaration import Mirror
+from .mirrors.worker import MirrorBounds, MirrorRuntime, MirrorSet, MirrorSupervisor
+from .offers.drain import DrainHook, OfferDrain, OfferDrainBounds
+from .offers.model import Offer, register_offer_type
 from .pipeline import MutationExecutor
 from .pipeline.inbound import InboundReaction
 from .pipeline.reaction import ReactionPrincipal
@@ -126,6 +130,15 @@ class Engine:
         self.inbound: dict[str, ConsumerSupervisor] = {}
         """The running inbound consumers' supervisors, by reaction (after `run` started)."""
         self.inbound_health: InboundHealth | None = None
+        self.offer_drain: OfferDrain | None = None
+        """The leader drain of the registered offers (after `register_offer`)."""
+        self.mirrors = MirrorSet(self.metrics)
+        self._mirror_bounds = MirrorBounds(
+            interval=config.beat_interval, lease=config.lease,
+            reconcile=config.mirror_reconcile,
+            failure_threshold=config.mirror_failure_threshold,
+            backoff=config.mirror_restart_backoff, backoff_cap=config.mirror_restart_backoff_cap,
+        )
         self._running = False
         self._shutting_down = False
 
@@ -253,6 +266,57 @@ class Engine:
             raise DuplicateRegistration("reaction principal", "resolver")
         self._reaction_principal = resolver
 
+    def register_offer(self, offer: Offer[Any, Any, Any]) -> None:
+        """Publish ``offer``'s noun to its bucket from `run` on: every write of
+        ``offer.ROW`` stages its dirty key, and the pod holding the offer's
+        lease drains it. Raises `DeclarationError` for a malformed offer,
+        `DuplicateRegistration` for a name already registered, `ConfigError`
+        without NATS or after `run` started."""
+        if self.nats is None:
+            raise ConfigError(f"offer {getattr(offer, 'NAME', offer)!r} needs NATS")
+        if self._running:
+            raise ConfigError("register offers before run()")
+        offer.validate()
+        if self.offer_drain is None:
+            self.offer_drain = OfferDrain(
+                self.db, self.nats, self.config.pod_id,
+                OfferDrainBounds(
+                    batch=self.config.offer_drain_batch, reconcile=self.config.offer_reconcile,
+                    lease=self.config.lease, interval=self.config.beat_interval,
+                ),
+            )
+        if offer.NAME in {o.NAME for o in self.offer_drain.offers}:
+            raise DuplicateRegistration("offer", offer.NAME)
+        register_offer_type(offer)
+        self.offer_drain.add(offer)
+
+    def register_mirror(self, mirror: Mirror) -> None:
+        """Mirror ``mirror``'s consumed prefixes from `run` on (a supervised
+        worker; readiness is DOWN until it converged). Raises
+        `DeclarationError` for an incomplete declaration,
+        `DuplicateRegistration` for a name already registered, `ConfigError`
+        without NATS or after `run` started."""
+        if self.nats is None:
+            raise ConfigError(f"mirror {mirror.name!r} needs NATS")
+        if self._running:
+            raise ConfigError("register mirrors before run()")
+        if mirror.name in self.mirrors.supervisors:
+            raise DuplicateRegistration("mirror", mirror.name)
+        runtime = MirrorRuntime(
+            mirror, self.db, self.nats, self.config.pod_id, self.readiness, self._mirror_bounds
+        )
+        self.mirrors.add(MirrorSupervisor(runtime, self.dead_letters, self._mirror_bounds))
+        self._beat_steps.setdefault("mirrors", self.mirrors.beat)
+
+    def mirror(self, name: str) -> MirrorRuntime:
+        """The running state of mirror ``name`` (its shadows, its lease)."""
+        return self.mirrors.supervisors[name].runtime
+
+    def set_offer_drain_hook(self, hook: DrainHook | None) -> None:
+        """The offer-drain pause seam (tests only; after `register_offer`)."""
+        if self.offer_drain is not None:
+            self.offer_drain.hook = hook
+
     def set_inbound_hook(self, hook: InboundHook | None) -> None:
         """The inbound fault-injection seam (tests only; before `run`)."""
         self._inbound_hook = hook
@@ -311,12 +375,16 @@ class Engine:
         try:
             if self._reactions:
                 await self._start_inbound()
+            await self._start_offers_and_mirrors()
             self.readiness.clear(REASON_NOT_RUNNING)
             await self._supervisor.run()
         finally:
             if self.outbox is not None:
                 # Hand the relay's lease over now rather than at its expiry.
                 await self.outbox.aclose()
+            if self.offer_drain is not None:
+                await self.offer_drain.aclose()
+            await self.mirrors.aclose()
             self.metrics.shutdown()
 
     async def _start_inbound(self) -> None:
@@ -352,6 +420,19 @@ class Engine:
             )
             self.inbound[consumer.reaction.name] = supervisor
             self._supervisor.add(f"inbound:{consumer.reaction.name}", supervisor.run)
+
+    async def _start_offers_and_mirrors(self) -> None:
+        """Bind every offer's bucket (an absent one fails loud, naming it)
+        and put the drain and each mirror under the supervisor."""
+        if self.offer_drain is not None:
+            try:
+                await self.offer_drain.bind()
+            except EngineError as exc:
+                self.readiness.set_down("offer_boot", f"{type(exc).__name__}: {exc}")
+                raise
+            self._supervisor.add("offers", self.offer_drain.run)
+        for name, supervisor in self.mirrors.supervisors.items():
+            self._supervisor.add(f"mirror:{name}", supervisor.run)
 
     def shutdown(self) -> None:
         """Begin graceful shutdown; new attaches are refused from now on."""

@@ -48,11 +48,15 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("staging", (
         "service_engine.persistence",
         "service_engine.messaging",
+        "service_engine.offers",
+        "service_engine.mirrors",
     )),
     ("pipeline", ("service_engine.pipeline",)),
     ("commands", ("service_engine.commands",)),
     ("render", ("service_engine.render", "service_engine.view")),
-    ("loops", ("service_engine.integration", "service_engine.props", "service_engine.ops")),
+    ("loops", ("service_engine.integration", "service_engine.props",
+               "service_engine.offers.relay", "service_engine.offers.drain",
+               "service_engine.mirrors.worker", "service_engine.ops")),
     ("engine", ("service_engine.engine",)),
     ("surface", (
         "service_engine.graphql",

@@ -13,6 +13,7 @@ message: count an attempt). nats-py exceptions never leave this module.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Mapping
@@ -24,6 +25,7 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from ..errors import ConfigError, EngineError
 from ..resources import AsyncResource
@@ -197,10 +199,11 @@ class KvBucket:
     `NatsUnavailable`; a lost compare-and-set raises `KvConflict`.
     """
 
-    def __init__(self, name: str, kv: Any, timeout: float) -> None:
+    def __init__(self, name: str, kv: Any, timeout: float, js: Any = None) -> None:
         self.name = name
         self._kv = kv
         self._timeout = timeout
+        self._js = js
 
     def key(self, key: str) -> KvKey:
         """A handle on one key of this bucket."""
@@ -248,17 +251,136 @@ class KvBucket:
             raise self._failure("update", key, exc) from exc
         return int(revision)
 
-    async def delete(self, key: str) -> None:
-        """Delete the key (a tombstone its watchers see)."""
+    async def delete(self, key: str, *, last: int | None = None) -> None:
+        """Delete the key (a tombstone its watchers see); with ``last``, only
+        while it is still at that revision (`KvConflict` when it moved)."""
         try:
-            await _bounded(self._kv.delete(key), self._timeout)
+            await _bounded(self._kv.delete(key, last=last), self._timeout)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == _WRONG_LAST_SEQUENCE:
+                raise KvConflict(self.name, key, f"not at revision {last}") from exc
+            raise self._failure("delete", key, exc) from exc
         except Exception as exc:
             raise self._failure("delete", key, exc) from exc
+
+    # -- reading the bucket's stream (nats-py has no watch-from-revision) --
+
+    @property
+    def stream(self) -> str:
+        return f"KV_{self.name}"
+
+    def _subject(self, prefix: str) -> str:
+        return f"$KV.{self.name}.{prefix}.>" if prefix else f"$KV.{self.name}.>"
+
+    def _change(self, msg: Any) -> KvChange:
+        key = str(msg.subject).removeprefix(f"$KV.{self.name}.")
+        op = (msg.headers or {}).get("KV-Operation")
+        value = None if op in ("DEL", "PURGE") else bytes(msg.data or b"")
+        return KvChange(key, int(msg.metadata.sequence.stream), value)
+
+    async def last_revision(self) -> int:
+        """The bucket's current revision (its stream's last sequence)."""
+        try:
+            info = await _bounded(self._js.stream_info(self.stream), self._timeout)
+        except nats.js.errors.NotFoundError as exc:
+            raise BucketMissing(self.name) from exc
+        except Exception as exc:
+            raise self._failure("stream_info", "", exc) from exc
+        return int(info.state.last_seq or 0)
+
+    async def read_prefix(self, prefix: str) -> tuple[dict[str, KvEntry], int]:
+        """Every live key under ``prefix`` (``prefix.>``) with its revision,
+        and the highest revision the read saw under the prefix (deletes
+        included; 0 when none): a watch from that revision plus one misses
+        nothing."""
+        reached = 0
+        entries: dict[str, KvEntry] = {}
+        try:
+            sub = await _bounded(
+                self._js.subscribe(
+                    self._subject(prefix), stream=self.stream, ordered_consumer=True,
+                    deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                ),
+                self._timeout,
+            )
+        except Exception as exc:
+            raise self._failure("read", prefix, exc) from exc
+        try:
+            info = await _bounded(sub.consumer_info(), self._timeout)
+            remaining = int(info.num_pending or 0) + int(info.delivered.consumer_seq or 0)
+            while remaining > 0:
+                msg = await sub.next_msg(timeout=self._timeout)
+                change = self._change(msg)
+                reached = max(reached, change.revision)
+                if change.value is None:
+                    entries.pop(change.key, None)
+                else:
+                    entries[change.key] = KvEntry(change.key, change.value, change.revision)
+                remaining = int(msg.metadata.num_pending or 0)
+        except Exception as exc:
+            raise self._failure("read", prefix, exc) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return entries, reached
+
+    async def watch_prefix(self, prefix: str, from_revision: int) -> KvWatch:
+        """Every change under ``prefix`` from revision ``from_revision`` on
+        (an ordered consumer on the bucket's stream from that sequence)."""
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, from_revision)
+        )
+        try:
+            sub = await _bounded(
+                self._js.subscribe(
+                    self._subject(prefix), stream=self.stream, ordered_consumer=True,
+                    config=config,
+                ),
+                self._timeout,
+            )
+        except Exception as exc:
+            raise self._failure("watch", prefix, exc) from exc
+        return KvWatch(self, sub)
 
     def _failure(self, op: str, key: str, exc: BaseException) -> EngineError:
         if isinstance(exc, nats.js.errors.KeyWrongLastSequenceError):
             return KvConflict(self.name, key, str(exc))
         return NatsUnavailable(f"kv {op} {self.name}/{key} failed: {type(exc).__name__}: {exc}")
+
+
+_WRONG_LAST_SEQUENCE = 10071
+
+
+@dataclass(frozen=True, slots=True)
+class KvChange:
+    """One message of a bucket's stream: ``value`` None for a delete or purge."""
+
+    key: str
+    revision: int
+    value: bytes | None
+
+
+class KvWatch(AsyncResource):
+    """The live changes of one prefix, in revision order (`KvBucket.watch_prefix`)."""
+
+    def __init__(self, bucket: KvBucket, sub: Any) -> None:
+        self._bucket = bucket
+        self._sub = sub
+
+    async def next(self, within: float) -> KvChange | None:
+        """The next change, or None when none arrived within ``within`` seconds."""
+        try:
+            msg = await self._sub.next_msg(timeout=within)
+        except nats.errors.TimeoutError:
+            _honour_cancellation()
+            return None
+        except Exception as exc:
+            raise self._bucket._failure("watch", "", exc) from exc
+        return self._bucket._change(msg)
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,7 +519,7 @@ class Nats(AsyncResource):
             raise NatsUnavailable(
                 f"binding bucket {name} failed: {type(exc).__name__}: {exc}"
             ) from exc
-        return KvBucket(name, kv, self.publish_ack_timeout)
+        return KvBucket(name, kv, self.publish_ack_timeout, self.js)
 
     async def aclose(self) -> None:
         """Flush and close; a connection that is down is closed without

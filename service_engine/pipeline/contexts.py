@@ -55,6 +55,7 @@ from ..messaging.envelope import (
 )
 from ..messaging.outbox import OutboxRow
 from ..messaging.reactions import PrincipalUnresolved, ReactionDelivery
+from ..offers.staging import DirtyMark, DirtyMarks
 from ..persistence.base import Aggregate, NotFound, Persistence, store_of
 
 __all__ = ["Bulk", "Mutation", "Ops", "OutboxRow", "Reaction", "Staged", "principal_actor"]
@@ -80,6 +81,7 @@ class Staged:
     outbox: list[OutboxRow]
     messages: list[OutboundMessage] = field(default_factory=list)
     scheduled_messages: list[tuple[Timestamp, OutboundMessage]] = field(default_factory=list)
+    offers: list[DirtyMark] = field(default_factory=list)
 
 
 def _lockable(key: object) -> object:
@@ -124,6 +126,7 @@ class Ops:
         self._failed: DatabaseError | None = None
         self._begin: str | None = None
         self._on_begun: Callable[[], Awaitable[None]] | None = None
+        self._offers = DirtyMarks()
 
     # -- time -------------------------------------------------------------
 
@@ -166,18 +169,29 @@ class Ops:
         store = store_of(type(aggregate))
         await self._lock(store, store.key_of(aggregate))
         await self._db(Stage.CREATE, lambda: store.create(self._conn, aggregate))
+        self._offers.aggregate(type(aggregate), store.key_of(aggregate))
 
     async def save(self, aggregate: Aggregate) -> None:
         """Write the aggregate's new state and its pending events."""
         store = store_of(type(aggregate))
         await self._lock(store, store.key_of(aggregate))
         await self._db(Stage.SAVE, lambda: store.save(self._conn, aggregate))
+        self._offers.aggregate(type(aggregate), store.key_of(aggregate))
 
     async def delete(self, aggregate: Aggregate) -> None:
-        """Remove the aggregate. Stage its impact as for any write."""
+        """Remove the aggregate. Stage its impact as for any write; an
+        offered noun's key is retracted by the leader's next drain."""
         store = store_of(type(aggregate))
         await self._lock(store, store.key_of(aggregate))
         await self._db(Stage.DELETE, lambda: store.delete(self._conn, aggregate))
+        self._offers.aggregate(type(aggregate), store.key_of(aggregate))
+
+    def dirty_offer(self, aggregate_type: type[Aggregate], key: Any) -> None:
+        """The row of ``aggregate_type`` under ``key`` changed outside the
+        aggregate API (an erasure's anonymising UPDATE, a hand-written
+        DELETE): its offers re-publish (or retract) it after the commit.
+        Staged with the transaction; a no-op for a noun no offer carries."""
+        self._offers.aggregate(aggregate_type, key)
 
     # -- impacts ------------------------------------------------------------
 
@@ -324,7 +338,7 @@ class Ops:
         resets = [Impact.reset(noun) for noun in self._resets]
         return Staged(
             [*resets, *self._impacts], self._scheduled, self._outbox, self._messages,
-            self._scheduled_messages,
+            self._scheduled_messages, self._offers.marks(),
         )
 
     async def _lock(self, store: Persistence[Any, Any], key: object) -> None:

@@ -37,6 +37,7 @@ from ..impacts.transport import schedule_in, stage_in
 from ..messaging.outbox import write_outbox
 from ..messaging.scheduled import stage_scheduled_message
 from ..metrics import Metrics
+from ..offers.staging import stage_offer_dirty
 from .contexts import Ops, Staged
 
 __all__ = ["StageHook", "flush", "run_pipeline"]
@@ -68,6 +69,7 @@ async def flush(conn: Conn, staged: Staged) -> int:
     await write_outbox(conn, staged.outbox)
     for due, message in staged.scheduled_messages:
         await stage_scheduled_message(conn, message, due)
+    await stage_offer_dirty(conn, staged.offers)
     return count
 
 

@@ -1,0 +1,360 @@
+"""Offers against a real Postgres and a spawned nats-server: the dirty mark
+staged with the write, the leader drain's order (s188), convergence under
+concurrent writes, retract after delete, failover mid-drain, the reconcile,
+and the KvDrainRelay's watermarks (s171)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterable
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import nats
+import pytest
+
+from service_engine import Database, Engine, ReadinessHandle, WorkerStopped
+from service_engine.db.types import Conn
+from service_engine.embedded import EmbeddedNats, provision_buckets
+from service_engine.leader import LeaseLost
+from service_engine.messaging.nats import KvBucket, Nats
+from service_engine.offers.drain import OfferDrain, OfferDrainBounds
+from service_engine.offers.model import Offer, Published
+from service_engine.offers.relay import KvDrainRelay, KvPut, KvRetract
+from service_engine.testing.offers import OneShotDrainPause
+
+from .harness import fast_engine_config, wait_until
+from .nats_support import engine_nats
+from .sample_counter import (
+    WRITER,
+    CrudCounter,
+    CrudCounterStore,
+    create_counter,
+    delete_counter,
+    executor_for,
+    increment,
+)
+
+BUCKET = "sample_published"
+
+
+class OfferedCounter(CrudCounter):
+    """A CRUD counter that carries `CounterOffer` (its own class, so no other
+    test's counters stage dirty marks)."""
+
+
+OfferedCounter.Store = CrudCounterStore(OfferedCounter)
+
+
+class CounterPublished(Published):
+    BUCKET: ClassVar[str] = BUCKET
+    PREFIX: ClassVar[str] = "sample.counter"
+    id: str
+    value: int
+    frozen: bool
+
+
+class CounterOffer(Offer[OfferedCounter, str, CounterPublished]):
+    NAME = "sample_counters"
+    ROW = OfferedCounter
+    PUBLISHED = CounterPublished
+
+    def publish(self, row: OfferedCounter) -> CounterPublished | None:
+        return CounterPublished(id=row.key, value=row.value, frozen=row.frozen)
+
+    async def keys(self, conn: Conn) -> Iterable[str]:
+        return [r["id"] for r in await conn.fetch("SELECT id FROM sample_counter_crud")]
+
+
+@contextlib.asynccontextmanager
+async def bucket_of(server: EmbeddedNats) -> AsyncIterator[tuple[Nats, KvBucket]]:
+    await provision_buckets(server.url, [BUCKET])
+    async with engine_nats(server) as conn:
+        yield conn, await conn.bind_bucket(BUCKET)
+
+
+async def bucket_values(bucket: KvBucket) -> dict[str, int]:
+    entries, _ = await bucket.read_prefix(CounterPublished.PREFIX)
+    return {k.rpartition(".")[2]: json.loads(e.value)["value"] for k, e in entries.items()}
+
+
+async def store_values(db: Database) -> dict[str, int]:
+    rows = await db.pool.fetch("SELECT id, value FROM sample_counter_crud")
+    return {r["id"]: int(r["value"]) for r in rows}
+
+
+def drain_of(db: Database, conn: Nats, holder: str, **bounds: Any) -> OfferDrain:
+    settings: dict[str, Any] = {"lease": timedelta(seconds=1), "interval": timedelta(milliseconds=50)}
+    settings.update(bounds)
+    drain = OfferDrain(db, conn, holder, OfferDrainBounds(**settings))
+    drain.add(CounterOffer())
+    return drain
+
+
+@contextlib.asynccontextmanager
+async def running(db: Database, conn: Nats, **config: Any) -> AsyncIterator[Engine]:
+    readiness = ReadinessHandle()
+    settings: dict[str, Any] = {"lock_timeout": timedelta(seconds=1), **config}
+    engine = await Engine.boot(fast_engine_config("sample", **settings), db, conn, readiness)
+    engine.register_offer(CounterOffer())
+    task = asyncio.create_task(engine.run())
+    try:
+        await wait_until(lambda: readiness.is_up, what="the engine UP")
+        yield engine
+    finally:
+        engine.shutdown()
+        with contextlib.suppress(WorkerStopped):
+            await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture(autouse=True)
+def _offered() -> None:
+    from service_engine.offers.model import register_offer_type
+
+    register_offer_type(CounterOffer())
+
+
+async def test_a_write_stages_its_dirty_key_in_its_own_transaction(db: Database) -> None:
+    """A create, a save and a delete of an offered noun each stage the key's
+    dirty mark with the write (a bumped generation when one was waiting); a
+    write that rolls back stages nothing."""
+    executor = executor_for(db)
+    await executor.execute(WRITER, create_counter, OfferedCounter, "a")
+    [row] = await db.pool.fetch("SELECT * FROM service_engine.offer_dirty")
+    assert (row["offer"], row["kv_key"], row["agg_key"], row["gen"]) == (
+        "sample_counters", "sample.counter.a", "a", 1,
+    )
+    await executor.execute(WRITER, increment, OfferedCounter, "a")
+    assert await db.pool.fetchval("SELECT gen FROM service_engine.offer_dirty") == 2
+
+    async def failing(cx: Any) -> None:
+        counter = await cx.load(OfferedCounter, "a")
+        counter.increment(1, "x")
+        await cx.save(counter)
+        raise RuntimeError("the handler fails after the save")
+
+    with pytest.raises(RuntimeError):
+        await executor.execute(WRITER, failing)
+    assert await db.pool.fetchval("SELECT gen FROM service_engine.offer_dirty") == 2
+    # a plain counter carries no offer
+    await executor.execute(WRITER, create_counter, CrudCounter, "plain")
+    assert await db.pool.fetchval("SELECT count(*) FROM service_engine.offer_dirty") == 1
+
+
+async def test_the_engine_drains_writes_and_retracts_a_deleted_row(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A running engine publishes each write of an offered noun to the bucket
+    (woken by the commit) and retracts a deleted row's key; the markers go."""
+    async with bucket_of(nats_server) as (conn, bucket), running(db, conn):
+        executor = executor_for(db)
+        for key in ("a", "b"):
+            await executor.execute(WRITER, create_counter, OfferedCounter, key)
+        await executor.execute(WRITER, increment, OfferedCounter, "a", 5)
+
+        async def published() -> bool:
+            return await bucket_values(bucket) == {"a": 5, "b": 0}
+
+        await wait_until(published, what="both counters in the bucket")
+        await executor.execute(WRITER, delete_counter, OfferedCounter, "b")
+
+        async def retracted() -> bool:
+            return await bucket_values(bucket) == {"a": 5}
+
+        await wait_until(retracted, what="the deleted counter retracted")
+        await wait_until(
+            lambda: _no_markers(db), what="every marker drained"
+        )
+
+
+async def _no_markers(db: Database) -> bool:
+    return await db.pool.fetchval("SELECT count(*) FROM service_engine.offer_dirty") == 0
+
+
+async def test_the_drain_under_concurrent_mutations_converges_to_the_store(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """Writers hammering offered keys while the leader drains never wait on
+    it and the bucket converges to exactly the store."""
+    async with bucket_of(nats_server) as (conn, bucket), running(db, conn):
+        executor = executor_for(db)
+        keys = [f"k{i}" for i in range(6)]
+        for key in keys:
+            await executor.execute(WRITER, create_counter, OfferedCounter, key)
+
+        async def writer(key: str) -> None:
+            for _ in range(15):
+                await executor.execute(WRITER, increment, OfferedCounter, key)
+
+        await asyncio.gather(*(writer(k) for k in keys))
+        assert await store_values(db) == dict.fromkeys(keys, 15)
+
+        async def converged() -> bool:
+            return await bucket_values(bucket) == await store_values(db)
+
+        await wait_until(converged, what="the bucket equal to the store")
+        await wait_until(lambda: _no_markers(db), what="every marker drained")
+
+
+async def test_s188_a_lease_expiring_between_revision_and_image_cannot_regress_the_bucket(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """s188: the leader is frozen after reading a key's bucket revision and
+    before resolving its image; its lease expires and another pod takes over
+    and publishes a newer image. The frozen leader's fenced image read fails
+    (LeaseLost): it writes nothing, and the bucket holds the newest image."""
+    async with bucket_of(nats_server) as (conn, bucket):
+        executor = executor_for(db)
+        await executor.execute(WRITER, create_counter, OfferedCounter, "k")
+        a, b = drain_of(db, conn, "pod-a"), drain_of(db, conn, "pod-b")
+        for drain in (a, b):
+            await drain.bind()
+        await a.step()
+        assert await bucket_values(bucket) == {"k": 0}
+
+        await executor.execute(WRITER, increment, OfferedCounter, "k")  # value 1: dirty
+        pause = OneShotDrainPause()
+        a.hook = pause
+        frozen = asyncio.create_task(a.step())
+        await asyncio.wait_for(pause.reached.wait(), 5)
+        # A is frozen holding revision r of value 0; its lease expires.
+        await db.pool.execute(
+            "UPDATE service_engine.leader_slot SET expires_at = clock_timestamp() WHERE slot = $1",
+            CounterOffer().slot,
+        )
+        await executor.execute(WRITER, increment, OfferedCounter, "k")  # value 2
+        reports = await b.step()
+        assert reports["sample_counters"].published >= 1
+        assert await bucket_values(bucket) == {"k": 2}
+
+        pause.release()
+        with pytest.raises(LeaseLost):
+            await asyncio.wait_for(frozen, 5)
+        assert await bucket_values(bucket) == {"k": 2}
+        assert (await bucket.get("sample.counter.k")) is not None
+
+
+async def test_a_write_between_revision_read_and_image_loses_nothing(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A write landing while the leader sits between the revision read and
+    the image read is published by that very pass or the next (its marker
+    survives the pass that read it before the write): the bucket converges."""
+    async with bucket_of(nats_server) as (conn, bucket):
+        executor = executor_for(db)
+        await executor.execute(WRITER, create_counter, OfferedCounter, "k")
+        a = drain_of(db, conn, "pod-a")
+        await a.bind()
+        pause = OneShotDrainPause()
+        a.hook = pause
+        step = asyncio.create_task(a.step())
+        await asyncio.wait_for(pause.reached.wait(), 5)
+        await executor.execute(WRITER, increment, OfferedCounter, "k", 7)
+        pause.release()
+        await asyncio.wait_for(step, 5)
+        await a.step()
+        assert await bucket_values(bucket) == {"k": 7}
+        assert await _no_markers(db)
+
+
+async def test_leader_failover_mid_drain_finishes_without_regressing(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """The leader freezes mid-drain; the other pod takes over once the lease
+    expires and finishes the drain; the old leader's resumed pass writes
+    nothing. Every key's published values only ever rise (nothing published
+    out of order) and the bucket ends equal to the store."""
+    async with bucket_of(nats_server) as (conn, bucket):
+        executor = executor_for(db)
+        keys = [f"k{i}" for i in range(5)]
+        for key in keys:
+            await executor.execute(WRITER, create_counter, OfferedCounter, key)
+        a, b = drain_of(db, conn, "pod-a"), drain_of(db, conn, "pod-b")
+        for drain in (a, b):
+            await drain.bind()
+        history: dict[str, list[int]] = {k: [] for k in keys}
+        watch = await bucket.watch_prefix(CounterPublished.PREFIX, 1)
+
+        pause = OneShotDrainPause()
+        a.hook = pause
+        frozen = asyncio.create_task(a.step())
+        await asyncio.wait_for(pause.reached.wait(), 5)
+        for key in keys:
+            await executor.execute(WRITER, increment, OfferedCounter, key, 3)
+
+        async def taken_over() -> bool:
+            return "sample_counters" in await b.step()
+
+        await wait_until(taken_over, timeout=5, what="pod-b taking the expired lease")
+        pause.release()
+        with pytest.raises(LeaseLost):
+            await asyncio.wait_for(frozen, 5)
+        await b.step()
+        assert await bucket_values(bucket) == await store_values(db)
+        while (change := await watch.next(0.3)) is not None:
+            if change.value is not None:
+                history[change.key.rpartition(".")[2]].append(json.loads(change.value)["value"])
+        await watch.aclose()
+        for key, values in history.items():
+            assert values == sorted(values), f"{key} published out of order: {values}"
+            assert values[-1] == 3
+
+
+async def test_reconcile_repairs_a_drifted_and_a_foreign_key(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """The first drain after boot reconciles: a key edited behind the
+    engine's back is re-put from the store, a key with no row behind it is
+    retracted, a key missing from the bucket is published."""
+    async with bucket_of(nats_server) as (conn, bucket):
+        executor = executor_for(db)
+        for key in ("a", "b"):
+            await executor.execute(WRITER, create_counter, OfferedCounter, key)
+        await db.pool.execute("DELETE FROM service_engine.offer_dirty")  # as if drained
+        await bucket.put("sample.counter.a", b'{"frozen":false,"id":"a","value":99}')
+        await bucket.put("sample.counter.ghost", b'{"frozen":false,"id":"ghost","value":1}')
+        drain = drain_of(db, conn, "pod-a")
+        await drain.bind()
+        [report] = (await drain.step()).values()
+        assert report.reconciled
+        assert await bucket_values(bucket) == {"a": 0, "b": 0}
+
+
+async def test_s171_a_rebuilt_bucket_refuses_unchanged_versions_until_reset(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """s171: the relay publishes monotonically by key and version (a stale
+    Put after a newer Retract is a no-op); after an operator truncates and
+    rebuilds the bucket, re-staged unchanged versions are refused until
+    reset_watermarks clears the watermarks, after which the re-staged set
+    converges the rebuilt bucket."""
+    async with bucket_of(nats_server) as (conn, bucket):
+        relay = KvDrainRelay(db, "people", bucket)
+        staged = [KvPut("p.1", 1, b"ann"), KvPut("p.2", 4, b"bob")]
+        assert (await relay.drain(staged)).applied == 2
+        assert await relay.publish(KvRetract("p.1", 2))
+        assert not await relay.publish(KvPut("p.1", 1, b"ann"))  # stale after the retract
+        assert await bucket.get("p.1") is None
+        assert await relay.watermark("p.1") == 2
+
+        client = await nats.connect(nats_server.url)
+        try:
+            js = client.jetstream()
+            await js.delete_key_value(BUCKET)
+        finally:
+            await client.close()
+        await provision_buckets(nats_server.url, [BUCKET])
+        rebuilt = await conn.bind_bucket(BUCKET)
+        relay = KvDrainRelay(db, "people", rebuilt)
+        restaged = [KvPut("p.2", 4, b"bob"), KvPut("p.3", 1, b"cy")]
+        report = await relay.drain(restaged)
+        assert (report.applied, report.stale) == (1, 1)
+        assert await rebuilt.get("p.2") is None, "an unchanged version re-put before the reset"
+
+        assert await relay.reset_watermarks() == 3
+        assert (await relay.drain(restaged)).applied == 2
+        assert {k: e.value for k, e in (await rebuilt.read_prefix("p"))[0].items()} == {
+            "p.2": b"bob", "p.3": b"cy",
+        }

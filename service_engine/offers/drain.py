@@ -1,0 +1,327 @@
+"""The leader's drain of dirty offer keys into their published-language buckets.
+
+Per offer, the pod holding the fixed-slot lease ``offer:<NAME>`` (acquired
+on every pass, taken over by another pod only once it expired) drains its
+dirty keys in batches, in this order (s188):
+
+1. claim the batch skip-locked (a short fenced transaction);
+2. read each key's current bucket revision;
+3. resolve the row images in a short fenced transaction — the revision is
+   observed *before* the image, so a write landing between the two bumps
+   the revision and loses the compare-and-set instead of regressing the
+   bucket;
+4. the KV round-trip outside any transaction: a create for an absent key,
+   a compare-and-set on the observed revision, a delete (retract) at that
+   revision; an equal value is left alone. A lost compare-and-set leaves
+   the key dirty for the next pass;
+5. raise the per-key watermark and delete the marker at the generation it
+   claimed, in a small fenced transaction asserting the lease (a write that
+   re-dirtied the key meanwhile keeps its marker).
+
+A write never waits on the drain: the marker's row lock is held only by
+the two short transactions, never across the KV round-trip. A leader
+frozen past its lease fails its fenced transactions (`LeaseLost`) instead
+of regressing the bucket. The first pass after boot and every
+``offer_reconcile`` period re-stage every store key and every bucket key
+under the prefix, so a rebuilt or drifted bucket is repaired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol
+
+from ..db.errors import Stage, translating
+from ..db.pool import Database
+from ..leader import LeaderLease, LeaseLost
+from ..messaging.nats import KvBucket, KvConflict, KvEntry, Nats, NatsUnavailable
+from ..persistence.base import store_of
+from .model import Offer
+from .relay import raise_watermark
+from .staging import OFFER_CHANNEL
+
+__all__ = ["DrainHook", "DrainReport", "OfferDrain", "OfferDrainBounds"]
+
+_log = logging.getLogger(__name__)
+
+
+class DrainHook(Protocol):
+    """The test-support seam: called at ``point`` (``"revision_read"``,
+    after step 2 and before step 3) with the offer and the batch's keys."""
+
+    async def __call__(self, point: str, offer: str, keys: Sequence[str]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OfferDrainBounds:
+    batch: int = 256
+    reconcile: timedelta = timedelta(minutes=5)
+    lease: timedelta = timedelta(seconds=10)
+    interval: timedelta = timedelta(seconds=1)
+
+
+@dataclass(slots=True)
+class DrainReport:
+    """One pass over one offer."""
+
+    published: int = 0
+    retracted: int = 0
+    unchanged: int = 0
+    conflicts: int = 0
+    reconciled: bool = False
+
+
+@dataclass(slots=True)
+class _Claimed:
+    kv_key: str
+    agg_key: Any
+    gen: int
+    entry: KvEntry | None = None
+    image: bytes | None = None
+
+
+_CLAIM = """
+SELECT kv_key, agg_key::text AS agg_key, gen FROM service_engine.offer_dirty
+ WHERE offer = $1 ORDER BY dirtied_at, kv_key LIMIT $2 FOR UPDATE SKIP LOCKED
+"""
+
+_DONE = """
+DELETE FROM service_engine.offer_dirty WHERE offer = $1 AND kv_key = $2 AND gen = $3
+"""
+
+_RESTAGE = """
+INSERT INTO service_engine.offer_dirty AS d (offer, kv_key, agg_key)
+SELECT $1, k, a::jsonb FROM unnest($2::text[], $3::text[]) AS m(k, a)
+ON CONFLICT (offer, kv_key) DO UPDATE
+   SET gen = d.gen + 1, agg_key = COALESCE(EXCLUDED.agg_key, d.agg_key)
+"""
+
+
+class _OfferState:
+    def __init__(self, offer: Offer[Any, Any, Any], lease: LeaderLease) -> None:
+        self.offer = offer
+        self.lease = lease
+        self.bucket: KvBucket | None = None
+        self.reconciled_at: float | None = None
+        self.fence: int | None = None
+
+
+class OfferDrain:
+    """Drains every registered offer of this pod (one worker, one LISTEN)."""
+
+    def __init__(
+        self,
+        db: Database,
+        nats: Nats,
+        holder: str,
+        bounds: OfferDrainBounds = OfferDrainBounds(),
+        *,
+        hook: DrainHook | None = None,
+    ) -> None:
+        self.db = db
+        self.nats = nats
+        self.holder = holder
+        self.bounds = bounds
+        self.hook = hook
+        self._offers: dict[str, _OfferState] = {}
+        self._wake = asyncio.Event()
+        self._pass = asyncio.Lock()
+
+    def add(self, offer: Offer[Any, Any, Any]) -> None:
+        lease = LeaderLease(self.db, offer.slot, self.holder, self.bounds.lease)
+        self._offers[offer.NAME] = _OfferState(offer, lease)
+
+    @property
+    def offers(self) -> list[Offer[Any, Any, Any]]:
+        return [state.offer for state in self._offers.values()]
+
+    def lease_of(self, name: str) -> LeaderLease:
+        return self._offers[name].lease
+
+    async def bind(self) -> None:
+        """Bind every offer's bucket; `BucketMissing` names an absent one."""
+        for state in self._offers.values():
+            state.bucket = await self.nats.bind_bucket(state.offer.bucket)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # -- the loop -----------------------------------------------------------
+
+    async def run(self) -> None:
+        """Drain on every wake-up (a commit that staged marks notifies
+        `OFFER_CHANNEL`) and at least every interval."""
+        conn = None
+        try:
+            with contextlib.suppress(Exception):
+                conn = await self.db.connect_dedicated()
+                await conn.add_listener(OFFER_CHANNEL, lambda *_: self._wake.set())
+            interval = self.bounds.interval.total_seconds()
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), interval)
+                self._wake.clear()
+                try:
+                    await self.step()
+                except (NatsUnavailable, LeaseLost) as exc:
+                    _log.info("offer drain pass stopped: %s", exc)
+                except Exception as exc:
+                    _log.warning("offer drain pass failed: %s", exc, exc_info=exc)
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
+    async def step(self) -> dict[str, DrainReport]:
+        """One pass over every offer this pod leads (until each is drained)."""
+        reports: dict[str, DrainReport] = {}
+        async with self._pass:
+            for name, state in self._offers.items():
+                lease = await state.lease.acquire()
+                if lease is None:
+                    state.fence = None
+                    continue
+                if state.fence != lease.fence:
+                    # A new tenure: the first drain after boot or takeover reconciles.
+                    state.fence = lease.fence
+                    state.reconciled_at = None
+                reports[name] = await self.drain(name)
+        return reports
+
+    async def drain(self, name: str) -> DrainReport:
+        """Drain offer ``name`` until no dirty key is left (or a pass made no
+        progress: lost compare-and-sets wait for the next pass)."""
+        state = self._offers[name]
+        report = DrainReport()
+        now = time.monotonic()
+        if (
+            state.reconciled_at is None
+            or now - state.reconciled_at >= self.bounds.reconcile.total_seconds()
+        ):
+            await self.reconcile(name)
+            state.reconciled_at = now
+            report.reconciled = True
+        while True:
+            done = await self._batch(state, report)
+            if done < self.bounds.batch:
+                return report
+
+    async def reconcile(self, name: str) -> int:
+        """Re-stage every store key and every bucket key under the prefix;
+        returns how many keys were staged."""
+        state = self._offers[name]
+        offer, bucket = state.offer, self._bucket(state)
+        entries, _ = await bucket.read_prefix(offer.prefix)
+        with translating(Stage.RELAY):
+            async with self.db.pool.acquire() as conn, conn.transaction():
+                await state.lease.assert_lease(conn)
+                staged: dict[str, str | None] = dict.fromkeys(entries)
+                for key in await offer.keys(conn):
+                    staged[offer.kv_key(key)] = offer.agg_key_json(key)
+                if staged:
+                    await conn.execute(_RESTAGE, offer.NAME, list(staged), list(staged.values()))
+        return len(staged)
+
+    def _bucket(self, state: _OfferState) -> KvBucket:
+        if state.bucket is None:
+            raise RuntimeError(f"offer {state.offer.NAME}: bind() was not called")
+        return state.bucket
+
+    async def _fenced(self, state: _OfferState, work: Callable[[Any], Awaitable[Any]]) -> Any:
+        with translating(Stage.RELAY):
+            async with self.db.pool.acquire() as conn, conn.transaction():
+                await state.lease.assert_lease(conn)
+                return await work(conn)
+
+    async def _batch(self, state: _OfferState, report: DrainReport) -> int:
+        offer, bucket = state.offer, self._bucket(state)
+
+        # 1. claim skip-locked
+        async def claim(conn: Any) -> list[_Claimed]:
+            rows = await conn.fetch(_CLAIM, offer.NAME, self.bounds.batch)
+            return [
+                _Claimed(
+                    r["kv_key"], None if r["agg_key"] is None else json.loads(r["agg_key"]),
+                    int(r["gen"]),
+                )
+                for r in rows
+            ]
+
+        batch: list[_Claimed] = await self._fenced(state, claim)
+        if not batch:
+            return 0
+
+        # 2. the bucket revision of every key, before any image
+        entries = await asyncio.gather(*(bucket.get(c.kv_key) for c in batch))
+        for claimed, entry in zip(batch, entries, strict=True):
+            claimed.entry = entry
+        if self.hook is not None:
+            await self.hook("revision_read", offer.NAME, [c.kv_key for c in batch])
+
+        # 3. the row images, in a short fenced transaction
+        store = store_of(offer.ROW)
+
+        async def resolve(conn: Any) -> None:
+            for claimed in batch:
+                if claimed.agg_key is None:
+                    continue
+                row = await store.load(conn, claimed.agg_key)
+                published = None if row is None else offer.publish(row)
+                claimed.image = None if published is None else published.encode()
+
+        await self._fenced(state, resolve)
+
+        # 4. the KV round-trips, outside any transaction
+        async def write(claimed: _Claimed) -> int | None:
+            entry, image = claimed.entry, claimed.image
+            try:
+                if image is None:
+                    if entry is None:
+                        report.unchanged += 1
+                        return 0
+                    await bucket.delete(claimed.kv_key, last=entry.revision)
+                    report.retracted += 1
+                    return entry.revision + 1
+                if entry is not None and entry.value == image:
+                    report.unchanged += 1
+                    return entry.revision
+                if entry is None:
+                    revision = await bucket.create(claimed.kv_key, image)
+                else:
+                    revision = await bucket.update(claimed.kv_key, image, last=entry.revision)
+                report.published += 1
+                return revision
+            except KvConflict:
+                report.conflicts += 1
+                return None  # stays dirty: the next pass re-reads and decides again
+
+        written = await asyncio.gather(*(write(c) for c in batch))
+
+        # 5. watermark and marker, fenced
+        async def settle(conn: Any) -> None:
+            for claimed, revision in zip(batch, written, strict=True):
+                if revision is None:
+                    continue
+                if revision:
+                    await raise_watermark(
+                        conn, offer.relay_name, claimed.kv_key, revision,
+                        retracted=claimed.image is None,
+                    )
+                await conn.execute(_DONE, offer.NAME, claimed.kv_key, claimed.gen)
+
+        await self._fenced(state, settle)
+        settled = sum(1 for r in written if r is not None)
+        return len(batch) if settled else 0
+
+    async def aclose(self) -> None:
+        """Hand every held lease over now rather than at its expiry."""
+        for state in self._offers.values():
+            with contextlib.suppress(Exception):
+                await state.lease.release()

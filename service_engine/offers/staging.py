@@ -1,0 +1,76 @@
+"""The dirty marks a write transaction stages for its offered nouns.
+
+`DirtyMarks` collects, per transaction, the ``(offer, kv_key)`` of every
+saved, created or deleted aggregate that carries an offer (and every
+``cx.dirty_offer``); `stage_offer_dirty` writes them with the transaction
+in one statement. A mark already waiting has its generation bumped, so a
+drain that read it before this write leaves it for the next pass. The
+statement also notifies `OFFER_CHANNEL`, waking the leader's drain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..db.types import Conn
+from .model import Offer, offers_of
+
+__all__ = ["OFFER_CHANNEL", "DirtyMark", "DirtyMarks", "stage_offer_dirty"]
+
+OFFER_CHANNEL = "service_engine_offer"
+"""NOTIFY channel a commit that staged dirty offer keys wakes the drain on."""
+
+
+@dataclass(frozen=True, slots=True)
+class DirtyMark:
+    offer: str
+    kv_key: str
+    agg_key: str | None
+    """The aggregate key as canonical JSON (None: no row behind the key)."""
+
+
+class DirtyMarks:
+    """The marks of one transaction, by ``(offer, kv_key)``."""
+
+    def __init__(self) -> None:
+        self._marks: dict[tuple[str, str], DirtyMark] = {}
+
+    def aggregate(self, aggregate_type: type[Any], key: Any) -> None:
+        """Every offer ``aggregate_type`` carries: mark ``key`` dirty."""
+        for offer in offers_of(aggregate_type):
+            self.offer(offer, key)
+
+    def offer(self, offer: Offer[Any, Any, Any], key: Any) -> None:
+        kv_key = offer.kv_key(key)
+        self._marks[(offer.NAME, kv_key)] = DirtyMark(offer.NAME, kv_key, offer.agg_key_json(key))
+
+    def __len__(self) -> int:
+        return len(self._marks)
+
+    def marks(self) -> list[DirtyMark]:
+        return list(self._marks.values())
+
+
+_STAGE = """
+WITH staged AS (
+    INSERT INTO service_engine.offer_dirty AS d (offer, kv_key, agg_key)
+    SELECT o, k, a::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) AS m(o, k, a)
+    ON CONFLICT (offer, kv_key) DO UPDATE
+       SET gen = d.gen + 1, agg_key = EXCLUDED.agg_key, dirtied_at = clock_timestamp()
+    RETURNING 1
+)
+SELECT pg_notify('service_engine_offer', '') WHERE EXISTS (SELECT 1 FROM staged)
+"""
+
+
+async def stage_offer_dirty(conn: Conn, marks: Iterable[DirtyMark]) -> int:
+    """Write ``marks`` in the open transaction; returns how many."""
+    rows = list(marks)
+    if not rows:
+        return 0
+    await conn.execute(
+        _STAGE, [m.offer for m in rows], [m.kv_key for m in rows], [m.agg_key for m in rows]
+    )
+    return len(rows)
