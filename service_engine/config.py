@@ -66,6 +66,10 @@ class EngineConfig(BaseModel):
     message_retention: timedelta = timedelta(days=7)
     """Age past which message claims and FAILED outbox rows are swept; must
     cover the max_age of every integration stream a reaction binds."""
+    seal_retention: timedelta = timedelta(days=7)
+    """How long a lane A seal marker (and an unsealed chunk) is kept; must
+    cover the max_age of the ``STREAMING_{service}`` stream, so a marker
+    outlives every chunk the stream could still deliver."""
     outbox_drain_bound: int = 1000
     outbox_max_attempts: int = 5
     scheduled_max_attempts: int = 5
@@ -143,6 +147,7 @@ class EngineConfig(BaseModel):
             "session_ttl", "session_max_age", "lock_timeout", "ack_wait",
             "publish_ack_timeout", "beat_interval", "lease", "nats_grace",
             "listener_probe_timeout", "schema_version_liveness", "message_retention",
+            "seal_retention",
             "inbound_restart_backoff", "offer_reconcile", "mirror_reconcile",
             "mirror_restart_backoff",
         )

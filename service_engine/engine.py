@@ -33,6 +33,9 @@ from .integration.outbox import (
     check_message_retention,
 )
 from .integration.scheduled import ScheduledBounds, ScheduledPublisher
+from .lanes.accumulator import Accumulator, Durable, Folded
+from .lanes.accumulators import Accumulators
+from .lanes.ingress import IngressSupervisor, LaneIngress, bind_lane_stream
 from .leader import LeaderLease
 from .messaging.dead_letters import DeadLetters
 from .messaging.nats import Nats
@@ -139,6 +142,9 @@ class Engine:
             failure_threshold=config.mirror_failure_threshold,
             backoff=config.mirror_restart_backoff, backoff_cap=config.mirror_restart_backoff_cap,
         )
+        self.lanes = Accumulators(db, config, nats, self.metrics)
+        """Lane A: the registered accumulators, their fold cache and flush."""
+        self.lane_ingress: IngressSupervisor | None = None
         self._running = False
         self._shutting_down = False
 
@@ -321,6 +327,32 @@ class Engine:
         """The inbound fault-injection seam (tests only; before `run`)."""
         self._inbound_hook = hook
 
+    def register_accumulator(self, accumulator: Accumulator[Any]) -> None:
+        """Serve ``accumulator``'s lane from `run` on: its chunks from
+        `push_chunk` and from ``stream.{service}.{key}`` on the
+        ``STREAMING_{service}`` stream (bound at `run`). Raises
+        `AccumulatorWithoutService` with no service configured,
+        `DuplicateRegistration` for a name already registered, `ConfigError`
+        without NATS or after `run` started."""
+        if self._running:
+            raise ConfigError(f"accumulator {accumulator.name}: register accumulators before run()")
+        self.lanes.register(accumulator)
+        self._beat_steps.setdefault("lane_seals", self.lanes.beat)
+
+    async def push_chunk(
+        self, accumulator: Accumulator[Any] | str, key: str, seq: int, chunk: bytes
+    ) -> Durable:
+        """Make chunk ``seq`` of ``key``'s stream durable; the `Durable`
+        receipt answers once it committed. An identical resubmit is
+        idempotent (``duplicate``); different bytes raise `ChunkConflict`, a
+        sealed key `KeySealed`, a bad seq `ChunkSeqOutOfRange`."""
+        self.ensure_accepting()
+        return await self.lanes.push_chunk(accumulator, key, seq, chunk)
+
+    async def fold(self, accumulator: Accumulator[Any] | str, key: str) -> Folded[Any]:
+        """``key``'s state: the fold of its contiguous durable prefix."""
+        return await self.lanes.fold(accumulator, key)
+
     def mutation_executor(self) -> MutationExecutor:
         """Runs mutations (and bulk writes) through the write pipeline."""
         return MutationExecutor(
@@ -376,6 +408,8 @@ class Engine:
             if self._reactions:
                 await self._start_inbound()
             await self._start_offers_and_mirrors()
+            if self.lanes.registered:
+                await self._start_lanes()
             self.readiness.clear(REASON_NOT_RUNNING)
             await self._supervisor.run()
         finally:
@@ -385,6 +419,7 @@ class Engine:
             if self.offer_drain is not None:
                 await self.offer_drain.aclose()
             await self.mirrors.aclose()
+            self.lanes.detach()
             self.metrics.shutdown()
 
     async def _start_inbound(self) -> None:
@@ -433,6 +468,26 @@ class Engine:
             self._supervisor.add("offers", self.offer_drain.run)
         for name, supervisor in self.mirrors.supervisors.items():
             self._supervisor.add(f"mirror:{name}", supervisor.run)
+
+    async def _start_lanes(self) -> None:
+        """Bind ``STREAMING_{service}`` (absent: `LaneStreamMissing`; its
+        max_age above ``seal_retention``: `SealRetentionTooShort`; both hold
+        readiness DOWN) and put the flush and the ingress under supervision."""
+        assert self.nats is not None and self.config.service is not None
+        try:
+            await bind_lane_stream(self.nats, self.config.service, self.config.seal_retention)
+        except EngineError as exc:
+            self.readiness.set_down("lane_stream", f"{type(exc).__name__}: {exc}")
+            self.metrics.set_dependency("streaming", False)
+            raise
+        self.lane_ingress = IngressSupervisor(
+            LaneIngress(self.lanes, self.nats, self.config), self.readiness, self.metrics,
+            threshold=self.config.inbound_failure_threshold,
+            backoff=self.config.inbound_restart_backoff,
+            backoff_cap=self.config.inbound_restart_backoff_cap,
+        )
+        self._supervisor.add("lane_flush", self.lanes.flusher.run)
+        self._supervisor.add("lane_ingress", self.lane_ingress.run)
 
     def shutdown(self) -> None:
         """Begin graceful shutdown; new attaches are refused from now on."""

@@ -104,6 +104,15 @@ class Metrics:
             description="Dead letters waiting on a human (retry or discard), by source",
         )
 
+        self.lane_chunks = meter.create_counter(
+            "service_engine_lane_chunks",
+            description="Lane A chunks written, by outcome (durable, duplicate, conflict, sealed)",
+        )
+        self.lane_seals = meter.create_counter(
+            "service_engine_lane_seals",
+            description="Lane A seals, by gesture and outcome (sealed, or the refusal's code)",
+        )
+
     def add_impacts_committed(self, count: int) -> None:
         """Record ``count`` impacts; call only after the commit returned."""
         if count:
@@ -119,6 +128,15 @@ class Metrics:
         """Gauge the outbox backlog: rows waiting and the oldest one's age."""
         self.outbox_pending.set(pending, self.labels)
         self.outbox_oldest_age.set(oldest_age_seconds, self.labels)
+
+    def add_chunks(self, outcome: str, count: int = 1) -> None:
+        """Count lane A chunks of ``outcome``, after their flush committed."""
+        if count:
+            self.lane_chunks.add(count, {**self.labels, "outcome": outcome})
+
+    def add_seals(self, gesture: str, outcome: str) -> None:
+        """Count one seal (after its commit) or one refused seal."""
+        self.lane_seals.add(1, {**self.labels, "gesture": gesture, "outcome": outcome})
 
     def set_dependency(self, dependency: str, up: bool) -> None:
         """Gauge one of `DEPENDENCIES` up (1) or down (0)."""

@@ -41,6 +41,10 @@ from ..errors import DeclarationError, TooManyImpacts
 from ..gates import BoundGate
 from ..impacts.framing import MAX_IMPACT_BYTES, encode_group, new_group_id
 from ..impacts.model import Cause, Impact, ImpactKind, JsonValue, canonical_json, impact_json
+from ..lanes.accumulator import Accumulator
+from ..lanes.accumulator_errors import SealError
+from ..lanes.chunks import Gesture
+from ..lanes.seal import seal_in
 from ..messaging.envelope import (
     Actor,
     Envelope,
@@ -82,6 +86,7 @@ class Staged:
     messages: list[OutboundMessage] = field(default_factory=list)
     scheduled_messages: list[tuple[Timestamp, OutboundMessage]] = field(default_factory=list)
     offers: list[DirtyMark] = field(default_factory=list)
+    after_commit: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
 
 def _lockable(key: object) -> object:
@@ -127,6 +132,7 @@ class Ops:
         self._begin: str | None = None
         self._on_begun: Callable[[], Awaitable[None]] | None = None
         self._offers = DirtyMarks()
+        self._after_commit: list[Callable[[], Awaitable[None]]] = []
 
     # -- time -------------------------------------------------------------
 
@@ -234,6 +240,57 @@ class Ops:
                 "projector-reset impact per noun instead of one per key"
             )
 
+    # -- the accumulated lane (lane A) ------------------------------------------
+
+    async def seal(
+        self, accumulator: Accumulator[T], key: str, last_seq: int, hash: str
+    ) -> T:
+        """Seal ``key``'s stream at ``last_seq`` against ``hash`` (the SHA-256
+        of the concatenated chunks ``0..last_seq``, hex) and return the
+        folded state; the marker (high water ``last_seq + 1``) commits with
+        the transaction, and every later chunk of the key is refused.
+
+        Takes the key's lane lock (waiting under ``lock_timeout``). Raises,
+        with nothing written: `SealChunkBeyondLastSeq` (a chunk is durable
+        past ``last_seq``), `SealTruncated` (the durable prefix stops before
+        it: retry later or `seal_partial`), `SealHashMismatch`,
+        `AlreadySealed`.
+        """
+        return await self._seal(accumulator, key, "seal", last_seq, hash)
+
+    async def seal_partial(self, accumulator: Accumulator[T], key: str, last_seq: int) -> T:
+        """Cancel at ``last_seq``: seal whatever contiguous prefix is durable
+        (no hash) and return its fold; refuses a chunk durable beyond
+        ``last_seq`` and a key already sealed."""
+        return await self._seal(accumulator, key, "partial", last_seq, None)
+
+    async def seal_current(self, accumulator: Accumulator[T], key: str) -> T:
+        """Cancel now: fold the chunks durable under the key's lane lock (a
+        chunk that committed while this waited for the lock is folded too)
+        and seal past the last of them. `AlreadySealed` when the key was
+        sealed first (a deadline reads that as a lost race)."""
+        return await self._seal(accumulator, key, "current", None, None)
+
+    async def _seal(
+        self, accumulator: Accumulator[T], key: str, gesture: Gesture,
+        last_seq: int | None, expected: str | None,
+    ) -> T:
+        if not isinstance(accumulator, Accumulator):
+            raise DeclarationError(f"seal names an Accumulator, got {accumulator!r}")
+        purger = accumulator._purger
+        try:
+            state, _ = await self._db(
+                Stage.SAVE,
+                lambda: seal_in(self._conn, accumulator, key, gesture, last_seq, expected),
+            )
+        except SealError as exc:
+            if purger is not None:
+                purger.refused(gesture, exc.code)
+            raise
+        if purger is not None:
+            self._after_commit.append(purger.sealed(accumulator.name, key, gesture))
+        return state
+
     # -- integration messages ---------------------------------------------------
 
     def emit(self, event: OutboundEvent, *, event_id: uuid.UUID | None = None) -> uuid.UUID:
@@ -338,7 +395,7 @@ class Ops:
         resets = [Impact.reset(noun) for noun in self._resets]
         return Staged(
             [*resets, *self._impacts], self._scheduled, self._outbox, self._messages,
-            self._scheduled_messages, self._offers.marks(),
+            self._scheduled_messages, self._offers.marks(), after_commit=self._after_commit,
         )
 
     async def _lock(self, store: Persistence[Any, Any], key: object) -> None:

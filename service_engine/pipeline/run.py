@@ -131,6 +131,8 @@ async def run_pipeline(
         await db.pool.release(conn)
     if metrics is not None:
         metrics.add_impacts_committed(committed)
+    for after_commit in staged.after_commit:
+        await after_commit()  # best effort by contract: each catches its own failure
     return result
 
 

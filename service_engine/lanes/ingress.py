@@ -1,0 +1,220 @@
+"""Lane A ingress: the pod's ephemeral consumer on ``STREAMING_{service}``.
+
+Boot binds the gitops-declared stream (`bind_lane_stream`: absent, it fails
+loud with `LaneStreamMissing`; its max_age not covered by
+``seal_retention``, with `SealRetentionTooShort`). Each pod then runs one
+ephemeral consumer (deliver-all, explicit ack) over ``stream.{service}.>``
+and submits every ``(key, seq, chunk)`` frame to the same flush as
+`Engine.push_chunk`; a frame is acked once its chunk is durable, or refused
+for good (a sealed key: dropped on every pod; a conflicting resubmit; a
+frame that is no lane frame), and nak'ed when Postgres failed.
+
+`IngressSupervisor` restarts the consumer with a bounded, doubling backoff
+and, past ``inbound_failure_threshold`` consecutive failures, holds
+readiness DOWN (`REASON_LANE_INGRESS`,
+``service_engine_dependency_up{dependency="streaming"}`` = 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from ..config import EngineConfig
+from ..db.errors import DatabaseError
+from ..errors import ConfigError
+from ..messaging.nats import Nats, StreamMissing
+from ..metrics import Metrics
+from ..readiness import ReadinessHandle
+from .accumulator_errors import (
+    ChunkConflict,
+    KeySealed,
+    LaneStreamMissing,
+    SealRetentionTooShort,
+)
+from .accumulators import Accumulators
+from .chunks import parse_frame, stream_name, stream_subject
+
+__all__ = [
+    "DEPENDENCY",
+    "REASON_LANE_INGRESS",
+    "IngressSupervisor",
+    "LaneIngress",
+    "bind_lane_stream",
+]
+
+_log = logging.getLogger(__name__)
+
+DEPENDENCY = "streaming"
+REASON_LANE_INGRESS = "lane_ingress_stopped"
+FETCH_BATCH = 256
+FETCH_TIMEOUT = 1.0
+INACTIVE_THRESHOLD = 30.0
+"""Seconds an ephemeral consumer outlives its pod (the server deletes it then)."""
+_NAK_DELAY = 0.2
+
+
+async def bind_lane_stream(nats: Nats, service: str, seal_retention: timedelta) -> timedelta:
+    """Bind ``STREAMING_{service}`` and check ``seal_retention`` covers its
+    max_age; answers the max_age."""
+    name = stream_name(service)
+    try:
+        max_age = await nats.stream_max_age(name)
+    except StreamMissing as exc:
+        raise LaneStreamMissing(name) from exc
+    if max_age is None:
+        raise SealRetentionTooShort(
+            f"stream {name} keeps messages forever: give it a max_age of at most "
+            f"seal_retention ({seal_retention.total_seconds():g}s), so a seal marker outlives it"
+        )
+    if seal_retention < max_age:
+        raise SealRetentionTooShort(
+            f"seal_retention ({seal_retention.total_seconds():g}s) is below stream {name}'s "
+            f"max_age ({max_age.total_seconds():g}s): a sealed key's chunks could be "
+            "redelivered after its marker is swept"
+        )
+    return max_age
+
+
+class LaneIngress:
+    """One ephemeral consumer folding the stream's frames into Postgres."""
+
+    def __init__(self, lanes: Accumulators, nats: Nats, config: EngineConfig) -> None:
+        assert config.service is not None
+        self.lanes = lanes
+        self.nats = nats
+        self.config = config
+        self.service = config.service
+        self.frames = 0
+        self.dropped = 0
+
+    async def run(self, healthy: Callable[[], None]) -> None:
+        """Consume until cancelled; raises when the consumer is lost."""
+        js = self.nats.js
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.config.ack_wait.total_seconds(),
+            max_ack_pending=self.config.max_ack_pending,
+            inactive_threshold=INACTIVE_THRESHOLD,
+        )
+        try:
+            sub = await js.pull_subscribe(
+                stream_subject(self.service), stream=stream_name(self.service), config=config
+            )
+        except nats.js.errors.NotFoundError as exc:
+            raise LaneStreamMissing(stream_name(self.service)) from exc
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_TIMEOUT)
+                except TimeoutError:
+                    healthy()
+                    continue
+                healthy()
+                await asyncio.gather(*(self._fold(msg) for msg in msgs))
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _fold(self, msg: Msg) -> None:
+        try:
+            frame = parse_frame(self.service, msg.subject, msg.headers, msg.data)
+            accumulator = self.lanes.resolve(frame.accumulator)
+        except ConfigError as exc:
+            _log.warning("lane frame on %s refused: %s", msg.subject, exc)
+            self.dropped += 1
+            await _settle(msg.term())
+            return
+        try:
+            await self.lanes.flusher.submit(accumulator.name, frame.key, frame.seq, frame.chunk)
+        except KeySealed:
+            self.dropped += 1  # the key is sealed: every pod drops it
+        except ChunkConflict as exc:
+            _log.warning("lane frame refused: %s", exc)
+            self.dropped += 1
+        except (DatabaseError, asyncio.CancelledError) as exc:
+            await _settle(msg.nak(delay=_NAK_DELAY))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        self.frames += 1
+        await _settle(msg.ack())
+
+
+async def _settle(call: Any) -> None:
+    with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
+        await call
+
+
+class IngressSupervisor:
+    """Keeps one `LaneIngress` running with a bounded backoff; holds
+    readiness DOWN past ``threshold`` consecutive failures."""
+
+    def __init__(
+        self,
+        ingress: LaneIngress,
+        readiness: ReadinessHandle,
+        metrics: Metrics | None,
+        *,
+        threshold: int,
+        backoff: timedelta,
+        backoff_cap: timedelta,
+    ) -> None:
+        self.ingress = ingress
+        self.readiness = readiness
+        self.metrics = metrics
+        self.threshold = threshold
+        self.backoff = backoff
+        self.backoff_cap = backoff_cap
+        self.failures = 0
+        self.restarts = 0
+        self._gauge(True)
+
+    def _gauge(self, up: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.set_dependency(DEPENDENCY, up)
+
+    def _healthy(self) -> None:
+        if self.failures:
+            self.failures = 0
+            self.readiness.clear(REASON_LANE_INGRESS)
+            self._gauge(True)
+
+    async def run(self) -> None:
+        """Run the ingress until cancelled; never returns."""
+        while True:
+            try:
+                await self.ingress.run(self._healthy)
+                detail = "the consumer returned"
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                detail = f"{type(exc).__name__}: {exc}"
+            self.failures += 1
+            self.restarts += 1
+            delay = min(
+                self.backoff.total_seconds() * (2 ** (self.failures - 1)),
+                self.backoff_cap.total_seconds(),
+            )
+            if self.failures >= self.threshold:
+                self.readiness.set_down(
+                    REASON_LANE_INGRESS, f"failed {self.failures} times in a row: {detail}"
+                )
+                self._gauge(False)
+            _log.log(
+                logging.ERROR if self.failures == self.threshold else logging.WARNING,
+                "lane ingress stopped (failure %d of %d before readiness DOWN): %s; "
+                "restarting in %.2fs",
+                self.failures, self.threshold, detail, delay,
+            )
+            await asyncio.sleep(delay)
