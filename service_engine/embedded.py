@@ -337,6 +337,42 @@ async def drop_database(pg: EmbeddedPostgres, name: str) -> None:
         await admin.close()
 
 
+PRESENCE_MAX_AGE = timedelta(minutes=10)
+"""The provisioned presence bucket's TTL ceiling (at least the longest lane's ttl)."""
+PRESENCE_MARKER_TTL = timedelta(minutes=1)
+"""How long an expiry marker of the presence bucket is kept."""
+
+
+async def provision_presence_bucket(
+    nats_url: str,
+    service: str,
+    *,
+    max_age: timedelta = PRESENCE_MAX_AGE,
+    marker_ttl: timedelta = PRESENCE_MARKER_TTL,
+) -> None:
+    """Declare ``service``'s presence bucket ``EPHEMERAL_{service}`` the way an
+    operator does (idempotent; the engine only binds it): one value per key,
+    a ``max_age`` ceiling, expiry markers (``limit_marker_ttl``) so an
+    expired key raises a watch event, and per-message TTL (which markers
+    imply), so each lane's writes expire at the lane's own ttl."""
+    import nats
+    from nats.js.api import KeyValueConfig
+
+    client = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        js = client.jetstream()
+        config = KeyValueConfig(
+            bucket=f"EPHEMERAL_{service}", history=1, ttl=max_age.total_seconds(),
+            limit_marker_ttl=marker_ttl.total_seconds(),
+        )
+        try:
+            await js.stream_info(f"KV_{config.bucket}")
+        except Exception:
+            await js.create_key_value(config)
+    finally:
+        await client.close()
+
+
 async def provision_streams(
     nats_url: str, streams: dict[str, list[str]] | None = None
 ) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
+from datetime import timedelta
 from typing import Any
 
 from .config import EngineConfig
@@ -36,6 +37,14 @@ from .integration.scheduled import ScheduledBounds, ScheduledPublisher
 from .lanes.accumulator import Accumulator, Durable, Folded
 from .lanes.accumulators import Accumulators
 from .lanes.ingress import IngressSupervisor, LaneIngress, bind_lane_stream
+from .lanes.notices import LaneNotices, LaneNoticeStream
+from .lanes.presence import (
+    PRESENCE_LANE,
+    PresenceProjector,
+    PresenceWithoutNats,
+    PresenceWithoutService,
+)
+from .lanes.presence_lane import PresenceHandle, PresenceLanes
 from .leader import LeaderLease
 from .messaging.dead_letters import DeadLetters
 from .messaging.nats import Nats
@@ -133,6 +142,10 @@ class Engine:
         self.inbound: dict[str, ConsumerSupervisor] = {}
         """The running inbound consumers' supervisors, by reaction (after `run` started)."""
         self.inbound_health: InboundHealth | None = None
+        self.lane_hub = LaneNotices(self.render, self.transport.channel)
+        """Which projectors watch which NATS lane; the lane notices' hub."""
+        self.presence_lanes: PresenceLanes | None = None
+        """The presence lanes (after `register_presence`)."""
         self.offer_drain: OfferDrain | None = None
         """The leader drain of the registered offers (after `register_offer`)."""
         self.mirrors = MirrorSet(self.metrics)
@@ -181,6 +194,7 @@ class Engine:
         engine._supervisor.add("render", engine.render.run)
         if engine.nats_health is not None:
             engine._supervisor.add("nats_health", engine.nats_health.run)
+            engine._supervisor.add("lane_notices", engine._lane_notices)
         if engine.outbox is not None:
             engine._supervisor.add("outbox_wakeups", engine._outbox_wakeups)
         return engine
@@ -323,6 +337,68 @@ class Engine:
         if self.offer_drain is not None:
             self.offer_drain.hook = hook
 
+    # -- the NATS lanes ---------------------------------------------------
+
+    def register_presence(
+        self, projector: PresenceProjector[Any, Any, Any], ttl: timedelta
+    ) -> PresenceHandle:
+        """Serve presence lane ``projector`` (its NAME) whose keys expire
+        ``ttl`` after their last put; returns the lane's writer.
+
+        The ``EPHEMERAL_{service}`` bucket is bound when `run` starts (or
+        `bind_presence`). Raises `PresenceWithoutNats` / `PresenceWithoutService`
+        on an engine without NATS or a service, `ConfigError` after `run`
+        started or for a bad ttl or NAME, `DuplicateRegistration` for a name
+        already registered.
+        """
+        if self.nats is None:
+            raise PresenceWithoutNats(f"presence lane {projector.NAME!r} needs NATS")
+        if not self.config.service:
+            raise PresenceWithoutService(
+                f"presence lane {projector.NAME!r}: configure a service (EPHEMERAL_<service>)"
+            )
+        if self._running:
+            raise ConfigError(f"presence lane {projector.NAME}: register presence before run()")
+        if self.presence_lanes is None:
+            self.presence_lanes = PresenceLanes(
+                self.nats, self.config.service, self.render, self.transport.channel,
+                self.readiness, self.metrics,
+            )
+        handle = self.presence_lanes.register(projector, ttl)
+        self.render.register_projector(projector)
+        self.lane_hub.watch(PRESENCE_LANE, projector.NAME)
+        return handle
+
+    def presence(self, projector: str) -> PresenceHandle:
+        """The writer of presence lane ``projector``."""
+        if self.presence_lanes is None:
+            raise ConfigError("no presence lane is registered")
+        return self.presence_lanes.handle(projector)
+
+    async def present(self, projector: str, key: str, value: JsonValue) -> bool:
+        """Put ``value`` under ``key`` in presence lane ``projector`` now
+        (loss-tolerant: True when the bucket stored it)."""
+        return await self.presence(projector).put(key, value)
+
+    async def bind_presence(self) -> None:
+        """Bind the presence bucket now rather than at `run` (idempotent);
+        raises its `PresenceBucketRefused` with readiness DOWN."""
+        if self.presence_lanes is not None:
+            await self.presence_lanes.bind()
+
+    def lane_notices(self, lanes: Collection[str] | None = None) -> LaneNoticeStream:
+        """The raw lane signal: a stream of `LaneNotice` naming any of
+        ``lanes`` (None: every lane). Close it when done."""
+        return self.lane_hub.subscribe(lanes)
+
+    def lanes_of(self, projector: str) -> frozenset[str]:
+        """The NATS lanes sessions of ``projector`` watch (empty: none)."""
+        return self.lane_hub.lanes_of(projector)
+
+    async def _lane_notices(self) -> None:
+        assert self.nats_health is not None
+        await self.lane_hub.run(self.nats_health, self.nats_health.interval)
+
     def set_inbound_hook(self, hook: InboundHook | None) -> None:
         """The inbound fault-injection seam (tests only; before `run`)."""
         self._inbound_hook = hook
@@ -407,6 +483,9 @@ class Engine:
         try:
             if self._reactions:
                 await self._start_inbound()
+            if self.presence_lanes is not None:
+                await self.presence_lanes.bind()
+                self._supervisor.add("presence", self.presence_lanes.run)
             await self._start_offers_and_mirrors()
             if self.lanes.registered:
                 await self._start_lanes()

@@ -18,7 +18,10 @@ alerts over them; keep the names in step):
 * ``service_engine_dead_letters_total{source}`` and
   ``service_engine_dead_letters_waiting{source}``: recorded, and waiting on a human;
 * ``service_engine_outbox_pending`` and ``service_engine_outbox_oldest_age_seconds``;
-* ``service_engine_dependency_up{dependency}`` for each of `DEPENDENCIES`.
+* ``service_engine_dependency_up{dependency}`` for each of `DEPENDENCIES`;
+* ``service_engine_presence_writes_total{lane, op, outcome}`` (stored or
+  dropped), ``service_engine_presence_changes_total{lane, op}`` (folded
+  upserts and removes) and ``service_engine_presence_reseeds_total``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 PROMETHEUS_CONTENT_TYPE: str = CONTENT_TYPE_LATEST
 
-DEPENDENCIES: tuple[str, ...] = ("postgres", "listener", "nats", "mirrors", "inbound")
+DEPENDENCIES: tuple[str, ...] = ("postgres", "listener", "nats", "mirrors", "inbound", "presence")
 """The degrade table's dependencies, each a ``service_engine_dependency_up`` series."""
 
 RESET_CAUSES: tuple[str, ...] = ("overflow", "reconnect", "threshold")
@@ -112,6 +115,32 @@ class Metrics:
             "service_engine_lane_seals",
             description="Lane A seals, by gesture and outcome (sealed, or the refusal's code)",
         )
+
+        self.presence_writes = meter.create_counter(
+            "service_engine_presence_writes",
+            description="Presence writes, by lane, op (put, clear) and outcome (stored, dropped)",
+        )
+        self.presence_changes = meter.create_counter(
+            "service_engine_presence_changes",
+            description="Presence changes folded from the bucket, by lane and op (upsert, remove)",
+        )
+        self.presence_reseeds = meter.create_counter(
+            "service_engine_presence_reseeds",
+            description="Presence folds reseeded from the bucket after a reconnection",
+        )
+
+    def add_presence_write(self, lane: str, op: str, stored: bool) -> None:
+        """Count one presence write of ``lane`` (``op`` put or clear)."""
+        outcome = "stored" if stored else "dropped"
+        self.presence_writes.add(1, {**self.labels, "lane": lane, "op": op, "outcome": outcome})
+
+    def add_presence_change(self, lane: str, op: str) -> None:
+        """Count one change folded from the presence bucket (upsert or remove)."""
+        self.presence_changes.add(1, {**self.labels, "lane": lane, "op": op})
+
+    def add_presence_reseed(self) -> None:
+        """Count one reseed of the presence folds."""
+        self.presence_reseeds.add(1, self.labels)
 
     def add_impacts_committed(self, count: int) -> None:
         """Record ``count`` impacts; call only after the commit returned."""

@@ -58,6 +58,7 @@ import strawberry
 from strawberry.scalars import JSON
 
 from ..errors import ConfigError
+from ..lanes import notices as lane_notices
 from ..render.deltas import Delta, Remove, Reset, Upsert
 from ..render.windows import WindowSpec
 
@@ -74,6 +75,7 @@ __all__ = [
     "LiveRequest",
     "SubscriptionUnion",
     "merge_streams",
+    "presence_subscription_union",
     "subscription_union",
 ]
 
@@ -107,6 +109,16 @@ class LanesResumed:
 
 LaneNotice: TypeAlias = LanesPaused | LanesResumed
 """An out-of-band notice on a subscription (the lanes' raw signal, mapped)."""
+
+Notice: TypeAlias = LaneNotice | lane_notices.LaneNotice
+"""What ``subscribe``'s notices may carry: a member as is, or the engine's
+raw `service_engine.lanes.notices.LaneNotice` (mapped to its member)."""
+
+
+def notice_member(notice: lane_notices.LaneNotice) -> LaneNotice:
+    """The union member of the engine's raw lane signal."""
+    lanes = list(notice.lanes)
+    return LanesPaused(lanes=lanes) if notice.paused else LanesResumed(lanes=lanes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +167,7 @@ class SubscriptionUnion(Generic[V]):
         """The member types this union generated (not the engine's shared ones)."""
         return (self.reset, self.upsert, self.remove)
 
-    def message(self, item: Delta[V] | LaneNotice) -> Any:
+    def message(self, item: Delta[V] | Notice) -> Any:
         """The union member for one engine delta (or a lane notice, as is)."""
         # Upserts dominate a live session: test for them first.
         if isinstance(item, Upsert):
@@ -172,12 +184,14 @@ class SubscriptionUnion(Generic[V]):
             )
         if isinstance(item, LanesPaused | LanesResumed):
             return item
+        if isinstance(item, lane_notices.LaneNotice):
+            return notice_member(item)
         raise TypeError(f"{self.union_name} cannot carry a {type(item).__name__}")
 
     def subscribe(
         self,
         deltas: AsyncIterable[Delta[V]],
-        notices: AsyncIterable[LaneNotice] | None = None,
+        notices: AsyncIterable[Notice] | None = None,
     ) -> AsyncGenerator[Any, None]:
         """The subscription stream: ``deltas`` mapped to members, with
         ``notices`` merged in as they arrive.
@@ -199,17 +213,22 @@ class SubscriptionUnion(Generic[V]):
         session_id: str | None = None,
     ) -> AsyncGenerator[Any, None]:
         """A subscription field's whole body: attach a session of
-        ``projector`` for ``principal``, stream its members, and detach when
-        the client completes or disconnects."""
+        ``projector`` for ``principal``, stream its members (with the lane
+        notices merged in when the projector watches a NATS lane), and
+        detach when the client completes or disconnects."""
+        lanes = engine.lanes_of(projector)
         stream = await engine.attach(
             principal, projector, window, applier=applier, session_id=session_id
         )
+        notices = engine.lane_notices(lanes) if lanes else None
         try:
-            async with contextlib.aclosing(self.subscribe(stream)) as messages:
+            async with contextlib.aclosing(self.subscribe(stream, notices)) as messages:
                 async for message in messages:
                     yield message
         finally:
             await stream.aclose()
+            if notices is not None:
+                await notices.aclose()
 
 
     @overload
@@ -353,6 +372,19 @@ def subscription_union(name: str, view_type: Any, *, description: str | None = N
         ),
     ]
     return SubscriptionUnion(name, view_type, reset, upsert, remove, union)
+
+
+def presence_subscription_union(
+    name: str, view_type: Any, *, description: str | None = None
+) -> SubscriptionUnion[Any]:
+    """`subscription_union` for a presence projector (a `PresenceProjector`
+    registered with ``Engine.register_presence``): the same Reset / Upsert /
+    Remove members over the lane's views, and the lane notices, which its
+    live fields merge in (``LanesPaused`` past ``nats_grace``,
+    ``LanesResumed`` and a Reset on return)."""
+    return subscription_union(
+        name, view_type, description=description or f"the {name} presence lane"
+    )
 
 
 def _object_type(name: str, fields: dict[str, Any], description: str) -> type[Any]:

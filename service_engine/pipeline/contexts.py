@@ -27,10 +27,11 @@ hand: ``delivered``, the sender's ``metadata`` / ``actor`` and its resolved
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from ..clock import Timestamp
 from ..config import EngineConfig
@@ -501,6 +502,15 @@ def principal_actor(principal: object) -> Actor | None:
     return Actor(kind="service" if kind == "service" else "person", id=ident)
 
 
+class PresenceWriter(Protocol):
+    """A presence lane's writer (``Engine.register_presence`` returns one)."""
+
+    def stage(self, key: str, value: JsonValue) -> Callable[[], Awaitable[bool]]: ...
+
+
+_log = logging.getLogger(__name__)
+
+
 class Mutation(Ops, Generic[P]):
     """The context of a GraphQL mutation (or any command with an acting principal).
 
@@ -519,6 +529,24 @@ class Mutation(Ops, Generic[P]):
         """The deny check: run ``gate`` for this principal; raise `Refused`
         (answered with the gate's `Reason` code) unless it allows."""
         gate.require(self.principal)
+
+    def present(self, presence: PresenceWriter, key: str, value: JsonValue) -> None:
+        """Put ``value`` under ``key`` in ``presence``'s lane once this
+        mutation commits (a rolled-back mutation presents nothing).
+
+        The key and value are checked now (`InvalidPresenceKey`,
+        `InvalidPresenceValue`); the put itself is loss-tolerant: one NATS
+        does not take is dropped and counted, never raised.
+        """
+        write = presence.stage(key, value)
+
+        async def put() -> None:
+            try:
+                await write()
+            except Exception as exc:
+                _log.warning("presence put after commit failed: %s", exc)
+
+        self._after_commit.append(put)
 
 
 class Bulk(Mutation[P]):
