@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Generic, NoReturn, TypeAlias, TypeVar, final
 from ..db.errors import ConstraintViolation, DatabaseError
 from ..errors import CauseTooLarge, EngineError, TooManyImpacts
 from ..gates import ActionName, Reason, Refused
+from ..lanes.accumulator_errors import SealError
 from ..persistence.base import HydrationFailed, NotFound
 
 __all__ = [
@@ -108,6 +109,7 @@ ANSWERED: tuple[type[EngineError], ...] = (
     TooManyImpacts,
     CauseTooLarge,
     DatabaseError,
+    SealError,
 )
 """The engine errors a handler's run is answered by, under their ``code``:
 a `MutationError` for a mutation, a dead letter (or a nak, for a retryable

@@ -1,0 +1,261 @@
+"""The verified seal against a real Postgres and a spawned nats-server:
+every refusal (nothing written), the marker at last_seq + 1, the cancel
+gestures, seal_current folding a chunk that committed while it waited for
+the lock, a seal racing a late chunk, and the flush deferring a key a slow
+seal holds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from service_engine import Database
+from service_engine.embedded import EmbeddedNats
+from service_engine.lanes.accumulator import lane_lock_key
+from service_engine.lanes.accumulator_errors import (
+    AlreadySealed,
+    KeySealed,
+    SealChunkBeyondLastSeq,
+    SealHashMismatch,
+    SealTruncated,
+)
+from service_engine.pipeline import Mutation
+from service_engine.pipeline.outcomes import MutationError
+
+from .accumulator_support import (
+    LanePod,
+    chunk_rows,
+    hash_of,
+    lane_pod,
+    provision,
+    seal_row,
+    text_accumulator,
+)
+from .harness import wait_until
+
+
+async def _push(pod: LanePod, key: str, *chunks: str, start: int = 0) -> None:
+    acc = pod.engine.lanes.resolve(None)
+    for offset, chunk in enumerate(chunks):
+        await pod.engine.push_chunk(acc, key, start + offset, chunk.encode())
+
+
+async def test_a_seal_writes_its_marker_and_returns_the_folded_state(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """seal(key, last_seq, hash) returns the fold of 0..last_seq, writes the
+    marker at high water last_seq + 1, deletes the chunks, and refuses every
+    chunk of the key afterwards."""
+    await provision(nats_server)
+    acc = text_accumulator()
+    async with lane_pod(db, nats_server, [acc]) as pod:
+        await _push(pod, "r", "a", "b", "c")
+        state = await pod.seal(acc, "r", 2, hash_of("a", "b", "c").upper())
+        assert state == "abc"
+        marker = await seal_row(db, "r")
+        assert (marker["high_water"], marker["hash"], marker["gesture"]) == (
+            3, hash_of("a", "b", "c"), "seal"
+        )
+        assert await chunk_rows(db, "r") == []
+        with pytest.raises(KeySealed):
+            await pod.engine.push_chunk(acc, "r", 3, b"d")
+        with pytest.raises(KeySealed):
+            await pod.engine.push_chunk(acc, "r", 0, b"a")
+        assert (await pod.engine.fold(acc, "r")).sealed_at == 3
+        assert pod.engine.metrics.sample(
+            "service_engine_lane_seals_total", gesture="seal", outcome="sealed"
+        ) == 1
+
+
+@pytest.mark.parametrize(
+    ("chunks", "last_seq", "hash", "refusal"),
+    [
+        (["a", None, "c"], 2, hash_of("a", "b", "c"), SealTruncated),
+        (["a", "b"], 2, hash_of("a", "b", "c"), SealTruncated),
+        (["a", "b", "c"], 2, hash_of("a", "b", "x"), SealHashMismatch),
+        (["a", "b", "c"], 2, "not-a-hash", SealHashMismatch),
+        (["a", "b", "c", "d"], 2, hash_of("a", "b", "c"), SealChunkBeyondLastSeq),
+        (["a", None, None, "d"], 1, hash_of("a"), SealChunkBeyondLastSeq),
+    ],
+    ids=["gap", "short", "mismatch", "malformed-hash", "beyond", "beyond-a-gap"],
+)
+async def test_every_seal_refusal_writes_nothing(
+    db: Database,
+    nats_server: EmbeddedNats,
+    chunks: list[str | None],
+    last_seq: int,
+    hash: str,
+    refusal: type[Exception],
+) -> None:
+    """A truncated prefix, a hash mismatch and a chunk durable beyond
+    last_seq are refused with their typed error; no marker is written and
+    every durable chunk stays."""
+    await provision(nats_server)
+    acc = text_accumulator()
+    async with lane_pod(db, nats_server, [acc]) as pod:
+        for seq, chunk in enumerate(chunks):
+            if chunk is not None:
+                await pod.engine.push_chunk(acc, "r", seq, chunk.encode())
+        before = await chunk_rows(db, "r")
+        with pytest.raises(refusal):
+            await pod.seal(acc, "r", last_seq, hash)
+        assert await seal_row(db, "r") is None
+        assert await chunk_rows(db, "r") == before
+        assert pod.engine.metrics.sample(
+            "service_engine_lane_seals_total", gesture="seal",
+            outcome=refusal.code,  # type: ignore[attr-defined]
+        ) == 1
+
+
+async def test_a_second_seal_is_already_sealed(db: Database, nats_server: EmbeddedNats) -> None:
+    """A key with a marker refuses every seal gesture (AlreadySealed); the
+    sealed record is never rewritten."""
+    await provision(nats_server)
+    acc = text_accumulator()
+    async with lane_pod(db, nats_server, [acc]) as pod:
+        await _push(pod, "r", "a")
+        await pod.seal(acc, "r", 0, hash_of("a"))
+        first = await seal_row(db, "r")
+        with pytest.raises(AlreadySealed):
+            await pod.seal(acc, "r", 0, hash_of("a"))
+        with pytest.raises(AlreadySealed):
+            await pod.seal_current(acc, "r")
+        with pytest.raises(AlreadySealed):
+            await pod.seal_partial(acc, "r", 5)
+        assert dict(await seal_row(db, "r")) == dict(first)
+
+
+async def test_a_seal_refusal_is_answered_by_a_mutation(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """Through the mutation executor a refused seal is a MutationError with
+    the refusal's code, not a crash."""
+    await provision(nats_server)
+    acc = text_accumulator()
+    async with lane_pod(db, nats_server, [acc]) as pod:
+        await _push(pod, "r", "a", "b")
+
+        async def finish(cx: Mutation[str]) -> str:
+            return await cx.seal(acc, "r", 5, hash_of("a", "b"))
+
+        outcome = await pod.engine.mutation_executor().execute("tester", finish)
+        assert isinstance(outcome, MutationError)
+        assert outcome.code == "seal_truncated"
+
+
+async def test_seal_partial_seals_what_is_durable(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """seal_partial(key, last_seq) seals at last_seq + 1 over the contiguous
+    prefix durable now, with no hash; a chunk beyond last_seq refuses it."""
+    await provision(nats_server)
+    acc = text_accumulator()
+    async with lane_pod(db, nats_server, [acc]) as pod:
+        await _push(pod, "p", "a", "b")
+        with pytest.raises(SealChunkBeyondLastSeq):
+            await pod.seal_partial(acc, "p", 0)
+        assert await pod.seal_partial(acc, "p", 9) == "ab"
+        marker = await seal_row(db, "p")
+        assert (marker["high_water"], marker["gesture"]) == (10, "partial")
+
+
+async def test_seal_current_folds_a_chunk_that_committed_while_it_waited(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """seal_current folds under the lock it seals with: a chunk whose write
+    holds the key's lane lock when the seal starts is in the returned state
+    and sealed, not read before the lock and lost."""
+    await provision(nats_server)
+    acc = text_accumulator()
+    async with lane_pod(db, nats_server, [acc]) as pod:
+        await _push(pod, "c", "a")
+        writer = await db.pool.acquire()
+        try:
+            tx = writer.transaction()
+            await tx.start()
+            await writer.execute(
+                "SELECT pg_advisory_xact_lock_shared($1)", lane_lock_key("text", "c")
+            )
+            await writer.execute(
+                "INSERT INTO service_engine.accumulator_chunk (accumulator, key, seq, chunk) "
+                "VALUES ('text', 'c', 1, 'b')"
+            )
+            sealing = asyncio.create_task(pod.seal_current(acc, "c"))
+            await wait_until(
+                lambda: _waiting_for_lock(db), what="the seal waiting on the lane lock"
+            )
+            await tx.commit()
+        finally:
+            await db.pool.release(writer)
+        assert await sealing == "ab"
+        marker = await seal_row(db, "c")
+        assert (marker["high_water"], marker["gesture"]) == (2, "current")
+
+
+async def _waiting_for_lock(db: Database) -> bool:
+    waiting = await db.pool.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    )
+    return bool(waiting)
+
+
+async def test_a_seal_racing_a_late_chunk_never_loses_it(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A seal at last_seq racing a chunk at last_seq + 1: either the chunk
+    is durable and the seal refused (SealChunkBeyondLastSeq), or the seal
+    commits and the chunk is refused (KeySealed). Never both, never a
+    Durable chunk the seal dropped."""
+    await provision(nats_server)
+    acc = text_accumulator()
+    async with lane_pod(db, nats_server, [acc]) as pod:
+        outcomes: set[str] = set()
+        for round_ in range(20):
+            key = f"race{round_}"
+            await _push(pod, key, "a")
+            seal, late = await asyncio.gather(
+                pod.seal(acc, key, 0, hash_of("a")),
+                pod.engine.push_chunk(acc, key, 1, b"late"),
+                return_exceptions=True,
+            )
+            rows = await chunk_rows(db, key)
+            if isinstance(seal, SealChunkBeyondLastSeq):
+                assert not isinstance(late, BaseException)
+                assert rows == [(0, b"a"), (1, b"late")]
+                assert await seal_row(db, key) is None
+                outcomes.add("chunk first")
+            else:
+                assert seal == "a", seal
+                assert isinstance(late, KeySealed), late
+                assert rows == []
+                outcomes.add("seal first")
+        assert outcomes  # at least one ordering observed; both are correct
+
+
+async def test_the_flush_defers_a_key_a_slow_seal_holds(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """While a seal holds key A's lane lock, chunks of key B still commit at
+    once; A's chunk is deferred to a later window (never parks the batch)
+    and commits once the lock is released."""
+    await provision(nats_server)
+    acc = text_accumulator()
+    async with lane_pod(db, nats_server, [acc]) as pod:
+        holder = await db.pool.acquire()
+        try:
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute("SELECT pg_advisory_xact_lock($1)", lane_lock_key("text", "A"))
+            parked = asyncio.create_task(pod.engine.push_chunk(acc, "A", 0, b"a"))
+            receipt = await asyncio.wait_for(pod.engine.push_chunk(acc, "B", 0, b"b"), 2)
+            assert int(receipt.seq) == 0
+            await wait_until(
+                lambda: pod.engine.lanes.flusher.deferrals > 0, what="A's chunk deferred"
+            )
+            assert not parked.done()
+            await tx.rollback()
+        finally:
+            await db.pool.release(holder)
+        assert int((await asyncio.wait_for(parked, 5)).seq) == 0
+        assert await chunk_rows(db, "A") == [(0, b"a")]
