@@ -89,6 +89,13 @@ from .integration import (
     open_nats,
     stage_outbox_row,
 )
+from .lanes import (
+    LaneNotice,
+    PresenceBucketRefused,
+    PresenceEntry,
+    PresenceHandle,
+    PresenceProjector,
+)
 from .persistence import (
     Aggregate,
     CrudStore,
@@ -183,6 +190,7 @@ __all__ = [
     "Keys",
     "KvBucket",
     "KvKey",
+    "LaneNotice",
     "ListenerProbeFailed",
     "LockTimeout",
     "Mutation",
@@ -204,6 +212,10 @@ __all__ = [
     "PostureError",
     "PostureOwner",
     "PostureSuperuser",
+    "PresenceBucketRefused",
+    "PresenceEntry",
+    "PresenceHandle",
+    "PresenceProjector",
     "PrincipalUnresolved",
     "Projector",
     "PublishOutcome",

@@ -30,6 +30,7 @@ EXPECTED = {
     "Emission",
     "NatsUnavailable", "command_subject", "event_subject", "stage_outbox_row",
     "service_migrations",
+    "LaneNotice", "PresenceBucketRefused", "PresenceEntry", "PresenceHandle", "PresenceProjector",
 }
 
 

@@ -50,6 +50,7 @@ from .subscriptions import (
     LiveRequest,
     SubscriptionUnion,
     merge_streams,
+    presence_subscription_union,
     subscription_union,
 )
 
@@ -84,5 +85,6 @@ __all__ = [
     "graphql_app",
     "merge_streams",
     "parse_passport",
+    "presence_subscription_union",
     "subscription_union",
 ]
