@@ -170,7 +170,8 @@ async def test_the_engine_drains_writes_and_retracts_a_deleted_row(
 
 
 async def _no_markers(db: Database) -> bool:
-    return await db.pool.fetchval("SELECT count(*) FROM service_engine.offer_dirty") == 0
+    count: int = await db.pool.fetchval("SELECT count(*) FROM service_engine.offer_dirty")
+    return count == 0
 
 
 async def test_the_drain_under_concurrent_mutations_converges_to_the_store(

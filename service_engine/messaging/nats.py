@@ -321,7 +321,7 @@ class KvBucket:
             raise self._failure("read", prefix, exc) from exc
         finally:
             with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+                await _bounded(sub.unsubscribe(), self._timeout)
         return entries, reached
 
     async def watch_prefix(self, prefix: str, from_revision: int) -> KvWatch:
@@ -380,7 +380,7 @@ class KvWatch(AsyncResource):
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):
-            await self._sub.unsubscribe()
+            await _bounded(self._sub.unsubscribe(), self._bucket._timeout)
 
 
 @dataclass(frozen=True, slots=True)

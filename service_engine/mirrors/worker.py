@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -97,15 +97,17 @@ class MirrorRuntime:
         self.readiness = readiness
         self.bounds = bounds
         self.lease = LeaderLease(db, mirror.slot, holder, bounds.lease)
-        self.shadows: dict[type[Published], Shadow[Any]] = {
-            c: Shadow(c) for c in mirror.consumed
-        }
+        self.shadows: dict[type[Published], Shadow[Any]] = {}
         self.converged = False
         self.projected = asyncio.Event()
         """Set after every committed projection (tests and benches wait on it)."""
+        self.boot_hook: Callable[[], Awaitable[None]] | None = None
+        """The test-support seam: awaited between the boot read and the watch."""
         self._reset()
 
     def _reset(self) -> None:
+        # A (re)start reads every prefix afresh: no index entry survives it.
+        self.shadows = {c: Shadow(c) for c in self.mirror.consumed}
         self._buckets: dict[str, KvBucket] = {}
         self._boot: dict[str, int] = {}
         self._applied: dict[str, int] = {}
@@ -141,6 +143,8 @@ class MirrorRuntime:
             if published.BUCKET not in self._buckets:
                 self._buckets[published.BUCKET] = await self.nats.bind_bucket(published.BUCKET)
         reached = await self._read_all()
+        if self.boot_hook is not None:
+            await self.boot_hook()
         queue: asyncio.Queue[tuple[type[Published], KvChange] | BaseException] = asyncio.Queue()
         watches: list[KvWatch] = []
         readers: list[asyncio.Task[None]] = []

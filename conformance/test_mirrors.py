@@ -1,0 +1,286 @@
+"""Mirrors against a real Postgres and a spawned nats-server: the boot read
+before converged and the watch from its revision (a put in the gap
+arrives), leader-gated projection and the standby's takeover, an empty
+prefix holding DOWN while known_* is kept, the reconcile repairing a
+hand-edited row, and a stuck mirror dead-lettered once (s169)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import asyncpg
+import pytest
+
+from service_engine import Database, Engine, ReadinessHandle, WorkerStopped
+from service_engine.embedded import EmbeddedNats, ProvisionedDatabase, provision_buckets
+from service_engine.messaging.dead_letters import DeadLetters, DeadLetterSource
+from service_engine.messaging.nats import KvBucket, Nats
+from service_engine.mirrors.declaration import Merged, Mirror
+from service_engine.mirrors.projection import Known, KnownScope, Projection
+from service_engine.offers.model import Published
+
+from .harness import assert_never, fast_engine_config, wait_until
+from .nats_support import engine_nats
+
+BUCKET = "twin_published"
+TABLE = "known_sample_persons"
+
+
+class PersonPublished(Published):
+    BUCKET: ClassVar[str] = BUCKET
+    PREFIX: ClassVar[str] = "twin.person"
+    id: str
+    name: str
+
+
+@dataclass
+class KnownSamplePerson(Known):
+    TABLE: ClassVar[str] = TABLE
+    id: str
+    name: str
+
+
+async def project_people(projection: Projection, key: Any, merged: Merged) -> None:
+    person = merged.get(PersonPublished)
+    if person is None:
+        await projection.remove(KnownScope.of(KnownSamplePerson, id=key))
+    else:
+        await projection.replace_one(KnownSamplePerson(id=person.id, name=person.name))
+
+
+def people_mirror(name: str = "sample_people") -> Mirror:
+    return Mirror(name).consume(PersonPublished).keyed_by(lambda p: p.id).project(project_people)
+
+
+@pytest.fixture
+async def known_table(database: ProvisionedDatabase) -> None:
+    conn = await asyncpg.connect(database.owner_url)
+    try:
+        await conn.execute(
+            f"CREATE TABLE {TABLE} (id text PRIMARY KEY, name text NOT NULL);"
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON {TABLE} TO service_engine_app"
+        )
+    finally:
+        await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def bucket_of(server: EmbeddedNats) -> AsyncIterator[tuple[Nats, KvBucket]]:
+    await provision_buckets(server.url, [BUCKET])
+    async with engine_nats(server) as conn:
+        yield conn, await conn.bind_bucket(BUCKET)
+
+
+def put(bucket: KvBucket, person: str, name: str) -> Any:
+    return bucket.put(f"twin.person.{person}", PersonPublished(id=person, name=name).encode())
+
+
+@contextlib.asynccontextmanager
+async def pod(
+    db: Database, conn: Nats, *mirrors: Mirror, pod_id: str = "pod-a", wait_up: bool = True,
+    before_run: Any = None, **config: Any,
+) -> AsyncIterator[tuple[Engine, ReadinessHandle]]:
+    settings: dict[str, Any] = {"lock_timeout": timedelta(seconds=1), "pod_id": pod_id, **config}
+    readiness = ReadinessHandle()
+    engine = await Engine.boot(fast_engine_config("sample", **settings), db, conn, readiness)
+    for mirror in mirrors:
+        engine.register_mirror(mirror)
+    if before_run is not None:
+        before_run(engine)
+    task = asyncio.create_task(engine.run())
+    try:
+        if wait_up:
+            await wait_until(lambda: readiness.is_up, what=f"{pod_id} UP")
+        yield engine, readiness
+    finally:
+        engine.shutdown()
+        with contextlib.suppress(WorkerStopped):
+            await asyncio.wait_for(task, 10)
+
+
+async def known(db: Database) -> dict[str, str]:
+    rows = await db.pool.fetch(f"SELECT id, name FROM {TABLE}")
+    return {r["id"]: r["name"] for r in rows}
+
+
+@pytest.mark.usefixtures("known_table")
+async def test_boot_read_before_converged_and_a_put_in_the_watch_gap_arrives(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """The pod reports UP only after its boot read projected the prefix; a
+    put landing between the boot read and the watch start is not lost (the
+    watch resumes from the boot read's revision), and a retract is mirrored
+    as a delete."""
+    async with bucket_of(nats_server) as (conn, bucket):
+        await put(bucket, "p1", "Ann")
+        await put(bucket, "p2", "Bob")
+
+        def gap(engine: Engine) -> None:
+            async def put_in_gap() -> None:
+                await put(bucket, "p3", "Cy")
+
+            engine.mirror("sample_people").boot_hook = put_in_gap
+
+        async with pod(db, conn, people_mirror(), before_run=gap) as (engine, _):
+            assert {"p1", "p2"} <= (await known(db)).keys()
+
+            async def all_three() -> bool:
+                return await known(db) == {"p1": "Ann", "p2": "Bob", "p3": "Cy"}
+
+            await wait_until(all_three, what="the put from the gap mirrored")
+            await bucket.delete("twin.person.p2")
+
+            async def retracted() -> bool:
+                return await known(db) == {"p1": "Ann", "p3": "Cy"}
+
+            await wait_until(retracted, what="the retract mirrored")
+            shadow = engine.mirror("sample_people").shadow(PersonPublished)
+            assert sorted(p.id for p in shadow.values()) == ["p1", "p3"]
+            assert engine.metrics.sample("service_engine_dependency_up", dependency="mirrors") == 1
+
+
+@pytest.mark.usefixtures("known_table")
+async def test_only_the_leader_projects_and_the_standby_re_projects_on_takeover(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """Two pods mirror one prefix; only the lease holder writes known_*. A
+    change inside the failover window (the leader gone, its lease not yet
+    taken) reaches known_* once the standby takes over and re-projects its
+    shadow."""
+    async with bucket_of(nats_server) as (conn, bucket):
+        await put(bucket, "p1", "Ann")
+        async with contextlib.AsyncExitStack() as leader:
+            await leader.enter_async_context(pod(db, conn, people_mirror(), pod_id="pod-a"))
+            async with pod(db, conn, people_mirror(), pod_id="pod-b") as (standby, ready_b):
+                assert ready_b.is_up  # a standby converges on the leader's watermark
+                assert await _holder(db) == "pod-a"
+                assert not standby.mirror("sample_people").projected.is_set()
+                await leader.aclose()  # pod-a goes; as if it died, its lease stays live 1s
+                await db.pool.execute(
+                    "UPDATE service_engine.leader_slot SET holder = 'pod-a', "
+                    "expires_at = clock_timestamp() + interval '1 second' "
+                    "WHERE slot = 'mirror:sample_people'"
+                )
+                await standby_window(db, bucket, standby)
+
+
+async def _holder(db: Database) -> str:
+    holder: str = await db.pool.fetchval(
+        "SELECT holder FROM service_engine.leader_slot WHERE slot = 'mirror:sample_people'"
+    )
+    return holder
+
+
+async def standby_window(db: Database, bucket: KvBucket, standby: Engine) -> None:
+    await put(bucket, "p2", "Bob")
+
+    async def shadowed() -> bool:
+        shadow = standby.mirror("sample_people").shadow(PersonPublished)
+        return shadow.get("twin.person.p2") is not None
+
+    await wait_until(shadowed, what="the standby's shadow current")
+
+    async def taken_over() -> bool:
+        return await known(db) == {"p1": "Ann", "p2": "Bob"}
+
+    await wait_until(taken_over, what="the standby taking over and re-projecting")
+    assert await _holder(db) == "pod-b"
+
+
+@pytest.mark.usefixtures("known_table")
+async def test_an_empty_prefix_holds_down_and_keeps_known(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A prefix that reads empty at boot holds readiness DOWN naming it and
+    leaves known_* as it is; once it has keys the pod converges; a retract
+    that would empty it again holds DOWN and keeps both known_* and the
+    shadow, never projecting to empty."""
+    await db.pool.execute(f"INSERT INTO {TABLE} VALUES ('old', 'Kept')")
+    async with (
+        bucket_of(nats_server) as (conn, bucket),
+        pod(db, conn, people_mirror(), wait_up=False) as (engine, readiness),
+    ):
+        reason = "mirror:sample_people:empty"
+        await wait_until(lambda: readiness.holds(reason), what="DOWN on the empty prefix")
+        assert "twin_published/twin.person" in readiness.current().reasons[reason]
+        assert await known(db) == {"old": "Kept"}
+
+        await put(bucket, "p1", "Ann")
+        await wait_until(lambda: readiness.is_up, what="UP once the prefix has a key")
+        assert (await known(db))["p1"] == "Ann"
+
+        await bucket.delete("twin.person.p1")
+        await wait_until(lambda: readiness.holds(reason), what="DOWN on the emptying retract")
+        await assert_never(
+            lambda: _missing(db, "p1"), within=0.5, what="known_* projected to empty"
+        )
+        shadow = engine.mirror("sample_people").shadow(PersonPublished)
+        assert shadow.get("twin.person.p1") is not None
+
+
+async def _missing(db: Database, person: str) -> bool:
+    return person not in await known(db)
+
+
+@pytest.mark.usefixtures("known_table")
+async def test_the_reconcile_repairs_a_hand_edited_known_row(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A known_* row edited behind the mirror's back is put back from the
+    shadow by the periodic reconcile (``mirror_reconcile``)."""
+    async with bucket_of(nats_server) as (conn, bucket):
+        await put(bucket, "p1", "Ann")
+        async with pod(db, conn, people_mirror(), mirror_reconcile=timedelta(milliseconds=300)):
+            await db.pool.execute(f"UPDATE {TABLE} SET name = 'Mallory' WHERE id = 'p1'")
+            await db.pool.execute(f"DELETE FROM {TABLE} WHERE id <> 'p1'")
+
+            async def repaired() -> bool:
+                return await known(db) == {"p1": "Ann"}
+
+            await wait_until(repaired, what="the reconcile repairing the row")
+
+
+@pytest.mark.usefixtures("known_table")
+async def test_s169_a_stuck_mirror_is_dead_lettered_once_through_the_worker_and_beat(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """s169: a mirror whose projection keeps failing restarts with backoff;
+    past its restart threshold the beat re-records its one dead letter on
+    every beat (one row, many occurrences) and dead_letters_total{source}
+    counts it once; a genuinely distinct stuck mirror still counts."""
+
+    async def broken(projection: Projection, key: Any, merged: Merged) -> None:
+        raise RuntimeError("projection bug")
+
+    def stuck(name: str) -> Mirror:
+        return Mirror(name).consume(PersonPublished).keyed_by(lambda p: p.id).project(broken)
+
+    async with bucket_of(nats_server) as (conn, bucket):
+        await put(bucket, "p1", "Ann")
+        config: dict[str, Any] = {
+            "mirror_failure_threshold": 2,
+            "mirror_restart_backoff": timedelta(milliseconds=20),
+            "mirror_restart_backoff_cap": timedelta(milliseconds=60),
+        }
+        async with pod(db, conn, stuck("stuck_one"), stuck("stuck_two"), wait_up=False,
+                       **config) as (engine, readiness):
+            store = DeadLetters(db)
+
+            async def re_recorded() -> bool:
+                letters = await store.list(DeadLetterSource.MIRROR)
+                return len(letters) == 2 and all(d.occurrences >= 3 for d in letters)
+
+            await wait_until(re_recorded, what="both stuck mirrors re-recorded on the beat")
+            letters = await store.list(DeadLetterSource.MIRROR)
+            assert {d.work for d in letters} == {"stuck_one", "stuck_two"}
+            assert "projection bug" in letters[0].detail
+            assert engine.metrics.sample(
+                "service_engine_dead_letters_total", source="Mirror"
+            ) == 2
+            assert readiness.holds("mirror:stuck_one")
+            assert engine.metrics.sample("service_engine_dependency_up", dependency="mirrors") == 0
