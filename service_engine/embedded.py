@@ -396,6 +396,38 @@ async def provision_streams(
         await client.close()
 
 
+LANE_STREAM_MAX_AGE = timedelta(days=1)
+"""How long the provisioned ``STREAMING_{service}`` stream keeps a chunk
+(below `EngineConfig.seal_retention`, 7 days by default, as boot requires)."""
+
+
+async def provision_lane_stream(
+    nats_url: str, service: str, *, max_age: timedelta | None = LANE_STREAM_MAX_AGE
+) -> None:
+    """Declare ``service``'s accumulated-lane stream ``STREAMING_{service}``
+    over ``stream.{service}.>`` the way an operator does (idempotent; the
+    engine only binds it). ``max_age`` None keeps chunks forever (a boot
+    with an accumulator refuses that)."""
+    import nats
+    from nats.js.api import StreamConfig
+
+    name = f"STREAMING_{service}"
+    config = StreamConfig(
+        name=name, subjects=[f"stream.{service}.>"],
+        max_age=max_age.total_seconds() if max_age is not None else None,
+    )
+    client = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        js = client.jetstream()
+        try:
+            await js.stream_info(name)
+            await js.update_stream(config)
+        except Exception:
+            await js.add_stream(config)
+    finally:
+        await client.close()
+
+
 async def provision_buckets(nats_url: str, buckets: Iterable[str]) -> None:
     """Declare the gitops-owned key-value buckets (the published-language
     buckets offers drain into and mirrors read; idempotent). One value per

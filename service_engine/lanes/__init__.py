@@ -3,6 +3,22 @@ verified seal (lane A)."""
 
 from __future__ import annotations
 
+from .accumulator import Accumulator, Durable, Folded
+from .accumulator_errors import (
+    AccumulatorWithoutService,
+    AlreadySealed,
+    ChunkConflict,
+    ChunkSeqOutOfRange,
+    InvalidChunkKey,
+    KeySealed,
+    LaneStreamMissing,
+    SealChunkBeyondLastSeq,
+    SealError,
+    SealHashMismatch,
+    SealRetentionTooShort,
+    SealTruncated,
+)
+from .chunks import ChunkFrame, ChunkSeq, encode_frame, seal_hash
 from .notices import LaneNotice, LaneNotices, LaneNoticeStream
 from .presence import (
     PRESENCE_LANE,
@@ -23,11 +39,23 @@ from .presence_lane import PresenceHandle, PresenceNotBound
 
 __all__ = [
     "PRESENCE_LANE",
+    "Accumulator",
+    "AccumulatorWithoutService",
+    "AlreadySealed",
+    "ChunkConflict",
+    "ChunkFrame",
+    "ChunkSeq",
+    "ChunkSeqOutOfRange",
+    "Durable",
+    "Folded",
+    "InvalidChunkKey",
     "InvalidPresenceKey",
     "InvalidPresenceValue",
+    "KeySealed",
     "LaneNotice",
     "LaneNoticeStream",
     "LaneNotices",
+    "LaneStreamMissing",
     "PresenceBucketMissing",
     "PresenceBucketNoMarkers",
     "PresenceBucketNoMsgTtl",
@@ -40,4 +68,11 @@ __all__ = [
     "PresenceProjector",
     "PresenceWithoutNats",
     "PresenceWithoutService",
+    "SealChunkBeyondLastSeq",
+    "SealError",
+    "SealHashMismatch",
+    "SealRetentionTooShort",
+    "SealTruncated",
+    "encode_frame",
+    "seal_hash",
 ]
