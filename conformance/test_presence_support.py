@@ -113,13 +113,13 @@ class Lanes:
 @contextlib.asynccontextmanager
 async def presence_engine(
     db: Database, conn: Nats, *, typing_ttl: timedelta = timedelta(seconds=1),
-    viewing_ttl: timedelta = timedelta(seconds=3), **config: Any,
+    viewing_ttl: timedelta = timedelta(seconds=3), typing: Typing | None = None, **config: Any,
 ) -> AsyncIterator[Lanes]:
     """An engine with the two sample lanes registered, running, seeded."""
     readiness = ReadinessHandle()
     settings = {"lock_timeout": timedelta(seconds=1), **config}
     engine = await Engine.boot(fast_engine_config(SERVICE, **settings), db, conn, readiness)
-    typing = engine.register_presence(Typing(), typing_ttl)
+    typing_handle = engine.register_presence(typing or Typing(), typing_ttl)
     viewing = engine.register_presence(Viewing(), viewing_ttl)
     task = asyncio.create_task(engine.run())
     try:
@@ -129,7 +129,7 @@ async def presence_engine(
         lanes = engine.presence_lanes
         assert lanes is not None
         await asyncio.wait_for(lanes.seeded.wait(), 10)
-        yield Lanes(engine, readiness, typing, viewing)
+        yield Lanes(engine, readiness, typing_handle, viewing)
     finally:
         engine.shutdown()
         with contextlib.suppress(WorkerStopped):

@@ -115,8 +115,11 @@ class PresenceLanes:
         channel: ImpactChannel,
         readiness: ReadinessHandle,
         metrics: Metrics | None = None,
+        *,
+        paused: Callable[[], bool] = lambda: False,
     ) -> None:
         self.nats = nats
+        self._paused = paused
         self.bucket_name = presence_bucket_name(service)
         self._render = render
         self._channel = channel
@@ -261,17 +264,23 @@ class PresenceLanes:
                 )
 
     def _reseed(self, seeded: dict[str, dict[str, Any]], *, reset: bool) -> None:
+        """Replace every lane's fold with the bucket's state. After a
+        reconnection every presence session is Reset — unless the lanes are
+        paused: then the Reset that follows LanesResumed covers it, and the
+        sessions see nothing before that notice."""
+        paused = reset and self._paused()
         impacts: list[Impact] = []
         for name, lane in self._lanes.items():
             changed = lane.projector.STORE.fold.reseed(seeded.get(name, {}))
             impacts.extend(Impact.entity(lane.projector.NOUN, key) for key in sorted(changed))
-        if impacts:
+        if impacts and not paused:
             self._channel.put(impacts)
         if reset:
             self.reseeds += 1
             if self._metrics is not None:
                 self._metrics.add_presence_reseed()
-            reset_sessions(self._render, self._channel, self.projectors)
+            if not paused:
+                reset_sessions(self._render, self._channel, self.projectors)
 
     def _gauge(self, up: bool) -> None:
         if self._metrics is not None:
