@@ -360,68 +360,6 @@ class Engine:
         if self._running:
             raise ConfigError(f"presence lane {projector.NAME}: register presence before run()")
         if self.presence_lanes is None:
-            self.presence_lanes = PresenceLanes(
-                self.nats, self.config.service, self.render, self.transport.channel,
-                self.readiness, self.metrics,
-            )
-        handle = self.presence_lanes.register(projector, ttl)
-        self.render.register_projector(projector)
-        self.lane_hub.watch(PRESENCE_LANE, projector.NAME)
-        return handle
-
-    def presence(self, projector: str) -> PresenceHandle:
-        """The writer of presence lane ``projector``."""
-        if self.presence_lanes is None:
-            raise ConfigError("no presence lane is registered")
-        return self.presence_lanes.handle(projector)
-
-    async def present(self, projector: str, key: str, value: JsonValue) -> bool:
-        """Put ``value`` under ``key`` in presence lane ``projector`` now
-        (loss-tolerant: True when the bucket stored it)."""
-        return await self.presence(projector).put(key, value)
-
-    async def bind_presence(self) -> None:
-        """Bind the presence bucket now rather than at `run` (idempotent);
-        raises its `PresenceBucketRefused` with readiness DOWN."""
-        if self.presence_lanes is not None:
-            await self.presence_lanes.bind()
-
-    def lane_notices(self, lanes: Collection[str] | None = None) -> LaneNoticeStream:
-        """The raw lane signal: a stream of `LaneNotice` naming any of
-        ``lanes`` (None: every lane). Close it when done."""
-        return self.lane_hub.subscribe(lanes)
-
-    def lanes_of(self, projector: str) -> frozenset[str]:
-        """The NATS lanes sessions of ``projector`` watch (empty: none)."""
-        return self.lane_hub.lanes_of(projector)
-
-    async def _lane_notices(self) -> None:
-        assert self.nats_health is not None
-        await self.lane_hub.run(self.nats_health, self.nats_health.interval)
-
-    # -- the NATS lanes ---------------------------------------------------
-
-    def register_presence(
-        self, projector: PresenceProjector[Any, Any, Any], ttl: timedelta
-    ) -> PresenceHandle:
-        """Serve presence lane ``projector`` (its NAME) whose keys expire
-        ``ttl`` after their last put; returns the lane's writer.
-
-        The ``EPHEMERAL_{service}`` bucket is bound when `run` starts (or
-        `bind_presence`). Raises `PresenceWithoutNats` / `PresenceWithoutService`
-        on an engine without NATS or a service, `ConfigError` after `run`
-        started or for a bad ttl or NAME, `DuplicateRegistration` for a name
-        already registered.
-        """
-        if self.nats is None:
-            raise PresenceWithoutNats(f"presence lane {projector.NAME!r} needs NATS")
-        if not self.config.service:
-            raise PresenceWithoutService(
-                f"presence lane {projector.NAME!r}: configure a service (EPHEMERAL_<service>)"
-            )
-        if self._running:
-            raise ConfigError(f"presence lane {projector.NAME}: register presence before run()")
-        if self.presence_lanes is None:
             hub = self.lane_hub
             self.presence_lanes = PresenceLanes(
                 self.nats, self.config.service, self.render, self.transport.channel,
