@@ -206,6 +206,34 @@ def test_an_indexed_projector_names_only_keyed_authoritative_and_refreshed_sessi
     assert [session for session, _ in plan.holds] == [snapshotting]
 
 
+def test_a_replaying_session_on_an_indexed_projector_also_renders_the_frames_change() -> None:
+    # The pass's discovery step skips every session the plan names, so a
+    # discovering session named for its replay must carry the frame's change
+    # itself, or a key it holds that changed in this frame is never rendered.
+    interest = _interest("cards")
+    index = CohortIndex()
+    replaying = _session(interest, "replaying")
+    refreshed = _session(interest, "refreshed", principal="alice")
+    for session in (replaying, refreshed):
+        index.join(session, frozenset({"org"}))
+    frame = _frame(
+        interest, Impact.entity("card", 19), Impact.principal_facts("alice", ["card"])
+    )
+    replay = Dirty()
+    replay.keys.update({text: int(text) for text in _keys(1)})
+
+    plan = plan_frame(frame, [(replaying, replay), (refreshed, replay)], interest, {"cards": index})
+
+    work = plan.projectors["cards"]
+    assert work.discover is frame.projectors["cards"]
+    assert set(work.dirties) == {replaying, refreshed}
+    for session in (replaying, refreshed):
+        assert list(work.dirties[session].keys) == _keys(19, 1)
+    assert work.dirties[refreshed].principals == {principal_key("alice")}
+    assert list(frame.projectors["cards"].keys) == _keys(19)
+    assert list(replay.keys) == _keys(1)
+
+
 def test_an_indexed_projector_reset_reaches_every_session_as_unindexed() -> None:
     interest = _interest("cards")
     index = CohortIndex()

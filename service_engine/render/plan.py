@@ -86,7 +86,10 @@ def plan_frame(
     `Interest.sessions_for` names — held by a session not yet live, rendered
     by a live one — except on an indexed projector (see `ProjectorWork`),
     where only the sessions that must populate or hold fixed keys are named
-    and the snapshotting ones hold. A replay renders its live session.
+    and the snapshotting ones hold. A replay renders its live session; on an
+    indexed projector it also carries the frame's change, since naming the
+    session takes it out of discovery (otherwise a key it holds that changed
+    in this very frame would never be rendered to it).
     """
     plan = FramePlan()
     if frame.reconnected is not None:
@@ -102,8 +105,14 @@ def plan_frame(
             elif session.live:
                 plan.render(session, dirty)
     for session, dirty in replays:
-        if session.live:
-            plan.render(session, dirty)
+        if not session.live:
+            continue
+        work = plan.projectors.get(session.projector)
+        if work is not None and work.discover is not None and session not in work.dirties:
+            # The pass's discovery step skips the sessions the plan names: a
+            # replaying session renders the frame's change with its own.
+            plan.render(session, work.discover)
+        plan.render(session, dirty)
     return plan
 
 

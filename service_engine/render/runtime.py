@@ -291,6 +291,8 @@ class RenderRuntime(RenderRegistry):
         index = self._indexes.get(batch.proj.NAME)
         if index is None or batch.discover is None:
             return []
+        # A named session renders the frame's change through its own plan
+        # (`plan_frame` gives a replaying one the frame's change too).
         named = {rec.session for rec in batch.members}
         return [
             self._sessions[session.id]
