@@ -33,8 +33,8 @@ from typing import Any, ClassVar, TypeVar
 
 from ..errors import ConfigError, EngineError
 from ..impacts.model import JsonValue, canonical_json
-from ..render.cohort import HasPrincipalId
-from ..render.projector import Populate, Projector
+from ..render.cohort import CohortKey, HasPrincipalId
+from ..render.projector import Populate, Projector, Unrestricted
 
 __all__ = [
     "PRESENCE_LANE",
@@ -392,6 +392,15 @@ class PresenceProjector(Projector[PresenceEntry, ViewT, PrincipalT, QueryT]):
     def select(self, entry: PresenceEntry, query: QueryT) -> bool:
         """Whether ``entry`` belongs to a window of ``query`` (default: all)."""
         return True
+
+    def cohort(self, principal: PrincipalT) -> CohortKey:
+        """Under `Unrestricted` visibility (and `visible` not narrowed) every
+        principal sees the same rows, so every session shares one load;
+        otherwise one cohort per principal, as for any projector."""
+        cls = type(self)
+        if isinstance(cls.VISIBILITY, Unrestricted) and cls.visible is Projector.visible:
+            return CohortKey.of_parts()
+        return super().cohort(principal)
 
     async def populate(self, cx: Populate[PrincipalT], query: QueryT) -> Sequence[JsonValue]:
         cohorts = cx.cohorts
