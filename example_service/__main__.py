@@ -2,10 +2,11 @@
 
 With no configuration it starts embedded Postgres and NATS under ``.data/``
 (or ``EXAMPLE_SERVICE_DATA``), provisions them (roles, the engine's and the
-service's migrations, the integration streams) and serves
+service's migrations, the integration streams, the published-language
+buckets, and a development roster as the twin would publish it) and serves
 http://127.0.0.1:8000/graphql. With ``DATABASE_URL`` and ``NATS_URL`` it binds
 to that infrastructure and provisions nothing: the operator applied the
-migrations and declared the streams.
+migrations and declared the streams and buckets.
 
 Environment:
 
@@ -59,6 +60,11 @@ if TYPE_CHECKING:
 SERVICE = "example"
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 DEFAULT_ADDR = "127.0.0.1:8000"
+BUCKETS = ("PUBLISHED_example", "PUBLISHED_twin")
+"""The gitops-declared key-value buckets: the service's published languages
+and the twin's (which the service mirrors)."""
+DEV_ROSTER = Path(__file__).resolve().parent / "dev_roster.json"
+"""The roster seeded on embedded infrastructure, where no twin publishes one."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 EXAMPLE_PASSPORT = {"sub": "alice", "org": "acme", "roles": ["board:archive"]}
@@ -106,21 +112,29 @@ def _announce(sock: socket.socket, passport_in_params: bool) -> None:
 
 
 async def _start_embedded(data_dir: Path) -> EmbeddedInfra:
-    from service_engine.embedded import EmbeddedInfra
+    from service_engine.embedded import EmbeddedInfra, seed_bucket
 
     _log.info("starting embedded Postgres and NATS under %s", data_dir)
     # Start-up runs the servers' blocking starts in threads, which a
     # cancellation cannot stop: shielded, it completes, then what it
     # started is stopped, so a Ctrl-C never leaves an orphaned server.
     start = asyncio.ensure_future(EmbeddedInfra.start(
-        data_dir, database=SERVICE, extra_migrations=service_migrations(MIGRATIONS)
+        data_dir, database=SERVICE, extra_migrations=service_migrations(MIGRATIONS),
+        buckets=BUCKETS,
     ))
     try:
-        return await asyncio.shield(start)
+        infra = await asyncio.shield(start)
     except asyncio.CancelledError:
         with contextlib.suppress(Exception):
             await (await start).aclose()
         raise
+    try:
+        roster = {k: json.dumps(v).encode() for k, v in json.loads(DEV_ROSTER.read_text()).items()}
+        await seed_bucket(infra.nats.url, "PUBLISHED_twin", roster)
+    except BaseException:
+        await infra.aclose()
+        raise
+    return infra
 
 
 async def main() -> None:

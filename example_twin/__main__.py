@@ -9,6 +9,9 @@ to, default ``example``), ``EXAMPLE_TWIN_LOG_LEVEL`` (default ``WARNING``).
   the cards are created in, ``--due-in`` a deadline in seconds (the cycle
   then also waits for ``card.overdue``), ``--timeout`` the bound on each
   cycle;
+* ``--roster``: publish the twin's roster (KV, ``twin.person.*``) and exit;
+* ``--boards``: print the boards the service offers (KV, ``example.board.*``)
+  as JSON on one line and exit;
 * no ``--cycle``: the reviewer — approve the review of every card the
   service creates, until SIGINT or SIGTERM.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -26,6 +30,7 @@ import sys
 
 from service_engine import NatsUnavailable
 
+from .roster import DEFAULT_ROSTER, publish_roster, read_boards
 from .runner import Twin, TwinError
 
 
@@ -39,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="give each card a deadline; the cycle waits for card.overdue")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="the bound on each cycle (default 30)")
+    parser.add_argument("--roster", action="store_true",
+                        help="publish the roster (KV twin.person.*) and exit")
+    parser.add_argument("--boards", action="store_true",
+                        help="print the boards the service offers (KV) and exit")
     return parser
 
 
@@ -46,6 +55,14 @@ async def _main(args: argparse.Namespace, url: str) -> int:
     name = os.environ.get("EXAMPLE_TWIN_NAME", "twin")
     target = os.environ.get("EXAMPLE_TWIN_TARGET", "example")
     async with Twin.connect(url, name=name, target=target) as twin:
+        if args.roster:
+            written = await publish_roster(twin.nats, DEFAULT_ROSTER)
+            print(json.dumps({"roster": len(DEFAULT_ROSTER), "written": written}), flush=True)
+            return 0
+        if args.boards:
+            boards = await read_boards(twin.nats)
+            print(json.dumps({k: b.model_dump() for k, b in sorted(boards.items())}), flush=True)
+            return 0
         if args.cycle is not None:
             summary = await twin.run_cycles(
                 args.cycle, org=args.org, bound=args.timeout, due_in=args.due_in

@@ -84,3 +84,31 @@ class CardRejected(CardFact):
     command: str
     code: str
     message: str
+
+
+# -- published languages (KV) ------------------------------------------------------
+
+
+ROSTER_BUCKET = "PUBLISHED_twin"
+"""The twin's published-language bucket (gitops-declared)."""
+ROSTER_PREFIX = "twin.person"
+BOARD_BUCKET = "PUBLISHED_example"
+"""The service's published-language bucket; the twin reads its board offer."""
+BOARD_PREFIX = "example.board"
+
+
+class Person(_Wire):
+    """One person of the twin's roster, at ``twin.person.<id>``."""
+
+    id: str
+    name: str
+    org: str
+
+
+class OfferedBoard(_Wire):
+    """A board as the service offers it, at ``example.board.<id>``."""
+
+    id: str
+    title: str
+    org: str
+    archived: bool

@@ -115,6 +115,10 @@ from .lanes import (
     encode_frame,
     seal_hash,
 )
+from .mirrors.declaration import Merged, Mirror, Shadow
+from .mirrors.projection import Known, KnownScope, Projection
+from .offers.model import Offer, Published
+from .offers.relay import KvDrainRelay, KvPut, KvRetract
 from .persistence import (
     Aggregate,
     CrudStore,
@@ -218,12 +222,19 @@ __all__ = [
     "InvalidChunkKey",
     "KeySealed",
     "Keys",
+    "Known",
+    "KnownScope",
     "KvBucket",
+    "KvDrainRelay",
     "KvKey",
+    "KvPut",
+    "KvRetract",
     "LaneNotice",
     "LaneStreamMissing",
     "ListenerProbeFailed",
     "LockTimeout",
+    "Merged",
+    "Mirror",
     "Mutation",
     "MutationError",
     "MutationExecutor",
@@ -231,6 +242,7 @@ __all__ = [
     "NatsUnavailable",
     "NoLiveSession",
     "NotFound",
+    "Offer",
     "OneShot",
     "Ordered",
     "OutboundCommand",
@@ -248,8 +260,10 @@ __all__ = [
     "PresenceHandle",
     "PresenceProjector",
     "PrincipalUnresolved",
+    "Projection",
     "Projector",
     "PublishOutcome",
+    "Published",
     "Query",
     "Reaction",
     "ReactionBudget",
@@ -273,6 +287,7 @@ __all__ = [
     "SessionEnded",
     "SessionId",
     "SessionStream",
+    "Shadow",
     "ShuttingDown",
     "SoftEdaStore",
     "Style",

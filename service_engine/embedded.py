@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -445,6 +445,28 @@ async def provision_buckets(nats_url: str, buckets: Iterable[str]) -> None:
                 await js.create_key_value(KeyValueConfig(bucket=name, history=1))
     finally:
         await client.close()
+
+
+async def seed_bucket(nats_url: str, bucket: str, values: Mapping[str, bytes]) -> int:
+    """Put each of ``values`` into ``bucket`` unless its key already holds
+    one (development data, e.g. a roster a twin would publish); returns how
+    many were written."""
+    import nats
+    import nats.js.errors
+
+    client = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
+    written = 0
+    try:
+        kv = await client.jetstream().key_value(bucket)
+        for key, value in values.items():
+            try:
+                await kv.create(key, value)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+            written += 1
+    finally:
+        await client.close()
+    return written
 
 
 @dataclass

@@ -29,6 +29,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
+from example_twin.roster import DEFAULT_ROSTER, publish_roster
+from service_engine import open_nats
+from service_engine.embedded import provision_buckets
 from service_engine.graphql import PASSPORT_HEADER, Passport
 
 from ..harness import wait_until
@@ -36,6 +39,9 @@ from ..harness import wait_until
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_MIGRATIONS = REPO / "example_service" / "migrations"
 """The service's own migrations, applied by the harness (the operator's job)."""
+
+BUCKETS = ("PUBLISHED_example", "PUBLISHED_twin")
+"""The gitops-declared buckets: the service's published languages and the twin's."""
 
 BOUND = 10.0
 """The bound on any single wait for the service."""
@@ -202,6 +208,18 @@ def _start(command: list[str], cwd: Path, env: Mapping[str, str], log: Path
         )
 
 
+async def provision_kv(nats_url: str) -> None:
+    """What the operator and the twin do before the service starts: declare
+    the buckets and publish the roster the service mirrors (an empty roster
+    holds it DOWN). Idempotent."""
+    await provision_buckets(nats_url, BUCKETS)
+    nats = await open_nats(nats_url)
+    try:
+        await publish_roster(nats, DEFAULT_ROSTER)
+    finally:
+        await nats.aclose()
+
+
 class Pods:
     """Spawns service processes on one store; `aclose` terminates them all."""
 
@@ -211,12 +229,16 @@ class Pods:
         self.workdir = workdir
         self.pods: list[Pod] = []
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._provisioned = False
 
     async def spawn(
         self, name: str = "a", *, command: list[str] | None = None, cwd: Path = REPO,
         env: Mapping[str, str] | None = None,
     ) -> Pod:
         """Start a pod and wait until ``/readyz`` answers UP."""
+        if not self._provisioned:
+            await provision_kv(self.nats_url)
+            self._provisioned = True
         addr_file = self.workdir / f"{name}.addr"
         log = self.workdir / f"{name}.log"
         addr_file.unlink(missing_ok=True)

@@ -27,7 +27,7 @@ from service_engine.host import bind_listener, run_with_listener
 
 from ..harness import wait_until
 from ..nats_support import engine_nats
-from .harness import BOUND, REPO, Pods
+from .harness import BOUND, REPO, Pods, provision_kv
 
 ROOT_FIELDS = "{ __schema { queryType { fields { name } } } }"
 ALL_ROOT_FIELDS = """{ __schema { queryType { fields { name } } mutationType { fields { name } }
@@ -49,6 +49,7 @@ async def serving(
 ) -> AsyncIterator[str]:
     """The service composed as ``service``, in process: engine (with its own
     NATS connection, which a slice's reactions need) + HTTP on a free port."""
+    await provision_kv(nats.url)
     db = await connect_pool(store.app_url)
     try:
         async with engine_nats(nats) as conn:

@@ -1,0 +1,31 @@
+"""The roster slice's root fields: the people of the caller's org, read and live."""
+
+from __future__ import annotations
+
+import strawberry
+
+from service_engine import Query, WindowSpec
+from service_engine.graphql import Live, Views, subscription_union
+
+from ...kernel import Info
+from .views import PEOPLE, PeopleQuery, PersonView
+
+PEOPLE_VIEWS = Views(PEOPLE, PersonView)
+PEOPLE_UNION = subscription_union("People", PersonView, description="the caller's org's people")
+
+
+@strawberry.type
+class RosterQuery:
+    @strawberry.field(description="The people of the caller's org (the twin's roster).")
+    async def people(self, info: Info, limit: int = 100) -> list[PersonView]:
+        return await PEOPLE_VIEWS.window(info.context, PeopleQuery(limit))
+
+
+@strawberry.type
+class RosterSubscription:
+    @PEOPLE_UNION.field(description="The people of the caller's org, live.")
+    def people(self, limit: int = 100) -> Live:
+        return Live(PEOPLE, WindowSpec(Query(PeopleQuery(limit))))
+
+
+TYPES = (PersonView, *PEOPLE_UNION.types)
