@@ -112,7 +112,12 @@ def _announce(sock: socket.socket, passport_in_params: bool) -> None:
 
 
 async def _start_embedded(data_dir: Path) -> EmbeddedInfra:
-    from service_engine.embedded import EmbeddedInfra, seed_bucket
+    from service_engine.embedded import (
+        EmbeddedInfra,
+        provision_lane_stream,
+        provision_presence_bucket,
+        seed_bucket,
+    )
 
     _log.info("starting embedded Postgres and NATS under %s", data_dir)
     # Start-up runs the servers' blocking starts in threads, which a
@@ -131,6 +136,9 @@ async def _start_embedded(data_dir: Path) -> EmbeddedInfra:
     try:
         roster = {k: json.dumps(v).encode() for k, v in json.loads(DEV_ROSTER.read_text()).items()}
         await seed_bucket(infra.nats.url, "PUBLISHED_twin", roster)
+        # The reply slice's lanes, declared the way an operator would.
+        await provision_lane_stream(infra.nats.url, SERVICE)
+        await provision_presence_bucket(infra.nats.url, SERVICE)
     except BaseException:
         await infra.aclose()
         raise

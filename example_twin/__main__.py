@@ -30,6 +30,7 @@ import sys
 
 from service_engine import NatsUnavailable
 
+from .reply import reply_cycle, split_text
 from .roster import DEFAULT_ROSTER, publish_roster, read_boards
 from .runner import Twin, TwinError
 
@@ -44,6 +45,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="give each card a deadline; the cycle waits for card.overdue")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="the bound on each cycle (default 30)")
+    parser.add_argument("--reply", metavar="ID",
+                        help="stream reply ID's --text over the service's lane, finish it, "
+                             "print a JSON summary and exit")
+    parser.add_argument("--text", default="a reply streamed by the twin",
+                        help="the reply's text (with --reply)")
+    parser.add_argument("--chunk-size", type=int, default=8, metavar="BYTES",
+                        help="bytes per chunk (with --reply)")
+    parser.add_argument("--wrong-hash", action="store_true",
+                        help="send a finish with a wrong hash first; the corrected one follows "
+                             "the service's reply.seal_failed")
     parser.add_argument("--roster", action="store_true",
                         help="publish the roster (KV twin.person.*) and exit")
     parser.add_argument("--boards", action="store_true",
@@ -63,6 +74,14 @@ async def _main(args: argparse.Namespace, url: str) -> int:
             boards = await read_boards(twin.nats)
             print(json.dumps({k: b.model_dump() for k, b in sorted(boards.items())}), flush=True)
             return 0
+        if args.reply is not None:
+            chunks = split_text(args.text, args.chunk_size)
+            first = (len(chunks) - 1, "0" * 64) if args.wrong_hash else None
+            run = await reply_cycle(
+                twin, args.reply, chunks, org=args.org, first_finish=first, bound=args.timeout
+            )
+            print(run.to_json(), flush=True)
+            return 0 if run.finished else 1
         if args.cycle is not None:
             summary = await twin.run_cycles(
                 args.cycle, org=args.org, bound=args.timeout, due_in=args.due_in

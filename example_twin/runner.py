@@ -142,14 +142,16 @@ class Twin:
     # -- sending ---------------------------------------------------------------------
 
     async def command(
-        self, verb: str, payload: BaseModel, metadata: EventMetadata, *, within: float = 10.0
+        self, verb: str, payload: BaseModel, metadata: EventMetadata, *, within: float = 10.0,
+        aggregate: str = CARD,
     ) -> uuid.UUID:
-        """Send ``card.{verb}`` to the target service; its command id."""
+        """Send ``{aggregate}.{verb}`` (a card command by default) to the
+        target service; its command id."""
         envelope: IntegrationCommand[BaseModel] = IntegrationCommand(
-            command_id=uuid.uuid4(), type=f"{CARD}.{verb}", version=1,
+            command_id=uuid.uuid4(), type=f"{aggregate}.{verb}", version=1,
             occurred_at=datetime.now(UTC), metadata=metadata, payload=payload,
         )
-        await self._publish(command_subject(self.target, CARD, verb), envelope, within)
+        await self._publish(command_subject(self.target, aggregate, verb), envelope, within)
         return envelope.command_id
 
     async def event(

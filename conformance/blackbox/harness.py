@@ -31,7 +31,11 @@ from websockets.typing import Subprotocol
 
 from example_twin.roster import DEFAULT_ROSTER, publish_roster
 from service_engine import open_nats
-from service_engine.embedded import provision_buckets
+from service_engine.embedded import (
+    provision_buckets,
+    provision_lane_stream,
+    provision_presence_bucket,
+)
 from service_engine.graphql import PASSPORT_HEADER, Passport
 
 from ..harness import wait_until
@@ -48,6 +52,14 @@ BOUND = 10.0
 START_BOUND = 30.0
 """The bound on a spawn reaching readiness UP."""
 PROTOCOL = Subprotocol("graphql-transport-ws")
+SERVICE = "example"
+
+
+async def provision_lanes(nats_url: str) -> None:
+    """Declare the reply slice's lanes as an operator would: the
+    ``STREAMING_example`` stream and the ``EPHEMERAL_example`` bucket."""
+    await provision_lane_stream(nats_url, SERVICE)
+    await provision_presence_bucket(nats_url, SERVICE)
 
 
 def service_command() -> list[str]:
@@ -230,6 +242,7 @@ class Pods:
         self.pods: list[Pod] = []
         self._procs: list[subprocess.Popen[bytes]] = []
         self._provisioned = False
+        self._lanes_provisioned = False
 
     async def spawn(
         self, name: str = "a", *, command: list[str] | None = None, cwd: Path = REPO,
@@ -239,6 +252,9 @@ class Pods:
         if not self._provisioned:
             await provision_kv(self.nats_url)
             self._provisioned = True
+        if not self._lanes_provisioned:
+            await provision_lanes(self.nats_url)
+            self._lanes_provisioned = True
         addr_file = self.workdir / f"{name}.addr"
         log = self.workdir / f"{name}.log"
         addr_file.unlink(missing_ok=True)

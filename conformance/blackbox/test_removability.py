@@ -27,7 +27,7 @@ from service_engine.host import bind_listener, run_with_listener
 
 from ..harness import wait_until
 from ..nats_support import engine_nats
-from .harness import BOUND, REPO, Pods, provision_kv
+from .harness import BOUND, REPO, Pods, provision_kv, provision_lanes
 
 ROOT_FIELDS = "{ __schema { queryType { fields { name } } } }"
 ALL_ROOT_FIELDS = """{ __schema { queryType { fields { name } } mutationType { fields { name } }
@@ -50,6 +50,7 @@ async def serving(
     """The service composed as ``service``, in process: engine (with its own
     NATS connection, which a slice's reactions need) + HTTP on a free port."""
     await provision_kv(nats.url)
+    await provision_lanes(nats.url)
     db = await connect_pool(store.app_url)
     try:
         async with engine_nats(nats) as conn:

@@ -1,0 +1,66 @@
+"""The reply slice's mutations, each in the engine's write pipeline.
+
+* `start_reply` opens a streaming reply in the caller's org (the producer
+  then streams its chunks on the lane);
+* `cancel_reply` cancels it in flight: ``cx.seal_current`` folds whatever
+  is durable under the lane lock and seals it (a finish that lost the race
+  is answered ``already_sealed``);
+* `typing` says the caller is typing on a streaming reply (presence, put
+  after the commit: loss-tolerant, gone at its ttl).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from service_engine import Mutation, PresenceHandle, Refused
+
+from ...kernel import Principal
+from .domain import BAD_ID, EXISTS, NO_ORG, NOUN, REPLY_TEXT, Reply, valid_id
+from .messages import ReplyCancelled
+
+__all__ = ["cancel_reply", "start_reply", "typing", "typing_key"]
+
+Cx = Mutation[Principal]
+
+_UNSAFE = re.compile(r"[^-_=a-zA-Z0-9]")
+
+
+def typing_key(reply_id: str, person: str) -> str:
+    """The presence key of ``person`` typing on ``reply_id`` (subject tokens)."""
+    return f"{reply_id}.{_UNSAFE.sub('_', person) or '_'}"
+
+
+async def start_reply(cx: Cx, reply_id: str | None) -> str:
+    principal = cx.principal
+    if principal.org is None:
+        raise Refused(NO_ORG)
+    reply_id = reply_id or uuid.uuid4().hex
+    if not valid_id(reply_id):
+        raise Refused(BAD_ID)
+    if await cx.load_optional(Reply, reply_id) is not None:
+        raise Refused(EXISTS)
+    await cx.create(Reply(reply_id, principal.org, principal.id, cx.now().value))
+    cx.impact(NOUN, reply_id)
+    return reply_id
+
+
+async def cancel_reply(cx: Cx, reply_id: str) -> None:
+    reply = await cx.load(Reply, reply_id)
+    cx.require(reply.can_cancel)
+    text = await cx.seal_current(REPLY_TEXT, reply_id)
+    reply.cancel(text)
+    await cx.save(reply)
+    cx.impact(NOUN, reply_id)
+    cx.emit(ReplyCancelled(reply_id=reply_id, length=len(reply.text)))
+
+
+async def typing(cx: Cx, presence: PresenceHandle, reply_id: str) -> None:
+    reply = await cx.load(Reply, reply_id)
+    cx.require(reply.can_type)
+    principal = cx.principal
+    cx.present(
+        presence, typing_key(reply_id, principal.id),
+        {"reply_id": reply_id, "person": principal.id, "org": reply.org},
+    )

@@ -1,0 +1,116 @@
+"""The reply aggregate (CRUD), its accumulator and its gates.
+
+A reply is streamed in chunks on the engine's accumulated lane (lane A):
+the producer publishes ``(reply_id, seq, chunk)`` frames on
+``stream.{service}.{reply_id}`` and the engine folds them into `REPLY_TEXT`
+(the UTF-8 bytes, concatenated; decoded once sealed, so a character split
+across two chunks is whole). A reply-finished command seals the stream
+against the SHA-256 of its chunks and the sealed text lands on the row;
+a person of the reply's org may cancel it in flight (``seal_current``:
+whatever is durable is kept).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar, Literal
+
+from service_engine import Accumulator, Aggregate, CrudStore, Gate, Reason, gated
+
+from ...kernel import Principal
+
+NOUN = "reply"
+
+Status = Literal["streaming", "finished", "cancelled"]
+
+FORBIDDEN = Reason("reply.forbidden", "this reply is not yours to change")
+ENDED = Reason("reply.ended", "the reply is no longer streaming")
+NO_ORG = Reason("reply.no_org", "a reply is started in the caller's org; the passport has none")
+BAD_ID = Reason("reply.id_invalid", "a reply id is 1 to 64 of [A-Za-z0-9_-]")
+EXISTS = Reason("reply.exists", "a reply with this id exists")
+
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def valid_id(reply_id: str) -> bool:
+    return _ID.fullmatch(reply_id) is not None
+
+
+def _fold(text: bytes, chunk: bytes) -> bytes:
+    return text + chunk
+
+
+REPLY_TEXT: Accumulator[bytes] = Accumulator("reply", initial=bytes, fold=_fold)
+"""A reply's chunks, concatenated (bytes: decoded once, when sealed)."""
+
+
+def decode(text: bytes) -> str:
+    return text.decode("utf-8", errors="replace")
+
+
+@dataclass
+class Reply(Aggregate):
+    id: str
+    org: str
+    author: str
+    created_at: datetime
+    status: Status = "streaming"
+    text: str = ""
+    hash: str | None = None
+    chunks: int = 0
+    version: int = 1
+
+    Store: ClassVar[ReplyStore]
+
+    def in_org(self, principal: Principal) -> bool:
+        return principal.org == self.org
+
+    @gated("cancel")
+    def can_cancel(self, principal: Principal) -> Gate:
+        if principal.kind != "service" and not self.in_org(principal):
+            return Gate.deny(FORBIDDEN)
+        if self.status != "streaming":
+            return Gate.deny(ENDED)
+        return Gate.allow()
+
+    @gated("type")
+    def can_type(self, principal: Principal) -> Gate:
+        if not self.in_org(principal):
+            return Gate.deny(FORBIDDEN)
+        if self.status != "streaming":
+            return Gate.deny(ENDED)
+        return Gate.allow()
+
+    def finish(self, text: bytes, hash: str, chunks: int) -> None:
+        self.status = "finished"
+        self.text, self.hash, self.chunks = decode(text), hash, chunks
+        self.version += 1
+
+    def cancel(self, text: bytes) -> None:
+        self.status = "cancelled"
+        self.text = decode(text)
+        self.version += 1
+
+
+class ReplyStore(CrudStore[Reply, str]):
+    TABLE = "reply"
+    COLUMNS = ("id", "org", "author", "status", "text", "hash", "chunks", "created_at", "version")
+
+    def to_row(self, reply: Reply) -> Mapping[str, object]:
+        return {
+            "id": reply.id, "org": reply.org, "author": reply.author, "status": reply.status,
+            "text": reply.text, "hash": reply.hash, "chunks": reply.chunks,
+            "created_at": reply.created_at, "version": reply.version,
+        }
+
+    def from_row(self, row: Mapping[str, Any]) -> Reply:
+        return Reply(
+            row["id"], row["org"], row["author"], row["created_at"], row["status"],
+            row["text"], row["hash"], int(row["chunks"]), int(row["version"]),
+        )
+
+
+Reply.Store = ReplyStore()

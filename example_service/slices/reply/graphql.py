@@ -1,0 +1,92 @@
+"""The reply slice's root fields: the replies and who is typing (queries
+and live subscriptions), and the mutations that start, cancel and type on
+a reply."""
+
+from __future__ import annotations
+
+import strawberry
+
+from service_engine import MutationError, MutationExecutor, Query, WindowSpec
+from service_engine.graphql import (
+    Live,
+    MutationResult,
+    Views,
+    presence_subscription_union,
+    subscription_union,
+)
+
+from ...kernel import Info
+from .commands import cancel_reply, start_reply, typing
+from .views import REPLIES, TYPING, RepliesQuery, ReplyView, TypingView
+
+REPLY_VIEWS = Views(REPLIES, ReplyView)
+REPLIES_UNION = subscription_union("Replies", ReplyView, description="the caller's org's replies")
+TYPING_UNION = presence_subscription_union(
+    "ReplyTyping", TypingView, description="who is typing on a reply"
+)
+
+
+@strawberry.type(description="The outcome of a reply mutation: the reply as the caller now "
+                             "sees it, or why nothing changed.")
+class ReplyResult(MutationResult):
+    reply: ReplyView | None = None
+
+
+def _executor(info: Info) -> MutationExecutor:
+    return info.context.engine.mutation_executor()
+
+
+async def _reply_result(info: Info, outcome: object, reply_id: str) -> ReplyResult:
+    if isinstance(outcome, MutationError):
+        return ReplyResult.refused(outcome)
+    return ReplyResult(success=True, reply=await REPLY_VIEWS.one(info.context, reply_id))
+
+
+@strawberry.type
+class ReplyQuery:
+    @strawberry.field(description="The caller's org's newest replies.")
+    async def replies(self, info: Info, limit: int = 50) -> list[ReplyView]:
+        return await REPLY_VIEWS.window(info.context, RepliesQuery(limit))
+
+    @strawberry.field(description="One reply, if the caller sees it.")
+    async def reply(self, info: Info, id: strawberry.ID) -> ReplyView | None:
+        return await REPLY_VIEWS.one(info.context, str(id))
+
+
+@strawberry.type
+class ReplyMutation:
+    @strawberry.mutation(description="Open a streaming reply in the caller's org; its chunks "
+                                     "arrive on stream.{service}.{id}.")
+    async def start_reply(self, info: Info, id: strawberry.ID | None = None) -> ReplyResult:
+        outcome = await _executor(info).execute(
+            info.context.principal, start_reply, None if id is None else str(id)
+        )
+        if isinstance(outcome, MutationError):
+            return ReplyResult.refused(outcome)
+        return await _reply_result(info, outcome, outcome)
+
+    @strawberry.mutation(description="Cancel a streaming reply: what is durable is kept.")
+    async def cancel_reply(self, info: Info, id: strawberry.ID) -> ReplyResult:
+        outcome = await _executor(info).ack(info.context.principal, cancel_reply, str(id))
+        return await _reply_result(info, outcome, str(id))
+
+    @strawberry.mutation(description="Say the caller is typing on a streaming reply "
+                                     "(presence: gone at its ttl unless repeated).")
+    async def reply_typing(self, info: Info, id: strawberry.ID) -> ReplyResult:
+        presence = info.context.engine.presence(TYPING)
+        outcome = await _executor(info).ack(info.context.principal, typing, presence, str(id))
+        return await _reply_result(info, outcome, str(id))
+
+
+@strawberry.type
+class ReplySubscription:
+    @REPLIES_UNION.field(description="The caller's org's newest replies, live.")
+    def replies(self, limit: int = 50) -> Live:
+        return Live(REPLIES, WindowSpec(Query(RepliesQuery(limit))))
+
+    @TYPING_UNION.field(description="Who is typing on reply id, live.")
+    def reply_typing(self, id: strawberry.ID) -> Live:
+        return Live(TYPING, WindowSpec(Query(str(id))))
+
+
+TYPES = (ReplyView, TypingView, ReplyResult, *REPLIES_UNION.types, *TYPING_UNION.types)

@@ -1,0 +1,117 @@
+"""The reply slice's projectors: the caller's org's replies, newest first
+(`RepliesView`), and who is typing on them (`TypingView`, a presence lane:
+no table, the bucket's fold)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
+
+import strawberry
+
+from service_engine import (
+    CohortKey,
+    Populate,
+    PresenceEntry,
+    PresenceProjector,
+    Projector,
+    Visibility,
+)
+
+from ...kernel import Affordance, Principal, affordance_list
+from .domain import NOUN, Reply
+
+REPLIES = "replies"
+TYPING = "reply_typing"
+
+MAX_WINDOW = 200
+
+
+@strawberry.type(description="A reply as the caller sees it: streaming, finished (sealed "
+                             "against its hash) or cancelled.")
+class ReplyView:
+    id: strawberry.ID
+    org: str
+    author: str
+    status: str = strawberry.field(description="streaming, finished or cancelled.")
+    text: str = strawberry.field(description="The sealed text (empty while streaming).")
+    hash: str | None = strawberry.field(description="SHA-256 of the sealed chunks, hex.")
+    chunks: int
+    created_at: datetime
+    affordances: list[Affordance]
+
+
+@strawberry.type(description="Someone typing on a reply.")
+class TypingView:
+    reply_id: strawberry.ID
+    person: str
+
+
+@dataclass(frozen=True, slots=True)
+class RepliesQuery:
+    limit: int = 50
+
+
+class OrgVisibility(Visibility[Reply, Principal]):
+    def cohorts(self, row: Reply) -> Iterable[Hashable]:
+        return (("org", row.org),)
+
+    def memberships(self, principal: Principal) -> Iterable[Hashable]:
+        if principal.org is not None:
+            yield ("org", principal.org)
+
+
+class RepliesView(Projector[Reply, ReplyView, Principal, RepliesQuery]):
+    NAME = REPLIES
+    NOUN = NOUN
+    STORE: ClassVar[Any] = Reply.Store
+    VISIBILITY = OrgVisibility()
+
+    async def populate(self, cx: Populate[Principal], query: RepliesQuery) -> Sequence[Any]:
+        orgs = [value for kind, value in (c for c in cx.cohorts or () if isinstance(c, tuple))
+                if kind == "org"]
+        rows = await cx.conn.fetch(
+            "SELECT id FROM reply WHERE org = ANY($1) ORDER BY created_at DESC, id DESC LIMIT $2",
+            orgs, max(1, min(query.limit, MAX_WINDOW)),
+        )
+        return [row["id"] for row in rows]
+
+    def project(self, row: Reply, principal: Principal) -> ReplyView:
+        return ReplyView(
+            id=strawberry.ID(row.id), org=row.org, author=row.author, status=row.status,
+            text=row.text, hash=row.hash, chunks=row.chunks, created_at=row.created_at,
+            affordances=affordance_list(row, principal),
+        )
+
+    def cohort(self, principal: Principal) -> CohortKey:
+        return CohortKey.of_parts("org", principal.org or "")
+
+
+class TypingVisibility(Visibility[PresenceEntry, Principal]):
+    def cohorts(self, row: PresenceEntry) -> Iterable[Hashable]:
+        value = row.value if isinstance(row.value, Mapping) else {}
+        return (("org", str(value.get("org", ""))),)
+
+    def memberships(self, principal: Principal) -> Iterable[Hashable]:
+        if principal.org is not None:
+            yield ("org", principal.org)
+
+
+class TypingProjector(PresenceProjector[TypingView, Principal, str]):
+    """Who is typing on reply ``query`` (keys ``<reply_id>.<person>``)."""
+
+    NAME = TYPING
+    VISIBILITY = TypingVisibility()
+
+    def select(self, entry: PresenceEntry, query: str) -> bool:
+        return entry.key.startswith(f"{query}.")
+
+    def project(self, row: PresenceEntry, principal: Principal) -> TypingView:
+        value = row.value if isinstance(row.value, Mapping) else {}
+        return TypingView(
+            reply_id=strawberry.ID(str(value.get("reply_id", ""))),
+            person=str(value.get("person", "")),
+        )
+
