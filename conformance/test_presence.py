@@ -33,11 +33,13 @@ from service_engine.messaging.nats import Nats
 from service_engine.pipeline import Mutation
 from service_engine.render import Remove, Reset, Upsert
 
-from .harness import fast_engine_config, wait_until
+from .harness import assert_never, fast_engine_config, wait_until
 from .nats_support import engine_nats
+from .sample_cards import Principal
 from .test_presence_support import (
     ALICE,
     SERVICE,
+    OrgVisibility,
     Replica,
     Typing,
     key,
@@ -192,8 +194,8 @@ async def test_cx_present_puts_after_commit_and_a_rolled_back_mutation_presents_
         assert isinstance(upsert, Upsert) and upsert.key == key("r1.alice")
         assert replica.window == {key("r1.alice"): {"who": "alice"}}
         assert replica.stream.pending() == 0
-        fold = Typing.STORE.fold
-        assert "r1.ghost" not in fold.entries
+        fold = lanes.engine.render.projector("typing").STORE.fold
+        assert set(fold.entries) == {"r1.alice"}
 
 
 async def test_a_bad_presence_key_is_refused_where_it_is_written(
@@ -330,3 +332,49 @@ async def test_the_presence_dependency_and_counters_are_labelled(
             "service_engine_presence_changes_total", lane="typing", op="upsert") == 1,
             what="the change counted")
         assert metrics.labels["service"] == SERVICE and metrics.labels["pod"]
+
+
+# -- visibility and pods ------------------------------------------------------------------------
+
+
+class OrgTyping(Typing):
+    """Typing scoped by org: a row's cohort is its value's org."""
+
+    NAME = "org_typing"
+    VISIBILITY = OrgVisibility()
+
+
+async def test_presence_honours_the_declared_visibility(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A presence lane with a declared Visibility serves each principal only
+    the keys their cohorts admit, through the same cohort rule as every
+    view: an Upsert for the org that sees it, nothing for the other."""
+    await provision(nats_server)
+    async with engine_nats(nats_server) as conn, presence_engine(
+        db, conn, typing=OrgTyping(), typing_ttl=timedelta(seconds=30)
+    ) as lanes:
+        acme = await lanes.attach("org_typing", room("r1"), Principal("alice", frozenset({"acme"})))
+        globex = await lanes.attach("org_typing", room("r1"), Principal("carol", frozenset({"globex"})))
+        await lanes.typing.put("r1.bob", {"who": "bob", "org": "acme"})
+        await lanes.typing.put("r1.dave", {"who": "dave", "org": "globex"})
+        assert (await acme.next()).key == key("r1.bob")
+        assert (await globex.next()).key == key("r1.dave")
+        await assert_never(lambda: acme.stream.pending() + globex.stream.pending() > 0,
+                           what="a key crossing orgs")
+
+
+async def test_every_pod_watches_the_bucket(db: Database, nats_server: EmbeddedNats) -> None:
+    """A put through one pod reaches the sessions of another pod (each pod
+    folds the bucket itself), and the expiry reaches both."""
+    await provision(nats_server)
+    async with engine_nats(nats_server) as conn_a, engine_nats(nats_server) as conn_b, \
+            presence_engine(db, conn_a) as pod_a, presence_engine(db, conn_b) as pod_b:
+        on_a = await pod_a.attach("typing", room("r1"))
+        on_b = await pod_b.attach("typing", room("r1"))
+        await pod_a.typing.put("r1.alice", {"who": "alice"})
+        for replica in (on_a, on_b):
+            upsert = await replica.next()
+            assert isinstance(upsert, Upsert) and upsert.view == {"who": "alice"}
+        for replica in (on_a, on_b):
+            assert isinstance(await replica.next(timeout=5), Remove)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -15,7 +15,15 @@ from service_engine import Database, Engine, ReadinessHandle, WorkerStopped
 from service_engine.embedded import EmbeddedNats, provision_presence_bucket
 from service_engine.lanes import PresenceEntry, PresenceHandle, PresenceProjector
 from service_engine.messaging.nats import Nats
-from service_engine.render import Query, Remove, Reset, Unrestricted, Upsert, WindowSpec
+from service_engine.render import (
+    Query,
+    Remove,
+    Reset,
+    Unrestricted,
+    Upsert,
+    Visibility,
+    WindowSpec,
+)
 from service_engine.render.deltas import Delta
 from service_engine.render.stream import SessionStream
 
@@ -45,6 +53,17 @@ class Viewing(Typing):
     """Who is viewing a room: a second lane, with its own ttl, in the same bucket."""
 
     NAME = "viewing"
+
+
+class OrgVisibility(Visibility[PresenceEntry, Principal]):
+    """A presence row belongs to its value's ``org``; a principal to their orgs."""
+
+    def cohorts(self, row: PresenceEntry) -> Iterable[Hashable]:
+        assert isinstance(row.value, Mapping)
+        return (row.value.get("org"),)
+
+    def memberships(self, principal: Principal) -> Iterable[Hashable]:
+        return principal.orgs
 
 
 def room(name: str) -> WindowSpec[str]:

@@ -174,14 +174,15 @@ class _Other(_Lane):
     NAME = "other"
 
 
-def test_each_presence_projector_has_its_own_fold_and_noun() -> None:
+def test_each_presence_projector_instance_has_its_own_fold_and_noun() -> None:
     assert _Lane.NOUN == "presence.lane" and _Other.NOUN == "presence.other"
-    assert _Lane.STORE is not _Other.STORE
-    _Lane.STORE.fold.apply(PresenceChange("lane", "r1.a", 1, {"x": 1}))
-    _Lane.STORE.fold.apply(PresenceChange("lane", "r2.b", 2, {"x": 2}))
-    rows = asyncio.run(_Lane.STORE.read_many(None, ["r1.a", "missing", 3]))
+    lane, other, second = _Lane(), _Other(), _Lane()
+    assert len({id(lane.STORE), id(other.STORE), id(second.STORE)}) == 3
+    lane.STORE.fold.apply(PresenceChange("lane", "r1.a", 1, {"x": 1}))
+    lane.STORE.fold.apply(PresenceChange("lane", "r2.b", 2, {"x": 2}))
+    rows = asyncio.run(lane.STORE.read_many(None, ["r1.a", "missing", 3]))
     assert rows == [PresenceEntry("r1.a", {"x": 1}, 1)]
-    assert _Other.STORE.fold.entries == {}
+    assert other.STORE.fold.entries == {} and second.STORE.fold.entries == {}
 
 
 # -- the lane-notice gate -----------------------------------------------------------------------
