@@ -25,6 +25,7 @@ from service_engine.render.windows import WindowSpec
 from .harness import wait_until
 from .sample_cards import (
     Card,
+    CardStore,
     CardsView,
     OrgApplier,
     OrgCardsRls,
@@ -249,6 +250,51 @@ async def test_a_write_in_the_pass_that_replays_the_barrier_reaches_the_session(
         await f.runtime.render_pass(await f.commits(1))
         replica.apply_all(drained(stream))
         assert replica.views == {'"k1"': ("acme", 1, "uno")}
+
+
+async def test_a_session_that_goes_live_while_a_pass_loads_gets_none_of_its_older_rows(
+    db: Database,
+) -> None:
+    """A session whose snapshot completes while a pass loads is covered by
+    that snapshot (and its replay): the pass, whose rows may predate the
+    snapshot, sends it nothing, so its window never steps back to an older
+    view after its Reset."""
+    await seed(db, Card("k1", "globex", 1, "one"))
+    f_holder: list[Frames] = []
+    attached: list[SessionStream[Any]] = []
+
+    class RacingStore(CardStore):
+        async def read_many(self, conn: Any, keys: Sequence[Any]) -> list[Card]:
+            rows = await super().read_many(conn, keys)
+            if Late.race and not attached:
+                # The pass has read k1; k1 changes again and a session
+                # attaches (its snapshot sees the newer row) before the pass
+                # renders.
+                Late.race = False
+                async with db.pool.acquire() as other:
+                    await write_card(other, Card("k1", "globex", 1, "moved"))
+                attached.append(await f_holder[0].runtime.attach(ALICE, "late", window()))
+            return rows
+
+    class Late(CardsView):
+        NAME = "late"
+        STORE: ClassVar[Any] = RacingStore()
+        race = False
+
+    async with frames(db, Late()) as f:
+        f_holder.append(f)
+        bob = await f.runtime.attach(BOB, "late", window())
+        await take(bob, 1)
+        async with db.pool.acquire() as conn:
+            await write_card(conn, Card("k1", "acme", 1, "uno"))
+        Late.race = True
+        await f.runtime.render_pass(await f.commits(1))
+        (stream,) = attached
+        (reset,) = await take(stream, 1)
+        assert reset.views == {}
+        await assert_quiet(stream, within=0.1)
+        await f.runtime.render_pass(await f.commits(1))
+        assert drained(stream) == []
 
 
 async def test_s132_a_lost_listener_resets_every_live_session(db: Database) -> None:

@@ -78,6 +78,9 @@ class AttachedSession:
     """The principal's cohorts when the projector gates by its declared
     Visibility alone (the render pass then indexes rows by cohort)."""
     resync: bool = False
+    live_since: int = 0
+    """`RenderRegistry._planned` when its last snapshot completed: a pass
+    planned no later than that may have read rows older than the snapshot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,8 @@ class RenderRegistry:
         self._sessions: dict[SessionId, AttachedSession] = {}
         # What snapshots held while they read, replayed by the next pass.
         self._replays: list[tuple[AttachedSession, Dirty]] = []
+        self._planned = 0
+        """How many render passes have planned so far."""
         self._wake = asyncio.Event()
         self._refresh: PrincipalRefresh | None = None
         # The cohort index of projectors gated by their declared Visibility
@@ -391,6 +396,7 @@ class RenderRegistry:
         else:
             reset = session.resnapshot(populated, rendered)
         rec.resync = False
+        rec.live_since = self._planned
         self._emit(rec, reset)
         tally.deltas += 1
         tally.resets += 1

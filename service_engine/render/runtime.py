@@ -60,6 +60,8 @@ class _Batch:
     dirties: Mapping[Session[Any, Any], Dirty]
     discover: Dirty | None
     threshold: int
+    pass_number: int
+    """The pass's number (`RenderRegistry._planned`)."""
 
 
 @dataclass(slots=True)
@@ -137,6 +139,7 @@ class RenderRuntime(RenderRegistry):
         await self._recover(frame, tally)
         plan = plan_frame(frame, replays, self._interest, self._indexes)
         self._hold(plan)
+        self._planned += 1
         for batch in self._batches(plan, tally):
             with self._failing_together(batch, tally):
                 loaded = await self._load_batch(batch, tally)
@@ -214,7 +217,9 @@ class RenderRuntime(RenderRegistry):
             threshold = reset_threshold_for(proj, self._config.reset_threshold)
             for members in [[recs[s] for s in batch] for batch in batches(proj.RLS, groups)]:
                 if members or work.discover is not None:
-                    yield _Batch(proj, members, work.dirties, work.discover, threshold)
+                    yield _Batch(
+                        proj, members, work.dirties, work.discover, threshold, self._planned
+                    )
 
     def _fail_impure_cohorts(
         self, proj: Projector[Any, Any, Any, Any],
@@ -316,9 +321,11 @@ class RenderRuntime(RenderRegistry):
     ) -> None:
         """Project, gate and diff one session; its own fault fails it alone."""
         session = rec.session
-        if not session.live:
-            return  # a snapshot began meanwhile: it covers this pass
         batch = loaded.batch
+        if not session.live or rec.live_since >= batch.pass_number:
+            # A snapshot began or completed while this pass loaded: it (and
+            # its replay) covers the pass, whose rows may be older than it.
+            return
         change = batch.discover if plan is None else batch.dirties[session]
         assert change is not None
         try:
