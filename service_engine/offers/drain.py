@@ -44,7 +44,6 @@ from ..leader import LeaderLease, LeaseLost
 from ..messaging.nats import KvBucket, KvConflict, KvEntry, Nats, NatsUnavailable
 from ..persistence.base import store_of
 from .model import Offer
-from .relay import raise_watermark
 from .staging import OFFER_CHANNEL
 
 __all__ = ["DrainHook", "DrainReport", "OfferDrain", "OfferDrainBounds"]
@@ -93,7 +92,18 @@ SELECT kv_key, agg_key::text AS agg_key, gen FROM service_engine.offer_dirty
 """
 
 _DONE = """
-DELETE FROM service_engine.offer_dirty WHERE offer = $1 AND kv_key = $2 AND gen = $3
+DELETE FROM service_engine.offer_dirty AS d
+ USING unnest($2::text[], $3::bigint[]) AS m(k, g)
+ WHERE d.offer = $1 AND d.kv_key = m.k AND d.gen = m.g
+"""
+
+# The per-key watermark only ever rises (`relay.raise_watermark`, batched).
+_WATERMARKS = """
+INSERT INTO service_engine.kv_relay_watermark AS w (relay, key, version, retracted)
+SELECT $1, k, v, r FROM unnest($2::text[], $3::bigint[], $4::boolean[]) AS m(k, v, r)
+ON CONFLICT (relay, key) DO UPDATE
+   SET version = EXCLUDED.version, retracted = EXCLUDED.retracted, updated_at = clock_timestamp()
+ WHERE w.version < EXCLUDED.version
 """
 
 _RESTAGE = """
@@ -269,10 +279,13 @@ class OfferDrain:
         store = store_of(offer.ROW)
 
         async def resolve(conn: Any) -> None:
-            for claimed in batch:
-                if claimed.agg_key is None:
-                    continue
-                row = await store.load(conn, claimed.agg_key)
+            wanted = [c for c in batch if c.agg_key is not None]
+            if not wanted:
+                return
+            rows = await store.read_many(conn, [c.agg_key for c in wanted])
+            by_key = {offer.agg_key_json(store.key_of(row)): row for row in rows}
+            for claimed in wanted:
+                row = by_key.get(offer.agg_key_json(claimed.agg_key))
                 published = None if row is None else offer.publish(row)
                 claimed.image = None if published is None else published.encode()
 
@@ -306,15 +319,17 @@ class OfferDrain:
 
         # 5. watermark and marker, fenced
         async def settle(conn: Any) -> None:
-            for claimed, revision in zip(batch, written, strict=True):
-                if revision is None:
-                    continue
-                if revision:
-                    await raise_watermark(
-                        conn, offer.relay_name, claimed.kv_key, revision,
-                        retracted=claimed.image is None,
-                    )
-                await conn.execute(_DONE, offer.NAME, claimed.kv_key, claimed.gen)
+            done = [(c, r) for c, r in zip(batch, written, strict=True) if r is not None]
+            marks = [(c, r) for c, r in done if r]
+            if marks:
+                await conn.execute(
+                    _WATERMARKS, offer.relay_name, [c.kv_key for c, _ in marks],
+                    [r for _, r in marks], [c.image is None for c, _ in marks],
+                )
+            if done:
+                await conn.execute(
+                    _DONE, offer.NAME, [c.kv_key for c, _ in done], [c.gen for c, _ in done]
+                )
 
         await self._fenced(state, settle)
         settled = sum(1 for r in written if r is not None)
