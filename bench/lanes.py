@@ -18,6 +18,21 @@ presence bucket the way an operator does, then measures:
   the bucket's subject, timed to one ordered-consumer watcher on the
   bucket's stream: the broker's ceiling for this path, no engine.
 
+**Accumulated lane (lane A)**, chunks folded durable per second
+(`chunk_section`), ``--chunks`` chunks of ``--chunk-bytes`` over
+``--chunk-keys`` keys, side by side in one run:
+
+* **push_chunk**: `Engine.push_chunk` with ``--in-flight`` calls at once;
+  each returns its Durable receipt once its flush committed;
+* **NATS ingress**: the chunks published as lane frames on
+  ``stream.{service}.{key}`` by a separate connection, folded by the pod's
+  ephemeral consumer into Postgres: first publish to the last chunk durable;
+* **raw JetStream**: the same payloads published to a plain stream and
+  consumed (pull, explicit ack) by another connection: the broker's ceiling;
+* **raw Postgres**: the same rows inserted into ``accumulator_chunk``, one
+  transaction per row with ``--in-flight`` at once, and one multi-row insert
+  per ``--in-flight`` rows: the database's ceiling, no engine.
+
 Each section is its own function (`presence_section`, ...), so a lane's
 figures can be added without touching another's.
 """
@@ -234,13 +249,191 @@ async def presence_section(db: Database, server: EmbeddedNats, args: argparse.Na
         await conn.aclose()
 
 
+# -- the accumulated lane (lane A) ---------------------------------------------------------------
+
+CHUNK_STREAM = f"STREAMING_{SERVICE}"
+RAW_STREAM = "BENCH_RAW_CHUNKS"
+
+
+def _chunk_plan(args: argparse.Namespace, prefix: str) -> list[tuple[str, int, bytes]]:
+    keys = max(1, args.chunk_keys)
+    payload = b"x" * args.chunk_bytes
+    per_key = -(-args.chunks // keys)
+    return [(f"{prefix}{k}", seq, payload) for k in range(keys) for seq in range(per_key)][
+        : args.chunks
+    ]
+
+
+def _rate(label: str, count: int, seconds: float) -> str:
+    return f"  {label:<34} {count / seconds:10.0f} chunks/s   ({count} in {seconds:6.2f} s)"
+
+
+async def _durable_count(db: Database, prefix: str) -> int:
+    value = await db.pool.fetchval(
+        "SELECT count(*) FROM service_engine.accumulator_chunk WHERE key LIKE $1", prefix + "%"
+    )
+    return int(value)
+
+
+async def _bench_push_chunk(engine: Engine, plan: list[tuple[str, int, bytes]],
+                            in_flight: int) -> float:
+    from service_engine import Accumulator
+
+    accumulator: Accumulator[Any] = engine.lanes.resolve(None)
+    gate = asyncio.Semaphore(in_flight)
+
+    async def one(key: str, seq: int, chunk: bytes) -> None:
+        async with gate:
+            await engine.push_chunk(accumulator, key, seq, chunk)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(*item) for item in plan))
+    return time.perf_counter() - started
+
+
+async def _bench_ingress(db: Database, server: EmbeddedNats,
+                         plan: list[tuple[str, int, bytes]], prefix: str) -> float:
+    from service_engine import ChunkFrame, ChunkSeq, encode_frame
+
+    client = await nats.connect(server.url)
+    try:
+        js = client.jetstream()
+        started = time.perf_counter()
+        pending = []
+        for key, seq, chunk in plan:
+            subject, headers, payload = encode_frame(SERVICE, ChunkFrame(key, ChunkSeq(seq), chunk))
+            pending.append(js.publish(subject, payload, headers=headers))
+            if len(pending) >= 256:
+                await asyncio.gather(*pending)
+                pending = []
+        await asyncio.gather(*pending)
+        while await _durable_count(db, prefix) < len(plan):  # noqa: ASYNC110 (an outside observer polls the table)
+            await asyncio.sleep(0.005)
+        return time.perf_counter() - started
+    finally:
+        await client.close()
+
+
+async def _bench_raw_jetstream(server: EmbeddedNats, plan: list[tuple[str, int, bytes]]) -> float:
+    from nats.js.api import AckPolicy, StreamConfig
+
+    producer = await nats.connect(server.url)
+    consumer = await nats.connect(server.url)
+    try:
+        js = producer.jetstream()
+        await js.add_stream(StreamConfig(name=RAW_STREAM, subjects=["rawchunk.>"]))
+        sub = await consumer.jetstream().pull_subscribe(
+            "rawchunk.>", stream=RAW_STREAM,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL),
+        )
+        acked = 0
+
+        async def consume() -> None:
+            nonlocal acked
+            while acked < len(plan):
+                try:
+                    msgs = await sub.fetch(256, timeout=1)
+                except TimeoutError:
+                    continue
+                await asyncio.gather(*(m.ack() for m in msgs))
+                acked += len(msgs)
+
+        started = time.perf_counter()
+        reader = asyncio.create_task(consume())
+        pending = []
+        for key, seq, chunk in plan:
+            pending.append(js.publish(f"rawchunk.{key}", chunk, headers={"Br-Chunk-Seq": str(seq)}))
+            if len(pending) >= 256:
+                await asyncio.gather(*pending)
+                pending = []
+        await asyncio.gather(*pending)
+        await reader
+        return time.perf_counter() - started
+    finally:
+        await producer.close()
+        await consumer.close()
+
+
+async def _bench_raw_insert(db: Database, plan: list[tuple[str, int, bytes]], in_flight: int,
+                            batched: bool) -> float:
+    sql = ("INSERT INTO service_engine.accumulator_chunk (accumulator, key, seq, chunk) "
+           "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[])")
+    started = time.perf_counter()
+    if batched:
+        for i in range(0, len(plan), in_flight):
+            part = plan[i:i + in_flight]
+            await db.pool.execute(sql, ["raw"] * len(part), [k for k, _, _ in part],
+                                  [s for _, s, _ in part], [c for _, _, c in part])
+    else:
+        gate = asyncio.Semaphore(min(in_flight, 9))  # the pool's size bounds it anyway
+
+        async def one(key: str, seq: int, chunk: bytes) -> None:
+            async with gate:
+                await db.pool.execute(sql, ["raw1"], [key], [seq], [chunk])
+
+        await asyncio.gather(*(one(*item) for item in plan))
+    return time.perf_counter() - started
+
+
+async def chunk_section(db: Database, server: EmbeddedNats, args: argparse.Namespace) -> None:
+    """Lane A chunks folded durable per second: the engine's two paths beside
+    raw JetStream and raw Postgres, on the same rows."""
+    from service_engine import Accumulator
+    from service_engine.embedded import provision_lane_stream
+
+    await provision_lane_stream(server.url, SERVICE)
+    print(f"lane A chunks durable ({args.chunks} chunks of {args.chunk_bytes} B over "
+          f"{args.chunk_keys} keys, {args.in_flight} in flight)")
+    conn = await open_nats(server.url)
+    try:
+        config = EngineConfig(
+            service=SERVICE, beat_interval=timedelta(milliseconds=200),
+            lease=timedelta(seconds=2),
+        )
+        engine = await Engine.boot(config, db, conn, ReadinessHandle())
+        engine.register_accumulator(
+            Accumulator("bench", initial=bytes, fold=lambda state, chunk: state + chunk)
+        )
+        task = asyncio.create_task(engine.run())
+        try:
+            while not engine.readiness.is_up:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.01)
+            plan = _chunk_plan(args, "push-")
+            seconds = await _bench_push_chunk(engine, plan, args.in_flight)
+            print(_rate("engine push_chunk", len(plan), seconds))
+            plan = _chunk_plan(args, "ingress-")
+            seconds = await _bench_ingress(db, server, plan, "ingress-")
+            print(_rate("engine NATS ingress", len(plan), seconds))
+            flusher = engine.lanes.flusher
+            print(f"  {'':<34} (flush passes {flusher.passes}, "
+                  f"{(2 * len(plan)) / max(1, flusher.passes):.0f} chunks per transaction)")
+        finally:
+            engine.shutdown()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 10)
+    finally:
+        await conn.aclose()
+    plan = _chunk_plan(args, "raw-")
+    print(_rate("raw JetStream publish+consume", len(plan),
+                await _bench_raw_jetstream(server, plan)))
+    print(_rate("raw Postgres insert, 1 row/txn", len(plan),
+                await _bench_raw_insert(db, plan, args.in_flight, batched=False)))
+    await db.pool.execute("DELETE FROM service_engine.accumulator_chunk WHERE accumulator = 'raw'")
+    print(_rate(f"raw Postgres insert, {args.in_flight} rows/txn", len(plan),
+                await _bench_raw_insert(db, plan, args.in_flight, batched=True)))
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-lanes-") as tmp:
         async with infrastructure(Path(tmp)) as (db, server):
-            await presence_section(db, server, args)
+            if not args.skip_presence:
+                await presence_section(db, server, args)
+            await chunk_section(db, server, args)
 
 
 def parse() -> argparse.Namespace:
@@ -248,6 +441,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--puts", type=int, default=200)
     parser.add_argument("--sessions", default="1,1000")
     parser.add_argument("--interval-ms", type=float, default=10.0)
+    parser.add_argument("--chunks", type=int, default=5000)
+    parser.add_argument("--chunk-bytes", type=int, default=64)
+    parser.add_argument("--chunk-keys", type=int, default=50)
+    parser.add_argument("--in-flight", type=int, default=256)
+    parser.add_argument("--skip-presence", action="store_true",
+                        help="run only the lane A section")
     return parser.parse_args()
 
 
