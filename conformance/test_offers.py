@@ -15,11 +15,18 @@ from typing import Any, ClassVar
 import nats
 import pytest
 
-from service_engine import Database, Engine, ReadinessHandle, WorkerStopped
+from service_engine import (
+    ConfigError,
+    Database,
+    DuplicateRegistration,
+    Engine,
+    ReadinessHandle,
+    WorkerStopped,
+)
 from service_engine.db.types import Conn
 from service_engine.embedded import EmbeddedNats, provision_buckets
 from service_engine.leader import LeaseLost
-from service_engine.messaging.nats import KvBucket, Nats
+from service_engine.messaging.nats import BucketMissing, KvBucket, Nats
 from service_engine.offers.drain import OfferDrain, OfferDrainBounds
 from service_engine.offers.model import Offer, Published
 from service_engine.offers.relay import KvDrainRelay, KvPut, KvRetract
@@ -252,7 +259,8 @@ async def test_a_write_between_revision_read_and_image_loses_nothing(
         a.hook = pause
         step = asyncio.create_task(a.step())
         await asyncio.wait_for(pause.reached.wait(), 5)
-        await executor.execute(WRITER, increment, OfferedCounter, "k", 7)
+        # the frozen drain holds no lock a write waits on
+        await asyncio.wait_for(executor.execute(WRITER, increment, OfferedCounter, "k", 7), 2)
         pause.release()
         await asyncio.wait_for(step, 5)
         await a.step()
@@ -359,3 +367,24 @@ async def test_s171_a_rebuilt_bucket_refuses_unchanged_versions_until_reset(
         assert {k: e.value for k, e in (await rebuilt.read_prefix("p"))[0].items()} == {
             "p.2": b"bob", "p.3": b"cy",
         }
+
+
+async def test_register_offer_refuses_no_broker_a_duplicate_and_an_absent_bucket(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """register_offer refuses an engine without NATS and a second offer of
+    one name; a run whose offer bucket is not declared fails loud naming it
+    and holds readiness DOWN (the engine never creates a bucket)."""
+    config = fast_engine_config("sample", lock_timeout=timedelta(seconds=1))
+    bare = await Engine.boot(config, db, None, ReadinessHandle())
+    with pytest.raises(ConfigError, match="needs NATS"):
+        bare.register_offer(CounterOffer())
+    async with engine_nats(nats_server) as conn:
+        readiness = ReadinessHandle()
+        engine = await Engine.boot(config, db, conn, readiness)
+        engine.register_offer(CounterOffer())
+        with pytest.raises(DuplicateRegistration):
+            engine.register_offer(CounterOffer())
+        with pytest.raises(BucketMissing, match=BUCKET):
+            await asyncio.wait_for(engine.run(), 10)
+        assert readiness.holds("offer_boot")

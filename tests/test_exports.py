@@ -35,6 +35,8 @@ EXPECTED = {
     "ChunkSeq", "ChunkSeqOutOfRange", "Durable", "Folded", "InvalidChunkKey", "KeySealed",
     "LaneStreamMissing", "SealChunkBeyondLastSeq", "SealError", "SealHashMismatch",
     "SealRetentionTooShort", "SealTruncated", "encode_frame", "seal_hash",
+    "Offer", "Published", "KvDrainRelay", "KvPut", "KvRetract",
+    "Mirror", "Merged", "Shadow", "Known", "KnownScope", "Projection",
 }
 
 
