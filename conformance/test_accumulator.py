@@ -277,3 +277,31 @@ async def test_the_ingress_survives_a_frame_that_is_no_lane_frame(
 
 async def _has_rows(db: Database, key: str) -> bool:
     return bool(await chunk_rows(db, key))
+
+
+async def test_the_ingress_is_supervised_and_readiness_follows_it(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """The lane's consumer is restarted with a bounded backoff: with its
+    stream gone it fails past the threshold and readiness goes DOWN
+    (lane_ingress_stopped, dependency_up{streaming} 0); once the stream is
+    declared again it consumes, readiness comes back UP and frames fold."""
+    from service_engine.lanes.ingress import REASON_LANE_INGRESS
+
+    await provision(nats_server)
+    acc = text_accumulator()
+    async with lane_pod(db, nats_server, [acc]) as pod, producer(nats_server) as source:
+        await source.js.delete_stream("STREAMING_lanes")
+        await wait_until(
+            lambda: pod.readiness.holds(REASON_LANE_INGRESS), timeout=15,
+            what="readiness DOWN on the lost lane consumer",
+        )
+        assert pod.engine.metrics.sample(
+            "service_engine_dependency_up", dependency=DEPENDENCY
+        ) == 0
+        supervisor = pod.engine.lane_ingress
+        assert supervisor is not None and supervisor.restarts >= 3
+        await provision(nats_server)
+        await wait_until(lambda: pod.readiness.is_up, timeout=15, what="readiness UP again")
+        await source.send("after", 0, "back")
+        await wait_until(lambda: _has_rows(db, "after"), what="a frame folded after recovery")

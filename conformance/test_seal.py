@@ -259,3 +259,38 @@ async def test_the_flush_defers_a_key_a_slow_seal_holds(
             await db.pool.release(holder)
         assert int((await asyncio.wait_for(parked, 5)).seq) == 0
         assert await chunk_rows(db, "A") == [(0, b"a")]
+
+
+async def test_the_beat_purges_a_sealed_subject_its_pod_never_purged(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A seal committed by a pod that died before its purge leaves the
+    marker unpurged; the beat of a live pod purges the key's subject and
+    marks it, while the marker itself stays (it outlives the stream)."""
+    from .accumulator_support import producer
+
+    await provision(nats_server)
+    acc = text_accumulator()
+    async with lane_pod(db, nats_server, [acc]) as pod, producer(nats_server) as source:
+        await source.send("dead", 0, "a")
+        await wait_until(lambda: _rows(db, "dead"), what="the frame folded")
+        # The dead pod's seal: committed, never purged (no engine attached).
+        orphan = text_accumulator()
+        dead_pod = LanePod(pod.engine, pod.readiness, None)
+        assert await dead_pod.seal(orphan, "dead", 0, hash_of("a")) == "a"
+        assert (await seal_row(db, "dead"))["stream_purged"] is False
+        assert await source.subject_count("dead") == 1
+        await wait_until(
+            lambda: _purged(db, "dead"), timeout=15, what="the beat's backstop purge"
+        )
+        assert await source.subject_count("dead") == 0
+        assert (await seal_row(db, "dead"))["high_water"] == 1
+
+
+async def _rows(db: Database, key: str) -> bool:
+    return bool(await chunk_rows(db, key))
+
+
+async def _purged(db: Database, key: str) -> bool:
+    row = await seal_row(db, key)
+    return bool(row is not None and row["stream_purged"])

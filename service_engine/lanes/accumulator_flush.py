@@ -28,6 +28,7 @@ from datetime import timedelta
 from ..db.errors import Stage, translating
 from ..db.pool import Database
 from ..db.types import Conn
+from ..errors import ShuttingDown
 from .accumulator import Durable, lane_lock_key
 from .accumulator_errors import ChunkConflict, KeySealed
 from .chunks import ChunkSeq
@@ -163,7 +164,8 @@ class ChunkFlusher:
 
     async def submit(self, accumulator: str, key: str, seq: ChunkSeq, chunk: bytes) -> Durable:
         """Queue one chunk and wait for its commit; raises `ChunkConflict`,
-        `KeySealed` or the `DatabaseError` of a failed flush."""
+        `KeySealed`, the `DatabaseError` of a failed flush, or `ShuttingDown`
+        when the worker stopped before the chunk was written."""
         pending = PendingChunk(accumulator, key, seq, chunk)
         self._pending.append(pending)
         self._wake.set()
@@ -191,9 +193,7 @@ class ChunkFlusher:
             self._running = False
             for pending in self._pending:
                 if not pending.done.done():
-                    pending.done.set_exception(
-                        asyncio.CancelledError("the flush worker stopped")
-                    )
+                    pending.done.set_exception(ShuttingDown("the flush worker stopped"))
 
     async def flush_pass(self) -> None:
         """One transaction over the chunks due now."""

@@ -31,7 +31,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from ..config import EngineConfig
 from ..db.errors import DatabaseError
-from ..errors import ConfigError
+from ..errors import ConfigError, ShuttingDown
 from ..messaging.nats import Nats, StreamMissing
 from ..metrics import Metrics
 from ..readiness import ReadinessHandle
@@ -142,11 +142,12 @@ class LaneIngress:
         except ChunkConflict as exc:
             _log.warning("lane frame refused: %s", exc)
             self.dropped += 1
-        except (DatabaseError, asyncio.CancelledError) as exc:
-            await _settle(msg.nak(delay=_NAK_DELAY))
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+        except (DatabaseError, ShuttingDown):
+            await _settle(msg.nak(delay=_NAK_DELAY))  # not durable: redeliver
             return
+        except asyncio.CancelledError:
+            await _settle(msg.nak())  # pulled, not finished: to a live pod
+            raise
         self.frames += 1
         await _settle(msg.ack())
 
