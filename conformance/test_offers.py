@@ -388,3 +388,34 @@ async def test_register_offer_refuses_no_broker_a_duplicate_and_an_absent_bucket
         with pytest.raises(BucketMissing, match=BUCKET):
             await asyncio.wait_for(engine.run(), 10)
         assert readiness.holds("offer_boot")
+
+
+async def test_dirty_offer_republishes_a_row_changed_outside_the_aggregate_api(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A row rewritten by hand-written SQL (an erasure's anonymising UPDATE)
+    and dirtied with cx.dirty_offer is re-published from the store; a row
+    deleted the same way and dirtied is retracted."""
+    async with bucket_of(nats_server) as (conn, bucket), running(db, conn):
+        executor = executor_for(db)
+        for key in ("a", "b"):
+            await executor.execute(WRITER, create_counter, OfferedCounter, key)
+
+        async def both() -> bool:
+            return await bucket_values(bucket) == {"a": 0, "b": 0}
+
+        await wait_until(both, what="both counters offered")
+
+        async def by_hand(cx: Any) -> None:
+            await cx._ensure_begun()  # the raw statements run inside the pipeline's transaction
+            await cx._conn.execute("UPDATE sample_counter_crud SET value = 42 WHERE id = 'a'")
+            await cx._conn.execute("DELETE FROM sample_counter_crud WHERE id = 'b'")
+            cx.dirty_offer(OfferedCounter, "a")
+            cx.dirty_offer(OfferedCounter, "b")
+
+        await executor.execute(WRITER, by_hand)
+
+        async def followed() -> bool:
+            return await bucket_values(bucket) == {"a": 42}
+
+        await wait_until(followed, what="the hand-written change offered and retracted")
