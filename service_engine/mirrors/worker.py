@@ -197,7 +197,8 @@ class MirrorRuntime:
                     item = queue.get_nowait()
             now = time.monotonic()
             full = False
-            if now >= next_lease:
+            ticked = now >= next_lease
+            if ticked:
                 next_lease = now + interval
                 lease = await self.lease.acquire()
                 leader = lease is not None
@@ -213,6 +214,8 @@ class MirrorRuntime:
                 full = True
             if leader and not self._empty and (full or self._dirty):
                 await self._project(full)
+            elif not leader and self._dirty and ticked:
+                await self._forget_projected()
             await self._check_converged(leader)
 
     # -- the shadows ---------------------------------------------------------
@@ -337,21 +340,30 @@ class MirrorRuntime:
         self._dirty -= keys
         self.projected.set()
 
-    async def _check_converged(self, leader: bool) -> None:
-        if self.converged:
-            return
-        if self._empty:
-            return
+    async def _watermarks(self) -> dict[str, int]:
         with translating(Stage.RELAY):
             rows = await self.db.pool.fetch(
                 "SELECT bucket, revision FROM service_engine.mirror_watermark WHERE mirror = $1",
                 self.name,
             )
-        marks = {r["bucket"]: int(r["revision"]) for r in rows}
+        return {r["bucket"]: int(r["revision"]) for r in rows}
+
+    async def _forget_projected(self) -> None:
+        """A standby drops the keys it saw change once the leader's
+        watermark shows it projected them; until then a takeover re-projects
+        them along with the whole shadow."""
+        marks = await self._watermarks()
+        if all(marks.get(b, 0) >= r for b, r in self._applied.items()):
+            self._dirty.clear()
+
+    async def _check_converged(self, leader: bool) -> None:
+        if self.converged:
+            return
+        if self._empty:
+            return
+        marks = await self._watermarks()
         if all(marks.get(b, 0) >= r for b, r in self._boot.items()):
             self.converged = True
-            if not leader:
-                self._dirty.clear()  # the leader projected what this pod saw at boot
             self.readiness.clear(reason_of(self.name))
 
 
