@@ -419,3 +419,22 @@ async def test_dirty_offer_republishes_a_row_changed_outside_the_aggregate_api(
             return await bucket_values(bucket) == {"a": 42}
 
         await wait_until(followed, what="the hand-written change offered and retracted")
+
+
+async def test_the_periodic_reconcile_repairs_a_drifted_bucket_under_a_stable_leader(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """Every offer_reconcile period the stable leader reconciles again: a
+    value overwritten in the bucket behind its back is put back from the store."""
+    async with bucket_of(nats_server) as (conn, bucket), running(
+        db, conn, offer_reconcile=timedelta(milliseconds=300)
+    ):
+        executor = executor_for(db)
+        await executor.execute(WRITER, create_counter, OfferedCounter, "a")
+
+        async def offered() -> bool:
+            return await bucket_values(bucket) == {"a": 0}
+
+        await wait_until(offered, what="the counter offered")
+        await bucket.put("sample.counter.a", b'{"frozen":true,"id":"a","value":7}')
+        await wait_until(offered, what="the drifted value repaired")
