@@ -294,3 +294,31 @@ async def _rows(db: Database, key: str) -> bool:
 async def _purged(db: Database, key: str) -> bool:
     row = await seal_row(db, key)
     return bool(row is not None and row["stream_purged"])
+
+
+async def test_markers_and_stale_chunks_go_after_seal_retention(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A purged marker is kept for seal_retention (which covers the stream's
+    max_age, so it outlives every frame the stream could redeliver) and
+    then swept with any unsealed chunk as old; younger rows stay."""
+    from datetime import timedelta
+
+    from .accumulator_support import lane_config
+
+    await provision(nats_server, max_age=timedelta(seconds=1))
+    acc = text_accumulator()
+    config = lane_config(seal_retention=timedelta(seconds=1))
+    async with lane_pod(db, nats_server, [acc], config=config) as pod:
+        await _push(pod, "old", "a")
+        await pod.seal(acc, "old", 0, hash_of("a"))
+        await _push(pod, "stale", "s")
+        await wait_until(
+            lambda: _gone(db, "old", "stale"), timeout=15, what="the retention sweep"
+        )
+        await _push(pod, "young", "y")
+        assert await chunk_rows(db, "young") == [(0, b"y")]
+
+
+async def _gone(db: Database, sealed: str, unsealed: str) -> bool:
+    return await seal_row(db, sealed) is None and not await chunk_rows(db, unsealed)

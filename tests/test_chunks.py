@@ -41,7 +41,7 @@ def test_chunk_seq_is_bounded_to_the_bigint_range() -> None:
         with pytest.raises(ChunkSeqOutOfRange):
             ChunkSeq(bad)
     assert ChunkSeq.parse(" 42 ") == 42
-    for text in ("-1", "1e3", "", "9223372036854775808"):
+    for text in ("-1", "1e3", "", "9223372036854775808", "\u0663"):
         with pytest.raises(ChunkSeqOutOfRange):
             ChunkSeq.parse(text)
 

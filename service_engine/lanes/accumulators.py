@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,6 +28,8 @@ __all__ = ["Accumulators"]
 
 _log = logging.getLogger(__name__)
 
+RETENTION_SWEEP_EVERY = 60.0
+"""Seconds between two retention sweeps (a beat runs far more often)."""
 PURGE_BACKSTOP_AFTER = 2.0
 """Seconds a marker may wait for its sealing pod's purge before the beat does it."""
 _PURGE_BATCH = 100
@@ -46,6 +49,7 @@ class Accumulators:
         self.cache: FoldCache[Any] = FoldCache(config.fold_cache_capacity)
         self.flusher = ChunkFlusher(db, config.lock_timeout, on_outcomes=self._count)
         self.purged = 0
+        self._swept_at: float | None = None
 
     @property
     def stream(self) -> str:
@@ -157,6 +161,9 @@ class Accumulators:
         """The backstop: purge the subjects of sealed keys a pod died before
         purging; sweep markers and stale chunks older than ``seal_retention``."""
         retention = self.config.seal_retention
+        now = time.monotonic()
+        every = min(RETENTION_SWEEP_EVERY, retention.total_seconds() / 2)
+        sweep = self._swept_at is None or now - self._swept_at >= every
         async with self.db.pool.acquire() as conn:
             with translating(Stage.RELAY):
                 rows = await conn.fetch(
@@ -165,19 +172,25 @@ class Accumulators:
                     "ORDER BY sealed_at LIMIT $2",
                     PURGE_BACKSTOP_AFTER, _PURGE_BATCH,
                 )
-                await conn.execute(
-                    "DELETE FROM service_engine.accumulator_seal "
-                    "WHERE stream_purged AND sealed_at < now() - make_interval(secs => $1)",
-                    retention.total_seconds(),
-                )
-                await conn.execute(
-                    "DELETE FROM service_engine.accumulator_chunk "
-                    "WHERE committed_at < now() - make_interval(secs => $1)",
-                    retention.total_seconds(),
-                )
+            if sweep:
+                await self._sweep(conn, retention.total_seconds())
+                self._swept_at = now
         if self.nats is not None and self.nats.reachable():
             for row in rows:
                 await self.purge(row["accumulator"], row["key"])
+
+    async def _sweep(self, conn: Any, retention_seconds: float) -> None:
+        with translating(Stage.RELAY):
+            await conn.execute(
+                "DELETE FROM service_engine.accumulator_seal "
+                "WHERE stream_purged AND sealed_at < now() - make_interval(secs => $1)",
+                retention_seconds,
+            )
+            await conn.execute(
+                "DELETE FROM service_engine.accumulator_chunk "
+                "WHERE committed_at < now() - make_interval(secs => $1)",
+                retention_seconds,
+            )
 
     def _count(self, outcomes: list[Outcome]) -> None:
         if self.metrics is None:

@@ -77,7 +77,7 @@ class ChunkSeq(int):
     def parse(cls, text: str) -> ChunkSeq:
         """A sequence from its decimal text (a frame header)."""
         stripped = text.strip()
-        if not stripped.isdigit():
+        if not (stripped.isascii() and stripped.isdigit()):
             raise ChunkSeqOutOfRange(f"chunk seq {text!r} is not a decimal integer")
         return cls(int(stripped))
 
