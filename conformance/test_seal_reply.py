@@ -134,6 +134,23 @@ async def test_a_finish_the_seal_cannot_honour_is_answered_at_once(
         assert folded.next_seq == len(chunks)
 
 
+async def test_a_late_joiner_reads_the_durable_progress(
+    store: ProvisionedDatabase, nats_server: EmbeddedNats
+) -> None:
+    """replyProgress answers the fold of the contiguous durable chunks of a
+    streaming reply (stopping at a gap), to the reply's org only."""
+    async with service(store, nats_server) as live:
+        await live.executor.execute(ALICE, start_reply, "r7")
+        await _push(live, "r7", {0: b"so ", 1: b"far", 3: b"!"})
+        query = 'query { replyProgress(id: "r7") { text chunks hash sealed } }'
+        data = await live.gql(query, passport=Passport(sub="alice", org="acme"))
+        assert data["replyProgress"] == {
+            "text": "so far", "chunks": 2, "hash": seal_hash([b"so ", b"far"]), "sealed": False,
+        }
+        other = await live.gql(query, passport=Passport(sub="mallory", org="globex"))
+        assert other["replyProgress"] is None
+
+
 async def test_a_truncated_finish_heals_when_the_missing_chunk_arrives(
     store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:

@@ -17,6 +17,7 @@ from service_engine.graphql import (
 
 from ...kernel import Info
 from .commands import cancel_reply, start_reply, typing
+from .domain import REPLY_TEXT, decode
 from .views import REPLIES, TYPING, RepliesQuery, ReplyView, TypingView
 
 REPLY_VIEWS = Views(REPLIES, ReplyView)
@@ -42,6 +43,15 @@ async def _reply_result(info: Info, outcome: object, reply_id: str) -> ReplyResu
     return ReplyResult(success=True, reply=await REPLY_VIEWS.one(info.context, reply_id))
 
 
+@strawberry.type(description="What of a streaming reply is durable so far: the fold of its "
+                             "contiguous chunks (a late joiner's catch-up).")
+class ReplyProgress:
+    text: str
+    chunks: int = strawberry.field(description="Chunks folded: the fold stops at a gap.")
+    hash: str = strawberry.field(description="SHA-256 of those chunks, hex.")
+    sealed: bool
+
+
 @strawberry.type
 class ReplyQuery:
     @strawberry.field(description="The caller's org's newest replies.")
@@ -51,6 +61,16 @@ class ReplyQuery:
     @strawberry.field(description="One reply, if the caller sees it.")
     async def reply(self, info: Info, id: strawberry.ID) -> ReplyView | None:
         return await REPLY_VIEWS.one(info.context, str(id))
+
+    @strawberry.field(description="A reply's durable progress, if the caller sees the reply.")
+    async def reply_progress(self, info: Info, id: strawberry.ID) -> ReplyProgress | None:
+        if await REPLY_VIEWS.one(info.context, str(id)) is None:
+            return None
+        folded = await info.context.engine.fold(REPLY_TEXT, str(id))
+        return ReplyProgress(
+            text=decode(folded.state), chunks=folded.next_seq, hash=folded.hash,
+            sealed=folded.sealed_at is not None,
+        )
 
 
 @strawberry.type
@@ -89,4 +109,6 @@ class ReplySubscription:
         return Live(TYPING, WindowSpec(Query(str(id))))
 
 
-TYPES = (ReplyView, TypingView, ReplyResult, *REPLIES_UNION.types, *TYPING_UNION.types)
+TYPES = (
+    ReplyView, TypingView, ReplyResult, ReplyProgress, *REPLIES_UNION.types, *TYPING_UNION.types,
+)
