@@ -40,7 +40,8 @@ async def test_push_chunk_answers_durable_only_once_committed(
     db: Database, nats_server: EmbeddedNats
 ) -> None:
     """A Durable receipt means the chunk is in Postgres; an identical
-    resubmit is idempotent (duplicate) and leaves one row."""
+    resubmit is idempotent (duplicate) and leaves one row; the pod's
+    ephemeral lane consumer is deleted when the pod stops."""
     await provision(nats_server)
     acc = text_accumulator()
     async with lane_pod(db, nats_server, [acc]) as pod:
@@ -50,6 +51,9 @@ async def test_push_chunk_answers_durable_only_once_committed(
         again = await pod.engine.push_chunk(acc, "r1", 0, b"hello")
         assert again.duplicate
         assert await chunk_rows(db, "r1") == [(0, b"hello")]
+    async with producer(nats_server) as source:  # the pod's ephemeral consumer went with it
+        info = await source.js.stream_info("STREAMING_lanes")
+        assert info.state.consumer_count == 0
 
 
 async def test_a_different_resubmit_is_a_chunk_conflict(

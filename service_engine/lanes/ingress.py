@@ -125,6 +125,12 @@ class LaneIngress:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+            # Best effort: the server deletes it past INACTIVE_THRESHOLD anyway.
+            with contextlib.suppress(Exception):
+                info = await asyncio.wait_for(sub.consumer_info(), 1)
+                await asyncio.wait_for(
+                    js.delete_consumer(stream_name(self.service), info.name), 1
+                )
 
     async def _fold(self, msg: Msg) -> None:
         try:
