@@ -14,7 +14,7 @@ from typing import Any
 
 import strawberry
 
-from service_engine import Database, LaneNotice, Reset, Upsert
+from service_engine import Database, LaneNotice, Query, Reset, Upsert, WindowSpec
 from service_engine.embedded import EmbeddedNats
 from service_engine.graphql import (
     Live,
@@ -25,13 +25,16 @@ from service_engine.graphql import (
     presence_subscription_union,
 )
 from service_engine.lanes import PresenceEntry
-from service_engine.lanes.notices import LaneNoticeStream
+from service_engine.lanes.notices import ACCUMULATED_LANE, LaneNoticeStream
 from service_engine.messaging.nats import Nats
 
 from .harness import assert_never, wait_until
 from .nats_support import engine_nats
+from .sample_cards import CardsView, Principal, RankQuery
 from .test_graphql_app import initialise, receive, send, serving, ws_connect
-from .test_presence_support import Typing, presence_engine, provision, room
+from .test_presence_support import Replica, Typing, presence_engine, provision, room
+
+ALICE = Principal("alice", frozenset({"acme"}))
 
 GRACE = timedelta(milliseconds=500)
 
@@ -100,6 +103,35 @@ async def test_an_outage_shorter_than_the_grace_pauses_nothing(
                 raise AssertionError(f"a notice for a short outage: {notice}")
         finally:
             await notices.aclose()
+
+
+async def test_a_view_that_watches_the_accumulated_lane_is_paused_and_reset_too(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A Postgres-backed projector declared to watch the accumulated lane
+    (Engine.watch_lane) gets that lane's notices, narrowed to it, and a Reset
+    on resume; the raw signal names every watched lane."""
+    await provision(nats_server)
+    async with engine_nats(nats_server) as conn, presence_engine(
+        db, conn, nats_grace=GRACE, also=[CardsView()]
+    ) as lanes:
+        engine = lanes.engine
+        engine.watch_lane(ACCUMULATED_LANE, "cards")
+        assert engine.lanes_of("cards") == frozenset({"accumulated"})
+        cards = Replica(await engine.attach(ALICE, "cards", WindowSpec(Query(RankQuery()))))
+        assert isinstance(await cards.next(), Reset)
+        narrowed = engine.lane_notices(engine.lanes_of("cards"))
+        everything = engine.lane_notices()
+        try:
+            await _outage(nats_server, conn)
+            assert await _notice(narrowed) == LaneNotice(True, ("accumulated",))
+            assert await _notice(everything) == LaneNotice(True, ("accumulated", "presence"))
+            await _back(nats_server, conn)
+            assert await _notice(narrowed) == LaneNotice(False, ("accumulated",))
+            assert isinstance(await cards.next(), Reset)
+        finally:
+            await narrowed.aclose()
+            await everything.aclose()
 
 
 # -- s170 over a real WebSocket ----------------------------------------------------------------

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Hashable, Iterable, Mapping
+from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from service_engine import Database, Engine, ReadinessHandle, WorkerStopped
+from service_engine import Database, Engine, Projector, ReadinessHandle, WorkerStopped
 from service_engine.embedded import EmbeddedNats, provision_presence_bucket
 from service_engine.lanes import PresenceEntry, PresenceHandle, PresenceProjector
 from service_engine.messaging.nats import Nats
@@ -132,14 +132,18 @@ class Lanes:
 @contextlib.asynccontextmanager
 async def presence_engine(
     db: Database, conn: Nats, *, typing_ttl: timedelta = timedelta(seconds=1),
-    viewing_ttl: timedelta = timedelta(seconds=3), typing: Typing | None = None, **config: Any,
+    viewing_ttl: timedelta = timedelta(seconds=3), typing: Typing | None = None,
+    also: Sequence[Projector[Any, Any, Any, Any]] = (), **config: Any,
 ) -> AsyncIterator[Lanes]:
-    """An engine with the two sample lanes registered, running, seeded."""
+    """An engine with the two sample lanes (and the projectors ``also``)
+    registered, running, seeded."""
     readiness = ReadinessHandle()
     settings = {"lock_timeout": timedelta(seconds=1), **config}
     engine = await Engine.boot(fast_engine_config(SERVICE, **settings), db, conn, readiness)
     typing_handle = engine.register_presence(typing or Typing(), typing_ttl)
     viewing = engine.register_presence(Viewing(), viewing_ttl)
+    for projector in also:
+        engine.register_projector(projector)
     task = asyncio.create_task(engine.run())
     try:
         await wait_until(lambda: readiness.is_up or task.done(), what="the engine UP")

@@ -392,6 +392,13 @@ class Engine:
         ``lanes`` (None: every lane). Close it when done."""
         return self.lane_hub.subscribe(lanes)
 
+    def watch_lane(self, lane: str, projector: str) -> None:
+        """Sessions of ``projector`` watch NATS lane ``lane`` (say
+        ``ACCUMULATED_LANE`` for a view of accumulator state): they get its
+        LanesPaused / LanesResumed notices and a Reset on resume. Presence
+        lanes watch ``presence`` on their own."""
+        self.lane_hub.watch(lane, self.render.projector(projector).NAME)
+
     def lanes_of(self, projector: str) -> frozenset[str]:
         """The NATS lanes sessions of ``projector`` watch (empty: none)."""
         return self.lane_hub.lanes_of(projector)

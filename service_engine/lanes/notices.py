@@ -29,6 +29,7 @@ from ..render.registry import RenderRegistry
 from ..resources import AsyncResource
 
 __all__ = [
+    "ACCUMULATED_LANE",
     "LaneGate",
     "LaneHealth",
     "LaneNotice",
@@ -38,6 +39,11 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+ACCUMULATED_LANE = "accumulated"
+"""The lane name of lane A: a projector rendering accumulator state watches it
+(``Engine.watch_lane(ACCUMULATED_LANE, projector)``); presence lanes watch
+``presence`` on their own."""
 
 NOTICE_BUFFER = 64
 """Notices a subscriber may fall behind by; older ones are dropped (the
