@@ -26,7 +26,10 @@ presence bucket the way an operator does, then measures:
   each returns its Durable receipt once its flush committed;
 * **NATS ingress**: the chunks published as lane frames on
   ``stream.{service}.{key}`` by a separate connection, folded by the pod's
-  ephemeral consumer into Postgres: first publish to the last chunk durable;
+  ephemeral consumer into Postgres: a backlog published before the pod
+  starts (the fold alone: start to the last chunk durable), and a live
+  publish (first publish to the last chunk durable, the publisher's acks
+  included);
 * **raw JetStream**: the same payloads published to a plain stream and
   consumed (pull, explicit ack) by another connection: the broker's ceiling;
 * **raw Postgres**: the same rows inserted into ``accumulator_chunk``, one
@@ -291,14 +294,12 @@ async def _bench_push_chunk(engine: Engine, plan: list[tuple[str, int, bytes]],
     return time.perf_counter() - started
 
 
-async def _bench_ingress(db: Database, server: EmbeddedNats,
-                         plan: list[tuple[str, int, bytes]], prefix: str) -> float:
+async def _publish_frames(server: EmbeddedNats, plan: list[tuple[str, int, bytes]]) -> None:
     from service_engine import ChunkFrame, ChunkSeq, encode_frame
 
     client = await nats.connect(server.url)
     try:
         js = client.jetstream()
-        started = time.perf_counter()
         pending = []
         for key, seq, chunk in plan:
             subject, headers, payload = encode_frame(SERVICE, ChunkFrame(key, ChunkSeq(seq), chunk))
@@ -307,11 +308,21 @@ async def _bench_ingress(db: Database, server: EmbeddedNats,
                 await asyncio.gather(*pending)
                 pending = []
         await asyncio.gather(*pending)
-        while await _durable_count(db, prefix) < len(plan):  # noqa: ASYNC110 (an outside observer polls the table)
-            await asyncio.sleep(0.005)
-        return time.perf_counter() - started
     finally:
         await client.close()
+
+
+async def _until_durable(db: Database, prefix: str, count: int) -> None:
+    while await _durable_count(db, prefix) < count:  # noqa: ASYNC110 (an outside observer polls)
+        await asyncio.sleep(0.005)
+
+
+async def _bench_ingress(db: Database, server: EmbeddedNats,
+                         plan: list[tuple[str, int, bytes]], prefix: str) -> float:
+    started = time.perf_counter()
+    await _publish_frames(server, plan)
+    await _until_durable(db, prefix, len(plan))
+    return time.perf_counter() - started
 
 
 async def _bench_raw_jetstream(server: EmbeddedNats, plan: list[tuple[str, int, bytes]]) -> float:
@@ -390,12 +401,18 @@ async def chunk_section(db: Database, server: EmbeddedNats, args: argparse.Names
             service=SERVICE, beat_interval=timedelta(milliseconds=200),
             lease=timedelta(seconds=2),
         )
+        backlog = _chunk_plan(args, "backlog-")
+        await _publish_frames(server, backlog)  # waiting in the stream before the pod starts
         engine = await Engine.boot(config, db, conn, ReadinessHandle())
         engine.register_accumulator(
             Accumulator("bench", initial=bytes, fold=lambda state, chunk: state + chunk)
         )
+        started = time.perf_counter()
         task = asyncio.create_task(engine.run())
         try:
+            await _until_durable(db, "backlog-", len(backlog))
+            print(_rate("engine NATS ingress, a backlog", len(backlog),
+                        time.perf_counter() - started))
             while not engine.readiness.is_up:
                 if task.done():
                     task.result()
@@ -405,10 +422,10 @@ async def chunk_section(db: Database, server: EmbeddedNats, args: argparse.Names
             print(_rate("engine push_chunk", len(plan), seconds))
             plan = _chunk_plan(args, "ingress-")
             seconds = await _bench_ingress(db, server, plan, "ingress-")
-            print(_rate("engine NATS ingress", len(plan), seconds))
+            print(_rate("engine NATS ingress, live publish", len(plan), seconds))
             flusher = engine.lanes.flusher
             print(f"  {'':<34} (flush passes {flusher.passes}, "
-                  f"{(2 * len(plan)) / max(1, flusher.passes):.0f} chunks per transaction)")
+                  f"{(3 * len(plan)) / max(1, flusher.passes):.0f} chunks per transaction)")
         finally:
             engine.shutdown()
             with contextlib.suppress(Exception):
