@@ -90,6 +90,7 @@ from .integration import (
     stage_outbox_row,
 )
 from .lanes import (
+    ACCUMULATED_LANE,
     Accumulator,
     AccumulatorWithoutService,
     AlreadySealed,
@@ -169,6 +170,7 @@ from .render.stream import SessionEnded, SessionStream
 from .render.windows import Emission, WindowSpec
 
 __all__ = [
+    "ACCUMULATED_LANE",
     "ENGINE_VERSION",
     "Accumulator",
     "AccumulatorWithoutService",

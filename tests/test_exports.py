@@ -31,6 +31,7 @@ EXPECTED = {
     "NatsUnavailable", "command_subject", "event_subject", "stage_outbox_row",
     "service_migrations",
     "LaneNotice", "PresenceBucketRefused", "PresenceEntry", "PresenceHandle", "PresenceProjector",
+    "ACCUMULATED_LANE",
     "Accumulator", "AccumulatorWithoutService", "AlreadySealed", "ChunkConflict", "ChunkFrame",
     "ChunkSeq", "ChunkSeqOutOfRange", "Durable", "Folded", "InvalidChunkKey", "KeySealed",
     "LaneStreamMissing", "SealChunkBeyondLastSeq", "SealError", "SealHashMismatch",

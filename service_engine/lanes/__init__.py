@@ -19,7 +19,7 @@ from .accumulator_errors import (
     SealTruncated,
 )
 from .chunks import ChunkFrame, ChunkSeq, encode_frame, seal_hash
-from .notices import LaneNotice, LaneNotices, LaneNoticeStream
+from .notices import ACCUMULATED_LANE, LaneNotice, LaneNotices, LaneNoticeStream
 from .presence import (
     PRESENCE_LANE,
     InvalidPresenceKey,
@@ -38,6 +38,7 @@ from .presence import (
 from .presence_lane import PresenceHandle, PresenceNotBound
 
 __all__ = [
+    "ACCUMULATED_LANE",
     "PRESENCE_LANE",
     "Accumulator",
     "AccumulatorWithoutService",
