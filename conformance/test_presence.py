@@ -378,3 +378,32 @@ async def test_every_pod_watches_the_bucket(db: Database, nats_server: EmbeddedN
             assert isinstance(upsert, Upsert) and upsert.view == {"who": "alice"}
         for replica in (on_a, on_b):
             assert isinstance(await replica.next(timeout=5), Remove)
+
+
+async def test_a_write_nats_does_not_take_is_dropped_and_counted_never_raised(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """Loss tolerance: while NATS is down a put answers False at once (no
+    wait on the outage), is counted dropped, and raises nothing; cx.present
+    after a commit does the same without failing the committed mutation."""
+    await provision(nats_server)
+
+    async def typing(cx: Mutation[Any], who: str) -> None:
+        cx.present(lanes.typing, f"r1.{who}", {"who": who})
+
+    async with engine_nats(nats_server) as conn, presence_engine(
+        db, conn, nats_grace=timedelta(seconds=60)
+    ) as lanes:
+        await asyncio.to_thread(nats_server.stop)
+        await wait_until(lambda: not conn.reachable(), what="the outage")
+        started = time.monotonic()
+        assert await lanes.typing.put("r1.alice", {"who": "alice"}) is False
+        assert time.monotonic() - started < 0.5
+        outcome = await lanes.engine.mutation_executor().ack(ALICE, typing, "bob")
+        assert type(outcome).__name__ == "Success", outcome
+        dropped = lanes.engine.metrics.sample(
+            "service_engine_presence_writes_total", lane="typing", op="put", outcome="dropped"
+        )
+        assert dropped == 2
+        await asyncio.to_thread(nats_server.start)
+        await wait_until(conn.reachable, timeout=15, what="the reconnect")
