@@ -113,16 +113,34 @@ class LaneIngress:
             )
         except nats.js.errors.NotFoundError as exc:
             raise LaneStreamMissing(stream_name(self.service)) from exc
+        # Frames are folded while the next batch is pulled, up to
+        # max_ack_pending in hand, so the flush writes large batches.
+        in_hand: set[asyncio.Task[None]] = set()
+        limit = self.config.max_ack_pending
         try:
             while True:
+                for failed in [t for t in in_hand if t.done()]:
+                    in_hand.discard(failed)
+                    failed.result()  # an unexpected failure restarts the consumer
+                if len(in_hand) >= limit:
+                    await asyncio.wait(in_hand, return_when=asyncio.FIRST_COMPLETED)
+                    continue
                 try:
-                    msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_TIMEOUT)
+                    msgs = await sub.fetch(min(FETCH_BATCH, limit - len(in_hand)),
+                                           timeout=FETCH_TIMEOUT)
                 except TimeoutError:
                     healthy()
                     continue
                 healthy()
-                await asyncio.gather(*(self._fold(msg) for msg in msgs))
+                for msg in msgs:
+                    task = asyncio.create_task(self._fold(msg))
+                    in_hand.add(task)
+                    task.add_done_callback(_forget(in_hand))
         finally:
+            # Pulled and not finished: each task naks its frame as it is cancelled.
+            for task in in_hand:
+                task.cancel()
+            await asyncio.gather(*in_hand, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
             # Best effort: the server deletes it past INACTIVE_THRESHOLD anyway.
@@ -156,6 +174,15 @@ class LaneIngress:
             raise
         self.frames += 1
         await _settle(msg.ack())
+
+
+def _forget(in_hand: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
+    def done(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            return  # kept, so the pull loop sees the failure
+        in_hand.discard(task)
+
+    return done
 
 
 async def _settle(call: Any) -> None:
