@@ -237,3 +237,21 @@ def test_paging_respects_capacity_and_keeps_the_window_true(
                 assert text in replica.views
         assert not set(session.membership.head) & set(session.pages)
         assert all(canonical_json(int(k)) == k for k in session.last_sent)
+
+
+def test_a_page_after_the_head_grew_past_capacity_releases_the_oldest_page() -> None:
+    """A discovering head may grow behind held pages; the next page gesture
+    restores ``window_capacity`` by releasing the oldest page silently, even
+    when it appends nothing, and never drops the live head."""
+    model = _model(rows=40, capacity=20)
+    session = _attach(model)
+    model.deliver(model.delete(20))  # the head holds 19 keys: room for one paged key
+    _page(model, session, before=5, size=3)
+    assert session.pages.pages() == [("4",)]
+    model.deliver(model.write(Row(0, "red", 1, "w1")))  # discovered: the head is 20 again
+    assert len(session.membership.head) == 20
+    head = dict(session.membership.head)
+    result = _page(model, session, before=2, size=1)  # lists key 0, already in the head
+    assert result.deltas == () and result.released == ("4",)
+    assert session.pages.pages() == [] and dict(session.membership.head) == head
+    assert model.replicas[session.id].views == session.last_sent

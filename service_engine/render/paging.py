@@ -139,11 +139,11 @@ class Pages:
         While head, pages and the new page together exceed ``capacity``, the
         oldest appended page is released. If the new page still does not
         fit behind the head, it is cut to the keys that do (``truncated``
-        counts the rest); the head is never touched.
+        counts the rest); the head is never touched. The bound is restored
+        even when nothing is fresh: a head that grew by discovery since the
+        last page makes this page gesture release the oldest pages.
         """
         fresh = [key for key in keys if key not in self._where]
-        if not fresh:
-            return Appended((), (), 0)
         released: list[KeyText] = []
         while self._pages and head_size + self._count + len(fresh) > capacity:
             oldest = next(iter(self._pages))
