@@ -117,12 +117,14 @@ class LaneIngress:
         # max_ack_pending in hand, so the flush writes large batches.
         in_hand: set[asyncio.Task[None]] = set()
         limit = self.config.max_ack_pending
+        # Pull again once half a batch is free, not slot by slot.
+        low_water = max(1, min(FETCH_BATCH, limit) // 2)
         try:
             while True:
                 for failed in [t for t in in_hand if t.done()]:
                     in_hand.discard(failed)
                     failed.result()  # an unexpected failure restarts the consumer
-                if len(in_hand) >= limit:
+                if limit - len(in_hand) < low_water:
                     await asyncio.wait(in_hand, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 try:
