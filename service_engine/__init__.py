@@ -15,6 +15,9 @@ the engine's own and may move between releases.
   Strawberry until a service serves GraphQL;
 * ``service_engine.persistence``: the persistence kit's helpers beyond the
   styles exported here (the full-EDA log's ``keys``, ``erase``, ``Redactor``);
+* ``service_engine.commands``: the declarative command layer on the write
+  pipeline (entities, workflows, commands checked at registration, typed
+  outcomes, idempotency keys, unique keys, delete and row policies);
 * ``service_engine.embedded``: embedded Postgres and NATS for a development
   machine and tests (the ``embedded`` extra); never in production.
 

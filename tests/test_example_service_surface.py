@@ -19,6 +19,7 @@ TWIN = Path(example_twin.__file__).parent
 
 PUBLIC = frozenset({
     "service_engine",
+    "service_engine.commands",
     "service_engine.embedded",
     "service_engine.graphql",
     "service_engine.persistence",
