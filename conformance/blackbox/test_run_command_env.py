@@ -1,0 +1,70 @@
+"""The run command's environment serves subscriptions.
+
+``bash dev/serve`` installs the package with only the ``embedded`` extra
+(``dev/bootstrap.sh embedded``) into a fresh ``.venv``. Without a WebSocket
+library in that set uvicorn answers 404 on ``/graphql/ws``; this scenario
+installs a copy of the tree exactly that way (pip's cache keeps it quick)
+and drives one live subscription through the service it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .harness import ADMIN, BOARDS_SUBSCRIPTION, REPO, Pods, create_board, key
+
+INSTALL_BOUND = 600.0
+"""The bound on installing the run command's environment (pip, from its cache)."""
+
+_SKIPPED = (".venv", ".data", ".git", "__pycache__", ".mypy_cache", ".ruff_cache",
+            ".pytest_cache", "node_modules", "*.egg-info")
+
+
+def _install_as_the_run_command(into: Path) -> Path:
+    """Copy the tree to ``into`` and run ``dev/bootstrap.sh embedded`` there,
+    as ``dev/serve`` does; the new environment's interpreter."""
+    shutil.copytree(REPO, into, ignore=shutil.ignore_patterns(*_SKIPPED))
+    environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    done = subprocess.run(
+        ["bash", "-c", 'source dev/bootstrap.sh embedded'], cwd=into, env=environ,
+        capture_output=True, timeout=INSTALL_BOUND, check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
+    python = into / ".venv" / "bin" / "python"
+    assert python.exists()
+    return python
+
+
+@pytest.mark.slow
+async def test_run_command_environment_serves_a_live_subscription(
+    pods: Pods, tmp_path: Path
+) -> None:
+    """The environment ``dev/serve`` installs (the package and its ``embedded`` extra, nothing
+    from the test extra) runs a service whose ``/graphql/ws`` accepts graphql-transport-ws and
+    delivers a live subscription: the Reset, then the Upsert of a write."""
+    tree = tmp_path / "clone"
+    python = await asyncio.to_thread(_install_as_the_run_command, tree)
+    # Nothing of the test extra came along: the WebSocket library is there on its own merit.
+    probe = subprocess.run(
+        [str(python), "-c", "import importlib.util as u; print(u.find_spec('pytest') is None)"],
+        capture_output=True, check=True, timeout=60,
+    )
+    assert probe.stdout.strip() == b"True"
+
+    pod = await pods.spawn("fresh", command=[str(python), "-m", "example_service"], cwd=tree)
+    async with pod.socket(ADMIN) as ws:
+        await ws.init()
+        await ws.subscribe("boards", BOARDS_SUBSCRIPTION)
+        reset = (await ws.next("boards"))["boards"]
+        assert (reset["__typename"], reset["revision"], reset["keys"]) == ("BoardsReset", 1, [])
+        await create_board(pod, "b-fresh", "from a fresh clone")
+        upsert = (await ws.next("boards"))["boards"]
+        assert upsert["__typename"] == "BoardsUpsert"
+        assert (upsert["revision"], upsert["key"]) == (2, key("b-fresh"))
+        assert upsert["view"]["title"] == "from a fresh clone"
