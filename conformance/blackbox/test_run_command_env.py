@@ -37,7 +37,12 @@ def _install_as_the_run_command(into: Path) -> Path:
     )
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
     python = into / ".venv" / "bin" / "python"
-    assert python.exists()
+    # Nothing of the test extra came along: the WebSocket library is there on its own merit.
+    probe = subprocess.run(
+        [str(python), "-c", "import importlib.util as u; print(u.find_spec('pytest') is None)"],
+        capture_output=True, check=True, timeout=60,
+    )
+    assert probe.stdout.strip() == b"True"
     return python
 
 
@@ -50,13 +55,6 @@ async def test_run_command_environment_serves_a_live_subscription(
     delivers a live subscription: the Reset, then the Upsert of a write."""
     tree = tmp_path / "clone"
     python = await asyncio.to_thread(_install_as_the_run_command, tree)
-    # Nothing of the test extra came along: the WebSocket library is there on its own merit.
-    probe = subprocess.run(
-        [str(python), "-c", "import importlib.util as u; print(u.find_spec('pytest') is None)"],
-        capture_output=True, check=True, timeout=60,
-    )
-    assert probe.stdout.strip() == b"True"
-
     pod = await pods.spawn("fresh", command=[str(python), "-m", "example_service"], cwd=tree)
     async with pod.socket(ADMIN) as ws:
         await ws.init()
