@@ -14,7 +14,11 @@ client; only its engine does.
   closed;
 * ``python -m example_twin`` runs the reviewer: every ``card.created`` the
   service announces is answered with ``review.approved``, until SIGINT or
-  SIGTERM.
+  SIGTERM;
+* ``python -m example_twin --roster`` publishes the twin's roster (KV
+  ``PUBLISHED_twin``, ``twin.person.<id>``), which the service mirrors into
+  ``known_persons``; ``--boards`` prints the boards the service offers
+  (KV ``PUBLISHED_example``, ``example.board.<id>``) — `example_twin.roster`.
 """
 
 from .runner import CycleResult, Summary, Twin, TwinError
