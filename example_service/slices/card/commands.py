@@ -1,7 +1,12 @@
 """The card slice's commands. Each runs inside the engine's write pipeline
 (one transaction: load, gate, domain command, save — state row and facts —
 impacts, outbox rows, commit), whether a GraphQL mutation or a command on the
-integration bus started it: the shared steps take either context."""
+integration bus started it: the shared steps take either context.
+
+A person's stage changes are the declared, revision-checked transitions of
+`workflow` (``startCard`` / ``finishCard``); `advance` is the bus command's
+step (``card.advance`` carries no revision: the sender is a service acting
+on the card it was just told about, under the message's idempotency claim)."""
 
 from __future__ import annotations
 
@@ -32,7 +37,6 @@ __all__ = [
     "CardCx",
     "ImportedCard",
     "advance",
-    "advance_card",
     "create",
     "create_card",
     "import_cards",
@@ -118,10 +122,6 @@ async def rename_card(cx: Cx, card_id: str, title: str) -> None:
     card.rename(title, cx.principal.id)
     await cx.save(card)
     _changed(cx, card, "card.renamed", cx.principal.id, title=card.title)
-
-
-async def advance_card(cx: Cx, card_id: str) -> None:
-    await advance(cx, cx.principal, await cx.load(Card, card_id))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,29 @@
 """The card slice's root fields: queries read rendered views through the
 engine; mutations run on the engine's mutation executor (the import on its
 bulk form); the subscriptions stream the cards projector's typed union, one
-of them under a client-supplied session id that ``pageCards`` pages back."""
+of them under a client-supplied session id that ``pageCards`` pages back.
+
+``startCard`` and ``finishCard`` are declared commands (`workflow`): each
+takes the card's ``revision`` as the caller saw it and an idempotency key,
+and answers a `CardResult` whose ``outcome`` names the typed outcome:
+
+* ``Started`` / ``Finished`` (``success: true``) — the stage moved;
+* ``StaleRevision`` (``error.code`` ``card.stale_revision``) — the card
+  changed since that revision; nothing changed;
+* ``IllegalStage`` (``card.illegal_stage``) — the right revision, but the card
+  is not in the stage the transition leaves; nothing changed;
+* ``CardMissing`` (``card.card_missing``) — no such card;
+* ``Refused`` — the ``advance`` gate's reason (``card.advance_scope_required``,
+  ``card.done``, ...), the same code as the view's affordance;
+* ``IdempotencyConflict`` (``card.idempotency_conflict``) — the key was used
+  with other inputs.
+
+Every answer but a conflict is stored under the key: a retry with it answers
+the same outcome again (``replayed: true``) and runs nothing. ``card`` is the
+card as the caller now sees it, on a refusal too (its current revision).
+Failures of the pipeline itself keep `MutationError`'s codes (``lock_timeout``,
+retryable, ...) with ``outcome`` null.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +37,14 @@ from service_engine import (
     Query,
     WindowSpec,
 )
-from service_engine.graphql import Live, MutationResult, Views, subscription_union
+from service_engine.commands import CheckedCommand, CommandOutcome, CommandRunner
+from service_engine.graphql import Live, MutationResult, Refusal, Views, subscription_union
 
 from ...kernel import Info
-from .commands import ImportedCard, advance_card, create_card, import_cards, rename_card
-from .domain import BadCursor, decode_cursor
+from .commands import ImportedCard, create_card, import_cards, rename_card
+from .domain import NOUN, BadCursor, decode_cursor
 from .views import CARDS, CardsQuery, CardView
+from .workflow import FINISH_CARD, START_CARD
 
 CARD_VIEWS = Views(CARDS, CardView)
 CARDS_UNION = subscription_union("Cards", CardView, description="the caller's org's cards")
@@ -30,6 +54,15 @@ CARDS_UNION = subscription_union("Cards", CardView, description="the caller's or
                              "sees it, or why nothing changed.")
 class CardResult(MutationResult):
     card: CardView | None = None
+    outcome: str | None = strawberry.field(
+        default=None,
+        description="The typed outcome of a declared command (Started, StaleRevision, ...); "
+                    "null for the other mutations and for a failure of the pipeline.",
+    )
+    replayed: bool = strawberry.field(
+        default=False,
+        description="The outcome was answered from the idempotency key's first run.",
+    )
 
 
 @strawberry.type(description="The outcome of a bulk import.")
@@ -60,6 +93,34 @@ async def _card_result(info: Info, outcome: object, card_id: str) -> CardResult:
     if isinstance(outcome, MutationError):
         return CardResult.refused(outcome)
     return CardResult(success=True, card=await CARD_VIEWS.one(info.context, card_id))
+
+
+async def _command(
+    info: Info, command: CheckedCommand, card_id: str, expected_revision: int,
+    idempotency_key: str,
+) -> CardResult:
+    runner = CommandRunner(_executor(info))
+    outcome = await runner.run(command, info.context.principal, {
+        "idempotency_key": idempotency_key, "card_id": card_id,
+        "expected_revision": expected_revision,
+    })
+    if isinstance(outcome, MutationError):
+        return CardResult.refused(outcome)
+    view = await CARD_VIEWS.one(info.context, card_id)
+    return _outcome_result(outcome, view)
+
+
+def _outcome_result(outcome: CommandOutcome, view: CardView | None) -> CardResult:
+    if outcome.ok:
+        return CardResult(success=True, card=view, outcome=outcome.name, replayed=outcome.replayed)
+    code = outcome.code(NOUN) or outcome.name
+    action = outcome.data.get("action")
+    error = Refusal(
+        code=code, message=f"{outcome.command}: {outcome.name}", retryable=False,
+        action=action if isinstance(action, str) else None,
+    )
+    return CardResult(success=False, error=error, card=view, outcome=outcome.name,
+                      replayed=outcome.replayed)
 
 
 def _refused(code: str, message: str, retryable: bool = False) -> PageResult:
@@ -98,10 +159,21 @@ class CardMutation:
         outcome = await _executor(info).ack(info.context.principal, rename_card, str(id), title)
         return await _card_result(info, outcome, str(id))
 
-    @strawberry.mutation(description="Move a card on one stage (needs card:advance).")
-    async def advance_card(self, info: Info, id: strawberry.ID) -> CardResult:
-        outcome = await _executor(info).ack(info.context.principal, advance_card, str(id))
-        return await _card_result(info, outcome, str(id))
+    @strawberry.mutation(description="Move a card from todo to doing (needs card:advance), "
+                                     "if it is still at expectedRevision; idempotent under "
+                                     "idempotencyKey. See CardResult.outcome.")
+    async def start_card(
+        self, info: Info, id: strawberry.ID, expected_revision: int, idempotency_key: str
+    ) -> CardResult:
+        return await _command(info, START_CARD, str(id), expected_revision, idempotency_key)
+
+    @strawberry.mutation(description="Move a card from doing to done (needs card:advance), "
+                                     "if it is still at expectedRevision; idempotent under "
+                                     "idempotencyKey. See CardResult.outcome.")
+    async def finish_card(
+        self, info: Info, id: strawberry.ID, expected_revision: int, idempotency_key: str
+    ) -> CardResult:
+        return await _command(info, FINISH_CARD, str(id), expected_revision, idempotency_key)
 
     @strawberry.mutation(description="Create many cards in one transaction; live windows get "
                                      "one Reset rather than one Upsert per card.")

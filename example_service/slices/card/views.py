@@ -31,6 +31,10 @@ class CardView:
     org: str
     title: str
     stage: str = strawberry.field(description="todo, doing or done.")
+    revision: int = strawberry.field(
+        description="How many times the card changed: the expectedRevision of its next "
+                    "startCard / finishCard."
+    )
     owner: str
     due_at: datetime | None
     overdue: bool
@@ -94,7 +98,7 @@ class CardsView(Projector[Card, CardView, Principal, CardsQuery]):
     def project(self, row: Card, principal: Principal) -> CardView:
         return CardView(
             id=strawberry.ID(row.id), org=row.org, title=row.title, stage=row.stage,
-            owner=row.owner, due_at=row.due_at, overdue=row.overdue,
+            revision=row.version, owner=row.owner, due_at=row.due_at, overdue=row.overdue,
             reviewed_by=row.reviewed_by, cursor=encode_cursor(row),
             affordances=affordance_list(row, principal),
         )

@@ -1,0 +1,126 @@
+"""The reference service on the command layer, in process against real
+Postgres (and a spawned nats-server for the card slice's reactions).
+
+The card's stage changes are revision-checked transitions with idempotency
+keys; the board's title is unique per org and its delete runs under a
+declared cascade; the GraphQL surface answers each typed outcome
+(``outcome`` and a stable ``error.code``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from example_service.slices.card.domain import CARD_ADVANCE
+from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
+from service_engine.graphql import Passport
+
+from .example_support import Running, example_database, running
+from .nats_support import engine_nats
+
+ALICE = Passport(sub="alice", org="acme", roles=(CARD_ADVANCE,))
+BOB = Passport(sub="bob", org="acme")
+GINA = Passport(sub="gina", org="globex", roles=(CARD_ADVANCE,))
+
+CARD_RESULT = "success outcome replayed error { code action } card { id stage revision }"
+CREATE_CARD = f"mutation($id: ID) {{ createCard(title: \"t\", id: $id) {{ {CARD_RESULT} }} }}"
+
+
+def _stage_mutation(field: str) -> str:
+    return (f"mutation($id: ID!, $rev: Int!, $key: String!) {{ {field}(id: $id, "
+            f"expectedRevision: $rev, idempotencyKey: $key) {{ {CARD_RESULT} }} }}")
+
+
+START, FINISH = _stage_mutation("startCard"), _stage_mutation("finishCard")
+
+
+@pytest.fixture
+async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
+    async with example_database(pg_server) as provisioned:
+        yield provisioned
+
+
+@pytest.fixture
+async def card(store: ProvisionedDatabase, nats_server: EmbeddedNats) -> AsyncIterator[Running]:
+    async with engine_nats(nats_server) as nats, running(store, ["card"], nats=nats) as run:
+        yield run
+
+
+async def owner_fetch(store: ProvisionedDatabase, query: str, *args: Any) -> list[dict[str, Any]]:
+    conn = await asyncpg.connect(store.owner_url)
+    try:
+        return [dict(r) for r in await conn.fetch(query, *args)]
+    finally:
+        await conn.close()
+
+
+async def stage(run: Running, mutation: str, card_id: str, rev: int, key: str,
+                who: Passport = ALICE) -> dict[str, Any]:
+    field = "startCard" if mutation is START else "finishCard"
+    result: dict[str, Any] = (await run.gql(
+        mutation, {"id": card_id, "rev": rev, "key": key}, who))[field]
+    return result
+
+
+async def test_card_stage_changes_are_revision_checked_and_idempotent(
+    card: Running, store: ProvisionedDatabase
+) -> None:
+    """startCard / finishCard move a card only from the revision the caller
+    names; a stale revision or the wrong stage answers its typed outcome and
+    changes nothing; a retry with the key answers the stored outcome without
+    running; each move records its fact and emits its event once."""
+    created = (await card.gql(CREATE_CARD, {"id": "c-1"}, BOB))["createCard"]
+    assert created["card"] == {"id": "c-1", "stage": "todo", "revision": 1}
+
+    started = await stage(card, START, "c-1", 1, "k-start")
+    assert (started["success"], started["outcome"], started["replayed"]) == (True, "Started", False)
+    assert started["card"] == {"id": "c-1", "stage": "doing", "revision": 2}
+    again = await stage(card, START, "c-1", 1, "k-start")  # the lost response, retried
+    assert (again["success"], again["outcome"], again["replayed"]) == (True, "Started", True)
+
+    stale = await stage(card, FINISH, "c-1", 1, "k-stale")
+    assert (stale["success"], stale["outcome"]) == (False, "StaleRevision")
+    assert stale["error"]["code"] == "card.stale_revision"
+    assert stale["card"] == {"id": "c-1", "stage": "doing", "revision": 2}
+    illegal = await stage(card, START, "c-1", 2, "k-illegal")
+    assert (illegal["outcome"], illegal["error"]["code"]) == ("IllegalStage", "card.illegal_stage")
+    again = await stage(card, START, "c-1", 2, "k-illegal")
+    assert (again["outcome"], again["replayed"]) == ("IllegalStage", True)
+    conflict = await stage(card, START, "c-1", 3, "k-illegal")  # other inputs, same key
+    assert conflict["error"]["code"] == "card.idempotency_conflict"
+
+    finished = await stage(card, FINISH, "c-1", 2, "k-finish")
+    assert (finished["outcome"], finished["card"]) == (
+        "Finished", {"id": "c-1", "stage": "done", "revision": 3})
+    facts = await owner_fetch(
+        store, "SELECT fact_type, payload FROM card_fact WHERE card_id = 'c-1' ORDER BY id")
+    assert [(f["fact_type"], json.loads(f["payload"]).get("stage")) for f in facts] == [
+        ("card.created", None), ("card.advanced", "doing"), ("card.advanced", "done")]
+    events = await owner_fetch(
+        store, "SELECT payload, seq FROM service_engine.integration_outbox"
+        " WHERE subject LIKE '%.card.advanced' ORDER BY id")
+    bodies = [(json.loads(e["payload"]), e["seq"]) for e in events]
+    assert [(b["payload"]["stage"], seq) for b, seq in bodies] == [
+        ("doing", 2), ("done", 3)]
+
+
+async def test_card_stage_change_refusals_are_the_gate(card: Running) -> None:
+    """A stage change the advance gate refuses answers Refused with the gate's
+    reason, the view's affordance, and changes nothing."""
+    await card.gql(CREATE_CARD, {"id": "c-g"}, BOB)
+    view = (await card.gql("query { card(id: \"c-g\") { affordances { action allowed reason } } }",
+                           None, BOB))["card"]
+    offered = {a["action"]: a["reason"] for a in view["affordances"]}
+    refused = await stage(card, START, "c-g", 1, "k", BOB)
+    assert (refused["outcome"], refused["error"]["code"], refused["error"]["action"]) == (
+        "Refused", offered["advance"], "advance")
+    other_org = await stage(card, START, "c-g", 1, "k", GINA)
+    assert other_org["error"]["code"] == "card.forbidden"
+    missing = await stage(card, START, "nope", 1, "k2")
+    assert missing["error"]["code"] == "card.card_missing"
+    assert (await stage(card, START, "c-g", 1, "k3"))["card"]["revision"] == 2
