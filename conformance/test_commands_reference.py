@@ -9,6 +9,7 @@ declared cascade; the GraphQL surface answers each typed outcome
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from example_service.slices.board.policy import MAX_INVITES
 from example_service.slices.card.domain import CARD_ADVANCE
 from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
 from service_engine.graphql import Passport
@@ -55,6 +57,18 @@ async def owner_fetch(store: ProvisionedDatabase, query: str, *args: Any) -> lis
     conn = await asyncpg.connect(store.owner_url)
     try:
         return [dict(r) for r in await conn.fetch(query, *args)]
+    finally:
+        await conn.close()
+
+
+async def org_boards(store: ProvisionedDatabase, org: str) -> list[dict[str, Any]]:
+    """The ``org_board`` projection rows of ``org`` (under its RLS context)."""
+    conn = await asyncpg.connect(store.owner_url)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('app.current_org_id', $1, true)", org)
+            rows = await conn.fetch("SELECT id, title FROM org_board ORDER BY id")
+        return [dict(r) for r in rows]
     finally:
         await conn.close()
 
@@ -124,3 +138,99 @@ async def test_card_stage_change_refusals_are_the_gate(card: Running) -> None:
     missing = await stage(card, START, "nope", 1, "k2")
     assert missing["error"]["code"] == "card.card_missing"
     assert (await stage(card, START, "c-g", 1, "k3"))["card"]["revision"] == 2
+
+
+ADMIN = Passport(sub="root", org="acme", roles=("board:archive",))
+OTHER_ADMIN = Passport(sub="gus", org="globex", roles=("board:archive",))
+BOARD_RESULT = "success error { code action } board { id title }"
+CREATE_BOARD = ("mutation($id: ID, $title: String!) { createBoard(id: $id, title: $title) { "
+                + BOARD_RESULT + " } }")
+RENAME_BOARD = ("mutation($id: ID!, $title: String!) { renameBoard(id: $id, title: $title) { "
+                + BOARD_RESULT + " } }")
+ARCHIVE_BOARD = "mutation($id: ID!) { archiveBoard(id: $id) { success } }"
+DELETE_BOARD = "mutation($id: ID!) { deleteBoard(id: $id) { " + BOARD_RESULT + " } }"
+INVITE = "mutation($id: ID!) { inviteToBoard(id: $id) { success token } }"
+ACCEPT = "mutation($token: String!) { acceptInvite(token: $token) { success } }"
+
+
+@pytest.fixture
+async def board(store: ProvisionedDatabase) -> AsyncIterator[Running]:
+    async with running(store, ["board"]) as run:
+        yield run
+
+
+async def _create(run: Running, board_id: str, title: str,
+                  who: Passport = ADMIN) -> dict[str, Any]:
+    result: dict[str, Any] = (await run.gql(CREATE_BOARD, {"id": board_id, "title": title},
+                                            who))["createBoard"]
+    return result
+
+
+async def test_a_board_title_is_unique_per_org(board: Running, store: ProvisionedDatabase) -> None:
+    """Two boards of one org never share a title (board.title_taken, nothing
+    written), another org may hold it, and a rename frees the old title."""
+    assert (await _create(board, "b-1", "roadmap"))["success"]
+    taken = await _create(board, "b-2", "roadmap")
+    assert (taken["success"], taken["error"]["code"]) == (False, "board.title_taken")
+    assert await owner_fetch(store, "SELECT id FROM board WHERE id = 'b-2'") == []
+    assert (await _create(board, "g-1", "roadmap", OTHER_ADMIN))["success"]
+    exists = await _create(board, "b-1", "another")
+    assert exists["error"]["code"] == "board.board_exists"
+
+    renamed = (await board.gql(RENAME_BOARD, {"id": "b-1", "title": "plan"}, ADMIN))["renameBoard"]
+    assert renamed["success"] and renamed["board"]["title"] == "plan"
+    assert (await _create(board, "b-2", "roadmap"))["success"]
+    onto = (await board.gql(RENAME_BOARD, {"id": "b-2", "title": "plan"}, ADMIN))["renameBoard"]
+    assert (onto["error"]["code"], onto["error"]["action"]) == ("board.title_taken", None)
+    assert await org_boards(store, "acme") == [{"id": "b-1", "title": "plan"},
+                                               {"id": "b-2", "title": "roadmap"}]
+    assert await org_boards(store, "globex") == [{"id": "g-1", "title": "roadmap"}]
+
+
+async def test_concurrent_creates_of_one_board_title_one_wins(board: Running) -> None:
+    """Twenty concurrent createBoard calls with one title in one org: one succeeds."""
+    results = await asyncio.gather(*(_create(board, f"b-{n}", "same") for n in range(20)))
+    codes = sorted("ok" if r["success"] else r["error"]["code"] for r in results)
+    assert codes == ["board.title_taken"] * 19 + ["ok"], codes
+
+
+async def test_a_board_delete_cascades_within_its_maximum(
+    board: Running, store: ProvisionedDatabase
+) -> None:
+    """Deleting an archived board takes its memberships, invites and
+    projection row in one commit and frees its title; the delete needs the
+    gate; a board with more invites than the cascade's maximum answers
+    board.too_many_attached and keeps everything."""
+    guest = Passport(sub="bob", org="globex")
+    assert (await _create(board, "b-del", "doomed"))["success"]
+    token = (await board.gql(INVITE, {"id": "b-del"}, ADMIN))["inviteToBoard"]["token"]
+    assert (await board.gql(ACCEPT, {"token": token}, guest))["acceptInvite"]["success"]
+    await board.gql(INVITE, {"id": "b-del"}, ADMIN)
+    refused = (await board.gql(DELETE_BOARD, {"id": "b-del"}, ADMIN))["deleteBoard"]
+    assert (refused["error"]["code"], refused["error"]["action"]) == (
+        "board.not_archived", "delete")
+    assert (await board.gql(ARCHIVE_BOARD, {"id": "b-del"}, ADMIN))["archiveBoard"]["success"]
+    deleted = (await board.gql(DELETE_BOARD, {"id": "b-del"}, ADMIN))["deleteBoard"]
+    assert deleted["success"], deleted
+    assert await owner_fetch(store, "SELECT 1 FROM board WHERE id = 'b-del'") == []
+    assert [r["id"] for r in await org_boards(store, "acme")] == []
+    for table in ("board_member", "board_invite"):
+        assert await owner_fetch(
+            store, f"SELECT 1 FROM {table} WHERE board_id = 'b-del'") == []
+    assert (await _create(board, "b-new", "doomed"))["success"]
+
+    assert (await _create(board, "b-big", "crowded"))["success"]
+    conn = await asyncpg.connect(store.owner_url)
+    try:
+        await conn.executemany(
+            "INSERT INTO board_invite (token_hash, board_id, created_by) VALUES ($1, 'b-big', 'x')",
+            [(f"h{n}",) for n in range(MAX_INVITES + 1)],
+        )
+    finally:
+        await conn.close()
+    await board.gql(ARCHIVE_BOARD, {"id": "b-big"}, ADMIN)
+    too_many = (await board.gql(DELETE_BOARD, {"id": "b-big"}, ADMIN))["deleteBoard"]
+    assert too_many["error"]["code"] == "board.too_many_attached"
+    assert len(await owner_fetch(
+        store, "SELECT 1 FROM board_invite WHERE board_id = 'b-big'")) == MAX_INVITES + 1
+    assert await owner_fetch(store, "SELECT 1 FROM board WHERE id = 'b-big'") != []

@@ -336,6 +336,7 @@ CREATE = f"mutation($id: ID, $title: String!) {{ createBoard(id: $id, title: $ti
 RENAME = f"mutation($id: ID!, $title: String!) {{ renameBoard(id: $id, title: $title) {{ {RESULT} }} }}"
 ARCHIVE = f"mutation($id: ID!) {{ archiveBoard(id: $id) {{ {RESULT} }} }}"
 UNARCHIVE = f"mutation($id: ID!) {{ unarchiveBoard(id: $id) {{ {RESULT} }} }}"
+DELETE = f"mutation($id: ID!) {{ deleteBoard(id: $id) {{ {RESULT} }} }}"
 INVITE = "mutation($id: ID!) { inviteToBoard(id: $id) { success token error { code message } } }"
 ACCEPT = f"mutation($token: String!) {{ acceptInvite(token: $token) {{ {RESULT} }} }}"
 BOARD = f"query($id: ID!) {{ board(id: $id) {{ {VIEW} }} }}"

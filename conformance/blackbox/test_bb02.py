@@ -25,6 +25,7 @@ from .harness import (
     ADMIN,
     ARCHIVE,
     BOARD,
+    DELETE,
     GUEST,
     INVITE,
     MEMBER,
@@ -43,6 +44,7 @@ ACTIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "archive": (ARCHIVE, "archiveBoard", {}),
     "unarchive": (UNARCHIVE, "unarchiveBoard", {}),
     "invite": (INVITE, "inviteToBoard", {}),
+    "delete": (DELETE, "deleteBoard", {}),
 }
 PRINCIPALS = {"admin": ADMIN, "member": MEMBER, "guest": GUEST, "outsider": OUTSIDER,
               "no_org": NO_ORG}
@@ -80,7 +82,10 @@ async def test_bb02_every_affordance_is_true_exactly_when_its_mutation_succeeds(
         view = (await pod.gql(BOARD, {"id": board_id}, principal))["board"]
 
         mutation, field, extra = ACTIONS[action]
-        result = (await pod.gql(mutation, {"id": board_id, **extra}, principal))[field]
+        variables = {"id": board_id, **extra}
+        if "title" in variables:  # a title is unique per org: one of its own per board
+            variables["title"] = f"{variables['title']} for {board_id}"
+        result = (await pod.gql(mutation, variables, principal))[field]
         succeeded = result["success"]
         code = None if succeeded else result["error"]["code"]
         outcomes[(who, state, action)] = (succeeded, code)

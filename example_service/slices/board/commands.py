@@ -1,12 +1,18 @@
 """The board slice's mutation handlers: each runs inside the engine's write
-pipeline (one transaction: load, gate, domain command, save, impacts)."""
+pipeline (one transaction: load, gate, domain command, save, impacts).
+
+Creating, renaming and deleting a board run its declared commands (`policy`)
+inside the handler's transaction: the title's uniqueness per org and the
+delete's cascade are the command layer's; a declared refusal is answered as
+a `MutationError` with its stable code (`answer`)."""
 
 from __future__ import annotations
 
 import secrets
 import uuid
 
-from service_engine import Cause, Mutation, OneShot, Refused
+from service_engine import ActionName, Cause, Mutation, NotFound, OneShot, Reason, Refused
+from service_engine.commands import CommandOutcome, run_in
 
 from ...kernel import Principal
 from .domain import (
@@ -23,11 +29,13 @@ from .domain import (
     member_id,
     valid_title,
 )
+from .policy import CREATE_BOARD, DELETE_BOARD, RENAME_BOARD
 
 __all__ = [
     "accept_invite",
     "archive_board",
     "create_board",
+    "delete_board",
     "invite_to_board",
     "rename_board",
     "unarchive_board",
@@ -43,29 +51,50 @@ def _changed(cx: Cx, board: Board, event: str, **data: str | bool) -> None:
     cx.impact(ORG_NOUN, board.id)
 
 
+def answer(outcome: CommandOutcome, board_id: str) -> None:
+    """A declared command's refusal as the mutation's refusal (nothing of it
+    was written): ``BoardMissing`` is ``not_found``, a gate's refusal keeps
+    its reason and action, any other outcome is ``board.<outcome>``."""
+    if outcome.ok:
+        return
+    if outcome.name == "BoardMissing":
+        raise NotFound(Board.Store.store_type, board_id)
+    action = outcome.data.get("action")
+    code = outcome.code(NOUN) or outcome.name
+    raise Refused(Reason(code, f"{outcome.command}: {outcome.name}"),
+                  ActionName(action) if isinstance(action, str) else None)
+
+
 async def create_board(cx: Cx, title: str, board_id: str | None = None) -> str:
-    """A new board in the caller's org; answers its id."""
+    """A new board in the caller's org, its title unique there; answers its id."""
     org = cx.principal.org
     if org is None:
         raise Refused(NO_ORG)
     if not valid_title(title):
         raise Refused(BAD_TITLE)
-    board = Board(board_id or f"b-{uuid.uuid4().hex[:12]}", org, title.strip(), cx.principal.id)
-    await cx.create(board)
-    await cx.create(OrgBoard.of(board))
-    _changed(cx, board, "board.created", title=board.title)
-    return board.id
+    board_id = board_id or f"b-{uuid.uuid4().hex[:12]}"
+    answer(await run_in(cx, CREATE_BOARD, {"board_id": board_id, "title": title.strip()}),
+           board_id)
+    await cx.create(OrgBoard(board_id, org, title.strip()))
+    return board_id
 
 
 async def rename_board(cx: Cx, board_id: str, title: str) -> None:
+    """Rename the board (gated), onto a title no other board of its org holds."""
     board = await cx.load(Board, board_id)
     cx.require(board.can_rename)
     if not valid_title(title):
         raise Refused(BAD_TITLE, board.can_rename.action)
+    answer(await run_in(cx, RENAME_BOARD, {"board_id": board_id, "title": title.strip()}),
+           board_id)
     board.rename(title)
-    await cx.save(board)
     await cx.save(OrgBoard.of(board))
-    _changed(cx, board, "board.renamed", title=board.title)
+
+
+async def delete_board(cx: Cx, board_id: str) -> None:
+    """Delete an archived board (gated) with its memberships and invites, at
+    most the cascade's maximum of each; more answer ``board.too_many_attached``."""
+    answer(await run_in(cx, DELETE_BOARD, {"board_id": board_id}), board_id)
 
 
 async def archive_board(cx: Cx, board_id: str) -> None:

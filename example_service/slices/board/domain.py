@@ -3,8 +3,9 @@
 A board belongs to one org. People of that org see and edit it; a person
 of another org sees and edits it once they accepted an invite onto it (the
 `BOARD_MEMBERSHIPS` principal fact). Archiving needs the `BOARD_ARCHIVE`
-scope. Each gate is declared once with `gated`: the view's affordances and
-the mutation's deny check are the same function.
+scope, and so does deleting an archived board. Each gate is declared once
+with `gated`: the view's affordances and the mutation's deny check are the
+same function.
 """
 
 from __future__ import annotations
@@ -94,6 +95,15 @@ class Board(Aggregate):
 
     @gated("unarchive")
     def can_unarchive(self, principal: Principal) -> Gate:
+        scope = self._archive_scope(principal)
+        if not scope.allowed:
+            return scope
+        return Gate.allow() if self.archived else Gate.deny(NOT_ARCHIVED)
+
+    @gated("delete")
+    def can_delete(self, principal: Principal) -> Gate:
+        """An archived board, by who may unarchive it: the delete takes its
+        memberships and invites with it (the declared cascade)."""
         scope = self._archive_scope(principal)
         if not scope.allowed:
             return scope

@@ -1,7 +1,14 @@
 """The board slice's root fields: queries read rendered views through the
 kit's `Views` (the same path as a subscription's snapshot, under the
 projector's RLS regime); mutations run on the engine's mutation executor;
-subscriptions stream one projector's typed union."""
+subscriptions stream one projector's typed union.
+
+createBoard, renameBoard and deleteBoard run the board's declared commands
+(`policy`); their typed outcomes arrive as ``error.code``: ``board.title_taken``
+(another board of the org holds the title; nothing changed),
+``board.board_exists`` (the id is taken), ``board.too_many_attached`` (more
+memberships or invites than the delete's cascade takes; nothing deleted),
+``not_found``, or the gate's reason (``board.not_archived``, ...)."""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from .commands import (
     accept_invite,
     archive_board,
     create_board,
+    delete_board,
     invite_to_board,
     rename_board,
     unarchive_board,
@@ -99,6 +107,15 @@ class BoardMutation:
     async def unarchive_board(self, info: Info, id: strawberry.ID) -> BoardResult:
         outcome = await _executor(info).ack(info.context.principal, unarchive_board, str(id))
         return await _board_result(info, outcome, str(id))
+
+    @strawberry.mutation(description="Delete an archived board with its memberships and "
+                                     "invites (a declared cascade, at most 100 of each: "
+                                     "more answer board.too_many_attached).")
+    async def delete_board(self, info: Info, id: strawberry.ID) -> BoardResult:
+        outcome = await _executor(info).ack(info.context.principal, delete_board, str(id))
+        if isinstance(outcome, MutationError):
+            return BoardResult.refused(outcome)
+        return BoardResult(success=True)
 
     @strawberry.mutation(description="Mint a one-shot invite onto a board; the token is "
                                      "returned here once and stored only as a hash.")

@@ -1,0 +1,117 @@
+"""The board's declared commands (the command layer, `service_engine.commands`):
+a title unique per org, and a delete under a declared policy.
+
+* `BOARD` keeps ``by_title`` (org, title) unique by an occupancy row the
+  create and every rename claim in their own commit: two boards of one org
+  never share a title, whatever the interleaving (``TitleTaken``, answered
+  as ``board.title_taken``). Boards are one partition (the route is the
+  fixed scope, so a cross-org member's board is reachable by id) whose
+  writers contend only on the board id.
+* A board is deleted under ``cascade``: its memberships and invites go with
+  it in the same commit, at most `MAX_MEMBERS` and `MAX_INVITES` of them (one
+  bounded hop); a board with more of either answers ``TooManyAttached`` and
+  keeps everything. The delete needs the ``delete`` gate (an archived board,
+  by an org member with the archive scope). Its ``org_board`` projection row
+  goes with the board row (its foreign key), its offer is retracted.
+
+The handlers in `commands` run these inside their own transaction
+(`run_in`), next to the ``org_board`` projection they keep, and answer a
+declared outcome as a `MutationError` with a stable code: ``TitleTaken`` is
+``board.title_taken``, ``BoardExists`` ``board.board_exists``,
+``TooManyAttached`` ``board.too_many_attached``, ``BoardMissing``
+``not_found``; a gate's refusal keeps its reason code.
+"""
+
+from __future__ import annotations
+
+from service_engine.commands import (
+    Cascade,
+    CascadeEdge,
+    Catalog,
+    Caused,
+    Command,
+    Const,
+    Create,
+    Delete,
+    Entity,
+    Fact,
+    Input,
+    Mutate,
+    NoInbound,
+    Outcome,
+    Relationship,
+    RequireGate,
+    Return,
+    ReverseIndex,
+    Set,
+    Unique,
+    Var,
+)
+
+from .domain import NOUN, ORG_NOUN, Board, BoardMember, Invite
+
+__all__ = ["BOARD", "CATALOG", "CREATE_BOARD", "DELETE_BOARD", "MAX_INVITES", "MAX_MEMBERS",
+           "RENAME_BOARD"]
+
+MAX_MEMBERS = 100
+MAX_INVITES = 100
+
+BOARD = Entity(
+    "Board", Board, key=("id",), conflict_key=("id",),
+    fields={"org": str, "title": str, "owner": str, "archived": bool},
+    unique=(Unique("by_title", ("org", "title")),),
+    delete_policy=Cascade((
+        CascadeEdge("BoardMember", "board", "by_board", MAX_MEMBERS),
+        CascadeEdge("Invite", "board", "by_board", MAX_INVITES),
+    )),
+    nouns=(NOUN, ORG_NOUN),
+)
+MEMBER = Entity(
+    "BoardMember", BoardMember, key=("id",), fields={"board_id": str, "person": str},
+    relationships=(Relationship("board", "Board", ("board_id",)),),
+    indexes=(ReverseIndex("by_board", ("board_id",), table="board_member"),),
+    delete_policy=NoInbound(),
+)
+INVITE = Entity(
+    "Invite", Invite, key=("token_hash",),
+    fields={"board_id": str, "created_by": str, "redeemed_by": str},
+    relationships=(Relationship("board", "Board", ("board_id",)),),
+    indexes=(ReverseIndex("by_board", ("board_id",), table="board_invite",
+                          key_column="token_hash"),),
+    delete_policy=NoInbound(),
+)
+CATALOG = Catalog([BOARD, MEMBER, INVITE])
+
+CREATE_BOARD = CATALOG.command(Command(
+    "CreateBoard",
+    Input("board_id", str), Input("title", str),
+    Create("Board", (Var("board_id"),), as_="board", else_=Outcome("BoardExists"),
+           taken={"by_title": Outcome("TitleTaken")}),
+    Set("board", "org", Fact("org")),
+    Set("board", "title", Var("title")),
+    Set("board", "owner", Fact("id")),
+    Set("board", "archived", Const(False)),
+    Caused("board", NOUN, "board.created",
+           {"board": Var("board_id"), "by": Fact("id"), "title": Var("title")}),
+    Return("Created"),
+))
+RENAME_BOARD = CATALOG.command(Command(
+    "RenameBoard",
+    Input("board_id", str), Input("title", str),
+    Mutate("Board", (Var("board_id"),), as_="board", else_=Outcome("BoardMissing"),
+           taken={"by_title": Outcome("TitleTaken")}),
+    RequireGate("board", "can_rename"),
+    Set("board", "title", Var("title")),
+    Caused("board", NOUN, "board.renamed",
+           {"board": Var("board_id"), "by": Fact("id"), "title": Var("title")}),
+    Return("Renamed"),
+))
+DELETE_BOARD = CATALOG.command(Command(
+    "DeleteBoard",
+    Input("board_id", str),
+    Mutate("Board", (Var("board_id"),), as_="board", else_=Outcome("BoardMissing")),
+    RequireGate("board", "can_delete"),
+    Delete("board", too_many=Outcome("TooManyAttached")),
+    Caused("board", NOUN, "board.deleted", {"board": Var("board_id"), "by": Fact("id")}),
+    Return("Deleted"),
+))
