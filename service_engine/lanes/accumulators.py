@@ -109,7 +109,10 @@ class Accumulators:
         declared = self.resolve(accumulator)
         async with self.db.pool.acquire() as conn:
             with translating(Stage.LOAD):
-                return await fold_key(conn, declared, key, self.cache)
+                # One snapshot: a seal committing meanwhile is either wholly
+                # seen (the marker) or not at all (the chunks).
+                async with conn.transaction(isolation="repeatable_read", readonly=True):
+                    return await fold_key(conn, declared, key, self.cache)
 
     # -- after a seal -------------------------------------------------------
 
