@@ -2,11 +2,12 @@
 loop, side by side with raw JetStream consume+ack and a raw Postgres commit
 of the same effect.
 
-    python bench/inbound.py [--commands 3000] [--window 256]
+    python bench/inbound.py [--commands 3000] [--window 256] [--sync both] [--pods 1,2]
 
-Starts a durable embedded Postgres (fsync on) and a nats-server with
-``sync_interval: always`` (as production should run it), declares the
-integration streams, then measures:
+Starts a durable embedded Postgres (fsync on) and, in turn, a nats-server
+with ``sync_interval: always`` (as production should run it) and one with
+the server's default (acknowledged before on disk), declares the
+integration streams, then measures for each:
 
 * **engine, 1 pod / 2 pods**: each pod a separate process running an engine
   with the orders sample's ``place_order`` reaction (claim, advisory lock,
@@ -301,54 +302,69 @@ async def raw_pg_run(db: Database, commits: int) -> float:
     return commits / (time.perf_counter() - started)
 
 
-async def main(commands: int, window: int, *, sync: bool) -> None:
+async def measure_engine(client: nats.NATS, db: Database, producer: Producer, db_url: str,
+                         server: EmbeddedNats, commands: int, window: int, label: str,
+                         pod_counts: tuple[int, ...]) -> None:
+    for pods in pod_counts:
+        async with contextlib.AsyncExitStack() as stack:
+            for p in range(pods):
+                await stack.enter_async_context(child(
+                    "--role", "pod", db_url, server.url, f"pod{p}",
+                ))
+            # Warm up: prepared statements, the outbox lease.
+            await engine_run(client, db, producer, 200, window)
+            run = await engine_run(client, db, producer, commands, window)
+        print(f"{f'engine, {pods} pod(s), nats {label}: effect committed':52} "
+              f"{run.effects_per_s:>10.0f} {run.to_commit.p50:>8.1f} "
+              f"{run.to_commit.p99:>8.1f}")
+        print(f"{f'engine, {pods} pod(s), nats {label}: confirmation received':52} "
+              f"{run.confirmed_per_s:>10.0f} {run.to_confirm.p50:>8.1f} "
+              f"{run.to_confirm.p99:>8.1f}", flush=True)
+    rate = await raw_js_run(server, client, commands, window)
+    print(f"{f'raw JetStream publish+consume+ack, nats {label}':52} {rate:>10.0f}", flush=True)
+
+
+async def main(commands: int, window: int, *, syncs: tuple[bool, ...],
+               pod_counts: tuple[int, ...]) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-inbound-") as tmp:
         pg = EmbeddedPostgres(Path(tmp) / "pg", durable=True)
-        server = EmbeddedNats(Path(tmp) / "nats", sync_always=sync)
         await asyncio.to_thread(pg.start)
-        await asyncio.to_thread(server.start)
         try:
             provisioned = await provision_database(
                 pg, "bench", extra_migrations=service_migrations(ROOT / "conformance/migrations")
             )
-            client = await nats.connect(server.url)
-            js = client.jetstream()
-            for name, subjects in INTEGRATION_STREAMS.items():
-                await js.add_stream(StreamConfig(name=name, subjects=subjects, max_age=86400))
             db = await connect_pool(provisioned.app_url, min_size=CONCURRENCY,
                                     max_size=CONCURRENCY)
-            producer = Producer(client)
             try:
                 print(f"{commands} commands, publish window {window}, durable Postgres, "
-                      f"nats sync_interval {'always' if sync else 'default'}, "
                       "2 cores shared by everything")
-                print(f"{'path':42} {'per second':>10} {'p50 ms':>8} {'p99 ms':>8}")
+                print(f"{'path':52} {'per second':>10} {'p50 ms':>8} {'p99 ms':>8}")
                 print("(latency: one command at a time on an idle system, from its publish)")
-                for pods in (1, 2):
-                    async with contextlib.AsyncExitStack() as stack:
-                        for p in range(pods):
-                            await stack.enter_async_context(child(
-                                "--role", "pod", provisioned.app_url, server.url, f"pod{p}",
-                            ))
-                        # Warm up: prepared statements, the outbox lease.
-                        await engine_run(client, db, producer, 200, window)
-                        run = await engine_run(client, db, producer, commands, window)
-                    print(f"{f'engine, {pods} pod(s): effect committed':42} "
-                          f"{run.effects_per_s:>10.0f} {run.to_commit.p50:>8.1f} "
-                          f"{run.to_commit.p99:>8.1f}")
-                    print(f"{f'engine, {pods} pod(s): confirmation received':42} "
-                          f"{run.confirmed_per_s:>10.0f} {run.to_confirm.p50:>8.1f} "
-                          f"{run.to_confirm.p99:>8.1f}", flush=True)
-                rate = await raw_js_run(server, client, commands, window)
-                print(f"{'raw JetStream publish+consume+ack':42} {rate:>10.0f}", flush=True)
+                for sync in syncs:
+                    label = "sync always" if sync else "sync default"
+                    server = EmbeddedNats(Path(tmp) / f"nats-{label.split()[1]}",
+                                          sync_always=sync)
+                    await asyncio.to_thread(server.start)
+                    try:
+                        client = await nats.connect(server.url)
+                        js = client.jetstream()
+                        for name, subjects in INTEGRATION_STREAMS.items():
+                            await js.add_stream(
+                                StreamConfig(name=name, subjects=subjects, max_age=86400))
+                        try:
+                            await measure_engine(client, db, Producer(client),
+                                                 provisioned.app_url, server, commands,
+                                                 window, label, pod_counts)
+                        finally:
+                            await client.close()
+                    finally:
+                        await asyncio.to_thread(server.stop)
                 rate = await raw_pg_run(db, commands)
-                print(f"{'raw Postgres commit of the effect (16 clients)':42} {rate:>10.0f}",
+                print(f"{'raw Postgres commit of the effect (16 clients)':52} {rate:>10.0f}",
                       flush=True)
             finally:
                 await db.aclose()
-                await client.close()
         finally:
-            await asyncio.to_thread(server.stop)
             await asyncio.to_thread(pg.stop)
 
 
@@ -356,8 +372,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--commands", type=int, default=3000)
     parser.add_argument("--window", type=int, default=256)
-    parser.add_argument("--no-sync", action="store_true",
-                        help="nats-server without sync_interval: always (its default)")
+    parser.add_argument("--sync", choices=("both", "always", "default"), default="both",
+                        help="nats-server with sync_interval: always, its default, or both "
+                             "side by side (the default)")
+    parser.add_argument("--pods", default="1,2", help="pod counts to run, e.g. 1 or 1,2")
     parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role and args.role[0] == "pod":
@@ -365,4 +383,6 @@ if __name__ == "__main__":
     elif args.role and args.role[0] == "raw-js":
         asyncio.run(run_raw_consumer(*args.role[1:3]))
     else:
-        asyncio.run(main(args.commands, args.window, sync=not args.no_sync))
+        syncs = {"both": (True, False), "always": (True,), "default": (False,)}[args.sync]
+        asyncio.run(main(args.commands, args.window, syncs=syncs,
+                         pod_counts=tuple(int(n) for n in args.pods.split(","))))

@@ -252,6 +252,14 @@ class EmbeddedNats:
             self._process.wait()
         self._process = None
 
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: nothing flushed on the way out)."""
+        if self._process is None:
+            return
+        self._process.kill()
+        self._process.wait()
+        self._process = None
+
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
