@@ -113,6 +113,11 @@ class EngineConfig(BaseModel):
     graphql_introspection: bool = True
     """False refuses introspection (``introspection_disabled``): schema
     queries and GraphiQL's documentation stop working."""
+    graphql_delivery_plan: bool = True
+    """Live subscription events are rendered by their planned payload shape
+    and serialised once per cohort (`service_engine.graphql.delivery`);
+    False executes every event through graphql-core for every subscriber
+    (the same messages, at many times the CPU)."""
     ws_max_message_bytes: int = 262_144
     """A graphql-transport-ws message past this many bytes closes its socket
     with 1009 (message too big) and reason ``message_too_big``."""

@@ -72,6 +72,7 @@ from strawberry import Schema
 from strawberry.asgi import ASGIWebSocketAdapter, GraphQL
 from strawberry.exceptions import MissingQueryError
 from strawberry.extensions import (
+    AddValidationRules,
     DisableIntrospection,
     MaxAliasesLimiter,
     MaxTokensLimiter,
@@ -101,6 +102,7 @@ from ..config import EngineConfig
 from ..errors import ConfigError
 from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
+from . import delivery
 from .ops import DEFAULT_OPS_ROLE, ops_routes
 from .passport import (
     PASSPORT_HEADER,
@@ -307,15 +309,24 @@ def limited_schema(schema: BaseSchema, config: EngineConfig) -> Schema:
             f"graphql_app needs a strawberry.Schema to enforce the query limits, got "
             f"{type(schema).__name__}"
         )
+    # The alias and depth rules are built once (not per request), so the
+    # validation cache (delivery.document_caches) sees the same rules each time.
+    rules = [
+        *MaxAliasesLimiter(max_alias_count=config.query_max_aliases).validation_rules,
+        *QueryDepthLimiter(max_depth=config.query_max_depth).validation_rules,
+    ]
     limits: list[Callable[[], SchemaExtension]] = [
         lambda: MaxTokensLimiter(max_token_count=config.query_max_tokens),
-        lambda: MaxAliasesLimiter(max_alias_count=config.query_max_aliases),
-        lambda: QueryDepthLimiter(max_depth=config.query_max_depth),
+        lambda: AddValidationRules(rules),
     ]
     if not config.graphql_introspection:
         limits.append(DisableIntrospection)
     limited = copy.copy(schema)
-    limited.extensions = (*schema.extensions, *limits, _RefusalCodes)
+    limited.extensions = (*schema.extensions, *limits, _RefusalCodes, *delivery.document_caches())
+    if config.graphql_delivery_plan and not delivery.resolves_fields(limited):
+        limited.execution_context_class = delivery.live_executor_class(
+            schema.execution_context_class
+        )
     log_errors = schema.process_errors
 
     def process_errors(
@@ -676,6 +687,11 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         if refusal is None:
             return None
         return CONNECTION_REFUSED_CLOSE_CODE, close_reason(refusal)
+
+    def encode_json(self, data: object) -> str | bytes:
+        # A live event the delivery plan serialised once for its cohort.
+        frame = delivery.encode_frame(data)
+        return frame if frame is not None else super().encode_json(data)
 
     async def render_graphql_ide(self, request: Request) -> Response:
         return HTMLResponse(self._ide_html)

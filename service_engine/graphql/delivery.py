@@ -1,0 +1,236 @@
+"""The delivery fast path: one serialisation per cohort, a frame write per subscriber.
+
+Ordinary subscription delivery runs graphql-core's execution once per
+subscriber per delta and JSON-encodes the result per subscriber. Here:
+
+- the subscription document is parsed and validated once (Strawberry's
+  `ParserCache` and `ValidationCache`, `document_caches`), on the HTTP path
+  too;
+- the payload shape of a (document, operation, variables) is planned once
+  (`service_engine.graphql.delivery_plan`), shared by every subscription
+  with that document;
+- an event is rendered by the plan, not executed (`live_executor_class`);
+  an Upsert / Remove shared by a cohort (the same view and cause objects) is
+  serialised once and reused for every session, whose frame differs only in
+  its revision and operation id (`encode_frame`).
+
+A document the plan cannot express, or one event the plan refuses, runs
+through ordinary execution: the messages are the same either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from graphql import (
+    ExecutionResult,
+    GraphQLError,
+    GraphQLSchema,
+    OperationDefinitionNode,
+    OperationType,
+)
+from strawberry.extensions import ParserCache, SchemaExtension, ValidationCache
+
+from .delivery_plan import Encoded, NotPlanned, Plan, dumps, plan_operation
+
+__all__ = [
+    "SharedPlan",
+    "document_caches",
+    "encode_frame",
+    "live_executor_class",
+    "plan_for",
+    "plans_cached",
+    "resolves_fields",
+]
+
+DOCUMENT_CACHE_SIZE = 1024
+"""Documents whose parse and validation are kept (per process)."""
+PLAN_CACHE_SIZE = 1024
+"""Planned (document, operation, variables) kept (per process)."""
+ENCODED_PER_PLAN = 512
+"""Serialised shared members kept per plan (a cohort's burst reuses them)."""
+
+_REVISION = "revision"
+
+
+def document_caches() -> list[Callable[[], SchemaExtension]]:
+    """Strawberry's own parse and validation caches, as extension factories.
+    They key on the query text and parse options (the token limit set in
+    ``on_operation``) and on the document and the validation rules: the
+    limiters still refuse what they refuse, once per document."""
+    return [
+        lambda: _ParserCache(maxsize=DOCUMENT_CACHE_SIZE),
+        lambda: ValidationCache(maxsize=DOCUMENT_CACHE_SIZE),
+    ]
+
+
+class _ParserCache(ParserCache):
+    """`ParserCache`, but a document that does not parse is left to the
+    ordinary parse, which raises it where Strawberry turns it into the
+    operation's error (the edge's refusal code included)."""
+
+    def on_parse(self) -> Iterator[None]:
+        context = self.execution_context
+        with contextlib.suppress(GraphQLError):
+            context.graphql_document = self.cached_parse_document(
+                context.query, **context.parse_options
+            )
+        yield
+
+
+class SharedPlan:
+    """A plan and its cache of serialised shared members."""
+
+    __slots__ = ("_encoded", "operation", "plan")
+
+    def __init__(self, operation: OperationDefinitionNode, plan: Plan) -> None:
+        self.operation = operation
+        self.plan = plan
+        self._encoded: dict[tuple[Any, ...], tuple[tuple[object, ...], Encoded]] = {}
+
+    def encode(self, member: object) -> Encoded:
+        """``member`` serialised; a member whose every other field is a shared
+        object another session's member carried too is serialised once."""
+        slots = _identity_fields(member)
+        if slots is None or not _cacheable(member, slots):
+            return self.plan.encode(member)
+        refs = tuple(getattr(member, name) for name in slots)
+        key = (type(member), *map(id, refs))
+        hit = self._encoded.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], refs, strict=True)):
+            revision = getattr(member, _REVISION)
+            return hit[1].with_revision(revision) if hit[1].revision is not None else hit[1]
+        encoded = self.plan.encode(member)
+        if len(self._encoded) >= ENCODED_PER_PLAN:
+            self._encoded.clear()
+        self._encoded[key] = (refs, encoded)
+        return encoded
+
+
+_FIELDS: dict[type[Any], tuple[str, ...] | None] = {}
+
+
+def _identity_fields(member: object) -> tuple[str, ...] | None:
+    """The fields of a cacheable member besides its revision (None: not
+    cacheable, e.g. a Reset's per-session lists)."""
+    cls = type(member)
+    try:
+        return _FIELDS[cls]
+    except KeyError:
+        pass
+    definition = getattr(cls, "__strawberry_definition__", None)
+    names = tuple(f.python_name for f in getattr(definition, "fields", ()))
+    fields: tuple[str, ...] | None = tuple(n for n in names if n != _REVISION)
+    if _REVISION not in names or not fields:
+        fields = None
+    _FIELDS[cls] = fields
+    return fields
+
+
+def _cacheable(member: object, fields: tuple[str, ...]) -> bool:
+    return not any(isinstance(getattr(member, n), list | dict) for n in fields)
+
+
+_PLANS: OrderedDict[tuple[int, int, str], SharedPlan | None] = OrderedDict()
+
+
+def plans_cached() -> int:
+    """How many (document, operation, variables) plans this process holds."""
+    return len(_PLANS)
+
+
+def plan_for(
+    schema: GraphQLSchema,
+    operation: OperationDefinitionNode,
+    fragments: Mapping[str, Any],
+    variables: Any,
+) -> SharedPlan | None:
+    """The shared plan of an operation (planned on first use), or None."""
+    coerced = getattr(variables, "coerced", variables)
+    try:
+        variables_key = json.dumps(coerced, sort_keys=True, default=repr)
+    except (TypeError, ValueError):
+        return None
+    key = (id(schema), id(operation), variables_key)
+    if key in _PLANS:
+        shared = _PLANS[key]
+        if shared is None or shared.operation is operation:
+            _PLANS.move_to_end(key)
+            return shared
+    plan = plan_operation(schema, operation, fragments, variables)
+    shared = SharedPlan(operation, plan) if plan is not None else None
+    _PLANS[key] = shared
+    if len(_PLANS) > PLAN_CACHE_SIZE:
+        _PLANS.popitem(last=False)
+    return shared
+
+
+def resolves_fields(schema: Any) -> bool:
+    """Whether anything of a Strawberry schema hooks field resolution (a
+    schema directive, an extension's ``resolve``): then the plan, which
+    resolves no field, must not serve it."""
+    if getattr(schema, "directives", ()):
+        return True
+    for extension in schema.get_extensions():
+        if type(extension).resolve is not SchemaExtension.resolve:
+            return True
+    return False
+
+
+def live_executor_class(base: type[Any]) -> type[Any]:
+    """``base`` (a graphql-core executor class) with subscription events
+    rendered by their plan instead of executed."""
+
+    class LiveExecutor(base):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # Shared by the per-event copies: the plan is looked up once.
+            self._live_plan: list[SharedPlan | None] = []
+
+        def execute_operation(self, serially: bool | None = None) -> Any:
+            if self.operation.operation is OperationType.SUBSCRIPTION and hasattr(
+                type(self.root_value), "__strawberry_definition__"
+            ):
+                holder = self._live_plan
+                if not holder:
+                    holder.append(plan_for(
+                        self.schema, self.operation, self.fragment_definitions,
+                        self.variable_values,
+                    ))
+                shared = holder[0]
+                if shared is not None:
+                    try:
+                        encoded = shared.encode(self.root_value)
+                    except NotPlanned:
+                        pass
+                    else:
+                        self.run_async_work_finished_hook()
+                        return ExecutionResult(encoded, None)  # type: ignore[arg-type]
+            return super().execute_operation(serially)
+
+    LiveExecutor.__name__ = LiveExecutor.__qualname__ = f"Live{base.__name__}"
+    return LiveExecutor
+
+
+def encode_frame(message: object) -> str | None:
+    """The text of a ``next`` message whose data the plan serialised (the
+    per-session part spliced in), or None for any other message."""
+    if not isinstance(message, dict):
+        return None
+    payload = message.get("payload")
+    if not isinstance(payload, dict):
+        return None
+    data = payload.get("data")
+    if not isinstance(data, Encoded):
+        return None
+    if len(payload) != 1 or list(message) != ["id", "type", "payload"]:
+        # Something besides data (extensions, errors): the ordinary encoder
+        # over the decoded data, in the message's own order.
+        payload["data"] = data.value()
+        return dumps(message)
+    head = f'{{"id":{dumps(message["id"])},"type":{dumps(message["type"])}'
+    return f'{head},"payload":{{"data":{data.text()}}}}}'
