@@ -52,6 +52,7 @@ from service_engine import (
 
 from .graphql import build_app
 from .kernel import ConfigurationError
+from .props import open_props
 from .register import register
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ async def main() -> None:
             nats = await open_nats(nats_url, name=f"{config.service}-{config.pod_id}")
             try:
                 engine = await Engine.boot(config, db, nats, ReadinessHandle())
+                await open_props(engine, nats, _data_dir() / "props", config.service, embedded)
                 app = build_app(
                     engine, register(engine), passport_from_connection_params=passport_in_params
                 )

@@ -18,6 +18,8 @@ the engine's own and may move between releases.
 * ``service_engine.commands``: the declarative command layer on the write
   pipeline (entities, workflows, commands checked at registration, typed
   outcomes, idempotency keys, unique keys, delete and row policies);
+* ``service_engine.props``: the service property contract over NATS (verbs,
+  capabilities, the SQLite and in-memory stores, watch, the logging bridge);
 * ``service_engine.embedded``: embedded Postgres and NATS for a development
   machine and tests (the ``embedded`` extra); never in production.
 

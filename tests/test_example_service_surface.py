@@ -23,6 +23,7 @@ PUBLIC = frozenset({
     "service_engine.embedded",
     "service_engine.graphql",
     "service_engine.persistence",
+    "service_engine.props",
 })
 """The engine modules a service may import: the root re-exports, the GraphQL
 kit, the persistence kit's helpers and the development infrastructure (the
