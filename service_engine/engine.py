@@ -46,13 +46,14 @@ from .lanes.presence import (
 )
 from .lanes.presence_lane import PresenceHandle, PresenceLanes
 from .leader import LeaderLease
-from .messaging.dead_letters import DeadLetters
+from .messaging.dead_letters import DeadLetters, DeadLetterSource
 from .messaging.nats import Nats
 from .metrics import Metrics
 from .mirrors.declaration import Mirror
 from .mirrors.worker import MirrorBounds, MirrorRuntime, MirrorSet, MirrorSupervisor
 from .offers.drain import DrainHook, OfferDrain, OfferDrainBounds
 from .offers.model import Offer, register_offer_type
+from .ops.queries import dead_letters_waiting
 from .pipeline import MutationExecutor
 from .pipeline.inbound import InboundReaction
 from .pipeline.reaction import ReactionPrincipal
@@ -73,6 +74,8 @@ from .supervisor import Supervisor, Worker
 ENGINE_VERSION = "0.1.0"
 REASON_NOT_RUNNING = "not_running"
 REASON_INBOUND_BOOT = "inbound_boot"
+DEAD_LETTER_GAUGE_EVERY = 5.0
+"""The most seconds between reads of the dead letters waiting (a GROUP BY per pod)."""
 
 _log = logging.getLogger(__name__)
 
@@ -96,17 +99,21 @@ class Engine:
         self.metrics = Metrics(config.service, config.pod_id)
         self.version = VersionIdentity(ENGINE_VERSION, config.service_version or "unversioned")
         self._supervisor = Supervisor(readiness)
-        self.transport = PgListenNotify(db, config, readiness)
+        self.transport = PgListenNotify(db, config, readiness, metrics=self.metrics)
         self.render = RenderRuntime(
-            db, config, self.transport.channel, accepting=self.ensure_accepting
+            db, config, self.transport.channel, accepting=self.ensure_accepting,
+            metrics=self.metrics,
         )
         self.dead_letters = DeadLetters(db, self.metrics)
         self.crons = CronScheduler(
             db, self.dead_letters, holder=config.pod_id, service=config.service
         )
+        self._dead_letters_gauged_at = float("-inf")
         self._beat_steps: dict[str, BeatStep] = {
+            "postgres": self._probe_postgres,
             "schema_version": self._refresh_schema_version,
             "listener_queue": self.transport.check_queue,
+            "dead_letters_waiting": self._gauge_dead_letters,
             "scheduled_impacts": self._fire_due,
             "sessions": self.render.beat,
             "cron": self.crons.beat,
@@ -632,6 +639,30 @@ class Engine:
 
     async def _fire_due(self) -> None:
         await fire_due(self.db, self.metrics)
+
+    async def _probe_postgres(self) -> None:
+        """``dependency_up{postgres}``: one bounded round trip on the pool."""
+        try:
+            await asyncio.wait_for(
+                self.db.pool.fetchval("SELECT 1"),
+                self.config.listener_probe_timeout.total_seconds(),
+            )
+        except BaseException:
+            self.metrics.set_dependency("postgres", False)
+            raise
+        self.metrics.set_dependency("postgres", True)
+
+    async def _gauge_dead_letters(self) -> None:
+        """``dead_letters_waiting{source}``, read every ten beats (at most
+        every `DEAD_LETTER_GAUGE_EVERY` seconds)."""
+        now = asyncio.get_running_loop().time()
+        every = min(DEAD_LETTER_GAUGE_EVERY, 10 * self.config.beat_interval.total_seconds())
+        if now < self._dead_letters_gauged_at + every:
+            return
+        self._dead_letters_gauged_at = now
+        waiting = await dead_letters_waiting(self.db)
+        for source in DeadLetterSource:
+            self.metrics.set_dead_letters_waiting(source.value, waiting.get(source.value, 0))
 
     async def _refresh_schema_version(self) -> None:
         async with self.db.pool.acquire() as conn:

@@ -28,6 +28,7 @@ __all__ = [
     "LOG_FORMATS",
     "LOG_FORMAT_VARIABLE",
     "JsonFormatter",
+    "bind_session",
     "configure_logging",
     "in_message",
     "in_session",
@@ -48,6 +49,12 @@ def in_session(session_id: str) -> Iterator[None]:
         yield
     finally:
         _SESSION_ID.reset(token)
+
+
+def bind_session(session_id: str) -> None:
+    """Lines logged from here on in the current task (and the tasks it
+    starts) carry ``session_id``: for a task that serves one session."""
+    _SESSION_ID.set(session_id)
 
 
 @contextmanager

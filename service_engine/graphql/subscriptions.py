@@ -59,6 +59,7 @@ from strawberry.scalars import JSON
 
 from ..errors import ConfigError
 from ..lanes import notices as lane_notices
+from ..logs import bind_session
 from ..render.deltas import Delta, Remove, Reset, Upsert
 from ..render.windows import WindowSpec
 
@@ -220,6 +221,7 @@ class SubscriptionUnion(Generic[V]):
         stream = await engine.attach(
             principal, projector, window, applier=applier, session_id=session_id
         )
+        bind_session(str(stream.id))  # this operation's task serves this session
         notices = engine.lane_notices(lanes) if lanes else None
         try:
             async with contextlib.aclosing(self.subscribe(stream, notices)) as messages:

@@ -112,6 +112,13 @@ async def queue_usage(db: Database) -> float:
     return float(usage)
 
 
+CHANNEL_OVERFLOW = "listener channel overflow"
+"""The `Reconnected` reason of an `ImpactChannel` overflow."""
+
+LISTENER_DEPENDENCY = "listener"
+"""The ``dependency_up`` series of the LISTEN connection."""
+
+
 class ImpactChannel:
     """A bounded queue of deliveries between the listener and its consumer.
 
@@ -136,7 +143,7 @@ class ImpactChannel:
         if len(items) >= self.capacity:
             self.overflows += 1
             items.clear()
-            items.append(Reconnected("listener channel overflow"))
+            items.append(Reconnected(CHANNEL_OVERFLOW))
             if isinstance(item, Reconnected):
                 self._ready.set()
                 return
@@ -183,10 +190,12 @@ class PgListenNotify:
         readiness: ReadinessHandle,
         *,
         max_backoff: float = 2.0,
+        metrics: Metrics | None = None,
     ) -> None:
         self._db = db
         self._config = config
         self._readiness = readiness
+        self._metrics = metrics
         self._max_backoff = max_backoff
         self.channel = ImpactChannel(config.listener_channel_capacity)
         self.started = asyncio.Event()
@@ -201,6 +210,10 @@ class PgListenNotify:
 
     def _on_outbox(self, *_: object) -> None:
         self.outbox_wake.set()
+
+    def _up(self, up: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.set_dependency(LISTENER_DEPENDENCY, up)
 
     def listen(self) -> ImpactChannel:
         """The stream of deliveries: impacts and `Reconnected`."""
@@ -217,6 +230,8 @@ class PgListenNotify:
     async def check_queue(self) -> None:
         """The beat step: brake when queue usage passes the threshold."""
         usage = await queue_usage(self._db)
+        if self._metrics is not None:
+            self._metrics.set_listener_queue_usage(usage)
         if usage > self._config.listener_queue_threshold:
             self.set_brake(
                 f"notification queue usage {usage:.6g} above listener_queue_threshold "
@@ -232,6 +247,7 @@ class PgListenNotify:
             try:
                 conn = await self._db.connect_dedicated()
             except Exception as exc:
+                self._up(False)
                 self._readiness.set_down(REASON_LISTENER, f"LISTEN connection failed: {exc}")
                 _log.warning("listener connect failed, retrying in %.2fs: %s", backoff, exc)
                 await asyncio.sleep(backoff)
@@ -258,6 +274,7 @@ class PgListenNotify:
                 self._conn, self._lost = conn, lost
                 self.connections += 1
                 backoff = 0.05
+                self._up(True)
                 self._readiness.clear(REASON_LISTENER)
                 self.outbox_wake.set()
                 if not first:
@@ -271,9 +288,11 @@ class PgListenNotify:
                 first = False
                 self.started.set()
                 await lost.wait()
+                self._up(False)
                 _log.warning("LISTEN connection closed; reconnecting")
                 self._readiness.set_down(REASON_LISTENER, "LISTEN connection lost; reconnecting")
             except Exception as exc:
+                self._up(False)
                 _log.warning("listener failed: %s", exc)
             finally:
                 self._conn = self._lost = None

@@ -28,6 +28,7 @@ from ..db.pool import Database
 from ..db.types import Conn
 from ..errors import ConfigError, EngineError
 from ..gates import Refused
+from ..logs import in_message
 from ..messaging.dead_letters import DeadLetter, DeadLetters, DeadLetterSource
 from ..messaging.envelope import (
     HEADER_MESSAGE_ID,
@@ -167,6 +168,13 @@ class ReactionRunner:
 
     async def handle(self, frame: InboundFrame) -> Settlement:
         """Handle one frame; answer what the consume loop does with it."""
+        message_id = _header_uuid(frame.headers)
+        if message_id is None:
+            return await self._handle(frame)
+        with in_message(str(message_id)):  # every line logged for this message
+            return await self._handle(frame)
+
+    async def _handle(self, frame: InboundFrame) -> Settlement:
         name = self.reaction.name
         identified = identify(frame.data, frame.headers)
         if isinstance(identified, Unidentified):

@@ -34,6 +34,8 @@ from ..db.pool import Database
 from ..db.types import Conn
 from ..errors import AttachError, AttachShuttingDown, DuplicateRegistration, EngineError
 from ..impacts.model import JsonValue, canonical_json
+from ..logs import in_session
+from ..metrics import Metrics
 from .cohort import principal_key
 from .cohort_index import CohortIndex, indexable, memberships_of
 from .deltas import Delta, KeyText, Reset
@@ -100,10 +102,16 @@ class RenderRegistry:
         config: EngineConfig,
         *,
         accepting: Callable[[], None] = lambda: None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._db = db
         self._config = config
         self._accepting = accepting
+        self._metrics = metrics
+        # Sessions attached and deltas enqueued, by projector; the deltas are
+        # counted here and added to the metric once per pass (`flush_metrics`).
+        self._live_by_projector: dict[str, int] = {}
+        self._delivered: dict[str, int] = {}
         self._projectors: dict[str, Projector[Any, Any, Any, Any]] = {}
         self._interest: Interest[Session[Any, Any]] = Interest()
         self._sessions: dict[SessionId, AttachedSession] = {}
@@ -188,6 +196,7 @@ class RenderRegistry:
             memberships_of(proj, principal),
         )
         self._sessions[sid] = rec
+        self._count_live(proj.NAME, 1)
         population = window.population
         # The connect barrier: interest first, then the snapshot.
         keys = keyed(population.keys.values()) if isinstance(population, Keys) else None
@@ -207,6 +216,7 @@ class RenderRegistry:
         rec = self._sessions.pop(session_id, None)
         if rec is None:
             return
+        self._count_live(rec.projector.NAME, -1)
         self._interest.unwatch(rec.session)
         index = self._indexes.get(rec.projector.NAME)
         if index is not None:
@@ -361,8 +371,11 @@ class RenderRegistry:
 
     # -- snapshots ------------------------------------------------------------------
 
-    async def _snapshot(self, rec: AttachedSession, tally: PassTally | None = None) -> None:
-        """Reset ``rec`` from committed state (attach, repair or resnapshot)."""
+    async def _snapshot(
+        self, rec: AttachedSession, tally: PassTally | None = None, *, cause: str | None = None
+    ) -> None:
+        """Reset ``rec`` from committed state (attach, repair or resnapshot);
+        ``cause`` (one of `RESET_CAUSES`) counts it as a reset of a live session."""
         tally = tally or PassTally()
         session = rec.session
         state = session.state.value
@@ -400,6 +413,8 @@ class RenderRegistry:
         self._emit(rec, reset)
         tally.deltas += 1
         tally.resets += 1
+        if cause is not None:
+            self.count_reset(rec.projector.NAME, cause)
         held = session.take_held()
         if held is not None:
             self._replays.append((rec, held))
@@ -418,9 +433,33 @@ class RenderRegistry:
             # The subscriber fell too far behind: a Reset replaces the backlog.
             rec.resync = True
             self._wake.set()
+            return
+        name = rec.projector.NAME
+        self._delivered[name] = self._delivered.get(name, 0) + 1
+
+    # -- metrics --------------------------------------------------------------------
+
+    def _count_live(self, projector: str, change: int) -> None:
+        count = self._live_by_projector.get(projector, 0) + change
+        self._live_by_projector[projector] = count
+        if self._metrics is not None:
+            self._metrics.set_live_sessions(projector, count)
+
+    def count_reset(self, projector: str, cause: str) -> None:
+        """Count one reset of a live session of ``projector`` for ``cause``."""
+        if self._metrics is not None:
+            self._metrics.add_resets(projector, cause)
+
+    def flush_metrics(self) -> None:
+        """Add the deltas enqueued since the last flush to the metric."""
+        delivered, self._delivered = self._delivered, {}
+        if self._metrics is not None:
+            for projector, count in delivered.items():
+                self._metrics.add_deltas_delivered(projector, count)
 
     def _failed(self, rec: AttachedSession, reason: str, exc: BaseException | None = None) -> None:
-        _log.warning("session %s: %s", rec.session.id, reason, exc_info=exc)
+        with in_session(str(rec.session.id)):
+            _log.warning("session %s: %s", rec.session.id, reason, exc_info=exc)
         state = rec.session.fail(reason)
         if state.value == "ended":
             self.detach(rec.session.id, rec.session.end_reason or reason)

@@ -34,10 +34,11 @@ from ..config import EngineConfig
 from ..db.pool import Database
 from ..db.types import Conn
 from ..impacts.model import Delivery, JsonValue
-from ..impacts.transport import ImpactChannel
+from ..impacts.transport import CHANNEL_OVERFLOW, ImpactChannel
+from ..metrics import Metrics
 from .cohort import CohortKey, CohortMismatch, check_cohort, group_by_cohort
 from .cohort_index import index_by_cohort, memberships_of, relevant_keys, visible_keys
-from .deltas import Delta, KeyText
+from .deltas import Delta, KeyText, Reset
 from .interest import Dirty, RenderFrame
 from .membership import RenderPlan
 from .plan import FramePlan, batches, plan_frame
@@ -97,8 +98,9 @@ class RenderRuntime(RenderRegistry):
         *,
         accepting: Callable[[], None] = lambda: None,
         debug: bool = __debug__,
+        metrics: Metrics | None = None,
     ) -> None:
-        super().__init__(db, config, accepting=accepting)
+        super().__init__(db, config, accepting=accepting, metrics=metrics)
         self._channel = channel
         self._debug = debug
         self.last_report = PassReport()
@@ -164,13 +166,15 @@ class RenderRuntime(RenderRegistry):
         if frame.reconnected is not None:
             _log.info("impact continuity lost (%s): re-snapshotting sessions",
                       frame.reconnected.reason)
+            cause = "overflow" if frame.reconnected.reason == CHANNEL_OVERFLOW else "reconnect"
             for rec in list(self._sessions.values()):
                 if rec.session.holding:
                     rec.session.hold(Dirty(everything=True))
                 elif rec.session.live:
-                    await self._snapshot(rec, tally)
+                    await self._snapshot(rec, tally, cause=cause)
         for rec in [r for r in self._sessions.values() if r.resync and r.session.live]:
-            await self._snapshot(rec, tally)
+            # Its subscriber fell behind and its stream overflowed.
+            await self._snapshot(rec, tally, cause="overflow")
         if frame.principals:
             await self._refresh_principals(frame.principals)
 
@@ -363,6 +367,9 @@ class RenderRuntime(RenderRegistry):
     ) -> None:
         for delta in deltas:
             self._emit(rec, delta)
+            if isinstance(delta, Reset):
+                # More keys changed than the reset threshold: one Reset instead.
+                self.count_reset(rec.projector.NAME, "threshold")
         tally.delivered(deltas)
 
     # -- 6. report --------------------------------------------------------------------
@@ -370,6 +377,9 @@ class RenderRuntime(RenderRegistry):
     def _report(self, tally: PassTally, started: float) -> PassReport:
         report = tally.freeze(time.perf_counter() - started)
         self.last_report = report
+        if self._metrics is not None:
+            self._metrics.observe_render_pass(report.duration)
+        self.flush_metrics()
         if self.on_report is not None:
             self.on_report(report)
         return report
@@ -378,6 +388,7 @@ class RenderRuntime(RenderRegistry):
 
     async def beat(self) -> None:
         """Repair sessions left repair_pending; end expired sessions."""
+        self.flush_metrics()  # what attach snapshots enqueued between passes
         now = time.monotonic()
         ttl = self._config.session_ttl.total_seconds()
         max_age = self._config.session_max_age.total_seconds()
