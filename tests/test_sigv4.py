@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -26,7 +26,7 @@ from service_engine.blobs.sigv4 import (
 )
 
 EXAMPLE = Credentials("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
-AT = datetime(2013, 5, 24, tzinfo=timezone.utc)
+AT = datetime(2013, 5, 24, tzinfo=UTC)
 
 
 def test_signing_key_derivation_vector() -> None:

@@ -22,7 +22,7 @@ import hmac
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
 __all__ = [
@@ -36,8 +36,8 @@ __all__ = [
     "post_policy",
     "presign_url",
     "sign_headers",
-    "signature",
     "sign_policy",
+    "signature",
     "signing_key",
 ]
 
@@ -72,7 +72,7 @@ def _hmac(key: bytes, text: str) -> bytes:
 def _stamps(at: datetime) -> tuple[str, str]:
     if at.tzinfo is None:
         raise ValueError("sign with an aware datetime (UTC)")
-    utc = at.astimezone(timezone.utc)
+    utc = at.astimezone(UTC)
     return utc.strftime("%Y%m%dT%H%M%SZ"), utc.strftime("%Y%m%d")
 
 
@@ -101,12 +101,16 @@ def canonical_uri(path: str) -> str:
 
 def canonical_query(params: Mapping[str, str]) -> str:
     """Sorted ``name=value`` pairs, both URI-encoded (``/`` encoded too)."""
-    pairs = sorted((_encode(k, encode_slash=True), _encode(v, encode_slash=True)) for k, v in params.items())
+    pairs = sorted(
+        (_encode(k, encode_slash=True), _encode(v, encode_slash=True)) for k, v in params.items()
+    )
     return "&".join(f"{k}={v}" for k, v in pairs)
 
 
 def _canonical_headers(headers: Mapping[str, str]) -> tuple[str, str]:
-    lowered = sorted((name.strip().lower(), " ".join(value.split())) for name, value in headers.items())
+    lowered = sorted(
+        (name.strip().lower(), " ".join(value.split())) for name, value in headers.items()
+    )
     text = "".join(f"{name}:{value}\n" for name, value in lowered)
     return text, ";".join(name for name, _ in lowered)
 
@@ -146,7 +150,9 @@ def presign_url(
     canonical = "\n".join([
         method.upper(), uri, canonical_query(query), f"host:{host}\n", "host", UNSIGNED_PAYLOAD,
     ])
-    signed = signature(credentials, date, _string_to_sign(stamp, credentials.scope(date), canonical))
+    signed = signature(
+        credentials, date, _string_to_sign(stamp, credentials.scope(date), canonical)
+    )
     return f"{scheme}://{host}{uri}?{canonical_query(query)}&X-Amz-Signature={signed}"
 
 
@@ -171,7 +177,9 @@ def sign_headers(
         method.upper(), canonical_uri(path), canonical_query(params or {}), text, names,
         payload_sha256,
     ])
-    signed = signature(credentials, date, _string_to_sign(stamp, credentials.scope(date), canonical))
+    signed = signature(
+        credentials, date, _string_to_sign(stamp, credentials.scope(date), canonical)
+    )
     authorization = (
         f"{ALGORITHM} Credential={credentials.credential(date)},"
         f"SignedHeaders={names},Signature={signed}"
@@ -206,7 +214,7 @@ def post_policy(
     if max_bytes < 0:
         raise ValueError("max_bytes is >= 0")
     stamp, date = _stamps(at)
-    expiration = (at.astimezone(timezone.utc) + expires).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    expiration = (at.astimezone(UTC) + expires).strftime("%Y-%m-%dT%H:%M:%S.000Z")
     fields = {
         "key": key,
         "x-amz-algorithm": ALGORITHM,
@@ -218,7 +226,9 @@ def post_policy(
     conditions: list[object] = [{"bucket": bucket}, *({k: v} for k, v in fields.items())]
     conditions.append(["content-length-range", 0, max_bytes])
     conditions.extend(extra_conditions)
-    document = json.dumps({"expiration": expiration, "conditions": conditions}, separators=(",", ":"))
+    document = json.dumps(
+        {"expiration": expiration, "conditions": conditions}, separators=(",", ":")
+    )
     policy = base64.b64encode(document.encode("utf-8")).decode("ascii")
     fields["policy"] = policy
     fields["x-amz-signature"] = sign_policy(credentials, date, policy)

@@ -215,6 +215,15 @@ class Aggregate(Protocol):
         """The events the current command produced, not yet saved."""
         return ()
 
+    def blob_refs(self) -> Sequence[str]:
+        """The blob references this aggregate holds now (default: none).
+
+        The pipeline diffs them between load and save: a reference dropped
+        or repointed, or held by a deleted aggregate, is released in the
+        same transaction; ``Engine.download`` presigns only a reference the
+        loaded aggregate still lists."""
+        return ()
+
 
 class RecordsEvents:
     """Mixin: an aggregate that records events (soft-EDA facts, full-EDA events).

@@ -33,6 +33,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, cast
 
+from ..blobs.model import BlobKind, UploadUrl, object_key
+from ..blobs.staging import BlobStaging, NewBlob, blob_refs_of, released_refs
 from ..clock import Timestamp
 from ..config import EngineConfig
 from ..db.errors import DRIVER_ERRORS, DatabaseError, Stage, is_lock_refusal, translate_db_error
@@ -88,6 +90,7 @@ class Staged:
     scheduled_messages: list[tuple[Timestamp, OutboundMessage]] = field(default_factory=list)
     offers: list[DirtyMark] = field(default_factory=list)
     after_commit: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    blobs: BlobStaging = field(default_factory=BlobStaging)
 
 
 def _lockable(key: object) -> object:
@@ -134,6 +137,8 @@ class Ops:
         self._on_begun: Callable[[], Awaitable[None]] | None = None
         self._offers = DirtyMarks()
         self._after_commit: list[Callable[[], Awaitable[None]]] = []
+        self._blobs = BlobStaging()
+        self._blob_seen: dict[tuple[str, str], frozenset[str]] = {}
 
     # -- time -------------------------------------------------------------
 
@@ -166,6 +171,8 @@ class Ops:
                 f"{aggregate_type.__qualname__}.Store loaded a {type(found).__qualname__}: "
                 "declare a Store on each concrete aggregate class"
             )
+        if found is not None:
+            self._blob_seen[self._identity(store, key)] = blob_refs_of(found)
         return found
 
     async def create(self, aggregate: Aggregate) -> None:
@@ -184,6 +191,10 @@ class Ops:
         await self._lock(store, store.key_of(aggregate))
         await self._db(Stage.SAVE, lambda: store.save(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
+        identity = self._identity(store, store.key_of(aggregate))
+        after = blob_refs_of(aggregate)
+        self._blobs.release(released_refs(self._blob_seen.get(identity, frozenset()), after))
+        self._blob_seen[identity] = after
 
     async def delete(self, aggregate: Aggregate) -> None:
         """Remove the aggregate. Stage its impact as for any write; an
@@ -192,6 +203,8 @@ class Ops:
         await self._lock(store, store.key_of(aggregate))
         await self._db(Stage.DELETE, lambda: store.delete(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
+        identity = self._identity(store, store.key_of(aggregate))
+        self._blobs.release(self._blob_seen.pop(identity, frozenset()) | blob_refs_of(aggregate))
 
     def dirty_offer(self, aggregate_type: type[Aggregate], key: Any) -> None:
         """The row of ``aggregate_type`` under ``key`` changed outside the
@@ -199,6 +212,49 @@ class Ops:
         DELETE): its offers re-publish (or retract) it after the commit.
         Staged with the transaction; a no-op for a noun no offer carries."""
         self._offers.aggregate(aggregate_type, key)
+
+    # -- blobs --------------------------------------------------------------
+
+    def blob(self, kind: BlobKind, *, content_type: str | None = None) -> UploadUrl:
+        """Mint an upload of ``kind``: its ``service_engine.blob`` row commits
+        with this transaction; answer the presigned POST (hand it to the
+        caller; store only ``upload.reference``, listing it in the
+        aggregate's ``blob_refs``). `ConfigError` for a content type the
+        kind's policy does not admit; `BlobStoreUnbound` before ``run``."""
+        return self._mint(kind, content_type, None, None)
+
+    def blob_owned(
+        self, kind: BlobKind, owner: Aggregate, *, content_type: str | None = None
+    ) -> UploadUrl:
+        """As `blob`, recording ``owner`` (the aggregate that will list the
+        reference) on the row."""
+        store = store_of(type(owner))
+        _, key_text = self._identity(store, store.key_of(owner))
+        return self._mint(kind, content_type, store.store_type, key_text)
+
+    def release_blob(self, reference: str) -> None:
+        """Release ``reference`` with this transaction (the reaper deletes its
+        object past the kind's ``orphan_after``). A reference an aggregate
+        dropped from ``blob_refs`` on save, or a deleted aggregate held, is
+        released without this call."""
+        self._blobs.release(blob_refs_of(_Refs(reference)))
+
+    def _mint(
+        self, kind: BlobKind, content_type: str | None,
+        owner_store: str | None, owner_key: str | None,
+    ) -> UploadUrl:
+        if not isinstance(kind, BlobKind):
+            raise DeclarationError(f"cx.blob takes a BlobKind (register_blobs), got {kind!r}")
+        policy = kind.policy
+        signed_type = policy.content_type(content_type)
+        reference = uuid.uuid4()
+        key = object_key(kind.name, str(reference))
+        upload = kind.store.presign_post(str(reference), key, policy.max_bytes, signed_type)
+        self._blobs.mint(NewBlob(
+            reference, kind.name, key, signed_type, policy.max_bytes, policy.orphan_after,
+            owner_store, owner_key,
+        ))
+        return upload
 
     # -- impacts ------------------------------------------------------------
 
@@ -397,7 +453,16 @@ class Ops:
         return Staged(
             [*resets, *self._impacts], self._scheduled, self._outbox, self._messages,
             self._scheduled_messages, self._offers.marks(), after_commit=self._after_commit,
+            blobs=self._blobs,
         )
+
+    def _identity(self, store: Persistence[Any, Any], key: object) -> tuple[str, str]:
+        try:
+            return store.store_type, canonical_json(_lockable(key))
+        except (TypeError, ValueError) as exc:
+            raise DeclarationError(
+                f"an aggregate key must be JSON (or a UUID), got {key!r}"
+            ) from exc
 
     async def _lock(self, store: Persistence[Any, Any], key: object) -> None:
         store_type = store.store_type
@@ -470,6 +535,14 @@ class Ops:
             on_begun, self._on_begun = self._on_begun, None
             await self._db(Stage.BEGIN, on_begun)
         return result
+
+
+@dataclass(frozen=True, slots=True)
+class _Refs:
+    reference: str
+
+    def blob_refs(self) -> tuple[str]:
+        return (self.reference,)
 
 
 def _is_command(message: object) -> bool:

@@ -28,6 +28,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
+from ..blobs.staging import stage_blobs
 from ..clock import Clock, Timestamp
 from ..config import EngineConfig
 from ..db.errors import DRIVER_ERRORS, Stage, translate_db_error
@@ -70,6 +71,8 @@ async def flush(conn: Conn, staged: Staged) -> int:
     for due, message in staged.scheduled_messages:
         await stage_scheduled_message(conn, message, due)
     await stage_offer_dirty(conn, staged.offers)
+    if staged.blobs:
+        await stage_blobs(conn, staged.blobs)
     return count
 
 
@@ -138,8 +141,11 @@ async def run_pipeline(
 
 async def _abandon(conn: Conn) -> None:
     """Roll back whatever is open; a connection that cannot is closed."""
-    if conn.is_closed() or not conn.is_in_transaction():
-        return
+    try:
+        if conn.is_closed() or not conn.is_in_transaction():
+            return
+    except DRIVER_ERRORS:
+        return  # a lost connection the driver already detached: nothing to roll back
     # A connection in an unknown state (cancelled mid-statement, lost) is
     # closed, never handed back to the pool as if it were clean.
     try:

@@ -269,15 +269,21 @@ class RenderRegistry:
         """The view of ``key`` for ``principal``, read exactly as a session
         renders it (same store, same RLS regime, same visibility), or None.
         A failed read raises a `DatabaseError`."""
+        row = await self.fetch_row(projector, key, principal, applier)
+        return None if row is None else self.projector(projector).project(row, principal)
+
+    async def fetch_row(
+        self, projector: str, key: JsonValue, principal: Any,
+        applier: RlsApplier[Any] | None = None,
+    ) -> Any | None:
+        """The row behind `fetch`'s view (the same read and gate), or None
+        when ``principal`` does not see it: the blob download's gate."""
         proj = self.projector(projector)
         self._check_applier(proj, applier)
         async with self._reading(proj, principal, applier) as conn:
             rows = await proj.STORE.read_many(conn, [key])
         gate = proj.render_gate(principal)
-        for row in rows:
-            if gate(row):
-                return proj.project(row, principal)
-        return None
+        return next((row for row in rows if gate(row)), None)
 
     async def fetch_window(
         self, projector: str, query: Any, principal: Any,

@@ -1,0 +1,123 @@
+"""The engine's blob runtime: kinds, the bound bucket, the reaper, download.
+
+`Engine.register_blobs` records kinds here; `BlobRuntime.start` (from
+`Engine.run`) binds the configured bucket — fail-loud: kinds registered
+and no store configured is `BlobStoreMissing`, a bucket that does not
+answer is `BlobBucketMissing`, both holding readiness DOWN under
+``blob_store`` — hands each kind its store and returns the reaper's beat
+step. A service that registers no kind never needs S3 at all.
+
+`BlobRuntime.download` is the one way to mint a `DownloadUrl`: the caller
+must currently see the view (the render registry's fetch path: same store,
+same RLS regime, same visibility gate) *and* the loaded aggregate must still
+list the reference in ``blob_refs``; otherwise None.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..db.errors import Stage, translating
+from ..db.pool import Database
+from ..errors import DuplicateRegistration, EngineError
+from ..impacts.model import JsonValue
+from ..readiness import ReadinessHandle
+from .model import BlobKind, BlobPolicy, DownloadUrl, object_key, parse_reference
+from .reaper import BlobReaper
+from .staging import blob_refs_of
+from .store import BlobStore, BlobStoreConfig
+
+__all__ = ["REASON_BLOB_STORE", "BlobRuntime", "BlobStoreMissing"]
+
+REASON_BLOB_STORE = "blob_store"
+
+_log = logging.getLogger(__name__)
+
+RowFetch = Callable[[], Awaitable[Any | None]]
+
+
+class BlobStoreMissing(EngineError):
+    """Blob kinds are registered but no S3 store is configured."""
+
+    reason = REASON_BLOB_STORE
+
+
+class BlobRuntime:
+    """The blob kinds of one engine and their bound store."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self.kinds: dict[str, BlobKind] = {}
+        self.config: BlobStoreConfig | None = None
+        self.store: BlobStore | None = None
+        self.reaper: BlobReaper | None = None
+
+    def register(self, name: str, policy: BlobPolicy) -> BlobKind:
+        if name in self.kinds:
+            raise DuplicateRegistration("blob kind", name)
+        kind = BlobKind(name, policy)
+        self.kinds[name] = kind
+        if self.store is not None:
+            kind._bind(self.store)
+        return kind
+
+    def configure(self, config: BlobStoreConfig | None) -> None:
+        self.config = config
+
+    async def start(self, readiness: ReadinessHandle) -> Callable[[], Awaitable[None]] | None:
+        """Bind the bucket when kinds are registered; the reaper's beat step
+        (None when the service has no blobs)."""
+        if not self.kinds:
+            _log.info("no blob kind is registered: the service runs without S3")
+            return None
+        if self.config is None:
+            self.config = BlobStoreConfig.from_env()
+        try:
+            if self.config is None:
+                raise BlobStoreMissing(
+                    f"blob kinds {sorted(self.kinds)} are registered but no S3 store is "
+                    "configured (SERVICE_ENGINE_S3_ENDPOINT / Engine.use_blob_store)"
+                )
+            store = BlobStore(self.config)
+            try:
+                await store.bind()
+            except BaseException:
+                await store.aclose()
+                raise
+        except EngineError as exc:
+            readiness.set_down(REASON_BLOB_STORE, f"{type(exc).__name__}: {exc}")
+            raise
+        self.store = store
+        for kind in self.kinds.values():
+            kind._bind(store)
+        self.reaper = BlobReaper(self._db, store)
+        return self.reaper.beat
+
+    async def aclose(self) -> None:
+        if self.store is not None:
+            await self.store.aclose()
+
+    async def download(self, fetch_row: RowFetch, reference: JsonValue) -> DownloadUrl | None:
+        """Presign a GET of ``reference`` when ``fetch_row`` (the caller's
+        visibility-gated read of the referencing row) finds the row and the
+        row still lists the reference; None otherwise (also for a reference
+        released, never uploaded, or of no registered kind)."""
+        try:
+            ref = str(parse_reference(reference))
+        except EngineError:
+            return None
+        row = await fetch_row()
+        if row is None or ref not in blob_refs_of(row):
+            return None
+        with translating(Stage.READ):
+            found = await self._db.pool.fetchrow(
+                "SELECT kind, state FROM service_engine.blob WHERE id = $1::uuid", ref
+            )
+        if found is None or found["state"] == "released":
+            return None
+        kind = self.kinds.get(found["kind"])
+        if kind is None:
+            return None
+        return kind.store.presign_get(ref, object_key(kind.name, ref))
