@@ -81,7 +81,7 @@ async def test_lanes_pause_past_grace_and_resume_with_a_reset(
             resumed = await _notice(notices)
             assert resumed == LaneNotice(False, ("presence",))
             reset = await replica.until(lambda d: isinstance(d, Reset), what="the Reset")
-            assert reset.views == {'"r1.alice"': {"who": "alice"}}
+            assert isinstance(reset, Reset) and reset.views == {'"r1.alice"': {"who": "alice"}}
         finally:
             await notices.aclose()
 
@@ -154,7 +154,7 @@ class Typist:
 class TypingGql(Typing):
     """The sample typing lane, rendering a GraphQL type."""
 
-    def project(self, row: PresenceEntry, principal: Any) -> Any:  # type: ignore[override]
+    def project(self, row: PresenceEntry, principal: Any) -> Any:
         assert isinstance(row.value, dict)
         return Typist(who=str(row.value["who"]))
 

@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import nats
 import pytest
@@ -194,7 +194,7 @@ async def test_cx_present_puts_after_commit_and_a_rolled_back_mutation_presents_
         assert isinstance(upsert, Upsert) and upsert.key == key("r1.alice")
         assert replica.window == {key("r1.alice"): {"who": "alice"}}
         assert replica.stream.pending() == 0
-        fold = lanes.engine.render.projector("typing").STORE.fold
+        fold = cast(Any, lanes.engine.render.projector("typing").STORE).fold
         assert set(fold.entries) == {"r1.alice"}
 
 
@@ -358,8 +358,9 @@ async def test_presence_honours_the_declared_visibility(
         globex = await lanes.attach("org_typing", room("r1"), Principal("carol", frozenset({"globex"})))
         await lanes.typing.put("r1.bob", {"who": "bob", "org": "acme"})
         await lanes.typing.put("r1.dave", {"who": "dave", "org": "globex"})
-        assert (await acme.next()).key == key("r1.bob")
-        assert (await globex.next()).key == key("r1.dave")
+        seen_by_acme, seen_by_globex = await acme.next(), await globex.next()
+        assert isinstance(seen_by_acme, Upsert) and seen_by_acme.key == key("r1.bob")
+        assert isinstance(seen_by_globex, Upsert) and seen_by_globex.key == key("r1.dave")
         await assert_never(lambda: acme.stream.pending() + globex.stream.pending() > 0,
                            what="a key crossing orgs")
 

@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from service_engine import Database, Engine, Projector, ReadinessHandle, WorkerStopped
 from service_engine.embedded import EmbeddedNats, provision_presence_bucket
@@ -39,7 +39,7 @@ class Typing(PresenceProjector[dict[str, Any], Principal, str]):
     """Who is typing in a room: keys ``<room>.<person>``."""
 
     NAME = "typing"
-    VISIBILITY = Unrestricted()
+    VISIBILITY: ClassVar[Visibility[Any, Any]] = Unrestricted()
 
     def select(self, entry: PresenceEntry, query: str) -> bool:
         return entry.key.startswith(f"{query}.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -159,7 +160,7 @@ def test_a_reseed_replaces_the_fold_and_names_what_changed() -> None:
     assert set(fold.entries) == {"stays", "moved", "new"}
 
 
-class _Lane(PresenceProjector[object, object, str]):
+class _Lane(PresenceProjector[object, Any, str]):
     NAME = "lane"
     VISIBILITY = Unrestricted()
 
