@@ -36,25 +36,34 @@ from service_engine import (
 from service_engine.embedded import EmbeddedNats
 from service_engine.graphql import PASSPORT_HEADER, Passport, graphql_app
 from service_engine.pipeline import Reaction
+from service_engine.render import Query
+from service_engine.render.windows import WindowSpec
 
 from .browser_support import chromium
 from .harness import wait_until
 from .inbound_support import dead_letter_rows, declare_streams, effects, producer
 from .inbound_support import pod as inbound_pod
+from .sample_cards import Card, CardsView, RankQuery, write_card
+from .sample_cards import Principal as CardsPrincipal
 from .sample_orders import PlaceOrder, place_order
 from .test_graphql_app import SCHEMA, resolve_me, serving
 
 OPERATOR = Passport(sub="olivia", org="acme", roles=("member", "ops"))
 MEMBER = Passport(sub="alice", org="acme", roles=("member",))
 BOUND_MS = 10_000
+ALICE_CARDS = CardsPrincipal("alice", frozenset({"acme"}))
 
 
 @contextlib.asynccontextmanager
-async def ops_pod(db: Database, nats_server: EmbeddedNats) -> AsyncIterator[tuple[Engine, str]]:
+async def ops_pod(
+    db: Database, nats_server: EmbeddedNats, *projectors: Any
+) -> AsyncIterator[tuple[Engine, str]]:
     config = EngineConfig(service="ops-test", beat_interval=timedelta(milliseconds=50),
                           lease=timedelta(seconds=1))
     async with await open_nats(nats_server.url) as connection:
         engine = await Engine.boot(config, db, connection, ReadinessHandle())
+        for projector in projectors:
+            engine.register_projector(projector)
         task = asyncio.create_task(engine.run())
         try:
             await wait_until(lambda: engine.readiness.is_up, what="engine UP")
@@ -192,4 +201,55 @@ async def test_a_passport_without_the_ops_role_gets_no_data(
                 "/ops/api/state", headers={PASSPORT_HEADER: OPERATOR.to_header()})).json()
             assert [d["id"] for d in state["dead_letters"]["items"]] == [str(letter.id)]
             assert state["dead_letters"]["waiting"] == {"Reaction": 1}
+            assert state["readiness"] == {"status": "UP"}
+            assert state["outbox"] == {"pending": 0, "failed": 0, "oldest_pending_age_seconds": 0.0}
     assert await DeadLetters(db).get(letter.id) is not None
+
+
+async def test_the_page_shows_live_sessions_per_projector_and_the_rates(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """Live sessions appear per projector and leave with their session;
+    committed impacts and delivered deltas draw the rate chart."""
+    async with ops_pod(db, nats_server, CardsView()) as (engine, addr), chromium() as browser:
+        context = await browser.new_context(
+            extra_http_headers={PASSPORT_HEADER: OPERATOR.to_header()})
+        page = await context.new_page()
+        watched = Watched(page)
+        await page.goto(f"http://{addr}/ops")
+        await page.wait_for_selector("body[data-loaded=true]", timeout=BOUND_MS)
+        stream = await engine.attach(ALICE_CARDS, "cards", WindowSpec(Query(RankQuery(100))))
+        row = page.locator('#sessions tr[data-projector="cards"]')
+        await row.wait_for(state="visible", timeout=BOUND_MS)
+        assert (await row.text_content() or "").endswith("1")
+
+        async def writing() -> None:
+            # Card writes reach the session as deltas; dead letters recorded
+            # through the engine are committed impacts it counts.
+            async with db.pool.acquire() as conn:
+                for i in range(40):
+                    await write_card(conn, Card("c1", "acme", 1, f"v{i}"))
+                    await engine.dead_letters.record_work(DeadLetter.for_work(
+                        DeadLetterSource.CRON, "tick", reason="load", key=str(i)))
+                    await asyncio.sleep(0.05)
+
+        writer = asyncio.create_task(writing())
+        try:
+            for series in ("impacts", "deltas"):
+                line = page.locator(f"#rates polyline.{series}")
+                await line.wait_for(state="attached", timeout=BOUND_MS)
+                # A point above the baseline: a rate above zero was drawn.
+                await page.wait_for_function(
+                    "name => { const p = document.querySelector('#rates polyline.' + name);"
+                    " return p && p.getAttribute('points').split(' ')"
+                    ".some(xy => parseFloat(xy.split(',')[1]) < 150); }",
+                    arg=series, timeout=BOUND_MS)
+        finally:
+            await writer
+        await stream.aclose()
+        await row.wait_for(state="visible", timeout=BOUND_MS)
+        await page.wait_for_function(
+            "() => document.querySelector('#sessions tr[data-projector=cards] td:last-child')"
+            ".textContent === '0'", timeout=BOUND_MS)
+        assert watched.errors == []
+        await context.close()

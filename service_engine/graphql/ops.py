@@ -41,6 +41,10 @@ IMPACTS = "service_engine_impacts_committed_total"
 DELTAS = "service_engine_deltas_delivered_total"
 LIVE_SESSIONS = "service_engine_live_sessions"
 
+RATE_WINDOW_SECONDS = 600.0
+"""How far back the page's rate chart reaches."""
+RATE_STEP_SECONDS = 5.0
+
 _audit = logging.getLogger("service_engine.audit")
 
 _CSP = (
@@ -62,7 +66,9 @@ class OpsState:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.history = RateHistory()
+        # A sample every ten beats, at most every RATE_STEP_SECONDS.
+        step = min(RATE_STEP_SECONDS, 10 * engine.config.beat_interval.total_seconds())
+        self.history = RateHistory(window=RATE_WINDOW_SECONDS, step=step)
 
     async def sample(self) -> None:
         metrics = self.engine.metrics
