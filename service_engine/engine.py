@@ -22,6 +22,7 @@ from .errors import (
     EngineError,
     ListenerProbeFailed,
     ShuttingDown,
+    WorkerStopped,
 )
 from .impacts.model import JsonValue
 from .impacts.transport import PgListenNotify, fire_due
@@ -72,6 +73,8 @@ from .render.registry import PrincipalRefresh
 from .render.runtime import RenderRuntime
 from .render.stream import SessionStream
 from .render.windows import WindowSpec
+from .scopes.handshake import ScopeHandshake
+from .scopes.manifest import ScopeDeclaration, ScopeError, ScopeManifest, ScopeWithoutNats
 from .supervisor import Supervisor, Worker
 
 ENGINE_VERSION = "0.1.0"
@@ -170,6 +173,10 @@ class Engine:
         self.lane_ingress: IngressSupervisor | None = None
         self.blobs = BlobRuntime(db)
         """The blob kinds and the bound bucket (`register_blobs`, `use_blob_store`)."""
+        self._scope_contributions: list[frozenset[str]] = []
+        self.scope_declaration: ScopeDeclaration | None = None
+        """The validated scope manifest `run` declares to Identity (None: scopeless)."""
+        self.scope_handshake: ScopeHandshake | None = None
         self._running = False
         self._shutting_down = False
 
@@ -449,6 +456,45 @@ class Engine:
         """``key``'s state: the fold of its contiguous durable prefix."""
         return await self.lanes.fold(accumulator, key)
 
+    # -- scopes -----------------------------------------------------------
+
+    def contribute_scopes(self, keys: Collection[str]) -> None:
+        """A slice's scope keys (from its own register), for
+        `declare_contributed_scopes`."""
+        self._scope_contributions.append(ScopeManifest.of(keys).keys)
+
+    def declare_contributed_scopes(self) -> ScopeDeclaration | None:
+        """Assemble the contributed keys into one manifest, validate it
+        (`MalformedScopeKey`, `ScopeManifestSpansServices`,
+        `EmptyScopeManifest`) and declare it; None when nothing was
+        contributed (a scopeless service skips the handshake)."""
+        if not self._scope_contributions:
+            return None
+        return self.declare_scopes(ScopeManifest.assemble(self._scope_contributions))
+
+    def declare_scopes(self, manifest: ScopeManifest) -> ScopeDeclaration:
+        """Declare a manifest the service assembled itself (validated as
+        `declare_contributed_scopes` does); `run` drives the handshake."""
+        self.scope_declaration = manifest.declaration(self.config.service)
+        return self.scope_declaration
+
+    def _start_scope_handshake(self) -> None:
+        declaration = self.scope_declaration
+        if declaration is None:
+            return
+        if self.nats is None:
+            error = ScopeWithoutNats("scopes are declared but the engine has no NATS connection")
+            self.readiness.set_down(error.reason, str(error))
+            raise error
+        supervisors = self.mirrors.supervisors
+        handshake = ScopeHandshake(
+            self.nats, declaration, self.readiness, pod_id=self.config.pod_id,
+            converged=lambda: all(s.runtime.converged for s in supervisors.values()),
+        )
+        handshake.hold()
+        self.scope_handshake = handshake
+        self._supervisor.add("scope_declaration", handshake.run)
+
     # -- blobs ------------------------------------------------------------
 
     def register_blobs(self, kind: str, policy: BlobPolicy) -> BlobKind:
@@ -533,10 +579,16 @@ class Engine:
             blob_reaper = await self.blobs.start(self.readiness)
             if blob_reaper is not None:
                 self._beat_steps.setdefault("blob_reaper", blob_reaper)
+            self._start_scope_handshake()
             if self.lanes.registered:
                 await self._start_lanes()
             self.readiness.clear(REASON_NOT_RUNNING)
-            await self._supervisor.run()
+            try:
+                await self._supervisor.run()
+            except WorkerStopped as exc:
+                if isinstance(exc.__cause__, ScopeError):
+                    raise exc.__cause__ from None  # Identity's refusal is the failure
+                raise
         finally:
             if self.outbox is not None:
                 # Hand the relay's lease over now rather than at its expiry.

@@ -38,6 +38,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.supervisor",
         "service_engine.logs",
         "service_engine.blobs.sigv4",
+        "service_engine.scopes.manifest",
+        "service_engine.scopes.wire",
     )),
     ("adapters", (
         "service_engine.db",
@@ -65,7 +67,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
                "service_engine.offers.relay", "service_engine.offers.drain",
                "service_engine.mirrors.worker", "service_engine.ops",
                "service_engine.lanes", "service_engine.blobs.reaper",
-               "service_engine.blobs.runtime")),
+               "service_engine.blobs.runtime", "service_engine.scopes")),
     ("engine", ("service_engine.engine",)),
     ("surface", (
         "service_engine.graphql",

@@ -1,0 +1,1 @@
+"""Scope declaration at boot: the manifest (pure) and the handshake with Identity."""
