@@ -127,7 +127,10 @@ class EmbeddedPostgres:
     def admin_url(self) -> str:
         return self.url(self.SUPERUSER, self.superuser_password)
 
-    def start(self) -> None:
+    def start(self, *, keep_port: bool = False) -> None:
+        """Start the server (initialising the cluster on first use) on a
+        fresh free port, or with ``keep_port`` on the port of its previous
+        start (a restarted primary at the same address)."""
         initdb, pg_ctl = _pg_commands()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
@@ -166,7 +169,8 @@ class EmbeddedPostgres:
                 pgdata=self.pgdata,
                 user=self._run_as,
             )
-        self.port = free_port()
+        if not (keep_port and self.port):
+            self.port = free_port()
         self._socket_dir = tempfile.mkdtemp(prefix="sepg")
         os.chmod(self._socket_dir, 0o777)
         options = f"-h 127.0.0.1 -p {self.port} -k {self._socket_dir} -c max_connections=300"

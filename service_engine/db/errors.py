@@ -143,6 +143,9 @@ _RETRYABLE_CLASSES = ("08", "53", "57")
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    # A connection lost mid-statement can leave the protocol in the wrong
+    # state: the driver then raises this rather than a connection error.
+    asyncpg.InternalClientError,
     OSError,
     TimeoutError,
 )

@@ -24,6 +24,7 @@ nothing was committed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
@@ -131,7 +132,9 @@ async def run_pipeline(
         await _abandon(conn)
         raise
     finally:
-        await db.pool.release(conn)
+        # The pool discards a lost connection it could not reset.
+        with contextlib.suppress(*DRIVER_ERRORS):
+            await db.pool.release(conn)
     if metrics is not None:
         metrics.add_impacts_committed(committed)
     for after_commit in staged.after_commit:
