@@ -128,6 +128,15 @@ class EngineConfig(BaseModel):
     """Sockets open at once on this pod; past it a new upgrade is accepted
     and closed with 1013 (try again later) and reason ``too_many_sockets``,
     and existing sockets are untouched."""
+    ws_per_message_deflate: bool = False
+    """Offer per-message deflate (RFC 7692) on the subscription socket.
+    Off by default: each compressed socket keeps zlib state (~64 KB or more
+    a connection) and deflates every frame, for frames that are small JSON."""
+    gc_tuned: bool = True
+    """`run_with` freezes the heap built at boot (``gc.freeze()``: the
+    collector never scans it again) and raises the collection thresholds
+    (``GC_THRESHOLDS`` in `service_engine.host`), so a long-lived pod does
+    fewer, shorter collections. False leaves Python's defaults."""
     graphiql_asset_base_url: str = "https://unpkg.com"
     """Where GraphiQL's page loads React and GraphiQL from: the public CDN,
     or an operator's mirror of the same files (same paths, same bytes: the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -15,9 +16,33 @@ from starlette.types import ASGIApp
 from .engine import Engine
 from .logs import configure_logging
 
-__all__ = ["bind_listener", "parse_addr", "run_with", "run_with_listener"]
+__all__ = [
+    "GC_THRESHOLDS",
+    "bind_listener",
+    "parse_addr",
+    "run_with",
+    "run_with_listener",
+    "tune_gc",
+]
 
 _log = logging.getLogger(__name__)
+
+GC_THRESHOLDS = (50_000, 20, 100)
+"""The collector's thresholds on a tuned pod (Python's are 700, 10, 10): a
+young collection every 50,000 net allocations instead of 700, and a full
+one at most every 100 middle ones. A pod allocates in bursts (a render
+frame, a socket's messages) whose objects mostly die young; each full
+collection walks the whole live heap (every session's window), which is
+what made the long delivery tails."""
+
+
+def tune_gc() -> None:
+    """Freeze what boot built (the schema, the registries, the modules: the
+    collector never walks it again) and set `GC_THRESHOLDS`. Call once,
+    after boot, before serving."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 class _Server(uvicorn.Server):
@@ -78,9 +103,12 @@ async def run_with_listener(
     # The server's own frame bound backs the app's typed ws_max_message_bytes
     # refusal: nothing much larger is ever buffered.
     ws_max_size = engine.config.ws_max_message_bytes + 1
-    server = _Server(
-        uvicorn.Config(app, lifespan="off", log_level="warning", ws_max_size=ws_max_size)
-    )
+    server = _Server(uvicorn.Config(
+        app, lifespan="off", log_level="warning", ws_max_size=ws_max_size,
+        ws_per_message_deflate=engine.config.ws_per_message_deflate,
+    ))
+    if engine.config.gc_tuned:
+        tune_gc()
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
