@@ -33,6 +33,7 @@ from urllib.parse import quote
 import asyncpg
 
 from .db.migrate import Migration, engine_migrations, grant_engine_access, migrate
+from .errors import ConfigError
 
 
 def _private_runtime_dir() -> str:
@@ -269,6 +270,132 @@ class EmbeddedNats:
         return self._process is not None and self._process.poll() is None
 
 
+class EmbeddedNatsCluster:
+    """Three (or ``size``) real ``nats-server -js`` processes on loopback,
+    routed into one cluster, each under ``data_dir/n{i}`` with ``sync_interval:
+    always``: where R3 streams and buckets live and a node can be killed.
+
+    Node ``i`` keeps its client and route ports across restarts, so a killed
+    node comes back at the same address with its store. `url` names the
+    first node; a client learns the others from the cluster (or pass
+    `urls`).
+    """
+
+    NAME = "service-engine"
+
+    def __init__(self, data_dir: Path, *, size: int = 3) -> None:
+        if size < 1:
+            raise ConfigError("an embedded NATS cluster has at least one node")
+        self.data_dir = Path(data_dir).resolve()
+        self.size = size
+        self.ports = [free_port() for _ in range(size)]
+        self.route_ports = [free_port() for _ in range(size)]
+        self._processes: list[subprocess.Popen[bytes] | None] = [None] * size
+
+    @property
+    def url(self) -> str:
+        return self.node_url(0)
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.node_url(i) for i in range(self.size)]
+
+    def node_url(self, i: int) -> str:
+        return f"nats://127.0.0.1:{self.ports[i]}"
+
+    @staticmethod
+    def server_name(i: int) -> str:
+        return f"n{i}"
+
+    def node_of(self, server_name: str) -> int:
+        """The index of the node a stream's ``cluster.leader`` names."""
+        return int(server_name.removeprefix("n"))
+
+    def start(self) -> None:
+        """Start every node that is not running; wait for their client ports."""
+        for i in range(self.size):
+            if not self.running(i):
+                self.start_node(i)
+
+    def start_node(self, i: int) -> None:
+        folder = self.data_dir / self.server_name(i)
+        folder.mkdir(parents=True, exist_ok=True)
+        routes = ", ".join(
+            f'"nats-route://127.0.0.1:{port}"'
+            for j, port in enumerate(self.route_ports) if j != i
+        )
+        config = folder / "nats.conf"
+        config.write_text(
+            f'server_name: "{self.server_name(i)}"\n'
+            f'listen: "127.0.0.1:{self.ports[i]}"\n'
+            f'jetstream {{\n  store_dir: "{folder / "jetstream"}"\n  sync_interval: always\n}}\n'
+            f'cluster {{\n  name: "{self.NAME}"\n  listen: "127.0.0.1:{self.route_ports[i]}"\n'
+            f"  routes: [{routes}]\n}}\n"
+        )
+        log = open(folder / "nats.log", "ab")  # noqa: SIM115 - owned by the process
+        self._processes[i] = subprocess.Popen(
+            [EmbeddedNats.binary(), "-c", str(config)], stdout=log, stderr=log,
+            start_new_session=True,
+        )
+        log.close()
+        wait_for_port(self.ports[i], 15, f"nats-server node {self.server_name(i)}")
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL node ``i`` (a crash)."""
+        process = self._processes[i]
+        if process is not None:
+            process.kill()
+            process.wait()
+            self._processes[i] = None
+
+    def stop(self) -> None:
+        for i, process in enumerate(self._processes):
+            if process is None:
+                continue
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            self._processes[i] = None
+
+    def running(self, i: int) -> bool:
+        process = self._processes[i]
+        return process is not None and process.poll() is None
+
+    async def wait_ready(self, within: float = 30.0) -> None:
+        """Wait until JetStream answers through the cluster (a meta leader
+        is elected); `RuntimeError` past ``within`` seconds."""
+        import nats
+
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                client = await nats.connect(
+                    self.urls, connect_timeout=2, max_reconnect_attempts=0
+                )
+                try:
+                    await client.jetstream().account_info()
+                    return
+                finally:
+                    await client.close()
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the NATS cluster's JetStream is not ready: {exc}") from exc
+                await asyncio.sleep(0.1)
+
+    async def provision(
+        self, streams: dict[str, list[str]] | None = None, buckets: Iterable[str] = (),
+        *, replicas: int = 3,
+    ) -> None:
+        """Declare the integration streams and ``buckets`` with ``replicas``
+        copies (R3 by default) across the cluster."""
+        await self.wait_ready()
+        await provision_streams(self.url, streams, replicas=replicas)
+        await provision_buckets(self.url, buckets, replicas=replicas)
+
+
 @dataclass(frozen=True, slots=True)
 class ProvisionedDatabase:
     """URLs for one provisioned database: the engine's app role and the owner."""
@@ -386,9 +513,10 @@ async def provision_presence_bucket(
 
 
 async def provision_streams(
-    nats_url: str, streams: dict[str, list[str]] | None = None
+    nats_url: str, streams: dict[str, list[str]] | None = None, *, replicas: int = 1
 ) -> None:
-    """Declare the gitops-owned JetStream streams (idempotent)."""
+    """Declare the gitops-owned JetStream streams (idempotent); ``replicas``
+    copies each on a cluster."""
     import nats
     from nats.js.api import StreamConfig
 
@@ -397,7 +525,8 @@ async def provision_streams(
         js = client.jetstream()
         for name, subjects in (streams or INTEGRATION_STREAMS).items():
             config = StreamConfig(
-                name=name, subjects=subjects, max_age=INTEGRATION_STREAM_MAX_AGE.total_seconds()
+                name=name, subjects=subjects, max_age=INTEGRATION_STREAM_MAX_AGE.total_seconds(),
+                num_replicas=replicas,
             )
             try:
                 await js.stream_info(name)
@@ -440,7 +569,9 @@ async def provision_lane_stream(
         await client.close()
 
 
-async def provision_buckets(nats_url: str, buckets: Iterable[str]) -> None:
+async def provision_buckets(
+    nats_url: str, buckets: Iterable[str], *, replicas: int = 1
+) -> None:
     """Declare the gitops-owned key-value buckets (the published-language
     buckets offers drain into and mirrors read; idempotent). One value per
     key (``history=1``): a reader wants the current image, not its past."""
@@ -454,7 +585,9 @@ async def provision_buckets(nats_url: str, buckets: Iterable[str]) -> None:
             try:
                 await js.key_value(name)
             except Exception:
-                await js.create_key_value(KeyValueConfig(bucket=name, history=1))
+                await js.create_key_value(
+                    KeyValueConfig(bucket=name, history=1, replicas=replicas)
+                )
     finally:
         await client.close()
 
