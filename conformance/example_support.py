@@ -18,7 +18,7 @@ import httpx
 from websockets.asyncio.client import connect
 
 from example_service.graphql import build_app
-from example_service.kernel import Principal, PrincipalDirectory
+from example_service.kernel import Principal
 from example_service.register import register
 from example_service.slices import compose
 from service_engine import (
@@ -97,7 +97,6 @@ class Running:
 
     engine: Engine
     db: Database
-    directory: PrincipalDirectory
     service: ComposedService
     readiness: ReadinessHandle
     addr: str
@@ -156,8 +155,8 @@ async def running(
         readiness = ReadinessHandle()
         engine = await Engine.boot(config or example_config(), db, nats, readiness)
         service = compose(tuple(slices))
-        directory = register(engine, service)
-        app = build_app(engine, directory, service)
+        register(engine, service)
+        app = build_app(engine, service)
         sock = bind_listener("127.0.0.1:0")
         task = asyncio.create_task(run_with_listener(engine, app, sock, handle_signals=False))
         addr = f"127.0.0.1:{sock.getsockname()[1]}"
@@ -173,7 +172,7 @@ async def running(
                         return False
 
                 await wait_until(up, timeout=BOUND, what="engine readiness UP")
-                yield Running(engine, db, directory, service, readiness, addr, http)
+                yield Running(engine, db, service, readiness, addr, http)
         finally:
             engine.shutdown()
             with contextlib.suppress(WorkerStopped):

@@ -178,9 +178,13 @@ async def main() -> None:
             try:
                 engine = await Engine.boot(config, db, nats, ReadinessHandle())
                 await open_props(engine, nats, _data_dir() / "props", config.service, embedded)
-                app = build_app(
-                    engine, register(engine), passport_from_connection_params=passport_in_params
-                )
+                register(engine)
+                if infra is None:
+                    # Identity confirms the slices' scopes before the pod is UP.
+                    engine.declare_contributed_scopes()
+                else:
+                    _log.info("embedded development: no Identity, the scopes are not declared")
+                app = build_app(engine, passport_from_connection_params=passport_in_params)
                 for sig in STOP_SIGNALS:
                     loop.remove_signal_handler(sig)
                 _announce(sock, passport_in_params)

@@ -7,13 +7,12 @@ from starlette.applications import Starlette
 from service_engine import Engine
 from service_engine.graphql import ComposedService, graphql_app
 
-from .kernel import PrincipalDirectory
+from .kernel import principal_of
 from .slices import SERVICE
 
 
 def build_app(
     engine: Engine,
-    directory: PrincipalDirectory,
     service: ComposedService = SERVICE,
     *,
     passport_from_connection_params: bool = False,
@@ -28,6 +27,6 @@ def build_app(
     return graphql_app(
         engine,
         service.schema(),
-        directory.resolve,
+        principal_of,
         passport_from_connection_params=passport_from_connection_params,
     )

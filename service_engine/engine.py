@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Collection
@@ -61,6 +62,7 @@ from .ops.queries import dead_letters_waiting
 from .pipeline import MutationExecutor
 from .pipeline.inbound import InboundReaction
 from .pipeline.reaction import ReactionPrincipal
+from .principal_facts import PrincipalFactLoader, PrincipalFactLoaders
 from .readiness import (
     REASON_BOOTING,
     REASON_SCHEMA_VERSION_DISPLACED,
@@ -177,6 +179,8 @@ class Engine:
         self.scope_declaration: ScopeDeclaration | None = None
         """The validated scope manifest `run` declares to Identity (None: scopeless)."""
         self.scope_handshake: ScopeHandshake | None = None
+        self.principal_facts = PrincipalFactLoaders()
+        """The slices' principal fact loaders (`register_principal_fact`)."""
         self._running = False
         self._shutting_down = False
 
@@ -455,6 +459,25 @@ class Engine:
     async def fold(self, accumulator: Accumulator[Any] | str, key: str) -> Folded[Any]:
         """``key``'s state: the fold of its contiguous durable prefix."""
         return await self.lanes.fold(accumulator, key)
+
+    # -- principal facts ----------------------------------------------------
+
+    def register_principal_fact(self, loader: PrincipalFactLoader) -> None:
+        """Run ``loader`` (``async (principal) -> principal`` with the slice's
+        fact) right after every principal is resolved — GraphQL HTTP and
+        WebSocket attach — and on a principal-facts refresh, which the
+        engine drives through `load_principal_facts` unless the service
+        registered its own refresh. A failing loader is fail-closed."""
+        first = not len(self.principal_facts)
+        self.principal_facts.register(loader)
+        if first:
+            with contextlib.suppress(DuplicateRegistration):
+                self.render.register_principal_refresh(self.load_principal_facts)
+
+    async def load_principal_facts(self, principal: Any) -> Any:
+        """``principal`` with every registered fact loaded (in registration
+        order); `PrincipalFactLoadFailed` when a loader fails."""
+        return await self.principal_facts.load(principal)
 
     # -- scopes -----------------------------------------------------------
 

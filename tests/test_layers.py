@@ -40,6 +40,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.blobs.sigv4",
         "service_engine.scopes.manifest",
         "service_engine.scopes.wire",
+        "service_engine.principal_facts",
     )),
     ("adapters", (
         "service_engine.db",

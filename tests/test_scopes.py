@@ -31,32 +31,36 @@ from service_engine.scopes.wire import (
 def test_assembled_union_is_sorted_and_deduplicated() -> None:
     """Contributions from several slices form one sorted manifest."""
     manifest = ScopeManifest.assemble([
-        ["example.board.archive"], ("example.card.advance", "example.board.archive"),
+        ["board:archive"], ("example.card:advance", "board:archive"),
     ])
     declaration = manifest.declaration("example")
-    assert declaration.scopes == ("example.board.archive", "example.card.advance")
+    assert declaration.service == "example"
+    assert declaration.scopes == ("board:archive", "card:advance")
     assert len(declaration.digest) == 64
 
 
 @pytest.mark.parametrize("keys", [
-    ["example.board"], ["Example.board.archive"], ["example..archive"], ["example.board.archive "],
-    ["example.board-x.archive"], [3], ["example." + "a" * 200 + ".x"],
+    ["board"], ["Board:archive"], ["board::archive"], ["board:archive "], ["example.board"],
+    ["board-x:archive"], [3], ["board:" + "a" * 200], ["a.b.board:archive"],
 ])
 def test_malformed_keys_are_boot_errors(keys: list[object]) -> None:
     """A key not of the shape service.segment.segment is refused."""
     with pytest.raises(MalformedScopeKey):
-        ScopeManifest.of(keys).declaration()  # type: ignore[arg-type]
+        ScopeManifest.of(keys).declaration("example")  # type: ignore[arg-type]
 
 
 def test_two_services_empty_and_foreign_manifests_are_boot_errors() -> None:
     """A manifest spanning two services, naming another service than the
     pod's, or empty, is refused; a bare str is not a manifest."""
     with pytest.raises(ScopeManifestSpansServices):
-        ScopeManifest.of(["a.x.y", "b.x.y"]).declaration()
+        ScopeManifest.of(["a.x:y", "b.x:y"]).declaration()
     with pytest.raises(ScopeManifestSpansServices):
-        ScopeManifest.of(["twin.x.y"]).declaration("example")
+        ScopeManifest.of(["twin.x:y"]).declaration("example")
+    with pytest.raises(ScopeManifestSpansServices):
+        ScopeManifest.of(["x:y"]).declaration()
+    assert ScopeManifest.of(["twin.x:y"]).declaration().service == "twin"
     with pytest.raises(EmptyScopeManifest):
-        ScopeManifest.of([]).declaration()
+        ScopeManifest.of([]).declaration("example")
     with pytest.raises(MalformedScopeKey):
         ScopeManifest.of("example.board.archive")
 
@@ -64,7 +68,7 @@ def test_two_services_empty_and_foreign_manifests_are_boot_errors() -> None:
 def _request() -> ScopeRequest:
     rid = uuid.uuid4()
     return ScopeRequest(
-        rid, ScopeDeclaration("example", ("example.board.archive",)), "pod-1", uuid.uuid4(), rid
+        rid, ScopeDeclaration("example", ("board:archive",)), "pod-1", uuid.uuid4(), rid
     )
 
 
@@ -78,7 +82,7 @@ def test_request_round_trips_in_the_envelope_shape() -> None:
     assert decode_request(data) == request
     assert declare_subject("example") == "identity.scope.declare.v1.example"
     tampered = json.loads(data)
-    tampered["payload"]["scopes"].append("example.card.advance")
+    tampered["payload"]["scopes"].append("card:advance")
     with pytest.raises(ScopeWireError):
         decode_request(json.dumps(tampered).encode())
 
@@ -102,6 +106,6 @@ def test_reply_must_answer_this_declaration() -> None:
 
 def test_known_scopes_decision() -> None:
     """Identity's usual decision names the unknown keys."""
-    decide = known_scopes({"example.board.archive"})
-    assert decide(ScopeDeclaration("example", ("example.board.archive",))) is None
-    assert "example.board.archiv" in (decide(ScopeDeclaration("example", ("example.board.archiv",))) or "")
+    decide = known_scopes({"board:archive"})
+    assert decide(ScopeDeclaration("example", ("board:archive",))) is None
+    assert "board:archiv" in (decide(ScopeDeclaration("example", ("board:archiv",))) or "")

@@ -55,7 +55,8 @@ async def serving(
     try:
         async with engine_nats(nats) as conn:
             engine = await Engine.boot(EngineConfig(service="example"), db, conn, ReadinessHandle())
-            app = build_app(engine, register(engine, service), service)
+            register(engine, service)
+            app = build_app(engine, service)
             sock = bind_listener("127.0.0.1:0")
             task = asyncio.create_task(run_with_listener(engine, app, sock, handle_signals=False))
             try:

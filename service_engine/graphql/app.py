@@ -251,6 +251,9 @@ class GraphQLContext(Generic[P]):
         try:
             passport = parse_passport(value)
             principal = await resolve_principal(resolver, passport)
+            # The slices' facts, right after the resolve; a loader failure
+            # propagates as the resolver's would (fail-closed).
+            principal = await self.engine.load_principal_facts(principal)
         except PassportError as exc:
             self.passport = None
             self._principal = None

@@ -33,6 +33,7 @@ from ..impacts.model import JsonValue, canonical_json
 __all__ = [
     "Aggregate",
     "DomainEvent",
+    "HoldsBlobs",
     "HydrationFailed",
     "NotFound",
     "Persistence",
@@ -215,14 +216,21 @@ class Aggregate(Protocol):
         """The events the current command produced, not yet saved."""
         return ()
 
-    def blob_refs(self) -> Sequence[str]:
-        """The blob references this aggregate holds now (default: none).
 
-        The pipeline diffs them between load and save: a reference dropped
-        or repointed, or held by a deleted aggregate, is released in the
-        same transaction; ``Engine.download`` presigns only a reference the
-        loaded aggregate still lists."""
-        return ()
+class HoldsBlobs(Protocol):
+    """An aggregate that holds blob references declares ``blob_refs``.
+
+    Optional: an aggregate without the method holds none (the default). The
+    pipeline diffs the references between load and save: one dropped or
+    repointed, or held by a deleted aggregate, is released in the same
+    transaction; ``Engine.download`` presigns only a reference the loaded
+    aggregate still lists. (Not a member of `Aggregate`: a protocol member
+    would be required of every aggregate.)
+    """
+
+    def blob_refs(self) -> Sequence[str]:
+        """The blob references this aggregate holds now."""
+        ...
 
 
 class RecordsEvents:

@@ -1,8 +1,11 @@
 """The scope manifest a service declares at boot, and its validation. Pure.
 
-A scope key is ``{service}.{segment}[.{segment}...]`` — at least three
-dot-separated lower_snake segments, the first naming the declaring service
-(``example.board.archive``). Slices contribute their keys
+A scope key is the string a gate checks in the passport's roles:
+``{area}:{verb}[:{more}]`` — lower_snake segments joined by ``:``
+(``board:archive``) — optionally qualified by its service as
+``{service}.{area}:{verb}`` (``example.board:archive``). An unqualified key
+belongs to the declaring pod's service; the declaration carries the
+service once and the keys unqualified. Slices contribute their keys
 (``Engine.contribute_scopes``); `ScopeManifest.assemble` takes the union
 and `ScopeManifest.declaration` validates it into the `ScopeDeclaration`
 the handshake sends. Boot errors, all `ScopeError`:
@@ -35,7 +38,9 @@ __all__ = [
     "ScopeWithoutNats",
 ]
 
-SCOPE_KEY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*){2,}$")
+SCOPE_KEY = re.compile(
+    r"^(?:(?P<service>[a-z][a-z0-9_-]*)\.)?(?P<scope>[a-z][a-z0-9_]*(?::[a-z][a-z0-9_]*)+)$"
+)
 MAX_SCOPE_KEY = 200
 
 
@@ -104,23 +109,33 @@ class ScopeManifest:
         return cls(frozenset(keys))
 
     def declaration(self, service: str | None = None) -> ScopeDeclaration:
-        """Validate into a `ScopeDeclaration`; ``service``, when given, is the
-        pod's own (a key of any other service is refused)."""
+        """Validate into a `ScopeDeclaration` for ``service`` (the pod's own);
+        without ``service`` every key must be qualified by one service."""
         if not self.keys:
             raise EmptyScopeManifest("the scope manifest is empty: declare no manifest instead")
+        named: set[str] = set()
+        scopes: set[str] = set()
         for key in sorted(self.keys, key=repr):
-            if not isinstance(key, str) or len(key) > MAX_SCOPE_KEY or not SCOPE_KEY.match(key):
+            match = SCOPE_KEY.match(key) if isinstance(key, str) else None
+            if match is None or len(key) > MAX_SCOPE_KEY:
                 raise MalformedScopeKey(
-                    f"scope key {key!r} is not service.segment.segment (lower_snake, dotted, "
-                    f"at most {MAX_SCOPE_KEY} characters)"
+                    f"scope key {key!r} is not area:verb or service.area:verb (lower_snake "
+                    f"segments, at most {MAX_SCOPE_KEY} characters)"
                 )
-        services = sorted({key.split(".", 1)[0] for key in self.keys})
-        if len(services) > 1:
+            if match["service"] is not None:
+                named.add(match["service"])
+            scopes.add(match["scope"])
+        if len(named) > 1:
             raise ScopeManifestSpansServices(
-                f"one manifest declares the scopes of one service, got {services}"
+                f"one manifest declares the scopes of one service, got {sorted(named)}"
             )
-        if service is not None and services[0] != service:
+        if service is not None and named and named != {service}:
             raise ScopeManifestSpansServices(
-                f"the manifest declares {services[0]!r} scopes, but this pod is {service!r}"
+                f"the manifest declares {sorted(named)[0]!r} scopes, but this pod is {service!r}"
             )
-        return ScopeDeclaration(services[0], tuple(sorted(self.keys)))
+        owner = service if service is not None else next(iter(named), None)
+        if owner is None:
+            raise ScopeManifestSpansServices(
+                "unqualified scope keys need the declaring service (EngineConfig.service)"
+            )
+        return ScopeDeclaration(owner, tuple(sorted(scopes)))

@@ -17,7 +17,7 @@ import strawberry
 from service_engine import MutationError, MutationExecutor, OneShot, Query, WindowSpec
 from service_engine.graphql import Live, MutationResult, Views, subscription_union
 
-from ...kernel import Info, Principal, PrincipalDirectory
+from ...kernel import Info, Principal
 from .commands import (
     accept_invite,
     archive_board,
@@ -132,8 +132,7 @@ class BoardMutation:
         if isinstance(outcome, MutationError):
             return await _board_result(info, outcome, "")
         # The caller's facts just changed: answer with the view they now have.
-        directory = PrincipalDirectory.of(info.context.engine)
-        joined = await directory.refresh(info.context.principal)
+        joined = await info.context.engine.load_principal_facts(info.context.principal)
         return await _board_result(info, outcome, outcome, joined)
 
 

@@ -1,12 +1,15 @@
-"""The board slice registers its projectors, its principal fact and (on an
-engine with NATS) its published-language offer."""
+"""The board slice registers its projectors, its principal fact loader, its
+scope (`BOARD_ARCHIVE`) and (on an engine with NATS) its published-language
+offer."""
 
 from __future__ import annotations
 
-from service_engine import Engine
+from collections.abc import Awaitable, Callable
 
-from ...kernel import PrincipalDirectory
-from .domain import BOARD_MEMBERSHIPS, load_memberships
+from service_engine import Database, Engine
+
+from ...kernel import Principal
+from .domain import BOARD_ARCHIVE, BOARD_MEMBERSHIPS, load_memberships
 from .offer import BoardOffer
 from .views import BoardsView, OrgBoardsRls
 
@@ -14,6 +17,16 @@ from .views import BoardsView, OrgBoardsRls
 def register(engine: Engine) -> None:
     engine.register_projector(BoardsView())
     engine.register_projector(OrgBoardsRls())
-    PrincipalDirectory.of(engine).contribute(BOARD_MEMBERSHIPS, load_memberships)
+    engine.register_principal_fact(memberships_loader(engine.db))
+    engine.contribute_scopes([BOARD_ARCHIVE])
     if engine.nats is not None:  # an engine without a broker serves the slice unpublished
         engine.register_offer(BoardOffer())
+
+
+def memberships_loader(db: Database) -> Callable[[Principal], Awaitable[Principal]]:
+    """The `BOARD_MEMBERSHIPS` fact loader: the boards the principal joined."""
+
+    async def load(principal: Principal) -> Principal:
+        return principal.with_fact(BOARD_MEMBERSHIPS, await load_memberships(db, principal.id))
+
+    return load

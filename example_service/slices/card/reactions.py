@@ -33,6 +33,7 @@ from service_engine import (
     Actor,
     Conn,
     Cron,
+    Engine,
     EventMetadata,
     InboundReaction,
     IntegrationEvent,
@@ -46,7 +47,7 @@ from service_engine import (
     stage_outbox_row,
 )
 
-from ...kernel import ConfigurationError, Principal, PrincipalDirectory
+from ...kernel import ConfigurationError, Principal
 from .commands import advance, create, due_at
 from .domain import EXISTS, NO_ORG, NOT_A_SERVICE, NOUN, Card
 from .messages import (
@@ -83,15 +84,15 @@ it; a stray one far ahead is dead-lettered after an hour."""
 DUE_RECHECK = timedelta(minutes=1)
 
 
-def sender_resolver(directory: PrincipalDirectory) -> Callable[[Actor], Awaitable[Principal]]:
+def sender_resolver(engine: Engine) -> Callable[[Actor], Awaitable[Principal]]:
     """The sender of a message as the service's own principal: its envelope
     actor (a person or a service) with the facts the slices know about it."""
 
     async def resolve(actor: Actor) -> Principal:
         subject = str(actor.id)
-        return Principal(
-            id=subject, actor=subject, kind=actor.kind, facts=await directory.facts_of(subject)
-        )
+        principal = Principal(id=subject, actor=subject, kind=actor.kind)
+        loaded: Principal = await engine.load_principal_facts(principal)
+        return loaded
 
     return resolve
 
