@@ -37,6 +37,7 @@ from service_engine.embedded import (
     provision_presence_bucket,
 )
 from service_engine.graphql import PASSPORT_HEADER, Passport
+from service_engine.scopes.identity import ScopeIdentity, known_scopes
 
 from ..harness import wait_until
 
@@ -53,6 +54,8 @@ START_BOUND = 30.0
 """The bound on a spawn reaching readiness UP."""
 PROTOCOL = Subprotocol("graphql-transport-ws")
 SERVICE = "example"
+IDENTITY_SCOPES = ("board:archive", "card:advance")
+"""The scopes the harness's Identity knows: the reference slices' own."""
 
 
 async def provision_lanes(nats_url: str) -> None:
@@ -243,6 +246,9 @@ class Pods:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._provisioned = False
         self._lanes_provisioned = False
+        self.identity: ScopeIdentity | None = None
+        """Identity, as the harness answers the pods' boot scope declarations."""
+        self._identity_conn: Any = None
 
     async def spawn(
         self, name: str = "a", *, command: list[str] | None = None, cwd: Path = REPO,
@@ -255,6 +261,11 @@ class Pods:
         if not self._lanes_provisioned:
             await provision_lanes(self.nats_url)
             self._lanes_provisioned = True
+        if self.identity is None:
+            self._identity_conn = await open_nats(self.nats_url)
+            self.identity = await ScopeIdentity(
+                self._identity_conn.client, known_scopes(IDENTITY_SCOPES)
+            ).start()
         addr_file = self.workdir / f"{name}.addr"
         log = self.workdir / f"{name}.log"
         addr_file.unlink(missing_ok=True)
@@ -303,6 +314,9 @@ class Pods:
         return await asyncio.to_thread(pod.terminate)
 
     async def aclose(self) -> None:
+        if self.identity is not None:
+            await self.identity.aclose()
+            await self._identity_conn.aclose()
         for pod in self.pods:
             await pod.http.aclose()
         for process in self._procs:

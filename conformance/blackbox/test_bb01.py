@@ -1,5 +1,8 @@
-"""bb01: readiness, and a second pod on the same store converging.
+"""bb01: readiness, the boot scope handshake, and a second pod on the same
+store converging.
 
+Each pod declares the slices' scopes to Identity (the harness answers it)
+before it is UP; a declaration Identity rejects keeps the pod from serving.
 Two processes of the real service share one Postgres and one NATS and no
 other state: a write through either pod reaches a live subscriber on the
 other, and a pod stopped with SIGTERM exits cleanly while the other stays UP.
@@ -8,12 +11,14 @@ other, and a pod stopped with SIGTERM exits cleanly while the other stays UP.
 from __future__ import annotations
 
 import asyncpg
+import pytest
 
 from service_engine.embedded import ProvisionedDatabase
 
 from .harness import (
     ADMIN,
     BOARDS_SUBSCRIPTION,
+    IDENTITY_SCOPES,
     RENAME,
     Pods,
     create_board,
@@ -32,6 +37,11 @@ async def test_bb01_readiness_and_a_second_pod_converges(
     b = await pods.spawn("b")
     ready = await b.readyz()
     assert (ready.status_code, ready.json()) == (200, {"status": "UP"})
+    # Each pod declared the slices' scopes once and was confirmed before UP.
+    assert pods.identity is not None
+    declared = {r.pod_id: r.declaration for r in pods.identity.requests}
+    assert set(declared) == {"bb-a", "bb-b"}
+    assert all(d.service == "example" and d.scopes == IDENTITY_SCOPES for d in declared.values())
 
     async with b.socket(ADMIN) as on_b, a.socket(ADMIN) as on_a:
         await on_b.init()
@@ -77,3 +87,14 @@ async def test_bb01_readiness_and_a_second_pod_converges(
     assert await pods.stop(a) == 0, a.log_tail()
     ready = await b.readyz()
     assert (ready.status_code, ready.json()) == (200, {"status": "UP"})
+
+
+async def test_bb01_a_rejected_scope_declaration_fails_the_deploy(pods: Pods) -> None:
+    """bb01: when Identity rejects the declaration the pod never comes UP; it
+    exits naming the rejection (a scope typo is a failed deploy)."""
+    await pods.spawn("ok")  # starts the harness's Identity
+    assert pods.identity is not None
+    pods.identity.decide = lambda declaration: "unknown scopes: card:advance"
+    with pytest.raises(AssertionError) as failed:
+        await pods.spawn("rejected")
+    assert "ScopeRejected" in str(failed.value) or "unknown scopes" in str(failed.value)
