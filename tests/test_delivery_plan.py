@@ -207,8 +207,8 @@ def test_plan_renders_a_member_and_cuts_at_its_own_revision() -> None:
 
 
 def test_shared_members_are_serialised_once_per_plan() -> None:
-    """Two sessions' Upserts of the same view and cause reuse one serialisation; a Reset's
-    per-session lists are never cached."""
+    """Two sessions' Upserts of the same (or an equal) view and cause reuse one serialisation;
+    a changed view is serialised anew; a Reset's per-session lists are never cached."""
     plan = _plan(FULL)
     shared = delivery.SharedPlan(parse(FULL).definitions[0], plan)  # type: ignore[arg-type]
     a = shared.encode(THINGS.message(Upsert(2, '"t1"', ALPHA, CAUSE)))
@@ -216,6 +216,14 @@ def test_shared_members_are_serialised_once_per_plan() -> None:
     assert a.chunks is b.chunks and (a.revision, b.revision) == (2, 9)
     c = shared.encode(THINGS.message(Upsert(10, '"t1"', BETA, CAUSE)))
     assert c.chunks is not a.chunks
+    # Another principal's projection of the same row: an equal, distinct view.
+    twin = copy.deepcopy(BETA)
+    d = shared.encode(THINGS.message(Upsert(11, '"t1"', twin, CAUSE)))
+    assert d.chunks is c.chunks and d.revision == 11
+    changed = copy.deepcopy(BETA)
+    changed.title = "Beta 2"
+    e = shared.encode(THINGS.message(Upsert(12, '"t1"', changed, CAUSE)))
+    assert e.chunks is not c.chunks and '"Beta 2"' in e.text()
     r1 = shared.encode(THINGS.message(Reset(1, {'"t1"': ALPHA})))
     r2 = shared.encode(THINGS.message(Reset(1, {'"t1"': ALPHA})))
     assert r1.chunks is not r2.chunks and r1 == r2

@@ -93,22 +93,36 @@ class SharedPlan:
         self._encoded: dict[tuple[Any, ...], tuple[tuple[object, ...], Encoded]] = {}
 
     def encode(self, member: object) -> Encoded:
-        """``member`` serialised; a member whose every other field is a shared
-        object another session's member carried too is serialised once."""
+        """``member`` serialised; a member whose other fields are the objects
+        (or equal values: a view is projected per principal, and principals
+        of one cohort mostly see the same) another session's member carried
+        is serialised once."""
         slots = _identity_fields(member)
-        if slots is None or not _cacheable(member, slots):
+        if slots is None:
             return self.plan.encode(member)
         refs = tuple(getattr(member, name) for name in slots)
-        key = (type(member), *map(id, refs))
+        if any(isinstance(r, list | dict) for r in refs):
+            return self.plan.encode(member)  # a Reset's per-session lists
+        key = (type(member), refs[0] if isinstance(refs[0], str) else id(refs[0]))
         hit = self._encoded.get(key)
-        if hit is not None and all(a is b for a, b in zip(hit[0], refs, strict=True)):
+        if hit is not None and _same(hit[0], refs):
+            encoded = hit[1]
             revision = getattr(member, _REVISION)
-            return hit[1].with_revision(revision) if hit[1].revision is not None else hit[1]
+            return encoded.with_revision(revision) if encoded.revision is not None else encoded
         encoded = self.plan.encode(member)
         if len(self._encoded) >= ENCODED_PER_PLAN:
             self._encoded.clear()
         self._encoded[key] = (refs, encoded)
         return encoded
+
+
+def _same(held: tuple[object, ...], refs: tuple[object, ...]) -> bool:
+    for a, b in zip(held, refs, strict=True):
+        if a is b:
+            continue
+        if type(a) is not type(b) or a != b:
+            return False
+    return True
 
 
 _FIELDS: dict[type[Any], tuple[str, ...] | None] = {}
@@ -129,10 +143,6 @@ def _identity_fields(member: object) -> tuple[str, ...] | None:
         fields = None
     _FIELDS[cls] = fields
     return fields
-
-
-def _cacheable(member: object, fields: tuple[str, ...]) -> bool:
-    return not any(isinstance(getattr(member, n), list | dict) for n in fields)
 
 
 _PLANS: OrderedDict[tuple[int, int, str], SharedPlan | None] = OrderedDict()

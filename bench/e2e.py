@@ -1,0 +1,346 @@
+"""End to end: the reference service in its own process, standard clients.
+
+    python bench/e2e.py [--seconds 8] [--cells all|quick|"subs/orgs/rate,..."]
+                        [--idle 1000,10000] [--compare-plan] [--env NAME=VALUE ...]
+                        [--py-spy FILE]
+
+The service (``python -m example_service`` on its embedded Postgres + NATS in
+a temporary folder) runs in a child process; this process opens one
+graphql-transport-ws socket per subscriber (the ``websockets`` library, the
+passport on the upgrade), each subscribed to ``boards`` (the caller's
+boards). A cell is ``subs`` subscribers spread over ``orgs`` orgs (five
+boards per org) and ``rate`` writes/s spread over the orgs and their boards: each write is a
+``renameBoard`` mutation over HTTP whose title carries its sequence number.
+
+- latency: ``perf_counter`` just before the mutation is sent to the receipt
+  of the Upsert carrying that title, per subscriber (p50 / p99 / max);
+- ``deliv``: Upserts received / expected (writes x subscribers of the org);
+- ``ack p99``: the mutation's answer time (writers must not be pushed back);
+- ``cpu/deliv``: the service process's CPU (user+sys, not Postgres's or
+  NATS's) during the cell over the deliveries.
+
+``--idle`` opens that many idle sessions at once (one subscription each),
+reports the service's RSS, how many went live and the time to all live, then
+closes them and reports RSS again and one 1-subscriber cell's latency after.
+``--compare-plan`` runs everything twice, the delivery plan off and on, side
+by side; ``--env`` passes ``SERVICE_ENGINE_*`` settings to the service (e.g.
+``SERVICE_ENGINE_GC_TUNED=false``); ``--py-spy`` records the service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.typing import Subprotocol
+
+REPO = Path(__file__).resolve().parents[1]
+PROTOCOL = Subprotocol("graphql-transport-ws")
+SUBSCRIPTION = """subscription { boards { __typename
+  ... on BoardsReset { revision keys }
+  ... on BoardsUpsert { revision key view { id title archived affordances { action allowed reason } } cause { name } }
+  ... on BoardsRemove { revision key } } }"""
+CREATE = "mutation($id: ID, $title: String!) { createBoard(id: $id, title: $title) { success error { code message } } }"
+RENAME = "mutation($id: ID!, $title: String!) { renameBoard(id: $id, title: $title) { success error { code } } }"
+BOARDS_PER_ORG = 5
+"""Boards per org: an org's writes rotate over them (one hot row would
+measure its row lock and Postgres's commit, not delivery)."""
+CELLS = {
+    "quick": [(1, 1, 50), (100, 10, 100), (1000, 50, 50)],
+    "all": [(1, 1, 50), (100, 10, 100), (1000, 50, 50), (1000, 1, 20)],
+}
+
+
+def passport(sub: str, org: str) -> str:
+    return json.dumps({"sub": sub, "org": org, "roles": ["board:archive"]}, separators=(",", ":"))
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@dataclass
+class Service:
+    procs: list[subprocess.Popen[bytes]]
+    addr: str
+    data: Path
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def cpu(self) -> float:
+        return sum(cpu_seconds(p) for p in self.pids)
+
+    def rss(self) -> float:
+        return sum(rss_mb(p) for p in self.pids)
+
+
+@contextlib.asynccontextmanager
+async def service(env: dict[str, str]) -> AsyncIterator[Service]:
+    data = Path(tempfile.mkdtemp(prefix="e2e-"))
+    addr_file = data / "addr"
+    environ = {
+        **os.environ,
+        "EXAMPLE_SERVICE_DATA": str(data),
+        "EXAMPLE_SERVICE_HTTP_ADDR": "127.0.0.1:0",
+        "EXAMPLE_SERVICE_ADDR_FILE": str(addr_file),
+        "EXAMPLE_SERVICE_LOG_LEVEL": "WARNING",
+        "SERVICE_ENGINE_WS_MAX_SOCKETS": "30000",
+        **env,
+    }
+    log = (data / "service.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "example_service"], cwd=REPO,  # noqa: ASYNC220
+                            env=environ, stdout=log, stderr=subprocess.STDOUT)
+    procs = [proc]
+    try:
+        deadline = time.monotonic() + 120
+        while not addr_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError((data / "service.log").read_text()[-3000:])
+            await asyncio.sleep(0.1)
+        addr = addr_file.read_text().strip()
+        async with httpx.AsyncClient(base_url=f"http://{addr}") as http:
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if (await http.get("/readyz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+        yield Service(procs, addr, data)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@dataclass
+class Subscriber:
+    ws: ClientConnection
+    org: str
+    latencies: list[float] = field(default_factory=list)
+    live: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def open_subscriber(addr: str, sub: str, org: str, sent: dict[int, float]) -> Subscriber:
+    ws = await connect(f"ws://{addr}/graphql/ws", subprotocols=[PROTOCOL],
+                       additional_headers={"X-Passport": passport(sub, org)},
+                       open_timeout=120, max_queue=None, compression=None)
+    await ws.send(json.dumps({"type": "connection_init"}))
+    await ws.recv()
+    await ws.send(json.dumps({"id": "1", "type": "subscribe", "payload": {"query": SUBSCRIPTION}}))
+    subscriber = Subscriber(ws, org)
+    asyncio.get_running_loop().create_task(read(subscriber, sent))
+    return subscriber
+
+
+async def read(subscriber: Subscriber, sent: dict[int, float]) -> None:
+    marker = '"title":"w'
+    with contextlib.suppress(Exception):
+        async for raw in subscriber.ws:
+            now = time.perf_counter()
+            assert isinstance(raw, str)
+            if not subscriber.live.is_set() and "Reset" in raw:
+                subscriber.live.set()
+            at = raw.find(marker)
+            if at >= 0:
+                end = raw.index('"', at + len(marker))
+                seq = int(raw[at + len(marker):end])
+                started = sent.get(seq)
+                if started is not None:
+                    subscriber.latencies.append(now - started)
+
+
+async def open_many(addr: str, count: int, orgs: list[str], prefix: str,
+                    sent: dict[int, float], batch: int = 500) -> list[Subscriber]:
+    subscribers: list[Subscriber] = []
+    for start in range(0, count, batch):
+        subscribers += await asyncio.gather(*(
+            open_subscriber(addr, f"{prefix}u{i}", orgs[i % len(orgs)], sent)
+            for i in range(start, min(count, start + batch))))
+    return subscribers
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
+               seconds: float) -> dict[str, Any]:
+    orgs = [f"{name}o{j}" for j in range(n_orgs)]
+    sent: dict[int, float] = {}
+    async with httpx.AsyncClient(base_url=f"http://{svc.addr}", timeout=60,
+                                 limits=httpx.Limits(max_connections=64)) as http:
+        for org in orgs:
+            for b in range(BOARDS_PER_ORG):
+                response = await http.post("/graphql", json={"query": CREATE, "variables": {
+                    "id": f"b-{org}-{b}", "title": f"start {b}"}},
+                    headers={"X-Passport": passport("w", org)})
+                assert response.json()["data"]["createBoard"]["success"], response.text
+        subscribers = await open_many(svc.addr, subs, orgs, name, sent)
+        await asyncio.wait_for(asyncio.gather(*(s.live.wait() for s in subscribers)), 120)
+        await asyncio.sleep(0.5)
+        per_org = {org: sum(1 for s in subscribers if s.org == org) for org in orgs}
+        acks: list[float] = []
+        failed = 0
+        expected = 0
+
+        async def write(seq: int, org: str) -> None:
+            nonlocal failed
+            t0 = time.perf_counter()
+            sent[seq] = t0
+            try:
+                response = await http.post("/graphql", json={"query": RENAME, "variables": {
+                    "id": f"b-{org}-{seq // n_orgs % BOARDS_PER_ORG}", "title": f"w{seq}"}}, headers={"X-Passport": passport("w", org)})
+                ok = response.json()["data"]["renameBoard"]["success"]
+            except Exception:
+                ok = False
+            acks.append(time.perf_counter() - t0)
+            failed += not ok
+
+        cpu0 = svc.cpu()
+        tasks = []
+        total = int(rate * seconds)
+        begin = time.perf_counter()
+        for seq in range(total):
+            target = begin + seq / rate
+            delay = target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            org = orgs[seq % n_orgs]
+            expected += per_org[org]
+            tasks.append(asyncio.create_task(write(seq, org)))
+        await asyncio.gather(*tasks)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = sum(len(s.latencies) for s in subscribers)
+            if got >= expected:
+                break
+            await asyncio.sleep(0.2)
+        cpu = svc.cpu() - cpu0
+        latencies = [x for s in subscribers for x in s.latencies]
+        await asyncio.gather(*(s.ws.close() for s in subscribers), return_exceptions=True)
+    delivered = len(latencies)
+    return {
+        "cell": f"{subs} subs / {n_orgs} orgs / {rate:g} w/s",
+        "p50": pct(latencies, 0.5) * 1e3, "p99": pct(latencies, 0.99) * 1e3,
+        "max": max(latencies, default=float("nan")) * 1e3,
+        "deliv": f"{delivered}/{expected}", "ack_p99": pct(acks, 0.99) * 1e3,
+        "failed": failed, "cpu_us": cpu / max(1, delivered) * 1e6,
+    }
+
+
+async def idle(svc: Service, count: int, seconds: float) -> dict[str, Any]:
+    sent: dict[int, float] = {}
+    before = svc.rss()
+    orgs = [f"idle{count}o{j}" for j in range(50)]
+    begin = time.perf_counter()
+    subscribers = await open_many(svc.addr, count, orgs, f"idle{count}", sent, batch=count)
+    opened = time.perf_counter() - begin
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*(s.live.wait() for s in subscribers)), 120)
+    live_at = time.perf_counter() - begin
+    live = sum(s.live.is_set() for s in subscribers)
+    await asyncio.sleep(2)
+    held = svc.rss()
+    await asyncio.gather(*(s.ws.close() for s in subscribers), return_exceptions=True)
+    del subscribers
+    await asyncio.sleep(3)
+    after = svc.rss()
+    fresh = await cell(svc, f"after{count}", 1, 1, 50, seconds)
+    return {"sessions": count, "rss_before": before, "rss_held": held, "rss_after": after,
+            "live": live, "open_s": opened, "live_s": live_at,
+            "after_p50": fresh["p50"], "after_p99": fresh["p99"]}
+
+
+async def run(args: argparse.Namespace) -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    base = dict(kv.split("=", 1) for kv in args.env)
+    variants = ([("plan off", {**base, "SERVICE_ENGINE_GRAPHQL_DELIVERY_PLAN": "false"}),
+                 ("plan on", base)] if args.compare_plan else [("engine", base)])
+    if args.cells in CELLS:
+        cells = CELLS[args.cells]
+    else:
+        cells = [tuple(float(x) for x in c.split("/")) for c in args.cells.split(",") if c]
+    rows: dict[str, list[dict[str, Any]]] = {}
+    idles: dict[str, list[dict[str, Any]]] = {}
+    for label, env in variants:
+        async with service(env) as svc:
+            spy = None
+            if args.py_spy:
+                command = [str(Path(sys.executable).parent / "py-spy"), "record", "--format",
+                           "raw", "-r", "200", "-o", f"{args.py_spy}.{label.replace(' ', '_')}.txt",
+                           "-p", str(svc.pids[0])]
+                spy = subprocess.Popen(command, stdout=subprocess.DEVNULL,  # noqa: ASYNC220
+                                       stderr=subprocess.DEVNULL)
+            rows[label] = []
+            for n, (subs, orgs, rate) in enumerate(cells):
+                rows[label].append(await cell(svc, f"c{n}", int(subs), int(orgs), rate, args.seconds))
+                print(label, rows[label][-1], flush=True)
+            idles[label] = []
+            for count in [int(x) for x in args.idle.split(",") if x]:
+                idles[label].append(await idle(svc, count, min(args.seconds, 4)))
+                print(label, idles[label][-1], flush=True)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                await asyncio.to_thread(spy.wait, 30)
+    print(f"\nload average {os.getloadavg()[0]:.2f}; env {base}")
+    print(f"{'cell':32} {'variant':9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'deliv':>14} "
+          f"{'ack p99':>8} {'fail':>5} {'cpu/deliv us':>12}")
+    for i in range(len(cells)):
+        for label in rows:
+            r = rows[label][i]
+            print(f"{r['cell']:32} {label:9} {r['p50']:8.1f} {r['p99']:8.1f} {r['max']:8.1f} "
+                  f"{r['deliv']:>14} {r['ack_p99']:8.1f} {r['failed']:5} {r['cpu_us']:12.1f}")
+    if any(idles.values()):
+        print(f"\n{'sessions':>8} {'variant':9} {'RSS idle':>9} {'RSS held':>9} {'RSS after':>9} "
+              f"{'live':>6} {'open s':>7} {'live s':>7} {'after p50':>9} {'after p99':>9}")
+        for label, entries in idles.items():
+            for r in entries:
+                print(f"{r['sessions']:8} {label:9} {r['rss_before']:9.0f} {r['rss_held']:9.0f} "
+                      f"{r['rss_after']:9.0f} {r['live']:6} {r['open_s']:7.1f} {r['live_s']:7.1f} "
+                      f"{r['after_p50']:9.1f} {r['after_p99']:9.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--cells", default="all")
+    parser.add_argument("--idle", default="")
+    parser.add_argument("--compare-plan", action="store_true")
+    parser.add_argument("--env", action="append", default=[])
+    parser.add_argument("--py-spy", default="", help="record the service with py-spy to FILE.<variant>.txt")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
