@@ -17,6 +17,7 @@ from .config import EngineConfig
 from .db.pool import Database
 from .db.posture import assert_posture
 from .db.schema_version import Claim, VersionIdentity, claim_at_boot, claim_schema_version
+from .erasure import Erasable, Eraser, ErasureResult
 from .errors import (
     ConfigError,
     DuplicateRegistration,
@@ -181,6 +182,10 @@ class Engine:
         self.scope_handshake: ScopeHandshake | None = None
         self.principal_facts = PrincipalFactLoaders()
         """The slices' principal fact loaders (`register_principal_fact`)."""
+        self._eraser = Eraser(
+            db, config, lanes=self.lanes, blobs=self.blobs, presence=self._clear_presence,
+            metrics=self.metrics, purge_grace=config.lease,
+        )
         self._running = False
         self._shutting_down = False
 
@@ -459,6 +464,28 @@ class Engine:
     async def fold(self, accumulator: Accumulator[Any] | str, key: str) -> Folded[Any]:
         """``key``'s state: the fold of its contiguous durable prefix."""
         return await self.lanes.fold(accumulator, key)
+
+    # -- erasure ------------------------------------------------------------
+
+    def register_erasable(self, name: str, erasable: Erasable) -> None:
+        """A slice that holds person data: ``erasable.erase(cx, person)`` runs
+        in every erasure's one transaction. The beat drains unfinished purges."""
+        self._eraser.register(name, erasable)
+        self._beat_steps.setdefault("erasure_purge", self._drain_erasures)
+
+    def eraser(self) -> Eraser:
+        """The engine's `Eraser` (capture it before `run`; share it freely)."""
+        return self._eraser
+
+    async def erase(self, person: str) -> ErasureResult:
+        """Erase ``person`` across every registered slice (see `service_engine.erasure`)."""
+        return await self._eraser.erase(person)
+
+    async def _drain_erasures(self) -> None:
+        await self._eraser.drain()
+
+    async def _clear_presence(self, projector: str, key: str) -> bool:
+        return await self.presence(projector).clear(key)
 
     # -- principal facts ----------------------------------------------------
 
