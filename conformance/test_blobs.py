@@ -313,3 +313,28 @@ async def test_bucket_bind_fails_loud(db: Database, store_config: BlobStoreConfi
 def test_seaweed_runs_from_the_wheel() -> None:
     """The embedded extra ships the weed binary."""
     assert Path(EmbeddedSeaweed.binary()).exists()
+
+
+async def test_erasure_purges_the_persons_blobs(db: Database, store_config: BlobStoreConfig) -> None:
+    """An erasure whose manifest names a blob releases it in the erasure's
+    transaction and, after the commit, deletes its object and its row."""
+    from service_engine.erasure import Erase
+
+    async with running(db, store_config) as run:
+        upload = await create_with_upload(run, "e1")
+        assert (await post(upload, b"personal")).status_code in (200, 201, 204)
+
+        class Documents:
+            async def erase(self, cx: Erase, person: str) -> None:
+                doc = await cx.load(Document, "e1")
+                await cx.delete(doc)
+                for reference in doc.blob_refs():
+                    cx.erased.blob(reference)
+
+        run.engine.register_erasable("documents", Documents())
+        result = await run.engine.erase("alice")
+        assert result.purged and result.manifest.blobs == {upload.reference}
+        assert await blob_row(db, upload.reference) is None
+        store = run.engine.blobs.store
+        assert store is not None
+        assert await store.head(f"attachment/{upload.reference}") is None

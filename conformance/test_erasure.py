@@ -14,11 +14,19 @@ import asyncpg
 import pytest
 
 from service_engine import Database, Engine, ReadinessHandle
-from service_engine.embedded import ProvisionedDatabase
+from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.erasure import Erase
 from service_engine.errors import WorkerStopped
 
-from .harness import fast_engine_config, wait_until
+from .accumulator_support import (
+    chunk_rows,
+    lane_pod,
+    producer,
+    provision,
+    seal_row,
+    text_accumulator,
+)
+from .harness import assert_never, fast_engine_config, wait_until
 
 STREAM = "notes_stream"
 
@@ -185,3 +193,42 @@ async def test_s138_the_beat_completes_a_purge_the_erase_never_finished(
     assert await db.pool.fetchval(
         "SELECT count(*) FROM service_engine.accumulator_chunk WHERE key = 'dave.draft'"
     ) == 0
+
+
+async def test_s141_erasing_a_person_purges_their_chunks_from_the_lane_a_stream(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """s141: a person's chunks, durable in Postgres and retained on the
+    lane-A NATS stream, are gone from both after the erasure; the key stays
+    sealed, so a late chunk of it is refused rather than stored again."""
+    accumulator = text_accumulator("reply_text")
+    await provision(nats_server)
+
+    class Replies:
+        async def erase(self, cx: Erase, person: str) -> None:
+            cx.erased.stream(accumulator.name, f"{person}-reply")
+
+    async with lane_pod(db, nats_server, [accumulator]) as pod, producer(nats_server) as source:
+        pod.engine.register_erasable("replies", Replies())
+        for seq, text in enumerate(("a", "b", "c")):
+            await source.send("erin-reply", seq, text, accumulator.name)
+
+        async def durable() -> bool:
+            return len(await chunk_rows(db, "erin-reply")) == 3
+
+        await wait_until(durable, what="the chunks durable")
+        assert await source.subject_count("erin-reply") == 3
+
+        result = await pod.engine.erase("erin")
+        assert result.purged
+        assert await chunk_rows(db, "erin-reply") == []
+        assert await source.subject_count("erin-reply") == 0
+        marker = await seal_row(db, "erin-reply")
+        assert marker is not None and marker["stream_purged"]
+
+        await source.send("erin-reply", 3, "late", accumulator.name)
+        await assert_never(lambda: _has_chunks(db, "erin-reply"), within=0.5)
+
+
+async def _has_chunks(db: Database, key: str) -> bool:
+    return bool(await chunk_rows(db, key))
