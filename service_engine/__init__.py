@@ -35,6 +35,7 @@ from .config import EngineConfig
 from .db import Database, connect_pool, service_migrations, validate_database_tls
 from .db.types import Conn
 from .engine import ENGINE_VERSION, Engine
+from .erasure import Erasable, Erase, Erased, Eraser, ErasureResult, PersonErased
 from .errors import (
     AttachError,
     ConfigError,
@@ -153,6 +154,7 @@ from .pipeline import (
     Reaction,
     Success,
 )
+from .principal_facts import PrincipalFactLoader, PrincipalFactLoadFailed
 from .readiness import Readiness, ReadinessHandle, readiness_route
 from .render import (
     CohortKey,
@@ -176,6 +178,16 @@ from .render.projector import (
 )
 from .render.stream import SessionEnded, SessionStream
 from .render.windows import Emission, WindowSpec
+from .scopes.manifest import (
+    EmptyScopeManifest,
+    MalformedScopeKey,
+    ScopeDeclaration,
+    ScopeError,
+    ScopeManifest,
+    ScopeManifestSpansServices,
+    ScopeRejected,
+    ScopeWithoutNats,
+)
 
 __all__ = [
     "ACCUMULATED_LANE",
@@ -223,9 +235,15 @@ __all__ = [
     "DuplicateRegistration",
     "Durable",
     "Emission",
+    "EmptyScopeManifest",
     "Engine",
     "EngineConfig",
     "EngineError",
+    "Erasable",
+    "Erase",
+    "Erased",
+    "Eraser",
+    "ErasureResult",
     "EventMetadata",
     "EventSourced",
     "Folded",
@@ -250,6 +268,7 @@ __all__ = [
     "LaneStreamMissing",
     "ListenerProbeFailed",
     "LockTimeout",
+    "MalformedScopeKey",
     "Merged",
     "Mirror",
     "Mutation",
@@ -267,6 +286,7 @@ __all__ = [
     "Park",
     "PerImpact",
     "Persistence",
+    "PersonErased",
     "Populate",
     "PostureBypassRls",
     "PostureError",
@@ -276,6 +296,8 @@ __all__ = [
     "PresenceEntry",
     "PresenceHandle",
     "PresenceProjector",
+    "PrincipalFactLoadFailed",
+    "PrincipalFactLoader",
     "PrincipalUnresolved",
     "Projection",
     "Projector",
@@ -295,6 +317,12 @@ __all__ = [
     "Retry",
     "RlsApplier",
     "SchemaVersionConflict",
+    "ScopeDeclaration",
+    "ScopeError",
+    "ScopeManifest",
+    "ScopeManifestSpansServices",
+    "ScopeRejected",
+    "ScopeWithoutNats",
     "SealChunkBeyondLastSeq",
     "SealError",
     "SealHashMismatch",

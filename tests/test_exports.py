@@ -40,6 +40,10 @@ EXPECTED = {
     "Mirror", "Merged", "Shadow", "Known", "KnownScope", "Projection",
     "BlobBucketMissing", "BlobError", "BlobKind", "BlobPolicy", "BlobStoreConfig",
     "BlobStoreMissing", "DownloadUrl", "UploadUrl",
+    "Erasable", "Erase", "Erased", "Eraser", "ErasureResult", "PersonErased",
+    "PrincipalFactLoader", "PrincipalFactLoadFailed",
+    "EmptyScopeManifest", "MalformedScopeKey", "ScopeDeclaration", "ScopeError",
+    "ScopeManifest", "ScopeManifestSpansServices", "ScopeRejected", "ScopeWithoutNats",
 }
 
 
