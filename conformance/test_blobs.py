@@ -338,3 +338,22 @@ async def test_erasure_purges_the_persons_blobs(db: Database, store_config: Blob
         store = run.engine.blobs.store
         assert store is not None
         assert await store.head(f"attachment/{upload.reference}") is None
+
+
+async def test_query_kit_download_takes_the_views_gate(db: Database, store_config: BlobStoreConfig) -> None:
+    """Views.download (the query context's gesture) presigns for a caller who
+    sees the view and answers None for one who does not."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from service_engine.graphql import GraphQLContext
+    from service_engine.graphql.reads import Views
+
+    async with running(db, store_config) as run:
+        upload = await create_with_upload(run, "q1")
+        views = Views("documents", str)
+        seen = cast(GraphQLContext[Any], SimpleNamespace(engine=run.engine, principal=ALICE))
+        unseen = cast(GraphQLContext[Any], SimpleNamespace(engine=run.engine, principal=EVE))
+        url = await views.download(seen, "q1", upload.reference)
+        assert url is not None and "X-Amz-Signature=" in url.url
+        assert await views.download(unseen, "q1", upload.reference) is None

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ..errors import EngineError
 
 if TYPE_CHECKING:
+    from ..blobs.model import DownloadUrl
     from ..impacts.model import JsonValue
     from ..render.projector import RlsApplier
     from .app import GraphQLContext
@@ -70,6 +71,17 @@ class Views(Generic[V]):
             self.applier,
         )
         return None if view is None else self.typed(view)
+
+    async def download(
+        self, context: GraphQLContext[Any], key: JsonValue, reference: JsonValue
+    ) -> DownloadUrl | None:
+        """A presigned GET of the blob ``reference`` the view of ``key``
+        holds, only while the caller sees that view and its row still lists
+        the reference (`Engine.download`: `one`'s own read and gate); None
+        otherwise. Hand its ``url`` to the caller; never store it."""
+        return await context.engine.download(
+            self.projector, key, reference, context.principal, self.applier
+        )
 
     def typed(self, view: object) -> V:
         """``view`` as the bound type; `ProjectorViewMismatch` when it is not."""
