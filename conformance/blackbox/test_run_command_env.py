@@ -47,6 +47,7 @@ def _install_as_the_run_command(into: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(INSTALL_BOUND + 180)
 async def test_run_command_environment_serves_a_live_subscription(
     pods: Pods, tmp_path: Path
 ) -> None:
