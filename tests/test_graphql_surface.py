@@ -43,8 +43,17 @@ def test_a_close_reason_names_the_refusal_and_fits_a_close_frame() -> None:
     assert len(long.encode()) <= 123
 
 
+class _NoFacts:
+    """An engine with no principal-fact loader registered: facts pass through."""
+
+    async def load_principal_facts(self, principal: Any) -> Any:
+        return principal
+
+
 async def test_the_context_refuses_a_principal_it_does_not_have() -> None:
-    context: GraphQLContext[str] = GraphQLContext(cast(Any, None), cast(Any, None), cast(Any, None))
+    context: GraphQLContext[str] = GraphQLContext(
+        cast(Any, _NoFacts()), cast(Any, None), cast(Any, None)
+    )
     with pytest.raises(PassportMissing):
         _ = context.principal
     await context.resolve(lambda p: p.sub.upper(), '{"sub": "u"}')
