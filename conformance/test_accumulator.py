@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from service_engine import Database, Engine, ReadinessHandle
+from service_engine.db.errors import Stage, translating
 from service_engine.embedded import EmbeddedNats
+from service_engine.lanes.accumulator import Durable
 from service_engine.lanes.accumulator_errors import (
     AccumulatorWithoutService,
     ChunkConflict,
@@ -20,6 +23,8 @@ from service_engine.lanes.accumulator_errors import (
     LaneStreamMissing,
     SealRetentionTooShort,
 )
+from service_engine.lanes.accumulator_flush import PendingChunk, write_chunks
+from service_engine.lanes.chunks import ChunkSeq
 from service_engine.lanes.ingress import DEPENDENCY
 from service_engine.messaging.nats import open_nats
 
@@ -309,3 +314,52 @@ async def test_the_ingress_is_supervised_and_readiness_follows_it(
         await wait_until(lambda: pod.readiness.is_up, timeout=15, what="readiness UP again")
         await source.send("after", 0, "back")
         await wait_until(lambda: _has_rows(db, "after"), what="a frame folded after recovery")
+
+
+async def test_two_passes_writing_the_same_rows_in_opposite_orders_never_deadlock(
+    db: Database,
+) -> None:
+    """Every pod folds every frame, so two pods' flush passes write the same
+    (accumulator, key, seq) rows, in whatever order they arrived. Held at
+    the same row by a third writer, two passes of one batch in opposite
+    orders both complete once it rolls back (rows are written in one fixed
+    order), with every chunk Durable exactly once and nothing lost."""
+    rows = [("text", "dl", seq, f"c{seq}".encode()) for seq in range(40)]
+    middle = rows[20]
+
+    def batch(order: list[tuple[str, str, int, bytes]]) -> list[PendingChunk]:
+        return [PendingChunk(a, k, ChunkSeq(s), c) for a, k, s, c in order]
+
+    async def both_waiting() -> bool:
+        value = await db.pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
+        return int(value) >= 2
+
+    async with db.pool.acquire() as blocker:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute(
+            "INSERT INTO service_engine.accumulator_chunk (accumulator, key, seq, chunk) "
+            "VALUES ($1, $2, $3, $4)", *middle,
+        )
+
+        async def write(order: list[tuple[str, str, int, bytes]]) -> dict[int, Any]:
+            async with db.pool.acquire() as conn:
+                with translating(Stage.FLUSH):
+                    outcomes, deferred = await write_chunks(
+                        conn, batch(order), timedelta(seconds=20)
+                    )
+            assert deferred == []
+            return outcomes
+
+        first = asyncio.create_task(write(rows))
+        second = asyncio.create_task(write(list(reversed(rows))))
+        await wait_until(both_waiting, what="both passes waiting behind the blocker")
+        await tx.rollback()
+        results = await asyncio.wait_for(asyncio.gather(first, second), 20)
+    durable = [o for outcomes in results for o in outcomes.values()]
+    assert all(isinstance(o, Durable) for o in durable)
+    assert sum(1 for o in durable if not o.duplicate) == len(rows)
+    assert await chunk_rows(db, "dl") == [(s, c) for _, _, s, c in rows]

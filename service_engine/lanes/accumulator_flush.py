@@ -9,9 +9,15 @@ transaction under ``SET LOCAL lock_timeout``:
    (``pg_try_advisory_xact_lock_shared``): a key a seal is holding is
    deferred to the next window, so one slow seal never parks the batch;
 2. chunks of a sealed key are refused (`KeySealed`);
-3. the rest are inserted; one already durable is compared: identical
-   bytes are an idempotent `Durable(duplicate=True)`, different bytes a
-   `ChunkConflict`.
+3. the rest are inserted in one fixed order, ``(accumulator, key, seq)``:
+   every pod folds every frame, so two pods' passes write the same rows;
+   arrival order (a deferred chunk re-queued at the end, ``push_chunk``
+   mixed with ingress) would let two passes wait on each other's rows and
+   deadlock. One already durable is compared: identical bytes are an
+   idempotent `Durable(duplicate=True)`, different bytes a `ChunkConflict`.
+
+A pass that fails with a retryable error (`TransientConflict`,
+`LockTimeout`) is retried once before its callers see the error.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from ..db.errors import Stage, translating
+from ..db.errors import LockTimeout, Stage, TransientConflict, translating
 from ..db.pool import Database
 from ..db.types import Conn
 from ..errors import ShuttingDown
@@ -93,12 +99,16 @@ async def write_chunks(
                 outcomes[i] = KeySealed(p.accumulator, p.key, sealed[ident])
             else:
                 writes.append(i)
+        # One total order over the rows, so concurrent passes never deadlock.
+        writes.sort(key=lambda i: (batch[i].accumulator, batch[i].key, int(batch[i].seq)))
         if writes:
             inserted = {
                 (r["accumulator"], r["key"], int(r["seq"]))
                 for r in await conn.fetch(
                     "INSERT INTO service_engine.accumulator_chunk (accumulator, key, seq, chunk) "
-                    "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) "
+                    "SELECT a, k, s, c FROM "
+                    "unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) "
+                    "WITH ORDINALITY AS t(a, k, s, c, ord) ORDER BY ord "
                     "ON CONFLICT DO NOTHING RETURNING accumulator, key, seq",
                     [batch[i].accumulator for i in writes], [batch[i].key for i in writes],
                     [int(batch[i].seq) for i in writes], [batch[i].chunk for i in writes],
@@ -161,6 +171,7 @@ class ChunkFlusher:
         self._on_outcomes = on_outcomes
         self.passes = 0
         self.deferrals = 0
+        self.retries = 0
 
     async def submit(self, accumulator: str, key: str, seq: ChunkSeq, chunk: bytes) -> Durable:
         """Queue one chunk and wait for its commit; raises `ChunkConflict`,
@@ -208,9 +219,7 @@ class ChunkFlusher:
             self._pending = [p for p in self._pending if id(p) not in taken and not p.done.done()]
             self.passes += 1
             try:
-                async with self.db.pool.acquire() as conn:
-                    with translating(Stage.FLUSH):
-                        outcomes, deferred = await write_chunks(conn, batch, self.lock_timeout)
+                outcomes, deferred = await self._write(batch)
             except Exception as exc:
                 for p in batch:
                     if not p.done.done():
@@ -233,3 +242,19 @@ class ChunkFlusher:
                 self._on_outcomes(list(outcomes.values()))
             if self._pending:
                 self._wake.set()
+
+    async def _write(self, batch: list[PendingChunk]) -> tuple[dict[int, Outcome], list[int]]:
+        """`write_chunks` on a pooled connection, retried once on a
+        retryable failure (a lock timeout or a deadlock a foreign writer
+        caused), so a transient conflict never reaches a caller."""
+        for attempt in (1, 2):
+            try:
+                async with self.db.pool.acquire() as conn:
+                    with translating(Stage.FLUSH):
+                        return await write_chunks(conn, batch, self.lock_timeout)
+            except (TransientConflict, LockTimeout) as exc:
+                if attempt == 2:
+                    raise
+                self.retries += 1
+                _log.info("chunk flush pass retried after %s", exc)
+        raise AssertionError("unreachable")
