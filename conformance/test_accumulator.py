@@ -29,6 +29,7 @@ from service_engine.lanes.ingress import DEPENDENCY
 from service_engine.messaging.nats import open_nats
 
 from .accumulator_support import (
+    Producer,
     chunk_rows,
     hash_of,
     lane_config,
@@ -263,8 +264,8 @@ async def _ingested(a: object, b: object, frames: int) -> bool:
     return total >= frames
 
 
-async def _subject_empty(source: object, key: str) -> bool:
-    return await source.subject_count(key) == 0  # type: ignore[attr-defined]
+async def _subject_empty(source: Producer, key: str) -> bool:
+    return await source.subject_count(key) == 0
 
 
 async def test_the_ingress_survives_a_frame_that_is_no_lane_frame(
