@@ -438,3 +438,44 @@ async def test_the_periodic_reconcile_repairs_a_drifted_bucket_under_a_stable_le
         await wait_until(offered, what="the counter offered")
         await bucket.put("sample.counter.a", b'{"frozen":true,"id":"a","value":7}')
         await wait_until(offered, what="the drifted value repaired")
+
+
+class FlakyCounterOffer(CounterOffer):
+    """`CounterOffer` whose publish raises for key ``a`` (same NAME, so it
+    drains the same markers)."""
+
+    def publish(self, row: OfferedCounter) -> CounterPublished | None:
+        if row.key == "a":
+            raise RuntimeError("a bad row")
+        return super().publish(row)
+
+
+async def test_a_key_whose_publish_raises_never_stops_another_key(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A key whose publish raises is isolated: the rest of the batch reaches
+    the bucket, the bad key stays dirty and counted, and it moves to the back
+    of the claim order so even a one-key batch reaches the next key."""
+    async with bucket_of(nats_server) as (conn, bucket):
+        executor = executor_for(db)
+        for key in ("a", "b", "c"):
+            await executor.execute(WRITER, create_counter, OfferedCounter, key)
+        for batch in (256, 1):
+            await db.pool.execute("DELETE FROM service_engine.offer_dirty")
+            for key in ("a", "b", "c"):
+                await executor.execute(WRITER, increment, OfferedCounter, key)
+            drain = OfferDrain(
+                db, conn, f"pod-{batch}",
+                OfferDrainBounds(batch=batch, lease=timedelta(seconds=5)),
+            )
+            drain.add(FlakyCounterOffer())
+            await drain.bind()
+            for _ in range(3):
+                await drain.step()
+            values = await bucket_values(bucket)
+            assert "a" not in values and values == {k: v for k, v in (await store_values(db)).items()
+                                                    if k != "a"}, batch
+            rows = await db.pool.fetch("SELECT kv_key FROM service_engine.offer_dirty")
+            assert [r["kv_key"] for r in rows] == ["sample.counter.a"], batch
+            assert drain.failures["sample_counters"] >= 1
+            await drain.aclose()

@@ -18,6 +18,15 @@ dirty keys in batches, in this order (s188):
    claimed, in a small fenced transaction asserting the lease (a write that
    re-dirtied the key meanwhile keeps its marker).
 
+A key whose ``publish`` (or its encoding) raises is isolated: the rest of
+its batch drains, the key stays dirty with its generation (a later write
+is not lost) and moves to the back of the claim order, so it never blocks
+another key; each failure logs a warning and counts in
+`OfferDrain.failures` and `DrainReport.failed`. It is not dead-lettered:
+the dead-letter sources are the spec's closed five (none is an offer) and a
+dirty key already is its own durable retry — the next pass (or a fix to the
+row or the offer, or `cx.dirty_offer`) retries it; readiness is untouched.
+
 A write never waits on the drain: the marker's row lock is held only by
 the two short transactions, never across the KV round-trip. A leader
 frozen past its lease fails its fenced transactions (`LeaseLost`) instead
@@ -74,6 +83,7 @@ class DrainReport:
     retracted: int = 0
     unchanged: int = 0
     conflicts: int = 0
+    failed: int = 0
     reconciled: bool = False
 
 
@@ -84,6 +94,7 @@ class _Claimed:
     gen: int
     entry: KvEntry | None = None
     image: bytes | None = None
+    failed: bool = False
 
 
 _CLAIM = """
@@ -104,6 +115,14 @@ SELECT $1, k, v, r FROM unnest($2::text[], $3::bigint[], $4::boolean[]) AS m(k, 
 ON CONFLICT (relay, key) DO UPDATE
    SET version = EXCLUDED.version, retracted = EXCLUDED.retracted, updated_at = clock_timestamp()
  WHERE w.version < EXCLUDED.version
+"""
+
+# A key whose `publish` raised stays dirty (its generation untouched, so a
+# write meanwhile is not lost) and goes to the back of the claim order: the
+# next batches reach every other key first.
+_REQUEUE = """
+UPDATE service_engine.offer_dirty SET dirtied_at = clock_timestamp()
+ WHERE offer = $1 AND kv_key = ANY($2::text[])
 """
 
 _RESTAGE = """
@@ -143,6 +162,8 @@ class OfferDrain:
         self._offers: dict[str, _OfferState] = {}
         self._wake = asyncio.Event()
         self._pass = asyncio.Lock()
+        #: per offer, how many times a key's `publish` raised (cumulative).
+        self.failures: dict[str, int] = {}
 
     def add(self, offer: Offer[Any, Any, Any]) -> None:
         lease = LeaderLease(self.db, offer.slot, self.holder, self.bounds.lease)
@@ -286,13 +307,23 @@ class OfferDrain:
             by_key = {offer.agg_key_json(store.key_of(row)): row for row in rows}
             for claimed in wanted:
                 row = by_key.get(offer.agg_key_json(claimed.agg_key))
-                published = None if row is None else offer.publish(row)
-                claimed.image = None if published is None else published.encode()
+                try:
+                    published = None if row is None else offer.publish(row)
+                    claimed.image = None if published is None else published.encode()
+                except Exception as exc:
+                    # One bad row never stops the rest of the batch.
+                    claimed.failed = True
+                    _log.warning(
+                        "offer %s: publish of %s failed; the key stays dirty: %s",
+                        offer.NAME, claimed.kv_key, exc, exc_info=exc,
+                    )
 
         await self._fenced(state, resolve)
 
         # 4. the KV round-trips, outside any transaction
         async def write(claimed: _Claimed) -> int | None:
+            if claimed.failed:
+                return None
             entry, image = claimed.entry, claimed.image
             try:
                 if image is None:
@@ -330,8 +361,14 @@ class OfferDrain:
                 await conn.execute(
                     _DONE, offer.NAME, [c.kv_key for c, _ in done], [c.gen for c, _ in done]
                 )
+            if failed:
+                await conn.execute(_REQUEUE, offer.NAME, [c.kv_key for c in failed])
 
+        failed = [c for c in batch if c.failed]
         await self._fenced(state, settle)
+        if failed:
+            report.failed += len(failed)
+            self.failures[offer.NAME] = self.failures.get(offer.NAME, 0) + len(failed)
         settled = sum(1 for r in written if r is not None)
         return len(batch) if settled else 0
 
