@@ -296,12 +296,14 @@ async def _purged(db: Database, key: str) -> bool:
     return bool(row is not None and row["stream_purged"])
 
 
-async def test_markers_and_stale_chunks_go_after_seal_retention(
+async def test_markers_go_after_seal_retention_and_an_open_keys_chunks_never_do(
     db: Database, nats_server: EmbeddedNats
 ) -> None:
     """A purged marker is kept for seal_retention (which covers the stream's
-    max_age, so it outlives every frame the stream could redeliver) and
-    then swept with any unsealed chunk as old; younger rows stay."""
+    max_age, so it outlives every frame the stream could redeliver) and then
+    swept, with any chunk a sealed key left behind. The acked chunks of a
+    key still open are never swept by age: long past seal_retention its
+    fold still starts at chunk 0 and a verified seal over it succeeds."""
     from datetime import timedelta
 
     from .accumulator_support import lane_config
@@ -312,13 +314,25 @@ async def test_markers_and_stale_chunks_go_after_seal_retention(
     async with lane_pod(db, nats_server, [acc], config=config) as pod:
         await _push(pod, "old", "a")
         await pod.seal(acc, "old", 0, hash_of("a"))
-        await _push(pod, "stale", "s")
-        await wait_until(
-            lambda: _gone(db, "old", "stale"), timeout=15, what="the retention sweep"
+        await db.pool.execute(  # a leftover of the sealed key
+            "INSERT INTO service_engine.accumulator_chunk (accumulator, key, seq, chunk) "
+            "VALUES ('text', 'old', 7, 'x')"
         )
-        await _push(pod, "young", "y")
-        assert await chunk_rows(db, "young") == [(0, b"y")]
+        await _push(pod, "open", "s")
+        await db.pool.execute(
+            "UPDATE service_engine.accumulator_chunk SET committed_at = now() - interval '1 day' "
+            "WHERE key = 'open'"
+        )
+        await wait_until(
+            lambda: _swept(db, "old"), timeout=15, what="the retention sweep"
+        )
+        await pod.engine.lanes.beat()  # one more sweep, for good measure
+        assert await chunk_rows(db, "open") == [(0, b"s")]
+        await _push(pod, "open", "t", start=1)
+        folded = await pod.engine.fold(acc, "open")
+        assert (folded.state, folded.next_seq) == ("st", 2)
+        assert await pod.seal(acc, "open", 1, hash_of("s", "t")) == "st"
 
 
-async def _gone(db: Database, sealed: str, unsealed: str) -> bool:
-    return await seal_row(db, sealed) is None and not await chunk_rows(db, unsealed)
+async def _swept(db: Database, sealed: str) -> bool:
+    return await seal_row(db, sealed) is None and not await chunk_rows(db, sealed)

@@ -162,7 +162,7 @@ class Accumulators:
 
     async def beat(self) -> None:
         """The backstop: purge the subjects of sealed keys a pod died before
-        purging; sweep markers and stale chunks older than ``seal_retention``."""
+        purging; sweep markers older than ``seal_retention`` (see `_sweep`)."""
         retention = self.config.seal_retention
         now = time.monotonic()
         every = min(RETENTION_SWEEP_EVERY, retention.total_seconds() / 2)
@@ -183,17 +183,25 @@ class Accumulators:
                 await self.purge(row["accumulator"], row["key"])
 
     async def _sweep(self, conn: Any, retention_seconds: float) -> None:
+        """Sweep purged markers older than ``seal_retention`` (the marker
+        outlives the stream, whose max_age retention covers) and any chunk
+        left behind by a sealed key. A chunk of an open key is never swept
+        by age: it was acked durable, and an acked chunk is never dropped
+        (aging chunk 0 away would stall the fold and fail every seal). An
+        open stream ends through a seal gesture (``seal_current`` cancels
+        it) or an erasure, never through retention."""
         with translating(Stage.RELAY):
-            await conn.execute(
-                "DELETE FROM service_engine.accumulator_seal "
-                "WHERE stream_purged AND sealed_at < now() - make_interval(secs => $1)",
-                retention_seconds,
-            )
-            await conn.execute(
-                "DELETE FROM service_engine.accumulator_chunk "
-                "WHERE committed_at < now() - make_interval(secs => $1)",
-                retention_seconds,
-            )
+            async with conn.transaction():
+                await conn.execute(
+                    "DELETE FROM service_engine.accumulator_chunk c "
+                    "USING service_engine.accumulator_seal s "
+                    "WHERE c.accumulator = s.accumulator AND c.key = s.key"
+                )
+                await conn.execute(
+                    "DELETE FROM service_engine.accumulator_seal "
+                    "WHERE stream_purged AND sealed_at < now() - make_interval(secs => $1)",
+                    retention_seconds,
+                )
 
     def _count(self, outcomes: list[Outcome]) -> None:
         if self.metrics is None:
