@@ -479,3 +479,61 @@ async def test_a_key_whose_publish_raises_never_stops_another_key(
             assert [r["kv_key"] for r in rows] == ["sample.counter.a"], batch
             assert drain.failures["sample_counters"] >= 1
             await drain.aclose()
+
+
+async def test_concurrent_relay_publishes_of_v3_and_v2_leave_v3_in_the_bucket(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """Two publishers of one key (v3 and v2), each held between its read and
+    its put while the other runs, end with v3 in the bucket and watermark 3,
+    whichever reads first; a writer landing between a publisher's read and
+    its put (outside the relay's lock) wins the compare-and-set, so the stale
+    v2 never overwrites it."""
+    async with bucket_of(nats_server) as (_conn, bucket):
+        for first, key in ((2, "p.a"), (3, "p.b")):
+            held = asyncio.Event()
+            release = asyncio.Event()
+
+            async def hook(
+                change: KvPut | KvRetract,
+                first: int = first, held: asyncio.Event = held, release: asyncio.Event = release,
+            ) -> None:
+                if change.version == first and not held.is_set():
+                    held.set()
+                    await release.wait()
+
+            relay = KvDrainRelay(db, f"race-{key}", bucket, hook=hook)
+            early = asyncio.create_task(relay.publish(KvPut(key, first, f"v{first}".encode())))
+            await asyncio.wait_for(held.wait(), 10)
+            other = 5 - first
+            late = asyncio.create_task(relay.publish(KvPut(key, other, f"v{other}".encode())))
+
+            async def waiting() -> bool:
+                count: int = await db.pool.fetchval(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                )
+                return count >= 1
+
+            await wait_until(waiting, what="the second publisher waiting on the key")
+            release.set()
+            results = await asyncio.wait_for(asyncio.gather(early, late), 10)
+            assert list(results) == ([True, True] if first == 2 else [True, False])
+            entry = await bucket.get(key)
+            assert entry is not None and entry.value == b"v3", first
+            assert await relay.watermark(key) == 3
+
+        # a writer outside the lock lands between v2's read and its put
+        async def foreign(change: KvPut | KvRetract) -> None:
+            if change.version == 2:
+                await bucket.put("p.c", b"v3")
+                await db.pool.execute(
+                    "INSERT INTO service_engine.kv_relay_watermark (relay, key, version, retracted)"
+                    " VALUES ('race-c', 'p.c', 3, false)"
+                )
+
+        await bucket.put("p.c", b"v1")
+        stale = KvDrainRelay(db, "race-c", bucket, hook=foreign)
+        assert not await stale.publish(KvPut("p.c", 2, b"v2"))
+        entry = await bucket.get("p.c")
+        assert entry is not None and entry.value == b"v3"
+        assert await stale.watermark("p.c") == 3
