@@ -16,7 +16,7 @@ import nats
 
 from service_engine import Database, Engine, EngineConfig, ReadinessHandle
 from service_engine.embedded import EmbeddedNats, provision_lane_stream
-from service_engine.lanes.accumulator import Accumulator
+from service_engine.lanes.accumulator import Accumulator, Cancelled
 from service_engine.lanes.chunks import ChunkFrame, encode_frame, seal_hash
 from service_engine.messaging.nats import open_nats
 from service_engine.pipeline import Mutation
@@ -53,28 +53,39 @@ class LanePod:
         async def handler(cx: Mutation[str]) -> str:
             return await cx.seal(accumulator, key, last_seq, hash)
 
-        return await self._run(handler)
+        result: str = await self._run(handler)
+        return result
 
     async def seal_partial(self, accumulator: Accumulator[str], key: str, last_seq: int) -> str:
-        async def handler(cx: Mutation[str]) -> str:
-            return await cx.seal_partial(accumulator, key, last_seq)
-
-        return await self._run(handler)
+        return (await self.cancel_partial(accumulator, key, last_seq)).state
 
     async def seal_current(self, accumulator: Accumulator[str], key: str) -> str:
-        async def handler(cx: Mutation[str]) -> str:
+        return (await self.cancel_current(accumulator, key)).state
+
+    async def cancel_partial(
+        self, accumulator: Accumulator[str], key: str, last_seq: int
+    ) -> Cancelled[str]:
+        async def handler(cx: Mutation[str]) -> Cancelled[str]:
+            return await cx.seal_partial(accumulator, key, last_seq)
+
+        result: Cancelled[str] = await self._run(handler)
+        return result
+
+    async def cancel_current(self, accumulator: Accumulator[str], key: str) -> Cancelled[str]:
+        async def handler(cx: Mutation[str]) -> Cancelled[str]:
             return await cx.seal_current(accumulator, key)
 
-        return await self._run(handler)
+        result: Cancelled[str] = await self._run(handler)
+        return result
 
-    async def _run(self, handler: Any) -> str:
+    async def _run(self, handler: Any) -> Any:
         # Run the handler in the real pipeline and raise its seal refusal
         # as itself (the executor would answer it as a MutationError).
         from service_engine.clock import SystemClock
         from service_engine.pipeline.run import run_pipeline
 
         engine = self.engine
-        result: str = await run_pipeline(
+        result: Any = await run_pipeline(
             engine.db, engine.config,
             lambda conn, now: Mutation(conn, engine.config, now, "tester"),
             handler, clock=SystemClock(), metrics=engine.metrics,

@@ -160,6 +160,32 @@ async def test_seal_partial_seals_what_is_durable(
         assert (marker["high_water"], marker["gesture"]) == (10, "partial")
 
 
+async def test_a_cancel_past_a_gap_says_which_acked_chunks_it_dropped(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """The cancel gestures end a stream whatever is missing, folding the
+    contiguous prefix: a chunk acked durable beyond a gap cannot be folded,
+    and the result names it in ``dropped`` (never silently gone); a cancel
+    over a whole prefix drops nothing."""
+    await provision(nats_server)
+    acc = text_accumulator()
+    async with lane_pod(db, nats_server, [acc]) as pod:
+        await _push(pod, "p", "a")
+        await _push(pod, "p", "c", start=2)
+        partial = await pod.cancel_partial(acc, "p", 2)
+        assert (partial.state, partial.folded, partial.high_water, partial.dropped) == (
+            "a", 1, 3, (2,)
+        )
+        assert await chunk_rows(db, "p") == []
+        await _push(pod, "q", "a")
+        await _push(pod, "q", "c", "d", start=2)
+        current = await pod.cancel_current(acc, "q")
+        assert (current.state, current.high_water, current.dropped) == ("a", 4, (2, 3))
+        await _push(pod, "w", "a", "b")
+        whole = await pod.cancel_current(acc, "w")
+        assert (whole.state, whole.folded, whole.dropped) == ("ab", 2, ())
+
+
 async def test_seal_current_folds_a_chunk_that_committed_while_it_waited(
     db: Database, nats_server: EmbeddedNats
 ) -> None:

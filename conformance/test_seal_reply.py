@@ -81,7 +81,7 @@ async def _push(live: Running, reply_id: str, chunks: dict[int, bytes]) -> None:
 
 async def _reply(live: Running, reply_id: str) -> Reply | None:
     row = await live.db.pool.fetchrow("SELECT * FROM reply WHERE id = $1", reply_id)
-    return None if row is None else Reply.Store.from_row(row)
+    return None if row is None else Reply.Store.from_row(dict(row))
 
 
 async def _finish(server: EmbeddedNats, reply_id: str, last_seq: int, hash: str) -> None:

@@ -37,9 +37,9 @@ def test_chunk_seq_is_bounded_to_the_bigint_range() -> None:
     for bad in (2**63, -1, 2**64):
         with pytest.raises(ChunkSeqOutOfRange):
             ChunkSeq(bad)
-    for bad in (True, 1.0, "1", None):
+    for wrong in (True, 1.0, "1", None):
         with pytest.raises(ChunkSeqOutOfRange):
-            ChunkSeq(bad)
+            ChunkSeq(wrong)
     assert ChunkSeq.parse(" 42 ") == 42
     for text in ("-1", "1e3", "", "9223372036854775808", "\u0663"):
         with pytest.raises(ChunkSeqOutOfRange):
@@ -119,6 +119,18 @@ def test_plan_seal_partial_and_current() -> None:
     current = plan_seal("acc", "k", gap, "current")
     assert (current.chunks, current.high_water) == ((b"a",), 3)
     assert plan_seal("acc", "k", [], "current").high_water == 0
+
+
+def test_a_cancel_gesture_names_the_chunks_it_drops_beyond_a_gap() -> None:
+    """A cancel folds the contiguous prefix; every durable chunk past the gap
+    is named in ``dropped`` (never silently lost); a whole prefix drops none."""
+    rows = [(0, b"a"), (2, b"c"), (3, b"d")]
+    assert plan_seal("acc", "k", rows, "partial", 3).dropped == (2, 3)
+    assert plan_seal("acc", "k", rows, "current").dropped == (2, 3)
+    whole = [(0, b"a"), (1, b"b")]
+    assert plan_seal("acc", "k", whole, "partial", 4).dropped == ()
+    assert plan_seal("acc", "k", whole, "current").dropped == ()
+    assert plan_seal("acc", "k", whole, "seal", 1, seal_hash([b"a", b"b"])).dropped == ()
 
 
 def test_the_fold_cache_is_a_bounded_lru() -> None:

@@ -3,7 +3,7 @@ verified seal (lane A)."""
 
 from __future__ import annotations
 
-from .accumulator import Accumulator, Durable, Folded
+from .accumulator import Accumulator, Cancelled, Durable, Folded
 from .accumulator_errors import (
     AccumulatorWithoutService,
     AlreadySealed,
@@ -43,6 +43,7 @@ __all__ = [
     "Accumulator",
     "AccumulatorWithoutService",
     "AlreadySealed",
+    "Cancelled",
     "ChunkConflict",
     "ChunkFrame",
     "ChunkSeq",

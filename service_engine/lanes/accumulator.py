@@ -32,6 +32,7 @@ from .chunks import ChunkSeq, FoldCache, Gesture, check_key
 __all__ = [
     "LANE_LOCK_DOMAIN",
     "Accumulator",
+    "Cancelled",
     "Durable",
     "Folded",
     "SealPurger",
@@ -119,6 +120,23 @@ class Folded(Generic[S]):
     next_seq: int
     hash: str
     sealed_at: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled(Generic[S]):
+    """What a cancel gesture (``cx.seal_partial``, ``cx.seal_current``)
+    sealed: the fold of the contiguous prefix (``state``, chunks
+    ``0..folded-1``), the marker's ``high_water``, and ``dropped``: the
+    sequences of durable chunks past a gap in that prefix, which the fold
+    cannot reach and the cancel discarded (empty when the prefix was
+    whole). An acked chunk is never dropped silently: a caller that must
+    not lose one checks ``dropped`` (or seals with ``cx.seal``, which
+    refuses a gap)."""
+
+    state: S
+    folded: int
+    high_water: int
+    dropped: tuple[int, ...] = ()
 
 
 async def read_seal(conn: Conn, accumulator: str, key: str) -> int | None:

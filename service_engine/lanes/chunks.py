@@ -170,11 +170,14 @@ def contiguous_prefix(seqs: Iterable[int], start: int = 0) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SealPlan:
-    """What a seal folds (``chunks``, in order) and the marker it writes."""
+    """What a seal folds (``chunks``, in order), the marker it writes, and
+    the durable chunks a cancel gesture drops beyond a gap (``dropped``,
+    ascending; always empty for a verified seal)."""
 
     chunks: tuple[bytes, ...]
     high_water: int
     hash: str
+    dropped: tuple[int, ...] = ()
 
 
 def plan_seal(
@@ -196,13 +199,19 @@ def plan_seal(
       (no hash), refusing a durable chunk beyond ``last_seq``.
     * ``current``: seals the contiguous prefix durable now, at the high
       water past the last durable chunk.
+
+    A cancel gesture (``partial``, ``current``) ends the stream whatever is
+    missing: a chunk durable beyond a gap in the prefix cannot be folded
+    (the fold stops at the gap) and is named in ``dropped``, so the caller
+    sees what the cancel discarded; it is never dropped silently.
     """
     seqs = [seq for seq, _ in rows]
     prefix = contiguous_prefix(seqs)
     top = seqs[-1] if seqs else -1
+    dropped = tuple(seq for seq in seqs if seq >= prefix)
     if gesture == "current":
         folded = tuple(chunk for seq, chunk in rows if seq < prefix)
-        return SealPlan(folded, max(prefix, top + 1), seal_hash(folded))
+        return SealPlan(folded, max(prefix, top + 1), seal_hash(folded), dropped)
     if last_seq is None:
         raise ValueError("a seal names its last_seq")
     last = int(ChunkSeq(last_seq))
@@ -210,7 +219,7 @@ def plan_seal(
         raise SealChunkBeyondLastSeq(accumulator, key, last, top)
     if gesture == "partial":
         folded = tuple(chunk for seq, chunk in rows if seq < prefix)
-        return SealPlan(folded, last + 1, seal_hash(folded))
+        return SealPlan(folded, last + 1, seal_hash(folded), dropped)
     if prefix <= last:
         raise SealTruncated(accumulator, key, last, prefix)
     folded = tuple(chunk for _, chunk in rows)

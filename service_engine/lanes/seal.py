@@ -4,12 +4,16 @@
 transaction's ``lock_timeout``), so every chunk write that committed before
 it is visible and every later one meets the marker. It then refuses or
 plans the seal (`chunks.plan_seal`), writes the marker at the high water,
-deletes the folded chunks and returns the folded state. A refusal raises
-before anything is written: the transaction stays usable.
+deletes the key's chunks and returns the folded state with the plan. A
+cancel gesture's plan names in ``dropped`` every durable chunk past a gap
+(deleted with the rest: the key is sealed, no fold reaches them), so the
+caller is told what was discarded. A refusal raises before anything is
+written: the transaction stays usable.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, TypeVar
 
 from ..db.types import Conn
@@ -20,6 +24,8 @@ from .chunks import Gesture, SealPlan, check_key, plan_seal
 __all__ = ["seal_in"]
 
 S = TypeVar("S")
+
+_log = logging.getLogger(__name__)
 
 
 async def seal_in(
@@ -50,6 +56,11 @@ async def seal_in(
         gesture, last_seq, expected_hash,
     )
     state = accumulator.fold_all(plan.chunks)
+    if plan.dropped:
+        _log.warning(
+            "%s of %s/%s drops %d durable chunk(s) past the gap at %d: seqs %s",
+            gesture, name, key, len(plan.dropped), len(plan.chunks), list(plan.dropped)[:20],
+        )
     await conn.execute(
         "INSERT INTO service_engine.accumulator_seal (accumulator, key, high_water, hash, gesture) "
         "VALUES ($1, $2, $3, $4, $5)",

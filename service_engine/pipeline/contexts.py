@@ -44,9 +44,9 @@ from ..errors import DeclarationError, TooManyImpacts
 from ..gates import BoundGate
 from ..impacts.framing import MAX_IMPACT_BYTES, encode_group, new_group_id
 from ..impacts.model import Cause, Impact, ImpactKind, JsonValue, canonical_json, impact_json
-from ..lanes.accumulator import Accumulator
+from ..lanes.accumulator import Accumulator, Cancelled
 from ..lanes.accumulator_errors import SealError
-from ..lanes.chunks import Gesture
+from ..lanes.chunks import Gesture, SealPlan
 from ..lanes.seal import seal_in
 from ..messaging.envelope import (
     Actor,
@@ -315,28 +315,46 @@ class Ops:
         """
         return await self._seal(accumulator, key, "seal", last_seq, hash)
 
-    async def seal_partial(self, accumulator: Accumulator[T], key: str, last_seq: int) -> T:
+    async def seal_partial(
+        self, accumulator: Accumulator[T], key: str, last_seq: int
+    ) -> Cancelled[T]:
         """Cancel at ``last_seq``: seal whatever contiguous prefix is durable
-        (no hash) and return its fold; refuses a chunk durable beyond
-        ``last_seq`` and a key already sealed."""
-        return await self._seal(accumulator, key, "partial", last_seq, None)
+        (no hash) at ``last_seq + 1``; refuses a chunk durable beyond
+        ``last_seq`` and a key already sealed. The result carries the
+        prefix's fold and, in ``dropped``, every durable chunk past a gap
+        in it (the fold cannot reach them; the cancel discards them)."""
+        return await self._cancel(accumulator, key, "partial", last_seq)
 
-    async def seal_current(self, accumulator: Accumulator[T], key: str) -> T:
+    async def seal_current(self, accumulator: Accumulator[T], key: str) -> Cancelled[T]:
         """Cancel now: fold the chunks durable under the key's lane lock (a
         chunk that committed while this waited for the lock is folded too)
-        and seal past the last of them. `AlreadySealed` when the key was
-        sealed first (a deadline reads that as a lost race)."""
-        return await self._seal(accumulator, key, "current", None, None)
+        and seal past the last of them; ``dropped`` names the durable
+        chunks past a gap the fold could not reach. `AlreadySealed` when
+        the key was sealed first (a deadline reads that as a lost race)."""
+        return await self._cancel(accumulator, key, "current", None)
+
+    async def _cancel(
+        self, accumulator: Accumulator[T], key: str, gesture: Gesture, last_seq: int | None
+    ) -> Cancelled[T]:
+        state, plan = await self._seal_planned(accumulator, key, gesture, last_seq, None)
+        return Cancelled(state, len(plan.chunks), plan.high_water, plan.dropped)
 
     async def _seal(
         self, accumulator: Accumulator[T], key: str, gesture: Gesture,
         last_seq: int | None, expected: str | None,
     ) -> T:
+        state, _ = await self._seal_planned(accumulator, key, gesture, last_seq, expected)
+        return state
+
+    async def _seal_planned(
+        self, accumulator: Accumulator[T], key: str, gesture: Gesture,
+        last_seq: int | None, expected: str | None,
+    ) -> tuple[T, SealPlan]:
         if not isinstance(accumulator, Accumulator):
             raise DeclarationError(f"seal names an Accumulator, got {accumulator!r}")
         purger = accumulator._purger
         try:
-            state, _ = await self._db(
+            state, plan = await self._db(
                 Stage.SAVE,
                 lambda: seal_in(self._conn, accumulator, key, gesture, last_seq, expected),
             )
@@ -346,7 +364,7 @@ class Ops:
             raise
         if purger is not None:
             self._after_commit.append(purger.sealed(accumulator.name, key, gesture))
-        return state
+        return state, plan
 
     # -- integration messages ---------------------------------------------------
 

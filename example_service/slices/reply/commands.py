@@ -49,7 +49,7 @@ async def start_reply(cx: Cx, reply_id: str | None) -> str:
 async def cancel_reply(cx: Cx, reply_id: str) -> None:
     reply = await cx.load(Reply, reply_id)
     cx.require(reply.can_cancel)
-    text = await cx.seal_current(REPLY_TEXT, reply_id)
+    text = (await cx.seal_current(REPLY_TEXT, reply_id)).state
     reply.cancel(text)
     await cx.save(reply)
     cx.impact(NOUN, reply_id)
