@@ -537,3 +537,42 @@ async def test_concurrent_relay_publishes_of_v3_and_v2_leave_v3_in_the_bucket(
         entry = await bucket.get("p.c")
         assert entry is not None and entry.value == b"v3"
         assert await stale.watermark("p.c") == 3
+
+
+async def test_the_offer_drain_converges_a_rebuilt_bucket_without_a_revision_watermark(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """The offer path keeps no KV-revision watermark (a rebuilt bucket's
+    revisions restart at 1 and would freeze it): it publishes by
+    compare-and-set on the observed revision, and after an operator truncates
+    and rebuilds the bucket the next tenure's reconcile re-puts every key,
+    then later writes keep landing."""
+    async with bucket_of(nats_server) as (conn, bucket):
+        executor = executor_for(db)
+        for key in ("a", "b"):
+            await executor.execute(WRITER, create_counter, OfferedCounter, key)
+        await executor.execute(WRITER, increment, OfferedCounter, "a", 3)
+        drain = drain_of(db, conn, "pod-1")
+        await drain.bind()
+        await drain.step()
+        assert await bucket_values(bucket) == {"a": 3, "b": 0}
+        await drain.aclose()
+        assert await db.pool.fetchval(
+            "SELECT count(*) FROM service_engine.kv_relay_watermark WHERE relay LIKE 'offer:%'"
+        ) == 0
+
+        client = await nats.connect(nats_server.url)
+        try:
+            await client.jetstream().delete_key_value(BUCKET)
+        finally:
+            await client.close()
+        await provision_buckets(nats_server.url, [BUCKET])
+        rebuilt = await conn.bind_bucket(BUCKET)
+        drain = drain_of(db, conn, "pod-2")
+        await drain.bind()
+        await drain.step()  # a new tenure: reconcile re-stages every key
+        assert await bucket_values(rebuilt) == {"a": 3, "b": 0}
+        await executor.execute(WRITER, increment, OfferedCounter, "b", 2)
+        await drain.step()
+        assert await bucket_values(rebuilt) == {"a": 3, "b": 2}
+        await drain.aclose()

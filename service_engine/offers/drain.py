@@ -14,9 +14,21 @@ dirty keys in batches, in this order (s188):
    a compare-and-set on the observed revision, a delete (retract) at that
    revision; an equal value is left alone. A lost compare-and-set leaves
    the key dirty for the next pass;
-5. raise the per-key watermark and delete the marker at the generation it
-   claimed, in a small fenced transaction asserting the lease (a write that
-   re-dirtied the key meanwhile keeps its marker).
+5. delete the marker at the generation it claimed, in a small fenced
+   transaction asserting the lease (a write that re-dirtied the key
+   meanwhile keeps its marker).
+
+The offer path keeps no ``kv_relay_watermark``: the compare-and-set on the
+revision observed before the image (step 2 → 4) replaces it. A row has no
+source version of its own, and a KV revision is no version of the source
+(a truncated and rebuilt bucket restarts its revisions at 1, which would
+freeze a revision watermark), so the drain's monotonic guarantee is "never
+write over a revision it did not observe, never from a lost lease": the
+bucket converges to the current row image, including after a rebuild —
+the first pass of a tenure and every ``offer_reconcile`` re-stage every
+key. `KvDrainRelay` (``relay.py``) is the versioned path for a source that
+carries its own per-key versions; its watermark and `reset_watermarks`
+(s171) apply there.
 
 A key whose ``publish`` (or its encoding) raises is isolated: the rest of
 its batch drains, the key stays dirty with its generation (a later write
@@ -106,15 +118,6 @@ _DONE = """
 DELETE FROM service_engine.offer_dirty AS d
  USING unnest($2::text[], $3::bigint[]) AS m(k, g)
  WHERE d.offer = $1 AND d.kv_key = m.k AND d.gen = m.g
-"""
-
-# The per-key watermark only ever rises (`relay.raise_watermark`, batched).
-_WATERMARKS = """
-INSERT INTO service_engine.kv_relay_watermark AS w (relay, key, version, retracted)
-SELECT $1, k, v, r FROM unnest($2::text[], $3::bigint[], $4::boolean[]) AS m(k, v, r)
-ON CONFLICT (relay, key) DO UPDATE
-   SET version = EXCLUDED.version, retracted = EXCLUDED.retracted, updated_at = clock_timestamp()
- WHERE w.version < EXCLUDED.version
 """
 
 # A key whose `publish` raised stays dirty (its generation untouched, so a
@@ -348,15 +351,9 @@ class OfferDrain:
 
         written = await asyncio.gather(*(write(c) for c in batch))
 
-        # 5. watermark and marker, fenced
+        # 5. the markers, fenced
         async def settle(conn: Any) -> None:
             done = [(c, r) for c, r in zip(batch, written, strict=True) if r is not None]
-            marks = [(c, r) for c, r in done if r]
-            if marks:
-                await conn.execute(
-                    _WATERMARKS, offer.relay_name, [c.kv_key for c, _ in marks],
-                    [r for _, r in marks], [c.image is None for c, _ in marks],
-                )
             if done:
                 await conn.execute(
                     _DONE, offer.NAME, [c.kv_key for c, _ in done], [c.gen for c, _ in done]

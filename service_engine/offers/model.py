@@ -141,10 +141,6 @@ class Offer(Generic[A, K, P]):
     def slot(self) -> str:
         return f"offer:{self.NAME}"
 
-    @property
-    def relay_name(self) -> str:
-        return f"offer:{self.NAME}"
-
     def kv_key(self, key: K) -> str:
         token = self.key(key)
         if not isinstance(token, str) or not _TOKEN.match(token):
