@@ -1,17 +1,39 @@
-"""Erasure in the reference service: the board slice is Erasable (a
-person's memberships go, and with them the BoardMemberships fact); other
-people's memberships and the boards themselves stay."""
+"""Erasure in the reference service: every slice holding person data is
+Erasable. The board slice (a person's memberships go, and with them the
+BoardMemberships fact; a board they own stays, re-offered without their
+name), the ledger slice (their events rewritten in the log and the
+snapshot), the card slice (their name off cards and facts) and the reply
+slice (their replies, lane-A chunks and typing marks)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
+import nats
 import pytest
+from nats.js.errors import KeyNotFoundError
 
-from service_engine.embedded import EmbeddedPostgres, ProvisionedDatabase
+from example_service.slices.board.commands import create_board
+from example_service.slices.board.offer import BOARD_BUCKET
+from example_service.slices.card.commands import create_card, rename_card
+from example_service.slices.ledger.commands import open_ledger, post_to_ledger
+from example_service.slices.ledger.domain import Ledger
+from example_service.slices.ledger.views import LEDGERS
+from example_service.slices.reply.commands import start_reply
+from example_service.slices.reply.domain import REPLY_TEXT
+from example_service.slices.reply.views import TYPING
+from service_engine import KeySealed
+from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
+from service_engine.graphql import Passport
 
+from .blackbox.harness import provision_kv, provision_lanes
 from .example_support import example_database, person, running
+from .harness import wait_until
+from .nats_support import engine_nats
+
+BOUND = 10.0
 
 
 @pytest.fixture
@@ -43,3 +65,161 @@ async def test_the_board_slice_erases_a_persons_memberships(store: ProvisionedDa
             "board_memberships"
         ) == {"b1"}
         assert not (await run.engine.erase("zoe")).fresh
+
+
+async def _residue(store: ProvisionedDatabase, needle: str) -> list[str]:
+    """Where ``needle`` still appears in the ledgers' event log or snapshots."""
+    conn = await asyncpg.connect(store.owner_url)
+    try:
+        rows = await conn.fetch(
+            """SELECT 'log ' || key || ' #' || seq AS at FROM service_engine.event_log
+                WHERE noun = 'ledger' AND payload::text LIKE '%' || $1 || '%'
+               UNION ALL
+               SELECT 'snapshot ' || key FROM service_engine.event_snapshot
+                WHERE noun = 'ledger' AND state::text LIKE '%' || $1 || '%'""",
+            needle,
+        )
+    finally:
+        await conn.close()
+    return [r["at"] for r in rows]
+
+
+async def test_the_ledger_slice_erases_a_person_from_the_log_and_the_snapshot(
+    store: ProvisionedDatabase,
+) -> None:
+    """`Engine.erase` runs the ledger slice's Erasable (the in-log erasure
+    kit): no trace of the person stays in the event log nor in a snapshot
+    that lags it; the amounts still replay and the other poster stays."""
+    async with running(store, ["ledger"]) as run:
+        alice, bob = person("alice"), person("bob")
+        await run.executor.execute(alice, open_ledger, "shared")
+        for i in range(Ledger.SNAPSHOT_EVERY + 3):
+            author = alice if i % 2 == 0 else bob
+            await run.executor.execute(author, post_to_ledger, "shared", 10, f"{author.id} #{i}")
+        conn = await asyncpg.connect(store.owner_url)
+        try:
+            assert await conn.fetchval(
+                "SELECT count(*) FROM service_engine.event_snapshot WHERE noun = 'ledger'"
+            ) == 1
+        finally:
+            await conn.close()
+        assert await _residue(store, "alice")
+        before = await run.engine.fetch(LEDGERS, ["acme", "shared"], bob)
+        assert before is not None
+
+        assert (await run.engine.erase("alice")).fresh
+        assert await _residue(store, "alice") == []
+        after = await run.engine.fetch(LEDGERS, ["acme", "shared"], bob)
+        assert after is not None
+        assert (after.balance, after.postings, after.owner) == (
+            before.balance, before.postings, "erased")
+        assert any(e.by == "bob" for e in after.recent)
+        # The rewritten log still takes writes.
+        await run.executor.execute(bob, post_to_ledger, "shared", 1)
+
+
+async def test_the_card_slice_erases_a_persons_name_from_cards_and_facts(
+    store: ProvisionedDatabase, nats_server: EmbeddedNats
+) -> None:
+    """The card slice's Erasable keeps the org's cards but leaves the
+    person's name on none of them, nor on any of their facts."""
+    async with engine_nats(nats_server) as conn, running(store, ["card"], nats=conn) as run:
+        ann, bob = person("ann"), person("bob")
+        await run.executor.execute(ann, create_card, "first", "c-1")
+        await run.executor.execute(bob, create_card, "second", "c-2")
+        await run.executor.execute(bob, rename_card, "c-1", "renamed by bob")
+        await run.executor.execute(ann, rename_card, "c-2", "renamed by ann")
+        await run.engine.erase("ann")
+        pg = await asyncpg.connect(store.owner_url)
+        try:
+            cards = {r["id"]: r["owner"] for r in await pg.fetch("SELECT id, owner FROM card")}
+            leaks = await pg.fetchval(
+                "SELECT count(*) FROM card_fact WHERE payload::text LIKE '%\"ann\"%'"
+            )
+            bobs = await pg.fetchval("SELECT count(*) FROM card_fact WHERE payload->>'by' = 'bob'")
+            leak_rows = await pg.fetchval(
+                "SELECT count(*) FROM card WHERE owner = 'ann' OR reviewed_by = 'ann'"
+            )
+        finally:
+            await pg.close()
+        assert cards == {"c-1": "erased", "c-2": "bob"}
+        assert (leaks, leak_rows) == (0, 0)
+        assert bobs == 2
+
+
+async def test_the_board_offer_loses_an_erased_owner(
+    store: ProvisionedDatabase, nats_server: EmbeddedNats
+) -> None:
+    """Erasing a board's owner re-offers the board: its image in
+    PUBLISHED_example no longer names them (the erasure dirties the offer
+    in its own transaction; the leader's drain republishes it)."""
+    await provision_kv(nats_server.url)
+    async with engine_nats(nats_server) as conn, running(store, ["board"], nats=conn) as run:
+        await run.executor.execute(person("zoe"), create_board, "Plans", "b-z")
+        client = await nats.connect(nats_server.url, connect_timeout=5, max_reconnect_attempts=0)
+        try:
+            bucket = await client.jetstream().key_value(BOARD_BUCKET)
+
+            async def owner() -> str | None:
+                try:
+                    entry = await bucket.get("example.board.b-z")
+                except KeyNotFoundError:
+                    return None
+                value = json.loads(entry.value or b"{}")
+                return str(value.get("owner"))
+
+            await wait_until(lambda: _is(owner, "zoe"), timeout=BOUND, what="the board offered")
+            await run.engine.erase("zoe")
+            await wait_until(lambda: _is(owner, "erased"), timeout=BOUND, what="the board re-offered")
+        finally:
+            await client.close()
+
+
+async def _is(read: Callable[[], Awaitable[str | None]], expected: str) -> bool:
+    return await read() == expected
+
+
+async def test_the_reply_slice_erases_replies_chunks_and_typing_marks(
+    store: ProvisionedDatabase, nats_server: EmbeddedNats
+) -> None:
+    """The reply slice's Erasable deletes the person's replies, purges their
+    lane-A chunks (the key stays sealed) and clears their typing mark on
+    another's streaming reply (a live typing window sees it removed); other
+    people's replies stay."""
+    await provision_lanes(nats_server.url)
+    await provision_kv(nats_server.url)
+    zoe, ann = person("zoe"), person("ann")
+    async with engine_nats(nats_server) as conn, running(store, ["reply"], nats=conn) as run:
+        await run.executor.execute(zoe, start_reply, "r-z")
+        await run.executor.execute(ann, start_reply, "r-a")
+        await run.engine.push_chunk(REPLY_TEXT, "r-z", 0, b"zoe's words")
+        passport = Passport(sub="ann", org="acme")
+        async with run.socket(passport) as ws:
+            await ws.subscribe("typing", """subscription { replyTyping(id: "r-a") {
+                __typename
+                ... on ReplyTypingUpsert { key }
+                ... on ReplyTypingRemove { key }
+            } }""")
+            await ws.next("typing")  # the reset
+            typed = await run.gql('mutation { replyTyping(id: "r-a") { success } }',
+                                  passport=Passport(sub="zoe", org="acme"))
+            assert typed["replyTyping"]["success"]
+            upsert = (await ws.next("typing"))["replyTyping"]
+            assert upsert == {"__typename": "ReplyTypingUpsert", "key": json.dumps("r-a.zoe")}
+
+            result = await run.engine.erase("zoe")
+            assert result.purged
+            assert result.manifest.presence == {TYPING: {"r-z.zoe", "r-a.zoe"}}
+            removed = (await ws.next("typing"))["replyTyping"]
+            assert removed == {"__typename": "ReplyTypingRemove", "key": json.dumps("r-a.zoe")}
+        db = await asyncpg.connect(store.owner_url)
+        try:
+            replies = {r["id"] for r in await db.fetch("SELECT id FROM reply")}
+            chunks = await db.fetchval(
+                "SELECT count(*) FROM service_engine.accumulator_chunk WHERE key = 'r-z'"
+            )
+        finally:
+            await db.close()
+        assert (replies, chunks) == ({"r-a"}, 0)
+        with pytest.raises(KeySealed):
+            await run.engine.push_chunk(REPLY_TEXT, "r-z", 1, b"late")

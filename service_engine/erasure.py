@@ -52,9 +52,12 @@ from .db.errors import Stage, translating
 from .db.pool import Database
 from .db.types import Conn
 from .errors import ConfigError, DuplicateRegistration, EngineError
+from .impacts.model import JsonValue
 from .lanes.accumulators import Accumulators
 from .messaging.envelope import DeclaredSequence
 from .metrics import Metrics
+from .persistence.full_eda import EventSourced, Redactor
+from .persistence.full_eda import erase as erase_events
 from .pipeline.contexts import Ops
 from .pipeline.run import run_pipeline
 
@@ -154,6 +157,24 @@ class Erase(Ops):
         """Run one statement of the slice's own (an anonymising UPDATE) in
         the erasure's transaction."""
         return await self._db(Stage.SAVE, lambda: self._conn.execute(sql, *args))
+
+    async def fetch(self, sql: str, *args: object) -> list[dict[str, Any]]:
+        """Read rows of the slice's own (the person's ids) in the erasure's
+        transaction."""
+        rows = await self._db(Stage.LOAD, lambda: self._conn.fetch(sql, *args))
+        return [dict(row) for row in rows]
+
+    async def erase_events(
+        self, aggregate: type[EventSourced], redactor: Redactor[str]
+    ) -> list[JsonValue]:
+        """A full-EDA slice's erase: rewrite the person's events of
+        ``aggregate`` in place through ``redactor`` and re-snapshot each
+        touched aggregate from genesis (`persistence.erase`), in the
+        erasure's transaction; answers the touched keys."""
+        person = self.person
+        return await self._db(
+            Stage.SAVE, lambda: erase_events(self._conn, aggregate, redactor, person)
+        )
 
 
 class Erasable(Protocol):

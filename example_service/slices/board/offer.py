@@ -1,7 +1,8 @@
 """The board slice's published language: every board, offered to other
 services under ``example.board.<id>`` in the ``PUBLISHED_example`` bucket.
 
-A board's image is its id, title, org and archived flag. A created, renamed,
+A board's image is its id, title, org, owner and archived flag (an erased
+owner is re-published as ``erased``). A created, renamed,
 archived or deleted board is re-published (or retracted) by the leader's
 drain within a beat; nothing here writes to the bucket itself.
 """
@@ -28,6 +29,7 @@ class BoardPublished(Published):
     id: str
     title: str
     org: str
+    owner: str
     archived: bool
 
 
@@ -37,7 +39,9 @@ class BoardOffer(Offer[Board, str, BoardPublished]):
     PUBLISHED = BoardPublished
 
     def publish(self, row: Board) -> BoardPublished | None:
-        return BoardPublished(id=row.id, title=row.title, org=row.org, archived=row.archived)
+        return BoardPublished(
+            id=row.id, title=row.title, org=row.org, owner=row.owner, archived=row.archived
+        )
 
     async def keys(self, conn: Conn) -> Iterable[str]:
         return [r["id"] for r in await conn.fetch("SELECT id FROM board")]

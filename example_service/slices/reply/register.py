@@ -1,16 +1,18 @@
 """The reply slice registers its accumulator, its projectors (the typing
-lane with its ttl) and its reaction."""
+lane with its ttl), its reaction and its erasure (the person's replies, their
+lane-A chunks and their typing marks)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from service_engine import Engine
+from service_engine import Engine, Erase
 
 from ...kernel import ConfigurationError
-from .domain import REPLY_TEXT
+from .commands import typing_key
+from .domain import NOUN, REPLY_TEXT
 from .reactions import reactions
-from .views import RepliesView, TypingProjector
+from .views import TYPING, RepliesView, TypingProjector
 
 TYPING_TTL = timedelta(seconds=10)
 """How long a typing mark lasts without a repeat."""
@@ -24,5 +26,25 @@ def register(engine: Engine) -> None:
     engine.register_accumulator(REPLY_TEXT)
     engine.register_projector(RepliesView())
     engine.register_presence(TypingProjector(), TYPING_TTL)
+    engine.register_erasable("reply", ReplyErasure())
     for reaction in reactions():
         engine.register_reaction(reaction)
+
+
+class ReplyErasure:
+    """Erasable (CRUD): a reply is its author's text, so the person's
+    replies are deleted and their lane-A chunks purged after the commit (the
+    key stays sealed: a late chunk is refused). A typing mark names its
+    typist in its key: the person's mark on every streaming reply is
+    cleared."""
+
+    async def erase(self, cx: Erase, person: str) -> None:
+        authored = await cx.fetch("SELECT id FROM reply WHERE author = $1", person)
+        await cx.execute("DELETE FROM reply WHERE author = $1", person)
+        for row in authored:
+            reply_id = str(row["id"])
+            cx.erased.stream(REPLY_TEXT.name, reply_id)
+            cx.impact(NOUN, reply_id)
+        streaming = await cx.fetch("SELECT id FROM reply WHERE status = 'streaming'")
+        for row in [*authored, *streaming]:
+            cx.erased.presence_key(TYPING, typing_key(str(row["id"]), person))
