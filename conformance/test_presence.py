@@ -29,6 +29,7 @@ from service_engine.lanes import (
     PresenceWithoutNats,
     PresenceWithoutService,
 )
+from service_engine.lanes.presence_lane import REASON_PRESENCE_WATCH
 from service_engine.messaging.nats import Nats
 from service_engine.pipeline import Mutation
 from service_engine.render import Remove, Reset, Upsert
@@ -408,3 +409,39 @@ async def test_a_write_nats_does_not_take_is_dropped_and_counted_never_raised(
         assert dropped == 2
         await asyncio.to_thread(nats_server.start)
         await wait_until(conn.reachable, timeout=15, what="the reconnect")
+
+
+async def test_a_bucket_deleted_at_runtime_holds_down_and_recovers_when_recreated(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """The presence bucket deleted under a running pod: the watcher holds
+    readiness DOWN with the reason (the bucket is missing) and retries with
+    a bounded backoff instead of stopping the pod; once the bucket is
+    recreated the pod is UP again, its sessions get a Reset and new puts
+    reach them."""
+    await provision(nats_server)
+    async with engine_nats(nats_server) as conn, presence_engine(
+        db, conn, typing_ttl=timedelta(seconds=30)
+    ) as lanes:
+        typing = await lanes.attach("typing", room("r1"))
+        await lanes.typing.put("r1.alice", {"n": 1})
+        assert isinstance(await typing.next(), Upsert)
+        client = await nats.connect(nats_server.url, connect_timeout=5, max_reconnect_attempts=0)
+        try:
+            await client.jetstream().delete_stream(f"KV_EPHEMERAL_{SERVICE}")
+        finally:
+            await client.close()
+        await wait_until(
+            lambda: lanes.readiness.holds(REASON_PRESENCE_WATCH), what="the watcher DOWN"
+        )
+        detail = lanes.readiness.current().reasons[REASON_PRESENCE_WATCH]
+        assert "PresenceBucketMissing" in detail, detail
+        assert lanes.engine.presence_lanes is not None
+        assert not lanes.engine.presence_lanes.seeded.is_set()
+        await provision(nats_server)
+        await wait_until(lambda: lanes.readiness.is_up, timeout=15, what="the pod UP again")
+        reset = await _until(typing, lambda d: isinstance(d, Reset), "the Reset")
+        assert reset.views == {}
+        await lanes.typing.put("r1.bob", {"n": 2})
+        upsert = await _until(typing, lambda d: isinstance(d, Upsert), "the new put")
+        assert upsert.key == key("r1.bob") and upsert.view == {"n": 2}

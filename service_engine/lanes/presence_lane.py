@@ -14,6 +14,15 @@ every lane from the bucket and Resets every session of a presence projector:
 a key that expired or changed while NATS was down is repaired, not served
 forever. ``service_engine_dependency_up{dependency="presence"}`` is 1 while
 the watcher is seeded and watching.
+
+The watcher survives what goes wrong at runtime: the bucket deleted (it
+checks the bucket every `CHECK_EVERY` seconds while it watches, since a
+watch on a deleted stream just goes quiet), a bucket recreated under it
+(its revision went back), a projector's fold raising. Each holds readiness
+DOWN under `REASON_PRESENCE_WATCH` with the reason, and the watcher
+retries with a bounded, doubling backoff (re-binding and re-checking the
+bucket, then reseeding with a Reset); the first good seed clears it. The
+pod keeps serving everything else meanwhile.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from .presence_bucket import PresenceBucket, bind_presence_bucket
 
 __all__ = [
     "DEPENDENCY",
+    "REASON_PRESENCE_WATCH",
     "PresenceHandle",
     "PresenceLanes",
     "PresenceNotBound",
@@ -62,6 +72,17 @@ DEPENDENCY = "presence"
 
 POLL = 0.25
 """Seconds the watcher waits for a change before it re-checks the connection."""
+CHECK_EVERY = 1.0
+"""Seconds between two checks, while watching, that the bucket still exists."""
+BACKOFF = 0.1
+BACKOFF_CAP = 5.0
+"""The watcher's restart backoff: doubling from BACKOFF, at most BACKOFF_CAP seconds."""
+REASON_PRESENCE_WATCH = "presence_watch_stopped"
+"""The readiness reason the watcher holds while it cannot watch the bucket."""
+
+
+class _BucketReplaced(EngineError):
+    """The bucket's revision went back: it was deleted and recreated."""
 
 
 class PresenceNotBound(EngineError):
@@ -133,6 +154,7 @@ class PresenceLanes:
         """Seeds after the first (a reconnection or a broken watch)."""
         self.revision = 0
         """The last bucket revision folded."""
+        self._seeded_once = False
 
     # -- registration --------------------------------------------------------------
 
@@ -171,6 +193,9 @@ class PresenceLanes:
         readiness DOWN under ``presence_bucket`` with the reason."""
         if self.bucket is not None:
             return self.bucket
+        return await self._bind()
+
+    async def _bind(self) -> PresenceBucket:
         try:
             bucket = await bind_presence_bucket(self.nats, self.bucket_name)
             check_bucket(bucket.facts, (lane.ttl for lane in self._lanes.values()))
@@ -214,37 +239,83 @@ class PresenceLanes:
         return int(self.nats.client.stats.get("reconnects", 0))
 
     async def run(self) -> None:
-        """The watcher worker: seed, watch, reseed on every reconnection."""
+        """The watcher worker: seed, watch, reseed on every reconnection;
+        a failure holds readiness DOWN and retries with a bounded backoff."""
         bucket = await self.bind()
-        first = True
+        failures = 0
         try:
             while True:
-                await self._until_reachable()
-                epoch = self._reconnects()
                 try:
-                    seeded, reached = await bucket.snapshot()
-                    self._reseed(seeded, reset=not first)
-                    first = False
-                    watch = await bucket.watch(reached + 1)
-                except NatsUnavailable as exc:
-                    _log.info("presence seed failed (retrying): %s", exc)
+                    if failures:
+                        bucket = await self._bind()  # re-bind: it may have been recreated
+                    await self._watch(bucket)
+                    failures = 0
+                except (asyncio.CancelledError, KeyboardInterrupt):
+                    raise
+                except Exception as exc:
+                    failures += 1
+                    detail = f"{type(exc).__name__}: {exc}"
                     self._gauge(False)
-                    await asyncio.sleep(POLL)
-                    continue
-                self._gauge(True)
-                self.seeded.set()
-                async with watch:
-                    while self._reconnects() == epoch and self.nats.reachable():
-                        change = await watch.next(POLL)
-                        if isinstance(change, PresenceChange):
-                            self._apply(change)
-                        elif change is not None:  # the subscription broke
-                            _log.info("presence watch broke (reseeding): %s", change.detail)
-                            break
-                self._gauge(False)
-                self.seeded.clear()
+                    self.seeded.clear()
+                    self._readiness.set_down(REASON_PRESENCE_WATCH, detail)
+                    delay = min(BACKOFF * (2 ** min(failures - 1, 16)), BACKOFF_CAP)
+                    _log.warning(
+                        "presence watcher failed (%d in a row): %s; retrying in %.2fs",
+                        failures, detail, delay,
+                    )
+                    await asyncio.sleep(delay)
         finally:
             self._gauge(False)
+
+    async def _watch(self, bucket: PresenceBucket) -> None:
+        """Seed and watch until the connection moved or the watch broke;
+        raises what the supervision loop in `run` holds DOWN and retries.
+        Every seed after the first Resets the presence sessions."""
+        await self._until_reachable()
+        epoch = self._reconnects()
+        try:
+            seeded, reached = await bucket.snapshot()
+            self._reseed(seeded, reset=self._seeded_once)
+            self._seeded_once = True
+            self.revision = reached
+            watch = await bucket.watch(reached + 1)
+        except NatsUnavailable as exc:
+            _log.info("presence seed failed (retrying): %s", exc)
+            self._gauge(False)
+            await asyncio.sleep(POLL)
+            return
+        self._readiness.clear(REASON_PRESENCE_WATCH)
+        self._gauge(True)
+        self.seeded.set()
+        checked = asyncio.get_running_loop().time()
+        async with watch:
+            while self._reconnects() == epoch and self.nats.reachable():
+                change = await watch.next(POLL)
+                if isinstance(change, PresenceChange):
+                    self._apply(change)
+                elif change is not None:  # the subscription broke
+                    _log.info("presence watch broke (reseeding): %s", change.detail)
+                    break
+                now = asyncio.get_running_loop().time()
+                if now - checked >= CHECK_EVERY:
+                    checked = now
+                    await self._check_bucket(bucket)
+        self._gauge(False)
+        self.seeded.clear()
+
+    async def _check_bucket(self, bucket: PresenceBucket) -> None:
+        """Raise when the bucket is gone (`PresenceBucketMissing`) or was
+        recreated (its revision is behind what was folded)."""
+        try:
+            revision = await bucket.last_revision()
+        except NatsUnavailable:
+            return  # the connection state says it; the loop above reseeds
+        if revision < self.revision:
+            self.revision = 0
+            raise _BucketReplaced(
+                f"bucket {self.bucket_name} was recreated (revision {revision} is behind "
+                "the folded one)"
+            )
 
     async def _until_reachable(self) -> None:
         # nats-py exposes the connection state, not an event to wait on.
