@@ -284,3 +284,68 @@ async def test_s169_a_stuck_mirror_is_dead_lettered_once_through_the_worker_and_
             ) == 2
             assert readiness.holds("mirror:stuck_one")
             assert engine.metrics.sample("service_engine_dependency_up", dependency="mirrors") == 0
+
+
+@pytest.mark.usefixtures("known_table")
+async def test_a_standby_converges_on_an_idle_leader_without_waiting_for_a_projection(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A change the leader applies with nothing to project (an equal re-put)
+    still advances its watermark, so a standby whose boot read reached that
+    revision converges at once, not at the leader's next projection or
+    reconcile (set to an hour here)."""
+    async with bucket_of(nats_server) as (conn, bucket):
+        await put(bucket, "p1", "Ann")
+        hour = timedelta(hours=1)
+        async with pod(db, conn, people_mirror(), pod_id="pod-a", mirror_reconcile=hour):
+            assert await known(db) == {"p1": "Ann"}
+            revision = await put(bucket, "p1", "Ann")  # equal value: nothing to project
+
+            async def advanced() -> bool:
+                mark = await db.pool.fetchval(
+                    "SELECT revision FROM service_engine.mirror_watermark"
+                    " WHERE mirror = 'sample_people'"
+                )
+                return mark is not None and int(mark) >= revision
+
+            await wait_until(advanced, what="the idle leader's watermark at the re-put")
+            async with pod(
+                db, conn, people_mirror(), pod_id="pod-b", mirror_reconcile=hour
+            ) as (standby, ready_b):
+                assert ready_b.is_up
+                assert not standby.mirror("sample_people").projected.is_set()
+
+
+@pytest.mark.usefixtures("known_table")
+async def test_one_transient_failure_of_a_converged_mirror_keeps_readiness(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A converged mirror whose projection fails once restarts (self-heal)
+    without taking readiness DOWN, and the change reaches known_*."""
+    failed = asyncio.Event()
+
+    async def once(projection: Projection, key: Any, merged: Merged) -> None:
+        if key == "p2" and not failed.is_set():
+            failed.set()
+            raise RuntimeError("a transient projection failure")
+        await project_people(projection, key, merged)
+
+    mirror = Mirror("flaky").consume(PersonPublished).keyed_by(lambda p: p.id).project(once)
+    async with bucket_of(nats_server) as (conn, bucket):
+        await put(bucket, "p1", "Ann")
+        config: dict[str, Any] = {
+            "mirror_failure_threshold": 3,
+            "mirror_restart_backoff": timedelta(seconds=1),
+        }
+        async with pod(db, conn, mirror, **config) as (engine, readiness):
+            supervisor = engine.mirrors.supervisors["flaky"]
+            await put(bucket, "p2", "Bob")
+            await asyncio.wait_for(failed.wait(), 10)
+            await wait_until(lambda: supervisor.restarts >= 1, what="the mirror restarted")
+            assert not readiness.holds("mirror:flaky"), "a transient failure flapped readiness"
+
+            async def healed() -> bool:
+                return await known(db) == {"p1": "Ann", "p2": "Bob"}
+
+            await wait_until(healed, what="the change projected after the restart")
+            assert readiness.is_up

@@ -5,7 +5,8 @@ Per pod and mirror, a `MirrorRuntime`:
 * reads every consumed prefix in full at boot into its `Shadow`s and holds
   readiness DOWN (``mirror:<name>``) until converged: shadows loaded and the
   per-bucket watermark (``service_engine.mirror_watermark``, advanced by the
-  leader as it projects) reached the revision the boot read reached;
+  leader as it projects, and as it applies a change with nothing to project)
+  reached the revision the boot read reached;
 * watches each prefix from the revision its boot read reached plus one, so
   a put or retract between the boot read and the watch is not lost;
 * projects through the direct lane only while it holds the mirror's lease
@@ -18,7 +19,9 @@ Per pod and mirror, a `MirrorRuntime`:
   DOWN (``mirror:<name>:empty``, naming the prefix) and keeps ``known_*`` and
   the shadows as they are.
 
-`MirrorSupervisor` restarts a runtime that raised, with backoff; one stuck
+`MirrorSupervisor` restarts a runtime that raised, with backoff (a mirror
+that had converged keeps readiness through a transient restart; it goes
+DOWN once stuck or if it never converged); one stuck
 past ``mirror_failure_threshold`` consecutive failures is recorded as one
 `DeadLetterSource.MIRROR` dead letter, re-recorded on every beat while it
 stays stuck (one row, counted once, s169). `MirrorSet` keeps
@@ -103,6 +106,8 @@ class MirrorRuntime:
         """Set after every committed projection (tests and benches wait on it)."""
         self.boot_hook: Callable[[], Awaitable[None]] | None = None
         """The test-support seam: awaited between the boot read and the watch."""
+        self.converged_once = False
+        """Converged at least once in this process (survives restarts)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -111,6 +116,7 @@ class MirrorRuntime:
         self._buckets: dict[str, KvBucket] = {}
         self._boot: dict[str, int] = {}
         self._applied: dict[str, int] = {}
+        self._marked: dict[str, int] = {}
         self._index: dict[Hashable, dict[type[Published], str]] = {}
         self._dirty: set[Hashable] = set()
         self._empty: set[type[Published]] = set()
@@ -138,7 +144,10 @@ class MirrorRuntime:
 
     async def run_once(self) -> None:
         self._reset()
-        self.readiness.set_down(reason_of(self.name), "mirror booting: reading its prefixes")
+        if not self.converged_once:
+            # A restart after convergence keeps readiness: known_* is intact
+            # and the supervisor holds DOWN once the mirror is stuck.
+            self.readiness.set_down(reason_of(self.name), "mirror booting: reading its prefixes")
         for published in self.mirror.consumed:
             if published.BUCKET not in self._buckets:
                 self._buckets[published.BUCKET] = await self.nats.bind_bucket(published.BUCKET)
@@ -214,6 +223,8 @@ class MirrorRuntime:
                 full = True
             if leader and not self._empty and (full or self._dirty):
                 await self._project(full)
+            elif leader and not self._empty and self._behind():
+                await self._advance()
             elif not leader and self._dirty and ticked:
                 await self._forget_projected()
             await self._check_converged(leader)
@@ -278,6 +289,7 @@ class MirrorRuntime:
         else:
             value = self._decode(published, change.key, change.value)
             if value is None:
+                self._applied[bucket] = max(self._applied.get(bucket, 0), change.revision)
                 return
             entry = ShadowEntry(change.key, change.revision, value)
             shadow._set(entry)
@@ -337,8 +349,26 @@ class MirrorRuntime:
                 for bucket, revision in self._applied.items():
                     await conn.execute(_WATERMARK, self.name, bucket, revision)
                 await stage_in(conn, projection.impacts)
+        self._marked = dict(self._applied)
         self._dirty -= keys
         self.projected.set()
+
+    def _behind(self) -> bool:
+        return any(self._marked.get(b, 0) < r for b, r in self._applied.items())
+
+    async def _advance(self) -> None:
+        """The leader with nothing to project (an equal re-put, a retract of
+        an unknown key, an undecodable value) still advances its watermark to
+        what it applied, so a standby whose boot read reached that revision
+        converges now rather than at the next projection or reconcile."""
+        applied = dict(self._applied)
+        with translating(Stage.RELAY):
+            async with self.db.pool.acquire() as conn, conn.transaction():
+                await self.lease.assert_lease(conn)
+                for bucket, revision in applied.items():
+                    if self._marked.get(bucket, 0) < revision:
+                        await conn.execute(_WATERMARK, self.name, bucket, revision)
+        self._marked = applied
 
     async def _watermarks(self) -> dict[str, int]:
         with translating(Stage.RELAY):
@@ -364,6 +394,7 @@ class MirrorRuntime:
         marks = await self._watermarks()
         if all(marks.get(b, 0) >= r for b, r in self._boot.items()):
             self.converged = True
+            self.converged_once = True
             self.readiness.clear(reason_of(self.name))
 
 
@@ -409,7 +440,13 @@ class MirrorSupervisor:
                 self.restarts += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self.runtime.converged = False
-                readiness.set_down(reason, f"mirror failed ({self.failures}x): {self.last_error}")
+                stuck = self.failures >= self.bounds.failure_threshold
+                if stuck or not self.runtime.converged_once:
+                    # One transient failure of a converged mirror restarts it
+                    # without flapping readiness; a stuck one holds DOWN.
+                    readiness.set_down(
+                        reason, f"mirror failed ({self.failures}x): {self.last_error}"
+                    )
                 _log.warning("mirror %s failed: %s", self.runtime.name, self.last_error)
                 if self.failures >= self.bounds.failure_threshold:
                     self._stuck = True
