@@ -29,6 +29,7 @@ from service_engine.lanes import (
     PresenceWithoutNats,
     PresenceWithoutService,
 )
+from service_engine.lanes.presence import PresenceChange, PresenceFold
 from service_engine.lanes.presence_lane import REASON_PRESENCE_WATCH
 from service_engine.messaging.nats import Nats
 from service_engine.pipeline import Mutation
@@ -445,3 +446,47 @@ async def test_a_bucket_deleted_at_runtime_holds_down_and_recovers_when_recreate
         await lanes.typing.put("r1.bob", {"n": 2})
         upsert = await _until(typing, lambda d: isinstance(d, Upsert), "the new put")
         assert upsert.key == key("r1.bob") and upsert.view == {"n": 2}
+
+
+class _ExplodingFold(PresenceFold):
+    """A lane fold that raises once, on the first change of a ``boom`` key."""
+
+    __slots__ = ("armed",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = True
+
+    def apply(self, change: PresenceChange) -> bool:
+        if self.armed and change.key.endswith(".boom"):
+            self.armed = False
+            raise RuntimeError("the fold exploded")
+        return super().apply(change)
+
+
+async def test_a_fold_that_raises_is_retried_and_the_pod_keeps_serving(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A presence projector's fold raising in the watcher does not stop the
+    pod: the failure is held DOWN with its reason and retried; the reseed
+    repairs the lane (the key that broke the fold is in the Reset) and the
+    pod is UP and watching again."""
+    await provision(nats_server)
+    projector = Typing()
+    projector.STORE.fold = _ExplodingFold()
+    async with engine_nats(nats_server) as conn, presence_engine(
+        db, conn, typing_ttl=timedelta(seconds=30), typing=projector
+    ) as lanes:
+        watcher = lanes.engine.presence_lanes
+        assert watcher is not None
+        typing = await lanes.attach("typing", room("r1"))
+        await lanes.typing.put("r1.boom", {"n": 1})
+        await wait_until(lambda: watcher.failures >= 1, what="the watcher failure")
+        assert "RuntimeError: the fold exploded" in (watcher.last_failure or "")
+        reset = await _until(typing, lambda d: isinstance(d, Reset), "the Reset")
+        assert reset.views == {key("r1.boom"): {"n": 1}}
+        await wait_until(lambda: lanes.readiness.is_up, what="the pod UP again")
+        assert lanes.engine.presence_lanes is watcher and watcher.failures == 1
+        await lanes.typing.put("r1.bob", {"n": 2})
+        upsert = await _until(typing, lambda d: isinstance(d, Upsert), "the next put")
+        assert upsert.key == key("r1.bob")

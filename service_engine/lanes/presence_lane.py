@@ -152,6 +152,9 @@ class PresenceLanes:
         """Set once the watcher's first seed landed and it watches."""
         self.reseeds = 0
         """Seeds after the first (a reconnection or a broken watch)."""
+        self.failures = 0
+        """Watcher failures the supervision loop held DOWN and retried."""
+        self.last_failure: str | None = None
         self.revision = 0
         """The last bucket revision folded."""
         self._seeded_once = False
@@ -255,6 +258,8 @@ class PresenceLanes:
                 except Exception as exc:
                     failures += 1
                     detail = f"{type(exc).__name__}: {exc}"
+                    self.failures += 1
+                    self.last_failure = detail
                     self._gauge(False)
                     self.seeded.clear()
                     self._readiness.set_down(REASON_PRESENCE_WATCH, detail)
