@@ -478,6 +478,7 @@ async def test_a_key_whose_publish_raises_never_stops_another_key(
             rows = await db.pool.fetch("SELECT kv_key FROM service_engine.offer_dirty")
             assert [r["kv_key"] for r in rows] == ["sample.counter.a"], batch
             assert drain.failures["sample_counters"] >= 1
+            assert set(drain.failing) == {("sample_counters", "sample.counter.a")}
             await drain.aclose()
 
 

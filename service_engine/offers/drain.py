@@ -33,8 +33,10 @@ carries its own per-key versions; its watermark and `reset_watermarks`
 A key whose ``publish`` (or its encoding) raises is isolated: the rest of
 its batch drains, the key stays dirty with its generation (a later write
 is not lost) and moves to the back of the claim order, so it never blocks
-another key; each failure logs a warning and counts in
-`OfferDrain.failures` and `DrainReport.failed`. It is not dead-lettered:
+another key; each failure counts in `OfferDrain.failures` and
+`DrainReport.failed`, `OfferDrain.failing` holds each still-failing key's
+consecutive failures, and a warning is logged on its 1st, 2nd, 4th, 8th...
+failure (not once per pass). It is not dead-lettered:
 the dead-letter sources are the spec's closed five (none is an offer) and a
 dirty key already is its own durable retry — the next pass (or a fix to the
 row or the offer, or `cx.dirty_offer`) retries it; readiness is untouched.
@@ -167,6 +169,8 @@ class OfferDrain:
         self._pass = asyncio.Lock()
         #: per offer, how many times a key's `publish` raised (cumulative).
         self.failures: dict[str, int] = {}
+        #: (offer, kv_key) -> consecutive failed publishes of a key still failing.
+        self.failing: dict[tuple[str, str], int] = {}
 
     def add(self, offer: Offer[Any, Any, Any]) -> None:
         lease = LeaderLease(self.db, offer.slot, self.holder, self.bounds.lease)
@@ -316,10 +320,13 @@ class OfferDrain:
                 except Exception as exc:
                     # One bad row never stops the rest of the batch.
                     claimed.failed = True
-                    _log.warning(
-                        "offer %s: publish of %s failed; the key stays dirty: %s",
-                        offer.NAME, claimed.kv_key, exc, exc_info=exc,
-                    )
+                    slot = (offer.NAME, claimed.kv_key)
+                    count = self.failing[slot] = self.failing.get(slot, 0) + 1
+                    if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th... time
+                        _log.warning(
+                            "offer %s: publish of %s failed (%d times); the key stays dirty: %s",
+                            offer.NAME, claimed.kv_key, count, exc, exc_info=exc,
+                        )
 
         await self._fenced(state, resolve)
 
@@ -366,6 +373,9 @@ class OfferDrain:
         if failed:
             report.failed += len(failed)
             self.failures[offer.NAME] = self.failures.get(offer.NAME, 0) + len(failed)
+        for claimed in batch:
+            if not claimed.failed:
+                self.failing.pop((offer.NAME, claimed.kv_key), None)
         settled = sum(1 for r in written if r is not None)
         return len(batch) if settled else 0
 
