@@ -142,6 +142,19 @@ class CreateCardCommand(BaseModel):
         return None
 
 
+class AdvanceCardCommand(BaseModel):
+    SERVICE: ClassVar[str] = "example"
+    AGGREGATE: ClassVar[str] = "card"
+    VERB: ClassVar[str] = "advance"
+    VERSION: ClassVar[int] = 1
+
+    card_id: str
+    expected_revision: int
+
+    def sequence(self) -> DeclaredSequence | None:
+        return None
+
+
 class ReviewEvent(ReviewApproved):
     AGGREGATE: ClassVar[str] = "review"
     FACT: ClassVar[str] = "approved"
@@ -340,7 +353,8 @@ async def test_create_card_refuses_a_command_whose_actor_is_a_person(
     ((_, body),) = await card_events(nats_server.url, "rejected")
     assert body["payload"] == {
         "card_id": "bus-person", "command": "card.create", "code": "card.sender_not_service",
-        "message": "card commands on the integration bus come from services only"}
+        "message": "card commands on the integration bus come from services only",
+        "outcome": None, "revision": None}
     assert body["metadata"]["causation_id"] == str(sent.envelope_id)
     assert await owner_fetch(store, "SELECT id FROM card") == []
     assert await card_events(nats_server.url, "created") == []
@@ -372,6 +386,69 @@ async def test_a_resent_create_reemits_its_confirmation_and_creates_one_card(
     assert first.headers["Nats-Msg-Id"] != again.headers["Nats-Msg-Id"]
     assert await owner_fetch(store, "SELECT title FROM card") == [{"title": "from the bus"}]
     assert await facts(store, "bus-2") == ["card.created"]
+
+
+async def _answers(url: str, card_id: str) -> list[dict[str, Any]]:
+    return [b for _, b in await card_events(url)
+            if b["type"] in ("card.advanced", "card.rejected")
+            and b["payload"].get("card_id") == card_id]
+
+
+async def test_a_bus_advance_is_a_revision_checked_transition(
+    card: Running, store: ProvisionedDatabase, nats_server: EmbeddedNats
+) -> None:
+    """card.advance runs the declared transition from the sender's expected revision: at the
+    card's revision it advances (card.advanced, caused by the command); from a stale revision
+    it answers card.rejected with the StaleRevision outcome and the card's current revision,
+    and changes nothing (no state, no fact, no card.advanced)."""
+    async with producer(nats_server) as bus:
+        await bus.command(CreateCardCommand(card_id="bus-adv"))
+        await wait_until(lambda: _events_of(nats_server.url, "created", "bus-adv"),
+                         timeout=BOUND, what="card.created")
+        sent = await bus.command(AdvanceCardCommand(card_id="bus-adv", expected_revision=1))
+
+        async def answered(n: int) -> bool:
+            return len(await _answers(nats_server.url, "bus-adv")) == n
+
+        await wait_until(lambda: answered(1), timeout=BOUND, what="card.advanced")
+        (advanced,) = await _answers(nats_server.url, "bus-adv")
+        assert advanced["type"] == "card.advanced"
+        assert advanced["payload"] == {"card_id": "bus-adv", "version": 2, "stage": "doing"}
+        assert advanced["metadata"]["causation_id"] == str(sent.envelope_id)
+
+        # The same revision again is stale now: answered, nothing moves.
+        stale = await bus.command(AdvanceCardCommand(card_id="bus-adv", expected_revision=1))
+        await wait_until(lambda: answered(2), timeout=BOUND, what="the stale answer")
+    rejected = (await _answers(nats_server.url, "bus-adv"))[1]
+    assert rejected["type"] == "card.rejected"
+    assert rejected["payload"] == {
+        "card_id": "bus-adv", "command": "card.advance", "code": "card.stale_revision",
+        "message": "FinishCard: StaleRevision", "outcome": "StaleRevision", "revision": 2}
+    assert rejected["metadata"]["causation_id"] == str(stale.envelope_id)
+    assert await owner_fetch(store, "SELECT stage, version FROM card WHERE id = 'bus-adv'") == [
+        {"stage": "doing", "version": 2}]
+    assert await facts(store, "bus-adv") == ["card.created", "card.advanced"]
+    assert len(await card_events(nats_server.url, "advanced")) == 1
+    assert await owner_fetch(store, "SELECT id FROM service_engine.dead_letter") == []
+
+
+async def test_a_bus_advance_of_a_done_card_is_the_gates_refusal(
+    card: Running, store: ProvisionedDatabase, nats_server: EmbeddedNats
+) -> None:
+    """A bus advance of a done card at its revision answers the gate's card.done (outcome
+    Refused, the affordance's reason) with zero mutation."""
+    await card.executor.execute(ALICE, create_card, "to finish", "bus-done")
+    for _ in range(2):
+        assert await advance_card(card.executor, ALICE, "bus-done") == Success()
+    async with producer(nats_server) as bus:
+        await bus.command(AdvanceCardCommand(card_id="bus-done", expected_revision=3))
+        await wait_until(lambda: _events_of(nats_server.url, "rejected", "bus-done"),
+                         timeout=BOUND, what="card.rejected")
+    ((_, body),) = await card_events(nats_server.url, "rejected")
+    assert (body["payload"]["code"], body["payload"]["outcome"], body["payload"]["revision"]) \
+        == ("card.done", "Refused", 3)
+    assert await owner_fetch(store, "SELECT stage, version FROM card WHERE id = 'bus-done'") == [
+        {"stage": "done", "version": 3}]
 
 
 async def test_an_early_review_is_parked_until_its_card_exists(

@@ -8,10 +8,12 @@ the wire (`example_twin.contract`). The reference service holds no raw NATS
 client; only its engine does.
 
 * ``python -m example_twin --cycle N`` drives N full cycles — command
-  ``card.create`` → event ``card.created`` → command ``card.advance`` and
-  the twin's own ``review.approved`` event → events ``card.advanced`` and
-  ``card.reviewed`` — prints a JSON summary and exits 0 when every cycle
-  closed;
+  ``card.create`` → event ``card.created`` → command ``card.advance`` (from
+  the created card's revision) and the twin's own ``review.approved`` event
+  → events ``card.advanced`` and ``card.reviewed`` — prints a JSON summary
+  and exits 0 when every cycle closed (an advance answered
+  ``StaleRevision``, the review having landed first, is re-sent from the
+  revision the answer names);
 * ``python -m example_twin`` runs the reviewer: every ``card.created`` the
   service announces is answered with ``review.approved``, until SIGINT or
   SIGTERM;

@@ -38,11 +38,13 @@ class CreateCard(_Wire):
 
 
 class AdvanceCard(_Wire):
-    """Command ``integration.cmd.{service}.card.advance``."""
+    """Command ``integration.cmd.{service}.card.advance``: from
+    ``expected_revision``, the card's ``version`` as the twin last saw it."""
 
     VERB: ClassVar[str] = "advance"
 
     card_id: str
+    expected_revision: int = Field(ge=1)
 
 
 class ReviewApproved(_Wire):
@@ -81,9 +83,18 @@ class CardReviewed(CardFact):
 
 
 class CardRejected(CardFact):
+    """A refused command; a declared outcome names itself and the card's
+    current ``revision`` (``StaleRevision``: retry from there)."""
+
     command: str
     code: str
     message: str
+    outcome: str | None = None
+    revision: int | None = None
+
+
+STALE_REVISION = "StaleRevision"
+"""The outcome of an advance from a revision the card has moved past."""
 
 
 # -- published languages (KV) ------------------------------------------------------

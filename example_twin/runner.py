@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -45,6 +45,7 @@ from service_engine import (
 from .contract import (
     CARD,
     REVIEW,
+    STALE_REVISION,
     AdvanceCard,
     CardAdvanced,
     CardCreated,
@@ -63,6 +64,9 @@ EVENT_STREAM = "INTEGRATION_EVT"
 HEADER_NATS_MSG_ID = "Nats-Msg-Id"
 HEADER_MESSAGE_ID = "Br-Message-Id"
 _PUBLISH_RETRY = 0.2
+MAX_ADVANCES = 5
+"""How many times one cycle sends ``card.advance`` (the first, then one per
+``StaleRevision`` answer) before it gives up."""
 CONNECT_BOUND = 10.0
 """Seconds the twin waits for NATS before giving up (it does not retry forever)."""
 
@@ -221,8 +225,11 @@ class Twin:
         self, card_id: str, *, org: str, due_in: float | None = None
     ) -> CycleResult:
         """Create ``card_id`` by command, and on ``card.created`` advance it by
-        command and approve its review by event; closed once ``card.advanced``
-        and ``card.reviewed`` (and, with a deadline, ``card.overdue``) came back."""
+        command (from the created card's revision) and approve its review by
+        event; closed once ``card.advanced`` and ``card.reviewed`` (and, with
+        a deadline, ``card.overdue``) came back. The review and the deadline
+        race the advance: an advance answered ``StaleRevision`` is sent again
+        from the revision that answer names, at most `MAX_ADVANCES` times."""
         result = CycleResult(card_id)
         inbox: asyncio.Queue[Received] = asyncio.Queue()
         self._inboxes[card_id] = inbox
@@ -243,15 +250,33 @@ class Twin:
                 created["card.created"].event_id, self.actor
             )
             advance_id = await self.command(
-                AdvanceCard.VERB, AdvanceCard(card_id=card_id), follow_up
+                AdvanceCard.VERB,
+                AdvanceCard(card_id=card_id, expected_revision=created_fact.version), follow_up,
             )
+            advances = 1
             review_id = await self.event(
                 REVIEW, ReviewApproved.FACT, ReviewApproved(card_id=card_id), follow_up
             )
+
+            async def stale(rejected: CardRejected, event: Received) -> bool:
+                """Re-send an advance answered stale, from the revision it names."""
+                nonlocal advance_id, advances
+                if (rejected.command != f"{CARD}.{AdvanceCard.VERB}"
+                        or rejected.outcome != STALE_REVISION or rejected.revision is None
+                        or event.metadata.causation_id != advance_id
+                        or advances >= MAX_ADVANCES):
+                    return False
+                advances += 1
+                advance_id = await self.command(
+                    AdvanceCard.VERB,
+                    AdvanceCard(card_id=card_id, expected_revision=rejected.revision), follow_up,
+                )
+                return True
+
             expected = {"card.advanced", "card.reviewed"}
             if due_in is not None:
                 expected.add("card.overdue")
-            answers = await self._expect(inbox, result, expected)
+            answers = await self._expect(inbox, result, expected, retry=stale)
             advanced = CardAdvanced.model_validate(answers["card.advanced"].payload)
             reviewed = CardReviewed.model_validate(answers["card.reviewed"].payload)
             self._check(result, answers["card.advanced"], origin.correlation_id, advance_id)
@@ -269,14 +294,19 @@ class Twin:
         return result
 
     async def _expect(
-        self, inbox: asyncio.Queue[Received], result: CycleResult, types: set[str]
+        self, inbox: asyncio.Queue[Received], result: CycleResult, types: set[str],
+        *, retry: Callable[[CardRejected, Received], Awaitable[bool]] | None = None,
     ) -> dict[str, Received]:
+        """Wait for one event of each of ``types``; a ``card.rejected`` fails
+        the cycle unless ``retry`` took it up (answered True)."""
         found: dict[str, Received] = {}
         while not types <= found.keys():
             event = await inbox.get()
             result.seen.append(event.type)
             if event.type == "card.rejected":
                 rejected = CardRejected.model_validate(event.payload)
+                if retry is not None and await retry(rejected, event):
+                    continue
                 raise TwinError(f"{rejected.command} rejected: {rejected.code}: {rejected.message}")
             found.setdefault(event.type, event)
         return found

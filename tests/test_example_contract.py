@@ -25,7 +25,7 @@ PAIRS: list[tuple[type[BaseModel], type[BaseModel]]] = [
 
 SAMPLES: dict[type[BaseModel], BaseModel] = {
     twin.CreateCard: twin.CreateCard(card_id="c-1", org="acme", title="t", due_in_seconds=2.5),
-    twin.AdvanceCard: twin.AdvanceCard(card_id="c-1"),
+    twin.AdvanceCard: twin.AdvanceCard(card_id="c-1", expected_revision=1),
     twin.ReviewApproved: twin.ReviewApproved(card_id="c-1"),
     service.CardCreated: service.CardCreated(
         card_id="c-1", version=1, org="acme", title="t", stage="todo",

@@ -3,10 +3,9 @@
 impacts, outbox rows, commit), whether a GraphQL mutation or a command on the
 integration bus started it: the shared steps take either context.
 
-A person's stage changes are the declared, revision-checked transitions of
-`workflow` (``startCard`` / ``finishCard``); `advance` is the bus command's
-step (``card.advance`` carries no revision: the sender is a service acting
-on the card it was just told about, under the message's idempotency claim)."""
+Every stage change is a declared, revision-checked transition of
+`workflow` (``startCard`` / ``finishCard`` from GraphQL, the bus command
+``card.advance`` from its reaction): there is no unconditional advance."""
 
 from __future__ import annotations
 
@@ -31,12 +30,11 @@ from .domain import (
     valid_id,
     valid_title,
 )
-from .messages import CardAdvanced, CardCreated, CardDue, CardImported
+from .messages import CardCreated, CardDue, CardImported
 
 __all__ = [
     "CardCx",
     "ImportedCard",
-    "advance",
     "create",
     "create_card",
     "import_cards",
@@ -80,15 +78,6 @@ async def create(
     if card.due_at is not None:
         cx.schedule_at(Timestamp(card.due_at), CardDue(card_id=card.id))
     return card
-
-
-async def advance(cx: CardCx, by: Principal, card: Card) -> None:
-    """Move ``card`` on one stage (gated) and announce it (``card.advanced``)."""
-    card.can_advance.require(by)
-    stage = card.advance(by.id)
-    await cx.save(card)
-    _changed(cx, card, "card.advanced", by.id, stage=stage)
-    cx.emit(CardAdvanced(card_id=card.id, version=card.version, stage=stage))
 
 
 # -- the mutations ------------------------------------------------------------------

@@ -128,11 +128,6 @@ class Card(RecordsEvents):
         self.title = title.strip()
         self._changed("card.renamed", {"title": self.title, "by": by})
 
-    def advance(self, by: str) -> Stage:
-        self.stage = STAGES[STAGES.index(self.stage) + 1]
-        self._changed("card.advanced", {"stage": self.stage, "by": by})
-        return self.stage
-
     def review(self, by: str) -> None:
         self.reviewed_by = by
         self._changed("card.reviewed", {"by": by})

@@ -5,8 +5,11 @@ Commands addressed to this service (``integration.cmd.{service}.card.…``):
 * `CreateCard` (``card.create``) — create a card, optionally with a deadline;
   answered with `CardCreated`, or `CardRejected` when the sender is not a
   service;
-* `AdvanceCard` (``card.advance``) — move a card on one stage; answered with
-  `CardAdvanced` (or `CardRejected`).
+* `AdvanceCard` (``card.advance``) — move a card on one stage from the
+  revision the sender saw (``expected_revision``: the ``version`` of the
+  last card event it read); answered with `CardAdvanced`, or `CardRejected`
+  naming the declared outcome (``StaleRevision`` with the card's current
+  ``revision``, ``IllegalStage``, or the gate's refusal).
 
 Events it reads (``integration.evt.…``):
 
@@ -74,9 +77,12 @@ class CreateCard(_Payload):
 
 
 class AdvanceCard(_Payload):
-    """``card.advance``: move the card on one stage."""
+    """``card.advance``: move the card on one stage, from ``expected_revision``
+    (the card's ``version`` as the sender last saw it; any other revision is
+    answered ``StaleRevision`` and changes nothing)."""
 
     card_id: str
+    expected_revision: int = Field(ge=1)
 
 
 class ReviewApproved(_Payload):
@@ -117,7 +123,12 @@ class CardOverdue(_CardFact):
 
 class CardRejected(_Event):
     """A command the service refused: ``command`` is its type, ``code`` and
-    ``message`` why. Its causation id is the refused command's id."""
+    ``message`` why. Its causation id is the refused command's id.
+
+    A declared command's refusal also names its typed ``outcome``
+    (``StaleRevision``, ``IllegalStage``, ``Refused``) and the card's current
+    ``revision``, the one a sender may retry from; both are absent on the
+    refusals made before any card was read (a sender that is not a service)."""
 
     FACT: ClassVar[str] = "rejected"
 
@@ -125,6 +136,8 @@ class CardRejected(_Event):
     command: str
     code: str
     message: str
+    outcome: str | None = None
+    revision: int | None = None
 
 
 class CardImported(_Event):

@@ -9,9 +9,14 @@ confirmation it already produced instead of acting twice.
   ``card.created``; a sender that is not a service — the envelope's actor,
   resolved into the service's own principal — is refused with a
   ``card.rejected`` answer to the producer (acked, never dead-lettered);
-* `advance_card` (command ``card.advance``) advances it, answering
-  ``card.advanced``; a card it does not know yet is parked (the create may
-  still be on its way);
+* `advance_card` (command ``card.advance``) runs the card's declared,
+  revision-checked transition (`workflow`: ``StartCard`` from todo,
+  ``FinishCard`` from doing) with the command's ``expected_revision``, inside
+  the reaction's transaction, keyed by the message id: it answers
+  ``card.advanced``, or ``card.rejected`` naming the typed outcome
+  (``StaleRevision``, ``IllegalStage``, the gate's ``Refused``) and the
+  card's current revision, with nothing changed; a card it does not know yet
+  is parked (the create may still be on its way);
 * `record_review` (event ``review.approved`` of the reviewer service) marks
   the card reviewed, answering ``card.reviewed``;
 * `expire_card` (the service's own ``card.due``, published at a card's
@@ -46,9 +51,10 @@ from service_engine import (
     event_subject,
     stage_outbox_row,
 )
+from service_engine.commands import REFUSED, CommandOutcome, run_in
 
 from ...kernel import ConfigurationError, Principal
-from .commands import advance, create, due_at
+from .commands import create, due_at
 from .domain import EXISTS, NO_ORG, NOT_A_SERVICE, NOUN, Card
 from .messages import (
     AGGREGATE,
@@ -62,6 +68,7 @@ from .messages import (
     CreateCard,
     ReviewApproved,
 )
+from .workflow import FINISH_CARD, START_CARD
 
 __all__ = [
     "DIGEST_EVERY",
@@ -97,11 +104,27 @@ def sender_resolver(engine: Engine) -> Callable[[Actor], Awaitable[Principal]]:
     return resolve
 
 
-def _reject(cx: Cx, card_id: str, reason: Reason) -> None:
+def _reject(
+    cx: Cx, card_id: str, reason: Reason, outcome: str | None = None,
+    revision: int | None = None,
+) -> None:
     """Answer the producer: its command was refused, and why."""
     cx.emit(CardRejected(
         card_id=card_id, command=cx.envelope.type, code=reason.code, message=reason.message,
+        outcome=outcome, revision=revision,
     ))
+
+
+def _refusal(outcome: CommandOutcome, card: Card, sender: Principal) -> Reason:
+    """The reason of a declared command's zero-mutation outcome: the gate's
+    own for ``Refused`` (the same function as the affordance), else the
+    outcome's stable code."""
+    if outcome.name == REFUSED:
+        reason = card.can_advance(sender).reason
+        if reason is not None:
+            return reason
+    code = outcome.code(NOUN) or outcome.name
+    return Reason(code, f"{outcome.command}: {outcome.name}")
 
 
 def _service_sender(cx: Cx) -> Principal | None:
@@ -134,13 +157,19 @@ async def advance_card(cx: Cx, command: AdvanceCard) -> Park | None:
     if sender is None:
         _reject(cx, command.card_id, NOT_A_SERVICE)
         return None
+    # Read under the card's lock (held to commit): the stage picks the
+    # transition, the version is what a stale sender is told to retry from.
     card = await cx.load_optional(Card, command.card_id)
     if card is None:
         return Park("card.unknown", f"no card {command.card_id} yet")
-    try:
-        await advance(cx, sender, card)
-    except Refused as refused:  # the gate refuses before the save
-        _reject(cx, command.card_id, refused.reason)
+    transition = FINISH_CARD if card.stage == "doing" else START_CARD
+    outcome = await run_in(cx, transition, {
+        "idempotency_key": str(cx.message_id), "card_id": command.card_id,
+        "expected_revision": command.expected_revision,
+    }, principal=sender)
+    if not outcome.ok:  # a declared outcome: nothing of the card changed
+        _reject(cx, command.card_id, _refusal(outcome, card, sender), outcome.name,
+                card.version)
     return None
 
 
