@@ -364,3 +364,30 @@ async def test_two_passes_writing_the_same_rows_in_opposite_orders_never_deadloc
     assert all(isinstance(o, Durable) for o in durable)
     assert sum(1 for o in durable if not o.duplicate) == len(rows)
     assert await chunk_rows(db, "dl") == [(s, c) for _, _, s, c in rows]
+
+
+async def test_a_flush_pass_that_times_out_on_a_lock_is_retried_not_failed(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """A pass that fails with a retryable error (here a row lock held past
+    lock_timeout by another writer of the same chunk) is retried once: the
+    push_chunk caller gets its Durable receipt, never the transient
+    LockTimeout."""
+    await provision(nats_server)
+    acc = text_accumulator()
+    async with lane_pod(db, nats_server, [acc]) as pod:
+        flusher = pod.engine.lanes.flusher
+        async with db.pool.acquire() as blocker:
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.execute(
+                "INSERT INTO service_engine.accumulator_chunk (accumulator, key, seq, chunk) "
+                "VALUES ('text', 'lt', 0, 'a')"
+            )
+            pushing = asyncio.create_task(pod.engine.push_chunk(acc, "lt", 0, b"a"))
+            await wait_until(lambda: flusher.retries >= 1, what="the first pass timing out")
+            await tx.rollback()
+            receipt = await asyncio.wait_for(pushing, 10)
+        assert (receipt.key, int(receipt.seq), receipt.duplicate) == ("lt", 0, False)
+        assert flusher.retries == 1
+        assert await chunk_rows(db, "lt") == [(0, b"a")]
