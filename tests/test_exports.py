@@ -33,7 +33,7 @@ EXPECTED = {
     "LaneNotice", "PresenceBucketRefused", "PresenceEntry", "PresenceHandle", "PresenceProjector",
     "ACCUMULATED_LANE",
     "Accumulator", "AccumulatorWithoutService", "AlreadySealed", "ChunkConflict", "ChunkFrame",
-    "ChunkSeq", "ChunkSeqOutOfRange", "Durable", "Folded", "InvalidChunkKey", "KeySealed",
+    "ChunkSeq", "ChunkSeqOutOfRange", "Cancelled", "Durable", "Folded", "InvalidChunkKey", "KeySealed",
     "LaneStreamMissing", "SealChunkBeyondLastSeq", "SealError", "SealHashMismatch",
     "SealRetentionTooShort", "SealTruncated", "encode_frame", "seal_hash",
     "Offer", "Published", "KvDrainRelay", "KvPut", "KvRetract",
