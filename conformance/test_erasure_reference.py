@@ -223,3 +223,54 @@ async def test_the_reply_slice_erases_replies_chunks_and_typing_marks(
         assert (replies, chunks) == ({"r-a"}, 0)
         with pytest.raises(KeySealed):
             await run.engine.push_chunk(REPLY_TEXT, "r-z", 1, b"late")
+
+
+ERASE_PERSON = """mutation($p: ID!) { erasePerson(person: $p) {
+    success person fresh purged error { code retryable }
+} }"""
+
+
+async def test_the_operator_erases_a_person_over_graphql_with_the_ops_role_only(
+    store: ProvisionedDatabase,
+) -> None:
+    """``erasePerson`` over HTTP: refused (nothing erased) without the ops
+    role, the role ``/ops`` gates on; with it the person is erased across
+    the Erasable slices and the typed result says fresh and purged; sent
+    again, it succeeds not fresh."""
+    conn = await asyncpg.connect(store.owner_url)
+    try:
+        await conn.execute("INSERT INTO board (id, org, title, owner) VALUES ('b1', 'acme', 'Plans', 'ann')")
+        await conn.execute("INSERT INTO board_member (id, board_id, person) VALUES ('m1', 'b1', 'zoe')")
+    finally:
+        await conn.close()
+    async with running(store, ["board", "operator"]) as run:
+        member = Passport(sub="mia", org="acme", roles=("member",))
+        refused = (await run.gql(ERASE_PERSON, {"p": "zoe"}, member))["erasePerson"]
+        assert refused == {"success": False, "person": None, "fresh": False, "purged": False,
+                           "error": {"code": "operator.ops_role_required", "retryable": False}}
+        anonymous = await run.post(ERASE_PERSON, {"p": "zoe"})
+        assert anonymous["data"] is None
+        assert [e["extensions"]["code"] for e in anonymous["errors"]] == ["passport_missing"]
+        conn = await asyncpg.connect(store.owner_url)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM board_member") == 1
+            assert await conn.fetchval("SELECT count(*) FROM service_engine.person_erasure") == 0
+        finally:
+            await conn.close()
+
+        operator = Passport(sub="olga", org="acme", roles=("ops",))
+        done = (await run.gql(ERASE_PERSON, {"p": "zoe"}, operator))["erasePerson"]
+        assert done == {"success": True, "person": "zoe", "fresh": True, "purged": True,
+                        "error": None}
+        again = (await run.gql(ERASE_PERSON, {"p": "zoe"}, operator))["erasePerson"]
+        assert (again["success"], again["fresh"]) == (True, False)
+        bad = (await run.gql(ERASE_PERSON, {"p": ""}, operator))["erasePerson"]
+        assert bad["error"]["code"] == "operator.person_invalid"
+        conn = await asyncpg.connect(store.owner_url)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM board_member") == 0
+            assert await conn.fetchval(
+                "SELECT purged_at IS NOT NULL FROM service_engine.person_erasure WHERE person = 'zoe'"
+            )
+        finally:
+            await conn.close()

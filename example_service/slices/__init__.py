@@ -16,6 +16,7 @@ SLICES: tuple[str, ...] = (
     "board",
     "card",
     "ledger",
+    "operator",
     "reply",
     "roster",
 )

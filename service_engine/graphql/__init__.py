@@ -29,6 +29,7 @@ from .compose import (
     UndeclaredSchemaMember,
     compose_service,
 )
+from .ops import DEFAULT_OPS_ROLE
 from .passport import (
     PASSPORT_HEADER,
     Passport,
@@ -56,6 +57,7 @@ from .subscriptions import (
 
 __all__ = [
     "CONNECTION_REFUSED_CLOSE_CODE",
+    "DEFAULT_OPS_ROLE",
     "PASSPORT_HEADER",
     "SESSION_MAX_AGE_CLOSE_CODE",
     "SESSION_MAX_AGE_CLOSE_REASON",
