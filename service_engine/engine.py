@@ -777,10 +777,10 @@ class Engine:
     async def _probe_postgres(self) -> None:
         """``dependency_up{postgres}``: one bounded round trip on the pool."""
         try:
-            await asyncio.wait_for(
-                self.db.pool.fetchval("SELECT 1"),
-                self.config.listener_probe_timeout.total_seconds(),
-            )
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can drop
+            # the beat's cancellation when it races the probe's answer.
+            async with asyncio.timeout(self.config.listener_probe_timeout.total_seconds()):
+                await self.db.pool.fetchval("SELECT 1")
         except BaseException:
             self.metrics.set_dependency("postgres", False)
             raise

@@ -17,6 +17,10 @@ from .readiness import REASON_WORKER_STOPPED, ReadinessHandle
 
 _log = logging.getLogger(__name__)
 
+CANCEL_REPEAT_SECONDS = 0.5
+"""How long `Supervisor.run` waits on cancelled workers before cancelling
+the ones still running again."""
+
 Worker = Callable[[], Coroutine[Any, Any, None]]
 """A long-running loop; it should run until cancelled."""
 
@@ -64,6 +68,15 @@ class Supervisor:
         finally:
             # Cancel, then await: a worker's cleanup (a LISTEN connection
             # closed, a consumer's frames nak'ed) finishes before run returns.
-            for t in (stop, *tasks):
+            # A cancellation can be swallowed (on Python 3.11 asyncio.wait_for
+            # drops one that races its inner result), which would leave the
+            # worker looping and run never returning: repeat the cancel of
+            # whatever is still running until every task has ended.
+            pending: set[asyncio.Task[Any]] = {stop, *tasks}
+            for t in pending:
                 t.cancel()
+            while pending:
+                _, pending = await asyncio.wait(pending, timeout=CANCEL_REPEAT_SECONDS)
+                for t in pending:
+                    t.cancel()
             await asyncio.gather(stop, *tasks, return_exceptions=True)
