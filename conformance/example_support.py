@@ -22,6 +22,7 @@ from example_service.kernel import Principal
 from example_service.register import register
 from example_service.slices import compose
 from service_engine import (
+    BlobStoreConfig,
     Database,
     Engine,
     EngineConfig,
@@ -147,6 +148,7 @@ async def running(
     *,
     nats: Nats | None = None,
     config: EngineConfig | None = None,
+    blob_store: BlobStoreConfig | None = None,
 ) -> AsyncIterator[Running]:
     """An engine over ``store`` running the slices ``slices`` and serving
     their GraphQL, until the block ends."""
@@ -154,6 +156,8 @@ async def running(
     try:
         readiness = ReadinessHandle()
         engine = await Engine.boot(config or example_config(), db, nats, readiness)
+        if blob_store is not None:
+            engine.use_blob_store(blob_store)
         service = compose(tuple(slices))
         register(engine, service)
         app = build_app(engine, service)

@@ -5,6 +5,8 @@
 * `cancel_reply` cancels it in flight: ``cx.seal_current`` folds whatever
   is durable under the lane lock and seals it (a finish that lost the race
   is answered ``already_sealed``);
+* `attach_to_reply` mints the author's presigned upload of an attachment
+  (``cx.blob``) and points the reply at it;
 * `typing` says the caller is typing on a streaming reply (presence, put
   after the commit: loss-tolerant, gone at its ttl).
 """
@@ -14,13 +16,22 @@ from __future__ import annotations
 import re
 import uuid
 
-from service_engine import Mutation, PresenceHandle, Refused
+from service_engine import BlobKind, Mutation, PresenceHandle, Refused, UploadUrl
 
 from ...kernel import Principal
-from .domain import BAD_ID, EXISTS, NO_ORG, NOUN, REPLY_TEXT, Reply, valid_id
+from .domain import (
+    ATTACHMENTS_OFF,
+    BAD_ID,
+    EXISTS,
+    NO_ORG,
+    NOUN,
+    REPLY_TEXT,
+    Reply,
+    valid_id,
+)
 from .messages import ReplyCancelled
 
-__all__ = ["cancel_reply", "start_reply", "typing", "typing_key"]
+__all__ = ["attach_to_reply", "cancel_reply", "start_reply", "typing", "typing_key"]
 
 Cx = Mutation[Principal]
 
@@ -44,6 +55,23 @@ async def start_reply(cx: Cx, reply_id: str | None) -> str:
     await cx.create(Reply(reply_id, principal.org, principal.id, cx.now().value))
     cx.impact(NOUN, reply_id)
     return reply_id
+
+
+async def attach_to_reply(
+    cx: Cx, kind: BlobKind | None, reply_id: str, content_type: str
+) -> UploadUrl:
+    """Mint the author's presigned upload of the reply's attachment and
+    point the reply at it (a previous attachment is released with the
+    save). ``kind`` is None where the deployment has no blob store."""
+    if kind is None:
+        raise Refused(ATTACHMENTS_OFF)
+    reply = await cx.load(Reply, reply_id)
+    cx.require(reply.can_attach)
+    upload = cx.blob(kind, content_type=content_type)
+    reply.attach(upload.reference)
+    await cx.save(reply)
+    cx.impact(NOUN, reply_id)
+    return upload
 
 
 async def cancel_reply(cx: Cx, reply_id: str) -> None:

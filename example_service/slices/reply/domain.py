@@ -7,7 +7,9 @@ the producer publishes ``(reply_id, seq, chunk)`` frames on
 across two chunks is whole). A reply-finished command seals the stream
 against the SHA-256 of its chunks and the sealed text lands on the row;
 a person of the reply's org may cancel it in flight (``seal_current``:
-whatever is durable is kept).
+whatever is durable is kept). Its author may attach one blob
+(`ATTACHMENT`, only where the deployment has a blob store); the reply lists
+it in ``blob_refs``, so a replaced attachment's blob is released.
 """
 
 from __future__ import annotations
@@ -15,10 +17,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal
 
-from service_engine import Accumulator, Aggregate, CrudStore, Gate, Reason, gated
+from service_engine import (
+    Accumulator,
+    Aggregate,
+    BlobPolicy,
+    CrudStore,
+    Gate,
+    Reason,
+    gated,
+)
 
 from ...kernel import Principal
 
@@ -28,6 +38,18 @@ Status = Literal["streaming", "finished", "cancelled"]
 
 FORBIDDEN = Reason("reply.forbidden", "this reply is not yours to change")
 ENDED = Reason("reply.ended", "the reply is no longer streaming")
+NOT_AUTHOR = Reason("reply.not_author", "only the reply's author may attach to it")
+ATTACHMENTS_OFF = Reason(
+    "reply.attachments_unavailable", "this deployment has no blob store: attachments are off"
+)
+
+ATTACHMENT = "reply_attachment"
+"""The blob kind of a reply's attachment (registered only with a blob store)."""
+ATTACHMENT_POLICY = BlobPolicy(
+    max_bytes=5 * 1024 * 1024,
+    content_types=("text/plain", "image/png", "image/jpeg", "application/pdf"),
+    orphan_after=timedelta(hours=1),
+)
 NO_ORG = Reason("reply.no_org", "a reply is started in the caller's org; the passport has none")
 BAD_ID = Reason("reply.id_invalid", "a reply id is 1 to 64 of [A-Za-z0-9_-]")
 EXISTS = Reason("reply.exists", "a reply with this id exists")
@@ -62,6 +84,8 @@ class Reply(Aggregate):
     hash: str | None = None
     chunks: int = 0
     version: int = 1
+    attachment: str | None = None
+    """The reference of the reply's attached blob (`ATTACHMENT`), if any."""
 
     Store: ClassVar[ReplyStore]
 
@@ -84,6 +108,21 @@ class Reply(Aggregate):
             return Gate.deny(ENDED)
         return Gate.allow()
 
+    @gated("attach")
+    def can_attach(self, principal: Principal) -> Gate:
+        if not self.in_org(principal) or principal.id != self.author:
+            return Gate.deny(NOT_AUTHOR)
+        return Gate.allow()
+
+    def blob_refs(self) -> tuple[str, ...]:
+        """The blobs the reply holds: replacing or dropping the attachment
+        releases the old blob in the same transaction."""
+        return () if self.attachment is None else (self.attachment,)
+
+    def attach(self, reference: str) -> None:
+        self.attachment = reference
+        self.version += 1
+
     def finish(self, text: bytes, hash: str, chunks: int) -> None:
         self.status = "finished"
         self.text, self.hash, self.chunks = decode(text), hash, chunks
@@ -97,19 +136,24 @@ class Reply(Aggregate):
 
 class ReplyStore(CrudStore[Reply, str]):
     TABLE = "reply"
-    COLUMNS = ("id", "org", "author", "status", "text", "hash", "chunks", "created_at", "version")
+    COLUMNS = (
+        "id", "org", "author", "status", "text", "hash", "chunks", "created_at", "version",
+        "attachment",
+    )
 
     def to_row(self, reply: Reply) -> Mapping[str, object]:
         return {
             "id": reply.id, "org": reply.org, "author": reply.author, "status": reply.status,
             "text": reply.text, "hash": reply.hash, "chunks": reply.chunks,
             "created_at": reply.created_at, "version": reply.version,
+            "attachment": reply.attachment,
         }
 
     def from_row(self, row: Mapping[str, Any]) -> Reply:
         return Reply(
             row["id"], row["org"], row["author"], row["created_at"], row["status"],
             row["text"], row["hash"], int(row["chunks"]), int(row["version"]),
+            row["attachment"],
         )
 
 

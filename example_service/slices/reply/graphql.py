@@ -1,12 +1,12 @@
 """The reply slice's root fields: the replies and who is typing (queries
-and live subscriptions), and the mutations that start, cancel and type on
-a reply."""
+and live subscriptions), a reply's attachment download, and the mutations
+that start, cancel, attach to and type on a reply."""
 
 from __future__ import annotations
 
 import strawberry
 
-from service_engine import MutationError, MutationExecutor, Query, WindowSpec
+from service_engine import MutationError, MutationExecutor, Query, UploadUrl, WindowSpec
 from service_engine.graphql import (
     Live,
     MutationResult,
@@ -16,8 +16,8 @@ from service_engine.graphql import (
 )
 
 from ...kernel import Info
-from .commands import cancel_reply, start_reply, typing
-from .domain import REPLY_TEXT, decode
+from .commands import attach_to_reply, cancel_reply, start_reply, typing
+from .domain import ATTACHMENT, REPLY_TEXT, decode
 from .views import REPLIES, TYPING, RepliesQuery, ReplyView, TypingView
 
 REPLY_VIEWS = Views(REPLIES, ReplyView)
@@ -43,6 +43,33 @@ async def _reply_result(info: Info, outcome: object, reply_id: str) -> ReplyResu
     return ReplyResult(success=True, reply=await REPLY_VIEWS.one(info.context, reply_id))
 
 
+@strawberry.type(description="One form field of a presigned upload.")
+class UploadField:
+    name: str
+    value: str
+
+
+@strawberry.type(description="A presigned POST: send the fields in order, then the file as "
+                             "the form's `file` part, to url (at most maxBytes).")
+class ReplyUpload:
+    reference: strawberry.ID
+    url: str
+    fields: list[UploadField]
+    max_bytes: int
+
+
+@strawberry.type(description="The outcome of attaching to a reply: where to upload it.")
+class AttachResult(MutationResult):
+    upload: ReplyUpload | None = None
+    reply: ReplyView | None = None
+
+
+@strawberry.type(description="A presigned GET of a reply's attachment; hand it on, never store it.")
+class ReplyDownload:
+    url: str
+    expires_in_seconds: int
+
+
 @strawberry.type(description="What of a streaming reply is durable so far: the fold of its "
                              "contiguous chunks (a late joiner's catch-up).")
 class ReplyProgress:
@@ -62,6 +89,16 @@ class ReplyQuery:
     async def reply(self, info: Info, id: strawberry.ID) -> ReplyView | None:
         return await REPLY_VIEWS.one(info.context, str(id))
 
+    @strawberry.field(description="A presigned download of a reply's attachment, only while "
+                                  "the caller sees the reply and it still holds the reference.")
+    async def reply_attachment(
+        self, info: Info, id: strawberry.ID, reference: strawberry.ID
+    ) -> ReplyDownload | None:
+        url = await REPLY_VIEWS.download(info.context, str(id), str(reference))
+        if url is None:
+            return None
+        return ReplyDownload(url=url.url, expires_in_seconds=int(url.expires_in.total_seconds()))
+
     @strawberry.field(description="A reply's durable progress, if the caller sees the reply.")
     async def reply_progress(self, info: Info, id: strawberry.ID) -> ReplyProgress | None:
         if await REPLY_VIEWS.one(info.context, str(id)) is None:
@@ -75,6 +112,28 @@ class ReplyQuery:
 
 @strawberry.type
 class ReplyMutation:
+    @strawberry.mutation(description="Attach a file to the caller's own reply: a presigned "
+                                     "upload the store enforces (size, content type); a "
+                                     "previous attachment is released.")
+    async def attach_to_reply(
+        self, info: Info, id: strawberry.ID, content_type: str
+    ) -> AttachResult:
+        kind = info.context.engine.blobs.kinds.get(ATTACHMENT)
+        outcome = await _executor(info).execute(
+            info.context.principal, attach_to_reply, kind, str(id), content_type
+        )
+        if isinstance(outcome, MutationError):
+            return AttachResult.refused(outcome)
+        assert isinstance(outcome, UploadUrl)
+        upload = ReplyUpload(
+            reference=strawberry.ID(outcome.reference), url=outcome.url,
+            fields=[UploadField(name=k, value=v) for k, v in outcome.fields.items()],
+            max_bytes=outcome.max_bytes,
+        )
+        return AttachResult(
+            success=True, upload=upload, reply=await REPLY_VIEWS.one(info.context, str(id))
+        )
+
     @strawberry.mutation(description="Open a streaming reply in the caller's org; its chunks "
                                      "arrive on stream.{service}.{id}.")
     async def start_reply(self, info: Info, id: strawberry.ID | None = None) -> ReplyResult:
@@ -110,5 +169,6 @@ class ReplySubscription:
 
 
 TYPES = (
-    ReplyView, TypingView, ReplyResult, ReplyProgress, *REPLIES_UNION.types, *TYPING_UNION.types,
+    ReplyView, TypingView, ReplyResult, ReplyProgress, UploadField, ReplyUpload, AttachResult,
+    ReplyDownload, *REPLIES_UNION.types, *TYPING_UNION.types,
 )

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from service_engine import Engine, Erase
+from service_engine import BlobStoreConfig, Engine, Erase
 
 from ...kernel import ConfigurationError
 from .commands import typing_key
-from .domain import NOUN, REPLY_TEXT
+from .domain import ATTACHMENT, ATTACHMENT_POLICY, NOUN, REPLY_TEXT
 from .reactions import reactions
 from .views import TYPING, RepliesView, TypingProjector
 
@@ -27,23 +27,29 @@ def register(engine: Engine) -> None:
     engine.register_projector(RepliesView())
     engine.register_presence(TypingProjector(), TYPING_TTL)
     engine.register_erasable("reply", ReplyErasure())
+    # Attachments need a blob store: without one the service runs without S3
+    # (the engine says so at run) and attachToReply is refused.
+    if engine.blobs.config is not None or BlobStoreConfig.from_env() is not None:
+        engine.register_blobs(ATTACHMENT, ATTACHMENT_POLICY)
     for reaction in reactions():
         engine.register_reaction(reaction)
 
 
 class ReplyErasure:
     """Erasable (CRUD): a reply is its author's text, so the person's
-    replies are deleted and their lane-A chunks purged after the commit (the
-    key stays sealed: a late chunk is refused). A typing mark names its
+    replies are deleted and their lane-A chunks and attachments purged after
+    the commit (the key stays sealed: a late chunk is refused). A typing mark names its
     typist in its key: the person's mark on every streaming reply is
     cleared."""
 
     async def erase(self, cx: Erase, person: str) -> None:
-        authored = await cx.fetch("SELECT id FROM reply WHERE author = $1", person)
+        authored = await cx.fetch("SELECT id, attachment FROM reply WHERE author = $1", person)
         await cx.execute("DELETE FROM reply WHERE author = $1", person)
         for row in authored:
             reply_id = str(row["id"])
             cx.erased.stream(REPLY_TEXT.name, reply_id)
+            if row["attachment"] is not None:
+                cx.erased.blob(str(row["attachment"]))
             cx.impact(NOUN, reply_id)
         streaming = await cx.fetch("SELECT id FROM reply WHERE status = 'streaming'")
         for row in [*authored, *streaming]:

@@ -41,6 +41,8 @@ class ReplyView:
     chunks: int
     created_at: datetime
     affordances: list[Affordance]
+    attachment: strawberry.ID | None = strawberry.field(
+        default=None, description="The attachment's reference (download it with replyAttachment).")
 
 
 @strawberry.type(description="Someone typing on a reply.")
@@ -83,6 +85,7 @@ class RepliesView(Projector[Reply, ReplyView, Principal, RepliesQuery]):
             id=strawberry.ID(row.id), org=row.org, author=row.author, status=row.status,
             text=row.text, hash=row.hash, chunks=row.chunks, created_at=row.created_at,
             affordances=affordance_list(row, principal),
+            attachment=None if row.attachment is None else strawberry.ID(row.attachment),
         )
 
     def cohort(self, principal: Principal) -> CohortKey:
