@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
+from datetime import timedelta
 from typing import Any
 
 from .errors import DuplicateRegistration, WorkerStopped
@@ -80,3 +81,69 @@ class Supervisor:
                 for t in pending:
                     t.cancel()
             await asyncio.gather(stop, *tasks, return_exceptions=True)
+
+
+class Restarting:
+    """One fallible loop kept running: after it fails (raises or returns) it
+    is restarted with a doubling backoff capped at ``backoff_cap``, one log
+    line per step; past ``threshold`` consecutive failures `stopped` is told
+    (a subclass lowers readiness there), and the loop calls `healthy` once it
+    works again, which resets the count and tells `recovered`.
+
+    Subclasses implement `attempt` (one run of the loop, handed `healthy`)
+    and name themselves in ``what`` for the log.
+    """
+
+    what = "worker"
+    returned = "the loop returned"
+
+    def __init__(self, *, threshold: int, backoff: timedelta, backoff_cap: timedelta) -> None:
+        self.threshold = threshold
+        self.backoff = backoff
+        self.backoff_cap = backoff_cap
+        self.failures = 0
+        self.restarts = 0
+
+    async def attempt(self, healthy: Callable[[], None]) -> None:
+        raise NotImplementedError
+
+    def stopped(self, detail: str) -> None:
+        """The loop failed ``threshold`` times in a row (``detail`` says how)."""
+
+    def recovered(self) -> None:
+        """The loop works again after a failure."""
+
+    def healthy(self) -> None:
+        if self.failures:
+            self.failures = 0
+            self.recovered()
+
+    def delay(self) -> float:
+        exponent = min(max(self.failures - 1, 0), 32)
+        return min(
+            self.backoff.total_seconds() * float(1 << exponent), self.backoff_cap.total_seconds()
+        )
+
+    async def run(self) -> None:
+        """Run the loop until cancelled; never returns."""
+        while True:
+            try:
+                await self.attempt(self.healthy)
+                detail = self.returned
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                detail = f"{type(exc).__name__}: {exc}"
+            self.failures += 1
+            self.restarts += 1
+            delay = self.delay()
+            if self.failures >= self.threshold:
+                self.stopped(f"failed {self.failures} times in a row: {detail}")
+            # One line per restart step; the step that crosses the threshold
+            # (and takes the pod DOWN) is an error.
+            _log.log(
+                logging.ERROR if self.failures == self.threshold else logging.WARNING,
+                "%s stopped (failure %d of %d before readiness DOWN): %s; restarting in %.2fs",
+                self.what, self.failures, self.threshold, detail, delay,
+            )
+            await asyncio.sleep(delay)

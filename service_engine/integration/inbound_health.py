@@ -8,13 +8,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 
-from ..messaging.reactions import backoff_delay
 from ..metrics import Metrics
 from ..readiness import REASON_INBOUND_STOPPED, ReadinessHandle
+from ..supervisor import Restarting
 from .health import DependencyGauge
 from .inbound import InboundConsumer
 
@@ -58,11 +58,13 @@ class InboundHealth:
             self.dependency.up()
 
 
-class ConsumerSupervisor:
+class ConsumerSupervisor(Restarting):
     """Keeps one `InboundConsumer` running: restarts it with a bounded,
     doubling backoff (one log line per step), and reports it stopped to
     `InboundHealth` past ``threshold`` consecutive failures. A consumer that
     answers a pull again resets the count."""
+
+    returned = "the pull loop returned"
 
     def __init__(
         self,
@@ -73,41 +75,17 @@ class ConsumerSupervisor:
         backoff: timedelta,
         backoff_cap: timedelta,
     ) -> None:
+        super().__init__(threshold=threshold, backoff=backoff, backoff_cap=backoff_cap)
         self.consumer = consumer
         self.health = health
-        self.threshold = threshold
-        self.backoff = backoff
-        self.backoff_cap = backoff_cap
-        self.failures = 0
-        self.restarts = 0
+        self.what = f"inbound consumer {consumer.reaction.name}"
 
-    def _healthy(self) -> None:
-        if self.failures:
-            self.failures = 0
+    async def attempt(self, healthy: Callable[[], None]) -> None:
+        await self.consumer.run(healthy)
+
+    def healthy(self) -> None:
+        self.failures = 0
         self.health.healthy(self.consumer.reaction.name)
 
-    async def run(self) -> None:
-        """Run the consumer until cancelled; never returns."""
-        name = self.consumer.reaction.name
-        while True:
-            try:
-                await self.consumer.run(self._healthy)
-                detail = "the pull loop returned"
-            except (asyncio.CancelledError, KeyboardInterrupt):
-                raise
-            except Exception as exc:
-                detail = f"{type(exc).__name__}: {exc}"
-            self.failures += 1
-            self.restarts += 1
-            delay = backoff_delay(self.failures, self.backoff, self.backoff_cap)
-            if self.failures >= self.threshold:
-                self.health.stopped(name, f"failed {self.failures} times in a row: {detail}")
-            # One line per restart step; the step that crosses the threshold
-            # (and takes the pod DOWN) is an error.
-            _log.log(
-                logging.ERROR if self.failures == self.threshold else logging.WARNING,
-                "inbound consumer %s stopped (failure %d of %d before readiness DOWN): %s; "
-                "restarting in %.2fs",
-                name, self.failures, self.threshold, detail, delay,
-            )
-            await asyncio.sleep(delay)
+    def stopped(self, detail: str) -> None:
+        self.health.stopped(self.consumer.reaction.name, detail)
