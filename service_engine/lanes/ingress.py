@@ -35,6 +35,7 @@ from ..errors import ConfigError, ShuttingDown
 from ..messaging.nats import Nats, StreamMissing
 from ..metrics import Metrics
 from ..readiness import ReadinessHandle
+from ..supervisor import Restarting
 from .accumulator_errors import (
     ChunkConflict,
     KeySealed,
@@ -192,9 +193,12 @@ async def _settle(call: Any) -> None:
         await call
 
 
-class IngressSupervisor:
+class IngressSupervisor(Restarting):
     """Keeps one `LaneIngress` running with a bounded backoff; holds
     readiness DOWN past ``threshold`` consecutive failures."""
+
+    what = "lane ingress"
+    returned = "the consumer returned"
 
     def __init__(
         self,
@@ -206,51 +210,23 @@ class IngressSupervisor:
         backoff: timedelta,
         backoff_cap: timedelta,
     ) -> None:
+        super().__init__(threshold=threshold, backoff=backoff, backoff_cap=backoff_cap)
         self.ingress = ingress
         self.readiness = readiness
         self.metrics = metrics
-        self.threshold = threshold
-        self.backoff = backoff
-        self.backoff_cap = backoff_cap
-        self.failures = 0
-        self.restarts = 0
         self._gauge(True)
 
     def _gauge(self, up: bool) -> None:
         if self.metrics is not None:
             self.metrics.set_dependency(DEPENDENCY, up)
 
-    def _healthy(self) -> None:
-        if self.failures:
-            self.failures = 0
-            self.readiness.clear(REASON_LANE_INGRESS)
-            self._gauge(True)
+    async def attempt(self, healthy: Callable[[], None]) -> None:
+        await self.ingress.run(healthy)
 
-    async def run(self) -> None:
-        """Run the ingress until cancelled; never returns."""
-        while True:
-            try:
-                await self.ingress.run(self._healthy)
-                detail = "the consumer returned"
-            except (asyncio.CancelledError, KeyboardInterrupt):
-                raise
-            except Exception as exc:
-                detail = f"{type(exc).__name__}: {exc}"
-            self.failures += 1
-            self.restarts += 1
-            delay = min(
-                self.backoff.total_seconds() * (2 ** (self.failures - 1)),
-                self.backoff_cap.total_seconds(),
-            )
-            if self.failures >= self.threshold:
-                self.readiness.set_down(
-                    REASON_LANE_INGRESS, f"failed {self.failures} times in a row: {detail}"
-                )
-                self._gauge(False)
-            _log.log(
-                logging.ERROR if self.failures == self.threshold else logging.WARNING,
-                "lane ingress stopped (failure %d of %d before readiness DOWN): %s; "
-                "restarting in %.2fs",
-                self.failures, self.threshold, detail, delay,
-            )
-            await asyncio.sleep(delay)
+    def recovered(self) -> None:
+        self.readiness.clear(REASON_LANE_INGRESS)
+        self._gauge(True)
+
+    def stopped(self, detail: str) -> None:
+        self.readiness.set_down(REASON_LANE_INGRESS, detail)
+        self._gauge(False)
