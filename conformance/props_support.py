@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +23,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
-from service_engine.embedded import EmbeddedNats, free_port
+from service_engine.embedded import EmbeddedNats, free_port, wait_for_port
 from service_engine.props import (
     VERBS,
     DevGranter,
@@ -111,15 +109,7 @@ class AccountsNats:
             self._process = subprocess.Popen(
                 [EmbeddedNats.binary(), "-c", str(config)], stdout=log, stderr=log, start_new_session=True
             )
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"nats-server did not listen on {self.port}") from None
-                time.sleep(0.02)
+        wait_for_port(self.port, 15, "the accounts nats-server")
 
     def stop(self) -> None:
         if self._process is None:
