@@ -41,6 +41,7 @@ from ..messaging.nats import Acked, Duplicate, Nats, NatsUnavailable
 from ..metrics import Metrics
 from ..readiness import ReadinessHandle
 from ..render.registry import RenderRegistry
+from ..supervisor import Restarting
 from .notices import reset_sessions
 from .presence import (
     PRESENCE_LANE,
@@ -244,38 +245,23 @@ class PresenceLanes:
     async def run(self) -> None:
         """The watcher worker: seed, watch, reseed on every reconnection;
         a failure holds readiness DOWN and retries with a bounded backoff."""
-        bucket = await self.bind()
-        failures = 0
+        watcher = _Watcher(self, await self.bind())
         try:
-            while True:
-                try:
-                    if failures:
-                        bucket = await self._bind()  # re-bind: it may have been recreated
-                    await self._watch(bucket)
-                    failures = 0
-                except (asyncio.CancelledError, KeyboardInterrupt):
-                    raise
-                except Exception as exc:
-                    failures += 1
-                    detail = f"{type(exc).__name__}: {exc}"
-                    self.failures += 1
-                    self.last_failure = detail
-                    self._gauge(False)
-                    self.seeded.clear()
-                    self._readiness.set_down(REASON_PRESENCE_WATCH, detail)
-                    delay = min(BACKOFF * (2 ** min(failures - 1, 16)), BACKOFF_CAP)
-                    _log.warning(
-                        "presence watcher failed (%d in a row): %s; retrying in %.2fs",
-                        failures, detail, delay,
-                    )
-                    await asyncio.sleep(delay)
+            await watcher.run()
         finally:
             self._gauge(False)
 
-    async def _watch(self, bucket: PresenceBucket) -> None:
-        """Seed and watch until the connection moved or the watch broke;
-        raises what the supervision loop in `run` holds DOWN and retries.
-        Every seed after the first Resets the presence sessions."""
+    def _failed(self, detail: str) -> None:
+        self.failures += 1
+        self.last_failure = detail
+        self._gauge(False)
+        self.seeded.clear()
+        self._readiness.set_down(REASON_PRESENCE_WATCH, detail)
+
+    async def _watch(self, bucket: PresenceBucket, healthy: Callable[[], None]) -> None:
+        """Seed and watch until the connection moved or the watch broke
+        (calling ``healthy`` once seeded); raises what `_Watcher` holds DOWN
+        and retries. Every seed after the first Resets the presence sessions."""
         await self._until_reachable()
         epoch = self._reconnects()
         try:
@@ -292,6 +278,7 @@ class PresenceLanes:
         self._readiness.clear(REASON_PRESENCE_WATCH)
         self._gauge(True)
         self.seeded.set()
+        healthy()
         checked = asyncio.get_running_loop().time()
         async with watch:
             while self._reconnects() == epoch and self.nats.reachable():
@@ -361,3 +348,30 @@ class PresenceLanes:
     def _gauge(self, up: bool) -> None:
         if self._metrics is not None:
             self._metrics.set_dependency(DEPENDENCY, up)
+
+
+class _Watcher(Restarting):
+    """The watcher's restart loop: every failure (threshold one) holds
+    readiness DOWN and is retried with the bounded backoff, re-binding the
+    bucket first (it may have been recreated); a good seed resets the count.
+    A watch that ends without failing (a reconnection, a broken watch) is
+    reseeded at once, with no backoff."""
+
+    what = "presence watcher"
+
+    def __init__(self, lanes: PresenceLanes, bucket: PresenceBucket) -> None:
+        super().__init__(
+            threshold=1, backoff=timedelta(seconds=BACKOFF),
+            backoff_cap=timedelta(seconds=BACKOFF_CAP),
+        )
+        self.lanes = lanes
+        self.bucket = bucket
+
+    async def attempt(self, healthy: Callable[[], None]) -> None:
+        if self.failures:
+            self.bucket = await self.lanes._bind()
+        while True:
+            await self.lanes._watch(self.bucket, healthy)
+
+    def stopped(self, detail: str) -> None:
+        self.lanes._failed(detail)
