@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import ConfigError
 from .digests import new_audit_key
@@ -16,13 +14,9 @@ from .records import (
     RecordState,
     Snapshot,
     StoredEvent,
-    plan_complete,
-    plan_delete,
-    plan_reconcile,
-    plan_set,
 )
 from .schema import Namespace
-from .store import Listener, Plan, apply_commit
+from .store import CommitVerbs, Plan, apply_commit
 
 
 @dataclass
@@ -67,13 +61,13 @@ class _MemoryTxn:
         return self._spaces[namespace].audit_key
 
 
-class MemoryStore:
+class MemoryStore(CommitVerbs):
     """`Store` in process memory. Commits are synchronous on the event loop,
     so each is atomic by construction."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._spaces: dict[str, _Space] = {}
-        self._listeners: list[Listener] = []
 
     def _space(self, namespace: str) -> _Space:
         space = self._spaces.get(namespace)
@@ -86,68 +80,25 @@ class MemoryStore:
             raise ConfigError(f"the in-memory store implements hard delete only ({ns.name!r})")
         self._spaces.setdefault(ns.name, _Space(new_audit_key()))
 
-    def _commit(
+    async def _commit(
         self, ns: Namespace, key: str, plan: Plan, actor: Actor, bump: bool = False
     ) -> Commit:
         self._space(ns.name)
         commit = apply_commit(_MemoryTxn(self._spaces), ns, key, plan, actor, bump_epoch=bump)
-        for listener in list(self._listeners):
-            listener(ns.name)
+        self._committed(ns.name)
         return commit
-
-    async def set(
-        self,
-        ns: Namespace,
-        key: str,
-        fields: Mapping[str, Any],
-        *,
-        merge: bool,
-        if_version: int | None,
-        actor: Actor,
-        lifecycle: str | None = None,
-    ) -> Commit:
-        return self._commit(
-            ns,
-            key,
-            lambda cur: plan_set(
-                ns, key, cur, fields, merge=merge, if_version=if_version, lifecycle=lifecycle
-            ),
-            actor,
-        )
-
-    async def complete(
-        self, ns: Namespace, key: str, *, lifecycle: str, reason: str | None, actor: Actor
-    ) -> Commit:
-        return self._commit(ns, key, lambda cur: plan_complete(ns, cur, lifecycle, reason), actor)
-
-    async def delete(
-        self, ns: Namespace, key: str, *, if_version: int | None, actor: Actor
-    ) -> Commit:
-        return self._commit(
-            ns, key, lambda cur: plan_delete(ns, key, cur, if_version=if_version), actor
-        )
-
-    async def reconcile(
-        self, ns: Namespace, key: str, fields: Mapping[str, Any], *, actor: Actor
-    ) -> Commit:
-        return self._commit(ns, key, lambda cur: plan_reconcile(ns, key, cur, fields), actor, True)
 
     async def get(self, namespace: str, key: str) -> Snapshot:
         space = self._space(namespace)
         state = space.records.get(key)
-        if state is None or state.fields is None:
-            return Snapshot(space.nseq, None)
-        return Snapshot(
-            space.nseq,
-            Record(key, state.version, dict(state.fields), state.lifecycle, state.reason),
-        )
+        return Snapshot(space.nseq, None if state is None else state.as_record(key))
 
     async def list_records(self, namespace: str) -> tuple[int, list[Record]]:
         space = self._space(namespace)
         records = [
-            Record(key, s.version, dict(s.fields), s.lifecycle, s.reason)
-            for key, s in sorted(space.records.items())
-            if s.fields is not None
+            record
+            for key, state in sorted(space.records.items())
+            if (record := state.as_record(key)) is not None
         ]
         return space.nseq, records
 
@@ -160,10 +111,6 @@ class MemoryStore:
     async def oldest_nseq(self, namespace: str) -> int | None:
         events = self._space(namespace).events
         return events[0].nseq if events else None
-
-    def add_listener(self, listener: Listener) -> Callable[[], None]:
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
     async def aclose(self) -> None:
         self._listeners.clear()

@@ -31,6 +31,12 @@ class RecordState:
     def live(self) -> bool:
         return self.fields is not None
 
+    def as_record(self, key: str) -> Record | None:
+        """The record a read answers for ``key`` (None for a tombstone)."""
+        if self.fields is None:
+            return None
+        return Record(key, self.version, dict(self.fields), self.lifecycle, self.reason)
+
 
 @dataclass(frozen=True, slots=True)
 class Record:

@@ -29,13 +29,9 @@ from .records import (
     RecordState,
     Snapshot,
     StoredEvent,
-    plan_complete,
-    plan_delete,
-    plan_reconcile,
-    plan_set,
 )
 from .schema import Namespace
-from .store import Listener, Plan, apply_commit
+from .store import CommitVerbs, Plan, apply_commit
 
 T = TypeVar("T")
 
@@ -229,16 +225,16 @@ _EVENT_COLUMNS = (
 )
 
 
-class SqliteStore:
+class SqliteStore(CommitVerbs):
     """`Store` on a SQLite file. Open with `open_sqlite_store`; ``mappings``
     name a domain `SqliteMapping` per namespace (others use ``__props_values``)."""
 
     def __init__(self, path: Path, mappings: Mapping[str, SqliteMapping] | None = None) -> None:
+        super().__init__()
         self.path = Path(path)
         self._mappings: dict[str, SqliteMapping] = dict(mappings or {})
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="props-sqlite")
         self._conn: sqlite3.Connection | None = None
-        self._listeners: list[Listener] = []
         self._closed = False
 
     async def _run(self, call: Callable[[sqlite3.Connection], T]) -> T:
@@ -335,50 +331,8 @@ class SqliteStore:
                 raise
 
         result = await self._run(commit)
-        for listener in list(self._listeners):
-            listener(ns.name)
+        self._committed(ns.name)
         return result
-
-    async def set(
-        self,
-        ns: Namespace,
-        key: str,
-        fields: Mapping[str, Any],
-        *,
-        merge: bool,
-        if_version: int | None,
-        actor: Actor,
-        lifecycle: str | None = None,
-    ) -> Commit:
-        return await self._commit(
-            ns,
-            key,
-            lambda cur: plan_set(
-                ns, key, cur, fields, merge=merge, if_version=if_version, lifecycle=lifecycle
-            ),
-            actor,
-        )
-
-    async def complete(
-        self, ns: Namespace, key: str, *, lifecycle: str, reason: str | None, actor: Actor
-    ) -> Commit:
-        return await self._commit(
-            ns, key, lambda cur: plan_complete(ns, cur, lifecycle, reason), actor
-        )
-
-    async def delete(
-        self, ns: Namespace, key: str, *, if_version: int | None, actor: Actor
-    ) -> Commit:
-        return await self._commit(
-            ns, key, lambda cur: plan_delete(ns, key, cur, if_version=if_version), actor
-        )
-
-    async def reconcile(
-        self, ns: Namespace, key: str, fields: Mapping[str, Any], *, actor: Actor
-    ) -> Commit:
-        return await self._commit(
-            ns, key, lambda cur: plan_reconcile(ns, key, cur, fields), actor, True
-        )
 
     async def get(self, namespace: str, key: str) -> Snapshot:
         mapping = self._mapping(namespace)
@@ -391,11 +345,7 @@ class SqliteStore:
                 state = txn.record(namespace, key)
             finally:
                 conn.execute("COMMIT")
-            if state is None or state.fields is None:
-                return Snapshot(nseq, None)
-            return Snapshot(
-                nseq, Record(key, state.version, dict(state.fields), state.lifecycle, state.reason)
-            )
+            return Snapshot(nseq, None if state is None else state.as_record(key))
 
         return await self._run(get)
 
@@ -418,16 +368,9 @@ class SqliteStore:
                 records = []
                 for key in keys:
                     state = txn.record(namespace, key)
-                    if state is not None and state.fields is not None:
-                        records.append(
-                            Record(
-                                key,
-                                state.version,
-                                dict(state.fields),
-                                state.lifecycle,
-                                state.reason,
-                            )
-                        )
+                    record = None if state is None else state.as_record(key)
+                    if record is not None:
+                        records.append(record)
             finally:
                 conn.execute("COMMIT")
             return nseq, records
@@ -458,10 +401,6 @@ class SqliteStore:
             return None if row is None or row[0] is None else int(row[0])
 
         return await self._run(oldest)
-
-    def add_listener(self, listener: Listener) -> Callable[[], None]:
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
     async def aclose(self) -> None:
         if self._closed:

@@ -1,5 +1,5 @@
 """The `Store` protocol both property stores implement, and the one commit
-sequence they share.
+sequence and write verbs (`CommitVerbs`) they share.
 
 A store keeps, per registered namespace, the cursor ``nseq`` and audit
 epoch, one `RecordState` per key, the private audit key and the durable
@@ -24,6 +24,10 @@ from .records import (
     Snapshot,
     StoredEvent,
     make_event,
+    plan_complete,
+    plan_delete,
+    plan_reconcile,
+    plan_set,
     state_version,
 )
 from .schema import Namespace
@@ -129,3 +133,67 @@ def apply_commit(
     if nseq > ns.retain_events:
         txn.prune(ns.name, nseq - ns.retain_events)
     return Commit(key, version, nseq, planned.created, event, planned.warnings)
+
+
+class CommitVerbs:
+    """The write verbs and listeners both stores share: each verb plans with
+    the pure planner and runs through the store's one-transaction
+    `_commit`, which calls `_committed` once the commit is durable."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Listener] = []
+
+    async def _commit(
+        self, ns: Namespace, key: str, plan: Plan, actor: Actor, bump: bool = False
+    ) -> Commit:
+        """Run `apply_commit` with ``plan`` in one transaction of the store."""
+        raise NotImplementedError
+
+    def _committed(self, namespace: str) -> None:
+        for listener in list(self._listeners):
+            listener(namespace)
+
+    async def set(
+        self,
+        ns: Namespace,
+        key: str,
+        fields: Mapping[str, Any],
+        *,
+        merge: bool,
+        if_version: int | None,
+        actor: Actor,
+        lifecycle: str | None = None,
+    ) -> Commit:
+        return await self._commit(
+            ns,
+            key,
+            lambda cur: plan_set(
+                ns, key, cur, fields, merge=merge, if_version=if_version, lifecycle=lifecycle
+            ),
+            actor,
+        )
+
+    async def complete(
+        self, ns: Namespace, key: str, *, lifecycle: str, reason: str | None, actor: Actor
+    ) -> Commit:
+        return await self._commit(
+            ns, key, lambda cur: plan_complete(ns, cur, lifecycle, reason), actor
+        )
+
+    async def delete(
+        self, ns: Namespace, key: str, *, if_version: int | None, actor: Actor
+    ) -> Commit:
+        return await self._commit(
+            ns, key, lambda cur: plan_delete(ns, key, cur, if_version=if_version), actor
+        )
+
+    async def reconcile(
+        self, ns: Namespace, key: str, fields: Mapping[str, Any], *, actor: Actor
+    ) -> Commit:
+        return await self._commit(
+            ns, key, lambda cur: plan_reconcile(ns, key, cur, fields), actor, True
+        )
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
