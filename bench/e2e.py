@@ -53,7 +53,7 @@ from websockets.typing import Subprotocol
 REPO = Path(__file__).resolve().parents[1]
 PROTOCOL = Subprotocol("graphql-transport-ws")
 SUBSCRIPTION = """subscription { boards { __typename
-  ... on BoardsReset { revision keys }
+  ... on BoardsReset { revision keys views { id title } }
   ... on BoardsUpsert { revision key view { id title archived affordances { action allowed reason } } cause { name } }
   ... on BoardsRemove { revision key } } }"""
 CREATE = "mutation($id: ID, $title: String!) { createBoard(id: $id, title: $title) { success error { code message } } }"
@@ -64,6 +64,8 @@ measure its row lock and Postgres's commit, not delivery)."""
 CELLS = {
     "quick": [(1, 1, 50), (100, 10, 100), (1000, 50, 50)],
     "all": [(1, 1, 50), (100, 10, 100), (1000, 50, 50), (1000, 1, 20)],
+    # ~2x and ~10x what one core delivers (~5,000 deliveries/s): issue 11, item 4.
+    "overload": [(1000, 1, 10), (1000, 1, 50)],
 }
 
 
@@ -146,6 +148,16 @@ class Subscriber:
     org: str
     latencies: list[float] = field(default_factory=list)
     live: asyncio.Event = field(default_factory=asyncio.Event)
+    resets: int = 0
+    """Resets received after the first (overflow, reconnect, threshold)."""
+    seen: dict[str, int] = field(default_factory=dict)
+    """The latest write (sequence number) seen per board id."""
+    last_at: float = 0.0
+
+
+def _see(subscriber: Subscriber, board: str, seq: int) -> None:
+    if seq > subscriber.seen.get(board, -1):
+        subscriber.seen[board] = seq
 
 
 async def open_subscriber(addr: str, sub: str, org: str, sent: dict[int, float]) -> Subscriber:
@@ -162,12 +174,21 @@ async def open_subscriber(addr: str, sub: str, org: str, sent: dict[int, float])
 
 async def read(subscriber: Subscriber, sent: dict[int, float]) -> None:
     marker = '"title":"w'
+    ident = '"id":"'
     with contextlib.suppress(Exception):
         async for raw in subscriber.ws:
             now = time.perf_counter()
+            subscriber.last_at = now
             assert isinstance(raw, str)
-            if not subscriber.live.is_set() and "Reset" in raw:
+            if "Reset" in raw:
+                if subscriber.live.is_set():
+                    subscriber.resets += 1
                 subscriber.live.set()
+                payload = json.loads(raw).get("payload", {}).get("data", {}).get("boards", {})
+                for view in payload.get("views") or ():
+                    if view["title"].startswith("w"):
+                        _see(subscriber, view["id"], int(view["title"][1:]))
+                continue
             at = raw.find(marker)
             if at >= 0:
                 end = raw.index('"', at + len(marker))
@@ -175,6 +196,10 @@ async def read(subscriber: Subscriber, sent: dict[int, float]) -> None:
                 started = sent.get(seq)
                 if started is not None:
                     subscriber.latencies.append(now - started)
+                start = raw.rfind(ident, 0, at)  # the view's id, before its title
+                if start >= 0:
+                    start += len(ident)
+                    _see(subscriber, raw[start:raw.index('"', start)], seq)
 
 
 async def open_many(addr: str, count: int, orgs: list[str], prefix: str,
@@ -216,17 +241,21 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
         acks: list[float] = []
         failed = 0
         expected = 0
+        last_write: dict[str, int] = {}
 
         async def write(seq: int, org: str) -> None:
             nonlocal failed
             t0 = time.perf_counter()
             sent[seq] = t0
+            board = f"b-{org}-{seq // n_orgs % BOARDS_PER_ORG}"
             try:
                 response = await http.post("/graphql", json={"query": RENAME, "variables": {
-                    "id": f"b-{org}-{seq // n_orgs % BOARDS_PER_ORG}", "title": f"w{seq}"}}, headers={"X-Passport": passport("w", org)})
+                    "id": board, "title": f"w{seq}"}}, headers={"X-Passport": passport("w", org)})
                 ok = response.json()["data"]["renameBoard"]["success"]
             except Exception:
                 ok = False
+            if ok:
+                last_write[board] = max(seq, last_write.get(board, -1))
             acks.append(time.perf_counter() - t0)
             failed += not ok
 
@@ -243,13 +272,25 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
             expected += per_org[org]
             tasks.append(asyncio.create_task(write(seq, org)))
         await asyncio.gather(*tasks)
+        writes_done = time.perf_counter()
         deadline = time.monotonic() + 30
+
+        def converged() -> int:
+            return sum(all(s.seen.get(b, -1) >= q for b, q in last_write.items()
+                           if b.startswith(f"b-{s.org}-")) for s in subscribers)
+
         while time.monotonic() < deadline:
             got = sum(len(s.latencies) for s in subscribers)
             if got >= expected:
                 break
+            quiet = time.perf_counter() - max((s.last_at for s in subscribers), default=0.0)
+            if quiet > 1.0 and converged() == len(subscribers):
+                break  # every subscriber holds the latest state: the rest collapsed
             await asyncio.sleep(0.2)
         cpu = svc.cpu() - cpu0
+        settled = max((s.last_at for s in subscribers), default=writes_done) - writes_done
+        n_converged = converged()
+        resets = sum(s.resets for s in subscribers)
         latencies = [x for s in subscribers for x in s.latencies]
         await asyncio.gather(*(s.ws.close() for s in subscribers), return_exceptions=True)
     delivered = len(latencies)
@@ -258,7 +299,11 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
         "p50": pct(latencies, 0.5) * 1e3, "p99": pct(latencies, 0.99) * 1e3,
         "max": max(latencies, default=float("nan")) * 1e3,
         "deliv": f"{delivered}/{expected}", "ack_p99": pct(acks, 0.99) * 1e3,
+        "ack_p50": pct(acks, 0.5) * 1e3, "resets": resets,
+        "converged": f"{n_converged}/{len(subscribers)}", "settle_s": max(0.0, settled),
         "failed": failed, "cpu_us": cpu / max(1, delivered) * 1e6,
+        "deliv_per_s": delivered / max(1e-9, max((s.last_at for s in subscribers),
+                                                   default=begin + seconds) - begin),
     }
 
 
@@ -291,6 +336,10 @@ async def run(args: argparse.Namespace) -> None:
     base = dict(kv.split("=", 1) for kv in args.env)
     variants = ([("plan off", {**base, "SERVICE_ENGINE_GRAPHQL_DELIVERY_PLAN": "false"}),
                  ("plan on", base)] if args.compare_plan else [("engine", base)])
+    for kv in args.compare_env:  # each setting beside the default, in one run
+        name, value = kv.split("=", 1)
+        label = f"{name.removeprefix('SERVICE_ENGINE_').lower()}={value}"
+        variants.insert(len(variants) - 1, (label, {**base, name: value}))
     if args.cells in CELLS:
         cells = CELLS[args.cells]
     else:
@@ -319,12 +368,15 @@ async def run(args: argparse.Namespace) -> None:
                 await asyncio.to_thread(spy.wait, 30)
     print(f"\nload average {os.getloadavg()[0]:.2f}; env {base}")
     print(f"{'cell':32} {'variant':9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'deliv':>14} "
-          f"{'ack p99':>8} {'fail':>5} {'cpu/deliv us':>12}")
+          f"{'ack p50':>8} {'ack p99':>8} {'fail':>5} {'cpu/deliv us':>12} {'deliv/s':>8} "
+          f"{'resets':>6} {'converged':>10} {'settle s':>8}")
     for i in range(len(cells)):
         for label in rows:
             r = rows[label][i]
             print(f"{r['cell']:32} {label:9} {r['p50']:8.1f} {r['p99']:8.1f} {r['max']:8.1f} "
-                  f"{r['deliv']:>14} {r['ack_p99']:8.1f} {r['failed']:5} {r['cpu_us']:12.1f}")
+                  f"{r['deliv']:>14} {r['ack_p50']:8.1f} {r['ack_p99']:8.1f} {r['failed']:5} "
+                  f"{r['cpu_us']:12.1f} {r['deliv_per_s']:8.0f} {r['resets']:6} "
+                  f"{r['converged']:>10} {r['settle_s']:8.1f}")
     if any(idles.values()):
         print(f"\n{'sessions':>8} {'variant':9} {'RSS idle':>9} {'RSS held':>9} {'RSS after':>9} "
               f"{'live':>6} {'open s':>7} {'live s':>7} {'after p50':>9} {'after p99':>9}")
@@ -341,6 +393,9 @@ def main() -> None:
     parser.add_argument("--cells", default="all")
     parser.add_argument("--idle", default="")
     parser.add_argument("--compare-plan", action="store_true")
+    parser.add_argument("--compare-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="also run with this SERVICE_ENGINE_* setting, side by side "
+                             "(e.g. SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES=false)")
     parser.add_argument("--env", action="append", default=[])
     parser.add_argument("--py-spy", default="", help="record the service with py-spy to FILE.<variant>.txt")
     asyncio.run(run(parser.parse_args()))

@@ -88,6 +88,17 @@ Change: TypeAlias = Upsert[V] | Remove
 """A delta that moves one key."""
 
 
+def renumbered(delta: Delta[V], revision: Revision) -> Delta[V]:
+    """``delta`` carrying ``revision`` instead of its own (a stream numbers
+    what its subscriber takes, so collapsed deltas leave no gap)."""
+    if type(delta) is Upsert:
+        return Upsert(revision, delta.key, delta.view, delta.cause)
+    if type(delta) is Remove:
+        return Remove(revision, delta.key, delta.cause)
+    assert isinstance(delta, Reset)
+    return Reset(revision, delta.views, delta.cause)
+
+
 def diff_window(
     last_sent: Mapping[KeyText, V],
     rendered: Mapping[KeyText, V],

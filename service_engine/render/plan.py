@@ -7,23 +7,26 @@ per projector, the sessions that render and the change each renders
 (`ProjectorWork`), and the changes a session not yet live must hold
 instead (``holds``). It reads sessions' states and never changes them, so
 the same inputs always plan the same pass. `batches` then splits one
-projector's sessions into the groups that share one load.
+projector's sessions into the groups that share one load; `latest_causes`
+folds a PerImpact change to its latest cause per key when a pass is behind.
 
 This module is pure: no I/O, no driver imports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ..impacts.model import Cause
 from .cohort import CohortKey
 from .cohort_index import CohortIndex
+from .deltas import KeyText
 from .interest import Dirty, Interest, RenderFrame
 from .session import Session
 
-__all__ = ["FramePlan", "ProjectorWork", "batches", "plan_frame"]
+__all__ = ["FramePlan", "ProjectorWork", "batches", "latest_causes", "plan_frame"]
 
 S = TypeVar("S", bound=Hashable)
 
@@ -142,3 +145,17 @@ def batches(rls: bool, groups: Mapping[CohortKey, list[S]]) -> list[list[S]]:
     if not rls:
         return [[session for group in groups.values() for session in group]]
     return [list(group) for group in groups.values()]
+
+
+def latest_causes(
+    caused: Sequence[tuple[KeyText, Cause]],
+) -> tuple[list[tuple[KeyText, Cause]], int]:
+    """``caused`` with only the last cause of each key (in the order of
+    those last causes), and how many earlier ones were folded away."""
+    last: dict[KeyText, int] = {}
+    for at, (key, _cause) in enumerate(caused):
+        last[key] = at
+    if len(last) == len(caused):
+        return list(caused), 0
+    kept = sorted(last.values())
+    return [caused[at] for at in kept], len(caused) - len(kept)

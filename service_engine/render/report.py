@@ -27,6 +27,11 @@ class PassReport:
     ``deltas``: deltas enqueued (a Reset counts as one); ``resets``: Resets
     among them; ``sessions``: sessions rendered; ``failures``: sessions
     whose render failed (and went to repair); ``duration``: seconds.
+
+    Under overload: ``behind``: the pass folded PerImpact causes to the
+    latest per key, ``coalesced`` of them; ``collapsed``: deltas a stream
+    folded into an untaken one (its subscriber is behind); ``slices``: the
+    bounded slices the pass ran in (it yielded the loop between them).
     """
 
     impacts: int = 0
@@ -38,12 +43,19 @@ class PassReport:
     sessions: int = 0
     failures: int = 0
     duration: float = 0.0
+    behind: bool = False
+    coalesced: int = 0
+    collapsed: int = 0
+    slices: int = 1
 
 
 class PassTally:
     """The mutable counters of a frame in progress."""
 
     __slots__ = (
+        "behind",
+        "coalesced",
+        "collapsed",
         "deltas",
         "failures",
         "impacts",
@@ -52,6 +64,7 @@ class PassTally:
         "resets",
         "rows",
         "sessions",
+        "slices",
     )
 
     def __init__(self) -> None:
@@ -63,6 +76,10 @@ class PassTally:
         self.resets = 0
         self.sessions = 0
         self.failures = 0
+        self.behind = False
+        self.coalesced = 0
+        self.collapsed = 0
+        self.slices = 1
 
     def load(self, rows: int) -> None:
         """Count one ``read_many`` that returned ``rows`` rows."""
@@ -88,4 +105,8 @@ class PassTally:
             sessions=self.sessions,
             failures=self.failures,
             duration=duration,
+            behind=self.behind,
+            coalesced=self.coalesced,
+            collapsed=self.collapsed,
+            slices=self.slices,
         )

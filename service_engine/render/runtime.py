@@ -16,6 +16,18 @@ drains what the listener queued into one frame and renders it with
 5. **render**: project, gate and diff per session, and enqueue the deltas;
 6. **report** the frame as a `PassReport`.
 
+Overload degrades, never stalls writers. The pass shares its event loop
+with the pod's HTTP mutations and its subscribers' socket writes, so it runs
+in *slices*: after ``SLICE_SESSIONS`` sessions given deltas or
+``SLICE_SECONDS`` of work it yields the loop (``asyncio.sleep(0)``), and the
+subscribers it woke and a mutation's next step run before its next slice.
+A pass drains every delivery queued while the last one ran, so several
+writes to one key render once; a pass that is *behind* (several commits
+queued while the previous pass lasted ``BEHIND_SECONDS`` or more) also folds
+a PerImpact projector's causes to the latest per key (`latest_causes`), and
+a subscriber that falls behind gets collapsed deltas (`SessionStream`) or,
+past its capacity, a Reset from committed state.
+
 A failed render or snapshot sends the session to repair, retried by the beat,
 and ends it after ``repair_attempts`` failures.
 """
@@ -33,7 +45,7 @@ from typing import Any
 from ..config import EngineConfig
 from ..db.pool import Database
 from ..db.types import Conn
-from ..impacts.model import Delivery, JsonValue
+from ..impacts.model import Cause, Delivery, JsonValue
 from ..impacts.transport import CHANNEL_OVERFLOW, ImpactChannel
 from ..metrics import Metrics
 from .cohort import CohortKey, CohortMismatch, check_cohort, group_by_cohort
@@ -41,15 +53,45 @@ from .cohort_index import index_by_cohort, memberships_of, relevant_keys, visibl
 from .deltas import Delta, KeyText, Reset
 from .interest import Dirty, RenderFrame
 from .membership import RenderPlan
-from .plan import FramePlan, batches, plan_frame
+from .plan import FramePlan, batches, latest_causes, plan_frame
 from .projector import Projector, cohort_of, reset_threshold_for
 from .registry import AttachedSession, RenderRegistry
 from .report import PassReport, PassTally
 from .session import Session
 
-__all__ = ["RenderRuntime"]
+__all__ = ["BEHIND_SECONDS", "SLICE_SECONDS", "SLICE_SESSIONS", "RenderRuntime"]
 
 _log = logging.getLogger(__name__)
+
+SLICE_SESSIONS = 16
+"""Sessions given deltas per slice of a pass: each wakes a subscriber whose
+frame write costs far more than its render, so this bounds the work the
+loop runs before it polls sockets again."""
+SLICE_SECONDS = 0.002
+"""A slice's own time bound (sessions rendered with nothing to send)."""
+BEHIND_SECONDS = 0.025
+"""A pass that lasted this long and left several commits queued has the
+next pass fold causes to the latest per key."""
+
+
+class _Slice:
+    """When a pass yields the loop (see the module)."""
+
+    __slots__ = ("sessions", "started", "yields")
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.sessions = 0
+        self.yields = 0
+
+    async def tick(self, delivered: bool) -> None:
+        if delivered:
+            self.sessions += 1
+        if self.sessions >= SLICE_SESSIONS or time.perf_counter() - self.started >= SLICE_SECONDS:
+            await asyncio.sleep(0)
+            self.yields += 1
+            self.sessions = 0
+            self.started = time.perf_counter()
 
 
 @dataclass(slots=True)
@@ -63,6 +105,8 @@ class _Batch:
     threshold: int
     pass_number: int
     """The pass's number (`RenderRegistry._planned`)."""
+    behind: bool = False
+    """The pass is behind: PerImpact causes fold to the latest per key."""
 
 
 @dataclass(slots=True)
@@ -105,6 +149,8 @@ class RenderRuntime(RenderRegistry):
         self._debug = debug
         self.last_report = PassReport()
         self.on_report: Callable[[PassReport], None] | None = None
+        self._behind = False
+        """The last pass lasted `BEHIND_SECONDS` or more."""
 
     # -- the render loop ------------------------------------------------------------
 
@@ -134,6 +180,9 @@ class RenderRuntime(RenderRegistry):
         snapshots and any session whose subscriber fell behind."""
         started = time.perf_counter()
         tally = PassTally()
+        behind = self._behind and len(deliveries) > 1
+        tally.behind = behind
+        slicer = _Slice()
         frame = self._route(deliveries, tally)
         # Taken before recovery: a snapshot it takes queues its own replay
         # for the next pass.
@@ -143,9 +192,11 @@ class RenderRuntime(RenderRegistry):
         self._hold(plan)
         self._planned += 1
         for batch in self._batches(plan, tally):
+            batch.behind = behind
             with self._failing_together(batch, tally):
-                loaded = await self._load_batch(batch, tally)
-                self._render_batch(loaded, tally)
+                loaded = await self._load_batch(batch, tally, slicer)
+                await self._render_batch(loaded, tally, slicer)
+        tally.slices = slicer.yields + 1
         return self._report(tally, started)
 
     # -- 1. route ---------------------------------------------------------------------
@@ -254,7 +305,7 @@ class RenderRuntime(RenderRegistry):
 
     # -- 4. load ----------------------------------------------------------------------
 
-    async def _load_batch(self, batch: _Batch, tally: PassTally) -> _Loaded:
+    async def _load_batch(self, batch: _Batch, tally: PassTally, slicer: _Slice) -> _Loaded:
         """Plan every member (populating where its plan needs it), load the
         union of their scopes once, and find the discovering sessions the
         change concerns through the cohort index — so a frame costs what the
@@ -271,6 +322,7 @@ class RenderRuntime(RenderRegistry):
                 if member_plan is not None:
                     planned.append((rec, member_plan))
                     union.update(member_plan.scope)
+                await slicer.tick(False)
             if batch.discover is not None:
                 union.update(batch.discover.keys)
             rows = await self._load(conn, batch.proj, union, tally)
@@ -311,10 +363,12 @@ class RenderRuntime(RenderRegistry):
 
     # -- 5. render --------------------------------------------------------------------
 
-    def _render_batch(self, loaded: _Loaded, tally: PassTally) -> None:
+    async def _render_batch(self, loaded: _Loaded, tally: PassTally, slicer: _Slice) -> None:
         batch = loaded.batch
         for rec, plan in loaded.planned:
-            self._render_member(loaded, rec, plan, tally)
+            # A session that ended or began a snapshot while the pass yielded
+            # is skipped by _render_member's own check.
+            await slicer.tick(self._render_member(loaded, rec, plan, tally))
         index = self._indexes.get(batch.proj.NAME)
         if index is not None:
             changed = batch.discover.keys if batch.discover is not None else {}
@@ -322,28 +376,33 @@ class RenderRuntime(RenderRegistry):
 
     def _render_member(
         self, loaded: _Loaded, rec: AttachedSession, plan: RenderPlan | None, tally: PassTally
-    ) -> None:
-        """Project, gate and diff one session; its own fault fails it alone."""
+    ) -> bool:
+        """Project, gate and diff one session; its own fault fails it alone.
+        True when it was given deltas."""
         session = rec.session
         batch = loaded.batch
         if not session.live or rec.live_since >= batch.pass_number:
             # A snapshot began or completed while this pass loaded: it (and
             # its replay) covers the pass, whose rows may be older than it.
-            return
+            return False
         change = batch.discover if plan is None else batch.dirties[session]
         assert change is not None
+        caused: Sequence[tuple[KeyText, Cause]] = change.caused
+        if batch.behind and len(caused) > 1:
+            caused, folded = latest_causes(caused)
+            tally.coalesced += folded
         try:
             projected = self._project_member(loaded, rec, plan, change, tally)
             if projected is None:
-                return
+                return False
             plan, rendered = projected
-            deltas = session.render(plan, rendered, threshold=batch.threshold,
-                                    caused=change.caused)
+            deltas = session.render(plan, rendered, threshold=batch.threshold, caused=caused)
         except Exception as exc:
             tally.failures += 1
             self._failed(rec, f"render failed: {type(exc).__name__}: {exc}", exc)
-            return
+            return False
         self._deliver(rec, deltas, tally)
+        return bool(deltas)
 
     def _project_member(
         self, loaded: _Loaded, rec: AttachedSession, plan: RenderPlan | None, change: Dirty,
@@ -365,17 +424,20 @@ class RenderRuntime(RenderRegistry):
     def _deliver(
         self, rec: AttachedSession, deltas: Sequence[Delta[Any]], tally: PassTally
     ) -> None:
+        collapsed = rec.stream.collapsed
         for delta in deltas:
             self._emit(rec, delta)
             if isinstance(delta, Reset):
                 # More keys changed than the reset threshold: one Reset instead.
                 self.count_reset(rec.projector.NAME, "threshold")
         tally.delivered(deltas)
+        tally.collapsed += rec.stream.collapsed - collapsed
 
     # -- 6. report --------------------------------------------------------------------
 
     def _report(self, tally: PassTally, started: float) -> PassReport:
         report = tally.freeze(time.perf_counter() - started)
+        self._behind = report.duration >= BEHIND_SECONDS
         self.last_report = report
         if self._metrics is not None:
             self._metrics.observe_render_pass(report.duration)

@@ -1,9 +1,17 @@
 """The subscriber stream: one session's deltas, in revision order.
 
 The registry puts deltas on a `SessionStream` and ends it; the subscriber
-(the GraphQL subscription, a test) iterates it. Putting never blocks: a
-subscriber that falls past ``capacity`` undelivered deltas loses the backlog
-and the registry re-snapshots the session, so it gets a Reset, never a gap.
+(the GraphQL subscription, a test) iterates it. Putting never blocks.
+
+A subscriber that falls behind gets the session's latest state, not every
+intermediate one. Once more than ``behind`` deltas wait untaken, a delta
+*collapses* into what waits (`Backlog.put`): the latest Upsert or Remove of a
+key replaces an earlier untaken one of that key, an insert followed by its
+Remove vanishes, and a Reset drops everything untaken before it. Revisions
+are assigned when the subscriber takes a delta (`renumbered`), so what it
+reads stays contiguous (1, 2, 3, ...) whatever collapsed. Past ``capacity``
+untaken deltas the backlog is dropped and the registry re-snapshots the
+session: the next delta it reads is a Reset from committed state, never a gap.
 
 This module is pure: no I/O, no driver imports.
 """
@@ -11,18 +19,22 @@ This module is pure: no I/O, no driver imports.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..errors import EngineError
-from .deltas import Delta
+from .deltas import Delta, KeyText, Remove, Reset, Revision, Upsert, renumbered
 from .session import SessionId
 
-__all__ = ["SessionEnded", "SessionStream"]
+__all__ = ["BEHIND", "Backlog", "SessionEnded", "SessionStream"]
 
 V = TypeVar("V")
+
+BEHIND = 32
+"""Untaken deltas past which a stream collapses what it is given."""
 
 
 class SessionEnded(EngineError):
@@ -39,65 +51,213 @@ class _End:
     reason: str
 
 
+class _Entry:
+    """One untaken delta; ``delta`` None once it collapsed away."""
+
+    __slots__ = ("delta", "inserts", "key", "prior", "taken")
+
+    def __init__(self, delta: Any, key: KeyText | None, inserts: bool, prior: _Entry | None
+                 ) -> None:
+        self.delta = delta
+        self.key = key
+        self.inserts = inserts
+        """An Upsert known to insert its key in the subscriber's window (it
+        follows that key's Remove): its own Remove makes both vanish."""
+        self.prior = prior
+        self.taken = False
+
+
+class Backlog(Generic[V]):
+    """The untaken deltas of one stream, collapsing once ``behind`` wait.
+
+    Pure: `put` and `take` only. `take` renumbers what it hands out so the
+    reader's revisions are contiguous from 1. ``collapsed`` counts deltas
+    the reader will never see because a later one carries their effect.
+    """
+
+    __slots__ = ("_entries", "_latest", "_live", "behind", "collapsed", "taken")
+
+    def __init__(self, behind: int = BEHIND) -> None:
+        self.behind = behind
+        self._entries: collections.deque[_Entry] = collections.deque()
+        self._latest: dict[KeyText, _Entry] = {}
+        self._live = 0
+        self.collapsed = 0
+        self.taken: Revision = 0
+        """The revision of the last delta taken."""
+
+    def __len__(self) -> int:
+        return self._live
+
+    def clear(self) -> int:
+        """Drop every untaken delta; return how many."""
+        dropped = self._live
+        self._entries.clear()
+        self._latest.clear()
+        self._live = 0
+        return dropped
+
+    def put(self, delta: Delta[V]) -> None:
+        latest = self._latest
+        if type(delta) is Reset:
+            if self._live >= self.behind:
+                # Behind: the Reset carries the whole window; nothing before it matters.
+                self.collapsed += self.clear()
+            else:
+                latest.clear()
+            self._append(_Entry(delta, None, False, None))
+            return
+        key: KeyText = delta.key  # type: ignore[union-attr]
+        last = latest.get(key)
+        if last is not None and not last.taken:
+            if self._live >= self.behind and self._collapse(last, delta):
+                return
+            inserts = type(last.delta) is Remove and type(delta) is Upsert
+            entry = _Entry(delta, key, inserts, last)
+        else:
+            entry = _Entry(delta, key, False, None)
+        latest[key] = entry
+        self._append(entry)
+
+    def _collapse(self, last: _Entry, delta: Delta[V]) -> bool:
+        """Fold ``delta`` into ``last`` (its key's latest untaken entry);
+        False when the two must both reach the reader."""
+        if type(last.delta) is not Upsert:
+            return False  # after a Remove an Upsert re-inserts: both go
+        if type(delta) is Upsert:
+            last.delta = delta  # same place: the key keeps its window position
+            self.collapsed += 1
+            return True
+        if last.inserts:
+            # An insert and its Remove: the reader never held the key.
+            last.delta = None
+            self._live -= 1
+            self.collapsed += 2
+            prior = last.prior
+            if prior is not None and not prior.taken and prior.delta is not None:
+                self._latest[last.key] = prior  # type: ignore[index]
+            else:
+                del self._latest[last.key]  # type: ignore[arg-type]
+            return True
+        return False  # whether the reader holds the key is unknown: both go
+
+    def _append(self, entry: _Entry) -> None:
+        self._entries.append(entry)
+        self._live += 1
+
+    def take(self) -> Delta[V] | None:
+        """The next delta, numbered one past the last taken; None when empty."""
+        entries = self._entries
+        while entries:
+            entry = entries.popleft()
+            delta = entry.delta
+            if delta is None:
+                continue
+            entry.taken = True
+            self._live -= 1
+            key = entry.key
+            if key is not None and self._latest.get(key) is entry:
+                del self._latest[key]
+            self.taken += 1
+            out: Delta[V] = delta
+            return out if out.revision == self.taken else renumbered(out, self.taken)
+        return None
+
+
 class SessionStream(Generic[V]):
     """A subscriber's side of one session: its deltas in revision order.
 
     Iterate it; iteration stops when the session ends (``end_reason`` says
-    why). `aclose` detaches the session. Putting never blocks: past
-    ``capacity`` undelivered deltas the backlog is dropped and the session
-    re-snapshotted, so a slow subscriber gets a Reset, never a gap.
+    why). `aclose` detaches the session. Putting never blocks: behind
+    ``behind`` untaken deltas they collapse to the latest state (see the
+    module), past ``capacity`` the backlog is dropped and the session
+    re-snapshotted, so a slow subscriber gets its latest state or a Reset,
+    never a gap.
     """
 
-    def __init__(self, session_id: SessionId, capacity: int, on_close: Callable[[], None]) -> None:
+    def __init__(
+        self, session_id: SessionId, capacity: int, on_close: Callable[[], None],
+        *, behind: int = BEHIND,
+    ) -> None:
         self.id = session_id
         self.capacity = capacity
-        self._queue: asyncio.Queue[Delta[V] | _End] = asyncio.Queue()
+        self._backlog: Backlog[V] = Backlog(min(behind, capacity))
+        self._end: _End | None = None
+        self._resyncing = False
+        self._getters: list[asyncio.Future[None]] = []
         self._on_close = on_close
         self.end_reason: str | None = None
         self.waiting = 0
         self.last_seen = time.monotonic()
 
+    @property
+    def collapsed(self) -> int:
+        """Deltas the subscriber will never read: a later one carries them."""
+        return self._backlog.collapsed
+
     def put(self, delta: Delta[V]) -> bool:
         """Queue ``delta``; False when the backlog overflowed and was dropped
-        (the caller re-snapshots the session)."""
-        if self._queue.qsize() >= self.capacity:
-            while not self._queue.empty():
-                self._queue.get_nowait()
+        (the caller re-snapshots the session; until its Reset arrives every
+        other delta is dropped too)."""
+        if self._end is not None:
+            return True
+        backlog = self._backlog
+        if self._resyncing:
+            if type(delta) is not Reset:
+                return False
+            self._resyncing = False
+        elif len(backlog) >= self.capacity:
+            backlog.clear()
+            self._resyncing = True
             return False
-        self._queue.put_nowait(delta)
+        backlog.put(delta)
+        self._wake()
         return True
+
+    def _wake(self) -> None:
+        getters, self._getters = self._getters, []
+        for getter in getters:
+            if not getter.done():
+                getter.set_result(None)
 
     def end(self, reason: str) -> None:
         """Queue the end: the subscriber reads what came before, then stops."""
-        self._queue.put_nowait(_End(reason))
+        if self._end is None:
+            self._end = _End(reason)
+        self._wake()
 
     def pending(self) -> int:
-        return self._queue.qsize()
+        """Deltas queued and not yet taken (the end counts as one)."""
+        return len(self._backlog) + (self._end is not None)
 
     def get_nowait(self) -> Delta[V] | None:
         """The next queued delta, or None (None also after the end)."""
-        if self._queue.empty():
-            return None
-        item = self._queue.get_nowait()
-        if isinstance(item, _End):
-            self.end_reason = item.reason
-            self._queue.put_nowait(item)
-            return None
-        return item
+        delta = self._backlog.take()
+        if delta is None and self._end is not None:
+            self.end_reason = self._end.reason
+        return delta
 
     async def next(self) -> Delta[V]:
         """The next delta; raises `SessionEnded` once the session ended."""
         self.waiting += 1
         try:
-            item = await self._queue.get()
+            while True:
+                delta = self._backlog.take()
+                if delta is not None:
+                    return delta
+                if self._end is not None:
+                    self.end_reason = self._end.reason
+                    raise SessionEnded(self._end.reason)
+                getter = asyncio.get_running_loop().create_future()
+                self._getters.append(getter)
+                try:
+                    await getter
+                finally:
+                    if getter in self._getters:
+                        self._getters.remove(getter)
         finally:
             self.waiting -= 1
             self.last_seen = time.monotonic()
-        if isinstance(item, _End):
-            self.end_reason = item.reason
-            self._queue.put_nowait(item)  # every later read sees the end too
-            raise SessionEnded(item.reason)
-        return item
 
     def __aiter__(self) -> AsyncIterator[Delta[V]]:
         return self._iterate()
