@@ -27,6 +27,7 @@ from service_engine.db.types import Conn
 from service_engine.embedded import EmbeddedNats, provision_buckets
 from service_engine.leader import LeaseLost
 from service_engine.messaging.nats import BucketMissing, KvBucket, Nats
+from service_engine.metrics import Metrics
 from service_engine.offers.drain import OfferDrain, OfferDrainBounds
 from service_engine.offers.model import Offer, Published
 from service_engine.offers.relay import KvDrainRelay, KvPut, KvRetract
@@ -480,6 +481,39 @@ async def test_a_key_whose_publish_raises_never_stops_another_key(
             assert drain.failures["sample_counters"] >= 1
             assert set(drain.failing) == {("sample_counters", "sample.counter.a")}
             await drain.aclose()
+
+
+async def test_a_publish_that_raises_is_counted_in_the_offer_failure_metric(
+    db: Database, nats_server: EmbeddedNats
+) -> None:
+    """Every failed publish counts once in
+    ``service_engine_offer_publish_failures_total{offer}``, in step with
+    `OfferDrain.failures`; keys that publish count nothing. The engine's
+    drain counts into the engine's metrics."""
+    name = "service_engine_offer_publish_failures_total"
+    async with bucket_of(nats_server) as (conn, bucket):
+        async with running(db, conn) as engine:
+            assert engine.offer_drain is not None and engine.offer_drain.metrics is engine.metrics
+        executor = executor_for(db)
+        for key in ("a", "b", "c"):
+            await executor.execute(WRITER, create_counter, OfferedCounter, key)
+        metrics = Metrics("sample", "pod-metrics")
+        drain = OfferDrain(
+            db, conn, "pod-metrics", OfferDrainBounds(lease=timedelta(seconds=5)), metrics=metrics
+        )
+        drain.add(FlakyCounterOffer())
+        await drain.bind()
+        try:
+            await drain.step()
+            assert metrics.sample(name, offer="sample_counters") == 1
+            assert await bucket_values(bucket) == {"b": 0, "c": 0}
+            await drain.step()
+            await drain.step()
+            assert metrics.sample(name, offer="sample_counters") == 3
+            assert drain.failures == {"sample_counters": 3}
+        finally:
+            await drain.aclose()
+            metrics.shutdown()
 
 
 async def test_concurrent_relay_publishes_of_v3_and_v2_leave_v3_in_the_bucket(

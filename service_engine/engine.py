@@ -332,6 +332,7 @@ class Engine:
                     batch=self.config.offer_drain_batch, reconcile=self.config.offer_reconcile,
                     lease=self.config.lease, interval=self.config.beat_interval,
                 ),
+                metrics=self.metrics,
             )
         if offer.NAME in {o.NAME for o in self.offer_drain.offers}:
             raise DuplicateRegistration("offer", offer.NAME)

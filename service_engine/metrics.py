@@ -21,7 +21,9 @@ alerts over them; keep the names in step):
 * ``service_engine_dependency_up{dependency}`` for each of `DEPENDENCIES`;
 * ``service_engine_presence_writes_total{lane, op, outcome}`` (stored or
   dropped), ``service_engine_presence_changes_total{lane, op}`` (folded
-  upserts and removes) and ``service_engine_presence_reseeds_total``.
+  upserts and removes) and ``service_engine_presence_reseeds_total``;
+* ``service_engine_offer_publish_failures_total{offer}``: offer keys whose
+  ``publish`` raised in a drain pass (each stays dirty and is retried).
 """
 
 from __future__ import annotations
@@ -128,6 +130,17 @@ class Metrics:
             "service_engine_presence_reseeds",
             description="Presence folds reseeded from the bucket after a reconnection",
         )
+
+        self.offer_publish_failures = meter.create_counter(
+            "service_engine_offer_publish_failures",
+            description="Offer keys whose publish raised in a drain pass, by offer (kept dirty)",
+        )
+
+    def add_offer_publish_failures(self, offer: str, count: int) -> None:
+        """Count ``count`` keys of ``offer`` whose publish raised, after the
+        pass that kept them dirty committed."""
+        if count:
+            self.offer_publish_failures.add(count, {**self.labels, "offer": offer})
 
     def add_presence_write(self, lane: str, op: str, stored: bool) -> None:
         """Count one presence write of ``lane`` (``op`` put or clear)."""

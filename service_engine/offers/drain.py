@@ -33,7 +33,8 @@ carries its own per-key versions; its watermark and `reset_watermarks`
 A key whose ``publish`` (or its encoding) raises is isolated: the rest of
 its batch drains, the key stays dirty with its generation (a later write
 is not lost) and moves to the back of the claim order, so it never blocks
-another key; each failure counts in `OfferDrain.failures` and
+another key; each failure counts in `OfferDrain.failures`,
+``service_engine_offer_publish_failures_total{offer}`` and
 `DrainReport.failed`, `OfferDrain.failing` holds each still-failing key's
 consecutive failures, and a warning is logged on its 1st, 2nd, 4th, 8th...
 failure (not once per pass). It is not dead-lettered:
@@ -65,6 +66,7 @@ from ..db.errors import Stage, translating
 from ..db.pool import Database
 from ..leader import LeaderLease, LeaseLost
 from ..messaging.nats import KvBucket, KvConflict, KvEntry, Nats, NatsUnavailable
+from ..metrics import Metrics
 from ..persistence.base import store_of
 from .model import Offer
 from .staging import OFFER_CHANNEL
@@ -158,12 +160,14 @@ class OfferDrain:
         bounds: OfferDrainBounds = OfferDrainBounds(),
         *,
         hook: DrainHook | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.db = db
         self.nats = nats
         self.holder = holder
         self.bounds = bounds
         self.hook = hook
+        self.metrics = metrics
         self._offers: dict[str, _OfferState] = {}
         self._wake = asyncio.Event()
         self._pass = asyncio.Lock()
@@ -373,6 +377,8 @@ class OfferDrain:
         if failed:
             report.failed += len(failed)
             self.failures[offer.NAME] = self.failures.get(offer.NAME, 0) + len(failed)
+            if self.metrics is not None:
+                self.metrics.add_offer_publish_failures(offer.NAME, len(failed))
         for claimed in batch:
             if not claimed.failed:
                 self.failing.pop((offer.NAME, claimed.kv_key), None)
