@@ -118,6 +118,10 @@ class EngineConfig(BaseModel):
     and serialised once per cohort (`service_engine.graphql.delivery`);
     False executes every event through graphql-core for every subscriber
     (the same messages, at many times the CPU)."""
+    graphql_direct_frames: bool = True
+    """A planned live subscription's frames go from its operation's task
+    straight to the socket (`service_engine.graphql.frames`); False sends
+    each through Strawberry's per-event path (the same bytes, more CPU)."""
     ws_max_message_bytes: int = 262_144
     """A graphql-transport-ws message past this many bytes closes its socket
     with 1009 (message too big) and reason ``message_too_big``."""

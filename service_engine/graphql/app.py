@@ -90,6 +90,7 @@ from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOpe
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     BaseGraphQLTransportWSHandler,
+    Operation,
 )
 from strawberry.subscriptions.protocols.graphql_transport_ws.types import (
     ConnectionInitMessage,
@@ -102,7 +103,7 @@ from ..config import EngineConfig
 from ..errors import ConfigError
 from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
-from . import delivery
+from . import delivery, frames
 from .ops import DEFAULT_OPS_ROLE, ops_routes
 from .passport import (
     PASSPORT_HEADER,
@@ -557,6 +558,15 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[GraphQLContext[Any], Non
             return
         await super().handle_subscribe(message)
 
+    async def run_operation(self, operation: Operation[GraphQLContext[Any], None]) -> None:
+        if not self._engine_view.direct_frames:
+            await super().run_operation(operation)
+            return
+        # This task's live field writes its planned frames itself (frames.py).
+        websocket = cast(_WebSocketAdapter, self.websocket).ws
+        with frames.open_sink(websocket, operation.id):
+            await super().run_operation(operation)
+
     @staticmethod
     def _get_pre_execution_close_reason(error: GraphQLError) -> str | None:
         # A document refused by a limiter is the operation's error, not a
@@ -617,6 +627,13 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         self.resolver = resolver
         self.session_max_age: timedelta = engine.config.session_max_age
         self.passport_from_connection_params = passport_from_connection_params
+        self.direct_frames = (
+            self.config.graphql_direct_frames
+            and self.config.graphql_delivery_plan
+            and not delivery.resolves_fields(self.schema)
+            and frames.direct_frames_allowed(self.schema)
+        )
+        """Planned live frames are written by their operation's task (frames.py)."""
         self._subscriptions_here = (
             f"subscriptions are served over graphql-transport-ws on {ws_path}, not over HTTP"
         )

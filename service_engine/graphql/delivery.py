@@ -33,6 +33,7 @@ from graphql import (
     OperationDefinitionNode,
     OperationType,
 )
+from graphql.execution.values import VariableValues
 from strawberry.extensions import ParserCache, SchemaExtension, ValidationCache
 
 from .delivery_plan import Encoded, NotPlanned, Plan, dumps, plan_operation
@@ -97,23 +98,45 @@ class SharedPlan:
         (or equal values: a view is projected per principal, and principals
         of one cohort mostly see the same) another session's member carried
         is serialised once."""
-        slots = _identity_fields(member)
-        if slots is None:
-            return self.plan.encode(member)
-        refs = tuple(getattr(member, name) for name in slots)
-        if any(isinstance(r, list | dict) for r in refs):
-            return self.plan.encode(member)  # a Reset's per-session lists
-        key = (type(member), refs[0] if isinstance(refs[0], str) else id(refs[0]))
-        hit = self._encoded.get(key)
-        if hit is not None and _same(hit[0], refs):
-            encoded = hit[1]
-            revision = getattr(member, _REVISION)
-            return encoded.with_revision(revision) if encoded.revision is not None else encoded
+        hit = self.lookup(type(member), member)
+        if hit is not None:
+            return hit
         encoded = self.plan.encode(member)
-        if len(self._encoded) >= ENCODED_PER_PLAN:
-            self._encoded.clear()
-        self._encoded[key] = (refs, encoded)
+        key = self._key(type(member), member)
+        if key is not None:
+            if len(self._encoded) >= ENCODED_PER_PLAN:
+                self._encoded.clear()
+            self._encoded[key[0]] = (key[1], encoded)
         return encoded
+
+    def lookup(self, member_type: type[Any], source: object) -> Encoded | None:
+        """The serialisation of the ``member_type`` member ``source``'s fields
+        make (an engine delta carries its member's field names), when one
+        with the same fields was serialised already; None otherwise (build
+        the member and `encode` it)."""
+        key = self._key(member_type, source)
+        if key is None:
+            return None
+        hit = self._encoded.get(key[0])
+        if hit is None or not _same(hit[0], key[1]):
+            return None
+        encoded = hit[1]
+        if encoded.revision is None:
+            return encoded
+        return encoded.with_revision(getattr(source, _REVISION))
+
+    @staticmethod
+    def _key(
+        member_type: type[Any], source: object
+    ) -> tuple[tuple[Any, ...], tuple[object, ...]] | None:
+        slots = _identity_fields(member_type)
+        if slots is None:
+            return None
+        refs = tuple(getattr(source, name) for name in slots)
+        if any(isinstance(r, list | dict) for r in refs):
+            return None  # a Reset's per-session lists
+        first = refs[0]
+        return (member_type, first if isinstance(first, str) else id(first)), refs
 
 
 def _same(held: tuple[object, ...], refs: tuple[object, ...]) -> bool:
@@ -128,10 +151,9 @@ def _same(held: tuple[object, ...], refs: tuple[object, ...]) -> bool:
 _FIELDS: dict[type[Any], tuple[str, ...] | None] = {}
 
 
-def _identity_fields(member: object) -> tuple[str, ...] | None:
-    """The fields of a cacheable member besides its revision (None: not
-    cacheable, e.g. a Reset's per-session lists)."""
-    cls = type(member)
+def _identity_fields(cls: type[Any]) -> tuple[str, ...] | None:
+    """The fields of a cacheable member type besides its revision (None:
+    not cacheable, e.g. a lane notice, with no revision)."""
     try:
         return _FIELDS[cls]
     except KeyError:
@@ -159,7 +181,11 @@ def plan_for(
     fragments: Mapping[str, Any],
     variables: Any,
 ) -> SharedPlan | None:
-    """The shared plan of an operation (planned on first use), or None."""
+    """The shared plan of an operation (planned on first use), or None.
+
+    ``variables`` are the coerced values as an executor holds them
+    (graphql-core's ``VariableValues``) or as Strawberry hands them to a
+    resolver (the plain ``coerced`` dict)."""
     coerced = getattr(variables, "coerced", variables)
     try:
         variables_key = json.dumps(coerced, sort_keys=True, default=repr)
@@ -171,6 +197,9 @@ def plan_for(
         if shared is None or shared.operation is operation:
             _PLANS.move_to_end(key)
             return shared
+    if not hasattr(variables, "coerced"):
+        # @skip / @include read only the coerced values.
+        variables = VariableValues({}, dict(coerced or {}))
     plan = plan_operation(schema, operation, fragments, variables)
     shared = SharedPlan(operation, plan) if plan is not None else None
     _PLANS[key] = shared

@@ -61,7 +61,11 @@ from ..errors import ConfigError
 from ..lanes import notices as lane_notices
 from ..logs import bind_session
 from ..render.deltas import Delta, Remove, Reset, Upsert
+from ..render.stream import SessionEnded, SessionStream
 from ..render.windows import WindowSpec
+from . import frames
+from .delivery import SharedPlan, plan_for
+from .delivery_plan import Encoded, NotPlanned
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -217,6 +221,25 @@ class SubscriptionUnion(Generic[V]):
         ``projector`` for ``principal``, stream its members (with the lane
         notices merged in when the projector watches a NATS lane), and
         detach when the client completes or disconnects."""
+        async with self._attached(
+            engine, principal, projector, window, applier=applier, session_id=session_id
+        ) as (stream, notices), contextlib.aclosing(self.subscribe(stream, notices)) as messages:
+            async for message in messages:
+                yield message
+
+    @contextlib.asynccontextmanager
+    async def _attached(
+        self,
+        engine: Engine,
+        principal: Any,
+        projector: str,
+        window: WindowSpec[Any],
+        *,
+        applier: RlsApplier[Any] | None,
+        session_id: str | None,
+    ) -> AsyncIterator[tuple[SessionStream[Any], lane_notices.LaneNoticeStream | None]]:
+        """A session of ``projector`` attached for ``principal`` and the lane
+        notices it watches (None: no lane), detached on the way out."""
         lanes = engine.lanes_of(projector)
         stream = await engine.attach(
             principal, projector, window, applier=applier, session_id=session_id
@@ -224,14 +247,56 @@ class SubscriptionUnion(Generic[V]):
         bind_session(str(stream.id))  # this operation's task serves this session
         notices = engine.lane_notices(lanes) if lanes else None
         try:
-            async with contextlib.aclosing(self.subscribe(stream, notices)) as messages:
-                async for message in messages:
-                    yield message
+            yield stream, notices
         finally:
             await stream.aclose()
             if notices is not None:
                 await notices.aclose()
 
+    async def _frames(
+        self,
+        stream: SessionStream[Any],
+        notices: lane_notices.LaneNoticeStream | None,
+        shared: SharedPlan,
+        sink: frames.FrameSink,
+    ) -> AsyncGenerator[Any, None]:
+        """Write each planned member's frame through ``sink``; yield only the
+        members the plan refuses (Strawberry sends each before the next is
+        read, so the order holds)."""
+        send = sink.next
+        if notices is None:
+            # The hot path: the session's deltas, one loop, no merge.
+            while True:
+                try:
+                    delta = await stream.next()
+                except SessionEnded:
+                    return
+                data = self._planned(shared, delta)
+                if data is None:
+                    yield self.message(delta)
+                else:
+                    await send(data)
+        async with contextlib.aclosing(merge_streams(stream, notices)) as items:
+            async for item in items:
+                data = self._planned(shared, item)
+                if data is None:
+                    yield self.message(item)
+                else:
+                    await send(data)
+
+    def _planned(self, shared: SharedPlan, item: Any) -> Encoded | None:
+        """``item``'s member serialised by the plan, or None (it refuses it)."""
+        kind = type(item)
+        member_type = self.upsert if kind is Upsert else self.remove if kind is Remove else None
+        if member_type is not None:
+            # A cohort's shared delta: serialised already, no member built.
+            hit = shared.lookup(member_type, item)
+            if hit is not None:
+                return hit
+        try:
+            return shared.encode(self.message(item))
+        except NotPlanned:
+            return None
 
     @overload
     def field(self, request: LiveRequest, /) -> Any: ...
@@ -308,10 +373,15 @@ def _live_resolver(union: SubscriptionUnion[Any], request: LiveRequest) -> Calla
                 f"live field {request.__qualname__} returned {type(live).__name__}, not Live"
             )
         context = info.context
-        messages = union.live(
-            context.engine, context.principal, live.projector, live.window,
-            applier=live.applier, session_id=live.session_id,
-        )
+        sink = frames.current_sink()
+        shared = _shared_plan(info) if sink is not None else None
+        if sink is None or shared is None:
+            messages = union.live(
+                context.engine, context.principal, live.projector, live.window,
+                applier=live.applier, session_id=live.session_id,
+            )
+        else:
+            messages = _direct(union, context, live, shared, sink)
         async with contextlib.aclosing(messages):
             async for message in messages:
                 yield message
@@ -326,6 +396,30 @@ def _live_resolver(union: SubscriptionUnion[Any], request: LiveRequest) -> Calla
     resolve.__qualname__ = request.__qualname__
     resolve.__doc__ = request.__doc__
     return resolve
+
+
+async def _direct(
+    union: SubscriptionUnion[Any],
+    context: Any,
+    live: Live,
+    shared: SharedPlan,
+    sink: frames.FrameSink,
+) -> AsyncGenerator[Any, None]:
+    """`SubscriptionUnion.live`, its planned frames written by this task."""
+    async with union._attached(
+        context.engine, context.principal, live.projector, live.window,
+        applier=live.applier, session_id=live.session_id,
+    ) as (stream, notices), contextlib.aclosing(
+        union._frames(stream, notices, shared, sink)
+    ) as refused:
+        async for member in refused:
+            yield member
+
+
+def _shared_plan(info: Any) -> SharedPlan | None:
+    """The delivery plan of the operation ``info`` resolves the root of."""
+    raw = info._raw_info
+    return plan_for(raw.schema, raw.operation, raw.fragments, raw.variable_values)
 
 
 async def _mapped(
