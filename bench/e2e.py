@@ -57,6 +57,7 @@ SUBSCRIPTION = """subscription { boards { __typename
   ... on BoardsUpsert { revision key view { id title archived affordances { action allowed reason } } cause { name } }
   ... on BoardsRemove { revision key } } }"""
 CREATE = "mutation($id: ID, $title: String!) { createBoard(id: $id, title: $title) { success error { code message } } }"
+TITLE = "query($id: ID!) { board(id: $id) { title } }"
 RENAME = "mutation($id: ID!, $title: String!) { renameBoard(id: $id, title: $title) { success error { code } } }"
 BOARDS_PER_ORG = 5
 """Boards per org: an org's writes rotate over them (one hot row would
@@ -151,13 +152,12 @@ class Subscriber:
     resets: int = 0
     """Resets received after the first (overflow, reconnect, threshold)."""
     seen: dict[str, int] = field(default_factory=dict)
-    """The latest write (sequence number) seen per board id."""
+    """The write (sequence number) last received per board id."""
     last_at: float = 0.0
 
 
 def _see(subscriber: Subscriber, board: str, seq: int) -> None:
-    if seq > subscriber.seen.get(board, -1):
-        subscriber.seen[board] = seq
+    subscriber.seen[board] = seq
 
 
 async def open_subscriber(addr: str, sub: str, org: str, sent: dict[int, float]) -> Subscriber:
@@ -242,6 +242,9 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
         failed = 0
         expected = 0
         last_write: dict[str, int] = {}
+        """Each written board's committed title (its sequence number), read
+        back once the writes are done: concurrent writes to one board commit
+        in any order."""
 
         async def write(seq: int, org: str) -> None:
             nonlocal failed
@@ -255,7 +258,7 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
             except Exception:
                 ok = False
             if ok:
-                last_write[board] = max(seq, last_write.get(board, -1))
+                last_write[board] = -1
             acks.append(time.perf_counter() - t0)
             failed += not ok
 
@@ -273,10 +276,16 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
             tasks.append(asyncio.create_task(write(seq, org)))
         await asyncio.gather(*tasks)
         writes_done = time.perf_counter()
+        for board in last_write:
+            org = board.split("-")[1]
+            response = await http.post("/graphql", json={"query": TITLE, "variables": {
+                "id": board}}, headers={"X-Passport": passport("w", org)})
+            title = response.json()["data"]["board"]["title"]
+            last_write[board] = int(title[1:]) if title.startswith("w") else -1
         deadline = time.monotonic() + 30
 
         def converged() -> int:
-            return sum(all(s.seen.get(b, -1) >= q for b, q in last_write.items()
+            return sum(all(s.seen.get(b, -1) == q for b, q in last_write.items()
                            if b.startswith(f"b-{s.org}-")) for s in subscribers)
 
         while time.monotonic() < deadline:

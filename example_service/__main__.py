@@ -19,10 +19,21 @@ Environment:
   GraphiQL in a browser sends it; on by default with embedded
   infrastructure only (a development machine), never behind a gateway;
 * ``EXAMPLE_SERVICE_LOG_LEVEL`` (default ``INFO``);
+* ``EXAMPLE_SERVICE_PODS`` (or ``--pods N``): run N pods as N processes on
+  this host behind the one port (see below);
 * ``SERVICE_ENGINE_<FIELD>``: the engine's configuration (`EngineConfig`).
 
 SIGINT (Ctrl-C) or SIGTERM stops the engine, the HTTP server and then the
 embedded servers, in that order.
+
+N pods on one host (``--pods N``, N > 1): this process binds the port with
+SO_REUSEPORT, starts and provisions the embedded servers once (or takes
+``DATABASE_URL`` / ``NATS_URL``), then spawns N children, each a whole pod
+(its own engine, listener and sessions) bound to the same port; the kernel
+spreads connections over them and the pods meet in Postgres and NATS as pods
+on separate hosts do. The address is announced (and ``EXAMPLE_SERVICE_ADDR_FILE``
+written) once every pod is ready. A signal stops the children, then the
+embedded servers; a child that dies stops the rest. Pod 0 alone serves props.
 """
 
 from __future__ import annotations
@@ -67,6 +78,14 @@ and the twin's (which the service mirrors)."""
 DEV_ROSTER = Path(__file__).resolve().parent / "dev_roster.json"
 """The roster seeded on embedded infrastructure, where no twin publishes one."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+POD_STOP_GRACE = 30.0
+"""Seconds a child pod has to stop after SIGTERM before it is killed."""
+
+# Set by the parent of N pods on each child (internal to this module).
+_ENV_POD_INDEX = "EXAMPLE_SERVICE_POD_INDEX"
+_ENV_REUSE_PORT = "EXAMPLE_SERVICE_REUSE_PORT"
+_ENV_EMBEDDED = "EXAMPLE_SERVICE_EMBEDDED"
+"""The URLs name embedded servers the parent started: a development pod."""
 
 EXAMPLE_PASSPORT = {"sub": "alice", "org": "acme", "roles": ["board:archive"]}
 """Printed at start-up for GraphiQL's Headers tab (the README shows it too)."""
@@ -85,19 +104,41 @@ def _data_dir() -> Path:
     return Path(os.environ.get("EXAMPLE_SERVICE_DATA", ".data")).resolve()
 
 
-def _listen(addr: str) -> socket.socket:
+def _listen(addr: str, *, reuse_port: bool = False) -> socket.socket:
     try:
-        return bind_listener(addr)
+        return bind_listener(addr, reuse_port=reuse_port)
     except (OSError, ValueError) as exc:
         raise ConfigurationError(f"cannot listen on {addr!r}: {exc}") from exc
 
 
-def _announce(sock: socket.socket, passport_in_params: bool) -> None:
+def _pods(argv: list[str]) -> int:
+    """How many pods to run: ``--pods N`` (or ``--pods=N``), else
+    ``EXAMPLE_SERVICE_PODS``, else 1."""
+    raw = os.environ.get("EXAMPLE_SERVICE_PODS", "").strip() or "1"
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--pods" and args:
+            raw = args.pop(0)
+        elif arg.startswith("--pods="):
+            raw = arg.removeprefix("--pods=")
+        else:
+            raise ConfigurationError(f"unknown argument {arg!r} (usage: [--pods N])")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigurationError(f"the number of pods is a positive integer, got {raw!r}")
+    return int(raw)
+
+
+def _addr_text(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
-    base = f"http://{host}:{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _announce(sock: socket.socket, passport_in_params: bool, pods: int = 1) -> None:
+    base = f"http://{_addr_text(sock)}"
     header = json.dumps({"X-Passport": json.dumps(EXAMPLE_PASSPORT, separators=(",", ":"))})
     lines = [
-        f"listening on {base}",
+        f"listening on {base}" + (f" ({pods} pods)" if pods > 1 else ""),
         f"GraphiQL:  {base}/graphql   (readiness: {base}/readyz)",
         f"In GraphiQL's Headers tab, set a passport, e.g.:  {header}",
     ]
@@ -106,10 +147,21 @@ def _announce(sock: socket.socket, passport_in_params: bool) -> None:
     print("\n".join(lines), flush=True)
     addr_file = os.environ.get("EXAMPLE_SERVICE_ADDR_FILE")
     if addr_file:
-        target = Path(addr_file)
-        partial = target.with_name(target.name + ".partial")
-        partial.write_text(f"{host}:{port}\n")
-        partial.replace(target)  # a reader never sees half a line
+        _write_addr(Path(addr_file), sock)
+
+
+def _write_addr(target: Path, sock: socket.socket) -> None:
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text(f"{_addr_text(sock)}\n")
+    partial.replace(target)  # a reader never sees half a line
+
+
+async def _announce_pod(engine: Engine, sock: socket.socket, target: Path) -> None:
+    """A child pod: write its address file once it is ready to serve."""
+    while not engine.readiness.is_up:  # noqa: ASYNC110 - readiness is polled, not awaited
+        await asyncio.sleep(0.05)
+    _write_addr(target, sock)
+    _log.info("pod %s serving on %s", os.environ.get(_ENV_POD_INDEX), _addr_text(sock))
 
 
 async def _start_embedded(data_dir: Path) -> EmbeddedInfra:
@@ -155,10 +207,12 @@ async def main() -> None:
             "set both DATABASE_URL and NATS_URL to bind real infrastructure, "
             "or neither to run on embedded servers"
         )
-    embedded = database_url is None
+    pod_index = os.environ.get(_ENV_POD_INDEX)
+    embedded = database_url is None or _flag(_ENV_EMBEDDED, False)
     passport_in_params = _flag("EXAMPLE_SERVICE_PASSPORT_FROM_CONNECTION_PARAMS", embedded)
     # Bound first: a busy port fails before anything is started.
-    sock = _listen(os.environ.get("EXAMPLE_SERVICE_HTTP_ADDR") or config.http_addr or DEFAULT_ADDR)
+    sock = _listen(os.environ.get("EXAMPLE_SERVICE_HTTP_ADDR") or config.http_addr or DEFAULT_ADDR,
+                   reuse_port=_flag(_ENV_REUSE_PORT, False))
 
     # Until the host owns the signals, SIGINT and SIGTERM cancel the
     # start-up, and the embedded servers started so far are stopped.
@@ -177,9 +231,11 @@ async def main() -> None:
             nats = await open_nats(nats_url, name=f"{config.service}-{config.pod_id}")
             try:
                 engine = await Engine.boot(config, db, nats, ReadinessHandle())
-                await open_props(engine, nats, _data_dir() / "props", config.service, embedded)
+                if pod_index in (None, "0"):  # one props store: pod 0's
+                    await open_props(engine, nats, _data_dir() / "props", config.service,
+                                     embedded)
                 register(engine)
-                if infra is None:
+                if not embedded:
                     # Identity confirms the slices' scopes before the pod is UP.
                     engine.declare_contributed_scopes()
                 else:
@@ -187,8 +243,19 @@ async def main() -> None:
                 app = build_app(engine, passport_from_connection_params=passport_in_params)
                 for sig in STOP_SIGNALS:
                     loop.remove_signal_handler(sig)
-                _announce(sock, passport_in_params)
-                await run_with_listener(engine, app, sock)
+                if pod_index is None:
+                    _announce(sock, passport_in_params)
+                    await run_with_listener(engine, app, sock)
+                else:
+                    # Listening now: the kernel queues this pod's share of
+                    # connections until the server accepts them.
+                    sock.listen(1024)
+                    announced = asyncio.create_task(_announce_pod(
+                        engine, sock, Path(os.environ["EXAMPLE_SERVICE_ADDR_FILE"])))
+                    try:
+                        await run_with_listener(engine, app, sock)
+                    finally:
+                        announced.cancel()
             finally:
                 await nats.aclose()
         finally:
@@ -200,7 +267,88 @@ async def main() -> None:
             _log.info("embedded servers stopped")
 
 
-def run() -> int:
+async def supervise(pods: int) -> None:
+    """Run ``pods`` child pods behind one port (see the module's docstring)."""
+    config = EngineConfig.from_env(service=os.environ.get("SERVICE_ENGINE_SERVICE", SERVICE))
+    database_url = os.environ.get("DATABASE_URL")
+    nats_url = os.environ.get("NATS_URL")
+    if (database_url is None) != (nats_url is None):
+        raise ConfigurationError(
+            "set both DATABASE_URL and NATS_URL to bind real infrastructure, "
+            "or neither to run on embedded servers"
+        )
+    embedded = database_url is None
+    passport_in_params = _flag("EXAMPLE_SERVICE_PASSPORT_FROM_CONNECTION_PARAMS", embedded)
+    # Bound (never listening) for as long as the pods run: it holds the
+    # port, a port 0 becomes the one every child binds, and a busy port
+    # fails before anything is started.
+    sock = _listen(os.environ.get("EXAMPLE_SERVICE_HTTP_ADDR") or config.http_addr or DEFAULT_ADDR,
+                   reuse_port=True)
+    loop = asyncio.get_running_loop()
+    supervising = asyncio.current_task()
+    assert supervising is not None
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, supervising.cancel)
+    infra = None
+    children: list[asyncio.subprocess.Process] = []
+    try:
+        if database_url is None or nats_url is None:
+            infra = await _start_embedded(_data_dir())
+            database_url, nats_url = infra.database.app_url, infra.nats.url
+        pods_dir = _data_dir() / "pods"
+        pods_dir.mkdir(parents=True, exist_ok=True)
+        addr_files = [pods_dir / f"pod-{i}.addr" for i in range(pods)]
+        for path in addr_files:
+            path.unlink(missing_ok=True)
+        for i in range(pods):
+            env = {
+                **os.environ, "DATABASE_URL": database_url, "NATS_URL": nats_url,
+                "EXAMPLE_SERVICE_DATA": str(_data_dir()),
+                "EXAMPLE_SERVICE_HTTP_ADDR": _addr_text(sock),
+                "EXAMPLE_SERVICE_ADDR_FILE": str(addr_files[i]),
+                "EXAMPLE_SERVICE_PASSPORT_FROM_CONNECTION_PARAMS": str(int(passport_in_params)),
+                _ENV_POD_INDEX: str(i), _ENV_REUSE_PORT: "1",
+                _ENV_EMBEDDED: "1" if embedded else "0",
+            }
+            env.pop("EXAMPLE_SERVICE_PODS", None)
+            if os.environ.get("SERVICE_ENGINE_POD_ID"):  # one identity per pod
+                env["SERVICE_ENGINE_POD_ID"] = f"{os.environ['SERVICE_ENGINE_POD_ID']}-{i}"
+            children.append(await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "example_service", env=env))
+        exits = [asyncio.ensure_future(child.wait()) for child in children]
+        while not all(path.exists() for path in addr_files):
+            if any(done.done() for done in exits):
+                raise ConfigurationError("a pod stopped while starting (see its log above)")
+            await asyncio.sleep(0.1)
+        _announce(sock, passport_in_params, pods)
+        await asyncio.wait(exits, return_when=asyncio.FIRST_COMPLETED)
+        stopped = next(i for i, done in enumerate(exits) if done.done())
+        raise ConfigurationError(
+            f"pod {stopped} stopped (exit code {children[stopped].returncode}): stopping the rest")
+    finally:
+        await _stop_pods(children)
+        sock.close()
+        if infra is not None:
+            await infra.aclose()
+            _log.info("embedded servers stopped")
+
+
+async def _stop_pods(children: list[asyncio.subprocess.Process]) -> None:
+    """SIGTERM every running child, then wait; kill one past the grace."""
+    for child in children:
+        if child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.terminate()
+    for child in children:
+        try:
+            await asyncio.wait_for(asyncio.shield(child.wait()), POD_STOP_GRACE)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            await child.wait()
+
+
+def run(argv: list[str] | None = None) -> int:
     """Run until stopped; the process exit code."""
     logging.basicConfig(
         level=os.environ.get("EXAMPLE_SERVICE_LOG_LEVEL", "INFO").upper(),
@@ -208,7 +356,8 @@ def run() -> int:
         stream=sys.stderr,
     )
     try:
-        asyncio.run(main())
+        pods = _pods(sys.argv[1:] if argv is None else argv)
+        asyncio.run(main() if pods == 1 else supervise(pods))
     except (ConfigurationError, ConfigError) as exc:
         print(f"example_service: {exc}", file=sys.stderr)
         return 2

@@ -63,9 +63,13 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return (host or "127.0.0.1"), int(port)
 
 
-def bind_listener(addr: str) -> socket.socket:
+def bind_listener(addr: str, *, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound to ``addr`` (port 0: a free one), ready for
-    `run_with_listener`; read the port back with ``getsockname()``."""
+    `run_with_listener`; read the port back with ``getsockname()``.
+
+    ``reuse_port`` sets SO_REUSEPORT: several processes of one user bind the
+    same ``host:port`` and the kernel spreads new connections over those
+    listening (N pods on one host behind one port, each its own engine)."""
     host, port = parse_addr(addr)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections
@@ -74,6 +78,8 @@ def bind_listener(addr: str) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
     except BaseException:
         sock.close()
@@ -81,13 +87,17 @@ def bind_listener(addr: str) -> socket.socket:
     return sock
 
 
-async def run_with(engine: Engine, app: ASGIApp, addr: str, *, handle_signals: bool = True) -> None:
+async def run_with(
+    engine: Engine, app: ASGIApp, addr: str, *, handle_signals: bool = True,
+    reuse_port: bool = False,
+) -> None:
     """Serve ``app`` on ``addr`` while ``engine.run()`` supervises its workers.
 
     Returns after SIGINT/SIGTERM (or `Engine.shutdown`) once both stopped;
-    raises the engine's `WorkerStopped` if a worker died.
+    raises the engine's `WorkerStopped` if a worker died. ``reuse_port``:
+    share ``addr`` with other pods of this host (see `bind_listener`).
     """
-    sock = bind_listener(addr)
+    sock = bind_listener(addr, reuse_port=reuse_port)
     try:
         await run_with_listener(engine, app, sock, handle_signals=handle_signals)
     finally:
