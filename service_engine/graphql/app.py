@@ -55,7 +55,7 @@ import enum
 import json
 import logging
 import re
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -503,32 +503,59 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[GraphQLContext[Any], Non
     """graphql-transport-ws with the passport checked at connection_init and
     the socket bounded by session_max_age."""
 
-    _session_bound: asyncio.Task[None] | None = None
+    # Both socket timers are loop timer handles, not a task each: a socket
+    # costs one task (Strawberry's receive loop) plus its operations', and
+    # a task starts only to close it.
+    _init_timer: asyncio.TimerHandle | None = None
+    _bound_timer: asyncio.TimerHandle | None = None
+    _closing: asyncio.Task[None] | None = None
 
     @property
     def _engine_view(self) -> _EngineGraphQL:
         return cast(_EngineGraphQL, self.view)
 
     def on_request_accepted(self) -> None:
-        super().on_request_accepted()
-        self._session_bound = asyncio.create_task(self._close_at_session_max_age())
-        self._session_bound.add_done_callback(self._task_done)
-
-    async def shutdown(self) -> None:
-        bound = self._session_bound
-        if bound is not None and not bound.done():
-            bound.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await bound
-        await super().shutdown()
-
-    async def _close_at_session_max_age(self) -> None:
+        # Strawberry's own starts a task sleeping out the init timeout.
         loop = asyncio.get_running_loop()
         handshake_at = self.context.handshake_at
         if handshake_at is None:  # get_context always sets it; be safe
             handshake_at = loop.time()
+        self._init_timer = loop.call_later(
+            self.connection_init_wait_timeout.total_seconds(), self._init_timed_out
+        )
         max_age = self._engine_view.session_max_age.total_seconds()
-        await asyncio.sleep(max(0.0, handshake_at + max_age - loop.time()))
+        self._bound_timer = loop.call_at(handshake_at + max_age, self._max_age_reached)
+
+    def _init_timed_out(self) -> None:
+        if self.connection_init_received:
+            return
+        self.connection_timed_out = True
+        self._close_later(
+            self.websocket.close(code=4408, reason="Connection initialisation timeout")
+        )
+
+    def _max_age_reached(self) -> None:
+        self._close_later(self._close_at_session_max_age())
+
+    def _close_later(self, closing: Coroutine[Any, Any, None]) -> None:
+        if self._closing is not None:
+            closing.close()
+            return
+        self._closing = asyncio.get_running_loop().create_task(closing)
+        self._closing.add_done_callback(self._task_done)
+
+    async def shutdown(self) -> None:
+        for timer in (self._init_timer, self._bound_timer):
+            if timer is not None:
+                timer.cancel()
+        closing = self._closing
+        if closing is not None and not closing.done():
+            closing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closing
+        await super().shutdown()
+
+    async def _close_at_session_max_age(self) -> None:
         # Stop the operations before the close frame, so none tries to send
         # a `next` on a closed socket.
         for operation_id in list(self.operations):
@@ -576,6 +603,10 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[GraphQLContext[Any], Non
         return BaseGraphQLTransportWSHandler._get_pre_execution_close_reason(error)
 
     async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
+        # Received in time: the timeout ends here, not after the principal's
+        # resolve (a busy pod's resolve must not turn into a 4408).
+        if self._init_timer is not None and not self.connection_timed_out:
+            self._init_timer.cancel()
         payload = message.get("payload", {})
         # Strawberry refuses a repeated init, a non-object payload and an
         # init after the timeout itself; the passport is checked only on the
@@ -587,8 +618,6 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[GraphQLContext[Any], Non
         ):
             refused = await self._engine_view.admit(self.context, payload)
             if refused is not None:
-                if self.connection_init_timeout_task is not None:
-                    self.connection_init_timeout_task.cancel()
                 await self.websocket.close(code=refused[0], reason=refused[1])
                 return
         await super().handle_connection_init(message)

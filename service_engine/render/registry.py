@@ -63,6 +63,26 @@ PrincipalRefresh = Callable[[Any], Awaitable[Any]]
 """Re-resolves a principal (same id) after a principal-facts impact."""
 
 
+ATTACH_BATCH = 256
+"""Attaches of one projector snapshotted in one transaction at most."""
+ATTACH_READERS = 2
+"""Attach batches reading at once: the rest of the pool stays for writes,
+principal resolves and render passes while a burst of attaches waits."""
+
+
+def _populate_key(rec: AttachedSession) -> Hashable | None:
+    """What makes two attaching sessions' populates equal, or None when
+    their query is not hashable (then each populates alone)."""
+    session = rec.session
+    window = rec.projector.VISIBILITY.window(session.principal)
+    key = (session.cohort, window, session.membership.query)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 class UnknownProjectorName(AttachError):
     """An attach or fetch named a projector that is not registered."""
 
@@ -124,6 +144,11 @@ class RenderRegistry:
         # The cohort index of projectors gated by their declared Visibility
         # (see `CohortIndex`), by projector name.
         self._indexes: dict[str, CohortIndex] = {}
+        # Attaches waiting for their first snapshot, by projector (see
+        # `_join_attach_batch`), and the batches reading them.
+        self._attaching: dict[str, list[tuple[AttachedSession, asyncio.Future[None]]]] = {}
+        self._attach_tasks: set[asyncio.Task[None]] = set()
+        self._attach_readers = asyncio.Semaphore(ATTACH_READERS)
 
     # -- registration -----------------------------------------------------
 
@@ -205,7 +230,11 @@ class RenderRegistry:
         if index is not None:
             index.join(session, rec.memberships)
         try:
-            await self._snapshot(rec)
+            if proj.RLS:
+                # Its reads run under this principal's RLS context: alone.
+                await self._snapshot(rec)
+            else:
+                await self._join_attach_batch(rec)
         except BaseException:
             self.detach(sid, "attach failed")
             raise
@@ -378,17 +407,18 @@ class RenderRegistry:
     # -- snapshots ------------------------------------------------------------------
 
     async def _snapshot(
-        self, rec: AttachedSession, tally: PassTally | None = None, *, cause: str | None = None
+        self, rec: AttachedSession, tally: PassTally | None = None, *, cause: str | None = None,
+        begun: bool = False,
     ) -> None:
         """Reset ``rec`` from committed state (attach, repair or resnapshot);
-        ``cause`` (one of `RESET_CAUSES`) counts it as a reset of a live session."""
+        ``cause`` (one of `RESET_CAUSES`) counts it as a reset of a live session.
+        ``begun``: the snapshot was already begun (`_begin_snapshot`) by a
+        batch whose shared read failed."""
         tally = tally or PassTally()
         session = rec.session
         state = session.state.value
-        session.begin_snapshot()
-        index = self._indexes.get(rec.projector.NAME)
-        if index is not None:
-            index.snapshotting.add(session)
+        if not begun:
+            self._begin_snapshot(rec)
         try:
             async with self._reading(rec.projector, session.principal, rec.applier) as conn:
                 populated = (
@@ -399,15 +429,35 @@ class RenderRegistry:
             rendered = self._project(rec, rows, keys, tally)
             self._note_rendered(rec.projector, rows, rendered)
         except Exception as exc:
-            if index is not None:
-                index.snapshotting.discard(session)
+            self._snapshot_ended(rec)
             if state == "attaching":
                 raise
             self._failed(rec, f"snapshot failed: {type(exc).__name__}: {exc}", exc)
             tally.failures += 1
             return
+        self._complete_snapshot(rec, state, populated, rendered, tally, cause)
+
+    def _begin_snapshot(self, rec: AttachedSession) -> None:
+        """The connect barrier's second step, before any read: from here the
+        session holds what commits, and replays it after its Reset."""
+        rec.session.begin_snapshot()
+        index = self._indexes.get(rec.projector.NAME)
         if index is not None:
-            index.snapshotting.discard(session)
+            index.snapshotting.add(rec.session)
+
+    def _snapshot_ended(self, rec: AttachedSession) -> None:
+        index = self._indexes.get(rec.projector.NAME)
+        if index is not None:
+            index.snapshotting.discard(rec.session)
+
+    def _complete_snapshot(
+        self, rec: AttachedSession, state: str, populated: Mapping[KeyText, JsonValue] | None,
+        rendered: Mapping[KeyText, Any], tally: PassTally, cause: str | None,
+    ) -> None:
+        session = rec.session
+        self._snapshot_ended(rec)
+        if session.ended:
+            return  # detached while it read
         if state == "attaching":
             reset: Reset[Any] = session.go_live(populated, rendered)
         elif state == "repair_pending":
@@ -425,6 +475,114 @@ class RenderRegistry:
         if held is not None:
             self._replays.append((rec, held))
             self._wake.set()
+
+    # -- attach batches -------------------------------------------------------------
+
+    def _join_attach_batch(self, rec: AttachedSession) -> asyncio.Future[None]:
+        """Queue ``rec``'s first snapshot with the other attaches of its
+        projector: those queued while a batch waits for its turn share one
+        read-only transaction, each session's populate in it, and one
+        ``read_many`` for the union of their keys."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        name = rec.projector.NAME
+        queued = self._attaching.get(name)
+        if queued is None:
+            queued = self._attaching[name] = []
+            self._start_attach_batch(rec.projector)
+        queued.append((rec, waiter))
+        return waiter
+
+    def _start_attach_batch(self, proj: Projector[Any, Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self._attach_batch(proj), name=f"service_engine:attach:{proj.NAME}"
+        )
+        self._attach_tasks.add(task)
+        task.add_done_callback(self._attach_tasks.discard)
+
+    def _take_attach_batch(
+        self, proj: Projector[Any, Any, Any, Any]
+    ) -> list[tuple[AttachedSession, asyncio.Future[None]]]:
+        queued = self._attaching.pop(proj.NAME, [])
+        if len(queued) > ATTACH_BATCH:
+            self._attaching[proj.NAME] = queued[ATTACH_BATCH:]
+            self._start_attach_batch(proj)
+            queued = queued[:ATTACH_BATCH]
+        # A waiter already done is an attach cancelled meanwhile (detached).
+        return [(rec, w) for rec, w in queued if not w.done() and not rec.session.ended]
+
+    async def _attach_batch(self, proj: Projector[Any, Any, Any, Any]) -> None:
+        batch: list[tuple[AttachedSession, asyncio.Future[None]]] | None = None
+        alone = False
+        try:
+            async with self._attach_readers:
+                # Taken once a reader is free: what queued meanwhile joins.
+                batch = self._take_attach_batch(proj)
+                if not batch:
+                    return
+                for rec, _ in batch:
+                    self._begin_snapshot(rec)
+                try:
+                    await self._read_attach_batch(proj, [rec for rec, _ in batch])
+                except Exception:
+                    # One member's populate may have failed the shared read:
+                    # read each alone, so only its own attach fails.
+                    alone = True
+        except BaseException as exc:
+            queued = batch if batch is not None else self._attaching.pop(proj.NAME, [])
+            failure = exc if isinstance(exc, Exception) else AttachShuttingDown(
+                "the attach was interrupted")
+            for _, waiter in queued:
+                if not waiter.done():
+                    waiter.set_exception(failure)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for rec, waiter in batch:
+            if alone and rec.session.snapshotting and not waiter.done():
+                try:
+                    await self._snapshot(rec, begun=True)
+                except Exception as exc:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                    continue
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _read_attach_batch(
+        self, proj: Projector[Any, Any, Any, Any], recs: list[AttachedSession]
+    ) -> None:
+        """Snapshot ``recs`` (all attaching, snapshot begun) in one
+        transaction and take them live (those not ended meanwhile)."""
+        tally = PassTally()
+        populated: list[dict[KeyText, JsonValue] | None] = []
+        scopes: list[dict[KeyText, JsonValue]] = []
+        union: dict[KeyText, JsonValue] = {}
+        # Sessions of one cohort with the same memberships and window query
+        # see the same rows: one populate serves them all.
+        shared: dict[Hashable, dict[KeyText, JsonValue]] = {}
+        async with self._reading(proj, None, None) as conn:
+            for rec in recs:
+                session = rec.session
+                found: dict[KeyText, JsonValue] | None = None
+                if session.membership.populates:
+                    key = _populate_key(rec)
+                    found = shared.get(key) if key is not None else None
+                    if found is None:
+                        found = await self._populate(conn, rec, None)
+                        if key is not None:
+                            shared[key] = found
+                keys = session.snapshot_keys(found)
+                populated.append(found)
+                scopes.append(keys)
+                union.update(keys)
+            rows = await self._load(conn, proj, union, tally)
+        for rec, found, keys in zip(recs, populated, scopes, strict=True):
+            if rec.session.ended:
+                continue
+            rendered = self._project(rec, rows, keys, tally)
+            self._note_rendered(proj, rows, rendered)
+            self._complete_snapshot(rec, "attaching", found, rendered, tally, None)
 
     def _note_rendered(
         self, proj: Projector[Any, Any, Any, Any], rows: Mapping[KeyText, Any],
