@@ -63,6 +63,12 @@ class EngineConfig(BaseModel):
     fold_cache_capacity: int = 1024
     repair_attempts: int = 3
     reset_threshold: int = 64
+    render_shedding: bool = True
+    """Overload degrades (`service_engine.render.runtime`): a render pass
+    yields the loop between bounded slices, a pass that is behind folds
+    PerImpact causes to the latest per key, and a subscriber's stream
+    collapses what it has not taken once it is behind. False renders each
+    pass in one burst and queues every delta (to measure the difference)."""
     message_retention: timedelta = timedelta(days=7)
     """Age past which message claims and FAILED outbox rows are swept; must
     cover the max_age of every integration stream a reaction binds."""
@@ -132,6 +138,11 @@ class EngineConfig(BaseModel):
     """Sockets open at once on this pod; past it a new upgrade is accepted
     and closed with 1013 (try again later) and reason ``too_many_sockets``,
     and existing sockets are untouched."""
+    ws_max_handshakes: int = 512
+    """Sockets between their upgrade and their ``connection_ack`` at once.
+    Past it a new upgrade waits, unanswered, for one of them to finish: the
+    init timeout counts from the answer, so a burst of sockets queues at the
+    handshake instead of timing out (4408) behind one another's resolves."""
     ws_per_message_deflate: bool = False
     """Offer per-message deflate (RFC 7692) on the subscription socket.
     Off by default: each compressed socket keeps zlib state (~64 KB or more
@@ -179,6 +190,7 @@ class EngineConfig(BaseModel):
             "offer_drain_batch", "mirror_failure_threshold",
             "http_max_body_bytes", "query_max_tokens", "query_max_aliases", "query_max_depth",
             "ws_max_message_bytes", "ws_max_subscriptions_per_socket", "ws_max_sockets",
+            "ws_max_handshakes",
         )
         for name in positive_counts:
             require(getattr(self, name) > 0, f"{name} > 0")

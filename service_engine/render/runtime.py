@@ -54,10 +54,12 @@ from .deltas import Delta, KeyText, Reset
 from .interest import Dirty, RenderFrame
 from .membership import RenderPlan
 from .plan import FramePlan, batches, latest_causes, plan_frame
-from .projector import Projector, cohort_of, reset_threshold_for
+from .projector import Projector, RlsApplier, cohort_of, reset_threshold_for
 from .registry import AttachedSession, RenderRegistry
 from .report import PassReport, PassTally
 from .session import Session
+from .stream import SessionStream
+from .windows import WindowSpec
 
 __all__ = ["BEHIND_SECONDS", "SLICE_SECONDS", "SLICE_SESSIONS", "RenderRuntime"]
 
@@ -77,14 +79,17 @@ next pass fold causes to the latest per key."""
 class _Slice:
     """When a pass yields the loop (see the module)."""
 
-    __slots__ = ("sessions", "started", "yields")
+    __slots__ = ("enabled", "sessions", "started", "yields")
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.started = time.perf_counter()
         self.sessions = 0
         self.yields = 0
 
     async def tick(self, delivered: bool) -> None:
+        if not self.enabled:
+            return
         if delivered:
             self.sessions += 1
         if self.sessions >= SLICE_SESSIONS or time.perf_counter() - self.started >= SLICE_SECONDS:
@@ -180,9 +185,10 @@ class RenderRuntime(RenderRegistry):
         snapshots and any session whose subscriber fell behind."""
         started = time.perf_counter()
         tally = PassTally()
-        behind = self._behind and len(deliveries) > 1
+        shedding = self._config.render_shedding
+        behind = shedding and self._behind and len(deliveries) > 1
         tally.behind = behind
-        slicer = _Slice()
+        slicer = _Slice(shedding)
         frame = self._route(deliveries, tally)
         # Taken before recovery: a snapshot it takes queues its own replay
         # for the next pass.
@@ -198,6 +204,24 @@ class RenderRuntime(RenderRegistry):
                 await self._render_batch(loaded, tally, slicer)
         tally.slices = slicer.yields + 1
         return self._report(tally, started)
+
+    async def attach(
+        self,
+        principal: Any,
+        projector: str,
+        window: WindowSpec[Any],
+        *,
+        session_id: str | None = None,
+        applier: RlsApplier[Any] | None = None,
+    ) -> SessionStream[Any]:
+        stream = await super().attach(
+            principal, projector, window, session_id=session_id, applier=applier
+        )
+        if not self._config.render_shedding:
+            stream.collapse_after(None)
+        return stream
+
+    attach.__doc__ = RenderRegistry.attach.__doc__
 
     # -- 1. route ---------------------------------------------------------------------
 

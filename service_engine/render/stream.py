@@ -190,6 +190,11 @@ class SessionStream(Generic[V]):
         self.waiting = 0
         self.last_seen = time.monotonic()
 
+    def collapse_after(self, behind: int | None) -> None:
+        """Collapse once more than ``behind`` deltas wait; None: never
+        (every delta reaches the subscriber, or the capacity's Reset)."""
+        self._backlog.behind = self.capacity + 1 if behind is None else min(behind, self.capacity)
+
     @property
     def collapsed(self) -> int:
         """Deltas the subscriber will never read: a later one carries them."""
