@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import statistics
 import sys
@@ -79,6 +80,72 @@ def pod_config(name: str) -> EngineConfig:
     )
 
 
+# -- CPU accounting (Linux /proc) ------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(ppid, CPU seconds) of a live process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds of the processes of one run, by role: the pods, the
+    Postgres server (postmaster and backends), the nats-server, this
+    bench process."""
+
+    pgdata: Path
+    nats_dir: Path | None = None
+    pods: tuple[int, ...] = ()
+
+    def _pids(self) -> dict[str, list[int]]:
+        roles: dict[str, list[int]] = {"pod": list(self.pods), "postgres": [],
+                                       "nats": [], "bench": [os.getpid()]}
+        try:
+            postmaster = int((self.pgdata / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            postmaster = -1
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            stat = _stat(pid)
+            if stat is None:
+                continue
+            if pid == postmaster or stat[0] == postmaster:
+                roles["postgres"].append(pid)
+            elif self.nats_dir is not None:
+                try:
+                    cmdline = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"nats-server" in cmdline and str(self.nats_dir).encode() in cmdline:
+                    roles["nats"].append(pid)
+        return roles
+
+    def snapshot(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for role, pids in self._pids().items():
+            out[role] = sum(stat[1] for pid in pids if (stat := _stat(pid)) is not None)
+        return out
+
+    @staticmethod
+    def per_unit(before: dict[str, float], after: dict[str, float], units: int) -> str:
+        """CPU ms per unit by role, and the sum."""
+        parts = {role: (after.get(role, 0.0) - before.get(role, 0.0)) * 1000 / units
+                 for role in after}
+        total = sum(parts.values())
+        listed = ", ".join(f"{role} {ms:.2f}" for role, ms in parts.items() if ms > 0.005)
+        return f"CPU ms each: {listed}; total {total:.2f}"
+
+
 # -- child roles -----------------------------------------------------------------------
 
 
@@ -122,7 +189,8 @@ async def run_raw_consumer(nats_url: str, durable: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def child(*args: str) -> AsyncIterator[None]:
+async def child(*args: str) -> AsyncIterator[int]:
+    """A child process of this script in ``args``' role; yields its pid."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, __file__, *args, stdout=asyncio.subprocess.PIPE,
     )
@@ -131,7 +199,7 @@ async def child(*args: str) -> AsyncIterator[None]:
         line = await asyncio.wait_for(process.stdout.readline(), 60)
         if line != b"ready\n":
             raise RuntimeError(f"child {args[0]} did not start: {line!r}")
-        yield
+        yield process.pid
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
@@ -186,10 +254,11 @@ class Run:
     confirmed_per_s: float
     to_commit: Percentiles
     to_confirm: Percentiles
+    cpu: str = ""
 
 
 async def engine_run(client: nats.NATS, db: Database, producer: Producer, commands: int,
-                     window: int) -> Run:
+                     window: int, meter: CpuMeter | None = None) -> Run:
     """Effects committed/s, confirmations received/s, and the idle latency
     of one command to its commit and to its confirmation.
 
@@ -221,10 +290,12 @@ async def engine_run(client: nats.NATS, db: Database, producer: Producer, comman
     to_confirm: list[float] = []
     try:
         frames = [producer.command(f"{run}-{i}") for i in range(commands)]
+        cpu_before = meter.snapshot() if meter is not None else {}
         started = time.perf_counter()
         await producer.publish_all(frames, window)
         await asyncio.wait_for(enough_commits.wait(), 600)
         await asyncio.wait_for(all_in.wait(), 600)
+        cpu = "" if meter is None else CpuMeter.per_unit(cpu_before, meter.snapshot(), commands)
         effects = commands / (commits[commands - 1] - started)
         rate = commands / (max(confirmed.values()) - started)
 
@@ -243,7 +314,7 @@ async def engine_run(client: nats.NATS, db: Database, producer: Producer, comman
     finally:
         await sub.unsubscribe()
         await listener.close()
-    return Run(effects, rate, Percentiles.of(to_commit), Percentiles.of(to_confirm))
+    return Run(effects, rate, Percentiles.of(to_commit), Percentiles.of(to_confirm), cpu)
 
 
 async def raw_js_run(server: EmbeddedNats, client: nats.NATS, commands: int,
@@ -271,8 +342,10 @@ async def raw_js_run(server: EmbeddedNats, client: nats.NATS, commands: int,
     return commands / took
 
 
-async def raw_pg_run(db: Database, commits: int) -> float:
-    """Commits/s of the effect's writes done by hand, 16 clients."""
+async def raw_pg_run(db: Database, commits: int, meter: CpuMeter | None = None
+                     ) -> tuple[float, str]:
+    """Commits/s of the effect's writes done by hand, 16 clients (and the
+    CPU each commit cost)."""
     run = uuid.uuid4().hex[:8]
     [frame] = encode_group(new_group_id(), [Impact.entity("order", "x")])
     counter = iter(range(commits))
@@ -297,29 +370,33 @@ async def raw_pg_run(db: Database, commits: int) -> float:
                     json.dumps({"order_id": order}))
                 await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, frame)
 
+    cpu_before = meter.snapshot() if meter is not None else {}
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
-    return commits / (time.perf_counter() - started)
+    rate = commits / (time.perf_counter() - started)
+    cpu = "" if meter is None else CpuMeter.per_unit(cpu_before, meter.snapshot(), commits)
+    return rate, cpu
 
 
 async def measure_engine(client: nats.NATS, db: Database, producer: Producer, db_url: str,
                          server: EmbeddedNats, commands: int, window: int, label: str,
-                         pod_counts: tuple[int, ...]) -> None:
+                         pod_counts: tuple[int, ...], meter: CpuMeter) -> None:
     for pods in pod_counts:
         async with contextlib.AsyncExitStack() as stack:
-            for p in range(pods):
-                await stack.enter_async_context(child(
-                    "--role", "pod", db_url, server.url, f"pod{p}",
-                ))
+            pids = [await stack.enter_async_context(child(
+                "--role", "pod", db_url, server.url, f"pod{p}",
+            )) for p in range(pods)]
             # Warm up: prepared statements, the outbox lease.
             await engine_run(client, db, producer, 200, window)
-            run = await engine_run(client, db, producer, commands, window)
+            meter.pods = tuple(pids)
+            run = await engine_run(client, db, producer, commands, window, meter)
         print(f"{f'engine, {pods} pod(s), nats {label}: effect committed':52} "
               f"{run.effects_per_s:>10.0f} {run.to_commit.p50:>8.1f} "
               f"{run.to_commit.p99:>8.1f}")
         print(f"{f'engine, {pods} pod(s), nats {label}: confirmation received':52} "
               f"{run.confirmed_per_s:>10.0f} {run.to_confirm.p50:>8.1f} "
               f"{run.to_confirm.p99:>8.1f}", flush=True)
+        print(f"    {run.cpu}", flush=True)
     rate = await raw_js_run(server, client, commands, window)
     print(f"{f'raw JetStream publish+consume+ack, nats {label}':52} {rate:>10.0f}", flush=True)
 
@@ -351,17 +428,19 @@ async def main(commands: int, window: int, *, syncs: tuple[bool, ...],
                         for name, subjects in INTEGRATION_STREAMS.items():
                             await js.add_stream(
                                 StreamConfig(name=name, subjects=subjects, max_age=86400))
+                        meter = CpuMeter(pg.pgdata, Path(tmp) / f"nats-{label.split()[1]}")
                         try:
                             await measure_engine(client, db, Producer(client),
                                                  provisioned.app_url, server, commands,
-                                                 window, label, pod_counts)
+                                                 window, label, pod_counts, meter)
                         finally:
                             await client.close()
                     finally:
                         await asyncio.to_thread(server.stop)
-                rate = await raw_pg_run(db, commands)
+                rate, cpu = await raw_pg_run(db, commands, CpuMeter(pg.pgdata))
                 print(f"{'raw Postgres commit of the effect (16 clients)':52} {rate:>10.0f}",
                       flush=True)
+                print(f"    {cpu}", flush=True)
             finally:
                 await db.aclose()
         finally:

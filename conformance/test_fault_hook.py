@@ -89,7 +89,8 @@ async def test_a_hooked_pipeline_sends_the_statements_an_unhooked_one_sends(
     """With an observing hook (and with an `InjectFault` that does not fire)
     a mutation sends exactly what it sends without a hook: BEGIN, the lock
     bound and the first advisory lock in one round trip, then the same
-    statements to COMMIT; the hook still sees every stage."""
+    statements to COMMIT (which carries the release reset); the hook still
+    sees every stage."""
     db, statements = logged
     executor: MutationExecutor = executor_for(db)
     await executor.ack(WRITER, create_counter, CrudCounter, "h1")
@@ -102,7 +103,9 @@ async def test_a_hooked_pipeline_sends_the_statements_an_unhooked_one_sends(
     assert plain == observed == Success()
     assert hooked == unhooked == with_idle_fault
     assert unhooked[0].startswith("BEGIN; SET LOCAL lock_timeout")
-    assert unhooked.count("COMMIT") == 1
+    # COMMIT carries the pool's release reset: the last round trip, no other after it.
+    assert [s for s in unhooked if s.startswith("COMMIT")] == [unhooked[-1]]
+    assert unhooked[-1].startswith("COMMIT; ") and "RESET ALL" in unhooked[-1]
     assert ("pg_advisory_xact_lock" in unhooked[0]) is locks
     assert seen == [Stage.BEGIN, Stage.FLUSH, Stage.COMMIT]
 

@@ -1,4 +1,11 @@
-"""The engine's secure-by-default pooled Postgres connect."""
+"""The engine's secure-by-default pooled Postgres connect.
+
+A pooled connection is reset when it is released (asyncpg's reset query:
+``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``), one round
+trip of its own. `Database.commit` sends that reset in COMMIT's round trip
+instead and marks the connection, so its release skips the query: every
+release still starts the next user from a reset session.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +30,38 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+class PooledConnection(asyncpg.Connection):
+    """A pool connection whose release reset may already have been sent.
+
+    `Database.commit` marks it once COMMIT and the reset query returned in
+    one round trip; the pool's `_reset_on_release` then skips the query for
+    that one release. Anything else (a failed COMMIT, a rollback, a render
+    read) leaves it unmarked and is reset as asyncpg always does.
+    """
+
+    __slots__ = ("_session_reset",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._session_reset = False
+
+    def _mark_session_reset(self) -> None:
+        self._session_reset = True
+
+
+async def _reset_on_release(conn: asyncpg.Connection) -> None:
+    """The pool's release reset (after asyncpg's own rollback of an open
+    transaction and removal of listeners): the reset query, unless it rode
+    with the COMMIT that ended the connection's last use."""
+    if isinstance(conn, PooledConnection) and conn._session_reset:
+        conn._session_reset = False
+        if not conn.is_in_transaction():
+            return
+    query = conn.get_reset_query()
+    if query:
+        await conn.execute(query)
+
+
 class Database(AsyncResource):
     """A connection pool plus the URL to open dedicated connections.
 
@@ -40,6 +79,20 @@ class Database(AsyncResource):
         conn = await asyncpg.connect(self._url)
         await _init_connection(conn)
         return conn
+
+    async def commit(self, conn: Any) -> None:
+        """COMMIT ``conn``'s open transaction with the pool's release reset
+        in the same round trip, and mark it so its release sends no reset.
+
+        A failed COMMIT raises the driver error with nothing marked: the
+        statements after it never ran and the release resets as usual.
+        """
+        reset = conn.get_reset_query()
+        await conn.execute(f"COMMIT; {reset}" if reset else "COMMIT")
+        if reset:
+            mark = getattr(conn, "_mark_session_reset", None)
+            if mark is not None:  # a connection of this pool (not a dedicated one)
+                mark()
 
     async def aclose(self) -> None:
         await self.pool.close()
@@ -66,6 +119,8 @@ async def connect_pool(
         # The URL is what was validated: a keyword override would connect
         # somewhere else, unchecked.
         raise DatabaseUrlRefused("host_override", f"connection keywords {overrides} are refused")
+    pool_options.setdefault("connection_class", PooledConnection)
+    pool_options.setdefault("reset", _reset_on_release)
     pool = await asyncpg.create_pool(
         url, min_size=min_size, max_size=max_size, init=_init_connection, **pool_options
     )

@@ -23,6 +23,7 @@ import json
 import re
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..db.types import Conn
@@ -30,7 +31,9 @@ from ..errors import ConfigError
 from .envelope import OutboundMessage, ProducerSequence
 
 __all__ = [
+    "Confirmation",
     "advance_sequence",
+    "claim_and_lock_statement",
     "claim_message",
     "claim_statement",
     "claim_taken",
@@ -96,6 +99,19 @@ def claim_statement(message_id: uuid.UUID, reaction: str) -> str:
     )
 
 
+def claim_and_lock_statement(message_id: uuid.UUID, reaction: str, lock_key: int) -> str:
+    """`claim_statement` taking the transaction advisory lock ``lock_key``
+    once (and only when) it took the claim, in one statement: its status is
+    ``SELECT 1`` when it took both, ``SELECT 0`` when the claim was taken
+    before (and no lock was taken); `claim_taken` reads it."""
+    if not isinstance(lock_key, int) or isinstance(lock_key, bool):
+        raise ConfigError(f"not an advisory lock key: {lock_key!r}")
+    return (
+        f"WITH claimed AS ({claim_statement(message_id, reaction)} RETURNING 1) "
+        f"SELECT pg_advisory_xact_lock({lock_key:d}) FROM claimed"
+    )
+
+
 def claim_taken(status: str) -> bool:
     """Whether a `claim_statement` status says this transaction took the claim."""
     return status.endswith(" 1")
@@ -107,6 +123,27 @@ async def stored_confirmations(
     """The confirmations stored on a claim taken before."""
     stored = await conn.fetchval(_STORED, message_id, reaction)
     return parse_confirmations(stored or "[]")
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmation:
+    """What a reaction emitted, to store on its claim ``(message_id,
+    reaction)`` in its transaction (`record_confirmations`, or the pipeline's
+    one-statement flush, `outbox.write_outbox`); ``json`` is
+    `confirmations_json`'s form."""
+
+    message_id: uuid.UUID
+    reaction: str
+    json: str
+
+    @classmethod
+    def of(
+        cls, message_id: uuid.UUID, reaction: str, messages: Sequence[OutboundMessage]
+    ) -> Confirmation | None:
+        """The confirmation of ``messages``; None when nothing was emitted."""
+        if not messages:
+            return None
+        return cls(message_id, reaction, confirmations_json(messages))
 
 
 async def record_confirmations(

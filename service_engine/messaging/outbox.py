@@ -3,7 +3,9 @@
 `write_outbox` is the one writer of `OutboxRow` rows (the pipeline's flush
 of ``cx.emit`` / ``cx.command``, `stage_outbound`, `stage_outbox_row`), in
 the caller's transaction, so a message exists exactly when the write
-committed. The relay that publishes them (`integration.outbox.OutboxRelay`)
+committed. With ``frames`` (a commit's framed impacts) and a reaction's
+``confirmation`` it writes all three in one statement: the pipeline's flush
+is one round trip. The relay that publishes them (`integration.outbox.OutboxRelay`)
 runs above the pipeline.
 """
 
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 from ..db.types import Conn
 from ..errors import ConfigError, DeclarationError
 from ..impacts.model import JsonValue, canonical_json
-from ..impacts.transport import OUTBOX_CHANNEL
+from ..impacts.transport import CHANNEL, OUTBOX_CHANNEL
+from .claims import Confirmation
 from .envelope import (
     HEADER_MESSAGE_ID,
     DeclaredSequence,
@@ -115,16 +118,62 @@ SELECT pg_notify('{OUTBOX_CHANNEL}', '') WHERE EXISTS (SELECT 1 FROM inserted)
 """
 
 
-async def write_outbox(conn: Conn, rows: Sequence[OutboxRow]) -> None:
+# The flush of one commit in one statement: the reaction's confirmation on
+# its claim (none: $8 is NULL and no row matches), the outbox rows, the
+# impact frames' NOTIFYs in order, then the outbox wake-up (as `_INSERT`).
+# The data-modifying CTEs run whether or not they are referenced.
+_FLUSH = f"""
+WITH confirmed AS (
+    UPDATE service_engine.message_claim SET confirmations = $10::text::jsonb
+     WHERE message_id = $8::uuid AND reaction = $9::text
+), inserted AS (
+    INSERT INTO service_engine.integration_outbox
+           (message_id, subject, payload, headers, producer, seq_key, seq)
+    SELECT r.message_id, r.subject, r.payload::jsonb, r.headers::jsonb, r.producer, r.seq_key,
+           r.seq
+      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                  $7::bigint[]) WITH ORDINALITY
+           AS r(message_id, subject, payload, headers, producer, seq_key, seq, ord)
+     ORDER BY r.ord
+    RETURNING 1
+)
+SELECT pg_notify('{CHANNEL}', f.frame) FROM unnest($11::text[]) AS f(frame)
+UNION ALL
+SELECT pg_notify('{OUTBOX_CHANNEL}', '') WHERE EXISTS (SELECT 1 FROM inserted)
+"""
+
+
+async def write_outbox(
+    conn: Conn,
+    rows: Sequence[OutboxRow],
+    *,
+    frames: Sequence[str] = (),
+    confirmation: Confirmation | None = None,
+) -> None:
     """Insert ``rows`` in the caller's open transaction, in order, in one
-    statement (the one writer of outbox rows)."""
-    if rows:
-        await conn.execute(
-            _INSERT,
-            [r.message_id for r in rows], [r.subject for r in rows],
-            [r.payload_json for r in rows], [r.headers_json for r in rows],
-            [r.producer for r in rows], [r.seq_key for r in rows], [r.seq for r in rows],
-        )
+    statement (the one writer of outbox rows).
+
+    ``frames`` (`impacts.framing.encode_group`'s payloads of the commit's
+    impacts) are NOTIFYed on the impact channel, in order, and
+    ``confirmation`` is stored on its claim, in that same statement.
+    """
+    if not frames and confirmation is None:
+        if rows:
+            await conn.execute(_INSERT, *_columns(rows))
+        return
+    if confirmation is None:
+        claim: tuple[uuid.UUID | None, str | None, str | None] = (None, None, None)
+    else:
+        claim = (confirmation.message_id, confirmation.reaction, confirmation.json)
+    await conn.execute(_FLUSH, *_columns(rows), *claim, list(frames))
+
+
+def _columns(rows: Sequence[OutboxRow]) -> tuple[list[object], ...]:
+    return (
+        [r.message_id for r in rows], [r.subject for r in rows],
+        [r.payload_json for r in rows], [r.headers_json for r in rows],
+        [r.producer for r in rows], [r.seq_key for r in rows], [r.seq for r in rows],
+    )
 
 
 async def stage_outbound(conn: Conn, message: OutboundMessage) -> None:

@@ -48,6 +48,12 @@ from ..lanes.accumulator import Accumulator, Cancelled
 from ..lanes.accumulator_errors import SealError
 from ..lanes.chunks import Gesture, SealPlan
 from ..lanes.seal import seal_in
+from ..messaging.claims import (
+    Confirmation,
+    claim_and_lock_statement,
+    claim_statement,
+    claim_taken,
+)
 from ..messaging.envelope import (
     Actor,
     Envelope,
@@ -79,7 +85,8 @@ class Staged:
     """Everything a handler staged, for the pipeline's flush.
 
     ``messages`` are the envelopes behind the ``emit`` / ``command`` rows in
-    ``outbox`` (a reaction stores them on its claim as its confirmations);
+    ``outbox`` (a reaction stores them on its claim as its confirmations:
+    ``confirmation``, written by the flush's outbox statement);
     ``scheduled_messages`` are ``schedule_at``'s, by due time.
     """
 
@@ -91,6 +98,7 @@ class Staged:
     offers: list[DirtyMark] = field(default_factory=list)
     after_commit: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     blobs: BlobStaging = field(default_factory=BlobStaging)
+    confirmation: Confirmation | None = None
 
 
 def _lockable(key: object) -> object:
@@ -139,6 +147,9 @@ class Ops:
         self._after_commit: list[Callable[[], Awaitable[None]]] = []
         self._blobs = BlobStaging()
         self._blob_seen: dict[tuple[str, str], frozenset[str]] = {}
+        self._confirmation: Confirmation | None = None
+        self._claim: tuple[uuid.UUID, str] | None = None
+        self._claimed_before = False
 
     # -- time -------------------------------------------------------------
 
@@ -178,10 +189,13 @@ class Ops:
     async def create(self, aggregate: Aggregate) -> None:
         """Insert a new aggregate (and its pending events) under its lock.
 
-        An existing key fails with `ConstraintViolation` (``unique``).
+        An existing key fails with `ConstraintViolation` (``unique``). Takes
+        the advisory lock only: there is no row image to pin (`Persistence.lock`
+        pins a row before a load), and the insert itself meets a concurrent
+        writer of the key on its unique index.
         """
         store = store_of(type(aggregate))
-        await self._lock(store, store.key_of(aggregate))
+        await self._lock(store, store.key_of(aggregate), pin=False)
         await self._db(Stage.CREATE, lambda: store.create(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
 
@@ -471,7 +485,7 @@ class Ops:
         return Staged(
             [*resets, *self._impacts], self._scheduled, self._outbox, self._messages,
             self._scheduled_messages, self._offers.marks(), after_commit=self._after_commit,
-            blobs=self._blobs,
+            blobs=self._blobs, confirmation=self._confirmation,
         )
 
     def _identity(self, store: Persistence[Any, Any], key: object) -> tuple[str, str]:
@@ -482,7 +496,7 @@ class Ops:
                 f"an aggregate key must be JSON (or a UUID), got {key!r}"
             ) from exc
 
-    async def _lock(self, store: Persistence[Any, Any], key: object) -> None:
+    async def _lock(self, store: Persistence[Any, Any], key: object, *, pin: bool = True) -> None:
         store_type = store.store_type
         lockable = _lockable(key)
         try:
@@ -494,19 +508,31 @@ class Ops:
         if identity in self._locked:
             return
         lock_key = aggregate_lock_key(store_type, lockable)
-        if self._begin is not None and self._failed is None:
-            # The transaction's first statement rides with BEGIN: one round
-            # trip fewer. The key is an int we computed, safe to inline.
+        if self._begin is not None and self._failed is None and not self._claimed_before:
+            # The transaction's first statement rides with BEGIN (and a
+            # deferred claim): one round trip. The key is an int we
+            # computed, safe to inline.
             begin, self._begin = self._begin, None
-            await self._db(
-                Stage.BEGIN,
-                lambda: self._conn.execute(f"{begin}; SELECT pg_advisory_xact_lock({lock_key:d})"),
-            )
+            claim, self._claim = self._claim, None
+            if claim is None:
+                await self._db(
+                    Stage.BEGIN,
+                    lambda: self._conn.execute(
+                        f"{begin}; SELECT pg_advisory_xact_lock({lock_key:d})"
+                    ),
+                )
+            else:
+                sql = f"{begin}; {claim_and_lock_statement(*claim, lock_key)}"
+                status = await self._db(Stage.BEGIN, lambda: self._conn.execute(sql))
+                if not claim_taken(status):
+                    self._claimed_before = True
+                    raise ClaimedBefore(claim[0])
         else:
             await self._db(
                 Stage.LOCK, lambda: self._conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key)
             )
-        await self._db(Stage.LOCK, lambda: store.lock(self._conn, key))
+        if pin:
+            await self._db(Stage.LOCK, lambda: store.lock(self._conn, key))
         self._locked.add(identity)
 
     async def _execute_first(self, stage: Stage, sql: str) -> str:
@@ -528,15 +554,54 @@ class Ops:
         self._on_begun = on_begun
 
     async def _ensure_begun(self) -> None:
-        """Send a deferred BEGIN now (before the flush, or a non-lock statement)."""
+        """Send a deferred BEGIN now (before the flush, or a non-lock
+        statement), with a deferred claim; raises `ClaimedBefore` when that
+        claim was taken before."""
         if self._begin is not None:
             begin, self._begin = self._begin, None
-            await self._db(Stage.BEGIN, lambda: self._conn.execute(begin))
+            claim, self._claim = self._claim, None
+            if claim is None:
+                await self._db(Stage.BEGIN, lambda: self._conn.execute(begin))
+                return
+            sql = f"{begin}; {claim_statement(*claim)}"
+            status = await self._db(Stage.CLAIM, lambda: self._conn.execute(sql))
+            if not claim_taken(status):
+                self._claimed_before = True
+                raise ClaimedBefore(claim[0])
+
+    def _defer_claim(self, message_id: uuid.UUID, reaction: str) -> None:
+        """Take the claim ``(message_id, reaction)`` with the transaction's
+        first statement (with BEGIN, and with the first advisory lock only
+        when the claim is taken): the statement raises `ClaimedBefore`, and
+        so does every later database call, when the claim was taken before."""
+        self._claim = (message_id, reaction)
+
+    @property
+    def _claim_pending(self) -> bool:
+        return self._claim is not None
+
+    def _discard_staged(self) -> None:
+        """Forget everything staged so far (a reaction whose claim was
+        taken before replays instead); the transaction stays usable."""
+        self._claimed_before = False
+        self._impacts.clear()
+        self._resets.clear()
+        self._scheduled.clear()
+        self._outbox.clear()
+        self._messages.clear()
+        self._scheduled_messages.clear()
+        self._offers = DirtyMarks()
+        self._after_commit.clear()
+        self._blobs = BlobStaging()
+        self._blob_seen.clear()
+        self._confirmation = None
 
     async def _db(self, stage: Stage, call: Callable[[], Awaitable[T]]) -> T:
         """Run one database call of ``stage``, translating driver errors."""
         if self._failed is not None:
             raise self._failed
+        if self._claimed_before:
+            raise ClaimedBefore(None)
         await self._ensure_begun()
         try:
             result = await call()
@@ -553,6 +618,17 @@ class Ops:
             on_begun, self._on_begun = self._on_begun, None
             await self._db(Stage.BEGIN, on_begun)
         return result
+
+
+class ClaimedBefore(Exception):
+    """A reaction's deferred claim was taken before (a redelivery, a
+    re-sent command): the pipeline replays the stored confirmations instead
+    of the handler's work. Raised into the handler from its first database
+    call and from every later one; never escapes `run_reaction`."""
+
+    def __init__(self, message_id: uuid.UUID | None) -> None:
+        super().__init__(f"message {message_id} was claimed before" if message_id else
+                         "the message was claimed before")
 
 
 @dataclass(frozen=True, slots=True)

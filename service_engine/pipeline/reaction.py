@@ -8,9 +8,21 @@
       resolve the sender's principal
       handler(cx, payload)                 a Disposition returned or raised
                                            rolls back
-      store the emitted messages on the claim
+      store the emitted messages on the claim   (with the flush's outbox rows)
       flush: impacts, outbox rows, scheduled messages
     COMMIT
+
+A message without a producer sequence has no guard to run before the
+handler: its claim is deferred to the handler's first statement (one round
+trip with BEGIN and its first advisory lock, the lock taken only when the
+claim is). A claim found taken there raises `ClaimedBefore` into the
+handler, from that call and every later one; whatever the handler then
+answers, the transaction replays instead. A handler that fails or answers
+a disposition before touching the database sends the claim before the
+rollback, so a message claimed before replays exactly as it did when the
+claim came first. What differs is only that the handler's code up to its
+first database call runs for a redelivered message too, as it already does
+for a redelivery after a crash before the commit.
 
 `run_reaction` is what the inbound loop calls once it identified a frame
 and decoded its payload. It answers `Applied`, `Replayed` or `Stale` once
@@ -34,17 +46,17 @@ from ..db.errors import Stage
 from ..db.pool import Database
 from ..db.types import Conn
 from ..messaging.claims import (
+    Confirmation,
     advance_sequence,
     claim_statement,
     claim_taken,
-    record_confirmations,
     stored_confirmations,
 )
 from ..messaging.envelope import Actor
 from ..messaging.outbox import OutboxRow
 from ..messaging.reactions import Disposition, ReactionDelivery
 from ..metrics import Metrics
-from .contexts import Reaction
+from .contexts import ClaimedBefore, Reaction
 from .run import StageHook, run_pipeline
 
 __all__ = [
@@ -114,23 +126,17 @@ async def run_reaction(
         opened.append(cx)
         return cx
 
-    async def body(cx: Reaction[Any]) -> ReactionOutcome:
+    async def replay(cx: Reaction[Any]) -> ReactionOutcome:
+        cx._discard_staged()
         conn = cx._conn
-        status = await cx._execute_first(
-            Stage.CLAIM, claim_statement(incoming.message_id, name)
+        stored = await cx._db(
+            Stage.CLAIM, lambda: stored_confirmations(conn, incoming.message_id, name)
         )
-        if not claim_taken(status):
-            stored = await cx._db(
-                Stage.CLAIM, lambda: stored_confirmations(conn, incoming.message_id, name)
-            )
-            for message in stored:
-                cx._stage_outbox(OutboxRow.of(message, replay=True))
-            return Replayed(len(stored))
-        sequence = incoming.sequence
-        if sequence is not None and not await cx._db(
-            Stage.CLAIM, lambda: advance_sequence(conn, sequence, name)
-        ):
-            raise _StaleSequence
+        for message in stored:
+            cx._stage_outbox(OutboxRow.of(message, replay=True))
+        return Replayed(len(stored))
+
+    async def run_handler(cx: Reaction[Any]) -> None:
         if resolve_principal is not None:
             resolved = resolve_principal(incoming.metadata.actor)
             if inspect.isawaitable(resolved):
@@ -139,10 +145,44 @@ async def run_reaction(
         result = await handler(cx, payload)
         if isinstance(result, Disposition):
             raise result
+        await cx._ensure_begun()  # a handler that sent nothing: the claim now
+
+    async def body(cx: Reaction[Any]) -> ReactionOutcome:
+        conn = cx._conn
+        sequence = incoming.sequence
+        if sequence is None:
+            # The claim rides with the handler's first statement (its first
+            # lock); the handler learns it was taken before from that call.
+            cx._defer_claim(incoming.message_id, name)
+        else:
+            # Claim, then the guard, before the handler runs.
+            status = await cx._execute_first(
+                Stage.CLAIM, claim_statement(incoming.message_id, name)
+            )
+            if not claim_taken(status):
+                return await replay(cx)
+            if not await cx._db(Stage.CLAIM, lambda: advance_sequence(conn, sequence, name)):
+                raise _StaleSequence
+        try:
+            await run_handler(cx)
+        except ClaimedBefore:
+            return await replay(cx)
+        except Exception:
+            if cx._claim_pending:
+                # It failed before its first statement: a message claimed
+                # before replays whatever its handler would have answered.
+                try:
+                    await cx._ensure_begun()
+                except ClaimedBefore:
+                    return await replay(cx)
+            if cx._claimed_before:
+                return await replay(cx)
+            raise
+        if cx._claimed_before:  # the handler swallowed ClaimedBefore
+            return await replay(cx)
         emitted = list(cx._messages)
-        await cx._db(
-            Stage.CLAIM, lambda: record_confirmations(conn, incoming.message_id, name, emitted)
-        )
+        # Stored on the claim by the flush's one statement, with the outbox rows.
+        cx._confirmation = Confirmation.of(incoming.message_id, name, emitted)
         return Applied(len(emitted))
 
     try:

@@ -3,14 +3,16 @@
     BEGIN; SET LOCAL lock_timeout            (sent with the first lock)
       handler(cx): per aggregate advisory lock -> Persistence.lock -> load,
                    gate (deny mode), domain command, save
-      flush: stage impacts (ONE stage_in), scheduled impacts, outbox rows,
-             scheduled messages
-    COMMIT
+      flush: the impacts' NOTIFYs, the outbox rows (and a reaction's
+             confirmation on its claim) in ONE statement; scheduled
+             impacts, scheduled messages, offer marks, blob rows
+    COMMIT; the pool's release reset        (one round trip)
     record the committed impacts; respond
 
 BEGIN and ``SET LOCAL lock_timeout`` travel in the same round trip as the
 transaction's first advisory lock (or, for a handler that touches no
-aggregate, just before the flush). A `StageHook` observes the stages without
+aggregate, just before the flush); COMMIT carries the reset the pool would
+otherwise send on release (`Database.commit`). A `StageHook` observes the stages without
 changing that sequence: it is called once BEGIN's round trip returned, before
 the flush and before COMMIT, and sends nothing unless it means to (a fault).
 
@@ -35,7 +37,8 @@ from ..config import EngineConfig
 from ..db.errors import DRIVER_ERRORS, Stage, translate_db_error
 from ..db.pool import Database
 from ..db.types import Conn
-from ..impacts.transport import schedule_in, stage_in
+from ..impacts.framing import encode_group, new_group_id
+from ..impacts.transport import schedule_in
 from ..messaging.outbox import write_outbox
 from ..messaging.scheduled import stage_scheduled_message
 from ..metrics import Metrics
@@ -64,17 +67,20 @@ class StageHook(Protocol):
 
 async def flush(conn: Conn, staged: Staged) -> int:
     """Write what a handler staged, in its transaction; return the impacts
-    staged for NOTIFY (record them only after the commit)."""
-    count = await stage_in(conn, staged.impacts)
+    staged for NOTIFY (record them only after the commit).
+
+    The impacts travel as one framed group (`encode_group` raises
+    `CauseTooLarge` for one that cannot fit) in the outbox's statement."""
+    frames = encode_group(new_group_id(), staged.impacts) if staged.impacts else []
+    await write_outbox(conn, staged.outbox, frames=frames, confirmation=staged.confirmation)
     for at, impacts in staged.scheduled.items():
         await schedule_in(conn, at, impacts)
-    await write_outbox(conn, staged.outbox)
     for due, message in staged.scheduled_messages:
         await stage_scheduled_message(conn, message, due)
     await stage_offer_dirty(conn, staged.offers)
     if staged.blobs:
         await stage_blobs(conn, staged.blobs)
-    return count
+    return len(staged.impacts)
 
 
 def _begin_sql(config: EngineConfig) -> str:
@@ -125,7 +131,7 @@ async def run_pipeline(
             stage = Stage.COMMIT
             if hook is not None:
                 await hook(stage, conn)
-            await conn.execute("COMMIT")
+            await db.commit(conn)
         except DRIVER_ERRORS as exc:
             raise translate_db_error(exc, stage) from exc
     except BaseException:
