@@ -1,30 +1,42 @@
-"""The delivery plan changes no byte a standard client receives.
+"""Neither the delivery plan nor direct frames change a byte a standard client receives.
 
-Two pods of the reference service on one store: one serves live events
-through the delivery plan (the default), the other with
-``SERVICE_ENGINE_GRAPHQL_DELIVERY_PLAN=false`` (graphql-core's execution
-per subscriber per event). A standard graphql-transport-ws client (the
-``websockets`` library) subscribes on both with the same documents
-(``__typename``, aliases, inline and named fragments, variables in
-``@include`` / ``@skip``, the RLS-read projector); after each write, every
-operation's frames must be the same text on both sockets.
+Three pods of the reference service on one store: one as served (the
+delivery plan, its frames written by the operation's task:
+``graphql_direct_frames``), one with the plan but every event sent through
+Strawberry's per-event path (``SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES=false``),
+one executing every event through graphql-core
+(``SERVICE_ENGINE_GRAPHQL_DELIVERY_PLAN=false``). A standard
+graphql-transport-ws client (the ``websockets`` library) subscribes on each
+with the same documents (``__typename``, aliases, inline and named
+fragments, variables in ``@include`` / ``@skip``, the RLS-read projector, a
+window of one that drops a key, a document that fails validation, one past
+the socket's subscription bound, one the client completes, a presence lane's
+notices); after each step, every operation's frames must be the same text on
+every socket.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
+
+from service_engine.embedded import EmbeddedNats
 
 from .harness import (
     ADMIN,
     ARCHIVE,
     BOARDS_SUBSCRIPTION,
+    DELETE,
     ORG_BOARDS_SUBSCRIPTION,
     RENAME,
+    GqlSocket,
+    Pod,
     Pods,
     create_board,
 )
@@ -55,6 +67,39 @@ DOCUMENTS: dict[str, tuple[str, dict[str, Any] | None]] = {
     "org": (ORG_BOARDS_SUBSCRIPTION, None),
 }
 
+WINDOW_OF_ONE = """subscription { boards(limit: 1) { __typename
+  ... on BoardsReset { revision keys }
+  ... on BoardsUpsert { revision key view { title } }
+  ... on BoardsRemove { revision key cause { name } }
+} }"""
+
+INVALID = "subscription { boards { __typename ... on BoardsUpsert { nope } } }"
+
+COMPLETED = "subscription { boards { __typename ... on BoardsUpsert { revision key } } }"
+
+TYPING = """subscription($id: ID!) { replyTyping(id: $id) { __typename
+  ... on ReplyTypingReset { revision keys views { replyId person } }
+  ... on ReplyTypingUpsert { revision key view { replyId person } }
+  ... on ReplyTypingRemove { revision key }
+  ... on LanesPaused { lanes }
+  ... on LanesResumed { lanes }
+} }"""
+
+START_REPLY = "mutation($id: ID) { startReply(id: $id) { success error { code message } } }"
+SET_TYPING = "mutation($id: ID!) { replyTyping(id: $id) { success error { code } } }"
+
+MAX_SUBSCRIPTIONS = len(DOCUMENTS) + 2
+"""The socket bound on every pod: the documents, the window of one and the
+completed one fit (the invalid one is refused, never live); one more does not."""
+
+VARIANTS = {
+    "direct": {},
+    "strawberry": {"SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES": "false"},
+    "executed": {"SERVICE_ENGINE_GRAPHQL_DELIVERY_PLAN": "false"},
+}
+"""The served default, the plan through Strawberry's per-event path, and
+graphql-core's execution per subscriber per event."""
+
 QUIET = 0.5
 """How long a socket must stay quiet for a write's frames to count as all in."""
 
@@ -70,35 +115,129 @@ async def _drain(ws: ClientConnection, into: dict[str, list[str]]) -> None:
         into[json.loads(raw)["id"]].append(raw)
 
 
-async def test_planned_and_executed_delivery_send_the_same_bytes(pods: Pods) -> None:
-    """Each write's frames, per operation, are the same text from the pod serving the delivery
-    plan and from the pod executing every event through graphql-core."""
-    planned = await pods.spawn("planned")
-    executed = await pods.spawn(
-        "executed", env={"SERVICE_ENGINE_GRAPHQL_DELIVERY_PLAN": "false"})
-    frames: dict[str, dict[str, list[str]]] = {
-        "planned": defaultdict(list), "executed": defaultdict(list)}
-    async with planned.socket(ADMIN) as on_p, executed.socket(ADMIN) as on_e:
-        sockets = {"planned": on_p, "executed": on_e}
+class _Sockets:
+    """One socket per variant, every step's frames compared across them."""
+
+    def __init__(self, sockets: dict[str, GqlSocket]) -> None:
+        self.sockets = sockets
+        self.frames: dict[str, dict[str, list[str]]] = {
+            name: defaultdict(list) for name in sockets}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        for ws in self.sockets.values():
+            await ws.send(message)
+
+    async def subscribe(self, op_id: str, query: str, variables: dict[str, Any] | None) -> None:
+        for ws in self.sockets.values():
+            await ws.subscribe(op_id, query, variables)
+
+    async def settle(
+        self, until: Callable[[dict[str, list[str]]], bool] | None = None,
+        bound: float = 30.0,
+    ) -> dict[str, list[str]]:
+        """Drain every socket until it is quiet (and ``until`` holds of each
+        one's frames); every socket's frames must then be the same. A pod
+        that is slower to see an event (a NATS reconnect) is waited for,
+        within ``bound``."""
+        deadline = asyncio.get_running_loop().time() + bound
+        while True:
+            for name, ws in self.sockets.items():
+                await _drain(ws.ws, self.frames[name])
+            first, *rest = self.frames.values()
+            done = until is None or all(until(got) for got in self.frames.values())
+            if (done and all(other == first for other in rest)) or (
+                asyncio.get_running_loop().time() > deadline
+            ):
+                break
+        for other in rest:
+            assert other == first, "\n".join(
+                f"{name} {op}: {frame}" for name, ops in self.frames.items()
+                for op, got in ops.items() for frame in got)
+        return first
+
+
+@contextlib.asynccontextmanager
+async def _three(pods: Pods, env: dict[str, str]) -> AsyncIterator[tuple[list[Pod], _Sockets]]:
+    spawned = [await pods.spawn(name, env={**env, **extra}) for name, extra in VARIANTS.items()]
+    async with contextlib.AsyncExitStack() as stack:
+        sockets = {pod.name: await stack.enter_async_context(pod.socket(ADMIN))
+                   for pod in spawned}
         for ws in sockets.values():
             await ws.init()
-            for op_id, (query, variables) in DOCUMENTS.items():
-                await ws.subscribe(op_id, query, variables)
+        yield spawned, _Sockets(sockets)
 
-        async def settle() -> None:
-            for name, ws in sockets.items():
-                await _drain(ws.ws, frames[name])
-            assert frames["planned"] == frames["executed"]
 
-        await settle()
-        assert set(frames["planned"]) == set(DOCUMENTS)
-        await create_board(planned, "b-interop", "Interop \u00e9 \"quoted\"")
-        await settle()
-        await planned.gql(RENAME, {"id": "b-interop", "title": "renamed"}, ADMIN)
-        await settle()
+async def test_planned_direct_and_executed_delivery_send_the_same_bytes(pods: Pods) -> None:
+    """Each step's frames, per operation, are the same text from the pod writing planned frames
+    directly, the pod sending them through Strawberry and the pod executing every event:
+    Resets, Upserts, a Remove from a delete and one from a window of one, a validation
+    error, the socket bound's refusal, and nothing more for an operation the client
+    completed."""
+    env = {"SERVICE_ENGINE_WS_MAX_SUBSCRIPTIONS_PER_SOCKET": str(MAX_SUBSCRIPTIONS)}
+    async with _three(pods, env) as ((direct, _strawberry, executed), on):
+        for op_id, (query, variables) in DOCUMENTS.items():
+            await on.subscribe(op_id, query, variables)
+        await on.subscribe("one", WINDOW_OF_ONE, None)
+        await on.subscribe("invalid", INVALID, None)
+        await on.settle()  # the invalid one is refused, and no longer counts
+        await on.subscribe("completed", COMPLETED, None)
+        frames = await on.settle()
+        assert set(frames) == {*DOCUMENTS, "one", "invalid", "completed"}
+        assert json.loads(frames["invalid"][0])["type"] == "error"
+        await on.subscribe("over", COMPLETED, None)
+        frames = await on.settle()
+        assert "too_many_subscriptions" in frames["over"][0], frames["over"]
+        await create_board(direct, "b-interop", "Interop \u00e9 \"quoted\"")
+        await on.settle()
+        await direct.gql(RENAME, {"id": "b-interop", "title": "renamed"}, ADMIN)
+        await on.settle()
+        await on.send({"id": "completed", "type": "complete"})
         await executed.gql(ARCHIVE, {"id": "b-interop"}, ADMIN)
-        await settle()
+        await on.settle()
         await create_board(executed, "b-interop-2", "second")
-        await settle()
-    # Every operation received its Reset and at least one change.
-    assert all(len(v) >= 2 for v in frames["planned"].values()), frames["planned"]
+        await on.settle()
+        await direct.gql(DELETE, {"id": "b-interop"}, ADMIN)
+        frames = await on.settle()
+    # Every live operation received its Reset and at least one change; the completed one
+    # nothing after its complete; both windows saw a Remove.
+    live = {*DOCUMENTS, "one"}
+    assert all(len(frames[op]) >= 2 for op in live), frames
+    assert len(frames["completed"]) == 3, frames["completed"]  # Reset, create, rename
+    assert any('"BoardsRemove"' in f for f in frames["one"]), frames["one"]
+    assert any('"BoardsRemove"' in f for f in frames["full"]), frames["full"]
+
+
+async def test_lane_notices_are_the_same_bytes_on_every_path(
+    pods: Pods, nats_server: EmbeddedNats
+) -> None:
+    """A presence lane's subscription: its Reset, a typist's Upsert, the LanesPaused past
+    nats_grace while NATS is away and the LanesResumed and Reset on its return are the same
+    text from the three pods."""
+    env = {"SERVICE_ENGINE_NATS_GRACE": "0.5"}
+    async with _three(pods, env) as ((direct, _strawberry, _executed), on):
+        started = await direct.gql(START_REPLY, {"id": "r-interop"}, ADMIN)
+        assert started["startReply"]["success"], started
+        await on.subscribe("typing", TYPING, {"id": "r-interop"})
+        await on.settle()
+        typed = await direct.gql(SET_TYPING, {"id": "r-interop"}, ADMIN)
+        assert typed["replyTyping"]["success"], typed
+        await on.settle()
+        await asyncio.to_thread(nats_server.stop)
+        try:
+            await on.settle(until=lambda got: _after(got["typing"], "LanesPaused"))
+        finally:
+            await asyncio.to_thread(nats_server.start)
+        frames = await on.settle(
+            until=lambda got: _after(got["typing"], "LanesResumed", "ReplyTypingReset"))
+    kinds = _kinds(frames["typing"])
+    assert kinds[0] == "ReplyTypingReset" and "ReplyTypingUpsert" in kinds, kinds
+
+
+def _kinds(frames: list[str]) -> list[str]:
+    return [json.loads(f)["payload"]["data"]["replyTyping"]["__typename"] for f in frames]
+
+
+def _after(frames: list[str], *kinds: str) -> bool:
+    """Whether ``kinds`` arrived in this order (others may come between)."""
+    seen = iter(_kinds(frames))
+    return all(kind in seen for kind in kinds)
