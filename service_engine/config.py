@@ -139,10 +139,10 @@ class EngineConfig(BaseModel):
     and closed with 1013 (try again later) and reason ``too_many_sockets``,
     and existing sockets are untouched."""
     ws_max_handshakes: int = 512
-    """Sockets between their upgrade and their ``connection_ack`` at once.
-    Past it a new upgrade waits, unanswered, for one of them to finish: the
-    init timeout counts from the answer, so a burst of sockets queues at the
-    handshake instead of timing out (4408) behind one another's resolves."""
+    """Sockets answered but not yet sent their ``connection_init``, at once.
+    Past it a new upgrade waits, unanswered, for one of them: the init
+    timeout counts from the answer, so a burst of sockets queues at the
+    handshake instead of timing out (4408) while the pod works through it."""
     ws_per_message_deflate: bool = False
     """Offer per-message deflate (RFC 7692) on the subscription socket.
     Off by default: each compressed socket keeps zlib state (~64 KB or more

@@ -607,6 +607,10 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[GraphQLContext[Any], Non
         # resolve (a busy pod's resolve must not turn into a 4408).
         if self._init_timer is not None and not self.connection_timed_out:
             self._init_timer.cancel()
+        # ... and its handshake slot goes to the next socket.
+        slot = self.context.request.scope.get(_HANDSHAKE_SLOT)
+        if isinstance(slot, _HandshakeSlot):
+            slot.release()
         payload = message.get("payload", {})
         # Strawberry refuses a repeated init, a non-object payload and an
         # init after the timeout itself; the passport is checked only on the
@@ -621,6 +625,31 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[GraphQLContext[Any], Non
                 await self.websocket.close(code=refused[0], reason=refused[1])
                 return
         await super().handle_connection_init(message)
+
+
+_HANDSHAKE_SLOT = "service_engine.handshake"
+"""The scope key of a socket's `_HandshakeSlot`."""
+
+
+class _HandshakeSlot:
+    """One of ``ws_max_handshakes``: held from before the upgrade is answered
+    until the socket's connection_init arrives or the socket ends (idempotent
+    release)."""
+
+    __slots__ = ("_held", "_slots")
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self._slots = slots
+        self._held = False
+
+    async def acquire(self) -> None:
+        await self._slots.acquire()
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._slots.release()
 
 
 class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
@@ -653,6 +682,8 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         self.config: EngineConfig = engine.config
         self.open_sockets = 0
         """Sockets open on this app now (bounded by ws_max_sockets)."""
+        self._handshakes = asyncio.Semaphore(engine.config.ws_max_handshakes)
+        """Sockets not yet acknowledged (bounded by ws_max_handshakes)."""
         self.resolver = resolver
         self.session_max_age: timedelta = engine.config.session_max_age
         self.passport_from_connection_params = passport_from_connection_params
@@ -688,9 +719,14 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
             await self._refuse_socket(scope, receive, send)
             return
         self.open_sockets += 1
+        slot = _HandshakeSlot(self._handshakes)
+        scope[_HANDSHAKE_SLOT] = slot
         try:
+            # A burst queues here, before the answer starts the init timeout.
+            await slot.acquire()
             await super().__call__(scope, receive, send)
         finally:
+            slot.release()
             self.open_sockets -= 1
 
     async def _refuse_socket(self, scope: Scope, receive: Receive, send: Send) -> None:
