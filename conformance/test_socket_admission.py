@@ -1,0 +1,90 @@
+"""A burst of sockets is admitted, not timed out.
+
+The init timeout (4408) counts from the answered upgrade to the arrival of
+``connection_init``, never across the principal's resolve; upgrades past
+``ws_max_handshakes`` answered-but-uninitialised sockets wait, unanswered,
+for a slot instead of starting a timeout the pod cannot follow up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from service_engine import Database
+from service_engine.graphql import Passport, graphql_app
+
+from .test_graphql_app import (
+    ALICE,
+    BOUND,
+    SCHEMA,
+    Me,
+    closed,
+    initialise,
+    resolve_me,
+    running_engine,
+    send,
+    serving,
+    subscribe,
+    ws_connect,
+)
+
+INIT_TIMEOUT = timedelta(seconds=0.3)
+
+
+async def test_a_resolve_slower_than_the_init_timeout_is_acknowledged(db: Database) -> None:
+    """connection_init arrives in time but its principal's resolve outlasts the
+    init timeout: the socket is acknowledged, not closed 4408."""
+
+    async def slow(passport: Passport) -> Me:
+        await asyncio.sleep(3 * INIT_TIMEOUT.total_seconds())
+        return resolve_me(passport)
+
+    async with (
+        running_engine(db) as engine,
+        serving(graphql_app(engine, SCHEMA, slow, connection_init_wait_timeout=INIT_TIMEOUT)) as addr,
+        ws_connect(addr, ALICE.to_header()) as ws,
+    ):
+        await initialise(ws)
+        assert await subscribe(ws, "1", "query { whoami { sub } }") == [
+            {"data": {"whoami": {"sub": "alice"}}}
+        ]
+
+
+async def test_a_socket_that_never_initialises_is_closed_4408(db: Database) -> None:
+    """A socket that sends no connection_init is closed with 4408 at the timeout."""
+    async with (
+        running_engine(db) as engine,
+        serving(graphql_app(engine, SCHEMA, resolve_me,
+                            connection_init_wait_timeout=INIT_TIMEOUT)) as addr,
+        ws_connect(addr, ALICE.to_header()) as ws,
+    ):
+        close = await closed(ws)
+        assert close.rcvd is not None and close.rcvd.code == 4408
+
+
+async def test_upgrades_past_ws_max_handshakes_wait_for_a_slot(db: Database) -> None:
+    """With ws_max_handshakes=1 a second upgrade stays unanswered while the
+    first socket has not initialised, and is answered (and acknowledged) once
+    it has; a socket that closes before its init frees its slot too."""
+    async with (
+        running_engine(db, ws_max_handshakes=1) as engine,
+        serving(graphql_app(engine, SCHEMA, resolve_me)) as addr,
+        ws_connect(addr, ALICE.to_header()) as first,
+    ):
+        second = asyncio.ensure_future(ws_connect(addr, ALICE.to_header()).__aenter__())
+        done, _ = await asyncio.wait({second}, timeout=0.5)
+        assert not done, "the second upgrade was answered while the first held the slot"
+        await initialise(first)
+        ws2 = await asyncio.wait_for(second, BOUND)
+        try:
+            third = asyncio.ensure_future(ws_connect(addr, ALICE.to_header()).__aenter__())
+            done, _ = await asyncio.wait({third}, timeout=0.5)
+            assert not done, "the third upgrade was answered while the second held the slot"
+            await ws2.close()
+            ws3 = await asyncio.wait_for(third, BOUND)
+            await initialise(ws3)
+            await send(ws3, {"type": "ping"})
+            await ws3.close()
+        finally:
+            await ws2.close()
