@@ -88,7 +88,7 @@ def cli() -> None:
     parser.add_argument("--faults", type=int, default=20, help="injections of each kind")
     parser.add_argument("--pods", type=int, default=2)
     parser.add_argument("--burst", type=int, default=120, help="writes in one burst")
-    parser.add_argument("--channel-capacity", type=int, default=16,
+    parser.add_argument("--channel-capacity", type=int, default=64,
                         help="the pods' listener_channel_capacity")
     parser.add_argument("--keep", default="", help="copy the pods' logs to this folder")
     parser.add_argument("--quiet", action="store_true")

@@ -39,7 +39,7 @@ import re
 import socket
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +55,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from example_twin.contract import CreateCard
 from example_twin.reply import finish_reply, split_text, stream_reply
-from example_twin.runner import Twin
+from example_twin.runner import HEADER_MESSAGE_ID, HEADER_NATS_MSG_ID, Twin
 from service_engine import EventMetadata, seal_hash
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase, provision_streams
 from service_engine.graphql import PASSPORT_HEADER, Passport
@@ -65,6 +65,8 @@ from .blackbox.harness import PROTOCOL, Pod, Pods
 __all__ = ["FAULT_KINDS", "SoakConfig", "SoakReport", "run_soak"]
 
 FAULT_KINDS = ("nats_kill", "listener_kill", "pod_kill", "burst", "stall")
+SERVER_FAULTS = frozenset({"nats_kill", "listener_kill", "pod_kill"})
+"""Faults that need every pod up before they start."""
 BOARDS_PER_COHORT = 8
 CARDS_PER_COHORT = 3
 RECOVERY_BOUND = 45.0
@@ -90,7 +92,7 @@ SUBSCRIPTIONS = {
 }
 QUERIES = {
     "boards": f"query {{ boards {{ {BOARD_VIEW} }} }}",
-    "cards": f"query {{ cards(limit: 50) {{ {CARD_VIEW} }} }}",
+    "cards": f"query {{ cards(limit: 500) {{ {CARD_VIEW} }} }}",
 }
 CREATE_BOARD = "mutation($id: ID, $t: String!) { createBoard(id: $id, title: $t) { success error { code } } }"
 RENAME_BOARD = "mutation($id: ID!, $t: String!) { renameBoard(id: $id, title: $t) { success error { code } } }"
@@ -100,6 +102,8 @@ OPEN_LEDGER = "mutation($n: String!) { openLedger(name: $n) { success error { co
 POST_LEDGER = "mutation($n: String!) { postToLedger(name: $n, cents: 1, memo: \"soak\") { success error { code } } }"
 START_REPLY = "mutation($id: ID) { startReply(id: $id) { success error { code } } }"
 TYPING = "mutation($id: ID!) { replyTyping(id: $id) { success error { code } } }"
+HEAD = 50
+"""The ``cards`` window's live head: its subscription's limit."""
 ROOT_FIELD = re.compile(r"\{\s*(\w+)")
 TITLE = re.compile(r'"title":"w(\d+)"')
 
@@ -121,7 +125,7 @@ class SoakConfig:
     """Faults of each kind."""
     nats_outage: float = 2.5
     nats_grace: float = 1.0
-    channel_capacity: int = 16
+    channel_capacity: int = 64
     """The pods' ``listener_channel_capacity``: small, so a burst overflows it."""
     burst: int = 120
     stall_for: float = 6.0
@@ -139,6 +143,9 @@ class FaultRecord:
     kind: str
     start: float
     end: float = 0.0
+    """When the fault itself ended (NATS restarted, the pod killed, ...)."""
+    recovered: float = 0.0
+    """When every pod answered UP again (and the sessions were live)."""
     detail: str = ""
 
 
@@ -218,6 +225,8 @@ class Session:
     stalled: bool = False
     """A stalled subscriber: tiny socket buffers, and reading only when told."""
     reading: asyncio.Event = field(default_factory=asyncio.Event)
+    history: deque[tuple[str, int, str]] = field(default_factory=lambda: deque(maxlen=400))
+    """The latest deltas (type, revision, key or key count): the evidence of a failed check."""
 
     def __post_init__(self) -> None:
         self.reading.set()
@@ -290,6 +299,7 @@ class Session:
         if typename.startswith("Lanes"):
             return  # LanesPaused / LanesResumed carry no revision
         revision = int(delta["revision"])
+        self.history.append((typename, revision, delta.get("key") or f"{len(delta['keys'])} keys"))
         if typename.endswith("Reset"):
             if first:
                 cause = "initial" if self.connects == 1 else "reconnect"
@@ -377,6 +387,7 @@ class Soak:
         self.began = time.perf_counter()
         self._stalls: list[asyncio.Task[None]] = []
         self._session_tasks: list[asyncio.Task[None]] = []
+        self._restart: tuple[asyncio.Task[None], FaultRecord, str] | None = None
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -425,9 +436,14 @@ class Soak:
         await asyncio.to_thread(self.nats.start)
         await provision_streams(self.nats.url)
         self.pods = Pods(self.store.app_url, self.nats.url, self.workdir)
-        spawned = [await self.pods.spawn(f"p{i}", env={
-            **self.pod_env(), "SERVICE_ENGINE_POD_ID": f"soak-p{i}-0"})
-            for i in range(self.config.pods)]
+        pods = self.pods
+
+        async def spawn(i: int) -> Pod:
+            return await pods.spawn(f"p{i}", env={
+                **self.pod_env(), "SERVICE_ENGINE_POD_ID": f"soak-p{i}-0"})
+
+        first = await spawn(0)  # provisions the buckets, lanes and Identity once
+        spawned = [first, *await asyncio.gather(*(spawn(i) for i in range(1, self.config.pods)))]
         self.slots = Slots(spawned)
         pod = spawned[0]
 
@@ -606,7 +622,7 @@ class Soak:
 
         while True:
             await asyncio.gather(*(one(p) for p in self.slots.live()))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.2)
 
     async def scrape(self, pod: Pod) -> None:
         """Keep the pod's last counters (a killed pod keeps what it reported)."""
@@ -627,7 +643,7 @@ class Soak:
         while True:
             for pod in self.slots.live():
                 await self.scrape(pod)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(2.0)
 
     async def all_up(self, bound: float = RECOVERY_BOUND) -> bool:
         assert self.slots is not None
@@ -646,6 +662,8 @@ class Soak:
     # -- faults ------------------------------------------------------------------------
 
     async def fault(self, kind: str, n: int) -> None:
+        if kind in SERVER_FAULTS:
+            await self.restarted()
         record = FaultRecord(kind, time.perf_counter())
         self.faults.append(record)
         self.say(f"fault {kind} #{n}")
@@ -653,17 +671,36 @@ class Soak:
             await getattr(self, f"fault_{kind}")(record, n)
         finally:
             record.end = time.perf_counter()
-        self.say(f"  {kind} #{n} injected: {record.detail}; waiting for recovery")
+        self.say(f"  {kind} #{n} injected: {record.detail}")
+        if kind == "pod_kill":
+            return  # its restart is awaited before the next server fault
+        await self.recovery(record, f"{kind} #{n}")
+
+    async def recovery(self, record: FaultRecord, what: str) -> None:
+        """Every pod UP and every (unstalled) session live again, bounded."""
         if not await self.all_up():
-            self.violations.append(f"{kind} #{n}: a pod not UP within {RECOVERY_BOUND:g}s after")
+            self.violations.append(f"{what}: a pod not UP within {RECOVERY_BOUND:g}s after")
         live = [s for s in self.sessions if not s.stalled]
         deadline = time.monotonic() + RECOVERY_BOUND
         for s in live:
             try:
                 await asyncio.wait_for(s.live.wait(), max(0.1, deadline - time.monotonic()))
             except TimeoutError:
-                self.violations.append(f"{kind} #{n}: session {s.index} not live again")
+                self.violations.append(f"{what}: session {s.index} not live again")
                 break
+        record.recovered = time.perf_counter()
+
+    async def restarted(self) -> None:
+        """Wait for a killed pod's restart (and recovery) before the next fault."""
+        if self._restart is not None:
+            task, record, what = self._restart
+            self._restart = None
+            try:
+                await task
+            except Exception as exc:
+                self.violations.append(f"{what}: the restarted pod never came UP: {exc}")
+            await self.recovery(record, what)
+            self.say(f"  {what} recovered")
 
     async def fault_nats_kill(self, record: FaultRecord, n: int) -> None:
         """SIGKILL nats-server and hold it down until every live pod said
@@ -717,19 +754,26 @@ class Soak:
             self.violations.append(f"listener_kill #{n}: DOWN for {sorted(wrong)}")
 
     async def fault_pod_kill(self, record: FaultRecord, n: int) -> None:
+        """SIGKILL one pod mid-load; its restart boots in the background (its
+        sessions reconnect to the other pod meanwhile)."""
         assert self.slots is not None and self.pods is not None
-        slot = n % len(self.slots.pods)
-        victim = self.slots.pods[slot]
+        pods = self.pods
+        slots = self.slots
+        slot = n % len(slots.pods)
+        victim = slots.pods[slot]
         assert victim is not None
         await self.scrape(victim)
-        self.slots.pods[slot] = None
+        slots.pods[slot] = None
         victim.process.kill()
         await asyncio.to_thread(victim.process.wait)
         name = f"p{slot}r{next(self.pod_serial)}"
-        restarted = await self.pods.spawn(name, env={
-            **self.pod_env(), "SERVICE_ENGINE_POD_ID": f"soak-{name}"})
-        self.slots.pods[slot] = restarted
         record.detail = f"{victim.name} -> {name}"
+
+        async def restart() -> None:
+            slots.pods[slot] = await pods.spawn(name, env={
+                **self.pod_env(), "SERVICE_ENGINE_POD_ID": f"soak-{name}"})
+
+        self._restart = (asyncio.create_task(restart()), record, f"pod_kill #{n}")
 
     async def fault_burst(self, record: FaultRecord, n: int) -> None:
         before = self.reset_totals().get("resets overflow", 0.0)
@@ -790,6 +834,7 @@ class Soak:
                     await self.poison()
         for _ in poisons:
             await self.poison()
+        await self.restarted()
 
     # -- the run -----------------------------------------------------------------------
 
@@ -885,38 +930,50 @@ class Soak:
         return [r for r, state in self.replies.items() if state.finished]
 
     async def check_windows(self) -> None:
-        """Each session's window equals a fresh query as its passport."""
+        """Each session's window, rebuilt from its deltas, against a fresh
+        query as its passport. ``boards`` (every board the caller sees) must
+        equal it. ``cards`` is a discovery-only Query window (the newest 50
+        at its Reset, plus every card discovered since; a card leaves only
+        when deleted or invisible): every card it holds must show its
+        committed view, and it must hold the newest 50."""
         assert self.slots is not None
         pod = self.slots.live()[0]
-        pending = [s for s in self.sessions]
+        pending = list(self.sessions)
         deadline = time.monotonic() + 30
-        while pending:
+        while True:
             mismatched = []
             for s in pending:
-                if s.closes and s.stalled and s.ws is None:
-                    continue  # a stalled session the server closed: it is gone
-                data = await pod.gql(QUERIES[s.kind], None, s.passport)
-                expected = {json.dumps(v["id"]): v for v in data[s.kind]}
-                if s.window != expected or not s.live.is_set():
-                    mismatched.append(s)
-            pending = mismatched
+                problem = await self.window_problem(pod, s)
+                if problem is not None:
+                    mismatched.append((s, problem))
+            pending = [s for s, _ in mismatched]
             if not pending:
                 return
             if time.monotonic() > deadline:
-                for s in pending[:10]:
-                    data = await pod.gql(QUERIES[s.kind], None, s.passport)
-                    expected = {json.dumps(v["id"]): v for v in data[s.kind]}
-                    missing = expected.keys() - s.window.keys()
-                    extra = s.window.keys() - expected.keys()
-                    stale = [k for k in expected.keys() & s.window.keys()
-                             if expected[k] != s.window[k]]
+                for s, problem in mismatched[:10]:
                     self.violations.append(
-                        f"session {s.index} ({s.kind}, {s.pod_name}) window differs from "
-                        f"committed state: missing {sorted(missing)[:3]} extra "
-                        f"{sorted(extra)[:3]} stale {stale[:3]}")
+                        f"session {s.index} ({s.kind}, on {s.pod_name}, revision {s.revision}): "
+                        f"{problem}")
                 self.violations.append(f"{len(pending)} session window(s) never converged")
                 return
             await asyncio.sleep(0.3)
+
+    async def window_problem(self, pod: Pod, s: Session) -> str | None:
+        if not s.live.is_set():
+            return "not live"
+        data = await pod.gql(QUERIES[s.kind], None, s.passport)
+        committed = {json.dumps(v["id"]): v for v in data[s.kind]}
+        must_hold = set(committed) if s.kind == "boards" else set(list(committed)[:HEAD])
+        missing = must_hold - s.window.keys()
+        extra = s.window.keys() - committed.keys()
+        stale = [k for k in s.window.keys() & committed.keys() if committed[k] != s.window[k]]
+        if not (missing or extra or stale):
+            return None
+        odd = missing | extra | set(stale)
+        evidence = [h for h in s.history if h[2] in odd or h[0].endswith("Reset")]
+        return (f"window of {len(s.window)} keys differs from committed state: missing "
+                f"{sorted(missing)[:3]} extra {sorted(extra)[:3]} stale {stale[:3]}; "
+                f"its deltas: {evidence[-8:]}")
 
     async def check_inbound(self, owner: asyncpg.Connection) -> None:
         cards = {r["id"]: r["org"] for r in await owner.fetch(
@@ -941,8 +998,14 @@ class Soak:
             self.violations.append(f"card facts recorded twice: {doubled[:3]}")
         self.inbound_dups = len(twice) + len(doubled)
         self.inbound_lost = len(lost) + len(unclaimed)
+        others = await owner.fetch(
+            "SELECT source, work, reason, count(*) AS n FROM service_engine.dead_letter"
+            " WHERE source <> 'Reaction' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+        self.other_letters = [f"{r['source']} {r['work']} ({r['reason']}) x{r['n']}"
+                              for r in others]
         letters = await owner.fetch(
-            "SELECT message_id, reason, occurrences FROM service_engine.dead_letter")
+            "SELECT message_id, reason, occurrences FROM service_engine.dead_letter"
+            " WHERE source = 'Reaction'")
         by_id = Counter(r["message_id"] for r in letters)
         unexpected = [r for r in letters if r["message_id"] not in self.poison_ids]
         missing = [p for p in self.poison_ids if by_id.get(p, 0) == 0]
@@ -986,21 +1049,49 @@ class Soak:
                     f"ledger {org}: balance {balance} outside [{ok}, {ok + self.ledger_unknown[org]}]")
 
     async def check_outbox_stream(self, owner: asyncpg.Connection) -> None:
-        rows = await owner.fetch(
-            "SELECT message_id, status FROM service_engine.integration_outbox")
-        committed = {str(r["message_id"]) for r in rows}
-        failed = [r for r in rows if r["status"] != "PUBLISHED"]
-        ids = await _stream_msg_ids(self.nats.url, "INTEGRATION_EVT")
-        counts = Counter(ids)
-        self.outbox_rows = len(rows)
-        self.outbox_dups = sum(k - 1 for m, k in counts.items() if m in committed and k > 1)
-        self.outbox_lost = len(committed - counts.keys())
-        if failed:
-            self.violations.append(f"{len(failed)} outbox rows not PUBLISHED: {failed[:3]}")
-        if self.outbox_dups:
-            self.violations.append(f"{self.outbox_dups} outbox messages stored twice")
-        if self.outbox_lost:
-            self.violations.append(f"{self.outbox_lost} committed outbox rows not in the stream")
+        """The relay sweeps PUBLISHED rows, so the committed facts are read
+        from the domain: every card has exactly one ``card.created`` in the
+        stream, every sealed reply one ``reply.finished``; no Nats-Msg-Id is
+        stored twice; no outbox row is left unpublished."""
+        left = await owner.fetch(
+            "SELECT message_id, status, last_error FROM service_engine.integration_outbox"
+            " WHERE status <> 'PUBLISHED'")
+        if left:
+            self.violations.append(f"{len(left)} outbox rows not PUBLISHED: "
+                                   f"{[dict(r) for r in left[:3]]}")
+        stored = await _stream_events(self.nats.url, "INTEGRATION_EVT")
+        by_id = Counter(e.msg_id for e in stored)
+        types = Counter(e.kind for e in stored)
+        logical: dict[tuple[str, str], set[str]] = defaultdict(set)
+        copies: Counter[str] = Counter()
+        for e in stored:
+            if e.kind in ("card.created", "reply.finished"):
+                logical[(e.kind, e.subject)].add(e.logical_id)
+            copies[e.logical_id] += 1
+        created = {subject for kind, subject in logical if kind == "card.created"}
+        finished = {subject for kind, subject in logical if kind == "reply.finished"}
+        cards = {r["id"] for r in await owner.fetch("SELECT id FROM card")}
+        sealed = {r["id"] for r in await owner.fetch(
+            "SELECT id FROM reply WHERE status = 'finished'")}
+        dup_ids = sum(k - 1 for k in by_id.values() if k > 1)
+        twice = sorted(f"{kind} {subject}" for (kind, subject), ids in logical.items()
+                       if len(ids) > 1)
+        lost = len(cards - created) + len(sealed - finished)
+        orphans = len(created - cards) + len(finished - sealed)
+        self.stream_messages = len(stored)
+        self.stream_types = types
+        self.replayed = sum(k - 1 for k in copies.values() if k > 1)
+        self.outbox_dups = dup_ids + len(twice)
+        self.outbox_lost = lost + len(left)
+        if dup_ids or twice:
+            self.violations.append(f"stream duplicates: {dup_ids} by Nats-Msg-Id, "
+                                   f"{len(twice)} facts under two logical ids: {twice[:5]}")
+        if lost:
+            self.violations.append(
+                f"committed facts missing from the stream: cards {sorted(cards - created)[:3]}"
+                f" replies {sorted(sealed - finished)[:3]}")
+        if orphans:
+            self.violations.append(f"{orphans} facts in the stream without their committed row")
 
     async def check_offers(self, owner: asyncpg.Connection) -> None:
         from example_twin.roster import read_boards
@@ -1025,8 +1116,8 @@ class Soak:
     def check_steady_readiness(self) -> None:
         """Outside every fault window, a pod that answered was UP."""
         def covered(at: float) -> bool:
-            return any(f.start - 0.2 <= at <= f.end + 2 for f in self.faults
-                       if f.kind in ("nats_kill", "listener_kill", "pod_kill"))
+            return any(f.start - 0.2 <= at <= max(f.end, f.recovered) + 0.5
+                       for f in self.faults if f.kind in SERVER_FAULTS)
         lies = [s for s in self.samples if s.up is False and not covered(s.at)]
         self.steady_down = len(lies)
         if lies:
@@ -1063,17 +1154,21 @@ class Soak:
             ("socket closes", ", ".join(f"{k} {v}" for k, v in sorted(closes.items())) or "none"),
             ("stalled sessions", "; ".join(
                 f"#{s.index}: resets {dict(s.resets)} closes {dict(s.closes)}" for s in stalled)),
-            ("messages", f"{getattr(self, 'outbox_rows', 0)} outbox rows, "
+            ("messages", f"{getattr(self, 'stream_messages', 0)} events in the stream "
+                         f"({', '.join(f'{k} {v}' for k, v in sorted(getattr(self, 'stream_types', {}).items()))}), "
                          f"{len(self.commands)} card.create, {len(self.finished_replies())} "
                          f"replies sealed, {len(self.poison_ids)} poison, "
                          f"{getattr(self, 'offers', 0)} board offers; {messages} ops"),
+            ("confirmations replayed", f"{getattr(self, 'replayed', 0)} (a redelivered "
+                                       "command's stored answer, same Br-Message-Id)"),
             ("duplicates found", str(getattr(self, "outbox_dups", 0)
                                      + getattr(self, "inbound_dups", 0))),
             ("losses found", str(getattr(self, "outbox_lost", 0)
                                  + getattr(self, "inbound_lost", 0)
                                  + getattr(self, "poison_lost", 0))),
-            ("dead letters", f"{getattr(self, 'dead_letters', 0)} (poison injected "
-                             f"{len(self.poison_ids)})"),
+            ("dead letters", f"{getattr(self, 'dead_letters', 0)} reaction (poison injected "
+                             f"{len(self.poison_ids)}); others: "
+                             f"{', '.join(getattr(self, 'other_letters', [])) or 'none'}"),
             ("commit -> client p50/p99", (
                 f"{_pct(latencies, 0.5) * 1e3:.1f} / {_pct(latencies, 0.99) * 1e3:.1f} ms "
                 f"({len(latencies)} samples outside fault windows)") if latencies else "n/a"),
@@ -1094,21 +1189,40 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def _stream_msg_ids(url: str, stream: str) -> list[str]:
-    """Every stored message's Nats-Msg-Id, read with one ordered consumer."""
+@dataclass(frozen=True)
+class StoredEvent:
+    msg_id: str
+    """``Nats-Msg-Id``: the dedup token (fresh on a replayed confirmation)."""
+    logical_id: str
+    """``Br-Message-Id``: the logical id (a replay keeps it)."""
+    kind: str
+    subject: str
+    """The card or reply the event is about."""
+
+
+async def _stream_events(url: str, stream: str) -> list[StoredEvent]:
+    """Every message stored in ``stream``, read with one ordered consumer."""
     client = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
     try:
         js = client.jetstream()
         info = await js.stream_info(stream)
         total = int(info.state.messages)
-        ids: list[str] = []
+        out: list[StoredEvent] = []
         if total == 0:
-            return ids
+            return out
         done = asyncio.Event()
 
         async def on(msg: Any) -> None:
-            ids.append((msg.headers or {}).get("Nats-Msg-Id", ""))
-            if len(ids) >= total:
+            kind = subject = ""
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                event = json.loads(msg.data)
+                kind = str(event.get("type", ""))
+                payload = event.get("payload") or {}
+                subject = str(payload.get("card_id") or payload.get("reply_id") or "")
+            headers = msg.headers or {}
+            msg_id = headers.get(HEADER_NATS_MSG_ID, "")
+            out.append(StoredEvent(msg_id, headers.get(HEADER_MESSAGE_ID, msg_id), kind, subject))
+            if len(out) >= total:
                 done.set()
 
         sub = await js.subscribe(">", stream=stream, cb=on, ordered_consumer=True,
@@ -1117,7 +1231,7 @@ async def _stream_msg_ids(url: str, stream: str) -> list[str]:
             await asyncio.wait_for(done.wait(), 60)
         finally:
             await sub.unsubscribe()
-        return ids
+        return out
     finally:
         await client.close()
 
