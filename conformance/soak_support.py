@@ -225,6 +225,8 @@ class Session:
     stalled: bool = False
     """A stalled subscriber: tiny socket buffers, and reading only when told."""
     reading: asyncio.Event = field(default_factory=asyncio.Event)
+    resumed: Counter[str] = field(default_factory=Counter)
+    """A stalled session after it read again: deltas, Resets (by cause), closes."""
     history: deque[tuple[str, int, str]] = field(default_factory=lambda: deque(maxlen=400))
     """The latest deltas (type, revision, key or key count): the evidence of a failed check."""
 
@@ -240,7 +242,11 @@ class Session:
             try:
                 await self._connection(pod)
             except (OSError, ConnectionClosed, InvalidHandshake, TimeoutError) as exc:
+                if self.stop:
+                    return  # the harness closed it
                 self.closes[_close_label(exc)] += 1
+                if self.stalled and self.resumed["reading again"]:
+                    self.resumed[f"closed: {_close_label(exc)}"] += 1
             self.ws = None
             self.live.clear()
             if not self.stop:
@@ -308,6 +314,8 @@ class Session:
             else:
                 cause = "in stream"
             self.resets[cause] += 1
+            if self.stalled and self.reading.is_set() and self.resumed["reading again"]:
+                self.resumed[f"Reset ({cause})"] += 1
             self.window = dict(zip(delta["keys"], delta["views"], strict=True))
             self.revision = revision
             self.live.set()
@@ -318,6 +326,8 @@ class Session:
             self.violations.append(f"{typename} r{revision} after r{self.revision}: a silent gap")
         self.revision = revision
         self.deltas += 1
+        if self.stalled and self.resumed["reading again"]:
+            self.resumed["deltas"] += 1
         if typename.endswith("Upsert"):
             view = delta["view"]
             self.window[delta["key"]] = view
@@ -416,9 +426,10 @@ class Soak:
         """A mutation through a live pod: True / False (refused), None when
         its answer was lost (it may or may not have committed)."""
         assert self.slots is not None
-        target = pod or self.rng.choice(self.slots.live() or [None])  # type: ignore[list-item]
-        if target is None:
+        live = self.slots.live()
+        if pod is None and not live:
             return None
+        target = pod or self.rng.choice(live)
         try:
             answer = await target.post(query, variables, passport)
         except (httpx.HTTPError, AssertionError):
@@ -810,6 +821,7 @@ class Soak:
             await asyncio.gather(*(self.rename("board", cohort)
                                    for _ in range(self.config.burst)))
             await asyncio.sleep(self.config.stall_for)
+            stalled.resumed["reading again"] = 1
             stalled.reading.set()
 
         self._stalls.append(asyncio.create_task(resume()))
@@ -850,7 +862,7 @@ class Soak:
             self.say("pods up; opening sessions")
             await self.open_sessions()
             self.say("sessions live; load and faults start")
-            load = asyncio.create_task(self.load(self.config.seconds * 4))
+            load = asyncio.create_task(self.load(float("inf")))
             try:
                 await self.schedule()
                 remaining = self.config.seconds - (time.perf_counter() - started)
@@ -1153,7 +1165,9 @@ class Soak:
                 if k.startswith("resets"))),
             ("socket closes", ", ".join(f"{k} {v}" for k, v in sorted(closes.items())) or "none"),
             ("stalled sessions", "; ".join(
-                f"#{s.index}: resets {dict(s.resets)} closes {dict(s.closes)}" for s in stalled)),
+                f"#{s.index}: after reading again "
+                f"{', '.join(f'{k} {v}' for k, v in sorted(s.resumed.items()) if k != 'reading again') or 'nothing'}"
+                for s in stalled)),
             ("messages", f"{getattr(self, 'stream_messages', 0)} events in the stream "
                          f"({', '.join(f'{k} {v}' for k, v in sorted(getattr(self, 'stream_types', {}).items()))}), "
                          f"{len(self.commands)} card.create, {len(self.finished_replies())} "
