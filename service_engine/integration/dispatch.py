@@ -186,14 +186,13 @@ class ReactionRunner:
                 frame, DeadLetterIt(identified.reason, identified.detail),
                 identified.dead_letter_id(name), _header_uuid(frame.headers),
             )
-        letter_id = identified.dead_letter_id(name)
         try:
             payload = decode_payload(identified, self.reaction.payload)
         except PayloadMismatch as exc:
             _log.error("reaction %s: message %s: %s", name, identified.message_id, exc)
             return await self._dead_letter(
-                frame, DeadLetterIt("payload_mismatch", str(exc)), letter_id,
-                identified.message_id,
+                frame, DeadLetterIt("payload_mismatch", str(exc)),
+                identified.dead_letter_id(name), identified.message_id,
             )
         delivery = ReactionDelivery(name, identified, frame.subject, frame.delivered)
         try:
@@ -211,7 +210,9 @@ class ReactionRunner:
                 self._log_nak(identified.message_id, frame, verdict, exc)
                 return verdict
             self._log_terminal(identified.message_id, frame, verdict, exc)
-            return await self._dead_letter(frame, verdict, letter_id, identified.message_id)
+            return await self._dead_letter(
+                frame, verdict, identified.dead_letter_id(name), identified.message_id
+            )
         if self.hook is not None:
             await self.hook(InboundPoint.COMMITTED, name, identified.message_id)
         if isinstance(outcome, Replayed):

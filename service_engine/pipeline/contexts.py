@@ -27,6 +27,7 @@ hand: ``delivered``, the sender's ``metadata`` / ``actor`` and its resolved
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -464,7 +465,7 @@ class Ops:
 
     def _acting_actor(self) -> Actor:
         """Who acts: the engine's service identity, unless a context knows better."""
-        return Actor(kind="service", id=service_identity(self._config.service or ""))
+        return Actor(kind="service", id=_service_identity(self._config.service or ""))
 
     # -- engine seams -------------------------------------------------------
 
@@ -637,6 +638,13 @@ class _Refs:
 
     def blob_refs(self) -> tuple[str]:
         return (self.reference,)
+
+
+@functools.lru_cache(maxsize=64)
+def _service_identity(service: str) -> uuid.UUID:
+    """`service_identity`, computed once per service name (a v5 uuid on
+    every message a reaction sends is measurable in the inbound loop)."""
+    return service_identity(service)
 
 
 def _is_command(message: object) -> bool:
