@@ -210,24 +210,32 @@ def test_the_frame_is_strawberrys_encoding_of_the_next_message(op_id: str, data:
 
 
 def test_a_cohorts_delta_is_found_without_building_its_member() -> None:
-    """lookup answers a delta whose fields another session's member carried (its own revision
-    spliced in), and nothing for a changed view, a Reset or a lane notice."""
+    """shared answers a delta whose fields another session's member carried (equal or the
+    same objects; its chunks, framed at the delta's own revision), and nothing for a changed
+    view or cause, a Reset or a lane notice."""
     document = parse(FULL)
     operation = document.definitions[0]
     assert isinstance(operation, OperationDefinitionNode)
     shared = delivery.plan_for(SERVED._schema, operation, {}, {})
     assert shared is not None
     first = shared.encode(THINGS.message(Upsert(2, '"t1"', ALPHA, CAUSE)))
-    hit = shared.lookup(THINGS.upsert, Upsert(9, '"t1"', copy.deepcopy(ALPHA), CAUSE))
-    assert hit is not None and hit.chunks is first.chunks and hit.revision == 9
+    later = Upsert(9, '"t1"', copy.deepcopy(ALPHA), CAUSE)
+    hit = shared.shared(THINGS.upsert, later)
+    assert hit is not None and hit.chunks is first.chunks
+    head = frames.next_frame_head("op")
+    assert frames.next_frame(head, hit, later.revision) == frames.next_frame(
+        head, shared.encode(THINGS.message(later)))
     changed = copy.deepcopy(ALPHA)
     changed.title = "other"
-    assert shared.lookup(THINGS.upsert, Upsert(10, '"t1"', changed, CAUSE)) is None
-    assert shared.lookup(THINGS.upsert, Upsert(10, '"t1"', ALPHA, None)) is None
+    assert shared.shared(THINGS.upsert, Upsert(10, '"t1"', changed, CAUSE)) is None
+    assert shared.shared(THINGS.upsert, Upsert(10, '"t1"', ALPHA, None)) is None
+    removed = shared.encode(THINGS.message(Remove(11, '"t1"', CAUSE)))
+    hit = shared.shared(THINGS.remove, Remove(12, '"t1"', CAUSE))
+    assert hit is not None and hit.chunks is removed.chunks
     reset = THINGS.message(Reset(1, {'"t1"': ALPHA}))
     shared.encode(reset)
-    assert shared.lookup(THINGS.reset, reset) is None  # a Reset's lists are the session's
-    assert shared.lookup(LanesPaused, LanesPaused(lanes=["x"])) is None
+    assert shared.shared(THINGS.reset, reset) is None  # a Reset's lists are the session's
+    assert shared.shared(LanesPaused, LanesPaused(lanes=["x"])) is None
 
 
 class _Tracing(SchemaExtension):

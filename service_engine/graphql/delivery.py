@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -35,6 +36,7 @@ from graphql import (
 )
 from graphql.execution.values import VariableValues
 from strawberry.extensions import ParserCache, SchemaExtension, ValidationCache
+from strawberry.types.base import StrawberryList
 
 from .delivery_plan import Encoded, NotPlanned, Plan, dumps, plan_operation
 
@@ -98,73 +100,71 @@ class SharedPlan:
         (or equal values: a view is projected per principal, and principals
         of one cohort mostly see the same) another session's member carried
         is serialised once."""
-        hit = self.lookup(type(member), member)
-        if hit is not None:
-            return hit
+        member_type = type(member)
+        fields = _identity_fields(member_type)
+        if fields is None:
+            return self.plan.encode(member)
+        refs = _refs(fields, member)
+        key = (member_type, refs[0] if isinstance(refs[0], str) else id(refs[0]))
+        hit = self._encoded.get(key)
+        if hit is not None and hit[0] == refs:
+            encoded = hit[1]
+            revision = getattr(member, _REVISION)
+            return encoded if encoded.revision is None else encoded.with_revision(revision)
         encoded = self.plan.encode(member)
-        key = self._key(type(member), member)
-        if key is not None:
-            if len(self._encoded) >= ENCODED_PER_PLAN:
-                self._encoded.clear()
-            self._encoded[key[0]] = (key[1], encoded)
+        if len(self._encoded) >= ENCODED_PER_PLAN:
+            self._encoded.clear()
+        self._encoded[key] = (refs, encoded)
         return encoded
 
-    def lookup(self, member_type: type[Any], source: object) -> Encoded | None:
-        """The serialisation of the ``member_type`` member ``source``'s fields
-        make (an engine delta carries its member's field names), when one
-        with the same fields was serialised already; None otherwise (build
-        the member and `encode` it)."""
-        key = self._key(member_type, source)
-        if key is None:
+    def shared(self, member_type: type[Any], source: object) -> Encoded | None:
+        """The serialisation of the ``member_type`` member that ``source``'s
+        fields make (an engine delta carries its member's field names), when
+        one with the same fields was serialised already (its ``revision`` is
+        that member's: splice in ``source``'s); None otherwise (build the
+        member and `encode` it)."""
+        fields = _identity_fields(member_type)
+        if fields is None:
             return None
-        hit = self._encoded.get(key[0])
-        if hit is None or not _same(hit[0], key[1]):
-            return None
-        encoded = hit[1]
-        if encoded.revision is None:
-            return encoded
-        return encoded.with_revision(getattr(source, _REVISION))
-
-    @staticmethod
-    def _key(
-        member_type: type[Any], source: object
-    ) -> tuple[tuple[Any, ...], tuple[object, ...]] | None:
-        slots = _identity_fields(member_type)
-        if slots is None:
-            return None
-        refs = tuple(getattr(source, name) for name in slots)
-        if any(isinstance(r, list | dict) for r in refs):
-            return None  # a Reset's per-session lists
+        refs = _refs(fields, source)
         first = refs[0]
-        return (member_type, first if isinstance(first, str) else id(first)), refs
+        hit = self._encoded.get((member_type, first if isinstance(first, str) else id(first)))
+        if hit is None or hit[0] != refs:
+            return None
+        return hit[1]
 
 
-def _same(held: tuple[object, ...], refs: tuple[object, ...]) -> bool:
-    for a, b in zip(held, refs, strict=True):
-        if a is b:
-            continue
-        if type(a) is not type(b) or a != b:
-            return False
-    return True
+def _refs(fields: Callable[[object], Any], source: object) -> tuple[object, ...]:
+    refs = fields(source)
+    return refs if isinstance(refs, tuple) else (refs,)
 
 
-_FIELDS: dict[type[Any], tuple[str, ...] | None] = {}
+_FIELDS: dict[type[Any], Callable[[object], Any] | None] = {}
 
 
-def _identity_fields(cls: type[Any]) -> tuple[str, ...] | None:
-    """The fields of a cacheable member type besides its revision (None:
-    not cacheable, e.g. a lane notice, with no revision)."""
+def _identity_fields(cls: type[Any]) -> Callable[[object], Any] | None:
+    """What identifies a cacheable member of type ``cls``: a getter of its
+    fields besides its revision (their tuple). None: not cacheable (a lane
+    notice, with no revision; a Reset, whose lists are each session's own).
+
+    Held fields are compared with ``==`` (identity first, as tuples do): a
+    member's fields are its key text, its view (a Strawberry type, whose
+    equality includes its class) and its cause (the engine's `Cause` or
+    None)."""
     try:
         return _FIELDS[cls]
     except KeyError:
         pass
     definition = getattr(cls, "__strawberry_definition__", None)
-    names = tuple(f.python_name for f in getattr(definition, "fields", ()))
-    fields: tuple[str, ...] | None = tuple(n for n in names if n != _REVISION)
-    if _REVISION not in names or not fields:
-        fields = None
-    _FIELDS[cls] = fields
-    return fields
+    fields = list(getattr(definition, "fields", ()))
+    names = tuple(f.python_name for f in fields if f.python_name != _REVISION)
+    getter: Callable[[object], Any] | None = operator.attrgetter(*names) if names else None
+    if len(names) == len(fields) or any(
+        isinstance(f.type, StrawberryList) for f in fields
+    ):
+        getter = None
+    _FIELDS[cls] = getter
+    return getter
 
 
 _PLANS: OrderedDict[tuple[int, int, str], SharedPlan | None] = OrderedDict()

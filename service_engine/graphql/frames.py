@@ -62,14 +62,17 @@ def next_frame_head(operation_id: str) -> str:
     return f'{{"id":{dumps(operation_id)},"type":"next","payload":{{"data":'
 
 
-def next_frame(head: str, data: Encoded) -> str:
-    """The whole ``next`` message: ``head`` (`next_frame_head`), ``data``'s text."""
+def next_frame(head: str, data: Encoded, revision: int | None = None) -> str:
+    """The whole ``next`` message: ``head`` (`next_frame_head`), ``data``'s
+    text (cut at its revision: ``revision`` spliced in when given)."""
     chunks = data.chunks
     if len(chunks) == 1:
         return head + chunks[0] + _TAIL
+    if revision is None:
+        revision = data.revision
     if len(chunks) == 2:
-        return f"{head}{chunks[0]}{data.revision}{chunks[1]}{_TAIL}"
-    return head + data.text() + _TAIL
+        return f"{head}{chunks[0]}{revision}{chunks[1]}{_TAIL}"
+    return head + str(revision).join(chunks) + _TAIL
 
 
 class FrameSink:
@@ -82,17 +85,18 @@ class FrameSink:
         self._send = websocket.send
         self._head = next_frame_head(operation_id)
 
-    async def next(self, data: Encoded) -> None:
-        """Write the ``next`` message carrying ``data``.
+    async def next(self, data: Encoded, revision: int | None = None) -> None:
+        """Write the ``next`` message carrying ``data`` (at ``revision``: a
+        cohort's shared serialisation, this session's revision).
 
         Raises `WebSocketDisconnected` once the socket is closed, as the
         handler's own ``send_json`` does, so the operation ends the same way.
         """
-        ws = self._ws
-        if ws.application_state is WebSocketState.DISCONNECTED:
+        if self._ws.application_state is WebSocketState.DISCONNECTED:
             raise WebSocketDisconnected
         try:
-            await self._send({"type": "websocket.send", "text": next_frame(self._head, data)})
+            await self._send({"type": "websocket.send",
+                              "text": next_frame(self._head, data, revision)})
         except WebSocketDisconnect as exc:
             raise WebSocketDisconnected from exc
 

@@ -264,13 +264,21 @@ class SubscriptionUnion(Generic[V]):
         members the plan refuses (Strawberry sends each before the next is
         read, so the order holds)."""
         send = sink.next
+        upsert, remove = self.upsert, self.remove
         if notices is None:
-            # The hot path: the session's deltas, one loop, no merge.
+            # The hot path: the session's deltas, one loop, no merge; a
+            # cohort's shared Upsert / Remove found without building its member.
             while True:
                 try:
                     delta = await stream.next()
                 except SessionEnded:
                     return
+                kind = type(delta)
+                if kind is Upsert or kind is Remove:
+                    hit = shared.shared(upsert if kind is Upsert else remove, delta)
+                    if hit is not None:
+                        await send(hit, delta.revision)
+                        continue
                 data = self._planned(shared, delta)
                 if data is None:
                     yield self.message(delta)
@@ -286,13 +294,6 @@ class SubscriptionUnion(Generic[V]):
 
     def _planned(self, shared: SharedPlan, item: Any) -> Encoded | None:
         """``item``'s member serialised by the plan, or None (it refuses it)."""
-        kind = type(item)
-        member_type = self.upsert if kind is Upsert else self.remove if kind is Remove else None
-        if member_type is not None:
-            # A cohort's shared delta: serialised already, no member built.
-            hit = shared.lookup(member_type, item)
-            if hit is not None:
-                return hit
         try:
             return shared.encode(self.message(item))
         except NotPlanned:
