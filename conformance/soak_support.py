@@ -129,7 +129,9 @@ class SoakConfig:
     """The pods' ``listener_channel_capacity``: small, so a burst overflows it."""
     burst: int = 120
     stall_for: float = 6.0
-    poison: int = 4
+    poison: int = 0
+    """Poison commands injected (one after each fault while any are left);
+    0: two per fault kind's repetition."""
     concurrency: int = 64
     """Operations in flight at most (the load sheds past it, counted)."""
     drain_bound: float = 60.0
@@ -406,8 +408,12 @@ class Soak:
             print(f"[soak {time.perf_counter() - self.began:6.1f}s] {what}", flush=True)
 
     def in_fault(self, at: float) -> bool:
-        return any(f.start <= at <= (f.end or float("inf")) + SETTLE for f in self.faults
-                   if f.kind != "stall")
+        """Inside a fault's window: from its start to its recovery (or its
+        end when nothing needed recovering), plus `SETTLE`."""
+        return any(
+            f.start <= at <= (max(f.end, f.recovered) if f.end else float("inf")) + SETTLE
+            for f in self.faults if f.kind != "stall"
+        )
 
     def pod_env(self) -> dict[str, str]:
         c = self.config
@@ -837,7 +843,7 @@ class Soak:
         """Each kind ``faults`` times, interleaved, spread over the load."""
         kinds = [k for _ in range(self.config.faults) for k in FAULT_KINDS]
         gap = max(0.5, self.config.seconds / (len(kinds) + 1) / 3)
-        poisons = iter(range(self.config.poison))
+        poisons = iter(range(self.config.poison or 2 * self.config.faults))
         for i, kind in enumerate(kinds):
             await asyncio.sleep(gap)
             await self.fault(kind, i // len(FAULT_KINDS))
@@ -1139,6 +1145,40 @@ class Soak:
 
     # -- the table ---------------------------------------------------------------------
 
+    def fault_details(self) -> str:
+        def span(values: list[float], unit: str = "s") -> str:
+            return f"{min(values):.1f}-{max(values):.1f}{unit}" if values else "-"
+
+        by: dict[str, list[FaultRecord]] = defaultdict(list)
+        for f in self.faults:
+            by[f.kind].append(f)
+        recover = {k: [max(f.end, f.recovered) - f.start for f in v if f.recovered]
+                   for k, v in by.items()}
+        parts = []
+        for kind in FAULT_KINDS:
+            records = by.get(kind, [])
+            if not records:
+                continue
+            extra = ""
+            if kind == "nats_kill":
+                extra = f"down {span([f.end - f.start for f in records])}, "
+            elif kind == "listener_kill":
+                extra = f"backends {sorted({f.detail for f in records})}, "
+            elif kind == "burst":
+                extra = f"{'; '.join(f.detail for f in records[:3])}{'...' if len(records) > 3 else ''}, "
+            parts.append(f"{kind}: {extra}recovered in {span(recover.get(kind, []))}")
+        return "; ".join(parts)
+
+    def stall_details(self) -> str:
+        stalled = [s for s in self.sessions if s.stalled]
+        after: Counter[str] = Counter()
+        for s in stalled:
+            after.update({k: v for k, v in s.resumed.items() if k != "reading again"})
+        served = sum(1 for s in stalled if s.resumed.get("deltas") or any(
+            k.startswith("Reset") for k in s.resumed))
+        return (f"{len(stalled)} stalled, {served} served again after reading; after reading: "
+                f"{', '.join(f'{k} {v}' for k, v in sorted(after.items())) or 'nothing'}")
+
     def report(self, load_s: float, total_s: float) -> SoakReport:
         c = self.config
         kinds = Counter(f.kind for f in self.faults)
@@ -1149,13 +1189,12 @@ class Soak:
             closes.update(s.closes)
         latencies = sorted(x for s in self.sessions for x in s.latencies)
         server = self.reset_totals()
-        stalled = [s for s in self.sessions if s.stalled]
         messages = sum(self.ops.values())
         table = [
             ("scale", f"{c.pods} pods, {c.sessions} sessions / {c.cohorts} cohorts, "
                       f"{c.rate:g} ops/s, {load_s:.0f}s load, {total_s:.0f}s total"),
             ("faults injected", ", ".join(f"{k} {kinds[k]}" for k in FAULT_KINDS)),
-            ("fault details", "; ".join(f"{f.kind}: {f.detail}" for f in self.faults)),
+            ("fault details", self.fault_details()),
             ("operations", ", ".join(f"{k} {v}" for k, v in sorted(self.ops.items()))),
             ("deltas delivered", f"{sum(s.deltas for s in self.sessions)} Upserts/Removes "
                                  f"(server enqueued {server.get('deltas enqueued', 0):.0f})"),
@@ -1164,10 +1203,7 @@ class Soak:
                 f"{k.split()[1]} {v:.0f}" for k, v in sorted(server.items())
                 if k.startswith("resets"))),
             ("socket closes", ", ".join(f"{k} {v}" for k, v in sorted(closes.items())) or "none"),
-            ("stalled sessions", "; ".join(
-                f"#{s.index}: after reading again "
-                f"{', '.join(f'{k} {v}' for k, v in sorted(s.resumed.items()) if k != 'reading again') or 'nothing'}"
-                for s in stalled)),
+            ("stalled sessions", self.stall_details()),
             ("messages", f"{getattr(self, 'stream_messages', 0)} events in the stream "
                          f"({', '.join(f'{k} {v}' for k, v in sorted(getattr(self, 'stream_types', {}).items()))}), "
                          f"{len(self.commands)} card.create, {len(self.finished_replies())} "
