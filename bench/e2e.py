@@ -2,7 +2,7 @@
 
     python bench/e2e.py [--seconds 8] [--cells all|quick|"subs/orgs/rate,..."]
                         [--idle 1000,10000] [--compare-plan] [--env NAME=VALUE ...]
-                        [--py-spy FILE]
+                        [--compare-env NAME=VALUE ...] [--pods 1,2] [--py-spy FILE]
 
 The service (``python -m example_service`` on its embedded Postgres + NATS in
 a temporary folder) runs in a child process; this process opens one
@@ -25,7 +25,10 @@ closes them and reports RSS again and a 1-subscriber, 20 writes/s cell's
 latency after (compare with the same cell run first, on the fresh process).
 ``--compare-plan`` runs everything twice, the delivery plan off and on, side
 by side; ``--env`` passes ``SERVICE_ENGINE_*`` settings to the service (e.g.
-``SERVICE_ENGINE_GC_TUNED=false``); ``--py-spy`` records the service.
+``SERVICE_ENGINE_GC_TUNED=false``); ``--compare-env`` adds a variant with
+that setting beside the default; ``--pods 1,2`` runs every variant with 1
+and with 2 pods behind the one port (``cpu/deliv`` sums the pods); ``--py-spy``
+records the service (its first pod).
 """
 
 from __future__ import annotations
@@ -86,15 +89,34 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def pod_children(pid: int) -> list[int]:
+    """The ``example_service`` children of ``pid`` (the pods of ``--pods N``)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    out = []
+    for child in children:
+        with contextlib.suppress(OSError):
+            if b"example_service" in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.append(int(child))
+    return out
+
+
 @dataclass
 class Service:
     procs: list[subprocess.Popen[bytes]]
     addr: str
     data: Path
+    pods: int = 1
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
+        """The service's pods: the process itself, or its N child pods."""
+        roots = [p.pid for p in self.procs]
+        if self.pods == 1:
+            return roots
+        return [c for root in roots for c in pod_children(root)]
 
     def cpu(self) -> float:
         return sum(cpu_seconds(p) for p in self.pids)
@@ -104,7 +126,7 @@ class Service:
 
 
 @contextlib.asynccontextmanager
-async def service(env: dict[str, str]) -> AsyncIterator[Service]:
+async def service(env: dict[str, str], pods: int = 1) -> AsyncIterator[Service]:
     data = Path(tempfile.mkdtemp(prefix="e2e-"))
     addr_file = data / "addr"
     environ = {
@@ -117,7 +139,8 @@ async def service(env: dict[str, str]) -> AsyncIterator[Service]:
         **env,
     }
     log = (data / "service.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "example_service"], cwd=REPO,  # noqa: ASYNC220
+    command = [sys.executable, "-m", "example_service"] + (["--pods", str(pods)] if pods > 1 else [])
+    proc = subprocess.Popen(command, cwd=REPO,  # noqa: ASYNC220
                             env=environ, stdout=log, stderr=subprocess.STDOUT)
     procs = [proc]
     try:
@@ -133,7 +156,7 @@ async def service(env: dict[str, str]) -> AsyncIterator[Service]:
                     if (await http.get("/readyz")).status_code == 200:
                         break
                 await asyncio.sleep(0.1)
-        yield Service(procs, addr, data)
+        yield Service(procs, addr, data, pods)
     finally:
         proc.terminate()
         try:
@@ -355,8 +378,11 @@ async def run(args: argparse.Namespace) -> None:
         cells = [tuple(float(x) for x in c.split("/")) for c in args.cells.split(",") if c]
     rows: dict[str, list[dict[str, Any]]] = {}
     idles: dict[str, list[dict[str, Any]]] = {}
-    for label, env in variants:
-        async with service(env) as svc:
+    pod_counts = [int(x) for x in args.pods.split(",") if x]
+    runs = [(label if pod_counts == [1] else f"{label} {n}p", env, n)
+            for label, env in variants for n in pod_counts]
+    for label, env, pods in runs:
+        async with service(env, pods) as svc:
             spy = None
             if args.py_spy:
                 command = [str(Path(sys.executable).parent / "py-spy"), "record", "--format",
@@ -402,6 +428,9 @@ def main() -> None:
     parser.add_argument("--cells", default="all")
     parser.add_argument("--idle", default="")
     parser.add_argument("--compare-plan", action="store_true")
+    parser.add_argument("--pods", default="1",
+                        help="pods behind the one port (python -m example_service --pods N); "
+                             "a list (1,2) runs each side by side")
     parser.add_argument("--compare-env", action="append", default=[], metavar="NAME=VALUE",
                         help="also run with this SERVICE_ENGINE_* setting, side by side "
                              "(e.g. SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES=false)")

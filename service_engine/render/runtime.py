@@ -22,11 +22,12 @@ in *slices*: after ``SLICE_SESSIONS`` sessions given deltas or
 ``SLICE_SECONDS`` of work it yields the loop (``asyncio.sleep(0)``), and the
 subscribers it woke and a mutation's next step run before its next slice.
 A pass drains every delivery queued while the last one ran, so several
-writes to one key render once; a pass that is *behind* (several commits
-queued while the previous pass lasted ``BEHIND_SECONDS`` or more) also folds
-a PerImpact projector's causes to the latest per key (`latest_causes`), and
-a subscriber that falls behind gets collapsed deltas (`SessionStream`) or,
-past its capacity, a Reset from committed state.
+writes to one key render once. After a pass that is *behind* (it lasted
+``BEHIND_SECONDS`` or more) the next pass, draining several commits, folds a
+PerImpact projector's causes to the latest per key (`latest_causes`); when
+a behind pass had to shed, the loop pauses ``BEHIND_PAUSE`` of its duration
+before the next, leaving the loop to writers. A subscriber that falls behind gets collapsed deltas
+(`SessionStream`) or, past its capacity, a Reset from committed state.
 
 A failed render or snapshot sends the session to repair, retried by the beat,
 and ends it after ``repair_attempts`` failures.
@@ -65,15 +66,22 @@ __all__ = ["BEHIND_SECONDS", "SLICE_SECONDS", "SLICE_SESSIONS", "RenderRuntime"]
 
 _log = logging.getLogger(__name__)
 
-SLICE_SESSIONS = 16
+SLICE_SESSIONS = 4
 """Sessions given deltas per slice of a pass: each wakes a subscriber whose
 frame write costs far more than its render, so this bounds the work the
 loop runs before it polls sockets again."""
-SLICE_SECONDS = 0.002
+SLICE_SECONDS = 0.001
 """A slice's own time bound (sessions rendered with nothing to send)."""
 BEHIND_SECONDS = 0.025
-"""A pass that lasted this long and left several commits queued has the
-next pass fold causes to the latest per key."""
+"""A pass that lasted this long is behind: the next pass folds causes to
+the latest per key (when it drains several commits) and waits its turn."""
+BEHIND_PAUSE = 1.0
+"""After a pass that was behind and shed (a stream collapsed, or causes
+folded), the render loop waits this fraction of the pass's duration before
+the next one: when it cannot keep up, the render side (its subscribers'
+frame writes included, which run between its slices) takes at most about
+half the loop, the rest stays for mutations, and what commits meanwhile
+coalesces into the next pass. A pass that keeps up never waits."""
 
 
 class _Slice:
@@ -175,7 +183,10 @@ class RenderRuntime(RenderRegistry):
             deliveries: list[Delivery] = []
             while (item := channel.get_nowait()) is not None:
                 deliveries.append(item)
-            await self.render_pass(deliveries)
+            report = await self.render_pass(deliveries)
+            if self._behind and (report.collapsed or report.coalesced):
+                # Its subscribers fell behind: leave the loop to the writers.
+                await asyncio.sleep(report.duration * BEHIND_PAUSE)
 
     def _needs_resync(self) -> bool:
         return any(rec.resync for rec in self._sessions.values())

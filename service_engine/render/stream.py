@@ -33,7 +33,7 @@ __all__ = ["BEHIND", "Backlog", "SessionEnded", "SessionStream"]
 
 V = TypeVar("V")
 
-BEHIND = 32
+BEHIND = 8
 """Untaken deltas past which a stream collapses what it is given."""
 
 
