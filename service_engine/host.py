@@ -9,15 +9,19 @@ import logging
 import signal
 import socket
 from collections.abc import Generator
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from .engine import Engine
 from .logs import configure_logging
 
 __all__ = [
     "GC_THRESHOLDS",
+    "LISTEN_BACKLOG",
+    "LeanWebSocketProtocol",
     "bind_listener",
     "parse_addr",
     "run_with",
@@ -43,6 +47,95 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+LISTEN_BACKLOG = 4096
+"""The listener's accept queue (uvicorn's default is 2048; the kernel caps it
+at ``net.core.somaxconn``): a burst of sockets waits there rather than
+having its SYNs dropped and retried a second or more later."""
+
+
+class _Inbox:
+    """What uvicorn's protocol needs of its receive queue (``put_nowait``,
+    ``get``, ``empty``), without `asyncio.Queue`'s three deques (~2.3 KB a
+    socket): a socket holds at most a few undelivered messages."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    async def get(self) -> Any:
+        while not self._items:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return self._items.pop(0)
+
+
+class _Writable:
+    """What uvicorn's protocol needs of its ``writable`` event, without
+    `asyncio.Event`'s deque (~0.8 KB a socket); waiters exist only while the
+    transport's buffer is full."""
+
+    __slots__ = ("_set", "_waiters")
+
+    def __init__(self) -> None:
+        self._set = True
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        await waiter
+
+
+class LeanWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's websockets-sansio protocol, lighter per socket: a slim receive
+    queue and writable flag, and the upgrade's request and response (their
+    parsed headers, ~3 KB) dropped once the handshake is answered; the ASGI
+    scope keeps the headers the app reads. The frames on the wire are the
+    same."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue = _Inbox()  # type: ignore[assignment]
+        self.writable = _Writable()  # type: ignore[assignment]
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if self.handshake_complete and "response" in self.__dict__:
+            del self.request, self.response
 
 
 class _Server(uvicorn.Server):
@@ -117,9 +210,11 @@ async def run_with_listener(
         app, lifespan="off", log_level="warning", ws_max_size=ws_max_size,
         ws_per_message_deflate=engine.config.ws_per_message_deflate,
         # The cheapest frame write measured (bench/ws_frames.py: ~11 us a
-        # frame against ~20 for "websockets" and "wsproto"), named rather
-        # than left to "auto", which would pick wsproto without websockets.
-        ws="websockets-sansio",
+        # frame against ~20 for "websockets" and "wsproto"): websockets-sansio,
+        # named rather than left to "auto" (which would pick wsproto without
+        # websockets), lightened per socket (LeanWebSocketProtocol).
+        ws=LeanWebSocketProtocol,
+        backlog=LISTEN_BACKLOG,
     ))
     if engine.config.gc_tuned:
         tune_gc()
