@@ -9,14 +9,20 @@ for a slot instead of starting a timeout the pod cannot follow up.
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
+from typing import Any
+
+from websockets.asyncio.client import connect
 
 from service_engine import Database
-from service_engine.graphql import Passport, graphql_app
+from service_engine.graphql import PASSPORT_HEADER, Passport, graphql_app
 
+from .harness import wait_until
 from .test_graphql_app import (
     ALICE,
     BOUND,
+    PROTOCOL,
     SCHEMA,
     Me,
     closed,
@@ -88,3 +94,36 @@ async def test_upgrades_past_ws_max_handshakes_wait_for_a_slot(db: Database) -> 
             await ws3.close()
         finally:
             await ws2.close()
+
+
+async def test_closed_sockets_leave_no_task_slot_or_count_behind(db: Database) -> None:
+    """Two hundred sockets opened at once, each with a live operation, then
+    closed: the pod's socket count and handshake slots are back where they
+    started and none of their tasks (receive loop, operation, timers' closers)
+    is left on the loop."""
+    many = 200
+    async with running_engine(db, ws_max_handshakes=16) as engine:
+        app = graphql_app(engine, SCHEMA, resolve_me)
+        view = app.state.graphql_view
+        async with serving(app) as addr:
+            before = len(asyncio.all_tasks())
+
+            async def live() -> Any:
+                # Queued behind the handshake bound: a longer open timeout.
+                ws = await connect(
+                    f"ws://{addr}/graphql/ws", subprotocols=[PROTOCOL], open_timeout=60,
+                    additional_headers={PASSPORT_HEADER: ALICE.to_header()},
+                )
+                await initialise(ws)
+                await send(ws, {"id": "1", "type": "subscribe",
+                                "payload": {"query": "subscription { whoamiLive }"}})
+                assert json.loads(await asyncio.wait_for(ws.recv(), BOUND))["type"] == "next"
+                return ws
+
+            sockets = await asyncio.gather(*(live() for _ in range(many)))
+            assert view.open_sockets == many
+            await asyncio.gather(*(ws.close() for ws in sockets))
+            await wait_until(lambda: view.open_sockets == 0, what="every socket closed on the pod")
+            await wait_until(lambda: len(asyncio.all_tasks()) <= before,
+                             what="no task of a closed socket left")
+            assert view._handshakes._value == 16
