@@ -96,6 +96,29 @@ async def test_upgrades_past_ws_max_handshakes_wait_for_a_slot(db: Database) -> 
             await ws2.close()
 
 
+async def test_while_every_handshake_slot_is_taken_the_init_timeout_is_extended_once(
+    db: Database,
+) -> None:
+    """With ws_max_handshakes=1 the answered socket holds every slot: it may
+    send its init past one timeout period, and a socket that never sends one
+    is closed 4408 after two periods, not one."""
+    timeout = INIT_TIMEOUT.total_seconds()
+    async with (
+        running_engine(db, ws_max_handshakes=1) as engine,
+        serving(graphql_app(engine, SCHEMA, resolve_me,
+                            connection_init_wait_timeout=INIT_TIMEOUT)) as addr,
+        ws_connect(addr, ALICE.to_header()) as first,
+    ):
+        await asyncio.sleep(1.5 * timeout)
+        await initialise(first)
+        async with ws_connect(addr, ALICE.to_header()) as silent:
+            started = asyncio.get_running_loop().time()
+            close = await closed(silent)
+            elapsed = asyncio.get_running_loop().time() - started
+        assert close.rcvd is not None and close.rcvd.code == 4408
+        assert elapsed >= 2 * timeout * 0.9, elapsed
+
+
 async def test_closed_sockets_leave_no_task_slot_or_count_behind(db: Database) -> None:
     """Two hundred sockets opened at once, each with a live operation, then
     closed: the pod's socket count and handshake slots are back where they

@@ -142,7 +142,8 @@ class EngineConfig(BaseModel):
     """Sockets answered but not yet sent their ``connection_init``, at once.
     Past it a new upgrade waits, unanswered, for one of them: the init
     timeout counts from the answer, so a burst of sockets queues at the
-    handshake instead of timing out (4408) while the pod works through it."""
+    handshake instead of timing out (4408) while the pod works through it.
+    While every slot is taken, a socket's init timeout is extended once."""
     ws_per_message_deflate: bool = False
     """Offer per-message deflate (RFC 7692) on the subscription socket.
     Off by default: each compressed socket keeps zlib state (~64 KB or more

@@ -509,6 +509,7 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[GraphQLContext[Any], Non
     _init_timer: asyncio.TimerHandle | None = None
     _bound_timer: asyncio.TimerHandle | None = None
     _closing: asyncio.Task[None] | None = None
+    _init_extended = False
 
     @property
     def _engine_view(self) -> _EngineGraphQL:
@@ -528,6 +529,14 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[GraphQLContext[Any], Non
 
     def _init_timed_out(self) -> None:
         if self.connection_init_received:
+            return
+        if not self._init_extended and self._engine_view.handshakes_full():
+            # A burst holds every handshake slot: its clients (and this pod)
+            # are busy answering one another. One more period, never two.
+            self._init_extended = True
+            self._init_timer = asyncio.get_running_loop().call_later(
+                self.connection_init_wait_timeout.total_seconds(), self._init_timed_out
+            )
             return
         self.connection_timed_out = True
         self._close_later(
@@ -728,6 +737,10 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         finally:
             slot.release()
             self.open_sockets -= 1
+
+    def handshakes_full(self) -> bool:
+        """Every ``ws_max_handshakes`` slot is taken (a burst of sockets)."""
+        return self._handshakes.locked()
 
     async def _refuse_socket(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Accept, then close: a close code reaches the client only on an
