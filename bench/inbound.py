@@ -3,6 +3,7 @@ loop, side by side with raw JetStream consume+ack and a raw Postgres commit
 of the same effect.
 
     python bench/inbound.py [--commands 3000] [--window 256] [--sync both] [--pods 1,2]
+    BENCH_INBOUND_PROFILE=/tmp/pod.prof python bench/inbound.py ...  # pods' CPU profile
 
 Starts a durable embedded Postgres (fsync on) and, in turn, a nats-server
 with ``sync_interval: always`` (as production should run it) and one with
@@ -22,7 +23,14 @@ integration streams, then measures for each:
   no database: the broker's ceiling for this loop.
 * **raw Postgres commit**: 16 concurrent asyncpg transactions doing the
   effect's writes (claim row, order row, effect row, outbox row, one
-  pg_notify), no NATS: the database's ceiling for this effect.
+  pg_notify), no NATS: the database's ceiling for this effect. It runs
+  right before and right after each engine cell (their mean is the cell's
+  baseline, and the ratio line divides by it).
+
+Every engine cell and the raw commit also print the CPU each effect cost,
+by process (from /proc: the pods, the Postgres server's backends, the
+nats-server, this bench process): on a shared 2-core machine throughput
+follows the load, CPU per effect much less.
 """
 
 from __future__ import annotations
@@ -144,6 +152,11 @@ class CpuMeter:
         total = sum(parts.values())
         listed = ", ".join(f"{role} {ms:.2f}" for role, ms in parts.items() if ms > 0.005)
         return f"CPU ms each: {listed}; total {total:.2f}"
+
+    @staticmethod
+    def total(line: str) -> float:
+        """The total of a `per_unit` line."""
+        return float(line.rsplit("total ", 1)[1])
 
 
 # -- child roles -----------------------------------------------------------------------
@@ -277,7 +290,10 @@ async def engine_run(client: nats.NATS, db: Database, producer: Producer, comman
             enough_commits.set()
 
     async def on_confirmation(msg: nats.aio.msg.Msg) -> None:
-        order = json.loads(msg.data)["payload"]["order_id"]
+        body = json.loads(msg.data)
+        if not isinstance(body, dict) or not isinstance(body.get("payload"), dict):
+            return
+        order = body["payload"].get("order_id", "")
         if order.startswith(run) and order not in confirmed:
             confirmed[order] = time.perf_counter()
             if len(confirmed) >= wanted["confirmations"]:
@@ -364,10 +380,13 @@ async def raw_pg_run(db: Database, commits: int, meter: CpuMeter | None = None
                 await conn.execute(
                     "INSERT INTO sample_order_effect (id, reaction, order_id, message_id) "
                     "VALUES ($1, 'raw', $2, $3)", uuid.uuid4(), order, uuid.uuid4())
+                # Written as already published: the raw commit runs beside idle
+                # pods, whose relay must not publish (and so load) its rows. (A
+                # PENDING row adds one entry to the pending index, no more.)
                 await conn.execute(
-                    "INSERT INTO service_engine.integration_outbox (message_id, subject, payload)"
-                    " VALUES ($1, $2, $3::jsonb)", uuid.uuid4(), CONFIRMATIONS,
-                    json.dumps({"order_id": order}))
+                    "INSERT INTO service_engine.integration_outbox"
+                    " (message_id, subject, payload, status) VALUES ($1, $2, $3, 'PUBLISHED')",
+                    uuid.uuid4(), CONFIRMATIONS, {"order_id": order})
                 await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, frame)
 
     cpu_before = meter.snapshot() if meter is not None else {}
@@ -388,8 +407,13 @@ async def measure_engine(client: nats.NATS, db: Database, producer: Producer, db
             )) for p in range(pods)]
             # Warm up: prepared statements, the outbox lease.
             await engine_run(client, db, producer, 200, window)
+            # The raw commit is measured right before and right after the
+            # engine cell: on a shared machine the load drifts between cells.
+            raw_before, raw_cpu = await raw_pg_run(db, commands, CpuMeter(meter.pgdata))
             meter.pods = tuple(pids)
             run = await engine_run(client, db, producer, commands, window, meter)
+            raw_after, _ = await raw_pg_run(db, commands)
+        raw = (raw_before + raw_after) / 2
         print(f"{f'engine, {pods} pod(s), nats {label}: effect committed':52} "
               f"{run.effects_per_s:>10.0f} {run.to_commit.p50:>8.1f} "
               f"{run.to_commit.p99:>8.1f}")
@@ -397,6 +421,12 @@ async def measure_engine(client: nats.NATS, db: Database, producer: Producer, db
               f"{run.confirmed_per_s:>10.0f} {run.to_confirm.p50:>8.1f} "
               f"{run.to_confirm.p99:>8.1f}", flush=True)
         print(f"    {run.cpu}", flush=True)
+        print(f"{'raw Postgres commit of the effect (16 clients)':52} {raw:>10.0f}"
+              f"   (just before {raw_before:.0f}, just after {raw_after:.0f})")
+        print(f"    {raw_cpu}")
+        print(f"    engine effects/s = {run.effects_per_s / raw:.0%} of the raw commit's; "
+              f"CPU per effect {CpuMeter.total(run.cpu) / CpuMeter.total(raw_cpu):.1f}x "
+              "the raw commit's", flush=True)
     rate = await raw_js_run(server, client, commands, window)
     print(f"{f'raw JetStream publish+consume+ack, nats {label}':52} {rate:>10.0f}", flush=True)
 
@@ -437,10 +467,6 @@ async def main(commands: int, window: int, *, syncs: tuple[bool, ...],
                             await client.close()
                     finally:
                         await asyncio.to_thread(server.stop)
-                rate, cpu = await raw_pg_run(db, commands, CpuMeter(pg.pgdata))
-                print(f"{'raw Postgres commit of the effect (16 clients)':52} {rate:>10.0f}",
-                      flush=True)
-                print(f"    {cpu}", flush=True)
             finally:
                 await db.aclose()
         finally:
@@ -458,7 +484,17 @@ if __name__ == "__main__":
     parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role and args.role[0] == "pod":
-        asyncio.run(run_pod(*args.role[1:4]))
+        profile_to = os.environ.get("BENCH_INBOUND_PROFILE")
+        if profile_to:  # CPU time (not wall time) by function, for a pod's whole life
+            import cProfile
+
+            profiler = cProfile.Profile(time.process_time)
+            try:
+                profiler.runcall(asyncio.run, run_pod(*args.role[1:4]))
+            finally:
+                profiler.dump_stats(f"{profile_to}.{args.role[3]}")
+        else:
+            asyncio.run(run_pod(*args.role[1:4]))
     elif args.role and args.role[0] == "raw-js":
         asyncio.run(run_raw_consumer(*args.role[1:3]))
     else:

@@ -1,8 +1,9 @@
 """The write pipeline: one transaction around one handler.
 
     BEGIN; SET LOCAL lock_timeout            (sent with the first lock)
-      handler(cx): per aggregate advisory lock -> Persistence.lock -> load,
-                   gate (deny mode), domain command, save
+      handler(cx): per aggregate advisory lock -> Persistence.lock -> load
+                   (a create: the advisory lock only), gate (deny mode),
+                   domain command, save
       flush: the impacts' NOTIFYs, the outbox rows (and a reaction's
              confirmation on its claim) in ONE statement; scheduled
              impacts, scheduled messages, offer marks, blob rows
@@ -12,9 +13,10 @@
 BEGIN and ``SET LOCAL lock_timeout`` travel in the same round trip as the
 transaction's first advisory lock (or, for a handler that touches no
 aggregate, just before the flush); COMMIT carries the reset the pool would
-otherwise send on release (`Database.commit`). A `StageHook` observes the stages without
-changing that sequence: it is called once BEGIN's round trip returned, before
-the flush and before COMMIT, and sends nothing unless it means to (a fault).
+otherwise send on release (`Database.commit`). A `StageHook` observes the
+stages without changing that sequence: it is called once BEGIN's round trip
+returned, before the flush and before COMMIT, and sends nothing unless it
+means to (a fault).
 
 `run_pipeline` is shared by every entry point (the mutation executor, the
 NATS reaction loop); each builds its own context over `Ops`. It returns the
