@@ -1,6 +1,6 @@
 """End to end: the reference service in its own process, standard clients.
 
-    python bench/e2e.py [--seconds 8] [--cells all|quick|"subs/orgs/rate,..."]
+    python bench/e2e.py [--seconds 8] [--cells all|quick|overload|"subs/orgs/rate,..."]
                         [--idle 1000,10000] [--compare-plan] [--env NAME=VALUE ...]
                         [--compare-env NAME=VALUE ...] [--pods 1,2] [--py-spy FILE]
 
