@@ -135,7 +135,7 @@ async def test_a_pass_that_is_behind_folds_per_impact_causes_to_the_latest(
     """A pass that drains several commits after a pass that was behind
     renders a PerImpact key once, with its latest cause (the earlier one is
     counted as coalesced); with ``render_shedding`` off every cause is
-    delivered. A pass not behind delivers every cause either way (s166)."""
+    delivered. A pass not behind delivers every cause either way."""
     await seed(db, Card("c1", "acme", 1, "one"))
     async with frames(db, _Narrated(), render_shedding=shedding) as f:
         stream = await f.runtime.attach(ALICE, "narrated", window())
