@@ -4,7 +4,7 @@ The registry puts deltas on a `SessionStream` and ends it; the subscriber
 (the GraphQL subscription, a test) iterates it. Putting never blocks.
 
 A subscriber that falls behind gets the session's latest state, not every
-intermediate one. Once more than ``behind`` deltas wait untaken, a delta
+intermediate one. Once ``behind`` or more deltas wait untaken, a delta
 *collapses* into what waits (`Backlog.put`): the latest Upsert or Remove of a
 key replaces an earlier untaken one of that key, an insert followed by its
 Remove vanishes, and a Reset drops everything untaken before it. Revisions
@@ -34,7 +34,7 @@ __all__ = ["BEHIND", "Backlog", "SessionEnded", "SessionStream"]
 V = TypeVar("V")
 
 BEHIND = 8
-"""Untaken deltas past which a stream collapses what it is given."""
+"""Untaken deltas from which on a stream collapses what it is given."""
 
 
 class SessionEnded(EngineError):
@@ -168,8 +168,8 @@ class SessionStream(Generic[V]):
     """A subscriber's side of one session: its deltas in revision order.
 
     Iterate it; iteration stops when the session ends (``end_reason`` says
-    why). `aclose` detaches the session. Putting never blocks: behind
-    ``behind`` untaken deltas they collapse to the latest state (see the
+    why). `aclose` detaches the session. Putting never blocks: from
+    ``behind`` untaken deltas on they collapse to the latest state (see the
     module), past ``capacity`` the backlog is dropped and the session
     re-snapshotted, so a slow subscriber gets its latest state or a Reset,
     never a gap.
@@ -191,7 +191,7 @@ class SessionStream(Generic[V]):
         self.last_seen = time.monotonic()
 
     def collapse_after(self, behind: int | None) -> None:
-        """Collapse once more than ``behind`` deltas wait; None: never
+        """Collapse once ``behind`` or more deltas wait; None: never
         (every delta reaches the subscriber, or the capacity's Reset)."""
         self._backlog.behind = self.capacity + 1 if behind is None else min(behind, self.capacity)
 
