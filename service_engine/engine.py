@@ -768,7 +768,7 @@ class Engine:
             wake.clear()
             try:
                 async with self._outbox_pass:
-                    await self.outbox.step()
+                    await self.outbox.wake()
             except Exception as exc:
                 _log.warning("outbox pass on wake-up failed: %s", exc)
 

@@ -11,6 +11,10 @@ and within a time budget, publishing each through `Nats.publish` with
 * Rejected: a bounded attempt (`RowPublisher.reject`); at the bound the row
   is marked FAILED and dead-lettered (source Outbox) in one fenced transaction.
 
+`OutboxRelay.step` (the beat) renews the lease, gauges the backlog (one
+COUNT per beat, not per commit) and publishes; `OutboxRelay.wake` (a commit's
+wake-up) publishes without those round trips while the lease is fresh.
+
 The pass is skipped entirely while the broker is unreachable, so a backlog
 during an outage costs nothing per beat. A periodic, best-effort hygiene
 sweep deletes PUBLISHED rows, FAILED rows older than the message retention
@@ -20,6 +24,7 @@ sweep deletes PUBLISHED rows, FAILED rows older than the message retention
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -176,6 +181,12 @@ OUTBOX_TABLE = RowTable(
     publishable="status = 'PENDING'",
 )
 
+_MARK_PUBLISHED = """
+UPDATE service_engine.integration_outbox
+   SET status = 'PUBLISHED', published_at = now()
+ WHERE id = ANY($1::bigint[]) AND status = 'PENDING'
+"""
+
 _MARK_EVERY = 100
 """Acked rows marked PUBLISHED per fenced transaction: a crash republishes at
 most this many, and JetStream deduplicates them."""
@@ -211,10 +222,30 @@ class OutboxRelay:
         self._backoff = self.bounds.unanswered_backoff.total_seconds()
         self._next_sweep = 0.0
         self._was_leader = False
+        self._renewed_at = float("-inf")
+        """`time.monotonic()` just before the last acquire that returned the lease."""
 
     async def beat(self) -> None:
         """The beat step: `step`, its report dropped."""
         await self.step()
+
+    async def wake(self) -> RelayPass:
+        """A pass on a commit's wake-up: while the lease is held and fresh
+        (renewed less than half a lease ago by this pod's monotonic clock,
+        measured from before the renewal was sent, so the database's expiry
+        is later still), publish without renewing or counting the backlog —
+        the beat does both. Otherwise a full `step`. Either way every mark
+        is fenced by `LeaderLease.assert_lease` in its own transaction, so a
+        relay whose lease was taken over marks nothing."""
+        if not self._lease_fresh():
+            return await self.step()
+        return await self.publish_pass()
+
+    def _lease_fresh(self) -> bool:
+        if self.lease.current is None:
+            return False
+        age = time.monotonic() - self._renewed_at
+        return age < self.lease.lease.total_seconds() / 2
 
     async def step(self) -> RelayPass:
         """Renew or take the lease; as leader, gauge the backlog, sweep when
@@ -224,13 +255,16 @@ class OutboxRelay:
             return await self._step()
 
     async def _step(self) -> RelayPass:
+        sent_at = time.monotonic()
         if await self.lease.acquire() is None:
+            self._renewed_at = float("-inf")
             if self._was_leader and self.metrics is not None:
                 # Only the leader's gauges describe the backlog.
                 self.metrics.set_outbox_backlog(0, 0.0)
             self._was_leader = False
             return RelayPass(skipped="not the leader")
         self._was_leader = True
+        self._renewed_at = sent_at
         await self.measure()
         if time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + self.bounds.sweep_every.total_seconds()
@@ -294,14 +328,22 @@ class OutboxRelay:
         self._backoff = min(self._backoff * 2, self.bounds.unanswered_backoff_cap.total_seconds())
 
     async def _mark_published(self, ids: list[int]) -> int:
-        async with self.db.pool.acquire() as conn, conn.transaction():
-            await self.lease.assert_lease(conn)
-            result = await conn.execute(
-                """UPDATE service_engine.integration_outbox
-                      SET status = 'PUBLISHED', published_at = now()
-                    WHERE id = ANY($1::bigint[]) AND status = 'PENDING'""",
-                ids,
-            )
+        """Mark ``ids`` PUBLISHED in one fenced transaction: BEGIN, the lease
+        check, the UPDATE, then COMMIT with the pool's release reset in the
+        same round trip (`Database.commit`). Anything that fails before the
+        COMMIT returned rolls back (and the release resets as usual)."""
+        async with self.db.pool.acquire() as conn:
+            await conn.execute("BEGIN")
+            try:
+                await self.lease.assert_lease(conn)
+                result = await conn.execute(_MARK_PUBLISHED, ids)
+                await self.db.commit(conn)
+            except BaseException:
+                # The pool's release rolls back too; a lost connection is discarded.
+                with contextlib.suppress(Exception):
+                    if not conn.is_closed() and conn.is_in_transaction():
+                        await conn.execute("ROLLBACK")
+                raise
         return int(result.split()[-1])
 
     async def _reject(self, row: Any, outcome: Rejected) -> int:
