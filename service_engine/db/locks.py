@@ -18,6 +18,7 @@ All functions are pure and need no database.
 
 from __future__ import annotations
 
+import functools
 import json
 
 __all__ = [
@@ -49,10 +50,24 @@ def fnv1a_64(data: bytes) -> int:
     This is the standard FNV-1a (offset basis 0xcbf29ce484222325, prime
     0x100000001b3). Advisory locks want a signed bigint: use `advisory_key`.
     """
-    h = _FNV_OFFSET_BASIS
+    return _fnv1a_64_from(_FNV_OFFSET_BASIS, data)
+
+
+def _fnv1a_64_from(h: int, data: bytes) -> int:
+    """FNV-1a continued from state ``h`` over ``data``: FNV-1a is a left
+    fold over the bytes, so hashing ``a + b`` equals continuing the state
+    after ``a`` over ``b``."""
+    prime, mask = _FNV_PRIME, _MASK_64
     for byte in data:
-        h = ((h ^ byte) * _FNV_PRIME) & _MASK_64
+        h = ((h ^ byte) * prime) & mask
     return h
+
+
+@functools.lru_cache(maxsize=1024)
+def _prefix_state(domain: str, *parts: str | bytes) -> int:
+    """The FNV-1a state after the framed ``(domain, *parts)``: the fields a
+    kind of lock shares (its domain, a store's name), hashed once."""
+    return fnv1a_64(lock_key_bytes(domain, *parts))
 
 
 def lock_key_bytes(domain: str, *parts: str | bytes) -> bytes:
@@ -63,12 +78,13 @@ def lock_key_bytes(domain: str, *parts: str | bytes) -> bytes:
     passed through, so every ``str`` has exactly one encoding). Distinct
     ``(domain, *parts)`` field sequences always give distinct bytes.
     """
-    out = bytearray()
-    for field in (domain, *parts):
-        raw = field.encode("utf-8", "surrogatepass") if isinstance(field, str) else field
-        out += len(raw).to_bytes(_LENGTH_BYTES, "big")
-        out += raw
-    return bytes(out)
+    return b"".join(_frame(field) for field in (domain, *parts))
+
+
+def _frame(field: str | bytes) -> bytes:
+    """One field's framing: its 8-byte big-endian length, then its bytes."""
+    raw = field.encode("utf-8", "surrogatepass") if isinstance(field, str) else field
+    return len(raw).to_bytes(_LENGTH_BYTES, "big") + raw
 
 
 def advisory_key(domain: str, *parts: str | bytes) -> int:
@@ -79,7 +95,12 @@ def advisory_key(domain: str, *parts: str | bytes) -> int:
     or ``pg_try_advisory_xact_lock``. Pick a domain per kind of lock, named
     ``service_engine.<what>``, so two kinds never contend by construction.
     """
-    h = fnv1a_64(lock_key_bytes(domain, *parts))
+    if parts:
+        # Every field but the last is shared by many keys (the domain, the
+        # store's name): its state is cached, only the last field is hashed.
+        h = _fnv1a_64_from(_prefix_state(domain, *parts[:-1]), _frame(parts[-1]))
+    else:
+        h = _prefix_state(domain)
     return h - (1 << 64) if h & _SIGN_BIT else h
 
 
