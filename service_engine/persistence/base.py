@@ -40,6 +40,7 @@ __all__ = [
     "RecordsEvents",
     "Row",
     "Style",
+    "load_pinned",
     "qualified_name",
     "store_of",
 ]
@@ -183,6 +184,13 @@ class Persistence(Protocol[A, K]):
         """
         return None
 
+    async def load_locked(self, conn: Conn, key: K) -> A | None:
+        """`lock` then `load`: what the pipeline's load runs (under the
+        aggregate's advisory lock). A store over a table overrides it with
+        one statement (``SELECT ... FOR UPDATE``)."""
+        await self.lock(conn, key)
+        return await self.load(conn, key)
+
     async def create(self, conn: Conn, aggregate: A) -> None:
         """Insert a new aggregate (and its pending events).
 
@@ -273,3 +281,14 @@ def store_of(aggregate_type: type) -> Persistence[Any, Any]:
 def qualified_name(cls: type) -> str:
     """``module.QualName`` of a class: the default ``store_type``."""
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+async def load_pinned(store: Persistence[A, K], conn: Conn, key: K) -> A | None:
+    """The pipeline's load of ``key`` under its advisory lock: the store's
+    `Persistence.load_locked`, or `lock` then `load` for a store that only
+    implements the protocol structurally."""
+    locked = getattr(store, "load_locked", None)
+    if locked is not None:
+        return cast("A | None", await locked(conn, key))
+    await store.lock(conn, key)
+    return await store.load(conn, key)

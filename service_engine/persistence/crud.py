@@ -17,8 +17,9 @@ A slice declares its table and how a row maps to the aggregate::
         Store = BoardStore()
 
 and gets `load`, a batched `read_many` (``WHERE id = ANY($1)``), `lock`
-(``SELECT ... FOR UPDATE``, off with ``lock_rows=False``), `create`, `save`
-and `delete`. The table's own constraints (unique, foreign key, check) are
+(``SELECT ... FOR UPDATE``, off with ``lock_rows=False``), `load_locked`
+(the pipeline's load: pin and read in one ``SELECT cols ... FOR UPDATE``),
+`create`, `save` and `delete`. The table's own constraints (unique, foreign key, check) are
 the domain's: a violation rolls the whole command back.
 """
 
@@ -59,6 +60,7 @@ class _StateSql:
     select: str
     select_many: str
     lock: str
+    select_locked: str
     insert: str
     update: str
     delete: str
@@ -82,6 +84,7 @@ class _StateSql:
             select=f"SELECT {listed} FROM {t} WHERE {k} = $1",
             select_many=f"SELECT {listed} FROM {t} WHERE {k} = ANY($1)",
             lock=f"SELECT 1 FROM {t} WHERE {k} = $1 FOR UPDATE",
+            select_locked=f"SELECT {listed} FROM {t} WHERE {k} = $1 FOR UPDATE",
             insert=f"INSERT INTO {t} ({listed}) VALUES ({values})",
             update=update,
             delete=f"DELETE FROM {t} WHERE {k} = $1",
@@ -113,6 +116,10 @@ class CrudStore(Persistence[A, K]):
         self.lock_rows = lock_rows
         self._sql = _StateSql.build(self.TABLE, self.KEY, self.COLUMNS)
         self._store_type = self.STORE_TYPE or qualified_name(type(self))
+        cls = type(self)
+        # One statement for lock + load only where both are this class's own
+        # (a subclass that overrides either keeps its own pair).
+        self._one_statement_load = cls.load is CrudStore.load and cls.lock is CrudStore.lock
 
     @property
     def store_type(self) -> str:
@@ -160,6 +167,15 @@ class CrudStore(Persistence[A, K]):
     async def lock(self, conn: Conn, key: K) -> None:
         if self.lock_rows:
             await conn.execute(self._sql.lock, key)
+
+    async def load_locked(self, conn: Conn, key: K) -> A | None:
+        """Pin and read the row in one statement (``SELECT cols ... FOR
+        UPDATE``; a plain select with ``lock_rows=False``)."""
+        if not self._one_statement_load:
+            return await super().load_locked(conn, key)
+        sql = self._sql.select_locked if self.lock_rows else self._sql.select
+        row = await conn.fetchrow(sql, key)
+        return None if row is None else self.from_row(as_row(row))
 
     async def create(self, conn: Conn, aggregate: A) -> None:
         await conn.execute(self._sql.insert, *self._insert_values(aggregate))

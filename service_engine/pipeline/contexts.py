@@ -70,7 +70,7 @@ from ..messaging.envelope import (
 from ..messaging.outbox import OutboxRow
 from ..messaging.reactions import PrincipalUnresolved, ReactionDelivery
 from ..offers.staging import DirtyMark, DirtyMarks
-from ..persistence.base import Aggregate, NotFound, Persistence, store_of
+from ..persistence.base import Aggregate, NotFound, Persistence, load_pinned, store_of
 
 __all__ = ["Bulk", "Mutation", "Ops", "OutboxRow", "Reaction", "Staged", "principal_actor"]
 
@@ -176,8 +176,8 @@ class Ops:
     async def load_optional(self, aggregate_type: type[AggT], key: Any) -> AggT | None:
         """As `load`, but ``None`` when there is no aggregate under ``key``."""
         store = store_of(aggregate_type)
-        await self._lock(store, key)
-        found = await self._db(Stage.LOAD, lambda: store.load(self._conn, key))
+        await self._lock(store, key, pin=False)  # the load pins the row
+        found = await self._db(Stage.LOAD, lambda: load_pinned(store, self._conn, key))
         if found is not None and not isinstance(found, aggregate_type):
             raise DeclarationError(
                 f"{aggregate_type.__qualname__}.Store loaded a {type(found).__qualname__}: "
