@@ -184,13 +184,6 @@ class Persistence(Protocol[A, K]):
         """
         return None
 
-    async def load_locked(self, conn: Conn, key: K) -> A | None:
-        """`lock` then `load`: what the pipeline's load runs (under the
-        aggregate's advisory lock). A store over a table overrides it with
-        one statement (``SELECT ... FOR UPDATE``)."""
-        await self.lock(conn, key)
-        return await self.load(conn, key)
-
     async def create(self, conn: Conn, aggregate: A) -> None:
         """Insert a new aggregate (and its pending events).
 
@@ -285,8 +278,10 @@ def qualified_name(cls: type) -> str:
 
 async def load_pinned(store: Persistence[A, K], conn: Conn, key: K) -> A | None:
     """The pipeline's load of ``key`` under its advisory lock: the store's
-    `Persistence.load_locked`, or `lock` then `load` for a store that only
-    implements the protocol structurally."""
+    own ``load_locked(conn, key)`` when it has one (`CrudStore`: one
+    ``SELECT ... FOR UPDATE``), else `lock` then `load`. Not a protocol
+    member, so every store that implements the protocol structurally
+    (`FullEda`, a slice's own) keeps conforming."""
     locked = getattr(store, "load_locked", None)
     if locked is not None:
         return cast("A | None", await locked(conn, key))

@@ -172,7 +172,8 @@ class CrudStore(Persistence[A, K]):
         """Pin and read the row in one statement (``SELECT cols ... FOR
         UPDATE``; a plain select with ``lock_rows=False``)."""
         if not self._one_statement_load:
-            return await super().load_locked(conn, key)
+            await self.lock(conn, key)
+            return await self.load(conn, key)
         sql = self._sql.select_locked if self.lock_rows else self._sql.select
         row = await conn.fetchrow(sql, key)
         return None if row is None else self.from_row(as_row(row))
