@@ -228,3 +228,21 @@ def test_stream_wakes_its_reader_and_ends_after_what_it_holds() -> None:
         assert closed == [True]
 
     asyncio.run(scenario())
+
+
+def test_a_reset_reaching_a_full_backlog_replaces_it() -> None:
+    """A Reset put on a stream whose backlog is at capacity is accepted and
+    replaces what waits (it carries the whole window): no resync, no gap."""
+
+    async def scenario() -> None:
+        stream: SessionStream[int] = SessionStream(new_session_id(), 4, lambda: None, behind=1_000)
+        for rev in range(1, 5):
+            assert stream.put(Upsert(rev, _KEYS[rev % 2], rev))
+        assert stream.put(Reset(5, {_KEYS[0]: 5})), "a Reset is never refused"
+        assert stream.put(Upsert(6, _KEYS[1], 6)), "not resyncing after it"
+        stream.end("closed")
+        got = [d async for d in stream]
+        assert got == [Reset(1, {_KEYS[0]: 5}), Upsert(2, _KEYS[1], 6)]
+        await stream.aclose()
+
+    asyncio.run(scenario())

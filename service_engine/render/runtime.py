@@ -187,9 +187,15 @@ class RenderRuntime(RenderRegistry):
             if self._behind and (report.collapsed or report.coalesced):
                 # Its subscribers fell behind: leave the loop to the writers.
                 await asyncio.sleep(report.duration * BEHIND_PAUSE)
+            else:
+                # A pass with nothing to read awaits nothing: never hold the
+                # loop across passes.
+                await asyncio.sleep(0)
 
     def _needs_resync(self) -> bool:
-        return any(rec.resync for rec in self._sessions.values())
+        # Only a live session is re-snapshotted by a pass (`_recover`); one
+        # pending repair or mid-snapshot is the beat's or that snapshot's.
+        return any(rec.resync and rec.session.live for rec in self._sessions.values())
 
     async def render_pass(self, deliveries: Sequence[Delivery]) -> PassReport:
         """Render one frame: ``deliveries`` plus the replays queued by

@@ -211,7 +211,8 @@ class SessionStream(Generic[V]):
             if type(delta) is not Reset:
                 return False
             self._resyncing = False
-        elif len(backlog) >= self.capacity:
+        elif len(backlog) >= self.capacity and type(delta) is not Reset:
+            # (A Reset carries the whole window: it replaces the backlog.)
             backlog.clear()
             self._resyncing = True
             return False
