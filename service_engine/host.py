@@ -15,14 +15,17 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from .config import EngineConfig
 from .engine import Engine
 from .logs import configure_logging
 
 __all__ = [
     "GC_THRESHOLDS",
+    "HTTP_SHUTDOWN_GRACE",
     "LISTEN_BACKLOG",
     "LeanWebSocketProtocol",
     "bind_listener",
+    "http_config",
     "parse_addr",
     "run_with",
     "run_with_listener",
@@ -138,6 +141,12 @@ class LeanWebSocketProtocol(WebSocketsSansIOProtocol):
             del self.request, self.response
 
 
+HTTP_SHUTDOWN_GRACE = 10
+"""Seconds a stopping pod waits for its connections to finish (uvicorn's
+``timeout_graceful_shutdown``) before it cancels their tasks and aborts
+what is still open."""
+
+
 class _Server(uvicorn.Server):
     # The host owns SIGINT/SIGTERM: uvicorn's handlers would re-raise the
     # signal after serving and kill the process before the engine and the
@@ -145,6 +154,36 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        # A connection still open past the grace is one whose peer stopped
+        # reading: closing its transport would wait forever for the unsent
+        # bytes to drain (and the serve loop with it). Abort it instead.
+        for connection in list(self.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if transport is not None:
+                transport.abort()
+
+
+def http_config(
+    app: ASGIApp, config: EngineConfig, *, shutdown_grace: int = HTTP_SHUTDOWN_GRACE
+) -> uvicorn.Config:
+    """The HTTP server's configuration for a pod of ``config``."""
+    return uvicorn.Config(
+        app, lifespan="off", log_level="warning",
+        # The server's own frame bound backs the app's typed
+        # ws_max_message_bytes refusal: nothing much larger is ever buffered.
+        ws_max_size=config.ws_max_message_bytes + 1,
+        ws_per_message_deflate=config.ws_per_message_deflate,
+        # The cheapest frame write measured (bench/ws_frames.py: ~11 us a
+        # frame against ~20 for "websockets" and "wsproto"): websockets-sansio,
+        # named rather than left to "auto" (which would pick wsproto without
+        # websockets), lightened per socket (LeanWebSocketProtocol).
+        ws=LeanWebSocketProtocol,
+        backlog=LISTEN_BACKLOG,
+        timeout_graceful_shutdown=shutdown_grace,
+    )
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
@@ -203,19 +242,7 @@ async def run_with_listener(
     """`run_with` on a socket the caller already bound (a port chosen by the
     system, a socket handed over by a supervisor). The caller closes it."""
     configure_logging(engine.config.service, engine.config.pod_id)
-    # The server's own frame bound backs the app's typed ws_max_message_bytes
-    # refusal: nothing much larger is ever buffered.
-    ws_max_size = engine.config.ws_max_message_bytes + 1
-    server = _Server(uvicorn.Config(
-        app, lifespan="off", log_level="warning", ws_max_size=ws_max_size,
-        ws_per_message_deflate=engine.config.ws_per_message_deflate,
-        # The cheapest frame write measured (bench/ws_frames.py: ~11 us a
-        # frame against ~20 for "websockets" and "wsproto"): websockets-sansio,
-        # named rather than left to "auto" (which would pick wsproto without
-        # websockets), lightened per socket (LeanWebSocketProtocol).
-        ws=LeanWebSocketProtocol,
-        backlog=LISTEN_BACKLOG,
-    ))
+    server = _Server(http_config(app, engine.config))
     if engine.config.gc_tuned:
         tune_gc()
     loop = asyncio.get_running_loop()
