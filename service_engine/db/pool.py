@@ -85,14 +85,16 @@ class Database(AsyncResource):
         in the same round trip, and mark it so its release sends no reset.
 
         A failed COMMIT raises the driver error with nothing marked: the
-        statements after it never ran and the release resets as usual.
+        statements after it never ran and the release resets as usual. Call
+        it as the connection's last statement before its release: the reset
+        has already run. Any other connection (a dedicated LISTEN or lease
+        connection, whose session state must survive) gets a bare COMMIT.
         """
-        reset = conn.get_reset_query()
+        mark = getattr(conn, "_mark_session_reset", None)  # a pooled one, or its proxy
+        reset = conn.get_reset_query() if mark is not None else ""
         await conn.execute(f"COMMIT; {reset}" if reset else "COMMIT")
-        if reset:
-            mark = getattr(conn, "_mark_session_reset", None)
-            if mark is not None:  # a connection of this pool (not a dedicated one)
-                mark()
+        if mark is not None and reset:
+            mark()
 
     async def aclose(self) -> None:
         await self.pool.close()
