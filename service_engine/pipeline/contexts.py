@@ -540,6 +540,9 @@ class Ops:
         """Run ``sql`` (no parameters: every value inlined and safe) as the
         transaction's first statement, in BEGIN's round trip when BEGIN is
         still deferred; returns the command status of ``sql``."""
+        if self._claim is not None:
+            # A deferred claim goes first (with BEGIN): never skip it.
+            await self._ensure_begun()
         if self._begin is not None and self._failed is None:
             begin, self._begin = self._begin, None
             sql = f"{begin}; {sql}"
