@@ -538,16 +538,23 @@ class RenderRegistry:
             if not isinstance(exc, Exception):
                 raise
             return
-        for rec, waiter in batch:
-            if alone and rec.session.snapshotting and not waiter.done():
-                try:
-                    await self._snapshot(rec, begun=True)
-                except Exception as exc:
-                    if not waiter.done():
-                        waiter.set_exception(exc)
-                    continue
-            if not waiter.done():
-                waiter.set_result(None)
+        try:
+            for rec, waiter in batch:
+                if alone and rec.session.snapshotting and not waiter.done():
+                    try:
+                        await self._snapshot(rec, begun=True)
+                    except Exception as exc:
+                        if not waiter.done():
+                            waiter.set_exception(exc)
+                        continue
+                if not waiter.done():
+                    waiter.set_result(None)
+        except BaseException:
+            # Cancelled reading them one by one: no attach is left waiting.
+            for _, waiter in batch:
+                if not waiter.done():
+                    waiter.set_exception(AttachShuttingDown("the attach was interrupted"))
+            raise
 
     async def _read_attach_batch(
         self, proj: Projector[Any, Any, Any, Any], recs: list[AttachedSession]
