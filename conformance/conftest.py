@@ -24,6 +24,8 @@ from service_engine.embedded import (
     provision_streams,
 )
 
+from .harness import Statements
+
 TEMPLATE = "service_engine_template"
 SAMPLE_MIGRATIONS = Path(__file__).parent / "migrations"
 """The conformance samples' own tables, numbered above the engine's range."""
@@ -60,6 +62,17 @@ async def db(database: ProvisionedDatabase) -> AsyncIterator[Database]:
         yield pool
     finally:
         await pool.aclose()
+
+
+@pytest.fixture
+async def logged(database: ProvisionedDatabase) -> AsyncIterator[tuple[Database, Statements]]:
+    """A one-connection pool whose every statement is recorded."""
+    statements = Statements()
+    db = await connect_pool(database.app_url, min_size=1, max_size=1, setup=statements.setup)
+    try:
+        yield db, statements
+    finally:
+        await db.aclose()
 
 
 @pytest.fixture

@@ -83,3 +83,22 @@ def fast_engine_config(service: str | None, **overrides: Any) -> EngineConfig:
     }
     values.update(overrides)
     return EngineConfig(**values)
+
+
+class Statements:
+    """Every statement a pool's connection sends, in order (the driver's
+    query logger; install it with ``connect_pool(..., setup=statements.setup)``)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def __call__(self, record: Any) -> None:
+        self.sent.append(" ".join(str(record.query).split()))
+
+    async def setup(self, conn: Any) -> None:
+        conn.add_query_logger(self)
+
+    def take(self) -> list[str]:
+        """What was sent since the last take."""
+        sent, self.sent = self.sent, []
+        return sent

@@ -10,20 +10,19 @@ A firing `InjectFault` adds exactly its own failing statement.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 import pytest
 
 from service_engine import Database
-from service_engine.db import connect_pool
 from service_engine.db.errors import Stage
 from service_engine.db.types import Conn
-from service_engine.embedded import ProvisionedDatabase
 from service_engine.pipeline import Mutation, MutationError, MutationExecutor, Success
 from service_engine.testing.faults import RAISE_SQL, InjectFault
 
+from .harness import Statements
 from .sample_counter import (
     NOUN,
     WRITER,
@@ -33,29 +32,6 @@ from .sample_counter import (
     executor_for,
     increment,
 )
-
-
-class Statements:
-    """Every statement the pool's connection sends, in order."""
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    def __call__(self, record: Any) -> None:
-        self.sent.append(" ".join(str(record.query).split()))
-
-    async def setup(self, conn: Any) -> None:
-        conn.add_query_logger(self)
-
-
-@pytest.fixture
-async def logged(database: ProvisionedDatabase) -> AsyncIterator[tuple[Database, Statements]]:
-    statements = Statements()
-    db = await connect_pool(database.app_url, min_size=1, max_size=1, setup=statements.setup)
-    try:
-        yield db, statements
-    finally:
-        await db.aclose()
 
 
 async def _sent(

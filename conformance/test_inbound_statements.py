@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -22,8 +21,6 @@ import pytest
 from pydantic import BaseModel
 
 from service_engine import Database, EngineConfig
-from service_engine.db import connect_pool
-from service_engine.embedded import ProvisionedDatabase
 from service_engine.integration.dispatch import InboundFrame, ReactionRunner
 from service_engine.messaging.dead_letters import DeadLetters
 from service_engine.messaging.envelope import (
@@ -39,6 +36,7 @@ from service_engine.messaging.reactions import Ack, Nak, Park, Retry, Term
 from service_engine.pipeline import Reaction
 from service_engine.pipeline.inbound import InboundReaction
 
+from .harness import Statements
 from .sample_orders import (
     SERVICE,
     WAREHOUSE,
@@ -58,31 +56,8 @@ COMMIT + the release reset. (13 before the claim, the confirmation, the
 NOTIFY and the reset were folded; 8 before the row lock rode with the load.)"""
 
 
-class Statements:
-    """Every statement the pool's connection sends, in order."""
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    def __call__(self, record: Any) -> None:
-        self.sent.append(" ".join(str(record.query).split()))
-
-    async def setup(self, conn: Any) -> None:
-        conn.add_query_logger(self)
-
-    def take(self) -> list[str]:
-        sent, self.sent = self.sent, []
-        return sent
 
 
-@pytest.fixture
-async def logged(database: ProvisionedDatabase) -> AsyncIterator[tuple[Database, Statements]]:
-    statements = Statements()
-    db = await connect_pool(database.app_url, min_size=1, max_size=1, setup=statements.setup)
-    try:
-        yield db, statements
-    finally:
-        await db.aclose()
 
 
 def _frame(message: OutboundCommand | OutboundEvent, message_id: uuid.UUID | None = None,

@@ -4,50 +4,19 @@ and that it stays fenced (a relay whose lease was taken over marks nothing)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
-import pytest
-
 from service_engine import Database
-from service_engine.db import connect_pool
-from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
+from service_engine.embedded import EmbeddedNats
 from service_engine.integration.outbox import OUTBOX_SLOT, OutboxRelay
 from service_engine.leader import LeaderLease
 from service_engine.messaging.dead_letters import DeadLetters
 from service_engine.metrics import Metrics
 
-from .harness import wait_until
+from .harness import Statements, wait_until
 from .nats_support import engine_nats, stream_count
 from .test_outbox import SERVICE, commit_events, event, fast_bounds, relay_for, statuses
-
-
-class Statements:
-    """Every statement the relay's pool sends, in order."""
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    def __call__(self, record: Any) -> None:
-        self.sent.append(" ".join(str(record.query).split()))
-
-    async def setup(self, conn: Any) -> None:
-        conn.add_query_logger(self)
-
-    def take(self) -> list[str]:
-        sent, self.sent = self.sent, []
-        return sent
-
-
-@pytest.fixture
-async def logged(database: ProvisionedDatabase) -> AsyncIterator[tuple[Database, Statements]]:
-    statements = Statements()
-    db = await connect_pool(database.app_url, min_size=1, max_size=1, setup=statements.setup)
-    try:
-        yield db, statements
-    finally:
-        await db.aclose()
 
 
 def _relay(db: Database, conn: Any, lease: timedelta, holder: str = "pod-a") -> OutboxRelay:
