@@ -99,11 +99,7 @@ class OutboxRow:
         )
 
 
-# The insert and its wake-up (the relay's leader publishes now instead of
-# on its next beat) in one statement: no extra round trip, and a rollback
-# delivers neither.
-_INSERT = f"""
-WITH inserted AS (
+_INSERTED = """inserted AS (
     INSERT INTO service_engine.integration_outbox
            (message_id, subject, payload, headers, producer, seq_key, seq)
     SELECT r.message_id, r.subject, r.payload::jsonb, r.headers::jsonb, r.producer, r.seq_key,
@@ -113,7 +109,14 @@ WITH inserted AS (
            AS r(message_id, subject, payload, headers, producer, seq_key, seq, ord)
      ORDER BY r.ord
     RETURNING 1
-)
+)"""
+"""The outbox rows ($1-$7, in order) as a CTE named ``inserted``."""
+
+# The insert and its wake-up (the relay's leader publishes now instead of
+# on its next beat) in one statement: no extra round trip, and a rollback
+# delivers neither.
+_INSERT = f"""
+WITH {_INSERTED}
 SELECT pg_notify('{OUTBOX_CHANNEL}', '') WHERE EXISTS (SELECT 1 FROM inserted)
 """
 
@@ -126,17 +129,7 @@ _FLUSH = f"""
 WITH confirmed AS (
     UPDATE service_engine.message_claim SET confirmations = $10::text::jsonb
      WHERE message_id = $8::uuid AND reaction = $9::text
-), inserted AS (
-    INSERT INTO service_engine.integration_outbox
-           (message_id, subject, payload, headers, producer, seq_key, seq)
-    SELECT r.message_id, r.subject, r.payload::jsonb, r.headers::jsonb, r.producer, r.seq_key,
-           r.seq
-      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                  $7::bigint[]) WITH ORDINALITY
-           AS r(message_id, subject, payload, headers, producer, seq_key, seq, ord)
-     ORDER BY r.ord
-    RETURNING 1
-)
+), {_INSERTED}
 SELECT pg_notify('{CHANNEL}', f.frame) FROM unnest($11::text[]) AS f(frame)
 UNION ALL
 SELECT pg_notify('{OUTBOX_CHANNEL}', '') WHERE EXISTS (SELECT 1 FROM inserted)
