@@ -47,7 +47,7 @@ async def test_a_crud_load_pins_and_reads_the_row_in_one_statement(db: Database)
     assert await executor.ack(WRITER, create_counter, CrudCounter, "k1") == Success()
     assert await executor.ack(WRITER, create_counter, CrudCounterNoLock, "k2") == Success()
     async with db.pool.acquire() as raw, raw.transaction():
-        conn = Recording(raw)
+        conn: Any = Recording(raw)
         pinned = await load_pinned(CrudCounter.Store, conn, "k1")
         plain = await load_pinned(CrudCounterNoLock.Store, conn, "k2")
         missing = await load_pinned(CrudCounter.Store, conn, "absent")
@@ -94,7 +94,7 @@ async def test_a_store_overriding_load_keeps_lock_then_its_own_load(db: Database
     await executor.ack(WRITER, create_counter, CrudCounter, "k1")
     store = OwnLoadStore(CrudCounter)
     async with db.pool.acquire() as raw, raw.transaction():
-        conn = Recording(raw)
+        conn: Any = Recording(raw)
         found = await load_pinned(store, conn, "k1")
     assert found is not None and OwnLoadStore.loads == 1
     assert len(conn.sent) == 2 and conn.sent[0].startswith("SELECT 1 ") and conn.sent[0].endswith("FOR UPDATE")
