@@ -189,6 +189,21 @@ class Slots:
     def live(self) -> list[Pod]:
         return [p for p in self.pods if p is not None]
 
+    def put(self, slot: int, pod: Pod | None) -> None:
+        """Empty a slot (its pod killed) or fill it (the restart is UP)."""
+        self.pods[slot] = pod
+        if pod is not None:
+            self.changed.set()
+
+    async def wait_live(self, bound: float) -> None:
+        """Until some pod is live, at most ``bound`` seconds."""
+        if self.live():
+            return
+        self.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(bound):
+                await self.changed.wait()
+
     def prefer(self, slot: int) -> Pod | None:
         pod = self.pods[slot % len(self.pods)]
         if pod is not None:
@@ -239,7 +254,8 @@ class Session:
         while not self.stop:
             pod = self.slots.prefer(self.index)
             if pod is None:
-                await asyncio.sleep(0.2)
+                # Both pods down: wait for a restart (bounded, so a stop is seen).
+                await self.slots.wait_live(1.0)
                 continue
             try:
                 await self._connection(pod)
@@ -780,15 +796,15 @@ class Soak:
         victim = slots.pods[slot]
         assert victim is not None
         await self.scrape(victim)
-        slots.pods[slot] = None
+        slots.put(slot, None)
         victim.process.kill()
         await asyncio.to_thread(victim.process.wait)
         name = f"p{slot}r{next(self.pod_serial)}"
         record.detail = f"{victim.name} -> {name}"
 
         async def restart() -> None:
-            slots.pods[slot] = await pods.spawn(name, env={
-                **self.pod_env(), "SERVICE_ENGINE_POD_ID": f"soak-{name}"})
+            slots.put(slot, await pods.spawn(name, env={
+                **self.pod_env(), "SERVICE_ENGINE_POD_ID": f"soak-{name}"}))
 
         self._restart = (asyncio.create_task(restart()), record, f"pod_kill #{n}")
 
