@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -54,6 +54,40 @@ async def running_engine(db: Database, *projectors: Any, **config: Any) -> Async
     finally:
         engine.shutdown()
         await asyncio.wait_for(task, 10)
+
+
+class CardWriters:
+    """Writers committing random card upserts and deletes (over 30 keys of
+    ``orgs``) until the block ends; ``written`` counts their commits."""
+
+    def __init__(self, db: Database, rng: Any, orgs: Sequence[str], count: int = 3) -> None:
+        self._db, self._rng, self._orgs, self._count = db, rng, list(orgs), count
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.written = 0
+
+    async def _write(self, w: int) -> None:
+        rng = self._rng
+        async with self._db.pool.acquire() as conn:
+            while not self._stop.is_set():
+                key = f"k{rng.randrange(30)}"
+                if rng.random() < 0.2:
+                    await delete_card(conn, key)
+                else:
+                    await write_card(conn, Card(key, rng.choice(self._orgs), rng.randrange(100), f"w{w}"))
+                self.written += 1
+
+    def wrote_since(self, mark: int) -> Callable[[], bool]:
+        """A predicate: a commit landed after ``mark`` commits."""
+        return lambda: self.written > mark
+
+    async def __aenter__(self) -> CardWriters:
+        self._tasks = [asyncio.create_task(self._write(w)) for w in range(self._count)]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
 
 
 class Frames:
@@ -735,32 +769,23 @@ async def test_randomized_windows_equal_committed_state(db: Database, seed_value
 
     async with running_engine(db, CardsView()) as engine:
         engine.register_principal_refresh(refresh)
-        stop = asyncio.Event()
-
-        async def writer(w: int) -> None:
-            async with db.pool.acquire() as conn:
-                while not stop.is_set():
-                    key = f"k{rng.randrange(30)}"
-                    if rng.random() < 0.2:
-                        await delete_card(conn, key)
-                    else:
-                        await write_card(conn, Card(key, rng.choice(orgs), rng.randrange(100), f"w{w}"))
-
-        writers = [asyncio.create_task(writer(w)) for w in range(3)]
         streams: list[tuple[str, SessionStream[Any]]] = []
         replicas: list[WindowReplica[Any]] = []
-        for i, pid in enumerate(facts):
-            spec = window() if i % 2 else WindowSpec(Keys([f"k{j}" for j in range(0, 30, 2)]))
-            streams.append((pid, await engine.attach(Principal(pid, facts[pid]), "cards", spec)))
-            replicas.append(WindowReplica())
-            await asyncio.sleep(0.02)
-        facts["p0"] = frozenset({"globex", "initech"})
-        facts["p3"] = frozenset()
-        async with db.pool.acquire() as conn, conn.transaction():
-            await stage_in(conn, [Impact.principal_facts("p0", ["card"]), Impact.principal_facts("p3", ["card"])])
-        await asyncio.sleep(0.3)
-        stop.set()
-        await asyncio.gather(*writers)
+        async with CardWriters(db, rng, orgs) as writers:
+            for i, pid in enumerate(facts):
+                spec = window() if i % 2 else WindowSpec(Keys([f"k{j}" for j in range(0, 30, 2)]))
+                streams.append((pid, await engine.attach(Principal(pid, facts[pid]), "cards", spec)))
+                replicas.append(WindowReplica())
+                await wait_until(writers.wrote_since(writers.written),
+                                 what="a write between attaches")
+            facts["p0"] = frozenset({"globex", "initech"})
+            facts["p3"] = frozenset()
+            async with db.pool.acquire() as conn, conn.transaction():
+                await stage_in(conn, [Impact.principal_facts("p0", ["card"]),
+                                      Impact.principal_facts("p3", ["card"])])
+            mark = writers.written
+            await wait_until(lambda: writers.written > mark + 20,
+                             what="writes after the principal changes")
 
         rows = {r["id"]: r for r in await db.pool.fetch("SELECT * FROM sample_card")}
 
@@ -796,26 +821,11 @@ async def test_a_session_attached_amid_writers_converges_on_committed_state(
     orgs = ["acme", "globex", "initech"]
     alice = Principal("alice", frozenset({"acme", "initech"}))
     async with running_engine(db, CardsView()) as engine:
-        stop = asyncio.Event()
-        written = [0]
-
-        async def writer(w: int) -> None:
-            async with db.pool.acquire() as conn:
-                while not stop.is_set():
-                    key = f"k{rng.randrange(30)}"
-                    if rng.random() < 0.2:
-                        await delete_card(conn, key)
-                    else:
-                        await write_card(conn, Card(key, rng.choice(orgs), rng.randrange(100), f"w{w}"))
-                    written[0] += 1
-
-        writers = [asyncio.create_task(writer(w)) for w in range(3)]
-        await wait_until(lambda: written[0] > 20, what="the writers under way")
-        stream = await engine.attach(alice, "cards", window())
-        mark = written[0]
-        await wait_until(lambda: written[0] > mark + 3, what="a few writes after the attach")
-        stop.set()
-        await asyncio.gather(*writers)
+        async with CardWriters(db, rng, orgs) as writers:
+            await wait_until(lambda: writers.written > 20, what="the writers under way")
+            stream = await engine.attach(alice, "cards", window())
+            mark = writers.written
+            await wait_until(lambda: writers.written > mark + 3, what="a few writes after the attach")
         rows = await db.pool.fetch("SELECT * FROM sample_card")
         want = {f'"{r["id"]}"': (r["org"], r["rank"], r["title"]) for r in rows if r["org"] in alice.orgs}
         replica: WindowReplica[Any] = WindowReplica()

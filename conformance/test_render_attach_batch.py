@@ -23,8 +23,8 @@ from service_engine.render.cohort import CohortKey
 from service_engine.render.stream import SessionStream
 
 from .harness import wait_until
-from .sample_cards import Card, CardsView, Principal, RankQuery, delete_card, write_card
-from .test_render import frames, running_engine, seed, take, window
+from .sample_cards import Card, CardsView, Principal, RankQuery
+from .test_render import CardWriters, frames, running_engine, seed, take, window
 
 
 class CountingCards(CardsView):
@@ -95,29 +95,16 @@ async def test_sessions_attached_together_amid_writers_converge_on_committed_sta
     applied out of order (the replica refuses a revision gap)."""
     rng = random.Random(seed_value)
     async with running_engine(db, CardsView()) as engine:
-        stop = asyncio.Event()
-        written = [0]
-
-        async def writer(w: int) -> None:
-            async with db.pool.acquire() as conn:
-                while not stop.is_set():
-                    key = f"k{rng.randrange(30)}"
-                    if rng.random() < 0.2:
-                        await delete_card(conn, key)
-                    else:
-                        await write_card(conn, Card(key, rng.choice(ORGS), rng.randrange(100), f"w{w}"))
-                    written[0] += 1
-
-        writers = [asyncio.create_task(writer(w)) for w in range(3)]
-        await wait_until(lambda: written[0] > 20, what="the writers under way")
         principals = [
             Principal(f"p{i}", frozenset({ORGS[i % 4], ORGS[(i + 1) % 4]})) for i in range(30)
         ]
-        streams = await asyncio.gather(*(engine.attach(p, "cards", window()) for p in principals))
-        mark = written[0]
-        await wait_until(lambda: written[0] > mark + 5, what="a few writes after the attaches")
-        stop.set()
-        await asyncio.gather(*writers)
+        async with CardWriters(db, rng, ORGS) as writers:
+            await wait_until(lambda: writers.written > 20, what="the writers under way")
+            streams = await asyncio.gather(
+                *(engine.attach(p, "cards", window()) for p in principals))
+            mark = writers.written
+            await wait_until(lambda: writers.written > mark + 5,
+                             what="a few writes after the attaches")
         rows = await db.pool.fetch("SELECT * FROM sample_card")
         replicas: list[WindowReplica[Any]] = [WindowReplica() for _ in streams]
 
