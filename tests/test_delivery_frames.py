@@ -29,16 +29,13 @@ from service_engine.render.session import SessionId
 from service_engine.render.stream import SessionStream
 
 from .test_delivery_plan import (
-    ALIASED,
     ALPHA,
     BETA,
     CAUSE,
-    FRAGMENTS,
+    DOCUMENTS,
     FULL,
-    RESOLVED,
     SERVED,
     THINGS,
-    VARIABLES,
     Kind,
     ThingView,
     _events,
@@ -132,14 +129,7 @@ DELTAS: list[Any] = [
 ]
 
 
-@pytest.mark.parametrize(("query", "variables"), [
-    (FULL, None),
-    (ALIASED, None),
-    (FRAGMENTS, None),
-    (VARIABLES, {"withTitle": True, "noKey": False, "limit": 2}),
-    (VARIABLES, {"withTitle": False, "noKey": True}),
-    (RESOLVED, None),
-])
+@pytest.mark.parametrize(("query", "variables"), DOCUMENTS)
 async def test_direct_frames_are_the_executed_frames_byte_for_byte(
     query: str, variables: dict[str, Any] | None
 ) -> None:

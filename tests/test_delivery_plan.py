@@ -150,14 +150,18 @@ async def frames(schema: strawberry.Schema, query: str, variables: dict[str, Any
     return out
 
 
-@pytest.mark.parametrize(("query", "variables"), [
+DOCUMENTS: list[tuple[str, dict[str, Any] | None]] = [
     (FULL, None),
     (ALIASED, None),
     (FRAGMENTS, None),
     (VARIABLES, {"withTitle": True, "noKey": False, "limit": 2}),
     (VARIABLES, {"withTitle": False, "noKey": True}),
     (RESOLVED, None),
-])
+]
+"""The documents every delivery path must serve byte for byte as executed."""
+
+
+@pytest.mark.parametrize(("query", "variables"), DOCUMENTS)
 async def test_planned_frames_are_the_executed_frames_byte_for_byte(
     query: str, variables: dict[str, Any] | None
 ) -> None:
