@@ -92,11 +92,14 @@ class FrameSink:
         Raises `WebSocketDisconnected` once the socket is closed, as the
         handler's own ``send_json`` does, so the operation ends the same way.
         """
+        await self.text(next_frame(self._head, data, revision))
+
+    async def text(self, text: str) -> None:
+        """Write one whole message's text (raises as `next` does)."""
         if self._ws.application_state is WebSocketState.DISCONNECTED:
             raise WebSocketDisconnected
         try:
-            await self._send({"type": "websocket.send",
-                              "text": next_frame(self._head, data, revision)})
+            await self._send({"type": "websocket.send", "text": text})
         except WebSocketDisconnect as exc:
             raise WebSocketDisconnected from exc
 

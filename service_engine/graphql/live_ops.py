@@ -39,13 +39,50 @@ is executed by graphql-core and formatted as Strawberry formats it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import enum
+import inspect
+import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from graphql import (
+    DocumentNode,
+    FieldNode,
+    FragmentDefinitionNode,
+    GraphQLError,
+    GraphQLField,
+    OperationDefinitionNode,
+)
+from graphql.execution import execute_subscription_event
+from graphql.execution.values import get_argument_values, get_variable_values
+from strawberry.extensions import SchemaExtension
+from strawberry.schema.schema_converter import get_arguments
+
+from ..logs import bind_session
+from ..render.deltas import Remove, Upsert
+from ..render.stream import SessionEnded, SessionStream
+from . import subscriptions
+from .delivery import SharedPlan, plan_for
+from .frames import next_frame, next_frame_head
+from .subscriptions import Live, LiveRequest, SubscriptionUnion
 
 if TYPE_CHECKING:
     from strawberry import Schema
+    from strawberry.types.field import StrawberryField
 
-__all__ = ["DRAIN_BUDGET", "KNOWN_DOCUMENTS", "LiveOp", "LiveOps"]
+__all__ = [
+    "DRAIN_BUDGET",
+    "KNOWN_DOCUMENTS",
+    "LiveOp",
+    "LiveOps",
+    "SendText",
+    "Write",
+    "per_operation_extensions",
+]
 
 KNOWN_DOCUMENTS = 1024
 """Known-planned (document text, operationName) kept per app (an LRU)."""
@@ -53,11 +90,56 @@ KNOWN_DOCUMENTS = 1024
 DRAIN_BUDGET = 256
 """Deltas one `LiveOp.drain` takes at most (the rest wait for the next call)."""
 
+MAX_COERCION_ERRORS = 50
+"""graphql-core's default bound on variable coercion errors (as the ordinary path)."""
+
 Write = Callable[[list[str]], object]
 """Callback mode's writer: every frame text of one drain, in order, in one call."""
 
 SendText = Callable[[str], Awaitable[None]]
 """`LiveOp.run`'s writer: one frame text (raises to stop the operation)."""
+
+_log = logging.getLogger(__name__)
+
+_OPERATION_HOOKS = (
+    "on_operation", "on_parse", "on_validate", "on_execute", "resolve",
+    "get_results", "on_stream_result",
+)
+
+
+def per_operation_extensions(
+    schema: Schema, deterministic: tuple[type[SchemaExtension], ...] = ()
+) -> list[str]:
+    """The extensions of ``schema`` that act on each operation (any
+    lifecycle hook), besides the ``deterministic`` ones (whose effect is
+    fixed by the document text: the limiters, the caches). A known live
+    document skips every hook: none may be left."""
+    acting: list[str] = []
+    for extension in schema.get_extensions():
+        cls = type(extension)
+        if isinstance(extension, deterministic):
+            continue
+        if any(getattr(cls, hook) is not getattr(SchemaExtension, hook)
+               for hook in _OPERATION_HOOKS):
+            acting.append(cls.__name__)
+    return acting
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Known:
+    """A known-planned document: what its ordinary run established."""
+
+    operation: OperationDefinitionNode
+    fragments: Mapping[str, FragmentDefinitionNode]
+    operation_name: str | None
+    field_def: GraphQLField
+    field_node: FieldNode
+    field: StrawberryField
+    union: SubscriptionUnion[Any]
+    request: LiveRequest
+
+    def document(self) -> DocumentNode:
+        return DocumentNode(definitions=(self.operation, *self.fragments.values()))
 
 
 class LiveOps:
@@ -67,7 +149,7 @@ class LiveOps:
     ``encode`` is the app's JSON encoder for messages the plan does not
     write (Strawberry's ``encode_json``: an executed event, ``complete``).
     ``enabled`` False (direct frames off, or an extension that acts per
-    operation) makes `open` always answer None.
+    operation, `per_operation_extensions`) makes `open` always answer None.
     """
 
     def __init__(
@@ -78,15 +160,58 @@ class LiveOps:
         enabled: bool = True,
         size: int = KNOWN_DOCUMENTS,
     ) -> None:
-        raise NotImplementedError
+        self.schema = schema
+        self._gschema = schema._schema
+        self._encode = encode
+        self.enabled = enabled
+        self._size = size
+        self._known: OrderedDict[tuple[str, str | None], _Known] = OrderedDict()
 
-    def learning(self, payload: Mapping[str, object]) -> Any:
+    @property
+    def known(self) -> int:
+        """How many documents are known planned now."""
+        return len(self._known)
+
+    def encode(self, message: object) -> str:
+        """A message's text, as the app's encoder gives it."""
+        text = self._encode(message)
+        return text.decode() if isinstance(text, bytes) else text
+
+    def learning(self, payload: Mapping[str, object]) -> contextlib.AbstractContextManager[None]:
         """A context manager to wrap the ordinary run of a ``subscribe``
         (``payload`` is its message's payload: query, variables,
         operationName): if the kit's live resolver runs under it and its
         document is one `open` can serve, the document becomes known. Enter
         it in the operation's own task (it sets a context variable)."""
-        raise NotImplementedError
+        key = _key(payload)
+        if not self.enabled or key is None or key in self._known:
+            return contextlib.nullcontext()
+        return subscriptions.reporting(
+            lambda union, request, info: self._learn(key, union, request, info)
+        )
+
+    def _learn(
+        self, key: tuple[str, str | None], union: SubscriptionUnion[Any], request: LiveRequest,
+        info: Any,
+    ) -> None:
+        raw = info._raw_info
+        operation: OperationDefinitionNode = raw.operation
+        nodes = raw.field_nodes
+        if raw.schema is not self._gschema or len(nodes) != 1:
+            return
+        node: FieldNode = nodes[0]
+        selections = operation.selection_set.selections
+        if len(selections) != 1 or selections[0] is not node or node.directives:
+            return  # a root spread, a @skip / @include at the root: leave it ordinary
+        field_def = raw.parent_type.fields.get(node.name.value)
+        field = getattr(info, "_field", None)
+        if field_def is None or field is None or field.base_resolver is None:
+            return
+        self._known[key] = _Known(
+            operation, dict(raw.fragments), key[1], field_def, node, field, union, request
+        )
+        if len(self._known) > self._size:
+            self._known.popitem(last=False)
 
     def open(
         self, operation_id: str, payload: Mapping[str, object], context: Any
@@ -98,32 +223,235 @@ class LiveOps:
         Synchronous and cheap: nothing is attached yet (`LiveOp.run` or
         `LiveOp.start` does). The caller has already checked the protocol
         (acknowledged, the id free, the socket's subscription bound)."""
-        raise NotImplementedError
+        if not self.enabled:
+            return None
+        key = _key(payload)
+        known = self._known.get(key) if key is not None else None
+        if known is None:
+            return None
+        self._known.move_to_end(key)  # type: ignore[arg-type]
+        variables = payload.get("variables")
+        if variables is None:
+            variables = {}
+        elif not isinstance(variables, dict):
+            return None
+        coerced = get_variable_values(
+            self._gschema, known.operation.variable_definitions or (), variables,
+            max_errors=MAX_COERCION_ERRORS,
+        )
+        if isinstance(coerced, list):
+            return None  # the ordinary path reports the errors
+        try:
+            live = self._request(known, coerced)
+            principal = context.principal
+            if context.engine.lanes_of(live.projector):
+                return None  # lane notices: the ordinary (merging) path
+        except Exception:
+            return None  # the ordinary path raises it where it reports it
+        shared = plan_for(self._gschema, known.operation, known.fragments, coerced)
+        if shared is None:
+            return None
+        return LiveOp(self, known, operation_id, context, principal, live, shared,
+                      payload.get("variables"))
 
-    @property
-    def known(self) -> int:
-        """How many documents are known planned now."""
-        raise NotImplementedError
+    def _request(self, known: _Known, coerced: Any) -> Live:
+        """The field's `Live`: its arguments as Strawberry's resolver
+        wrapper hands them (`get_arguments`), the request called with them."""
+        raw_args = get_argument_values(known.field_def, known.field_node, coerced)
+        args, kwargs = get_arguments(
+            field=known.field, source=None, info=None,  # type: ignore[arg-type]
+            kwargs=raw_args, config=self.schema.config,
+            scalar_registry=self.schema.schema_converter.scalar_registry,
+        )
+        kwargs.pop("info", None)  # the kit's resolver takes it; the request does not
+        live = known.request(*args, **kwargs)
+        if not isinstance(live, Live):
+            raise TypeError(f"{type(live).__name__} is not Live")
+        return live
+
+
+def _key(payload: Mapping[str, object]) -> tuple[str, str | None] | None:
+    query = payload.get("query")
+    name = payload.get("operationName")
+    if not isinstance(query, str) or not (name is None or isinstance(name, str)):
+        return None
+    return query, name
+
+
+class _State(enum.Enum):
+    OPENED = "opened"
+    ATTACHING = "attaching"
+    LIVE = "live"
+    ENDED = "ended"
+    """The session ended (or failed to attach): its last frames are queued
+    or sent, ``complete`` among them."""
+    DONE = "done"
+    """The owner was told (``on_done``); nothing more."""
+    CLOSED = "closed"
+
+
+class _Closed(Exception):
+    """The op was closed while its attach was pending."""
 
 
 class LiveOp:
     """One known-planned live subscription on one socket, under its id.
 
     States: ``opened`` (built by `LiveOps.open`) → ``attaching`` →
-    ``live`` → ``ended`` (its session ended: ``complete`` sent) or
-    ``closed`` (`close`: the client completed, the socket went away; no
-    more frames).
+    ``live`` → ``ended`` (its session ended or could not attach:
+    ``complete`` queued) → ``done`` (the owner told); or ``closed``
+    (`close`: the client completed, the socket went away; no more frames).
     """
 
-    id: str
-    """The graphql-transport-ws operation id."""
+    __slots__ = (
+        "_context", "_executor", "_head", "_known", "_live", "_on_done", "_ops", "_outbox",
+        "_paused", "_principal", "_shared", "_state", "_stream", "_task", "_variables",
+        "_wake", "_waker", "id",
+    )
 
-    async def run(self, send_text: SendText) -> None:
-        """Attach and serve until the session ends (then send ``complete``)
-        or the task is cancelled (the client completed, the socket closed):
-        the session is detached on the way out either way. An error of
-        ``send_text`` (a closed socket) ends the operation quietly."""
-        raise NotImplementedError
+    def __init__(
+        self, ops: LiveOps, known: _Known, operation_id: str, context: Any, principal: Any,
+        live: Live, shared: SharedPlan, variables: object,
+    ) -> None:
+        self.id = operation_id
+        """The graphql-transport-ws operation id."""
+        self._ops = ops
+        self._known = known
+        self._context = context
+        self._principal = principal
+        self._live = live
+        self._shared = shared
+        self._variables = variables
+        self._head = next_frame_head(operation_id)
+        self._state = _State.OPENED
+        self._stream: SessionStream[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake: Callable[[LiveOp], None] | None = None
+        self._waker: Callable[[], None] | None = None
+        self._on_done: Callable[[str], None] | None = None
+        self._outbox: list[str] | None = None
+        self._paused = False
+        self._executor: Any = None
+
+    @property
+    def state(self) -> str:
+        return self._state.value
+
+    # -- attach -------------------------------------------------------------------
+
+    async def _attach(self) -> SessionStream[Any]:
+        self._state = _State.ATTACHING
+        live = self._live
+        stream: SessionStream[Any] = await self._context.engine.attach(
+            self._principal, live.projector, live.window,
+            applier=live.applier, session_id=live.session_id,
+        )
+        if self._state is _State.CLOSED:
+            stream.detach()
+            raise _Closed
+        bind_session(str(stream.id))
+        self._stream = stream
+        self._state = _State.LIVE
+        return stream
+
+    def _failed(self, error: Exception) -> list[str]:
+        """What the ordinary path sends when the stream fails before its
+        first event (the attach refused): a ``next`` with the error, then
+        ``complete`` (Strawberry's `_stream` coerces the error)."""
+        graphql_error = error if isinstance(error, GraphQLError) else GraphQLError(
+            str(error), original_error=error)
+        self._ops.schema._process_errors([graphql_error], None)
+        return [
+            self._ops.encode({"id": self.id, "type": "next", "payload": {
+                "data": None, "errors": [graphql_error.formatted]}}),
+            self._complete(),
+        ]
+
+    def _complete(self) -> str:
+        self._state = _State.ENDED
+        return self._ops.encode({"id": self.id, "type": "complete"})
+
+    # -- frames -------------------------------------------------------------------
+
+    def _frame(self, delta: Any) -> str:
+        """The frame of one delta, as the direct path writes it (`_frames`)."""
+        kind = type(delta)
+        union = self._known.union
+        shared = self._shared
+        if kind is Upsert or kind is Remove:
+            hit = shared.shared(union.upsert if kind is Upsert else union.remove, delta)
+            if hit is not None:
+                return next_frame(self._head, hit, delta.revision)
+        data = union._planned(shared, delta)
+        if data is not None:
+            return next_frame(self._head, data)
+        return self._executed(union.message(delta))
+
+    def _executed(self, member: object) -> str:
+        """A member the plan refuses, executed by graphql-core as the
+        ordinary path's per-event execution does, formatted as Strawberry's
+        ``send_next`` formats it."""
+        executor = self._executor
+        if executor is None:
+            schema = self._ops.schema
+            known = self._known
+            built = schema.execution_context_class.build(
+                schema._schema, known.document(), None, self._context,
+                self._variables if isinstance(self._variables, dict) else None,
+                known.operation_name, operation_extensions=None,
+            )
+            if isinstance(built, list):  # cannot be: these variables coerced at open
+                raise RuntimeError(f"live operation {self.id}: {built}")
+            executor = self._executor = built
+        result = execute_subscription_event(executor.build_per_event_executor(member))
+        if inspect.isawaitable(result):
+            result = _finish_now(result)
+        payload: dict[str, object] = {"data": result.data}
+        if result.errors:
+            self._ops.schema._process_errors(result.errors, None)
+            payload["errors"] = [e.formatted for e in result.errors]
+        return self._ops.encode({"id": self.id, "type": "next", "payload": payload})
+
+    # -- (a) a task awaiting the stream ----------------------------------------------
+
+    async def run(self, send_text: SendText, on_done: Callable[[str], None] | None = None
+                  ) -> None:
+        """Attach and serve until the session ends (then ``on_done(id)``,
+        as the ordinary path forgets the id, and ``complete``) or the task
+        is cancelled (the client completed, the socket closed): the session
+        is detached on the way out either way. An error of ``send_text`` (a
+        closed socket) ends the operation quietly."""
+        texts: list[str]
+        try:
+            try:
+                stream = await self._attach()
+            except _Closed:
+                return
+            except Exception as error:
+                texts = self._failed(error)
+            else:
+                frame = self._frame
+                take = stream.next
+                while True:
+                    try:
+                        delta = await take()
+                    except SessionEnded:
+                        break
+                    try:
+                        await send_text(frame(delta))
+                    except Exception:
+                        return  # the socket is gone: its owner cleans up
+                texts = [self._complete()]
+            if on_done is not None:
+                on_done(self.id)
+            self._state = _State.DONE
+            for text in texts:
+                with contextlib.suppress(Exception):
+                    await send_text(text)
+        finally:
+            self._release()
+
+    # -- (b) callback mode --------------------------------------------------------
 
     def start(
         self,
@@ -135,27 +463,127 @@ class LiveOp:
         until the next drain). Once the session ended and its ``complete``
         was drained, ``on_done(self.id)`` is called; after `close` neither
         callback is called again."""
-        raise NotImplementedError
+        if self._state is not _State.OPENED:
+            raise RuntimeError(f"live operation {self.id} was started already")
+        self._wake = wake
+        self._on_done = on_done
+        self._waker = self._woken
+        self._state = _State.ATTACHING
+        self._task = asyncio.get_running_loop().create_task(self._start())
+
+    def _woken(self) -> None:
+        wake = self._wake
+        if wake is not None:
+            wake(self)
+
+    async def _start(self) -> None:
+        try:
+            stream = await self._attach()
+        except _Closed:
+            return
+        except Exception as error:
+            if self._state is _State.CLOSED:
+                return
+            self._outbox = self._failed(error)
+            self._woken()
+            return
+        finally:
+            self._task = None
+        if not self._paused:
+            stream.set_waker(self._waker)  # wakes at once: the Reset is queued
 
     def drain(self, write: Write, budget: int = DRAIN_BUDGET) -> bool:
         """Take up to ``budget`` queued deltas, turn them into frame texts
         and hand them to ``write`` in one call (none: no call). Returns True
         when more are queued (call again), False otherwise. Takes nothing
-        while paused."""
-        raise NotImplementedError
+        while paused. The session's end drains its ``complete`` (the owner's
+        ``on_done`` is called first, as the ordinary path forgets the id
+        before sending it)."""
+        state = self._state
+        if state is _State.CLOSED or state is _State.DONE:
+            return False
+        out = self._outbox
+        self._outbox = None
+        more = False
+        stream = self._stream
+        if out is None:
+            out = []
+        if state is _State.LIVE and stream is not None and not self._paused:
+            take = stream.get_nowait
+            frame = self._frame
+            append = out.append
+            for _ in range(budget):
+                delta = take()
+                if delta is None:
+                    if stream.end_reason is not None:
+                        stream.set_waker(None)
+                        append(self._complete())
+                    break
+                append(frame(delta))
+            else:
+                more = stream.pending() > 0
+        if self._state is _State.ENDED:
+            self._state = _State.DONE
+            on_done = self._on_done
+            self._release()
+            if on_done is not None:
+                on_done(self.id)
+        if out:
+            write(out)
+        return more
 
     def pause(self) -> None:
         """The writer cannot take more (the transport paused writing): take
         nothing until `resume`; the session counts as a subscriber not
         reading (its backlog collapses, then Resets)."""
-        raise NotImplementedError
+        if self._paused:
+            return
+        self._paused = True
+        if self._stream is not None and self._state is _State.LIVE:
+            self._stream.set_waker(None)
 
     def resume(self) -> None:
         """The writer can take again: ``wake`` is called if frames wait."""
-        raise NotImplementedError
+        if not self._paused:
+            return
+        self._paused = False
+        if self._state is _State.LIVE and self._stream is not None:
+            self._stream.set_waker(self._waker)
+        elif self._outbox:
+            self._woken()
 
     def close(self) -> None:
         """Stop for good (a ``complete`` from the client, the socket closed,
         shutdown): cancel a pending attach, detach the session, send nothing
         more. Idempotent."""
-        raise NotImplementedError
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        task = self._task
+        if task is not None:
+            self._task = None
+            task.cancel()
+        self._outbox = None
+        self._release()
+
+    def _release(self) -> None:
+        """Detach the session (once) and drop the callbacks."""
+        self._wake = self._waker = self._on_done = None
+        stream = self._stream
+        if stream is not None:
+            self._stream = None
+            stream.detach()
+
+
+def _finish_now(awaitable: Awaitable[Any]) -> Any:
+    """The value of an awaitable that completes without suspending (an
+    event execution over basic fields only, as a planned document's are)."""
+    coroutine = awaitable.__await__()
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    close = getattr(coroutine, "close", None)
+    if close is not None:
+        close()
+    raise RuntimeError("an executed live event suspended")

@@ -48,9 +48,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import re
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeAlias, TypeVar, Union, overload
 
@@ -145,6 +146,27 @@ declares them) to the `Live` session it attaches."""
 _FieldDecorator: TypeAlias = Callable[[LiveRequest], Any]
 
 _INFO = "info"
+
+
+LiveFieldReport: TypeAlias = Callable[["SubscriptionUnion[Any]", LiveRequest, Any], None]
+"""Told by a live field's resolver, as it starts, which union and request it
+serves and with which ``info`` (see `reporting`)."""
+
+_REPORT: contextvars.ContextVar[LiveFieldReport | None] = contextvars.ContextVar(
+    "service_engine_live_field_report", default=None
+)
+
+
+@contextlib.contextmanager
+def reporting(report: LiveFieldReport) -> Iterator[None]:
+    """Within this task, a live field served by direct frames that takes
+    no ``info`` calls ``report(union, request, info)`` when it starts
+    (`service_engine.graphql.live_ops` learns its documents so)."""
+    token = _REPORT.set(report)
+    try:
+        yield
+    finally:
+        _REPORT.reset(token)
 
 
 @dataclass(frozen=True, eq=False)
@@ -376,6 +398,10 @@ def _live_resolver(union: SubscriptionUnion[Any], request: LiveRequest) -> Calla
         context = info.context
         sink = frames.current_sink()
         shared = _shared_plan(info) if sink is not None else None
+        if sink is not None and shared is not None and not declares_info:
+            report = _REPORT.get()
+            if report is not None:
+                report(union, request, info)
         if sink is None or shared is None:
             messages = union.live(
                 context.engine, context.principal, live.projector, live.window,

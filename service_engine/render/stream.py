@@ -173,6 +173,10 @@ class SessionStream(Generic[V]):
     module), past ``capacity`` the backlog is dropped and the session
     re-snapshotted, so a slow subscriber gets its latest state or a Reset,
     never a gap.
+
+    Two ways to take: await `next` (iterate), or callback mode: `set_waker`
+    registers a callback the stream calls when a delta or the end is queued
+    and nobody awaits, and the subscriber takes with `get_nowait`.
     """
 
     def __init__(
@@ -186,6 +190,8 @@ class SessionStream(Generic[V]):
         self._resyncing = False
         self._getters: list[asyncio.Future[None]] = []
         self._on_close = on_close
+        self._waker: Callable[[], None] | None = None
+        self._woken = False
         self.end_reason: str | None = None
         self.waiting = 0
         self.last_seen = time.monotonic()
@@ -221,10 +227,41 @@ class SessionStream(Generic[V]):
         return True
 
     def _wake(self) -> None:
-        getters, self._getters = self._getters, []
-        for getter in getters:
-            if not getter.done():
-                getter.set_result(None)
+        getters = self._getters
+        if getters:
+            self._getters = []
+            for getter in getters:
+                if not getter.done():
+                    getter.set_result(None)
+            return
+        waker = self._waker
+        if waker is not None and not self._woken:
+            self._woken = True
+            waker()
+
+    def set_waker(self, waker: Callable[[], None] | None) -> None:
+        """Callback mode: call ``waker`` when a delta or the end is queued
+        and nobody awaits `next` (at most once until the subscriber next
+        calls `get_nowait`); called at once when something waits already.
+        None stops the calls.
+
+        While a waker is set the subscriber counts as reading (``waiting``,
+        as an awaiting one does); clearing it (a writer that cannot take
+        more) makes it one that stopped reading now (``last_seen``), so a
+        stalled subscriber ages and collapses the same in both modes. The
+        waker runs inside `put` / `end`: it must only schedule the take.
+        """
+        if (self._waker is None) != (waker is None):
+            if waker is None:
+                self.waiting -= 1
+                self.last_seen = time.monotonic()
+            else:
+                self.waiting += 1
+        self._waker = waker
+        self._woken = False
+        if waker is not None and self.pending():
+            self._woken = True
+            waker()
 
     def end(self, reason: str) -> None:
         """Queue the end: the subscriber reads what came before, then stops."""
@@ -237,7 +274,9 @@ class SessionStream(Generic[V]):
         return len(self._backlog) + (self._end is not None)
 
     def get_nowait(self) -> Delta[V] | None:
-        """The next queued delta, or None (None also after the end)."""
+        """The next queued delta, or None (None also after the end:
+        ``end_reason`` then says why)."""
+        self._woken = False
         delta = self._backlog.take()
         if delta is None and self._end is not None:
             self.end_reason = self._end.reason
@@ -274,6 +313,11 @@ class SessionStream(Generic[V]):
                 yield await self.next()
             except SessionEnded:
                 return
+
+    def detach(self) -> None:
+        """`aclose` without a coroutine (a subscriber with no task: callback mode)."""
+        self._waker = None
+        self._on_close()
 
     async def aclose(self) -> None:
         self._on_close()

@@ -1,0 +1,449 @@
+"""Task-free live operations: the frames of a known document, without Strawberry per operation.
+
+A kit live field's document is run once the ordinary way (Strawberry's
+subscribe, direct frames, under `LiveOps.learning`); the next subscribe of
+that document is a `LiveOp`. Over the same session deltas, both ways of
+driving it (a task, `LiveOp.run`; callback mode, `LiveOp.start` /
+`LiveOp.drain`) must send the bytes the ordinary path sends, its
+``complete`` included. The session here is a real `SessionStream` handed
+out by a stand-in for the engine's attach (the render side is not under
+test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import strawberry
+from strawberry.types import ExecutionResult
+
+from service_engine.graphql import delivery, frames
+from service_engine.graphql.delivery_plan import dumps
+from service_engine.graphql.live_ops import LiveOp, LiveOps, per_operation_extensions
+from service_engine.graphql.subscriptions import Live
+from service_engine.render.deltas import Remove, Reset, Upsert
+from service_engine.render.session import SessionId
+from service_engine.render.stream import SessionStream
+from service_engine.render.windows import Keys, WindowSpec
+
+from .test_delivery_frames import DELTAS, _Socket
+from .test_delivery_plan import (
+    ALIASED,
+    ALPHA,
+    BETA,
+    CAUSE,
+    FRAGMENTS,
+    FULL,
+    THINGS,
+    VARIABLES,
+    Kind,
+    ThingView,
+)
+from .test_delivery_plan import Query as _Query
+
+WINDOW: WindowSpec[Any] = WindowSpec(Keys(frozenset()))  # type: ignore[arg-type]
+
+
+@strawberry.type
+class LiveSubscription:
+    @THINGS.field(description="Things, live.")
+    def things(self, limit: int = 10, kind: Kind | None = None) -> Live:
+        # The arguments as the request received them (an enum converted).
+        return Live("things", WINDOW, session_id=f"{limit}-{kind!r}")
+
+    @THINGS.field
+    def lanes(self) -> Live:
+        return Live("laned", WINDOW)
+
+    @THINGS.field
+    def with_info(self, info: strawberry.Info) -> Live:
+        return Live("things", WINDOW)
+
+
+ORDINARY_SCHEMA = strawberry.Schema(
+    query=_Query, subscription=LiveSubscription, types=THINGS.types)
+SCHEMA = copy.copy(ORDINARY_SCHEMA)
+"""As an app serves it: the plan's executor (an event it refuses is executed)."""
+SCHEMA.execution_context_class = delivery.live_executor_class(
+    ORDINARY_SCHEMA.execution_context_class)
+
+
+@dataclass
+class _Engine:
+    """The engine's attach as the kit calls it: a real session stream, pre-filled."""
+
+    deltas: list[Any]
+    end: bool = True
+    fail: Exception | None = None
+    streams: list[SessionStream[Any]] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+    attached: list[tuple[str, str | None]] = field(default_factory=list)
+    gate: asyncio.Event | None = None
+
+    async def attach(self, principal: Any, projector: str, window: Any, *,
+                     applier: Any = None, session_id: str | None = None) -> SessionStream[Any]:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        self.attached.append((projector, session_id))
+        sid = SessionId(f"s-{len(self.streams)}")
+        stream: SessionStream[Any] = SessionStream(
+            sid, 1000, lambda: self.closed.append(sid))
+        for delta in self.deltas:
+            stream.put(delta)
+        if self.end:
+            stream.end("test")
+        self.streams.append(stream)
+        return stream
+
+    def lane_notices(self, lanes: Any) -> Any:
+        return _NoNotices()
+
+    def lanes_of(self, projector: str) -> frozenset[str]:
+        return frozenset({"presence"}) if projector == "laned" else frozenset()
+
+
+class _NoNotices:
+    def __aiter__(self) -> _NoNotices:
+        return self
+
+    async def __anext__(self) -> Any:
+        await asyncio.Event().wait()
+
+    async def aclose(self) -> None:
+        pass
+
+
+@dataclass
+class _Context:
+    engine: _Engine
+    principal: Any = "ann"
+
+
+def _ops(schema: strawberry.Schema = SCHEMA, size: int = 16) -> LiveOps:
+    return LiveOps(schema, encode=lambda m: dumps(m), size=size)
+
+
+def _payload(query: str, variables: dict[str, Any] | None = None,
+             name: str | None = None) -> dict[str, Any]:
+    return {"query": query, "variables": variables, "operationName": name}
+
+
+async def _ordinary(ops: LiveOps | None, payload: dict[str, Any], engine: _Engine,
+                    op_id: str = "op-1") -> list[str]:
+    """What the graphql-transport-ws handler sends for one subscribe the
+    ordinary way (direct frames on), the complete at the stream's end included."""
+    socket = _Socket()
+    context = _Context(engine)
+    schema = SCHEMA
+
+    async def run() -> None:
+        stream = await schema.subscribe(
+            payload["query"], variable_values=payload.get("variables"),
+            context_value=context, operation_name=payload.get("operationName"))
+        if isinstance(stream, ExecutionResult):  # pragma: no cover - not here
+            raise AssertionError(stream)
+        async for result in stream:
+            body: dict[str, Any] = {"data": result.data}
+            if result.errors:
+                body["errors"] = [e.formatted for e in result.errors]
+            message = {"id": op_id, "type": "next", "payload": body}
+            frame = delivery.encode_frame(message)
+            socket.sent.append(frame if frame is not None else dumps(message))
+        socket.sent.append(dumps({"id": op_id, "type": "complete"}))
+
+    learning = ops.learning(payload) if ops is not None else None
+    with frames.open_sink(socket, op_id):  # type: ignore[arg-type]
+        if learning is None:
+            await run()
+        else:
+            with learning:
+                await run()
+    return socket.sent
+
+
+async def _run(op: LiveOp) -> tuple[list[str], list[str]]:
+    sent: list[str] = []
+    done: list[str] = []
+
+    async def send(text: str) -> None:
+        sent.append(text)
+
+    await op.run(send, done.append)
+    return sent, done
+
+
+async def _callback(op: LiveOp, budget: int = 256) -> tuple[list[str], list[list[str]], list[str]]:
+    """Callback mode driven as a socket would: drain on every wake."""
+    writes: list[list[str]] = []
+    done: list[str] = []
+    woken = asyncio.Event()
+    op.start(lambda _op: woken.set(), done.append)
+    while not done:
+        await asyncio.wait_for(woken.wait(), 5)
+        woken.clear()
+        while op.drain(writes.append, budget):
+            pass
+    return [text for write in writes for text in write], writes, done
+
+
+KNOWN = [
+    (FULL, None, None),
+    (ALIASED.replace("things(limit: 3)", "things(limit: 3)"), None, None),
+    (FRAGMENTS, None, "Named"),
+    (VARIABLES, {"withTitle": True, "noKey": False, "limit": 2}, None),
+    (VARIABLES, {"withTitle": False, "noKey": True}, None),
+]
+
+
+@pytest.mark.parametrize(("query", "variables", "name"), KNOWN)
+async def test_a_known_document_sends_the_ordinary_bytes_both_ways(
+    query: str, variables: dict[str, Any] | None, name: str | None
+) -> None:
+    """Aliases, __typename, inline and named fragments, an operation name, variables in
+    arguments and @skip / @include; a Reset, Upserts (one of an equal, distinct view), a
+    Remove, the session's end: the second subscribe of the document is a LiveOp, and both
+    ways of driving it send the ordinary path's bytes, ``complete`` last."""
+    ops = _ops()
+    payload = _payload(query, variables, name)
+    expected = await _ordinary(ops, payload, _Engine(DELTAS))
+    assert ops.known == 1
+    assert expected[-1] == '{"id":"op-1","type":"complete"}' and len(expected) == len(DELTAS) + 1
+    engine = _Engine(DELTAS)
+    op = ops.open("op-1", payload, _Context(engine))
+    assert op is not None
+    sent, done = await _run(op)
+    assert sent == expected and done == ["op-1"]
+    op = ops.open("op-1", payload, _Context(engine))
+    assert op is not None
+    texts, writes, done = await _callback(op)
+    assert texts == expected and done == ["op-1"]
+    assert len(writes) == 1  # every queued frame, the complete too, in one write
+    assert engine.closed == ["s-0", "s-1"]  # both sessions detached
+
+
+async def test_arguments_reach_the_request_as_strawberry_converts_them() -> None:
+    """The field's arguments, from variables, literals and defaults (an enum converted to
+    its Python member), are what the request receives on the ordinary path."""
+    ops = _ops()
+    query = "subscription($n: Int, $k: Kind) { things(limit: $n, kind: $k) { __typename } }"
+    await _ordinary(ops, _payload(query, {"n": 7}), _Engine(DELTAS))
+    literal = "subscription { things(limit: 4, kind: NOTE) { __typename } }"
+    await _ordinary(ops, _payload(literal), _Engine(DELTAS))
+    cases = [(query, {"n": 3, "k": "TASK"}), (query, None), (query, {}), (literal, None)]
+    later = _Engine(DELTAS)
+    for document, variables in cases:
+        op = ops.open("op-1", _payload(document, variables), _Context(later))
+        assert op is not None
+        await _run(op)
+    ordinary = _Engine(DELTAS)
+    for document, variables in cases:
+        await _ordinary(None, _payload(document, variables), ordinary)
+    assert later.attached == ordinary.attached
+    assert [sid for _, sid in later.attached] == [
+        "3-<Kind.TASK: 'task'>", "10-None", "10-None", "4-<Kind.NOTE: 'note'>"]
+
+
+async def test_only_a_known_planned_document_opens() -> None:
+    """A first subscribe, another operation name, variables that fail coercion, a field that
+    takes info, a projector watching a NATS lane, a shape the plan cannot express and a schema
+    extension acting per operation all go the ordinary way (open answers None)."""
+    ops = _ops()
+    context = _Context(_Engine(DELTAS))
+    assert ops.open("a", _payload(FULL), context) is None  # never run here
+    await _ordinary(ops, _payload(FULL), _Engine(DELTAS))
+    assert ops.open("a", _payload(FULL, name="Other"), context) is None
+    assert ops.open("a", _payload(FULL, variables=[1]), context) is None  # type: ignore[arg-type]
+    typed = "subscription($n: Int) { things(limit: $n) { __typename } }"
+    await _ordinary(ops, _payload(typed, {"n": 1}), _Engine(DELTAS))
+    assert ops.open("a", _payload(typed, {"n": "x"}), context) is None
+    assert ops.open("a", _payload(typed, {"n": 2}), context) is not None
+    for query in (
+        "subscription { withInfo { __typename } }",
+        "subscription { lanes { __typename } }",
+        "subscription { things { ... on ThingsUpsert { view { shout } } } }",
+        "subscription { ... on LiveSubscription { things { __typename } } }",
+    ):
+        await _ordinary(ops, _payload(query), _Engine(DELTAS))
+        assert ops.open("a", _payload(query), context) is None, query
+    assert ops.known == 3  # FULL, typed and lanes (a lane is decided per subscribe)
+
+    class Tracing(strawberry.extensions.SchemaExtension):
+        def on_operation(self) -> Any:
+            yield
+
+    traced = strawberry.Schema(query=_Query, subscription=LiveSubscription,
+                               types=THINGS.types, extensions=[Tracing])
+    assert per_operation_extensions(traced) == ["Tracing"]
+    assert per_operation_extensions(SCHEMA) == []
+
+
+async def test_known_documents_are_a_bounded_lru() -> None:
+    """Past its size the least recently used document is forgotten (its next subscribe is
+    ordinary again, and learns it anew)."""
+    ops = _ops(size=2)
+    queries = [f"subscription {{ things(limit: {n}) {{ __typename }} }}" for n in range(3)]
+    for query in queries[:2]:
+        await _ordinary(ops, _payload(query), _Engine(DELTAS))
+    context = _Context(_Engine(DELTAS))
+    assert ops.open("a", _payload(queries[0]), context) is not None  # now the most recent
+    await _ordinary(ops, _payload(queries[2]), _Engine(DELTAS))
+    assert ops.known == 2
+    assert ops.open("a", _payload(queries[1]), context) is None
+    assert ops.open("a", _payload(queries[0]), context) is not None
+
+
+async def test_an_event_the_plan_refuses_is_executed_as_the_ordinary_path_does() -> None:
+    """A null where the schema says non-null: that event's frame is graphql-core's error,
+    the same bytes as the ordinary path's, and the next event is planned again."""
+    broken = ThingView(id=strawberry.ID("t3"), title=None, archived=False,  # type: ignore[arg-type]
+                       tags=[], kind=Kind.TASK, owner=None)
+    deltas = [Reset(1, {'"t1"': ALPHA}), Upsert(2, '"t3"', broken), Upsert(3, '"t1"', ALPHA)]
+    ops = _ops()
+    expected = await _ordinary(ops, _payload(FULL), _Engine(deltas))
+    assert '"errors"' in expected[1] and '"errors"' not in expected[2]
+    op = ops.open("op-1", _payload(FULL), _Context(_Engine(deltas)))
+    assert op is not None
+    assert (await _run(op))[0] == expected
+    op = ops.open("op-1", _payload(FULL), _Context(_Engine(deltas)))
+    assert op is not None
+    assert (await _callback(op))[0] == expected
+
+
+async def test_a_refused_attach_sends_what_the_ordinary_path_sends() -> None:
+    """The engine refuses the attach: the ordinary path's ``next`` carrying the error, then
+    ``complete``, from both ways of driving the op."""
+    ops = _ops()
+    await _ordinary(ops, _payload(FULL), _Engine(DELTAS))
+    refusing = _Engine(DELTAS, fail=RuntimeError("attach refused: too many sessions"))
+    expected = await _ordinary(None, _payload(FULL), refusing)
+    assert expected == [
+        '{"id":"op-1","type":"next","payload":{"data":null,"errors":'
+        '[{"message":"attach refused: too many sessions"}]}}',
+        '{"id":"op-1","type":"complete"}',
+    ]
+    op = ops.open("op-1", _payload(FULL), _Context(refusing))
+    assert op is not None
+    assert await _run(op) == (expected, ["op-1"])
+    op = ops.open("op-1", _payload(FULL), _Context(refusing))
+    assert op is not None
+    assert (await _callback(op))[0] == expected
+
+
+async def test_drain_takes_at_most_its_budget_and_says_when_more_wait() -> None:
+    """A drain hands at most ``budget`` frames to one write and answers True while more
+    (or the end) wait; the frames are in order across drains."""
+    ops = _ops()
+    expected = await _ordinary(ops, _payload(FULL), _Engine(DELTAS))
+    op = ops.open("op-1", _payload(FULL), _Context(_Engine(DELTAS)))
+    assert op is not None
+    texts, writes, _done = await _callback(op, budget=2)
+    assert texts == expected
+    assert [len(w) for w in writes] == [2, 2, 2]
+
+
+async def test_callback_mode_wakes_once_per_batch_and_follows_flow_control() -> None:
+    """The waker is called once for a burst of deltas queued before the drain, not while
+    paused (the subscriber counts as not reading: ``waiting`` 0, ``last_seen`` from the
+    pause), and at once on resume when frames wait; close detaches and ends the calls."""
+    ops = _ops()
+    await _ordinary(ops, _payload(FULL), _Engine(DELTAS))
+    engine = _Engine([Reset(1, {'"t1"': ALPHA})], end=False)
+    op = ops.open("op-1", _payload(FULL), _Context(engine))
+    assert op is not None
+    wakes: list[LiveOp] = []
+    writes: list[list[str]] = []
+    attached = asyncio.Event()
+    op.start(lambda o: (wakes.append(o), attached.set()), lambda _id: None)
+    await asyncio.wait_for(attached.wait(), 5)
+    (stream,) = engine.streams
+    assert wakes == [op] and stream.waiting == 1  # reading: the render side sees it active
+    stream.put(Upsert(2, '"t1"', ALPHA, CAUSE))
+    assert wakes == [op]  # not drained yet: no second wake
+    assert op.drain(writes.append) is False
+    assert [len(w) for w in writes] == [2]
+    stream.put(Upsert(3, '"t2"', BETA))
+    stream.put(Upsert(4, '"t2"', BETA))
+    assert len(wakes) == 2
+    op.pause()
+    before = time.monotonic()
+    assert stream.waiting == 0 and stream.last_seen >= before - 1
+    assert op.drain(writes.append) is False and len(writes) == 1  # takes nothing paused
+    stream.put(Remove(5, '"t2"', CAUSE))
+    assert len(wakes) == 2
+    op.resume()
+    assert len(wakes) == 3 and stream.waiting == 1
+    op.drain(writes.append)
+    assert [len(w) for w in writes] == [2, 3]
+    op.close()
+    assert engine.closed == ["s-0"]
+    stream.put(Upsert(6, '"t1"', ALPHA))
+    assert len(wakes) == 3 and op.drain(writes.append) is False and len(writes) == 2
+
+
+async def test_closing_during_the_attach_detaches_and_sends_nothing() -> None:
+    """A complete (or the socket's end) while the attach is pending: the attach is
+    cancelled, and a session that attached anyway is detached; nothing is written."""
+    ops = _ops()
+    await _ordinary(ops, _payload(FULL), _Engine(DELTAS))
+    engine = _Engine(DELTAS, gate=asyncio.Event())
+    op = ops.open("op-1", _payload(FULL), _Context(engine))
+    assert op is not None
+    calls: list[object] = []
+    op.start(calls.append, calls.append)
+    await asyncio.sleep(0)
+    op.close()
+    engine.gate.set()  # type: ignore[union-attr]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert calls == [] and engine.streams == [] and op.drain(calls.append) is False
+
+
+async def test_a_cancelled_run_detaches_its_session() -> None:
+    """The handler cancels the op's task (complete, disconnect, session_max_age): the session
+    is detached and no complete is sent."""
+    ops = _ops()
+    await _ordinary(ops, _payload(FULL), _Engine(DELTAS))
+    engine = _Engine(DELTAS, end=False)
+    op = ops.open("op-1", _payload(FULL), _Context(engine))
+    assert op is not None
+    sent: list[str] = []
+    got = asyncio.Event()
+
+    async def send(text: str) -> None:
+        sent.append(text)
+        if len(sent) == len(DELTAS):
+            got.set()
+
+    task = asyncio.create_task(op.run(send))
+    await asyncio.wait_for(got.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.closed == ["s-0"] and len(sent) == len(DELTAS)
+    assert '"complete"' not in sent[-1]
+
+
+def test_the_waker_is_called_only_when_nobody_awaits() -> None:
+    """SessionStream.set_waker: a put wakes the callback once until the next take; none is
+    called for a stream nobody set one on; clearing it marks the subscriber not reading."""
+    stream: SessionStream[Any] = SessionStream(SessionId("s"), 100, lambda: None)
+    calls: list[int] = []
+    stream.put(Reset(1, {}))
+    stream.set_waker(lambda: calls.append(1))
+    assert calls == [1] and stream.waiting == 1  # something waited: called at once
+    stream.put(Upsert(2, '"k"', ALPHA))
+    assert calls == [1]
+    assert stream.get_nowait() is not None
+    stream.put(Upsert(3, '"k"', BETA))
+    assert calls == [1, 1]
+    stream.set_waker(None)
+    assert stream.waiting == 0
+    stream.end("bye")
+    assert calls == [1, 1]
