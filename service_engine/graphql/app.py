@@ -76,8 +76,10 @@ from strawberry.extensions import (
     DisableIntrospection,
     MaxAliasesLimiter,
     MaxTokensLimiter,
+    ParserCache,
     QueryDepthLimiter,
     SchemaExtension,
+    ValidationCache,
 )
 from strawberry.http import GraphQLRequestData
 from strawberry.http.exceptions import (
@@ -104,6 +106,7 @@ from ..errors import ConfigError
 from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
 from . import delivery, frames
+from .live_ops import LiveOp, LiveOps, per_operation_extensions
 from .ops import DEFAULT_OPS_ROLE, ops_routes
 from .passport import (
     PASSPORT_HEADER,
@@ -299,6 +302,14 @@ class _RefusalCodes(SchemaExtension):
             refusal = refusal_of(error)
             if refusal is not None:
                 error.extensions = {**(error.extensions or {}), "code": refusal.value}
+
+
+_DOCUMENT_FIXED: tuple[type[SchemaExtension], ...] = (
+    MaxTokensLimiter, AddValidationRules, DisableIntrospection, _RefusalCodes,
+    ParserCache, ValidationCache,
+)
+"""The extensions `limited_schema` adds: what they do is fixed by the
+document text, so a document they passed once passes again (live_ops.py)."""
 
 
 def limited_schema(schema: BaseSchema, config: EngineConfig) -> Schema:
@@ -592,15 +603,56 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[GraphQLContext[Any], Non
                 }],
             })
             return
+        payload = message.get("payload")
+        if (
+            self.connection_acknowledged
+            and message["id"] not in self.operations
+            and isinstance(payload, dict)
+        ):
+            # A document already run here as a planned live field: served
+            # without Strawberry's operation (live_ops.py).
+            live = self._engine_view.live_ops.open(message["id"], payload, self.context)
+            if live is not None:
+                self._start_live(live)
+                return
         await super().handle_subscribe(message)
+
+    def _start_live(self, live: LiveOp) -> None:
+        operation = _LiveOperation(self, live)
+        operation.task = asyncio.create_task(self._serve_live(operation))
+        operation.task.add_done_callback(self._task_done)
+        # In the operations table like any: complete, 4409, the socket's
+        # subscription bound, session_max_age and shutdown treat it alike.
+        self.operations[live.id] = operation
+
+    async def _serve_live(self, operation: _LiveOperation) -> None:
+        websocket = cast(_WebSocketAdapter, self.websocket).ws
+        sink = frames.FrameSink(websocket, operation.id)
+
+        def forget(operation_id: str) -> None:
+            # As Strawberry forgets an operation before its complete is sent.
+            operation.completed = True
+            if self.operations.get(operation_id) is operation:
+                del self.operations[operation_id]
+
+        try:
+            await operation.live.run(sink.text, forget)
+        except Exception as error:
+            await self.handle_task_exception(error)
+            forget(operation.id)
+            raise
 
     async def run_operation(self, operation: Operation[GraphQLContext[Any], None]) -> None:
         if not self._engine_view.direct_frames:
             await super().run_operation(operation)
             return
-        # This task's live field writes its planned frames itself (frames.py).
+        # This task's live field writes its planned frames itself (frames.py);
+        # a planned live field it serves makes its document known (live_ops.py).
         websocket = cast(_WebSocketAdapter, self.websocket).ws
-        with frames.open_sink(websocket, operation.id):
+        learning = self._engine_view.live_ops.learning(
+            {"query": operation.query, "operationName": operation.operation_name}
+        )
+        with frames.open_sink(websocket, operation.id), learning:
             await super().run_operation(operation)
 
     @staticmethod
@@ -634,6 +686,16 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[GraphQLContext[Any], Non
                 await self.websocket.close(code=refused[0], reason=refused[1])
                 return
         await super().handle_connection_init(message)
+
+
+class _LiveOperation(Operation[GraphQLContext[Any], None]):
+    """A `LiveOp` in the handler's operations table (no Strawberry run)."""
+
+    __slots__ = ("live",)
+
+    def __init__(self, handler: _TransportWSHandler, live: LiveOp) -> None:
+        super().__init__(handler, live.id, "", None, None)
+        self.live = live
 
 
 _HANDSHAKE_SLOT = "service_engine.handshake"
@@ -703,6 +765,13 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
             and frames.direct_frames_allowed(self.schema)
         )
         """Planned live frames are written by their operation's task (frames.py)."""
+        served = cast(Schema, self.schema)  # limited_schema's
+        self.live_ops = LiveOps(
+            served,
+            encode=self.encode_json,
+            enabled=self.direct_frames and not per_operation_extensions(served, _DOCUMENT_FIXED),
+        )
+        """Known-planned live documents, served without Strawberry per operation."""
         self._subscriptions_here = (
             f"subscriptions are served over graphql-transport-ws on {ws_path}, not over HTTP"
         )
