@@ -4,13 +4,17 @@ A pooled connection is reset when it is released (asyncpg's reset query:
 ``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``), one round
 trip of its own. `Database.commit` sends that reset in COMMIT's round trip
 instead and marks the connection, so its release skips the query: every
-release still starts the next user from a reset session.
+release still starts the next user from a reset session. A connection
+taken with `Database.plain` (statements that leave no session state, such
+as a principal fact's one SELECT) is marked the same way when its block
+ends cleanly: there is nothing for the reset to undo.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import asyncpg
@@ -95,6 +99,30 @@ class Database(AsyncResource):
         await conn.execute(f"COMMIT; {reset}" if reset else "COMMIT")
         if mark is not None and reset:
             mark()
+
+    @contextlib.asynccontextmanager
+    async def plain(self) -> AsyncIterator[Any]:
+        """A pooled connection for statements that leave no session state
+        behind, released without the reset query (its own round trip).
+
+        For autocommit reads and writes (and a transaction the block
+        commits or rolls back itself) that issue no ``SET`` (``SET LOCAL``
+        and ``set_config(..., true)`` end with their transaction), no
+        ``LISTEN``, no session advisory lock and no ``DECLARE``: what the
+        reset would undo. A block that raises, or leaves a transaction
+        open, is reset on release as usual.
+        """
+        async with self.pool.acquire() as conn:
+            yield conn
+            mark = getattr(conn, "_mark_session_reset", None)  # a pooled one, or its proxy
+            if mark is not None and not conn.is_in_transaction():
+                mark()
+
+    async def fetch(self, query: str, *args: Any) -> list[Any]:
+        """One statement's rows on a `plain` connection (no release reset)."""
+        async with self.plain() as conn:
+            rows: list[Any] = await conn.fetch(query, *args)
+            return rows
 
     async def aclose(self) -> None:
         await self.pool.close()

@@ -27,6 +27,8 @@ hand: ``delivered``, the sender's ``metadata`` / ``actor`` and its resolved
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import logging
 import uuid
@@ -71,6 +73,7 @@ from ..messaging.outbox import OutboxRow
 from ..messaging.reactions import PrincipalUnresolved, ReactionDelivery
 from ..offers.staging import DirtyMark, DirtyMarks
 from ..persistence.base import Aggregate, NotFound, Persistence, load_pinned, store_of
+from ..persistence.crud import CrudStore
 
 __all__ = ["Bulk", "Mutation", "Ops", "OutboxRow", "Reaction", "Staged", "principal_actor"]
 
@@ -151,6 +154,9 @@ class Ops:
         self._confirmation: Confirmation | None = None
         self._claim: tuple[uuid.UUID, str] | None = None
         self._claimed_before = False
+        # The image of each row loaded (and pinned) since this transaction's
+        # last write: a second load of it answers a copy, no round trip.
+        self._images: dict[tuple[str, str], Any] = {}
 
     # -- time -------------------------------------------------------------
 
@@ -174,17 +180,33 @@ class Ops:
         return found
 
     async def load_optional(self, aggregate_type: type[AggT], key: Any) -> AggT | None:
-        """As `load`, but ``None`` when there is no aggregate under ``key``."""
+        """As `load`, but ``None`` when there is no aggregate under ``key``.
+
+        A row loaded again in the same transaction, with nothing written
+        through this context since and its row pinned by the first load
+        (a `CrudStore`'s ``SELECT ... FOR UPDATE``: no other transaction
+        can change it until the commit), is answered as a fresh copy of
+        the first load's image instead of a second read."""
         store = store_of(aggregate_type)
         await self._lock(store, key, pin=False)  # the load pins the row
-        found = await self._db(Stage.LOAD, lambda: load_pinned(store, self._conn, key))
+        identity = self._identity(store, key)
+        image = self._images.get(identity)
+        if image is not None:
+            found = copy.deepcopy(image)
+        else:
+            found = await self._db(
+                Stage.LOAD, lambda: load_pinned(store, self._conn, key), writes=False
+            )
+            if found is not None and _pins_on_load(store):
+                with contextlib.suppress(Exception):  # an image that cannot be copied is re-read
+                    self._images[identity] = copy.deepcopy(found)
         if found is not None and not isinstance(found, aggregate_type):
             raise DeclarationError(
                 f"{aggregate_type.__qualname__}.Store loaded a {type(found).__qualname__}: "
                 "declare a Store on each concrete aggregate class"
             )
         if found is not None:
-            self._blob_seen[self._identity(store, key)] = blob_refs_of(found)
+            self._blob_seen[identity] = blob_refs_of(found)
         return found
 
     async def create(self, aggregate: Aggregate) -> None:
@@ -201,9 +223,13 @@ class Ops:
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
 
     async def save(self, aggregate: Aggregate) -> None:
-        """Write the aggregate's new state and its pending events."""
+        """Write the aggregate's new state and its pending events.
+
+        Under the aggregate's advisory lock; a store's row `lock` is taken
+        first for an aggregate this transaction did not load, except a
+        `CrudStore`'s, whose one UPDATE locks the row itself."""
         store = store_of(type(aggregate))
-        await self._lock(store, store.key_of(aggregate))
+        await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
         await self._db(Stage.SAVE, lambda: store.save(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
         identity = self._identity(store, store.key_of(aggregate))
@@ -215,7 +241,7 @@ class Ops:
         """Remove the aggregate. Stage its impact as for any write; an
         offered noun's key is retracted by the leader's next drain."""
         store = store_of(type(aggregate))
-        await self._lock(store, store.key_of(aggregate))
+        await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
         await self._db(Stage.DELETE, lambda: store.delete(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
         identity = self._identity(store, store.key_of(aggregate))
@@ -226,6 +252,7 @@ class Ops:
         aggregate API (an erasure's anonymising UPDATE, a hand-written
         DELETE): its offers re-publish (or retract) it after the commit.
         Staged with the transaction; a no-op for a noun no offer carries."""
+        self._images.clear()
         self._offers.aggregate(aggregate_type, key)
 
     # -- blobs --------------------------------------------------------------
@@ -521,6 +548,7 @@ class Ops:
                     lambda: self._conn.execute(
                         f"{begin}; SELECT pg_advisory_xact_lock({lock_key:d})"
                     ),
+                    writes=False,
                 )
             else:
                 sql = f"{begin}; {claim_and_lock_statement(*claim, lock_key)}"
@@ -530,10 +558,12 @@ class Ops:
                     raise ClaimedBefore(claim[0])
         else:
             await self._db(
-                Stage.LOCK, lambda: self._conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key)
+                Stage.LOCK,
+                lambda: self._conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key),
+                writes=False,
             )
         if pin:
-            await self._db(Stage.LOCK, lambda: store.lock(self._conn, key))
+            await self._db(Stage.LOCK, lambda: store.lock(self._conn, key), writes=False)
         self._locked.add(identity)
 
     async def _execute_first(self, stage: Stage, sql: str) -> str:
@@ -598,14 +628,21 @@ class Ops:
         self._after_commit.clear()
         self._blobs = BlobStaging()
         self._blob_seen.clear()
+        self._images.clear()
         self._confirmation = None
 
-    async def _db(self, stage: Stage, call: Callable[[], Awaitable[T]]) -> T:
-        """Run one database call of ``stage``, translating driver errors."""
+    async def _db(
+        self, stage: Stage, call: Callable[[], Awaitable[T]], *, writes: bool = True
+    ) -> T:
+        """Run one database call of ``stage``, translating driver errors.
+        A call that may write (any but the context's own locks and loads,
+        ``writes=False``) forgets the loaded images first."""
         if self._failed is not None:
             raise self._failed
         if self._claimed_before:
             raise ClaimedBefore(None)
+        if writes:
+            self._images.clear()
         await self._ensure_begun()
         try:
             result = await call()
@@ -622,6 +659,15 @@ class Ops:
             on_begun, self._on_begun = self._on_begun, None
             await self._db(Stage.BEGIN, on_begun)
         return result
+
+
+def _pins_on_load(store: Persistence[Any, Any]) -> bool:
+    """Whether the pipeline's load of ``store`` pins its row (a `CrudStore`
+    with row locks and its own lock and load: ``SELECT ... FOR UPDATE``)."""
+    return (
+        isinstance(store, CrudStore) and store.lock_rows
+        and type(store).lock is CrudStore.lock and type(store).load is CrudStore.load
+    )
 
 
 class ClaimedBefore(Exception):

@@ -268,5 +268,7 @@ Invite.Store = InviteStore()
 
 async def load_memberships(db: Database, subject: str) -> Iterable[str]:
     """The `BOARD_MEMBERSHIPS` fact of ``subject``: the boards they joined."""
-    rows = await db.pool.fetch("SELECT board_id FROM board_member WHERE person = $1", subject)
+    # One autocommit read that leaves no session state: released without
+    # the pool's reset round trip.
+    rows = await db.fetch("SELECT board_id FROM board_member WHERE person = $1", subject)
     return [row["board_id"] for row in rows]

@@ -40,7 +40,16 @@ ORG_BOARDS_UNION = subscription_union(
 @strawberry.type(description="The outcome of a board mutation: the board as the caller now "
                              "sees it, or why nothing changed.")
 class BoardResult(MutationResult):
-    board: BoardView | None = None
+    board_id: strawberry.Private[str | None] = None
+    viewer: strawberry.Private[Principal | None] = None
+
+    @strawberry.field
+    async def board(self, info: Info) -> BoardView | None:
+        """Read after the commit, as the caller sees it, and only when the
+        caller selects it: a mutation answered without ``board`` reads nothing."""
+        if self.board_id is None:
+            return None
+        return await BOARD_VIEWS.one(info.context, self.board_id, principal=self.viewer)
 
 
 @strawberry.type(description="An invite's one-shot token: shown to its creator once, never stored.")
@@ -52,13 +61,12 @@ def _executor(info: Info) -> MutationExecutor:
     return info.context.engine.mutation_executor()
 
 
-async def _board_result(
-    info: Info, outcome: object, board_id: str, principal: Principal | None = None
+def _board_result(
+    outcome: object, board_id: str, principal: Principal | None = None
 ) -> BoardResult:
     if isinstance(outcome, MutationError):
         return BoardResult.refused(outcome)
-    view = await BOARD_VIEWS.one(info.context, board_id, principal=principal)
-    return BoardResult(success=True, board=view)
+    return BoardResult(success=True, board_id=board_id, viewer=principal)
 
 
 @strawberry.type
@@ -90,23 +98,23 @@ class BoardMutation:
             info.context.principal, create_board, title, None if id is None else str(id)
         )
         if isinstance(outcome, MutationError):
-            return await _board_result(info, outcome, "")
-        return await _board_result(info, outcome, outcome)
+            return _board_result(outcome, "")
+        return _board_result(outcome, outcome)
 
     @strawberry.mutation
     async def rename_board(self, info: Info, id: strawberry.ID, title: str) -> BoardResult:
         outcome = await _executor(info).ack(info.context.principal, rename_board, str(id), title)
-        return await _board_result(info, outcome, str(id))
+        return _board_result(outcome, str(id))
 
     @strawberry.mutation
     async def archive_board(self, info: Info, id: strawberry.ID) -> BoardResult:
         outcome = await _executor(info).ack(info.context.principal, archive_board, str(id))
-        return await _board_result(info, outcome, str(id))
+        return _board_result(outcome, str(id))
 
     @strawberry.mutation
     async def unarchive_board(self, info: Info, id: strawberry.ID) -> BoardResult:
         outcome = await _executor(info).ack(info.context.principal, unarchive_board, str(id))
-        return await _board_result(info, outcome, str(id))
+        return _board_result(outcome, str(id))
 
     @strawberry.mutation(description="Delete an archived board with its memberships and "
                                      "invites (a declared cascade, at most 100 of each: "
@@ -130,10 +138,10 @@ class BoardMutation:
     async def accept_invite(self, info: Info, token: str) -> BoardResult:
         outcome = await _executor(info).execute(info.context.principal, accept_invite, token)
         if isinstance(outcome, MutationError):
-            return await _board_result(info, outcome, "")
+            return _board_result(outcome, "")
         # The caller's facts just changed: answer with the view they now have.
         joined = await info.context.engine.load_principal_facts(info.context.principal)
-        return await _board_result(info, outcome, outcome, joined)
+        return _board_result(outcome, outcome, joined)
 
 
 @strawberry.type
