@@ -1,0 +1,165 @@
+"""Task-free live operations on the served socket, against real Postgres.
+
+The reference service's board slice runs in process; a standard
+graphql-transport-ws client subscribes. The first subscribe of a document
+runs through Strawberry; the next one of the same document is a `LiveOp`
+(seen by a spy on `LiveOps.open`, the engine itself untouched). Its frames
+are the ordinary path's bytes, and the socket treats it as an operation:
+``complete`` detaches its session, a duplicate id closes 4409, it counts
+toward ``ws_max_subscriptions_per_socket``, ``session_max_age`` and a
+disconnect detach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from service_engine import EngineConfig
+from service_engine.embedded import EmbeddedPostgres, ProvisionedDatabase
+from service_engine.graphql.live_ops import LiveOp, LiveOps
+
+from .blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME, GqlSocket
+from .example_support import Running, example_config, example_database, running
+from .harness import wait_until
+
+BOUND = 10.0
+
+SOCKETS = ["asgi", "wire"] if "graphql_wire" in EngineConfig.model_fields else ["asgi"]
+"""Strawberry's handler under ASGI, and the engine's own socket (``graphql_wire``)."""
+
+
+@pytest.fixture(params=SOCKETS)
+def socket_kind(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The config overrides serving the socket one way or the other."""
+    if "graphql_wire" not in EngineConfig.model_fields:
+        return {}
+    return {"graphql_wire": request.param == "wire"}
+
+
+@pytest.fixture
+async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
+    async with example_database(pg_server) as provisioned:
+        yield provisioned
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids `LiveOps.open` served as a LiveOp (a spy: the real open runs)."""
+    served: list[str] = []
+    real = LiveOps.open
+
+    def spy(self: LiveOps, operation_id: str, payload: Any, context: Any) -> LiveOp | None:
+        op = real(self, operation_id, payload, context)
+        if op is not None:
+            served.append(operation_id)
+        return op
+
+    monkeypatch.setattr(LiveOps, "open", spy)
+    return served
+
+
+async def _frames(socket: GqlSocket, wanted: dict[str, int]) -> dict[str, list[str]]:
+    """Raw frames by operation id until each op in ``wanted`` has that many."""
+    got: dict[str, list[str]] = {op: [] for op in wanted}
+    while any(len(got[op]) < n for op, n in wanted.items()):
+        raw = await asyncio.wait_for(socket.ws.recv(), BOUND)
+        assert isinstance(raw, str)
+        got.setdefault(json.loads(raw)["id"], []).append(raw)
+    return got
+
+
+def _as(frames: list[str], op_id: str) -> list[str]:
+    """The frames with their operation id replaced (the only per-op byte)."""
+    return [f.replace(f'{{"id":"{json.loads(f)["id"]}"', f'{{"id":"{op_id}"', 1)
+            for f in frames]
+
+
+def _sessions(run: Running) -> int:
+    return len(run.engine.render.sessions)
+
+
+async def test_the_second_subscribe_of_a_document_is_a_live_op_with_the_same_bytes(
+    store: ProvisionedDatabase, opened: list[str], socket_kind: dict[str, Any]
+) -> None:
+    """The first subscribe goes through Strawberry, the second (same socket) and a third
+    (another socket) are LiveOps; all three receive the same bytes for the Reset, a create
+    and a rename; a ``complete`` detaches the live op's session and it sends nothing more,
+    while the others go on."""
+    config = example_config(**socket_kind)
+    async with running(store, ["board"], config=config) as run, run.socket(ADMIN) as a, \
+            run.socket(ADMIN) as b:
+        await a.subscribe("first", BOARDS_SUBSCRIPTION)
+        first = await _frames(a, {"first": 1})
+        await a.subscribe("second", BOARDS_SUBSCRIPTION)
+        await b.subscribe("third", BOARDS_SUBSCRIPTION)
+        second = await _frames(a, {"second": 1})
+        third = await _frames(b, {"third": 1})
+        assert opened == ["second", "third"]
+        assert _as(second["second"], "first") == first["first"] == _as(third["third"], "first")
+        created = await run.gql(CREATE, {"id": "b-live", "title": "Live \u00e9 \"q\""}, ADMIN)
+        assert created["createBoard"]["success"], created
+        on_a = await _frames(a, {"first": 1, "second": 1})
+        on_b = await _frames(b, {"third": 1})
+        assert _as(on_a["second"], "first") == on_a["first"] == _as(on_b["third"], "first")
+        await a.send({"id": "second", "type": "complete"})
+        await wait_until(lambda: _sessions(run) == 2, timeout=BOUND, what="second detached")
+        renamed = await run.gql(RENAME, {"id": "b-live", "title": "renamed"}, ADMIN)
+        assert renamed["renameBoard"]["success"], renamed
+        on_a = await _frames(a, {"first": 1})
+        on_b = await _frames(b, {"third": 1})
+        assert set(on_a) == {"first"} and _as(on_b["third"], "first") == on_a["first"]
+        await a.quiet(0.3)
+
+
+async def test_a_live_op_is_an_operation_of_its_socket(
+    store: ProvisionedDatabase, opened: list[str], socket_kind: dict[str, Any]
+) -> None:
+    """A live op counts toward ws_max_subscriptions_per_socket (the typed refusal, the
+    socket stays up), its id is taken while it lives (4409), and closing the socket
+    detaches its session."""
+    config = example_config(ws_max_subscriptions_per_socket=2, **socket_kind)
+    async with running(store, ["board"], config=config) as run:
+        async with run.socket(ADMIN) as ws:
+            await ws.subscribe("first", BOARDS_SUBSCRIPTION)
+            await _frames(ws, {"first": 1})
+            await ws.subscribe("second", BOARDS_SUBSCRIPTION)
+            await _frames(ws, {"second": 1})
+            assert opened == ["second"]
+            await ws.subscribe("over", BOARDS_SUBSCRIPTION)
+            refused = json.loads((await _frames(ws, {"over": 1}))["over"][0])
+            assert refused["type"] == "error", refused
+            assert refused["payload"][0]["extensions"]["code"] == "too_many_subscriptions"
+            await ws.send({"id": "second", "type": "complete"})
+            await wait_until(lambda: _sessions(run) == 1, timeout=BOUND, what="detached")
+            await ws.subscribe("again", BOARDS_SUBSCRIPTION)
+            await _frames(ws, {"again": 1})
+            assert opened == ["second", "again"]
+            await ws.subscribe("again", BOARDS_SUBSCRIPTION)
+            ended, _at, _before = await ws.closed()
+            assert ended.rcvd is not None and ended.rcvd.code == 4409, ended
+        await wait_until(lambda: _sessions(run) == 0, timeout=BOUND, what="all detached")
+
+
+async def test_session_max_age_stops_live_ops_before_closing(
+    store: ProvisionedDatabase, opened: list[str], socket_kind: dict[str, Any]
+) -> None:
+    """At session_max_age the socket's live op is stopped (its session detached) and the
+    socket closed with 1001 ``session_max_age``."""
+    config = example_config(session_max_age=timedelta(seconds=3),
+                            session_ttl=timedelta(seconds=1), **socket_kind)
+    async with running(store, ["board"], config=config) as run, run.socket(ADMIN) as ws:
+        await ws.subscribe("first", BOARDS_SUBSCRIPTION)
+        await _frames(ws, {"first": 1})
+        await ws.subscribe("second", BOARDS_SUBSCRIPTION)
+        await _frames(ws, {"second": 1})
+        assert opened == ["second"]
+        ended, _at, _before = await ws.closed(timeout=BOUND)
+        assert ended.rcvd is not None, ended
+        assert (ended.rcvd.code, ended.rcvd.reason) == (1001, "session_max_age")
+        await wait_until(lambda: _sessions(run) == 0, timeout=BOUND, what="all detached")
