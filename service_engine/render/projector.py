@@ -20,7 +20,8 @@ Upserted), and the removal of rows when the principal's facts change.
 projectors).
 
 The render-pass hooks have defaults: `Projector.cohort` (one cohort per
-principal), ``RESET_THRESHOLD`` (the engine's ``reset_threshold``),
+principal), `Projector.view_key` (none: every session projects its own
+views), ``RESET_THRESHOLD`` (the engine's ``reset_threshold``),
 `Projector.emission` (coalesced) and ``RLS`` (False).
 
 This module holds no I/O: the runtime implements `Populate` and calls the
@@ -250,6 +251,24 @@ class Projector(ABC, Generic[RowT, ViewT, PrincipalT, QueryT]):
         ``RLS`` projector may not override it.
         """
         return CohortKey.of_principal(principal.id)
+
+    def view_key(self, principal: PrincipalT) -> Hashable | None:
+        """What of the principal `project` reads, when that is less than all
+        of it; default ``None``: every session projects its own views.
+
+        Return a hashable value such that two principals with equal view keys
+        get equal views of *every* row (say, ``(principal.org,
+        principal.roles)`` for a view whose affordances read nothing else).
+        A render pass, a snapshot batch and a page then project a row once
+        per view key and the sessions hold the one view object, so a cohort
+        of a thousand subscribers costs one projection, not a thousand. The
+        key only shares the projection: which rows a session sees is still
+        its own principal's (`visible`). Like `cohort`, it must be a pure
+        function of the principal; in debug the pass re-projects one sharing
+        session's view and, on a difference, logs it and stops sharing that
+        projector's views (every session then projects its own).
+        """
+        return None
 
     def emission(self, impact: Impact) -> Emission:
         """How a caused impact of this projector's noun is delivered:

@@ -52,6 +52,7 @@ from .projector import (
 )
 from .report import PassTally
 from .session import Session, SessionId, authorize_page, new_session_id, parse_session_id
+from .sharing import SharedViews, view_key_of
 from .stream import SessionStream
 from .windows import Keys, WindowSpec, keyed
 
@@ -100,6 +101,8 @@ class AttachedSession:
     """The principal's cohorts when the projector gates by its declared
     Visibility alone (the render pass then indexes rows by cohort)."""
     resync: bool = False
+    view_key: Hashable | None = None
+    """The principal's `Projector.view_key` (None: its views are its own)."""
     live_since: int = 0
     """`RenderRegistry._planned` when its last snapshot completed: a pass
     planned no later than that may have read rows older than the snapshot."""
@@ -149,6 +152,11 @@ class RenderRegistry:
         self._attaching: dict[str, list[tuple[AttachedSession, asyncio.Future[None]]]] = {}
         self._attach_tasks: set[asyncio.Task[None]] = set()
         self._attach_readers = asyncio.Semaphore(ATTACH_READERS)
+        # Projectors whose declared view key was found not to determine the
+        # view (see `SharedViews`): their views are projected per session.
+        self._unshared: set[str] = set()
+        self._debug_views = __debug__
+        """Check a shared view against a second session's own projection."""
 
     # -- registration -----------------------------------------------------
 
@@ -209,6 +217,7 @@ class RenderRegistry:
         if sid in self._sessions:
             raise AttachError(f"session {sid} is already attached")
         pkey = principal_key(principal.id)
+        view_key = view_key_of(proj, principal)
         session: Session[Any, Any] = Session(
             sid, proj.NAME, principal, pkey, cohort_of(proj, principal), window.population,
             repair_attempts=self._config.repair_attempts, now=time.monotonic(),
@@ -218,7 +227,7 @@ class RenderRegistry:
         )
         rec = AttachedSession(
             session, proj, stream, applier, proj.render_gate(principal),
-            memberships_of(proj, principal),
+            memberships_of(proj, principal), view_key=view_key,
         )
         self._sessions[sid] = rec
         self._count_live(proj.NAME, 1)
@@ -380,29 +389,59 @@ class RenderRegistry:
     @staticmethod
     def _project(
         rec: AttachedSession, rows: Mapping[KeyText, Any], scope: Mapping[KeyText, JsonValue],
-        tally: PassTally,
+        tally: PassTally | None = None, views: SharedViews | None = None,
     ) -> dict[KeyText, Any]:
+        """The session's visible views of ``scope``: through ``views`` (the
+        load's shared projections, which count them) when given, else each
+        projected here and counted in ``tally``."""
         out: dict[KeyText, Any] = {}
         gate = rec.gate
-        project = rec.projector.project
         principal = rec.session.principal
+        if views is None:
+            assert tally is not None
+            project = rec.projector.project
+            for text in scope:
+                row = rows.get(text)
+                if row is not None and gate(row):
+                    out[text] = project(row, principal)
+                    tally.projections += 1
+            return out
+        view = views.view
+        view_key = rec.view_key
         for text in scope:
             row = rows.get(text)
             if row is not None and gate(row):
-                out[text] = project(row, principal)
-                tally.projections += 1
+                out[text] = view(view_key, text, row, principal)
         return out
 
     @staticmethod
     def _project_visible(
         rec: AttachedSession, rows: Mapping[KeyText, Any], scope: Mapping[KeyText, JsonValue],
-        visible: set[KeyText], tally: PassTally,
+        visible: set[KeyText], views: SharedViews,
     ) -> dict[KeyText, Any]:
-        project = rec.projector.project
+        view = views.view
+        view_key = rec.view_key
         principal = rec.session.principal
-        out = {text: project(rows[text], principal) for text in scope if text in visible}
-        tally.projections += len(out)
-        return out
+        return {
+            text: view(view_key, text, rows[text], principal) for text in scope if text in visible
+        }
+
+    def _shared_views(self, proj: Projector[Any, Any, Any, Any]) -> SharedViews:
+        """The memo one load's projections go through (see `SharedViews`)."""
+        return SharedViews(
+            proj.project, check=self._debug_views, shares=proj.NAME not in self._unshared
+        )
+
+    def _settle_views(
+        self, proj: Projector[Any, Any, Any, Any], views: SharedViews, tally: PassTally
+    ) -> None:
+        """Count the load's projections; a view key found wrong turns its
+        projector's sharing off for good, loudly."""
+        tally.projections += views.projections
+        if views.mismatch is not None and proj.NAME not in self._unshared:
+            self._unshared.add(proj.NAME)
+            _log.error("projector %s: view_key does not determine the view (%s); "
+                       "projecting its views per session from now on", proj.NAME, views.mismatch)
 
     # -- snapshots ------------------------------------------------------------------
 
@@ -584,12 +623,14 @@ class RenderRegistry:
                 scopes.append(keys)
                 union.update(keys)
             rows = await self._load(conn, proj, union, tally)
+        views = self._shared_views(proj)
         for rec, found, keys in zip(recs, populated, scopes, strict=True):
             if rec.session.ended:
                 continue
-            rendered = self._project(rec, rows, keys, tally)
+            rendered = self._project(rec, rows, keys, tally, views)
             self._note_rendered(proj, rows, rendered)
             self._complete_snapshot(rec, "attaching", found, rendered, tally, None)
+        self._settle_views(proj, views, tally)
 
     def _note_rendered(
         self, proj: Projector[Any, Any, Any, Any], rows: Mapping[KeyText, Any],

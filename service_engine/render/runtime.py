@@ -40,7 +40,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import EngineConfig
@@ -59,6 +59,7 @@ from .projector import Projector, RlsApplier, cohort_of, reset_threshold_for
 from .registry import AttachedSession, RenderRegistry
 from .report import PassReport, PassTally
 from .session import Session
+from .sharing import SharedViews, view_key_of
 from .stream import SessionStream
 from .windows import WindowSpec
 
@@ -122,17 +123,39 @@ class _Batch:
     """The pass is behind: PerImpact causes fold to the latest per key."""
 
 
+class _Group:
+    """What the discovering sessions of one membership set and view key
+    share in a pass: when they see every changed key, one plan and one map
+    of views (``rendered`` None: they see part of it, each plans its own)."""
+
+    __slots__ = ("plan", "rendered", "verified")
+
+    def __init__(self, plan: RenderPlan | None) -> None:
+        self.plan = plan
+        self.rendered: dict[KeyText, Any] | None = None
+        self.verified = False
+
+
 @dataclass(slots=True)
 class _Loaded:
     """A batch after its load: each session's plan (``None``: a discovering
-    session found through the cohort index), the keys loaded, the rows."""
+    session found through the cohort index), the keys loaded, the rows, and
+    what the batch's sessions share: the projected views (`SharedViews`), the
+    discovering sessions' plan and views per membership set and view key,
+    the folded causes per change."""
 
     batch: _Batch
     planned: list[tuple[AttachedSession, RenderPlan | None]]
     loaded: dict[KeyText, JsonValue]
     rows: dict[KeyText, Any]
     by_cohort: dict[Hashable, list[KeyText]] | None
+    views: SharedViews
     _visible: dict[frozenset[Hashable], set[KeyText]] = field(default_factory=dict)
+    _groups: dict[tuple[frozenset[Hashable], Hashable], _Group] = field(default_factory=dict)
+    _folded: dict[int, tuple[Dirty, list[tuple[KeyText, Cause]], int]] = field(
+        default_factory=dict)
+    delivered: int = 0
+    """Deltas the batch enqueued (added to the metric once, not per session)."""
 
     def visible_to(self, memberships: frozenset[Hashable]) -> set[KeyText]:
         """The loaded keys a principal of ``memberships`` sees (computed once
@@ -142,6 +165,36 @@ class _Loaded:
             assert self.by_cohort is not None
             found = self._visible[memberships] = visible_keys(self.by_cohort, memberships)
         return found
+
+    def group(
+        self, rec: AttachedSession, change: Dirty, visible: set[KeyText]
+    ) -> _Group:
+        """The discovering sessions' share for ``rec``'s membership set and
+        view key (``rec.memberships`` is set: the projector is indexed)."""
+        memberships = rec.memberships
+        assert memberships is not None
+        slot = (memberships, rec.view_key)
+        found = self._groups.get(slot)
+        if found is None:
+            keys = change.keys
+            every = all(key in visible for key in keys)
+            # A discovering window's plan for a change is the change itself
+            # (`Membership.plan`): one plan serves every such session.
+            found = self._groups[slot] = _Group(RenderPlan(keys) if every and keys else None)
+        return found
+
+    def causes(self, change: Dirty) -> tuple[Sequence[tuple[KeyText, Cause]], int]:
+        """``change.caused``, folded to the latest per key when the pass is
+        behind (once per change, however many sessions render it), and how
+        many causes that folded away."""
+        caused = change.caused
+        if not self.batch.behind or len(caused) < 2:
+            return caused, 0
+        found = self._folded.get(id(change))
+        if found is None or found[0] is not change:
+            latest, folded = latest_causes(caused)
+            found = self._folded[id(change)] = (change, latest, folded)
+        return found[1], found[2]
 
 
 class RenderRuntime(RenderRegistry):
@@ -160,6 +213,7 @@ class RenderRuntime(RenderRegistry):
         super().__init__(db, config, accepting=accepting, metrics=metrics)
         self._channel = channel
         self._debug = debug
+        self._debug_views = debug
         self.last_report = PassReport()
         self.on_report: Callable[[PassReport], None] | None = None
         self._behind = False
@@ -279,6 +333,7 @@ class RenderRuntime(RenderRegistry):
                 continue
             try:
                 principal = await self._refresh(session.principal)
+                view_key = view_key_of(rec.projector, principal)
             except Exception as exc:
                 _log.warning("principal refresh failed; ending session %s", session.id,
                              exc_info=exc)
@@ -287,6 +342,7 @@ class RenderRuntime(RenderRegistry):
             session.refresh_principal(principal, session.principal_key,
                                       cohort_of(rec.projector, principal))
             rec.gate = rec.projector.render_gate(principal)
+            rec.view_key = view_key
             index = self._indexes.get(rec.projector.NAME)
             if index is not None:
                 index.leave(session, rec.memberships)
@@ -370,7 +426,7 @@ class RenderRuntime(RenderRegistry):
         planned.extend((rec, None) for rec in self._discovered(batch, rows))
         indexed = batch.proj.NAME in self._indexes
         by_cohort = index_by_cohort(batch.proj, rows) if indexed else None
-        return _Loaded(batch, planned, union, rows, by_cohort)
+        return _Loaded(batch, planned, union, rows, by_cohort, self._shared_views(batch.proj))
 
     async def _plan_member(
         self, conn: Conn, rec: AttachedSession, dirty: Dirty, tally: PassTally
@@ -406,10 +462,16 @@ class RenderRuntime(RenderRegistry):
 
     async def _render_batch(self, loaded: _Loaded, tally: PassTally, slicer: _Slice) -> None:
         batch = loaded.batch
+        render_member = self._render_member
+        tick = slicer.tick
         for rec, plan in loaded.planned:
             # A session that ended or began a snapshot while the pass yielded
             # is skipped by _render_member's own check.
-            await slicer.tick(self._render_member(loaded, rec, plan, tally))
+            await tick(render_member(loaded, rec, plan, tally))
+        self._settle_views(batch.proj, loaded.views, tally)
+        if loaded.delivered:
+            name = batch.proj.NAME
+            self._delivered[name] = self._delivered.get(name, 0) + loaded.delivered
         index = self._indexes.get(batch.proj.NAME)
         if index is not None:
             changed = batch.discover.keys if batch.discover is not None else {}
@@ -428,12 +490,10 @@ class RenderRuntime(RenderRegistry):
             return False
         change = batch.discover if plan is None else batch.dirties[session]
         assert change is not None
-        caused: Sequence[tuple[KeyText, Cause]] = change.caused
-        if batch.behind and len(caused) > 1:
-            caused, folded = latest_causes(caused)
-            tally.coalesced += folded
+        caused, folded = loaded.causes(change)
+        tally.coalesced += folded
         try:
-            projected = self._project_member(loaded, rec, plan, change, tally)
+            projected = self._project_member(loaded, rec, plan, change)
             if projected is None:
                 return False
             plan, rendered = projected
@@ -442,37 +502,67 @@ class RenderRuntime(RenderRegistry):
             tally.failures += 1
             self._failed(rec, f"render failed: {type(exc).__name__}: {exc}", exc)
             return False
-        self._deliver(rec, deltas, tally)
+        if deltas:
+            self._deliver(loaded, rec, deltas, tally)
+        else:
+            tally.sessions += 1
         return bool(deltas)
 
     def _project_member(
         self, loaded: _Loaded, rec: AttachedSession, plan: RenderPlan | None, change: Dirty,
-        tally: PassTally,
     ) -> tuple[RenderPlan, dict[KeyText, Any]] | None:
         """The session's plan and its visible views; None when a discovering
-        session turns out to hold and see none of the change."""
+        session turns out to hold and see none of the change. Discovering
+        sessions of one membership set and view key that see the whole
+        change share one plan and one map of views."""
+        views = loaded.views
         if loaded.by_cohort is None or rec.memberships is None:
             assert plan is not None
-            return plan, self._project(rec, loaded.rows, plan.scope, tally)
+            return plan, self._project(rec, loaded.rows, plan.scope, views=views)
         visible = loaded.visible_to(rec.memberships)
         if plan is None:
-            relevant = relevant_keys(rec.session, change.keys, visible)
-            if not relevant:
-                return None
-            plan = replace(rec.session.plan(change), scope=relevant)
-        return plan, self._project_visible(rec, loaded.rows, plan.scope, visible, tally)
+            group = loaded.group(rec, change, visible)
+            plan = group.plan
+            if plan is not None and rec.view_key is not None and views.shares:
+                rendered = group.rendered
+                if rendered is None:
+                    rendered = group.rendered = self._project_visible(
+                        rec, loaded.rows, plan.scope, visible, views)
+                    return plan, rendered
+                if group.verified or views.verify(
+                    rec.view_key, rendered, loaded.rows, rec.session.principal
+                ):
+                    group.verified = True
+                    return plan, rendered
+                # The view key was found wrong: this session projects its own.
+            if plan is None:
+                relevant = relevant_keys(rec.session, change.keys, visible)
+                if not relevant:
+                    return None
+                plan = RenderPlan(relevant)
+        return plan, self._project_visible(rec, loaded.rows, plan.scope, visible, views)
 
     def _deliver(
-        self, rec: AttachedSession, deltas: Sequence[Delta[Any]], tally: PassTally
+        self, loaded: _Loaded, rec: AttachedSession, deltas: Sequence[Delta[Any]],
+        tally: PassTally,
     ) -> None:
-        collapsed = rec.stream.collapsed
+        stream = rec.stream
+        collapsed = stream.collapsed
+        put = stream.put
+        tally.sessions += 1
+        tally.deltas += len(deltas)
         for delta in deltas:
-            self._emit(rec, delta)
-            if isinstance(delta, Reset):
+            if put(delta):
+                loaded.delivered += 1
+            else:
+                # The subscriber fell too far behind: a Reset replaces the backlog.
+                rec.resync = True
+                self._wake.set()
+            if type(delta) is Reset:
                 # More keys changed than the reset threshold: one Reset instead.
+                tally.resets += 1
                 self.count_reset(rec.projector.NAME, "threshold")
-        tally.delivered(deltas)
-        tally.collapsed += rec.stream.collapsed - collapsed
+        tally.collapsed += stream.collapsed - collapsed
 
     # -- 6. report --------------------------------------------------------------------
 

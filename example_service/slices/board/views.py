@@ -102,6 +102,10 @@ class BoardsView(Projector[Board, BoardView, Principal, BoardsQuery]):
             affordances=affordance_list(row, principal),
         )
 
+    def view_key(self, principal: Principal) -> Hashable:
+        # The view and its gates read the org, the roles and the invites only.
+        return (principal.org, principal.roles, principal.fact(BOARD_MEMBERSHIPS))
+
     def emission(self, impact: Impact) -> Emission:
         # Every caused change reaches the subscriber with its cause.
         return PerImpact

@@ -1,0 +1,243 @@
+"""The render pass alone, in process: CPU per session-delta, no sockets, no database.
+
+    python bench/render_pass.py [--sessions 1000] [--orgs 1,50] [--passes 200]
+                                [--views boards,plain] [--rounds 3] [--before TREE]
+
+``--sessions`` live sessions (each its own principal, as one subscriber per
+socket is) over the reference service's ``boards`` projector (its real
+``project``: the board's view with the caller's affordances, every gate
+evaluated for the principal) or a ``plain`` one (a cheap view, the pass's own
+per-session cost), spread over ``--orgs`` orgs of five boards each. Each pass
+renders one committed rename (a caused impact, as a ``renameBoard`` mutation
+stages it) through `RenderRuntime.render_pass`: route, plan, the cohort
+index's discovery, the load (an in-memory store behind a stand-in pool: one
+``read_many`` per pass, no I/O), projection, diff, the stream put. Between
+passes every stream is drained outside the timed part, as a subscriber that
+keeps up would.
+
+Reported per variant: process CPU per session-delta (the pass's time over the
+deltas it enqueued), per pass, and deltas per pass. ``--before TREE`` runs
+the same passes against another checkout of the engine (a worktree of an
+earlier commit) in a child process, interleaved round by round with this
+tree, so both share the machine's load; the best round of each is printed
+side by side with their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+TREE = os.environ.get("RENDER_PASS_TREE") or str(Path(__file__).resolve().parents[1])
+sys.path.insert(0, TREE)
+
+from example_service.kernel import Principal  # noqa: E402
+from example_service.slices.board.domain import Board  # noqa: E402
+from example_service.slices.board.views import BoardsQuery, BoardsView  # noqa: E402
+from service_engine import EngineConfig, Query, WindowSpec  # noqa: E402
+from service_engine.impacts.model import Cause, Impact  # noqa: E402
+from service_engine.impacts.transport import ImpactChannel  # noqa: E402
+from service_engine.metrics import Metrics  # noqa: E402
+from service_engine.render.runtime import RenderRuntime  # noqa: E402
+
+BOARDS_PER_ORG = 5
+
+
+class MemoryStore:
+    """The rows, as a store's ``read_many`` / ``key_of`` serve them."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Board] = {}
+
+    async def read_many(self, conn: object, keys: Sequence[Any]) -> list[Board]:
+        rows = self.rows
+        return [rows[k] for k in keys if k in rows]
+
+    @staticmethod
+    def key_of(row: Board) -> str:
+        return row.id
+
+
+STORE = MemoryStore()
+
+
+class _Conn:
+    @contextlib.asynccontextmanager
+    async def transaction(self, **_: object) -> AsyncIterator[None]:
+        yield
+
+
+class _Pool:
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[_Conn]:
+        yield _Conn()
+
+
+@dataclass
+class _Db:
+    pool: _Pool
+
+
+def _ids_in(cx: Any) -> list[str]:
+    orgs = {value for kind, value in (c for c in cx.cohorts or () if isinstance(c, tuple))
+            if kind == "org"}
+    return sorted(k for k, row in STORE.rows.items() if row.org in orgs)
+
+
+class Boards(BoardsView):
+    """The reference projector over the in-memory rows."""
+
+    NAME = "boards"
+    STORE: ClassVar[Any] = STORE
+
+    async def populate(self, cx: Any, query: BoardsQuery) -> Sequence[Any]:
+        return _ids_in(cx)
+
+
+@dataclass(frozen=True, slots=True)
+class PlainView:
+    id: str
+    title: str
+    archived: bool
+
+
+class Plain(BoardsView):
+    """The same rows and visibility with a cheap view."""
+
+    NAME = "plain"
+    STORE: ClassVar[Any] = STORE
+
+    async def populate(self, cx: Any, query: BoardsQuery) -> Sequence[Any]:
+        return _ids_in(cx)
+
+    def project(self, row: Board, principal: Any) -> Any:
+        return PlainView(row.id, row.title, row.archived)
+
+
+async def _measure(view: str, sessions: int, orgs: int, passes: int) -> dict[str, float]:
+    config = EngineConfig()
+    runtime = RenderRuntime(
+        _Db(_Pool()), config, ImpactChannel(1 << 16),  # type: ignore[arg-type]
+        metrics=Metrics("bench", "render-pass"),
+    )
+    proj = Boards() if view == "boards" else Plain()
+    runtime.register_projector(proj)
+    STORE.rows.clear()
+    for o in range(orgs):
+        for b in range(BOARDS_PER_ORG):
+            board = Board(id=f"b{o}-{b}", org=f"o{o}", title="t0", owner="w")
+            STORE.rows[board.id] = board
+    streams = []
+    for i in range(sessions):
+        principal = Principal(id=f"s{i}", actor=f"s{i}", org=f"o{i % orgs}",
+                              roles=frozenset({"board:archive"}))
+        streams.append(await runtime.attach(principal, proj.NAME,
+                                            WindowSpec(Query(BoardsQuery(100)))))
+    await asyncio.sleep(0)
+    for stream in streams:
+        while stream.get_nowait() is not None:
+            pass
+    keys = list(STORE.rows)
+    gc.collect()
+    gc.freeze()
+    cpu = 0.0
+    deltas = 0
+    for n in range(passes + 20):
+        key = keys[n % len(keys)]
+        STORE.rows[key] = replace(STORE.rows[key], title=f"t{n + 1}")
+        cause = Cause("board.renamed", {"board": key, "by": "w"})
+        delivery = [Impact.entity("board", key, cause)]
+        started = time.process_time()
+        report = await runtime.render_pass([delivery])
+        spent = time.process_time() - started
+        if n >= 20:  # the first passes warm the caches
+            cpu += spent
+            deltas += report.deltas
+        for stream in streams:
+            while stream.get_nowait() is not None:
+                pass
+    gc.unfreeze()
+    runtime.end_all("done")
+    return {
+        "us_per_delta": cpu / max(deltas, 1) * 1e6,
+        "us_per_pass": cpu / passes * 1e6,
+        "deltas_per_pass": deltas / passes,
+    }
+
+
+def _child(args: argparse.Namespace) -> None:
+    out = {}
+    for view in args.views.split(","):
+        for orgs in [int(o) for o in args.orgs.split(",")]:
+            out[f"{view}/{orgs}"] = asyncio.run(
+                _measure(view, args.sessions, orgs, args.passes))
+    print(json.dumps(out))
+
+
+def _run(tree: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    env = {**os.environ, "RENDER_PASS_TREE": tree, "PYTHONPATH": tree}
+    command = [sys.executable, __file__, "--child", "--sessions", str(args.sessions),
+               "--orgs", args.orgs, "--passes", str(args.passes), "--views", args.views]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}: {done.stderr}")
+    result: dict[str, dict[str, float]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _best(runs: Iterable[Mapping[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    best: dict[str, dict[str, float]] = {}
+    for run in runs:
+        for cell, figures in run.items():
+            if cell not in best or figures["us_per_delta"] < best[cell]["us_per_delta"]:
+                best[cell] = figures
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--orgs", default="1,50")
+    parser.add_argument("--passes", type=int, default=200)
+    parser.add_argument("--views", default="boards,plain")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--before", default="", help="another checkout to run beside this one")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args)
+        return
+    trees = {"this": TREE} | ({"before": args.before} if args.before else {})
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in trees}
+    load = os.getloadavg()[0]
+    for _ in range(args.rounds):
+        for name in reversed(list(trees)):
+            runs[name].append(_run(trees[name], args))
+    best = {name: _best(found) for name, found in runs.items()}
+    print(f"{args.sessions} sessions, {args.passes} passes, best of {args.rounds}; "
+          f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
+    header = f"{'view / orgs':<12} {'tree':<7} {'us/delta':>9} {'us/pass':>10} {'deltas/pass':>12}"
+    print(header)
+    for cell in best["this"]:
+        for name in trees:
+            f = best[name][cell]
+            print(f"{cell:<12} {name:<7} {f['us_per_delta']:>9.2f} {f['us_per_pass']:>10.0f}"
+                  f" {f['deltas_per_pass']:>12.1f}")
+        if "before" in best:
+            ratio = best["before"][cell]["us_per_delta"] / best["this"][cell]["us_per_delta"]
+            print(f"{'':<12} {'ratio':<7} {ratio:>8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
