@@ -12,7 +12,12 @@ fragments, variables in ``@include`` / ``@skip``, the RLS-read projector, a
 window of one that drops a key, a document that fails validation, one past
 the socket's subscription bound, one the client completes, a presence lane's
 notices); after each step, every operation's frames must be the same text on
-every socket.
+every socket. Each document is subscribed twice on every socket: the first
+runs through Strawberry, the second, on the served pod, is a task-free live
+operation (`service_engine.graphql.live_ops`), completed by the client too;
+where the engine's own socket serves by default (``graphql_wire``), a fourth
+pod serves the socket through ASGI and Strawberry's handler, live
+operations included.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 
+from service_engine import EngineConfig
 from service_engine.embedded import EmbeddedNats
 
 from .harness import (
@@ -89,17 +95,24 @@ TYPING = """subscription($id: ID!) { replyTyping(id: $id) { __typename
 START_REPLY = "mutation($id: ID) { startReply(id: $id) { success error { code message } } }"
 SET_TYPING = "mutation($id: ID!) { replyTyping(id: $id) { success error { code } } }"
 
-MAX_SUBSCRIPTIONS = len(DOCUMENTS) + 2
-"""The socket bound on every pod: the documents, the window of one and the
-completed one fit (the invalid one is refused, never live); one more does not."""
+AGAIN = "-again"
+"""The id suffix of a document's second subscribe (a live operation where served so)."""
+
+MAX_SUBSCRIPTIONS = 2 * len(DOCUMENTS) + 3
+"""The socket bound on every pod: the documents twice, the window of one and
+the completed one twice fit (the invalid one is refused, never live); one
+more does not."""
 
 VARIANTS = {
     "direct": {},
     "strawberry": {"SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES": "false"},
     "executed": {"SERVICE_ENGINE_GRAPHQL_DELIVERY_PLAN": "false"},
 }
-"""The served default, the plan through Strawberry's per-event path, and
-graphql-core's execution per subscriber per event."""
+"""The served default (direct frames, known documents as live operations),
+the plan through Strawberry's per-event path, and graphql-core's execution
+per subscriber per event."""
+if "graphql_wire" in EngineConfig.model_fields:
+    VARIANTS["asgi"] = {"SERVICE_ENGINE_GRAPHQL_WIRE": "false"}
 
 QUIET = 0.5
 """How long a socket must stay quiet for a write's frames to count as all in."""
@@ -162,7 +175,7 @@ class _Sockets:
 
 
 @contextlib.asynccontextmanager
-async def _three(pods: Pods, env: dict[str, str]) -> AsyncIterator[tuple[list[Pod], _Sockets]]:
+async def _variants(pods: Pods, env: dict[str, str]) -> AsyncIterator[tuple[list[Pod], _Sockets]]:
     spawned = [await pods.spawn(name, env={**env, **extra}) for name, extra in VARIANTS.items()]
     async with contextlib.AsyncExitStack() as stack:
         sockets = {pod.name: await stack.enter_async_context(pod.socket(ADMIN))
@@ -174,20 +187,25 @@ async def _three(pods: Pods, env: dict[str, str]) -> AsyncIterator[tuple[list[Po
 
 async def test_planned_direct_and_executed_delivery_send_the_same_bytes(pods: Pods) -> None:
     """Each step's frames, per operation, are the same text from the pod writing planned frames
-    directly, the pod sending them through Strawberry and the pod executing every event:
-    Resets, Upserts, a Remove from a delete and one from a window of one, a validation
-    error, the socket bound's refusal, and nothing more for an operation the client
-    completed."""
+    directly (a document's second subscribe a live operation), the pod sending them through
+    Strawberry and the pod executing every event: Resets, Upserts, a Remove from a delete
+    and one from a window of one, a validation error, the socket bound's refusal, and
+    nothing more for an operation the client completed (the live one too)."""
     env = {"SERVICE_ENGINE_WS_MAX_SUBSCRIPTIONS_PER_SOCKET": str(MAX_SUBSCRIPTIONS)}
-    async with _three(pods, env) as ((direct, _strawberry, executed), on):
+    async with _variants(pods, env) as ((direct, _strawberry, executed, *_asgi), on):
         for op_id, (query, variables) in DOCUMENTS.items():
             await on.subscribe(op_id, query, variables)
         await on.subscribe("one", WINDOW_OF_ONE, None)
         await on.subscribe("invalid", INVALID, None)
         await on.settle()  # the invalid one is refused, and no longer counts
         await on.subscribe("completed", COMPLETED, None)
+        await on.settle()  # every document has run once: known where live operations serve
+        for op_id, (query, variables) in DOCUMENTS.items():
+            await on.subscribe(op_id + AGAIN, query, variables)
+        await on.subscribe("completed" + AGAIN, COMPLETED, None)
         frames = await on.settle()
-        assert set(frames) == {*DOCUMENTS, "one", "invalid", "completed"}
+        assert set(frames) == {*DOCUMENTS, "one", "invalid", "completed",
+                               *(op + AGAIN for op in [*DOCUMENTS, "completed"])}
         assert json.loads(frames["invalid"][0])["type"] == "error"
         await on.subscribe("over", COMPLETED, None)
         frames = await on.settle()
@@ -197,17 +215,24 @@ async def test_planned_direct_and_executed_delivery_send_the_same_bytes(pods: Po
         await direct.gql(RENAME, {"id": "b-interop", "title": "renamed"}, ADMIN)
         await on.settle()
         await on.send({"id": "completed", "type": "complete"})
+        await on.send({"id": "completed" + AGAIN, "type": "complete"})
         await executed.gql(ARCHIVE, {"id": "b-interop"}, ADMIN)
         await on.settle()
         await create_board(executed, "b-interop-2", "second")
         await on.settle()
         await direct.gql(DELETE, {"id": "b-interop"}, ADMIN)
         frames = await on.settle()
-    # Every live operation received its Reset and at least one change; the completed one
-    # nothing after its complete; both windows saw a Remove.
-    live = {*DOCUMENTS, "one"}
+    # Every live operation received its Reset and at least one change; the completed ones
+    # nothing after their complete; both windows saw a Remove; a document's second
+    # subscribe (no change came between the two) received what its first did.
+    live = {*DOCUMENTS, "one", *(op + AGAIN for op in DOCUMENTS)}
     assert all(len(frames[op]) >= 2 for op in live), frames
     assert len(frames["completed"]) == 3, frames["completed"]  # Reset, create, rename
+    assert len(frames["completed" + AGAIN]) == 3, frames["completed" + AGAIN]
+    for op in [*DOCUMENTS, "completed"]:
+        again = [f.replace(f'{{"id":"{op + AGAIN}"', f'{{"id":"{op}"', 1)
+                 for f in frames[op + AGAIN]]
+        assert again == frames[op], op
     assert any('"BoardsRemove"' in f for f in frames["one"]), frames["one"]
     assert any('"BoardsRemove"' in f for f in frames["full"]), frames["full"]
 
@@ -222,7 +247,7 @@ async def test_lane_notices_are_the_same_bytes_on_every_path(
     higher): there the frames are compared with the revision read out and a repeated
     frame once."""
     env = {"SERVICE_ENGINE_NATS_GRACE": "0.5"}
-    async with _three(pods, env) as ((direct, _strawberry, _executed), on):
+    async with _variants(pods, env) as ((direct, *_others), on):
         started = await direct.gql(START_REPLY, {"id": "r-interop"}, ADMIN)
         assert started["startReply"]["success"], started
         await on.subscribe("typing", TYPING, {"id": "r-interop"})
@@ -243,6 +268,7 @@ async def test_lane_notices_are_the_same_bytes_on_every_path(
 
 
 _REVISION = re.compile(r'"revision":\d+')
+
 
 
 def _once_without_revision(frames: list[str]) -> list[str]:
