@@ -128,6 +128,12 @@ class EngineConfig(BaseModel):
     """A planned live subscription's frames go from its operation's task
     straight to the socket (`service_engine.graphql.frames`); False sends
     each through Strawberry's per-event path (the same bytes, more CPU)."""
+    graphql_live_ops: bool = True
+    """A live subscribe of a document this pod already ran as a planned
+    live field is served without Strawberry's operation or graphql-core's
+    execution context (`service_engine.graphql.live_ops`; needs direct
+    frames); False runs every subscribe through Strawberry (the same bytes,
+    more memory and CPU a session)."""
     ws_max_message_bytes: int = 262_144
     """A graphql-transport-ws message past this many bytes closes its socket
     with 1009 (message too big) and reason ``message_too_big``."""

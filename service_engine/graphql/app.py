@@ -769,7 +769,8 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         self.live_ops = LiveOps(
             served,
             encode=self.encode_json,
-            enabled=self.direct_frames and not per_operation_extensions(served, _DOCUMENT_FIXED),
+            enabled=self.direct_frames and self.config.graphql_live_ops
+            and not per_operation_extensions(served, _DOCUMENT_FIXED),
         )
         """Known-planned live documents, served without Strawberry per operation."""
         self._subscriptions_here = (
