@@ -42,7 +42,7 @@ from service_engine.graphql import (
     graphql_app,
     subscription_union,
 )
-from service_engine.host import bind_listener
+from service_engine.host import bind_listener, http_config
 from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Reset, Upsert
 
@@ -147,11 +147,17 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serving(app: ASGIApp) -> AsyncIterator[str]:
-    """Serve ``app`` with uvicorn on a free loopback port; yield ``host:port``."""
+async def serving(app: ASGIApp, *, wire: bool | None = None) -> AsyncIterator[str]:
+    """Serve ``app`` on a free loopback port as a pod serves it
+    (`host.http_config` of the app's engine config: its subscription socket
+    on the wire unless the config or ``wire`` says otherwise); yield ``host:port``."""
     sock = bind_listener("127.0.0.1:0")
     port = sock.getsockname()[1]
-    server = _Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+    view = getattr(getattr(app, "state", None), "graphql_view", None)
+    config = view.config if view is not None else EngineConfig()
+    if wire is not None:
+        config = config.model_copy(update={"graphql_wire": wire})
+    server = _Server(http_config(app, config))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         await wait_until(lambda: server.started or task.done(), what="uvicorn started")

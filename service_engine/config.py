@@ -154,6 +154,16 @@ class EngineConfig(BaseModel):
     """Offer per-message deflate (RFC 7692) on the subscription socket.
     Off by default: each compressed socket keeps zlib state (~64 KB or more
     a connection) and deflates every frame, for frames that are small JSON."""
+    graphql_wire: bool = True
+    """The subscription socket (``graphql_app``'s ws path) is served by the
+    engine's own graphql-transport-ws protocol handler
+    (`service_engine.graphql.wire`) when the app runs under `run_with` /
+    ``host.http_config``: no ASGI task, scope or Starlette WebSocket per
+    socket, and a planned live operation's frames written in one
+    ``transport.write`` per render pass. ASGI middleware does not see that
+    socket. False serves it through ASGI (Starlette and Strawberry's
+    handler: the same messages, more memory and CPU a session), for
+    comparison or for an app whose middleware must see the socket."""
     gc_tuned: bool = True
     """`run_with` freezes the heap built at boot (``gc.freeze()``: the
     collector never scans it again) and raises the collection thresholds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import signal
@@ -14,9 +15,12 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request
 
 from .config import EngineConfig
 from .engine import Engine
+from .graphql.wire import WireEndpoint, WireSocket
 from .logs import configure_logging
 
 __all__ = [
@@ -130,10 +134,78 @@ class LeanWebSocketProtocol(WebSocketsSansIOProtocol):
     scope keeps the headers the app reads. The frames on the wire are the
     same."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, wire: WireEndpoint | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.queue = _Inbox()  # type: ignore[assignment]
         self.writable = _Writable()  # type: ignore[assignment]
+        self._wire = wire
+        self._taken: WireSocket | None = None
+
+    def handle_events(self) -> None:
+        # uvicorn's dispatch, plus the hand-over: an upgrade on the wire's
+        # path is served by a WireSocket, which takes every later event.
+        for event in self.conn.events_received():
+            taken = self._taken
+            if taken is not None:
+                taken.handle_event(event)
+            elif isinstance(event, Request):
+                self.handle_connect(event)
+            elif isinstance(event, Frame):
+                opcode = event.opcode
+                if opcode == Opcode.CONT:
+                    self.handle_cont(event)
+                elif opcode == Opcode.TEXT:
+                    self.handle_text(event)
+                elif opcode == Opcode.BINARY:
+                    self.handle_bytes(event)
+                elif opcode == Opcode.PING:
+                    self.handle_ping()
+                elif opcode == Opcode.PONG:
+                    self.handle_pong(event)
+                elif opcode == Opcode.CLOSE:
+                    self.handle_close(event)
+
+    def handle_connect(self, event: Request) -> None:
+        wire = self._wire
+        if wire is None or not wire.serves(event):
+            super().handle_connect(event)
+            return
+        taken = self._taken = wire.take(self, event)
+        # uvicorn sets this protocol on the transport after the request's
+        # bytes are parsed; the socket takes it over on the next turn (until
+        # then this one hands everything on). Nothing of this object stays.
+        self.loop.call_soon(self._hand_over, taken)
+
+    def _hand_over(self, taken: WireSocket) -> None:
+        self.transport.set_protocol(taken)
+
+    def data_received(self, data: bytes) -> None:
+        taken = self._taken
+        if taken is not None:
+            taken.data_received(data)
+            return
+        super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        taken = self._taken
+        if taken is not None:
+            taken.connection_lost(exc)
+            return
+        super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        taken = self._taken
+        if taken is not None:
+            taken.pause_writing()
+            return
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        taken = self._taken
+        if taken is not None:
+            taken.resume_writing()
+            return
+        super().resume_writing()
 
     async def send(self, message: Any) -> None:
         await super().send(message)
@@ -170,6 +242,11 @@ def http_config(
     app: ASGIApp, config: EngineConfig, *, shutdown_grace: int = HTTP_SHUTDOWN_GRACE
 ) -> uvicorn.Config:
     """The HTTP server's configuration for a pod of ``config``."""
+    ws: Any = LeanWebSocketProtocol
+    view = getattr(getattr(app, "state", None), "graphql_wire", None)
+    if config.graphql_wire and view is not None:
+        # The app's subscription socket on the engine's own protocol handler.
+        ws = functools.partial(LeanWebSocketProtocol, wire=WireEndpoint(view))
     return uvicorn.Config(
         app, lifespan="off", log_level="warning",
         # The server's own frame bound backs the app's typed
@@ -180,7 +257,7 @@ def http_config(
         # frame against ~20 for "websockets" and "wsproto"): websockets-sansio,
         # named rather than left to "auto" (which would pick wsproto without
         # websockets), lightened per socket (LeanWebSocketProtocol).
-        ws=LeanWebSocketProtocol,
+        ws=ws,
         http="httptools",  # the C parser: h11's pure-Python one was ~6% of a mutation
         backlog=LISTEN_BACKLOG,
         timeout_graceful_shutdown=shutdown_grace,

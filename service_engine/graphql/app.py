@@ -244,7 +244,8 @@ class GraphQLContext(Generic[P]):
 
     @property
     def is_websocket(self) -> bool:
-        return isinstance(self.request, WebSocket)
+        # handshake_at is set for a socket on either path (ASGI or the wire).
+        return self.handshake_at is not None
 
     async def resolve(self, resolver: PassportPrincipal[Any], value: str | None) -> None:
         """Resolve the principal from an ``X-Passport`` value, once.
@@ -755,6 +756,9 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         """Sockets open on this app now (bounded by ws_max_sockets)."""
         self._handshakes = asyncio.Semaphore(engine.config.ws_max_handshakes)
         """Sockets not yet acknowledged (bounded by ws_max_handshakes)."""
+        self.handshake_slots = self._handshakes
+        """The same slots, for the wire's socket (`service_engine.graphql.wire`)."""
+        self.ws_path = ws_path
         self.resolver = resolver
         self.session_max_age: timedelta = engine.config.session_max_age
         self.passport_from_connection_params = passport_from_connection_params
@@ -1070,4 +1074,6 @@ def graphql_app(
         middleware=[Middleware(BodyLimit, limit=engine.config.http_max_body_bytes)],
     )
     app.state.graphql_view = view
+    # What the engine's own socket serves (host.http_config finds it).
+    app.state.graphql_wire = view
     return app

@@ -1,0 +1,429 @@
+"""The engine's own graphql-transport-ws socket (`service_engine.graphql.wire`)
+against the ASGI path it replaces: the same app served both ways side by
+side (``host.http_config`` with ``graphql_wire`` on and off), the same
+client scripts, the same messages and closes. Plus what only the wire
+does: who serves which path, WebSocket-level pings both ways, flow control
+under a reader that stops, the server's shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import socket
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from service_engine import Database
+from service_engine.graphql import PASSPORT_HEADER, graphql_app
+from service_engine.graphql.wire import WireSocket
+from service_engine.host import LeanWebSocketProtocol, _Server, bind_listener, http_config
+
+from .harness import wait_until
+from .test_graphql_app import (
+    ALICE,
+    BANNED,
+    BOUND,
+    PROTOCOL,
+    SCHEMA,
+    closed,
+    initialise,
+    receive,
+    resolve_me,
+    running_engine,
+    send,
+)
+
+INIT = {"type": "connection_init"}
+
+
+@dataclass
+class Served:
+    addr: str
+    server: uvicorn.Server
+
+
+@contextlib.asynccontextmanager
+async def serve(app: Any, *, wire: bool, **uvicorn_options: Any) -> AsyncIterator[Served]:
+    """``app`` on a free port as a pod serves it, the wire on or off."""
+    view = app.state.graphql_view
+    config = http_config(app, view.config.model_copy(update={"graphql_wire": wire}))
+    for name, value in uvicorn_options.items():
+        setattr(config, name, value)
+    sock = bind_listener("127.0.0.1:0")
+    server = _Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await wait_until(lambda: server.started or task.done(), what="uvicorn started")
+        assert server.started
+        yield Served(f"127.0.0.1:{sock.getsockname()[1]}", server)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, BOUND * 2)
+        sock.close()
+
+
+@contextlib.asynccontextmanager
+async def both_paths(db: Database, **config: Any) -> AsyncIterator[dict[bool, str]]:
+    """One engine and app, served on the wire and through ASGI at once."""
+    async with running_engine(db, **config) as engine:
+        app = graphql_app(engine, SCHEMA, resolve_me)
+        async with serve(app, wire=True) as on, serve(app, wire=False) as off:
+            yield {True: on.addr, False: off.addr}
+
+
+Step = dict[str, Any] | str | bytes
+
+DROPPED = (-1, "dropped without a close frame")
+
+
+async def transcript(
+    addr: str, steps: list[Step], *, expect: int, passport: str | None = ALICE.to_header(),
+    subprotocols: list[Any] | None = None,
+) -> tuple[list[Any], tuple[int, str] | None]:
+    """Send ``steps``, read ``expect`` messages (or up to the close); the
+    messages and the close (code, reason), None if still open."""
+    headers = {PASSPORT_HEADER: passport} if passport is not None else {}
+    received: list[Any] = []
+    async with connect(
+        f"ws://{addr}/graphql/ws",
+        subprotocols=[PROTOCOL] if subprotocols is None else (subprotocols or None),
+        additional_headers=headers, open_timeout=BOUND,
+    ) as ws:
+        try:
+            for step in steps:
+                await ws.send(json.dumps(step) if isinstance(step, dict) else step)
+            while len(received) < expect:
+                received.append(json.loads(await asyncio.wait_for(ws.recv(), BOUND)))
+            # Still open? A ping is answered by an open socket only.
+            await ws.send(json.dumps({"type": "ping"}))
+            received.append(json.loads(await asyncio.wait_for(ws.recv(), BOUND)))
+        except ConnectionClosed as exc:
+            if exc.rcvd is None:
+                return received, DROPPED
+            return received, (exc.rcvd.code, exc.rcvd.reason)
+    return received, None
+
+
+WHOAMI = {"id": "q", "type": "subscribe", "payload": {"query": "{ whoami { sub } }"}}
+
+SCRIPTS: dict[str, tuple[list[Step], int]] = {
+    # name: (what the client sends, how many messages it reads before the end)
+    "init_then_ping": ([INIT, {"type": "ping"}], 2),
+    "pong_is_ignored": ([INIT, {"type": "pong"}, {"type": "ping"}], 2),
+    "subscribe_before_ack": ([WHOAMI], 0),
+    "repeated_init": ([INIT, INIT], 1),
+    "init_payload_not_an_object": ([{"type": "connection_init", "payload": "x"}], 0),
+    "init_payload_null": ([{"type": "connection_init", "payload": None}], 0),
+    "not_json": ([INIT, "{not json"], 1),
+    "not_an_object": ([INIT, "[1, 2]"], 1),
+    "binary": ([INIT, b"\x00\x01"], 1),
+    "unknown_type": ([INIT, {"type": "what"}], 1),
+    "no_type": ([INIT, {"id": "1"}], 1),
+    "subscribe_without_id": ([INIT, {"type": "subscribe", "payload": {"query": "{ pod }"}}], 1),
+    "subscribe_without_query": ([INIT, {"id": "1", "type": "subscribe", "payload": {}}], 1),
+    "complete_without_id": ([INIT, {"type": "complete"}], 1),
+    "complete_of_nothing": ([INIT, {"id": "x", "type": "complete"}, {"type": "ping"}], 2),
+    "query": ([INIT, WHOAMI], 3),
+    "variables_and_operation_name": ([INIT, {"id": "v", "type": "subscribe", "payload": {
+        "query": "subscription Q($n: Int!) { count(upTo: $n) } query P { pod }",
+        "variables": {"n": 2}, "operationName": "Q"}}], 4),
+    "variables_that_fail": ([INIT, {"id": "v", "type": "subscribe", "payload": {
+        "query": "subscription Q($n: Int!) { count(upTo: $n) }", "variables": {"n": "x"}}}], 2),
+    "validation_error": ([INIT, {"id": "e", "type": "subscribe",
+                                 "payload": {"query": "{ nope }"}}], 2),
+    "syntax_error": ([INIT, {"id": "s", "type": "subscribe",
+                             "payload": {"query": "{ whoami"}}], 1),
+    "unknown_operation_name": ([INIT, {"id": "n", "type": "subscribe", "payload": {
+        "query": "query A { pod } query B { pod }", "operationName": "C"}}], 1),
+    "subscription_streams": ([INIT, {"id": "c", "type": "subscribe", "payload": {
+        "query": "subscription { count(upTo: 3) }"}}], 5),
+    "typed_live_union": ([INIT, {"id": "u", "type": "subscribe", "payload": {"query": """
+        subscription { cards { __typename
+            ... on CardsReset { revision keys views { title } }
+            ... on CardsUpsert { revision key view { title } cause { name data } }
+            ... on LanesPaused { lanes } } }"""}}], 5),
+    "completed_live_then_ping": ([INIT, {"id": "w", "type": "subscribe", "payload": {
+        "query": "subscription { whoamiLive }"}}], 2),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+async def test_the_wire_answers_every_script_as_the_asgi_socket_does(
+    db: Database, script: str
+) -> None:
+    """The same client script gets the same messages, in order, and the
+    same close (code and reason) from the wire as from Strawberry's handler
+    behind ASGI: ack, pong, 4400 / 4401 / 4429 refusals with their reasons,
+    queries, variables, validation and syntax errors, streamed subscriptions,
+    the typed live union."""
+    steps, expect = SCRIPTS[script]
+    async with both_paths(db) as addrs:
+        wire = await transcript(addrs[True], steps, expect=expect)
+        asgi = await transcript(addrs[False], steps, expect=expect)
+    if script == "not_an_object":
+        # Strawberry's handler raises on a JSON message that is not an
+        # object and drops the socket; the wire closes it 4400.
+        assert wire == ([{"type": "connection_ack"}], (4400, "Failed to parse message"))
+        assert asgi[1] == DROPPED
+        return
+    assert wire == asgi
+
+
+async def test_refusals_at_the_upgrade_and_the_init_are_the_same(db: Database) -> None:
+    """No passport (4403 passport_missing), a refused passport (4403
+    passport_refused), no graphql-transport-ws subprotocol (accepted, closed
+    4406), a duplicate operation id (4409), the socket's subscription bound
+    (a typed error, the socket stays): the same on both paths."""
+    async with both_paths(db, ws_max_subscriptions_per_socket=1) as addrs:
+        results: dict[bool, list[Any]] = {}
+        for wire, addr in addrs.items():
+            results[wire] = [
+                await transcript(addr, [INIT], expect=0, passport=None),
+                await transcript(addr, [INIT], expect=0, passport=BANNED.to_header()),
+                await transcript(addr, [INIT], expect=0, subprotocols=[]),
+                await _duplicate(addr),
+                await _past_the_bound(addr),
+            ]
+        assert results[True] == results[False]
+        no_passport, banned, no_protocol, duplicate, bound = results[True]
+        assert no_passport[1][0] == 4403 and no_passport[1][1].startswith("passport_missing")
+        assert banned[1][0] == 4403 and banned[1][1].startswith("passport_refused")
+        assert no_protocol == ([], (4406, "Subprotocol not acceptable"))
+        assert duplicate == (4409, "Subscriber for w already exists")
+        assert bound["type"] == "error"
+        assert bound["payload"][0]["extensions"]["code"] == "too_many_subscriptions"
+
+
+async def _duplicate(addr: str) -> tuple[int, str]:
+    async with _socket(addr) as ws:
+        live = {"id": "w", "type": "subscribe", "payload": {"query": "subscription { whoamiLive }"}}
+        await send(ws, live)
+        assert (await receive(ws))["type"] == "next"
+        await send(ws, live)
+        close = await closed(ws)
+        assert close.rcvd is not None
+        return close.rcvd.code, close.rcvd.reason
+
+
+async def _past_the_bound(addr: str) -> dict[str, Any]:
+    async with _socket(addr) as ws:
+        await send(ws, {"id": "a", "type": "subscribe",
+                        "payload": {"query": "subscription { whoamiLive }"}})
+        assert (await receive(ws))["type"] == "next"
+        await send(ws, {"id": "b", "type": "subscribe",
+                        "payload": {"query": "subscription { whoamiLive }"}})
+        refused = await receive(ws)
+        # The socket stays: it still answers.
+        await send(ws, {"type": "ping"})
+        assert await receive(ws) == {"type": "pong"}
+        return refused
+
+
+@contextlib.asynccontextmanager
+async def _socket(addr: str) -> AsyncIterator[ClientConnection]:
+    async with connect(f"ws://{addr}/graphql/ws", subprotocols=[PROTOCOL],
+                       additional_headers={PASSPORT_HEADER: ALICE.to_header()},
+                       open_timeout=BOUND) as ws:
+        await initialise(ws)
+        yield ws
+
+
+async def test_the_ws_path_is_a_wire_socket_and_every_other_upgrade_stays_asgi(
+    db: Database,
+) -> None:
+    """With the wire on, the app's ws path is served by a `WireSocket` (no
+    ASGI task for it); another WebSocket route of the same app still goes
+    through ASGI; with the wire off the ws path is uvicorn's protocol."""
+
+    async def echo(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.send_text(await websocket.receive_text())
+        await websocket.close()
+
+    async with running_engine(db) as engine:
+        app = graphql_app(engine, SCHEMA, resolve_me, routes=[WebSocketRoute("/echo", echo)])
+        for wire in (True, False):
+            async with serve(app, wire=wire) as served, _socket(served.addr) as ws:
+                await send(ws, {"type": "ping"})
+                assert await receive(ws) == {"type": "pong"}
+                kinds = {type(c) for c in served.server.server_state.connections}
+                expected = WireSocket if wire else LeanWebSocketProtocol
+                assert kinds == {expected}, kinds
+                if wire:
+                    assert not served.server.server_state.tasks
+                async with connect(f"ws://{served.addr}/echo", open_timeout=BOUND) as other:
+                    await other.send("hello")
+                    assert await asyncio.wait_for(other.recv(), BOUND) == "hello"
+
+
+async def test_websocket_pings_are_answered_and_keepalive_closes_a_silent_peer(
+    db: Database,
+) -> None:
+    """A client's WebSocket ping gets its pong; the server's keepalive pings
+    (uvicorn's ws_ping_interval / ws_ping_timeout) keep an answering client
+    open and close one that never answers with 1011."""
+    async with running_engine(db) as engine:
+        app = graphql_app(engine, SCHEMA, resolve_me)
+        async with serve(app, wire=True, ws_ping_interval=0.1, ws_ping_timeout=0.3) as served:
+            async with _socket(served.addr) as ws:
+                pong = await ws.ping()
+                await asyncio.wait_for(pong, BOUND)
+                # Several keepalive rounds later the answering client is open.
+                await asyncio.sleep(0.6)
+                await send(ws, {"type": "ping"})
+                assert await receive(ws) == {"type": "pong"}
+            raw = await _raw_upgrade(served.addr)
+            try:
+                frames = await asyncio.wait_for(_read_until_close(raw), BOUND)
+            finally:
+                raw.close()
+            assert 0x9 in [opcode for opcode, _ in frames]  # a ping came
+            code = struct.unpack("!H", frames[-1][1][:2])[0]
+            assert code == 1011
+
+
+async def _raw_upgrade(addr: str, *, rcvbuf: int | None = None) -> socket.socket:
+    host, port = addr.split(":")
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    raw.connect((host, int(port)))
+    raw.setblocking(False)
+    key = base64.b64encode(os.urandom(16)).decode()
+    loop = asyncio.get_running_loop()
+    await loop.sock_sendall(raw, (
+        f"GET /graphql/ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+        f"Sec-WebSocket-Protocol: graphql-transport-ws\r\n"
+        f"{PASSPORT_HEADER}: {ALICE.to_header()}\r\n\r\n").encode())
+    return raw
+
+
+async def _read_until_close(raw: socket.socket) -> list[tuple[int, bytes]]:
+    """Read the upgrade answer, then server frames up to a close frame."""
+    loop = asyncio.get_running_loop()
+    buffer = b""
+    while b"\r\n\r\n" not in buffer:
+        buffer += await loop.sock_recv(raw, 65536)
+    head, _, buffer = buffer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101"), head
+    frames: list[tuple[int, bytes]] = []
+    while True:
+        while len(buffer) < 2 or len(buffer) < 2 + (buffer[1] & 0x7F):
+            chunk = await loop.sock_recv(raw, 65536)
+            if not chunk:
+                return frames
+            buffer += chunk
+        opcode, size = buffer[0] & 0x0F, buffer[1] & 0x7F
+        assert size < 126
+        frames.append((opcode, buffer[2:2 + size]))
+        buffer = buffer[2 + size:]
+        if opcode == 0x8:
+            return frames
+
+
+async def test_shutdown_closes_wire_sockets_1012_and_stops_their_operations(
+    db: Database,
+) -> None:
+    """The server's shutdown closes every wire socket with 1012 (service
+    restart) and stops its operations; the pod's socket count returns to 0."""
+    async with running_engine(db) as engine:
+        app = graphql_app(engine, SCHEMA, resolve_me)
+        view = app.state.graphql_view
+        async with serve(app, wire=True) as served, _socket(served.addr) as ws:
+            await send(ws, {"id": "w", "type": "subscribe",
+                            "payload": {"query": "subscription { whoamiLive }"}})
+            assert (await receive(ws))["type"] == "next"
+            served.server.should_exit = True
+            close = await closed(ws)
+            assert close.rcvd is not None and close.rcvd.code == 1012
+        assert view.open_sockets == 0
+
+
+async def test_a_reader_that_stops_pauses_its_operation_and_shutdown_aborts_it_past_the_grace(
+    db: Database,
+) -> None:
+    """A client that stops reading while an operation streams: the wire's
+    transport buffer stays bounded (the operation waits while writing is
+    paused, it does not queue without end), and a stopping pod aborts the
+    socket past its grace instead of waiting on it forever."""
+    async with running_engine(db) as engine:
+        app = graphql_app(engine, SCHEMA, resolve_me)
+        async with serve(app, wire=True, timeout_graceful_shutdown=1) as served:
+            raw = await _raw_upgrade(served.addr, rcvbuf=4096)
+            loop = asyncio.get_running_loop()
+            try:
+                await loop.sock_sendall(raw, _masked(json.dumps(INIT).encode()))
+                await loop.sock_sendall(raw, _masked(json.dumps({
+                    "id": "c", "type": "subscribe",
+                    "payload": {"query": "subscription { count(upTo: 1000000) }"}}).encode()))
+
+                def wire_socket() -> WireSocket | None:
+                    for connection in served.server.server_state.connections:
+                        if isinstance(connection, WireSocket):
+                            return connection
+                    return None
+
+                await wait_until(lambda: (s := wire_socket()) is not None and not s.writable,
+                                 what="the wire socket paused writing")
+                socket_ = wire_socket()
+                assert socket_ is not None
+                buffered = socket_.transport.get_write_buffer_size()
+                await asyncio.sleep(0.3)
+                # Paused: the operation waits; the buffer does not grow.
+                assert socket_.transport.get_write_buffer_size() == buffered
+                assert buffered < 1024 * 1024
+                served.server.should_exit = True
+                await wait_until(lambda: wire_socket() is None, timeout=BOUND * 2,
+                                 what="the socket aborted past the grace")
+            finally:
+                raw.close()
+
+
+def _masked(payload: bytes) -> bytes:
+    """A client's masked text frame."""
+    mask = os.urandom(4)
+    size = len(payload)
+    head = bytes([0x81, 0x80 | size]) if size < 126 else struct.pack("!BBH", 0x81, 0xFE, size)
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+async def test_closed_wire_sockets_leave_no_count_slot_or_connection(db: Database) -> None:
+    """Sockets opened and closed on the wire (initialised or not, with live
+    operations or not) leave the pod's socket count, handshake slots and the
+    server's connections as they were."""
+    async with running_engine(db, ws_max_handshakes=8) as engine:
+        app = graphql_app(engine, SCHEMA, resolve_me)
+        view = app.state.graphql_view
+        async with serve(app, wire=True) as served:
+
+            async def one(i: int) -> None:
+                async with connect(f"ws://{served.addr}/graphql/ws", subprotocols=[PROTOCOL],
+                                   additional_headers={PASSPORT_HEADER: ALICE.to_header()},
+                                   open_timeout=BOUND * 4) as ws:
+                    if i % 3:
+                        await initialise(ws)
+                    if i % 3 == 2:
+                        await send(ws, {"id": "w", "type": "subscribe",
+                                        "payload": {"query": "subscription { whoamiLive }"}})
+                        assert (await receive(ws))["type"] == "next"
+
+            await asyncio.gather(*(one(i) for i in range(60)))
+            await wait_until(lambda: not served.server.server_state.connections,
+                             what="every connection gone")
+            assert view.open_sockets == 0
+            assert not view.handshakes_full()
+            assert view.handshake_slots._value == 8

@@ -1,0 +1,876 @@
+"""The engine's own graphql-transport-ws socket: a protocol object on the
+connection, not an ASGI app.
+
+Under `run_with` (``host.http_config``) an upgrade on ``graphql_app``'s ws
+path is answered by `WireEndpoint.take` from inside uvicorn's WebSocket
+protocol (`service_engine.host.LeanWebSocketProtocol`), and from then on
+the connection's transport talks to a `WireSocket`: frames in, messages
+decided by `service_engine.graphql.wire_protocol` (Strawberry's handler's
+decisions, close codes and reasons, with the engine's overrides), frames
+out. A socket holds no ASGI task, scope, Starlette ``WebSocket``,
+Strawberry handler or receive-loop task: an idle session is this object,
+its websockets-sansio parser, its transport and two timer handles.
+
+Operations: a query or mutation, and a subscription that is not a
+known-planned live operation, runs Strawberry's ``schema.stream`` in one
+task per operation and sends ``next`` / ``error`` / ``complete`` exactly
+as Strawberry's handler does (its message dicts, the view's encoder, the
+engine's ``_get_pre_execution_close_reason``, `frames.open_sink` so a
+planned live field still writes its own frames).
+
+Flow control: while the transport's buffer is past its high-water mark
+(``pause_writing``) an operation's send waits, and the render side's
+backlog for the session collapses as it does for any slow subscriber;
+``resume_writing`` lets them go on.
+
+ASGI middleware does not see this socket (``EngineConfig.graphql_wire``
+False serves it through ASGI instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import struct
+from collections.abc import Mapping
+from typing import Any, cast
+from urllib.parse import unquote
+
+from graphql import GraphQLError
+from starlette.datastructures import Headers
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+from strawberry.exceptions import ConnectionRejectionError
+from strawberry.http.exceptions import WebSocketDisconnected
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
+from strawberry.types.execution import ExecutionResult, PreExecutionError
+from strawberry.types.unset import UnsetType
+from strawberry.utils.aio import aclosing
+from websockets.exceptions import InvalidState, PayloadTooBig
+from websockets.frames import Close as CloseFrame
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request, Response
+from websockets.server import ServerProtocol
+
+from . import frames
+from . import wire_protocol as wp
+from .app import (
+    SESSION_MAX_AGE_CLOSE_CODE,
+    SESSION_MAX_AGE_CLOSE_REASON,
+    TRY_AGAIN_LATER_CLOSE_CODE,
+    EdgeRefusal,
+    GraphQLContext,
+    _EngineGraphQL,
+    _TransportWSHandler,
+)
+
+__all__ = ["WireEndpoint", "WireRequest", "WireSocket"]
+
+_log = logging.getLogger(__name__)
+_task_log = logging.getLogger("strawberry.ws.task")
+
+_MAX_CLOSE_REASON_BYTES = 123
+_CLOSE_TIMEOUT = 10.0
+"""Seconds a sent close frame waits for the peer's echo (uvicorn's close_timeout)."""
+
+
+class WireRequest:
+    """What a resolver reads of the upgrade as ``info.context.request``: its
+    headers (`starlette.datastructures.Headers`), path and client."""
+
+    __slots__ = ("_headers", "client", "path")
+
+    def __init__(self, raw: list[tuple[bytes, bytes]], path: str,
+                 client: tuple[str, int] | None) -> None:
+        self._headers = raw
+        self.path = path
+        self.client = client
+
+    @property
+    def headers(self) -> Headers:
+        return Headers(raw=self._headers)
+
+    @property
+    def scope(self) -> Mapping[str, Any]:
+        return {"type": "websocket", "path": self.path, "headers": self._headers,
+                "client": self.client}
+
+
+class WireEndpoint:
+    """One app's graphql-transport-ws endpoint as the wire serves it: the
+    view's bounds and hooks, looked up once."""
+
+    def __init__(self, view: _EngineGraphQL) -> None:
+        self.view = view
+        self.config = view.config
+        self.path = view.ws_path
+        self.schema = view.schema
+        self.limit = view.config.ws_max_message_bytes
+        self.max_operations = view.config.ws_max_subscriptions_per_socket
+        self.init_timeout = view.connection_init_wait_timeout.total_seconds()
+        self.max_age = view.session_max_age.total_seconds()
+        self.encode_json = view.encode_json
+        self.pong = _encoded(view.encode_json({"type": "pong"}))
+        self.ack = _encoded(view.encode_json({"type": "connection_ack"}))
+
+    def serves(self, request: Request) -> bool:
+        """Whether the upgrade ``request`` is for this endpoint."""
+        return unquote(request.path.partition("?")[0]) == self.path
+
+    def take(self, protocol: Any, request: Request) -> WireSocket:
+        """Serve the upgrade ``request`` that uvicorn's ``protocol`` parsed
+        (its transport, parser and server state) on a `WireSocket`."""
+        return WireSocket(self, protocol, request)
+
+
+def _encoded(data: str | bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else data
+
+
+class _Operation:
+    """One ordinary operation: its task, and whether its last message went."""
+
+    __slots__ = ("completed", "id", "socket", "task")
+
+    def __init__(self, socket: WireSocket, operation_id: Any) -> None:
+        self.socket = socket
+        self.id = operation_id
+        self.completed = False
+        self.task: asyncio.Task[None] | None = None
+
+    async def send(self, message: dict[str, Any]) -> None:
+        # Strawberry's Operation.send_operation_message.
+        if self.completed:
+            return
+        if message["type"] in ("complete", "error"):
+            self.completed = True
+            self.socket._forget(self.id, self)
+        await self.socket.send_json(message)
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
+class _OperationStreamClosed(Exception):
+    """The operation closed the socket (a document the handler refuses with 4400)."""
+
+
+class WireSocket(asyncio.Protocol):
+    """One graphql-transport-ws socket on the wire (see the module docstring)."""
+
+    __slots__ = (
+        "_admitting",
+        "_bound_timer",
+        "_close_timer",
+        "_closed",
+        "_counted",
+        "_deflate",
+        "_endpoint",
+        "_fragments",
+        "_headers_out",
+        "_inbox",
+        "_init",
+        "_init_extended",
+        "_init_timer",
+        "_lost",
+        "_ops",
+        "_paused",
+        "_ping_payload",
+        "_ping_sent_at",
+        "_ping_timer",
+        "_pong_timer",
+        "_read_paused",
+        "_rtt",
+        "_slot",
+        "_text",
+        "_waiters",
+        "conn",
+        "connections",
+        "context",
+        "loop",
+        "ping_interval",
+        "ping_timeout",
+        "request",
+        "response",
+        "subprotocol",
+        "transport",
+    )
+
+    def __init__(self, endpoint: WireEndpoint, protocol: Any, request: Request) -> None:
+        self._endpoint = endpoint
+        self.loop: asyncio.AbstractEventLoop = protocol.loop
+        self.transport: asyncio.Transport = protocol.transport
+        self.conn: ServerProtocol = protocol.conn
+        self.connections: set[Any] = protocol.connections
+        self.ping_interval: float | None = protocol.ping_interval
+        self.ping_timeout: float | None = protocol.ping_timeout
+        self._deflate = bool(self.conn.extensions)
+        self._headers_out: list[tuple[bytes, bytes]] | None = protocol.default_headers
+        self._counted = False
+        self._init = wp.InitState()
+        self._init_extended = False
+        self._init_timer: asyncio.TimerHandle | None = None
+        self._bound_timer: asyncio.TimerHandle | None = None
+        self._close_timer: asyncio.TimerHandle | None = None
+        self._ping_timer: asyncio.TimerHandle | None = None
+        self._pong_timer: asyncio.TimerHandle | None = None
+        self._ping_payload: bytes | None = None
+        self._ping_sent_at = 0.0
+        self._rtt = 0.0
+        self._ops: dict[Any, _Operation] = {}
+        self._fragments: list[bytes] | None = None
+        self._text = True
+        self._inbox: list[bytes] | None = None
+        self._admitting: asyncio.Task[None] | None = None
+        self._read_paused = False
+        self._paused = False
+        self._waiters: list[asyncio.Future[None]] | None = None
+        self._slot = False
+        self._closed = False
+        self._lost = False
+        self.context: GraphQLContext[Any] | None = None
+        self.subprotocol: str | None = None
+        raw = [(key.lower().encode("ascii"), value.encode("latin-1"))
+               for key, value in request.headers.raw_items()]
+        path = unquote(request.path.partition("?")[0])
+        self.request: WireRequest | None = WireRequest(raw, path, protocol.client)
+        self.response: Response | None = self.conn.accept(request)
+        self.connections.discard(protocol)
+        self.connections.add(self)
+        self._answer(request)
+
+    # -- the upgrade -----------------------------------------------------------
+
+    def _answer(self, request: Request) -> None:
+        response = self.response
+        assert response is not None
+        if response.status_code != 101:
+            # Not a valid upgrade (websockets' own refusal, as uvicorn sends it).
+            self._send_response_and_close(response)
+            return
+        view = self._endpoint.view
+        if view.engine.shutting_down:
+            # A pod that is shutting down takes no new session: 403.
+            self._reject()
+            return
+        offered: list[str] = []
+        for header in request.headers.get_all("Sec-WebSocket-Protocol"):
+            offered.extend(token.strip() for token in header.split(","))
+        if view.open_sockets >= self._endpoint.config.ws_max_sockets:
+            protocol = (GRAPHQL_TRANSPORT_WS_PROTOCOL
+                        if GRAPHQL_TRANSPORT_WS_PROTOCOL in offered else None)
+            self._accept(protocol)
+            self.close(
+                TRY_AGAIN_LATER_CLOSE_CODE,
+                f"{EdgeRefusal.TOO_MANY_SOCKETS}: this pod holds ws_max_sockets "
+                f"({self._endpoint.config.ws_max_sockets}); reconnect later",
+            )
+            return
+        view.open_sockets += 1
+        self._counted = True
+        self.subprotocol = (GRAPHQL_TRANSPORT_WS_PROTOCOL
+                            if GRAPHQL_TRANSPORT_WS_PROTOCOL in offered else None)
+        slots = view.handshake_slots
+        if not slots.locked():
+            # Free: take it now (Semaphore.acquire returns at once), no task.
+            _take_now(slots)
+            self._slot = True
+            self._admitted()
+            return
+        # A burst holds every slot: wait for one, unanswered.
+        self._admitting = self.loop.create_task(self._wait_for_slot())
+
+    async def _wait_for_slot(self) -> None:
+        try:
+            await self._endpoint.view.handshake_slots.acquire()
+        except asyncio.CancelledError:
+            return
+        self._slot = True
+        self._admitting = None
+        if self._lost:
+            self._release_slot()
+            return
+        self._admitted()
+
+    def _admitted(self) -> None:
+        view = self._endpoint.view
+        assert self.request is not None
+        if not view._check_websocket_origin(cast(Any, self.request)):
+            self._reject()
+            self._ended()
+            return
+        self._accept(self.subprotocol)
+        self.context = GraphQLContext(
+            view.engine, cast(Any, self.request), cast(Any, self), handshake_at=self.loop.time()
+        )
+        if self.subprotocol is None:
+            self.close(*_close_args(wp.SUBPROTOCOL_NOT_ACCEPTABLE))
+            return
+        loop = self.loop
+        self._init_timer = loop.call_later(self._endpoint.init_timeout, self._init_timed_out)
+        self._bound_timer = loop.call_later(self._endpoint.max_age, self._max_age_reached)
+        if self._inbox:
+            self._drain_inbox()
+
+    def _accept(self, subprotocol: str | None) -> None:
+        response = self.response
+        assert response is not None
+        self.response = None
+        del response.headers["Date"]
+        headers = [(name.decode("latin-1").lower(), value.decode("latin-1"))
+                   for name, value in self._default_headers()]
+        if subprotocol:
+            headers.append(("Sec-WebSocket-Protocol", subprotocol))
+        response.headers.update(headers)
+        if self.transport.is_closing():
+            return
+        self.conn.send_response(response)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self._start_keepalive()
+
+    def _default_headers(self) -> list[tuple[bytes, bytes]]:
+        headers, self._headers_out = self._headers_out, None
+        return headers or []
+
+    def _reject(self) -> None:
+        # uvicorn's answer to a close before the accept: 403, no body.
+        self._send_response_and_close(self.conn.reject(403, ""))
+
+    def _send_response_and_close(self, response: Response) -> None:
+        self.response = None
+        self._closed = True
+        self.conn.send_response(response)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.transport.close()
+
+    # -- transport callbacks -----------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        conn.receive_data(data)
+        if conn.parser_exc is not None:
+            self._parser_failed(conn.parser_exc)
+            return
+        for event in conn.events_received():
+            self.handle_event(event)
+
+    def handle_event(self, event: Any) -> None:
+        """One event of the parser (uvicorn's ``handle_events`` dispatch)."""
+        if not isinstance(event, Frame):
+            return
+        opcode = event.opcode
+        payload = cast(bytes, event.data)
+        if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
+            self._text = opcode is Opcode.TEXT
+            if event.fin:
+                self._message(payload)
+            else:
+                self._fragments = [payload]
+        elif opcode is Opcode.CONT:
+            if self._fragments is None:
+                return
+            self._fragments.append(payload)
+            if event.fin:
+                data = b"".join(self._fragments)
+                self._fragments = None
+                self._message(data)
+        elif opcode is Opcode.PING:
+            # websockets queued the pong.
+            self._flush()
+        elif opcode is Opcode.PONG:
+            self._pong(event)
+        elif opcode is Opcode.CLOSE:
+            self._peer_closed()
+
+    def _parser_failed(self, exc: BaseException) -> None:
+        if isinstance(exc, PayloadTooBig) and self.conn.close_sent is not None:
+            # The engine's typed close instead of websockets' wording: the
+            # frame past the bound was refused from its header, unread.
+            self.conn.data_to_send()
+            close = wp.message_too_big(self._endpoint.limit)
+            frame = Frame(Opcode.CLOSE, CloseFrame(close.code, close.reason).serialize())
+            self.transport.write(frame.serialize(mask=False))
+        else:
+            self._flush()
+        self._ended()
+        self._closed = True
+        self.transport.close()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_writers()
+
+    def _wake_writers(self) -> None:
+        waiters, self._waiters = self._waiters, None
+        for waiter in waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._stop_keepalive()
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+            self._close_timer = None
+        admitting = self._admitting
+        if admitting is not None:
+            admitting.cancel()
+            self._admitting = None
+        self._ended()
+        self.connections.discard(self)
+        self._wake_writers()
+        if exc is None:
+            self.transport.close()
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def shutdown(self) -> None:
+        """uvicorn's server shutdown: stop the operations, close 1012."""
+        self._stop_keepalive()
+        if self._closed:
+            if self._close_timer is not None:
+                self._close_timer.cancel()
+                self._close_timer = None
+            self.transport.close()
+            return
+        if self.response is not None:
+            # Still waiting for a handshake slot: 500, as uvicorn answers.
+            self._admitting_cancel()
+            self._send_response_and_close(self.conn.reject(500, "Internal Server Error"))
+            self._ended()
+            return
+        self._ended()
+        self._closed = True
+        with contextlib.suppress(InvalidState):
+            self.conn.send_close(1012)
+        self._flush()
+        self.transport.close()
+
+    def _admitting_cancel(self) -> None:
+        if self._admitting is not None:
+            self._admitting.cancel()
+            self._admitting = None
+
+    # -- messages ----------------------------------------------------------------
+
+    def _message(self, data: bytes) -> None:
+        if self._closed:
+            return
+        if not self._text:
+            data = _BINARY  # its content is never read: a 4400 in its turn
+        if self._inbox is not None or self.context is None:
+            # An admit in flight (or the answer not sent yet): handled in
+            # order after it, reading paused meanwhile.
+            if self._inbox is None:
+                self._inbox = []
+            self._inbox.append(data)
+            if not self._read_paused:
+                self._read_paused = True
+                self.transport.pause_reading()
+            return
+        self._handle(data)
+
+    def _handle(self, data: bytes) -> None:
+        if data is _BINARY:
+            self.close(*_close_args(wp.NOT_TEXT))
+            return
+        endpoint = self._endpoint
+        message = wp.decode(data, endpoint.limit)
+        if isinstance(message, wp.Close):
+            self.close(*_close_args(message))
+            return
+        step = wp.on_message(self._init, message, self._ops, len(self._ops),
+                             endpoint.max_operations)
+        if isinstance(step, wp.Ping):
+            self._write(endpoint.pong)
+        elif isinstance(step, wp.Subscribe):
+            self._subscribe(step)
+        elif isinstance(step, wp.Complete):
+            self._complete(step.id)
+        elif isinstance(step, wp.Close):
+            if isinstance(message, dict) and message.get("type") == "connection_init":
+                self._init_received_in_time()
+            self.close(*_close_args(step))
+        elif isinstance(step, wp.Admit):
+            self._init_received_in_time()
+            self._inbox = []
+            self._admitting = self.loop.create_task(self._admit(step.payload))
+        elif isinstance(step, wp.Refuse):
+            self._write(_encoded(endpoint.encode_json(step.message)))
+        elif isinstance(step, wp.Ignore):
+            self._init_received_in_time()
+
+    def _drain_inbox(self) -> None:
+        while self._inbox and not self._closed and self._admitting is None:
+            data = self._inbox.pop(0)
+            self._handle(data)
+        if self._admitting is None:
+            self._inbox = None
+        if self._read_paused and not self._inbox and not self._closed:
+            self._read_paused = False
+            self.transport.resume_reading()
+
+    def _init_received_in_time(self) -> None:
+        # The timeout ends at the init, not after the principal's resolve;
+        # its handshake slot goes to the next socket.
+        if self._init_timer is not None and not self._init.timed_out:
+            self._init_timer.cancel()
+            self._init_timer = None
+        self._release_slot()
+
+    async def _admit(self, payload: dict[str, object]) -> None:
+        context = self.context
+        assert context is not None
+        view = self._endpoint.view
+        try:
+            refused = await view.admit(context, payload)
+            if self._closed:
+                return
+            if refused is not None:
+                self._admitting = None
+                self.close(refused[0], refused[1])
+                return
+            self._init.received = True
+            context.connection_params = payload
+            try:
+                ack = await view.on_ws_connect(context)
+            except ConnectionRejectionError:
+                self._admitting = None
+                self.close(*_close_args(wp.FORBIDDEN))
+                return
+            if self._closed:
+                return
+            if isinstance(ack, UnsetType):
+                self._write(self._endpoint.ack)
+            else:
+                self._write(_encoded(self._endpoint.encode_json(
+                    {"type": "connection_ack", "payload": ack})))
+            self._init.acknowledged = True
+        except asyncio.CancelledError:
+            return
+        except Exception:
+            _log.exception("connection_init failed")
+            self._admitting = None
+            self.close(4500, "internal_error: connection_init failed")
+            return
+        self._admitting = None
+        self._drain_inbox()
+
+    # -- timers ------------------------------------------------------------------
+
+    def _init_timed_out(self) -> None:
+        self._init_timer = None
+        if self._init.received or self._closed:
+            return
+        view = self._endpoint.view
+        if not self._init_extended and view.handshakes_full():
+            # A burst holds every handshake slot: one more period, never two.
+            self._init_extended = True
+            self._init_timer = self.loop.call_later(
+                self._endpoint.init_timeout, self._init_timed_out
+            )
+            return
+        self._init.timed_out = True
+        self.close(*_close_args(wp.INIT_TIMEOUT))
+
+    def _max_age_reached(self) -> None:
+        self._bound_timer = None
+        # The operations stop before the close frame: none sends after it.
+        self._stop_operations()
+        self.close(SESSION_MAX_AGE_CLOSE_CODE, SESSION_MAX_AGE_CLOSE_REASON)
+
+    def _start_keepalive(self) -> None:
+        if self.ping_interval is not None and self.ping_interval > 0:
+            self._schedule_ping()
+
+    def _schedule_ping(self) -> None:
+        assert self.ping_interval is not None
+        delay = max(0.0, self.ping_interval - self._rtt)
+        self._ping_timer = self.loop.call_later(delay, self._send_ping)
+
+    def _send_ping(self) -> None:
+        # uvicorn's keepalive: a random 4-byte ping, its pong within ping_timeout.
+        self._ping_timer = None
+        if self._closed or self.transport.is_closing():
+            return
+        self._ping_payload = struct.pack("!I", random.getrandbits(32))
+        self._ping_sent_at = self.loop.time()
+        self.conn.send_ping(self._ping_payload)
+        self._flush()
+        if self.ping_timeout is not None:
+            self._pong_timer = self.loop.call_later(self.ping_timeout, self._keepalive_timeout)
+        else:
+            self._schedule_ping()
+
+    def _pong(self, event: Frame) -> None:
+        if self._ping_payload is None or bytes(event.data) != self._ping_payload:
+            return
+        self._rtt = self.loop.time() - self._ping_sent_at
+        self._ping_payload = None
+        if self._pong_timer is not None:
+            self._pong_timer.cancel()
+            self._pong_timer = None
+            self._schedule_ping()
+
+    def _keepalive_timeout(self) -> None:
+        self._pong_timer = None
+        self._ping_payload = None
+        if self._closed or self.transport.is_closing():
+            return
+        self._ended()
+        self.conn.fail(1011, "keepalive ping timeout")
+        self._flush()
+        self._closed = True
+        self.transport.close()
+
+    def _stop_keepalive(self) -> None:
+        for timer in (self._ping_timer, self._pong_timer):
+            if timer is not None:
+                timer.cancel()
+        self._ping_timer = self._pong_timer = None
+        self._ping_payload = None
+
+    # -- operations --------------------------------------------------------------
+
+    def _subscribe(self, step: wp.Subscribe) -> None:
+        operation = _Operation(self, step.id)
+        operation.task = self.loop.create_task(self._run(operation, step))
+        operation.task.add_done_callback(_task_done)
+        self._ops[step.id] = operation
+
+    def _complete(self, operation_id: Any) -> None:
+        try:
+            operation = self._ops.pop(operation_id)
+        except (KeyError, TypeError):
+            return
+        operation.stop()
+
+    def _forget(self, operation_id: Any, operation: _Operation) -> None:
+        if self._ops.get(operation_id) is operation:
+            del self._ops[operation_id]
+
+    def _stop_operations(self) -> None:
+        operations, self._ops = self._ops, {}
+        for operation in operations.values():
+            operation.stop()
+
+    async def _run(self, operation: _Operation, step: wp.Subscribe) -> None:
+        # Strawberry's run_operation and _send_result_stream.
+        endpoint = self._endpoint
+        try:
+            with (frames.open_sink(cast(Any, self), operation.id)
+                  if endpoint.view.direct_frames else contextlib.nullcontext()):
+                source = await endpoint.schema.stream(
+                    step.query,
+                    variable_values=step.variables,
+                    context_value=self.context,
+                    root_value=None,
+                    operation_name=step.operation_name,
+                )
+                async with aclosing(source):
+                    first = True
+                    async for result in source:
+                        if first and isinstance(result, PreExecutionError):
+                            await self._pre_execution_error(operation, result)
+                            return
+                        if not isinstance(result, ExecutionResult):
+                            await operation.send({
+                                "id": operation.id, "type": "error",
+                                "payload": [GraphQLError(
+                                    "Incremental delivery is not supported over "
+                                    "graphql-transport-ws").formatted],
+                            })
+                            return
+                        await self._send_next(operation, result)
+                        first = False
+            await operation.send({"id": operation.id, "type": "complete"})
+        except _OperationStreamClosed:
+            return
+        except WebSocketDisconnected:
+            self._forget(operation.id, operation)
+            return
+        except Exception as error:
+            _task_log.exception("Exception in worker task", exc_info=error)
+            with contextlib.suppress(Exception):
+                await operation.send({"id": operation.id, "type": "complete"})
+            self._forget(operation.id, operation)
+            raise
+
+    async def _pre_execution_error(self, operation: _Operation, result: PreExecutionError
+                                   ) -> None:
+        assert result.errors
+        reason = _TransportWSHandler._get_pre_execution_close_reason(result.errors[0])
+        if reason:
+            self.close(4400, reason)
+            self._forget(operation.id, operation)
+            raise _OperationStreamClosed
+        await operation.send({"id": operation.id, "type": "error",
+                              "payload": [err.formatted for err in result.errors]})
+
+    async def _send_next(self, operation: _Operation, result: ExecutionResult) -> None:
+        payload: dict[str, Any] = {"data": result.data}
+        if result.errors:
+            payload["errors"] = [err.formatted for err in result.errors]
+        if result.extensions:
+            payload["extensions"] = result.extensions
+        await operation.send({"id": operation.id, "type": "next", "payload": payload})
+
+    # -- sending -----------------------------------------------------------------
+
+    async def send_json(self, message: Mapping[str, object]) -> None:
+        """Send one message when the socket is writable (Strawberry's
+        ``send_json``; raises `WebSocketDisconnected` once it is closed)."""
+        if self._paused and not self._closed:
+            await self._writable()
+        if self._closed:
+            raise WebSocketDisconnected
+        data = self._endpoint.encode_json(message)
+        if isinstance(data, bytes):
+            self.conn.send_binary(data)
+            self._flush()
+        else:
+            self._write(data.encode())
+
+    async def send(self, message: Mapping[str, Any]) -> None:
+        """The ASGI ``send`` of a direct frame (`frames.FrameSink`)."""
+        if self._paused and not self._closed:
+            await self._writable()
+        if self._closed:
+            raise WebSocketDisconnect(1006)
+        self._write(cast(str, message["text"]).encode())
+
+    @property
+    def application_state(self) -> WebSocketState:
+        """`frames.FrameSink` reads it as a Starlette WebSocket's."""
+        return WebSocketState.DISCONNECTED if self._closed else WebSocketState.CONNECTED
+
+    async def _writable(self) -> None:
+        waiter = self.loop.create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        await waiter
+
+    def _write(self, text: bytes) -> None:
+        """Write one text message now (the transport buffers it)."""
+        if self._closed:
+            return
+        if self._deflate:
+            self.conn.send_text(text)
+            self._flush()
+        else:
+            self.transport.write(wp.text_frame(text))
+
+    def write_texts(self, texts: list[str]) -> None:
+        """Write several text messages in one ``transport.write``."""
+        if self._closed or not texts:
+            return
+        if self._deflate:
+            for text in texts:
+                self.conn.send_text(text.encode())
+            self._flush()
+            return
+        frame = wp.text_frame
+        self.transport.write(b"".join([frame(text.encode()) for text in texts]))
+
+    @property
+    def writable(self) -> bool:
+        """The transport's buffer is under its high-water mark."""
+        return not self._paused and not self._closed
+
+    def _flush(self) -> None:
+        output = self.conn.data_to_send()
+        if output:
+            self.transport.write(b"".join(output))
+
+    # -- closing -----------------------------------------------------------------
+
+    def close(self, code: int, reason: str) -> None:
+        """Send a close frame and end the socket's work (the peer's echo,
+        or a bound, closes the transport)."""
+        if self._closed or self._lost:
+            return
+        self._ended()
+        self._closed = True
+        raw = reason.encode()
+        if len(raw) > _MAX_CLOSE_REASON_BYTES:
+            reason = raw[:_MAX_CLOSE_REASON_BYTES].decode("utf-8", errors="ignore")
+        try:
+            self.conn.send_close(code, reason)
+        except InvalidState:
+            self.transport.close()
+            return
+        self._flush()
+        self._inbox = None
+        if self._read_paused:
+            self._read_paused = False
+            self.transport.resume_reading()
+        self._wake_writers()
+        self._close_timer = self.loop.call_later(_CLOSE_TIMEOUT, self.transport.close)
+
+    def _peer_closed(self) -> None:
+        if self._closed:
+            # The peer echoed our close frame: done.
+            if self._close_timer is not None:
+                self._close_timer.cancel()
+                self._close_timer = None
+            self.transport.close()
+            return
+        self._ended()
+        self._closed = True
+        self._flush()  # websockets queued the echo
+        self.transport.close()
+
+    def _ended(self) -> None:
+        """The socket's work is over: its operations, timers, slot and count."""
+        self._stop_operations()
+        for timer in (self._init_timer, self._bound_timer):
+            if timer is not None:
+                timer.cancel()
+        self._init_timer = self._bound_timer = None
+        self._admitting_cancel_quiet()
+        self._release_slot()
+        if self._counted:
+            self._counted = False
+            self._endpoint.view.open_sockets -= 1
+
+    def _admitting_cancel_quiet(self) -> None:
+        admitting = self._admitting
+        if admitting is not None and admitting is not asyncio.current_task():
+            admitting.cancel()
+        self._admitting = None
+
+    def _release_slot(self) -> None:
+        if self._slot:
+            self._slot = False
+            self._endpoint.view.handshake_slots.release()
+
+
+_BINARY = b"\0binary"
+"""Stands for a binary message in the socket's queue (`WireSocket._message`)."""
+
+
+def _close_args(close: wp.Close) -> tuple[int, str]:
+    return close.code, close.reason
+
+
+def _take_now(slots: asyncio.Semaphore) -> None:
+    # Semaphore.acquire on a free semaphore returns without suspending.
+    acquiring = slots.acquire()
+    try:
+        acquiring.send(None)
+    except StopIteration:
+        return
+    raise RuntimeError("a free handshake slot did not take at once")
+
+
+def _task_done(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
