@@ -4,6 +4,7 @@ of the same effect.
 
     python bench/inbound.py [--commands 3000] [--window 256] [--sync both] [--pods 1,2]
     BENCH_INBOUND_PROFILE=/tmp/pod.prof python bench/inbound.py ...  # pods' CPU profile
+    BENCH_INBOUND_PYSPY=/tmp/pod python bench/inbound.py ...  # py-spy of the measured cell
 
 Starts a durable embedded Postgres (fsync on) and, in turn, a nats-server
 with ``sync_interval: always`` (as production should run it) and one with
@@ -93,14 +94,14 @@ def pod_config(name: str) -> EngineConfig:
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _stat(pid: int) -> tuple[int, float] | None:
-    """(ppid, CPU seconds) of a live process."""
+def _stat(pid: int) -> tuple[int, float, float] | None:
+    """(ppid, CPU seconds, of which in the kernel) of a live process."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2:].split()
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK, int(fields[12]) / _TICK
 
 
 @dataclass
@@ -141,7 +142,9 @@ class CpuMeter:
     def snapshot(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for role, pids in self._pids().items():
-            out[role] = sum(stat[1] for pid in pids if (stat := _stat(pid)) is not None)
+            stats = [stat for pid in pids if (stat := _stat(pid)) is not None]
+            out[role] = sum(stat[1] for stat in stats)
+            out[f"{role} sys"] = sum(stat[2] for stat in stats)
         return out
 
     @staticmethod
@@ -149,8 +152,11 @@ class CpuMeter:
         """CPU ms per unit by role, and the sum."""
         parts = {role: (after.get(role, 0.0) - before.get(role, 0.0)) * 1000 / units
                  for role in after}
-        total = sum(parts.values())
-        listed = ", ".join(f"{role} {ms:.2f}" for role, ms in parts.items() if ms > 0.005)
+        total = sum(ms for role, ms in parts.items() if not role.endswith(" sys"))
+        listed = ", ".join(
+            f"{role} {ms:.2f} (sys {parts[f'{role} sys']:.2f})" for role, ms in parts.items()
+            if ms > 0.005 and not role.endswith(" sys")
+        )
         return f"CPU ms each: {listed}; total {total:.2f}"
 
     @staticmethod
@@ -221,6 +227,32 @@ async def child(*args: str) -> AsyncIterator[int]:
             except TimeoutError:
                 process.kill()
                 await process.wait()
+
+
+@contextlib.asynccontextmanager
+async def pyspy(pids: list[int], cell: str) -> AsyncIterator[None]:
+    """With ``BENCH_INBOUND_PYSPY=<prefix>``: py-spy samples each pod
+    (threads not idle, collapsed stacks in ``<prefix>.<cell>.<pid>.txt``) for
+    the measured cell. It pauses the pod for each sample (whole stacks), so
+    that cell's figures are a little low; a thread in a socket write counts
+    while the kernel has it descheduled (wall time, not CPU)."""
+    prefix = os.environ.get("BENCH_INBOUND_PYSPY")
+    if not prefix:
+        yield
+        return
+    spies = [await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("py-spy")), "record", "--format", "raw", "--rate", "250",
+        "--output", f"{prefix}.{cell}.{pid}.txt", "--pid", str(pid),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    ) for pid in pids]
+    await asyncio.sleep(0.5)  # attached
+    try:
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+        for spy in spies:
+            await spy.wait()
 
 
 # -- the measurements -------------------------------------------------------------------
@@ -411,7 +443,8 @@ async def measure_engine(client: nats.NATS, db: Database, producer: Producer, db
             # engine cell: on a shared machine the load drifts between cells.
             raw_before, raw_cpu = await raw_pg_run(db, commands, CpuMeter(meter.pgdata))
             meter.pods = tuple(pids)
-            run = await engine_run(client, db, producer, commands, window, meter)
+            async with pyspy(pids, f"{label.split()[1]}-{pods}"):
+                run = await engine_run(client, db, producer, commands, window, meter)
             raw_after, _ = await raw_pg_run(db, commands)
         raw = (raw_before + raw_after) / 2
         print(f"{f'engine, {pods} pod(s), nats {label}: effect committed':52} "

@@ -35,6 +35,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import nats.errors
@@ -168,91 +169,39 @@ class InboundConsumer:
 
         ``on_healthy`` is called whenever the server answered a pull (a
         frame, an expiry): the supervisor's signal the consumer works.
+
+        The pull inbox is a callback subscription: nats-py hands each frame
+        to `_PullInbox.on_msg` in order, which dispatches it at once (no
+        per-frame ``next_msg`` task and timeout); this loop waits only for
+        the end of each pull request.
         """
         healthy = on_healthy or (lambda: None)
         await self.bind()
         client = self.nats.client
-        inbox = client.new_inbox()
+        inbox = _PullInbox(self, client.new_inbox(), healthy)
         try:
-            sub = await client.subscribe(f"{inbox}.*")
+            sub = await client.subscribe(f"{inbox.prefix}.*", cb=inbox.on_msg)
         except (nats.errors.Error, OSError) as exc:
             raise NatsUnavailable(f"subscribing the pull inbox failed: {exc}") from exc
-        in_flight: set[asyncio.Task[None]] = set()
-        request = 0
+        keepalive = _KeepAlive(inbox.frames, max(self.config.ack_wait.total_seconds() / 3, 0.05))
         try:
             while True:
-                free = self.concurrency - len(in_flight)
-                if in_flight and free < self._refill_at:
-                    await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                free = self.concurrency - len(inbox.frames)
+                if inbox.frames and free < self._refill_at:
+                    await inbox.wait_for_room(self._refill_at)
                     continue
-                request += 1
-                reply = f"{inbox}.{request}"
+                pull = inbox.open(free)
                 body = json.dumps(
                     {"batch": free, "expires": int(PULL_EXPIRES * 1_000_000_000)}
                 ).encode()
                 try:
-                    await client.publish(self._next_subject, body, reply=reply)
+                    await client.publish(self._next_subject, body, reply=pull.reply)
                 except (nats.errors.Error, OSError) as exc:
                     raise NatsUnavailable(f"pull request failed: {exc}") from exc
-                await self._receive(sub, reply, free, in_flight, healthy)
+                await inbox.until_ended(pull, PULL_EXPIRES + _PULL_GRACE)
         finally:
-            await self._release(sub, in_flight)
-
-    async def _receive(
-        self,
-        sub: Subscription,
-        reply: str,
-        batch: int,
-        in_flight: set[asyncio.Task[None]],
-        healthy: Callable[[], None],
-    ) -> None:
-        """Hand over the frames of one pull request as they arrive, until
-        the batch is full or the request ends."""
-        remaining = batch
-        deadline = time.monotonic() + PULL_EXPIRES + _PULL_GRACE
-        while remaining > 0:
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                return  # the server forgot the request (a reconnect): ask again
-            try:
-                msg = await sub.next_msg(timeout=timeout)
-            except nats.errors.TimeoutError:
-                return
-            status = _status(msg)
-            if status is None:
-                remaining -= 1
-                healthy()
-                self._dispatch(msg, in_flight)
-                continue
-            if msg.subject != reply:
-                continue  # the late answer of an earlier request
-            code, description = status
-            if code == "100":
-                healthy()
-                continue
-            if code in ("404", "408"):
-                healthy()
-                return
-            if code == "409" and "deleted" in description.lower():
-                raise ConsumerLost(f"durable {self.durable} on {self.stream}: {description}")
-            if code == "503":
-                raise ConsumerLost(
-                    f"durable {self.durable} on {self.stream} does not answer "
-                    "(no responders: the consumer or its stream is gone)"
-                )
-            # Any other answer (a leadership change, a server limit) ends
-            # this request; pause before the next so a server that keeps
-            # answering at once is not asked in a hot loop.
-            _log.debug("durable %s: pull ended with %s %s", self.durable, code, description)
-            await asyncio.sleep(_PULL_PAUSE)
-            return
-
-    def _dispatch(self, msg: Msg, in_flight: set[asyncio.Task[None]]) -> None:
-        task = asyncio.create_task(
-            self._process(msg), name=f"service_engine:inbound:{self.reaction.name}"
-        )
-        in_flight.add(task)
-        task.add_done_callback(in_flight.discard)
+            keepalive.cancel()
+            await self._release(sub, inbox)
 
     async def _process(self, msg: Msg) -> None:
         try:
@@ -261,10 +210,9 @@ class InboundConsumer:
             _log.warning("durable %s: a frame without JetStream metadata: %s", self.durable, exc)
             return
         frame = InboundFrame(
-            msg.subject, msg.data or b"", dict(msg.headers or {}), int(meta.num_delivered),
+            msg.subject, msg.data or b"", msg.headers or {}, int(meta.num_delivered),
             meta.timestamp,
         )
-        keepalive = self._keep_alive(msg)
         try:
             settlement: Settlement = await self.runner.handle(frame)
         except asyncio.CancelledError:
@@ -277,55 +225,171 @@ class InboundConsumer:
             delay = backoff_delay(frame.delivered, budget.retry_backoff, budget.retry_backoff_cap)
             _log.error("durable %s: handling a frame failed: %s", self.durable, exc, exc_info=exc)
             settlement = Nak(delay, "runner_error", str(exc))
-        finally:
-            keepalive.cancel()
         await _settle(msg, settlement, self.durable)
 
-    def _keep_alive(self, msg: Msg) -> _KeepAlive:
-        # A long handler tells JetStream it is still at work, so the frame
-        # is not redelivered to another pod meanwhile. A timer, not a task:
-        # most frames finish long before the first tick.
-        return _KeepAlive(msg, max(self.config.ack_wait.total_seconds() / 3, 0.05))
-
-    async def _release(self, sub: Subscription, in_flight: set[asyncio.Task[None]]) -> None:
+    async def _release(self, sub: Subscription, inbox: _PullInbox) -> None:
         """On the way out: drop the inbox, nak what was delivered but never
         started, stop the frames in hand (each naks itself)."""
+        inbox.closed = True
         # Interest goes first: the server drops a pull request whose inbox
         # lost interest, so a frame nak'ed below is redelivered to a live
         # pod, not to this pod's still-open request.
         with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
             await sub.unsubscribe()
             await self.nats.client.flush(timeout=1)
+        # Frames the client received but had not handed to the callback yet.
+        pending: asyncio.Queue[Msg] | None = getattr(sub, "_pending_queue", None)
+        while pending is not None and not pending.empty():
+            msg = pending.get_nowait()
+            if _status(msg) is None:
+                inbox.late.append(msg)
         with contextlib.suppress(nats.errors.Error, OSError):
-            while sub.pending_msgs > 0:
-                msg = await sub.next_msg(timeout=0.1)
-                if _status(msg) is None:
-                    await _settle(msg, Nak(0, "shutdown"), self.durable)
-        for task in list(in_flight):
+            for msg in inbox.late:
+                await _settle(msg, Nak(0, "shutdown"), self.durable)
+        in_flight = list(inbox.frames)
+        for task in in_flight:
             task.cancel()
         if in_flight:
             await asyncio.gather(*in_flight, return_exceptions=True)
 
 
-class _KeepAlive:
-    """Sends ``+WPI`` (in progress) for one frame every ``interval`` until cancelled."""
+@dataclass(slots=True)
+class _InFlight:
+    """A frame being handled: its message and when it was dispatched."""
 
-    def __init__(self, msg: Msg, interval: float) -> None:
-        self._msg = msg
+    msg: Msg
+    since: float
+
+
+@dataclass(slots=True)
+class _Pull:
+    """One open pull request: its reply subject and the frames still owed."""
+
+    reply: str
+    remaining: int
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    failure: BaseException | None = None
+    pause: bool = False
+
+
+class _PullInbox:
+    """The pull inbox's callback: frames are dispatched as they arrive, a
+    status message ends (or fails) the request it answers."""
+
+    def __init__(self, consumer: InboundConsumer, prefix: str, healthy: Callable[[], None]) -> None:
+        self.consumer = consumer
+        self.prefix = prefix
+        self.healthy = healthy
+        self.frames: dict[asyncio.Task[None], _InFlight] = {}
+        """The frames in hand, by the task handling each."""
+        self.late: list[Msg] = []
+        """Frames that arrived once the loop was shutting down (nak'ed on release)."""
+        self.closed = False
+        self._pull: _Pull | None = None
+        self._requests = 0
+        self._room = asyncio.Event()
+        self._room_at = 0
+
+    def open(self, batch: int) -> _Pull:
+        self._requests += 1
+        self._pull = _Pull(f"{self.prefix}.{self._requests}", batch)
+        return self._pull
+
+    async def until_ended(self, pull: _Pull, within: float) -> None:
+        """Until ``pull`` got its frames or an end status; past ``within``
+        the server forgot it (a reconnect): the caller asks again."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await pull.ended.wait()
+        if pull.failure is not None:
+            raise pull.failure
+        if pull.pause:
+            # Any other answer (a leadership change, a server limit) ends
+            # this request; pause before the next so a server that keeps
+            # answering at once is not asked in a hot loop.
+            await asyncio.sleep(_PULL_PAUSE)
+
+    async def wait_for_room(self, free: int) -> None:
+        """Until at least ``free`` slots are free."""
+        self._room_at = free
+        self._room.clear()
+        await self._room.wait()
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        del self.frames[task]
+        if not self._room.is_set() and \
+                self.consumer.concurrency - len(self.frames) >= self._room_at:
+            self._room.set()
+
+    async def on_msg(self, msg: Msg) -> None:
+        status = _status(msg)
+        pull = self._pull
+        if status is None:
+            if self.closed:
+                self.late.append(msg)
+                return
+            if pull is not None:
+                pull.remaining -= 1
+                if pull.remaining <= 0:
+                    pull.ended.set()
+            self.healthy()
+            consumer = self.consumer
+            task = asyncio.create_task(
+                consumer._process(msg), name=f"service_engine:inbound:{consumer.reaction.name}"
+            )
+            self.frames[task] = _InFlight(msg, time.monotonic())
+            task.add_done_callback(self._done)
+            return
+        if pull is None or msg.subject != pull.reply:
+            return  # the late answer of an earlier request
+        code, description = status
+        if code == "100":
+            self.healthy()
+            return
+        consumer = self.consumer
+        if code in ("404", "408"):
+            self.healthy()
+        elif code == "409" and "deleted" in description.lower():
+            pull.failure = ConsumerLost(
+                f"durable {consumer.durable} on {consumer.stream}: {description}"
+            )
+        elif code == "503":
+            pull.failure = ConsumerLost(
+                f"durable {consumer.durable} on {consumer.stream} does not answer "
+                "(no responders: the consumer or its stream is gone)"
+            )
+        else:
+            _log.debug("durable %s: pull ended with %s %s", consumer.durable, code, description)
+            pull.pause = True
+        pull.ended.set()
+
+
+class _KeepAlive:
+    """Sends ``+WPI`` (in progress) for each frame in hand longer than
+    ``interval``, every ``interval``, so a long handler's frame is not
+    redelivered to another pod meanwhile. One timer per consumer, not per
+    frame: most frames finish long before the first tick."""
+
+    def __init__(self, frames: dict[asyncio.Task[None], _InFlight], interval: float) -> None:
+        self._frames = frames
         self._interval = interval
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task[None]] = set()
         self._handle = self._loop.call_later(interval, self._tick)
 
     def _tick(self) -> None:
-        task = self._loop.create_task(self._send())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        due = time.monotonic() - self._interval
+        for frame in list(self._frames.values()):
+            if frame.since <= due:
+                task = self._loop.create_task(self._send(frame.msg))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
         self._handle = self._loop.call_later(self._interval, self._tick)
 
-    async def _send(self) -> None:
+    @staticmethod
+    async def _send(msg: Msg) -> None:
         with contextlib.suppress(nats.errors.Error, OSError):
-            await self._msg.in_progress()
+            await msg.in_progress()
 
     def cancel(self) -> None:
         self._handle.cancel()

@@ -511,6 +511,12 @@ def _sequence(headers: Mapping[str, str]) -> ProducerSequence | str | None:
     return ProducerSequence(producer, key, int(raw))
 
 
+_ANY_EVENT: type[IntegrationEvent[Any]] = IntegrationEvent[Any]
+_ANY_COMMAND: type[IntegrationCommand[Any]] = IntegrationCommand[Any]
+"""The envelope models `identify` validates against, parametrised once
+(subscripting a generic model costs a cache lookup per frame)."""
+
+
 def identify(data: bytes, headers: Mapping[str, str] | None) -> Incoming | Unidentified:
     """Identify an inbound frame, or refuse it as terminal.
 
@@ -536,9 +542,7 @@ def identify(data: bytes, headers: Mapping[str, str] | None) -> Incoming | Unide
         return Unidentified("no_envelope", detail, frame_id)
     if "payload" not in obj:
         return Unidentified("no_envelope", "the envelope carries no payload", frame_id)
-    model: type[IntegrationEvent[Any]] | type[IntegrationCommand[Any]] = (
-        IntegrationEvent[Any] if has_event else IntegrationCommand[Any]
-    )
+    model = _ANY_EVENT if has_event else _ANY_COMMAND
     try:
         envelope = model.model_validate(obj)
     except ValidationError as exc:
