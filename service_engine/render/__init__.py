@@ -9,7 +9,8 @@
 * `cohort` — collision-free cohort keys; `cohort_index` — which discovering
   sessions a changed row concerns;
 * `plan` — which sessions a frame renders (pure); `report` — `PassReport`;
-* `projector` — the projector surface a slice author writes;
+* `projector` — the projector surface a slice author writes; `sharing` —
+  views projected once per declared view key (`SharedViews`);
 * `stream` — the subscriber's stream of deltas.
 
 Everything re-exported here is synchronous and free of I/O. Built on it:
@@ -89,6 +90,7 @@ from service_engine.render.session import (
     new_session_id,
     parse_session_id,
 )
+from service_engine.render.sharing import InvalidViewKey, SharedViews, view_key_of
 from service_engine.render.windows import (
     Emission,
     InvalidWindow,
@@ -120,6 +122,7 @@ __all__ = [
     "InvalidProjector",
     "InvalidRoute",
     "InvalidSessionId",
+    "InvalidViewKey",
     "InvalidWindow",
     "Inverse",
     "KeyText",
@@ -155,6 +158,7 @@ __all__ = [
     "Session",
     "SessionId",
     "SessionState",
+    "SharedViews",
     "UnknownProjector",
     "Unrestricted",
     "Upsert",
@@ -172,4 +176,5 @@ __all__ = [
     "new_session_id",
     "parse_session_id",
     "principal_key",
+    "view_key_of",
 ]
