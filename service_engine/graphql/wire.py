@@ -64,6 +64,7 @@ from .app import (
     _EngineGraphQL,
     _TransportWSHandler,
 )
+from .live_ops import LiveOp, LiveOps
 
 __all__ = ["WireEndpoint", "WireRequest", "WireSocket"]
 
@@ -111,6 +112,7 @@ class WireEndpoint:
         self.init_timeout = view.connection_init_wait_timeout.total_seconds()
         self.max_age = view.session_max_age.total_seconds()
         self.encode_json = view.encode_json
+        self.live_ops: LiveOps = view.live_ops
         self.pong = _encoded(view.encode_json({"type": "pong"}))
         self.ack = _encoded(view.encode_json({"type": "connection_ack"}))
 
@@ -148,7 +150,8 @@ class _Operation:
             self.socket._forget(self.id, self)
         await self.socket.send_json(message)
 
-    def stop(self) -> None:
+    def close(self) -> None:
+        """Stop the operation (its task is cancelled; nothing more is sent)."""
         if self.task is not None:
             self.task.cancel()
 
@@ -186,6 +189,7 @@ class WireSocket(asyncio.Protocol):
         "_slot",
         "_text",
         "_waiters",
+        "_woken",
         "conn",
         "connections",
         "context",
@@ -219,7 +223,8 @@ class WireSocket(asyncio.Protocol):
         self._ping_payload: bytes | None = None
         self._ping_sent_at = 0.0
         self._rtt = 0.0
-        self._ops: dict[Any, _Operation] = {}
+        self._ops: dict[Any, _Operation | LiveOp] = {}
+        self._woken: list[LiveOp] | None = None
         self._fragments: list[bytes] | None = None
         self._text = True
         self._inbox: list[bytes] | None = None
@@ -400,10 +405,16 @@ class WireSocket(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused = True
+        for operation in self._ops.values():
+            if isinstance(operation, LiveOp):
+                operation.pause()
 
     def resume_writing(self) -> None:
         self._paused = False
         self._wake_writers()
+        for operation in list(self._ops.values()):
+            if isinstance(operation, LiveOp):
+                operation.resume()
 
     def _wake_writers(self) -> None:
         waiters, self._waiters = self._waiters, None
@@ -639,6 +650,17 @@ class WireSocket(asyncio.Protocol):
     # -- operations --------------------------------------------------------------
 
     def _subscribe(self, step: wp.Subscribe) -> None:
+        payload = {"query": step.query, "variables": step.variables,
+                   "operationName": step.operation_name}
+        live = self._endpoint.live_ops.open(step.id, payload, self.context)
+        if live is not None:
+            # A known-planned live document: no task, no Strawberry; its
+            # frames are drained into this socket's writes (callback mode).
+            self._ops[step.id] = live
+            live.start(self._wake, self._live_done)
+            if self._paused:
+                live.pause()
+            return
         operation = _Operation(self, step.id)
         operation.task = self.loop.create_task(self._run(operation, step))
         operation.task.add_done_callback(_task_done)
@@ -649,23 +671,62 @@ class WireSocket(asyncio.Protocol):
             operation = self._ops.pop(operation_id)
         except (KeyError, TypeError):
             return
-        operation.stop()
+        operation.close()
 
-    def _forget(self, operation_id: Any, operation: _Operation) -> None:
+    def _forget(self, operation_id: Any, operation: _Operation | LiveOp) -> None:
         if self._ops.get(operation_id) is operation:
             del self._ops[operation_id]
 
     def _stop_operations(self) -> None:
         operations, self._ops = self._ops, {}
         for operation in operations.values():
-            operation.stop()
+            operation.close()
+        self._woken = None
+
+    # -- live operations (callback mode) ---------------------------------------------
+
+    def _wake(self, live: LiveOp) -> None:
+        # Called from inside the render pass (a put): only schedule. Every
+        # op woken before the next turn drains into one transport.write.
+        woken = self._woken
+        if woken is None:
+            self._woken = [live]
+            self.loop.call_soon(self._drain_live)
+        else:
+            woken.append(live)
+
+    def _live_done(self, operation_id: str) -> None:
+        # The session ended: the id is free before its complete is written.
+        operation = self._ops.get(operation_id)
+        if isinstance(operation, LiveOp):
+            del self._ops[operation_id]
+
+    def _drain_live(self) -> None:
+        woken, self._woken = self._woken, None
+        if not woken or self._closed:
+            return
+        texts: list[str] = []
+        write = texts.extend
+        again: list[LiveOp] = []
+        for live in woken:
+            if live.drain(write):
+                again.append(live)
+        self.write_texts(texts)
+        for live in again:
+            if not self._paused:
+                self._wake(live)
 
     async def _run(self, operation: _Operation, step: wp.Subscribe) -> None:
         # Strawberry's run_operation and _send_result_stream.
         endpoint = self._endpoint
         try:
-            with (frames.open_sink(cast(Any, self), operation.id)
-                  if endpoint.view.direct_frames else contextlib.nullcontext()):
+            with contextlib.ExitStack() as scope:
+                if endpoint.view.direct_frames:
+                    # A planned live field writes its own frames (frames.py),
+                    # and teaches LiveOps its document (live_ops.py).
+                    scope.enter_context(frames.open_sink(cast(Any, self), operation.id))
+                    scope.enter_context(endpoint.live_ops.learning(
+                        {"query": step.query, "operationName": step.operation_name}))
                 source = await endpoint.schema.stream(
                     step.query,
                     variable_values=step.variables,
