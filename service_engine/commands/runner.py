@@ -424,10 +424,18 @@ class _Run:
         # conditional insert takes a free value; a value another row holds
         # answers the declared outcome, and the claims made so far are taken
         # back so the outcome changes nothing. Releases are written last.
+        # Every value's lock, claimed or released, is taken first, in that
+        # order, in one round trip.
         released = set(self.release)
         made: list[Occupancy] = []
+        store = Occupancy.Store.store_type
+        values = order_by_lock(
+            [c[0] for c in self.claims] + self.release, lambda o: lock_identity(store, o.as_key())
+        )
+        if len(values) > 1 and isinstance(self.cx, Ops):
+            await self.cx._lock_all(Occupancy.Store, [o.as_key() for o in values])
         for occupancy, owner, outcome in order_by_lock(
-            self.claims, lambda c: lock_identity(Occupancy.Store.store_type, c[0].as_key())
+            self.claims, lambda c: lock_identity(store, c[0].as_key())
         ):
             row = Occupancy.of(occupancy.as_key(), owner)
             await self.cx.create(row)

@@ -1,22 +1,30 @@
 """The leader's drain of dirty offer keys into their published-language buckets.
 
-Per offer, the pod holding the fixed-slot lease ``offer:<NAME>`` (acquired
-on every pass, taken over by another pod only once it expired) drains its
-dirty keys in batches, in this order (s188):
+Per offer, the pod holding the fixed-slot lease ``offer:<NAME>`` (renewed
+from its held state at most every ``interval``, a third of the lease at
+most; taken over by another pod only once it expired) drains its dirty keys
+in batches, in this order (s188), on one pooled connection, each step one
+statement outside any transaction:
 
-1. claim the batch skip-locked (a short fenced transaction);
+1. claim the batch skip-locked (a marker a write is re-dirtying right now
+   is skipped, never waited on);
 2. read each key's current bucket revision;
-3. resolve the row images in a short fenced transaction — the revision is
-   observed *before* the image, so a write landing between the two bumps
-   the revision and loses the compare-and-set instead of regressing the
-   bucket;
+3. check the lease (holder, fence, unexpired: `LeaseLost` otherwise), then
+   resolve the row images — the revision is observed *before* the image,
+   so a write landing between the two bumps the revision and loses the
+   compare-and-set instead of regressing the bucket;
 4. the KV round-trip outside any transaction: a create for an absent key,
    a compare-and-set on the observed revision, a delete (retract) at that
    revision; an equal value is left alone. A lost compare-and-set leaves
    the key dirty for the next pass;
-5. delete the marker at the generation it claimed, in a small fenced
-   transaction asserting the lease (a write that re-dirtied the key
-   meanwhile keeps its marker).
+5. delete the marker at the generation it claimed, in one fenced statement
+   that locks the lease row (``FOR SHARE``, as `LeaderLease.assert_lease`)
+   and writes only while this pod holds it at its fence (a write that
+   re-dirtied the key meanwhile keeps its marker).
+
+A commit that staged marks wakes the drain (``NOTIFY``); the pass starts
+``coalesce`` after the first wake, so the commits of that window (and any
+wake while a pass runs, which schedules exactly one more) ride one pass.
 
 The offer path keeps no ``kv_relay_watermark``: the compare-and-set on the
 revision observed before the image (step 2 → 4) replaces it. A row has no
@@ -57,14 +65,14 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
 from ..db.errors import Stage, translating
 from ..db.pool import Database
-from ..leader import LeaderLease, LeaseLost
+from ..leader import LeaderLease, Lease, LeaseLost
 from ..messaging.nats import KvBucket, KvConflict, KvEntry, Nats, NatsUnavailable
 from ..metrics import Metrics
 from ..persistence.base import store_of
@@ -89,6 +97,8 @@ class OfferDrainBounds:
     reconcile: timedelta = timedelta(minutes=5)
     lease: timedelta = timedelta(seconds=10)
     interval: timedelta = timedelta(seconds=1)
+    coalesce: timedelta = timedelta(milliseconds=50)
+    """How long a wake waits for more commits before its pass (0: none)."""
 
 
 @dataclass(slots=True)
@@ -118,18 +128,34 @@ SELECT kv_key, agg_key::text AS agg_key, gen FROM service_engine.offer_dirty
  WHERE offer = $1 ORDER BY dirtied_at, kv_key LIMIT $2 FOR UPDATE SKIP LOCKED
 """
 
-_DONE = """
-DELETE FROM service_engine.offer_dirty AS d
- USING unnest($2::text[], $3::bigint[]) AS m(k, g)
- WHERE d.offer = $1 AND d.kv_key = m.k AND d.gen = m.g
+# The lease as `LeaderLease.assert_lease` checks it, for a read: a pod that
+# lost it stops before resolving an image.
+_HELD = """
+SELECT 1 FROM service_engine.leader_slot
+ WHERE slot = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp()
 """
 
-# A key whose `publish` raised stays dirty (its generation untouched, so a
-# write meanwhile is not lost) and goes to the back of the claim order: the
-# next batches reach every other key first.
-_REQUEUE = """
-UPDATE service_engine.offer_dirty SET dirtied_at = clock_timestamp()
- WHERE offer = $1 AND kv_key = ANY($2::text[])
+# The settle, fenced in one statement: the lease row locked FOR SHARE (a
+# takeover's UPDATE waits for this statement, and one that committed first
+# leaves no row to find), then the markers at the generation claimed go,
+# and a key whose `publish` raised stays dirty (its generation untouched, so
+# a write meanwhile is not lost) and goes to the back of the claim order.
+_SETTLE = """
+WITH lease AS (
+    SELECT 1 FROM service_engine.leader_slot
+     WHERE slot = $5 AND holder = $6 AND fence = $7 AND expires_at > clock_timestamp()
+       FOR SHARE
+), done AS (
+    DELETE FROM service_engine.offer_dirty AS d
+     USING unnest($2::text[], $3::bigint[]) AS m(k, g)
+     WHERE d.offer = $1 AND d.kv_key = m.k AND d.gen = m.g AND EXISTS (SELECT 1 FROM lease)
+    RETURNING 1
+), requeued AS (
+    UPDATE service_engine.offer_dirty SET dirtied_at = clock_timestamp()
+     WHERE offer = $1 AND kv_key = ANY($4::text[]) AND EXISTS (SELECT 1 FROM lease)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM lease) AS held
 """
 
 _RESTAGE = """
@@ -147,6 +173,9 @@ class _OfferState:
         self.bucket: KvBucket | None = None
         self.reconciled_at: float | None = None
         self.fence: int | None = None
+        self.acquired_at: float | None = None
+        """When the last `LeaderLease.acquire` ran (monotonic), or None:
+        acquire on the next pass."""
 
 
 class OfferDrain:
@@ -199,16 +228,20 @@ class OfferDrain:
 
     async def run(self) -> None:
         """Drain on every wake-up (a commit that staged marks notifies
-        `OFFER_CHANNEL`) and at least every interval."""
+        `OFFER_CHANNEL`), ``coalesce`` after it, and at least every interval."""
         conn = None
         try:
             with contextlib.suppress(Exception):
                 conn = await self.db.connect_dedicated()
                 await conn.add_listener(OFFER_CHANNEL, lambda *_: self._wake.set())
             interval = self.bounds.interval.total_seconds()
+            coalesce = self.bounds.coalesce.total_seconds()
             while True:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), interval)
+                if coalesce > 0 and self._wake.is_set():
+                    # The commits of the next moment ride this pass.
+                    await asyncio.sleep(coalesce)
                 self._wake.clear()
                 try:
                     await self.step()
@@ -226,7 +259,7 @@ class OfferDrain:
         reports: dict[str, DrainReport] = {}
         async with self._pass:
             for name, state in self._offers.items():
-                lease = await state.lease.acquire()
+                lease = await self._lease(state)
                 if lease is None:
                     state.fence = None
                     continue
@@ -236,6 +269,21 @@ class OfferDrain:
                     state.reconciled_at = None
                 reports[name] = await self.drain(name)
         return reports
+
+    async def _lease(self, state: _OfferState) -> Lease | None:
+        """The lease as held, renewed (or tried for) at most every renewal
+        period: a pass between renewals sends nothing for it. Every write
+        of the pass is still fenced in the database (`_SETTLE`)."""
+        now = time.monotonic()
+        renew = min(self.bounds.interval, self.bounds.lease / 3).total_seconds()
+        if state.acquired_at is None or now - state.acquired_at >= renew:
+            state.acquired_at = now
+            try:
+                return await state.lease.acquire()
+            except BaseException:
+                state.acquired_at = None
+                raise
+        return state.lease.current
 
     async def drain(self, name: str) -> DrainReport:
         """Drain offer ``name`` until no dirty key is left (or a pass made no
@@ -276,27 +324,33 @@ class OfferDrain:
             raise RuntimeError(f"offer {state.offer.NAME}: bind() was not called")
         return state.bucket
 
-    async def _fenced(self, state: _OfferState, work: Callable[[Any], Awaitable[Any]]) -> Any:
-        with translating(Stage.RELAY):
-            async with self.db.pool.acquire() as conn, conn.transaction():
-                await state.lease.assert_lease(conn)
-                return await work(conn)
+    def _lost(self, state: _OfferState, detail: str) -> LeaseLost:
+        state.acquired_at = None  # the next pass asks the database again
+        lease = state.lease
+        return LeaseLost(lease.slot, lease.holder, detail)
 
     async def _batch(self, state: _OfferState, report: DrainReport) -> int:
+        lease = state.lease.current
+        if lease is None:
+            raise self._lost(state, "not acquired")
+        with translating(Stage.RELAY):
+            async with self.db.plain() as conn:
+                return await self._batch_on(conn, state, lease, report)
+
+    async def _batch_on(
+        self, conn: Any, state: _OfferState, lease: Lease, report: DrainReport
+    ) -> int:
         offer, bucket = state.offer, self._bucket(state)
 
         # 1. claim skip-locked
-        async def claim(conn: Any) -> list[_Claimed]:
-            rows = await conn.fetch(_CLAIM, offer.NAME, self.bounds.batch)
-            return [
-                _Claimed(
-                    r["kv_key"], None if r["agg_key"] is None else json.loads(r["agg_key"]),
-                    int(r["gen"]),
-                )
-                for r in rows
-            ]
-
-        batch: list[_Claimed] = await self._fenced(state, claim)
+        rows = await conn.fetch(_CLAIM, offer.NAME, self.bounds.batch)
+        batch = [
+            _Claimed(
+                r["kv_key"], None if r["agg_key"] is None else json.loads(r["agg_key"]),
+                int(r["gen"]),
+            )
+            for r in rows
+        ]
         if not batch:
             return 0
 
@@ -307,7 +361,9 @@ class OfferDrain:
         if self.hook is not None:
             await self.hook("revision_read", offer.NAME, [c.kv_key for c in batch])
 
-        # 3. the row images, in a short fenced transaction
+        # 3. the lease, then the row images
+        if await conn.fetchval(_HELD, lease.slot, lease.holder, lease.fence) is None:
+            raise self._lost(state, f"fence {lease.fence} expired or taken over")
         store = store_of(offer.ROW)
 
         async def resolve(conn: Any) -> None:
@@ -332,7 +388,7 @@ class OfferDrain:
                             offer.NAME, claimed.kv_key, count, exc, exc_info=exc,
                         )
 
-        await self._fenced(state, resolve)
+        await resolve(conn)
 
         # 4. the KV round-trips, outside any transaction
         async def write(claimed: _Claimed) -> int | None:
@@ -363,17 +419,15 @@ class OfferDrain:
         written = await asyncio.gather(*(write(c) for c in batch))
 
         # 5. the markers, fenced
-        async def settle(conn: Any) -> None:
-            done = [(c, r) for c, r in zip(batch, written, strict=True) if r is not None]
-            if done:
-                await conn.execute(
-                    _DONE, offer.NAME, [c.kv_key for c, _ in done], [c.gen for c, _ in done]
-                )
-            if failed:
-                await conn.execute(_REQUEUE, offer.NAME, [c.kv_key for c in failed])
-
         failed = [c for c in batch if c.failed]
-        await self._fenced(state, settle)
+        done = [(c, r) for c, r in zip(batch, written, strict=True) if r is not None]
+        if done or failed:
+            held = await conn.fetchval(
+                _SETTLE, offer.NAME, [c.kv_key for c, _ in done], [c.gen for c, _ in done],
+                [c.kv_key for c in failed], lease.slot, lease.holder, lease.fence,
+            )
+            if not held:
+                raise self._lost(state, f"fence {lease.fence} expired or taken over")
         if failed:
             report.failed += len(failed)
             self.failures[offer.NAME] = self.failures.get(offer.NAME, 0) + len(failed)

@@ -156,7 +156,7 @@ class Ops:
         self._claimed_before = False
         # The image of each row loaded (and pinned) since this transaction's
         # last write: a second load of it answers a copy, no round trip.
-        self._images: dict[tuple[str, str], Any] = {}
+        self._images: dict[tuple[Persistence[Any, Any], str], Any] = {}
 
     # -- time -------------------------------------------------------------
 
@@ -190,7 +190,7 @@ class Ops:
         store = store_of(aggregate_type)
         await self._lock(store, key, pin=False)  # the load pins the row
         identity = self._identity(store, key)
-        image = self._images.get(identity)
+        image = self._images.get((store, identity[1]))
         if image is not None:
             found = copy.deepcopy(image)
         else:
@@ -199,7 +199,7 @@ class Ops:
             )
             if found is not None and _pins_on_load(store):
                 with contextlib.suppress(Exception):  # an image that cannot be copied is re-read
-                    self._images[identity] = copy.deepcopy(found)
+                    self._images[(store, identity[1])] = copy.deepcopy(found)
         if found is not None and not isinstance(found, aggregate_type):
             raise DeclarationError(
                 f"{aggregate_type.__qualname__}.Store loaded a {type(found).__qualname__}: "
@@ -565,6 +565,34 @@ class Ops:
         if pin:
             await self._db(Stage.LOCK, lambda: store.lock(self._conn, key), writes=False)
         self._locked.add(identity)
+
+    async def _lock_all(self, store: Persistence[Any, Any], keys: Iterable[object]) -> None:
+        """Take the advisory locks of ``keys`` of ``store`` in the order
+        given, in one round trip (each as `_lock` without a row pin would;
+        a key already locked is skipped). The caller orders the keys (the
+        command layer's one fixed lock order)."""
+        pending: list[tuple[tuple[str, str], object]] = []
+        seen: set[tuple[str, str]] = set(self._locked)
+        for key in keys:
+            identity = self._identity(store, key)
+            if identity not in seen:
+                seen.add(identity)
+                pending.append((identity, key))
+        if self._begin is not None or self._claim is not None:
+            # The first lock rides with BEGIN (and a deferred claim) as usual.
+            if not pending:
+                return
+            (_, first), pending = pending[0], pending[1:]
+            await self._lock(store, first, pin=False)
+        if not pending:
+            return
+        # Ints we computed, safe to inline: one statement per lock, run in order.
+        sql = "; ".join(
+            f"SELECT pg_advisory_xact_lock({aggregate_lock_key(i[0], _lockable(k)):d})"
+            for i, k in pending
+        )
+        await self._db(Stage.LOCK, lambda: self._conn.execute(sql), writes=False)
+        self._locked.update(i for i, _ in pending)
 
     async def _execute_first(self, stage: Stage, sql: str) -> str:
         """Run ``sql`` (no parameters: every value inlined and safe) as the

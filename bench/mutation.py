@@ -1,0 +1,234 @@
+"""The mutation path: one ``renameBoard`` at a time, its answer time and its CPU.
+
+    python bench/mutation.py [--count 400] [--rounds 3] [--subscribers 1] [--board]
+                             [--variant NAME=REPO[:EXTRA_PATH...]] ... [--py-spy FILE]
+
+The reference service (``python -m example_service`` on its embedded
+Postgres + NATS) runs in a child process per variant, from ``REPO`` (its
+working directory and the head of its ``PYTHONPATH``, so a worktree of
+another commit runs its own code; ``EXTRA_PATH`` entries follow it). Each
+round sends ``count`` ``renameBoard`` mutations over HTTP one after the
+other (closed loop: the next is sent when the previous answered), with
+``subscribers`` graphql-transport-ws sessions subscribed to ``boards`` in
+the same org (the render side's per-commit work included). ``--board``
+selects the result's ``board { id title }`` (a read after the write).
+
+Per variant and round: the answer time p50 / p99 (from just before the
+request to its response), the service process's CPU per mutation (user +
+sys) and the CPU of the whole tree (the service with its Postgres and
+nats-server children) per mutation. Variants run round-robin, so a load
+change on the machine hits them alike; compare the columns of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from websockets.asyncio.client import connect
+from websockets.typing import Subprotocol
+
+PROTOCOL = Subprotocol("graphql-transport-ws")
+SUBSCRIPTION = """subscription { boards { __typename
+  ... on BoardsReset { revision keys views { id title } }
+  ... on BoardsUpsert { revision key view { id title archived affordances { action allowed reason } } cause { name } }
+  ... on BoardsRemove { revision key } } }"""
+CREATE = ("mutation($id: ID, $title: String!) { createBoard(id: $id, title: $title) "
+          "{ success error { code message } } }")
+RENAME = ("mutation($id: ID!, $title: String!) { renameBoard(id: $id, title: $title) "
+          "{ success error { code } } }")
+RENAME_BOARD = ("mutation($id: ID!, $title: String!) { renameBoard(id: $id, title: $title) "
+                "{ success error { code } board { id title } } }")
+ORG = "m-org"
+BOARDS = 5
+
+
+def passport(sub: str) -> str:
+    return json.dumps({"sub": sub, "org": ORG, "roles": ["board:archive"]}, separators=(",", ":"))
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants."""
+    out = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                out += tree(int(child))
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+@dataclass
+class Variant:
+    name: str
+    repo: Path
+    path: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    addr: str = ""
+    rows: list[dict[str, float]] | None = None
+
+
+@contextlib.asynccontextmanager
+async def started(variant: Variant) -> AsyncIterator[Variant]:
+    data = Path(tempfile.mkdtemp(prefix=f"mutation-{variant.name}-"))
+    addr_file = data / "addr"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(variant.repo), *variant.path]),
+        "EXAMPLE_SERVICE_DATA": str(data),
+        "EXAMPLE_SERVICE_HTTP_ADDR": "127.0.0.1:0",
+        "EXAMPLE_SERVICE_ADDR_FILE": str(addr_file),
+        "EXAMPLE_SERVICE_LOG_LEVEL": "WARNING",
+    }
+    log = (data / "service.log").open("wb")
+    variant.proc = subprocess.Popen([sys.executable, "-m", "example_service"],  # noqa: ASYNC220
+                                    cwd=variant.repo, env=env, stdout=log,
+                                    stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not addr_file.exists():
+            if variant.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError((data / "service.log").read_text()[-3000:])
+            await asyncio.sleep(0.1)
+        variant.addr = addr_file.read_text().strip()
+        async with httpx.AsyncClient(base_url=f"http://{variant.addr}") as http:
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if (await http.get("/readyz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+        yield variant
+    finally:
+        variant.proc.terminate()
+        try:
+            variant.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            variant.proc.kill()
+        log.close()
+
+
+async def drain_socket(ws: Any) -> None:
+    with contextlib.suppress(Exception):
+        async for _ in ws:
+            pass
+
+
+async def round_of(variant: Variant, http: httpx.AsyncClient, count: int, document: str,
+                   start: int) -> dict[str, float]:
+    assert variant.proc is not None
+    pids = tree(variant.proc.pid)
+    own0, all0 = cpu_seconds(variant.proc.pid), sum(cpu_seconds(p) for p in pids)
+    answers: list[float] = []
+    for n in range(count):
+        seq = start + n
+        body = {"query": document, "variables": {"id": f"b-{seq % BOARDS}", "title": f"w{seq}"}}
+        began = time.perf_counter()
+        response = await http.post("/graphql", json=body)
+        answers.append(time.perf_counter() - began)
+        assert response.json()["data"]["renameBoard"]["success"], response.text
+    own1, all1 = cpu_seconds(variant.proc.pid), sum(cpu_seconds(p) for p in pids)
+    return {
+        "p50": pct(answers, 0.5) * 1000, "p99": pct(answers, 0.99) * 1000,
+        "own_us": (own1 - own0) / count * 1e6, "tree_us": (all1 - all0) / count * 1e6,
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--count", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--subscribers", type=int, default=1)
+    parser.add_argument("--board", action="store_true", help="select the result's board")
+    parser.add_argument("--py-spy", default="",
+                        help="record each variant's rounds with py-spy to FILE.<variant>.txt")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME=REPO[:EXTRA_PATH...] (default: this repo)")
+    args = parser.parse_args()
+    here = Path(__file__).resolve().parents[1]
+    variants = []
+    for spec in args.variant or [f"this={here}"]:
+        name, _, paths = spec.partition("=")
+        repo, *extra = paths.split(os.pathsep)
+        variants.append(Variant(name, Path(repo).resolve(), extra, rows=[]))
+    document = RENAME_BOARD if args.board else RENAME
+    async with contextlib.AsyncExitStack() as stack:
+        clients: dict[str, httpx.AsyncClient] = {}
+        for variant in variants:
+            await stack.enter_async_context(started(variant))
+            http = await stack.enter_async_context(httpx.AsyncClient(
+                base_url=f"http://{variant.addr}", timeout=60,
+                headers={"X-Passport": passport("writer")}))
+            clients[variant.name] = http
+            for b in range(BOARDS):
+                response = await http.post("/graphql", json={"query": CREATE, "variables": {
+                    "id": f"b-{b}", "title": f"start {b}"}})
+                assert response.json()["data"]["createBoard"]["success"], response.text
+            for s in range(args.subscribers):
+                ws = await stack.enter_async_context(connect(
+                    f"ws://{variant.addr}/graphql/ws", subprotocols=[PROTOCOL],
+                    additional_headers={"X-Passport": passport(f"s{s}")}, compression=None,
+                    max_queue=None))
+                await ws.send(json.dumps({"type": "connection_init"}))
+                await ws.recv()
+                await ws.send(json.dumps({"id": "1", "type": "subscribe",
+                                          "payload": {"query": SUBSCRIPTION}}))
+                asyncio.get_running_loop().create_task(drain_socket(ws))
+            await round_of(variant, http, 50, document, 0)  # warm-up
+        seq = 1000
+        for _ in range(args.rounds):
+            for variant in variants:
+                assert variant.rows is not None and variant.proc is not None
+                spy = None
+                if args.py_spy:
+                    spy = subprocess.Popen(  # noqa: ASYNC220
+                        [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
+                         "-r", "200", "-o", f"{args.py_spy}.{variant.name}.txt",
+                         "-p", str(variant.proc.pid)],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    await asyncio.sleep(1)
+                variant.rows.append(await round_of(variant, clients[variant.name], args.count,
+                                                   document, seq))
+                seq += args.count
+                if spy is not None:
+                    spy.send_signal(2)
+                    await asyncio.to_thread(spy.wait, 30)
+    print(f"load average {os.getloadavg()[0]:.2f}; {args.count} mutations x {args.rounds} "
+          f"rounds; {args.subscribers} subscriber(s); board selected: {args.board}")
+    print(f"{'variant':<12} {'round':>5} {'p50 ms':>8} {'p99 ms':>8} {'svc cpu us':>11} "
+          f"{'tree cpu us':>12}")
+    for variant in variants:
+        assert variant.rows is not None
+        for i, row in enumerate(variant.rows):
+            print(f"{variant.name:<12} {i:>5} {row['p50']:>8.2f} {row['p99']:>8.2f} "
+                  f"{row['own_us']:>11.0f} {row['tree_us']:>12.0f}")
+        med = {k: pct([r[k] for r in variant.rows], 0.5) for k in variant.rows[0]}
+        print(f"{variant.name:<12} {'med':>5} {med['p50']:>8.2f} {med['p99']:>8.2f} "
+              f"{med['own_us']:>11.0f} {med['tree_us']:>12.0f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
