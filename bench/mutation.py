@@ -157,7 +157,10 @@ async def round_of(variant: Variant, http: httpx.AsyncClient, count: int, docume
     }
 
 
-async def main() -> None:
+HERE = Path(__file__).resolve().parents[1]
+
+
+def parse() -> tuple[argparse.Namespace, list[Variant]]:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
@@ -168,12 +171,15 @@ async def main() -> None:
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME=REPO[:EXTRA_PATH...] (default: this repo)")
     args = parser.parse_args()
-    here = Path(__file__).resolve().parents[1]
     variants = []
-    for spec in args.variant or [f"this={here}"]:
+    for spec in args.variant or [f"this={HERE}"]:
         name, _, paths = spec.partition("=")
         repo, *extra = paths.split(os.pathsep)
         variants.append(Variant(name, Path(repo).resolve(), extra, rows=[]))
+    return args, variants
+
+
+async def main(args: argparse.Namespace, variants: list[Variant]) -> None:
     document = RENAME_BOARD if args.board else RENAME
     async with contextlib.AsyncExitStack() as stack:
         clients: dict[str, httpx.AsyncClient] = {}
@@ -231,4 +237,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(*parse()))

@@ -1,0 +1,262 @@
+"""What one GraphQL mutation sends to Postgres, statement by statement.
+
+The reference service's ``renameBoard`` over HTTP, on a pool whose every
+connection logs its statements; only the statements sent on behalf of the
+request itself are kept (its context is marked by an ASGI wrapper: the
+driver calls its query logger in the context of the statement), so the
+offer drain, the render side and the beat are not counted there. The offer
+drain's own pass is pinned separately, driven by hand on a logged pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from example_service.graphql import build_app
+from example_service.register import register
+from example_service.slices import compose
+from example_service.slices.board.commands import create_board, rename_board
+from example_service.slices.board.offer import BOARD_BUCKET, BoardOffer
+from service_engine import (
+    Engine,
+    MutationExecutor,
+    ReadinessHandle,
+    Success,
+    WorkerStopped,
+    bind_listener,
+    connect_pool,
+    run_with_listener,
+)
+from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
+from service_engine.graphql import PASSPORT_HEADER, Passport
+from service_engine.offers.drain import OfferDrain, OfferDrainBounds
+from service_engine.offers.model import register_offer_type
+
+from .blackbox.harness import provision_kv
+from .example_support import example_config, example_database, person
+from .harness import Statements, wait_until
+from .nats_support import engine_nats
+
+ADMIN = Passport(sub="root", org="acme", roles=("board:archive",))
+CREATE = ("mutation($id: ID, $title: String!) { createBoard(id: $id, title: $title) "
+          "{ success error { code } } }")
+RENAME = ("mutation($id: ID!, $title: String!) { renameBoard(id: $id, title: $title) "
+          "{ success error { code } } }")
+RENAME_WITH_BOARD = ("mutation($id: ID!, $title: String!) { renameBoard(id: $id, title: $title) "
+                     "{ success error { code } board { id title } } }")
+BOUND = 10.0
+
+RENAME_ROUND_TRIPS = 13
+"""A ``renameBoard`` over HTTP, its board not selected: the principal fact's
+read (released without the pool's reset); BEGIN + lock bound + the board's
+advisory lock; the board's load pinning its row (once: the command layer's
+binding reuses the handler's load); both unique-value locks (the new title
+claimed, the old released) in one statement; the claim; the board's UPDATE;
+the release; the org projection's advisory lock, its RLS context and its
+UPDATE (no separate row pin: a CrudStore's UPDATE locks the row); the
+outbox statement carrying the impacts' NOTIFY; the offer's dirty mark and
+its NOTIFY; COMMIT + the release reset. Nothing after COMMIT. (21 before:
+a second load, three more locks, the row pin, two resets and the board
+view's four-statement read nobody selected.)"""
+
+DRAIN_PASS_ROUND_TRIPS = 4
+"""One offer-drain pass over one dirty key, between lease renewals: the
+claim, the lease check before the image, the image read, the fenced settle
+(each one statement on one connection, no BEGIN/COMMIT, no reset). (17
+before: the lease acquire and its reset, then three fenced transactions of
+BEGIN, lease assert, statement, COMMIT and reset each.)"""
+
+_INTROSPECTION = ("WITH RECURSIVE typeinfo_tree", "current_setting('jit')",
+                  "set_config('jit'")
+
+
+def _without_introspection(sent: list[str]) -> list[str]:
+    """The driver's one-time type introspection of a new connection left out."""
+    return [s for s in sent if not s.startswith(_INTROSPECTION)]
+
+_REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("request", default=None)
+
+
+class RequestStatements:
+    """The statements sent while serving a marked HTTP request."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def __call__(self, record: Any) -> None:
+        if _REQUEST.get() is not None:
+            self.sent.append(" ".join(str(record.query).split()))
+
+    async def setup(self, conn: Any) -> None:
+        conn.add_query_logger(self)
+
+    def take(self) -> list[str]:
+        sent, self.sent = self.sent, []
+        return sent
+
+
+@pytest.fixture
+async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
+    async with example_database(pg_server) as provisioned:
+        yield provisioned
+
+
+@contextlib.asynccontextmanager
+async def served(
+    store: ProvisionedDatabase, nats_server: EmbeddedNats, statements: RequestStatements
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The board slice on an engine with NATS (its offer registered), its
+    pool logging, every HTTP request's context marked."""
+    await provision_kv(nats_server.url)
+    db = await connect_pool(store.app_url, max_size=10, setup=statements.setup)
+    try:
+        async with engine_nats(nats_server) as nats:
+            engine = await Engine.boot(example_config(), db, nats, ReadinessHandle())
+            service = compose(("board",))
+            register(engine, service)
+            app = build_app(engine, service)
+
+            async def marked(scope: Any, receive: Any, send: Any) -> None:
+                token = _REQUEST.set(scope.get("path")) if scope["type"] == "http" else None
+                try:
+                    await app(scope, receive, send)
+                finally:
+                    if token is not None:
+                        _REQUEST.reset(token)
+
+            sock = bind_listener("127.0.0.1:0")
+            task = asyncio.create_task(
+                run_with_listener(engine, marked, sock, handle_signals=False)  # type: ignore[arg-type]
+            )
+            addr = f"127.0.0.1:{sock.getsockname()[1]}"
+            try:
+                async with httpx.AsyncClient(base_url=f"http://{addr}", timeout=BOUND) as http:
+
+                    async def up() -> bool:
+                        if task.done():
+                            task.result()
+                        try:
+                            return (await http.get("/readyz")).status_code == 200
+                        except httpx.TransportError:
+                            return False
+
+                    await wait_until(up, timeout=BOUND, what="engine readiness UP")
+                    yield http
+            finally:
+                engine.shutdown()
+                with contextlib.suppress(WorkerStopped):
+                    await asyncio.wait_for(task, BOUND)
+                sock.close()
+    finally:
+        await db.aclose()
+
+
+async def _gql(http: httpx.AsyncClient, query: str, variables: dict[str, Any]) -> dict[str, Any]:
+    response = await http.post("/graphql", json={"query": query, "variables": variables},
+                               headers={PASSPORT_HEADER: ADMIN.to_header()})
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    assert not body.get("errors"), body
+    data: dict[str, Any] = body["data"]
+    return data
+
+
+async def test_a_rename_over_graphql_takes_thirteen_round_trips(
+    store: ProvisionedDatabase, nats_server: EmbeddedNats
+) -> None:
+    """A ``renameBoard`` whose result does not select the board: the
+    statements are the transaction's own (BEGIN riding with the first lock,
+    one pinned load, the unique-value locks in one statement, the reset in
+    COMMIT's round trip) after the principal fact's read, and nothing is
+    sent once COMMIT returned (no read of a view nobody selected)."""
+    statements = RequestStatements()
+    async with served(store, nats_server, statements) as http:
+        assert (await _gql(http, CREATE, {"id": "b-1", "title": "t0"}))["createBoard"]["success"]
+        for n in range(12):  # every pool connection past its type introspection
+            await _gql(http, RENAME, {"id": "b-1", "title": f"warm {n}"})
+        statements.take()
+        renamed = await _gql(http, RENAME, {"id": "b-1", "title": "plan"})
+        assert renamed["renameBoard"] == {"success": True, "error": None}
+        sent = _without_introspection(statements.take())
+    assert len(sent) == RENAME_ROUND_TRIPS, sent
+    assert sent[0].startswith("SELECT board_id FROM board_member")
+    assert sent[1].startswith("BEGIN; SET LOCAL lock_timeout") and "pg_advisory_xact_lock" in sent[1]
+    assert sum(s.endswith("FOR UPDATE") for s in sent) == 1, sent
+    locks = [s for s in sent if "pg_advisory_xact_lock" in s]
+    assert locks[1].count("pg_advisory_xact_lock") == 2, locks  # claim + release, one trip
+    assert "offer_dirty" in sent[-2] and "pg_notify" in sent[-2]
+    assert sent[-1].startswith("COMMIT; ") and "RESET ALL" in sent[-1]
+    assert not any(s.startswith("SELECT pg_advisory_unlock_all") for s in sent), sent
+
+
+async def test_a_rename_selecting_its_board_reads_the_view_after_the_commit(
+    store: ProvisionedDatabase, nats_server: EmbeddedNats
+) -> None:
+    """Selecting ``board`` reads the view the caller now sees, after the
+    commit (the same statements before it, the read after): the answer
+    carries the renamed title."""
+    statements = RequestStatements()
+    async with served(store, nats_server, statements) as http:
+        assert (await _gql(http, CREATE, {"id": "b-1", "title": "t0"}))["createBoard"]["success"]
+        for n in range(12):
+            await _gql(http, RENAME_WITH_BOARD, {"id": "b-1", "title": f"warm {n}"})
+        statements.take()
+        renamed = await _gql(http, RENAME_WITH_BOARD, {"id": "b-1", "title": "plan"})
+        sent = _without_introspection(statements.take())
+    assert renamed["renameBoard"]["board"] == {"id": "b-1", "title": "plan"}
+    commit = next(i for i, s in enumerate(sent) if s.startswith("COMMIT; "))
+    assert commit == RENAME_ROUND_TRIPS - 1, sent
+    assert any('FROM "board"' in s for s in sent[commit + 1:]), sent
+
+
+async def test_an_offer_drain_pass_takes_four_statements(
+    store: ProvisionedDatabase, nats_server: EmbeddedNats
+) -> None:
+    """Between lease renewals a drain pass over one dirty key sends the
+    claim, the lease check, the image read and the fenced settle, and no
+    transaction control or reset; a pass with nothing dirty sends the
+    claim alone. The bucket holds the renamed board."""
+    await provision_kv(nats_server.url)
+    register_offer_type(BoardOffer())
+    statements = Statements()
+    db = await connect_pool(store.app_url, min_size=1, max_size=1, setup=statements.setup)
+    try:
+        async with engine_nats(nats_server) as nats:
+            executor = MutationExecutor(db, example_config())
+            alice = person("alice")
+            assert await executor.execute(alice, create_board, "t0", "b-1") == "b-1"
+            bounds = OfferDrainBounds(lease=timedelta(minutes=3), interval=timedelta(minutes=1))
+            drain = OfferDrain(db, nats, "pod-m", bounds)
+            drain.add(BoardOffer())
+            await drain.bind()
+            await drain.step()  # the tenure's first pass: acquire and reconcile
+            for n in range(3):
+                assert isinstance(await executor.ack(alice, rename_board, "b-1", f"w{n}"), Success)
+                await drain.step()
+            assert isinstance(await executor.ack(alice, rename_board, "b-1", "plan"), Success)
+            statements.take()
+            [report] = (await drain.step()).values()
+            sent = _without_introspection(statements.take())
+            assert report.published == 1
+            assert len(sent) == DRAIN_PASS_ROUND_TRIPS, sent
+            assert "offer_dirty" in sent[0] and "SKIP LOCKED" in sent[0]
+            assert "leader_slot" in sent[1] and 'FROM "board"' in sent[2]
+            assert "FOR SHARE" in sent[3] and "DELETE FROM service_engine.offer_dirty" in sent[3]
+            assert not any(s.startswith(("BEGIN", "COMMIT")) or "RESET ALL" in s
+                           for s in sent), sent
+            await drain.step()
+            assert len(_without_introspection(statements.take())) == 1  # the claim alone
+            bucket = await nats.bind_bucket(BOARD_BUCKET)
+            entry = await bucket.get("example.board.b-1")
+            assert entry is not None and json.loads(entry.value)["title"] == "plan"
+    finally:
+        await db.aclose()
