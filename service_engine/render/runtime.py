@@ -96,16 +96,28 @@ class _Slice:
         self.sessions = 0
         self.yields = 0
 
-    async def tick(self, delivered: bool) -> None:
+    def due(self, delivered: bool) -> bool:
+        """Count one session (given deltas or not); True when the slice is
+        over and the pass must `pause` (synchronous: most sessions end no
+        slice, and cost no coroutine)."""
         if not self.enabled:
-            return
+            return False
         if delivered:
             self.sessions += 1
-        if self.sessions >= SLICE_SESSIONS or time.perf_counter() - self.started >= SLICE_SECONDS:
-            await asyncio.sleep(0)
-            self.yields += 1
-            self.sessions = 0
-            self.started = time.perf_counter()
+            if self.sessions >= SLICE_SESSIONS:
+                return True
+        return time.perf_counter() - self.started >= SLICE_SECONDS
+
+    async def pause(self) -> None:
+        """Yield the loop between two slices."""
+        await asyncio.sleep(0)
+        self.yields += 1
+        self.sessions = 0
+        self.started = time.perf_counter()
+
+    async def tick(self, delivered: bool) -> None:
+        if self.due(delivered):
+            await self.pause()
 
 
 @dataclass(slots=True)
@@ -452,10 +464,12 @@ class RenderRuntime(RenderRegistry):
         # A named session renders the frame's change through its own plan
         # (`plan_frame` gives a replaying one the frame's change too).
         named = {rec.session for rec in batch.members}
+        sessions = self._sessions
+        # (A live session is never holding.)
         return [
-            self._sessions[session.id]
+            sessions[session.id]
             for session in index.candidates(batch.proj, batch.discover.keys, rows)
-            if session not in named and session.live and not session.holding
+            if session.live and session not in named
         ]
 
     # -- 5. render --------------------------------------------------------------------
@@ -463,11 +477,12 @@ class RenderRuntime(RenderRegistry):
     async def _render_batch(self, loaded: _Loaded, tally: PassTally, slicer: _Slice) -> None:
         batch = loaded.batch
         render_member = self._render_member
-        tick = slicer.tick
+        due = slicer.due
         for rec, plan in loaded.planned:
             # A session that ended or began a snapshot while the pass yielded
             # is skipped by _render_member's own check.
-            await tick(render_member(loaded, rec, plan, tally))
+            if due(render_member(loaded, rec, plan, tally)):
+                await slicer.pause()
         self._settle_views(batch.proj, loaded.views, tally)
         if loaded.delivered:
             name = batch.proj.NAME

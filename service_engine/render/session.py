@@ -119,6 +119,9 @@ class SessionState(enum.Enum):
     """Terminal: unwatch it and drop it."""
 
 
+_LIVE = SessionState.LIVE
+
+
 class PrincipalChanged(EngineError):
     """A principal refresh returned a principal with another id: a refresh
     re-resolves the same principal's facts, it never swaps the principal."""
@@ -211,7 +214,7 @@ class Session(Generic[P, V]):
     @property
     def live(self) -> bool:
         """Live and not re-snapshotting: a render pass may render it."""
-        return self.state is SessionState.LIVE and not self._snapshotting
+        return self.state is _LIVE and not self._snapshotting
 
     @property
     def holding(self) -> bool:
@@ -369,16 +372,17 @@ class Session(Generic[P, V]):
         Updates ``last_sent``, the revision and the membership; returns the
         deltas to enqueue, in order.
         """
-        if not self.live:
+        if self.state is not _LIVE or self._snapshotting:
             raise self._illegal("render")
         last = self.last_sent
         rev = self.revision
         out: list[Delta[V]] = []
         scope = plan.scope
+        get = rendered.get
         for key, cause in caused:
             if key not in scope:
                 continue
-            view = rendered.get(key, _MISSING)
+            view = get(key, _MISSING)
             if view is not _MISSING:
                 rev += 1
                 out.append(Upsert(rev, key, view, cause))
@@ -390,7 +394,6 @@ class Session(Generic[P, V]):
         # `diff_window(last, rendered, scope=scope)` applied as it goes: one
         # walk of the scope instead of a diff and a second apply loop. This
         # runs per session per frame; tests pin it to diff_window.
-        get = rendered.get
         sent = last.get
         for key in scope:
             view = get(key, _MISSING)
@@ -406,15 +409,18 @@ class Session(Generic[P, V]):
             rev += 1
             out.append(Upsert(rev, key, view))
             last[key] = view
-        for key in plan.leaving:
-            if key in last:
-                rev += 1
-                out.append(Remove(rev, key))
-                del last[key]
+        leaving = plan.leaving
+        if leaving:
+            for key in leaving:
+                if key in last:
+                    rev += 1
+                    out.append(Remove(rev, key))
+                    del last[key]
         self.membership.settle(plan, rendered, self.pages)
-        for ticket in self._tickets:
-            ticket.touched.update(scope)
-            ticket.touched.update(plan.leaving)
+        if self._tickets:
+            for ticket in self._tickets:
+                ticket.touched.update(scope)
+                ticket.touched.update(leaving)
         if len(out) > threshold:
             self.revision += 1
             return [Reset(self.revision, dict(last))]
