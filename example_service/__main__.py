@@ -21,7 +21,12 @@ Environment:
 * ``EXAMPLE_SERVICE_LOG_LEVEL`` (default ``INFO``);
 * ``EXAMPLE_SERVICE_PODS`` (or ``--pods N``): run N pods as N processes on
   this host behind the one port (see below);
-* ``SERVICE_ENGINE_<FIELD>``: the engine's configuration (`EngineConfig`).
+* ``SERVICE_ENGINE_<FIELD>``: the engine's configuration (`EngineConfig`);
+* ``EXAMPLE_SERVICE_MEMORY_PROBE`` (debug only, ``bench/idle_return.py``): a
+  folder; on SIGUSR1 the pod writes memory figures there for the step named
+  in its ``step`` file (see `_memory_probe`);
+  ``EXAMPLE_SERVICE_MEMORY_PROBE_FRAMES`` (default 0): with N > 0 the step
+  ``mark`` starts tracemalloc with N frames and ``report`` reports it.
 
 SIGINT (Ctrl-C) or SIGTERM stops the engine, the HTTP server and then the
 embedded servers, in that order.
@@ -86,6 +91,8 @@ _ENV_POD_INDEX = "EXAMPLE_SERVICE_POD_INDEX"
 _ENV_REUSE_PORT = "EXAMPLE_SERVICE_REUSE_PORT"
 _ENV_EMBEDDED = "EXAMPLE_SERVICE_EMBEDDED"
 """The URLs name embedded servers the parent started: a development pod."""
+_ENV_MEMORY_PROBE = "EXAMPLE_SERVICE_MEMORY_PROBE"
+_ENV_MEMORY_PROBE_FRAMES = "EXAMPLE_SERVICE_MEMORY_PROBE_FRAMES"
 
 EXAMPLE_PASSPORT = {"sub": "alice", "org": "acme", "roles": ["board:archive"]}
 """Printed at start-up for GraphiQL's Headers tab (the README shows it too)."""
@@ -162,6 +169,96 @@ async def _announce_pod(engine: Engine, sock: socket.socket, target: Path) -> No
         await asyncio.sleep(0.05)
     _write_addr(target, sock)
     _log.info("pod %s serving on %s", os.environ.get(_ENV_POD_INDEX), _addr_text(sock))
+
+
+def _memory_probe(folder: Path, frames: int) -> None:
+    """Debug only: after a full collection, write ``<step>.malloc.txt``
+    (``sys._debugmallocstats()``) and ``<step>.types.json`` (live objects
+    by type) to ``folder``, the step being what its ``step`` file names.
+    The step ``trim`` first calls glibc's ``malloc_trim(0)``.
+    With ``frames``, the step ``mark`` starts tracemalloc and ``report``
+    writes what was allocated since the mark and is still alive, then stops
+    it: ``report.traces.txt`` (the top 30 by traceback) and
+    ``report.objects.txt`` (those blocks that are objects the collector
+    reaches, by type and allocation site, with a sample). ``<step>.done`` is
+    written last."""
+    import collections
+    import gc
+    import tracemalloc
+
+    step = (folder / "step").read_text().strip()
+    gc.collect()
+    if step == "trim":  # what glibc gives back of what it holds free
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    if step == "report" and tracemalloc.is_tracing():
+        _trace_report(folder, frames)
+        gc.collect()
+    with (folder / f"{step}.malloc.txt").open("wb") as out:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()  # nothing while tracemalloc traces
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    counts = collections.Counter(
+        f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
+    (folder / f"{step}.types.json").write_text(json.dumps(dict(counts.most_common())))
+    if step == "mark" and frames > 0:
+        tracemalloc.start(frames)
+    (folder / f"{step}.done").touch()
+
+
+def _trace_report(folder: Path, frames: int) -> None:
+    import collections
+    import gc
+    import tracemalloc
+
+    ignored = [tracemalloc.Filter(False, tracemalloc.__file__),
+               tracemalloc.Filter(False, __file__),
+               tracemalloc.Filter(False, "<frozen importlib._bootstrap*>")]
+    sites: collections.Counter[tuple[str, str]] = collections.Counter()
+    samples: dict[tuple[str, str], str] = {}
+    seen: set[int] = set()
+    for holder in gc.get_objects():
+        for obj in (holder, *gc.get_referents(holder)):
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            where = tracemalloc.get_object_traceback(obj)
+            if where is None:
+                continue
+            site = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}"
+                               for f in list(reversed(where))[:4])
+            key = (type(obj).__qualname__, site)
+            sites[key] += 1
+            samples.setdefault(key, repr(obj)[:100])
+    del seen
+    objects = [f"{n:7} {kind:28} {site}\n{'':36}{samples[(kind, site)]}"
+               for (kind, site), n in sites.most_common(60)]
+    (folder / "report.objects.txt").write_text("\n".join(objects) + "\n")
+    snapshot = tracemalloc.take_snapshot().filter_traces(ignored)
+    tracemalloc.stop()
+    stats = snapshot.statistics("traceback")
+    lines = [f"total {sum(s.size for s in stats)} bytes in {sum(s.count for s in stats)} "
+             f"blocks, {len(stats)} tracebacks"]
+    for stat in stats[:30]:
+        lines.append(f"\n{stat.size} bytes in {stat.count} blocks")
+        lines += stat.traceback.format(limit=frames, most_recent_first=True)
+    lines.append("\nby line (top 30)")
+    lines += [str(s) for s in snapshot.statistics("lineno")[:30]]
+    (folder / "report.traces.txt").write_text("\n".join(lines) + "\n")
+
+
+def _install_memory_probe(loop: asyncio.AbstractEventLoop) -> None:
+    folder = os.environ.get(_ENV_MEMORY_PROBE)
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        frames = int(os.environ.get(_ENV_MEMORY_PROBE_FRAMES) or 0)
+        loop.add_signal_handler(signal.SIGUSR1, _memory_probe, Path(folder), frames)
 
 
 async def _start_embedded(data_dir: Path) -> EmbeddedInfra:
@@ -243,6 +340,7 @@ async def main() -> None:
                 app = build_app(engine, passport_from_connection_params=passport_in_params)
                 for sig in STOP_SIGNALS:
                     loop.remove_signal_handler(sig)
+                _install_memory_probe(loop)
                 if pod_index is None:
                     _announce(sock, passport_in_params)
                     await run_with_listener(engine, app, sock)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Collection
 from datetime import timedelta
 from typing import Any
@@ -52,6 +53,7 @@ from .lanes.presence import (
 )
 from .lanes.presence_lane import PresenceHandle, PresenceLanes
 from .leader import LeaderLease
+from .memory import ReleaseAfterClose, release_free_memory
 from .messaging.dead_letters import DeadLetters, DeadLetterSource
 from .messaging.nats import Nats
 from .metrics import Metrics
@@ -125,8 +127,10 @@ class Engine:
             "dead_letters_waiting": self._gauge_dead_letters,
             "scheduled_impacts": self._fire_due,
             "sessions": self.render.beat,
+            "memory": self._release_after_close,
             "cron": self.crons.beat,
         }
+        self._release = ReleaseAfterClose()
         self.nats_health: NatsHealth | None = None
         self.outbox: OutboxRelay | None = None
         self.scheduled: ScheduledPublisher | None = None
@@ -786,6 +790,17 @@ class Engine:
             self.metrics.set_dependency("postgres", False)
             raise
         self.metrics.set_dependency("postgres", True)
+
+    async def _release_after_close(self) -> None:
+        """Once many sessions closed (`ReleaseAfterClose`), hand the heap's
+        free pages back to the OS: a pod returns toward its idle footprint."""
+        live = len(self.render.sessions)
+        if self._release.observe(live):
+            started = time.perf_counter()
+            released = release_free_memory()
+            _log.info("sessions fell to %d: free memory %s in %.1f ms", live,
+                      "released" if released else "not releasable here",
+                      (time.perf_counter() - started) * 1e3)
 
     async def _gauge_dead_letters(self) -> None:
         """``dead_letters_waiting{source}``, read every ten beats (at most

@@ -37,6 +37,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.gates",
         "service_engine.supervisor",
         "service_engine.logs",
+        "service_engine.memory",
         "service_engine.blobs.sigv4",
         "service_engine.scopes.manifest",
         "service_engine.scopes.wire",
