@@ -431,11 +431,12 @@ async def raw_pg_run(db: Database, commits: int, meter: CpuMeter | None = None
 
 async def measure_engine(client: nats.NATS, db: Database, producer: Producer, db_url: str,
                          server: EmbeddedNats, commands: int, window: int, label: str,
-                         pod_counts: tuple[int, ...], meter: CpuMeter) -> None:
-    for pods in pod_counts:
+                         pod_counts: tuple[int, ...], meter: CpuMeter,
+                         loops: tuple[str, ...] = ("asyncio",)) -> None:
+    for pods, loop in [(pods, loop) for pods in pod_counts for loop in loops]:
         async with contextlib.AsyncExitStack() as stack:
             pids = [await stack.enter_async_context(child(
-                "--role", "pod", db_url, server.url, f"pod{p}",
+                "--role", "pod", db_url, server.url, f"pod{p}", loop,
             )) for p in range(pods)]
             # Warm up: prepared statements, the outbox lease.
             await engine_run(client, db, producer, 200, window)
@@ -443,14 +444,15 @@ async def measure_engine(client: nats.NATS, db: Database, producer: Producer, db
             # engine cell: on a shared machine the load drifts between cells.
             raw_before, raw_cpu = await raw_pg_run(db, commands, CpuMeter(meter.pgdata))
             meter.pods = tuple(pids)
-            async with pyspy(pids, f"{label.split()[1]}-{pods}"):
+            async with pyspy(pids, f"{label.split()[1]}-{pods}-{loop}"):
                 run = await engine_run(client, db, producer, commands, window, meter)
             raw_after, _ = await raw_pg_run(db, commands)
         raw = (raw_before + raw_after) / 2
-        print(f"{f'engine, {pods} pod(s), nats {label}: effect committed':52} "
+        label_loop = f"{label}, {loop}" if len(loops) > 1 else label
+        print(f"{f'engine, {pods} pod(s), nats {label_loop}: effect committed':52} "
               f"{run.effects_per_s:>10.0f} {run.to_commit.p50:>8.1f} "
               f"{run.to_commit.p99:>8.1f}")
-        print(f"{f'engine, {pods} pod(s), nats {label}: confirmation received':52} "
+        print(f"{f'engine, {pods} pod(s), nats {label_loop}: confirmation received':52} "
               f"{run.confirmed_per_s:>10.0f} {run.to_confirm.p50:>8.1f} "
               f"{run.to_confirm.p99:>8.1f}", flush=True)
         print(f"    {run.cpu}", flush=True)
@@ -465,7 +467,7 @@ async def measure_engine(client: nats.NATS, db: Database, producer: Producer, db
 
 
 async def main(commands: int, window: int, *, syncs: tuple[bool, ...],
-               pod_counts: tuple[int, ...]) -> None:
+               pod_counts: tuple[int, ...], loops: tuple[str, ...] = ("asyncio",)) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-inbound-") as tmp:
         pg = EmbeddedPostgres(Path(tmp) / "pg", durable=True)
         await asyncio.to_thread(pg.start)
@@ -495,7 +497,7 @@ async def main(commands: int, window: int, *, syncs: tuple[bool, ...],
                         try:
                             await measure_engine(client, db, Producer(client),
                                                  provisioned.app_url, server, commands,
-                                                 window, label, pod_counts, meter)
+                                                 window, label, pod_counts, meter, loops)
                         finally:
                             await client.close()
                     finally:
@@ -514,8 +516,15 @@ if __name__ == "__main__":
                         help="nats-server with sync_interval: always, its default, or both "
                              "side by side (the default)")
     parser.add_argument("--pods", default="1,2", help="pod counts to run, e.g. 1 or 1,2")
+    parser.add_argument("--loop", default="asyncio",
+                        help="the pods' event loop: asyncio, uvloop, or both side by side "
+                             "(asyncio,uvloop); uvloop must be installed")
     parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.role and args.role[0] == "pod" and args.role[4:5] == ["uvloop"]:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     if args.role and args.role[0] == "pod":
         profile_to = os.environ.get("BENCH_INBOUND_PROFILE")
         if profile_to:  # CPU time (not wall time) by function, for a pod's whole life
@@ -533,4 +542,5 @@ if __name__ == "__main__":
     else:
         syncs = {"both": (True, False), "always": (True,), "default": (False,)}[args.sync]
         asyncio.run(main(args.commands, args.window, syncs=syncs,
-                         pod_counts=tuple(int(n) for n in args.pods.split(","))))
+                         pod_counts=tuple(int(n) for n in args.pods.split(",")),
+                         loops=tuple(args.loop.split(","))))

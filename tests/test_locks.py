@@ -213,3 +213,17 @@ def _reference_key(domain: str, *parts: str | bytes) -> int:
 @given(st.text(max_size=20), parts_st)
 def test_key_equals_the_hash_of_the_whole_framing(domain: str, parts: list[str | bytes]) -> None:
     assert advisory_key(domain, *parts) == _reference_key(domain, *parts)
+
+
+def _fnv1a_64_byte_by_byte(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) & ((1 << 64) - 1)
+    return h
+
+
+@given(st.binary(max_size=70))
+def test_fnv1a_64_four_bytes_a_step_equals_the_byte_by_byte_fold(data: bytes) -> None:
+    """The unrolled fold (masked once per four bytes) is FNV-1a exactly,
+    whatever the length's remainder."""
+    assert fnv1a_64(data) == _fnv1a_64_byte_by_byte(data)
