@@ -262,6 +262,27 @@ class RenderRegistry:
         if not rec.session.ended:
             rec.session.end(reason)
         rec.stream.end(reason)
+        if not self._sessions:
+            self._back_to_idle()
+
+    def _back_to_idle(self) -> None:
+        """The last session ended: rebuild what grew with the sessions (a
+        dict or set keeps its largest table when emptied), so a pod whose
+        sessions all closed holds these at their idle size. The cohort
+        indexes are emptied in place (a pass in flight may still settle
+        into them: what it adds is a superset, as the index allows)."""
+        self._sessions = {}
+        if not self._attaching:
+            self._attaching = {}
+        interest: Interest[Session[Any, Any]] = Interest()
+        for name in self._projectors:
+            interest.register(self._interest.route_of(name))
+        self._interest = interest
+        for index in self._indexes.values():
+            index.members = {}
+            index.held_cohorts = {}
+            index.snapshotting = set()
+            index.authoritative = set()
 
     def end_all(self, reason: str) -> None:
         for sid in list(self._sessions):
