@@ -27,6 +27,7 @@ from example_service.slices import compose
 from example_service.slices.board.commands import create_board, rename_board
 from example_service.slices.board.offer import BOARD_BUCKET, BoardOffer
 from service_engine import (
+    Database,
     Engine,
     MutationExecutor,
     ReadinessHandle,
@@ -40,6 +41,7 @@ from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedD
 from service_engine.graphql import PASSPORT_HEADER, Passport
 from service_engine.offers.drain import OfferDrain, OfferDrainBounds
 from service_engine.offers.model import register_offer_type
+from service_engine.offers.staging import DirtyMark, dollar_quoted, offer_dirty_statement
 
 from .blackbox.harness import provision_kv
 from .example_support import example_config, example_database, person
@@ -55,7 +57,7 @@ RENAME_WITH_BOARD = ("mutation($id: ID!, $title: String!) { renameBoard(id: $id,
                      "{ success error { code } board { id title } } }")
 BOUND = 10.0
 
-RENAME_ROUND_TRIPS = 13
+RENAME_ROUND_TRIPS = 12
 """A ``renameBoard`` over HTTP, its board not selected: the principal fact's
 read (released without the pool's reset); BEGIN + lock bound + the board's
 advisory lock; the board's load pinning its row (once: the command layer's
@@ -63,10 +65,11 @@ binding reuses the handler's load); both unique-value locks (the new title
 claimed, the old released) in one statement; the claim; the board's UPDATE;
 the release; the org projection's advisory lock, its RLS context and its
 UPDATE (no separate row pin: a CrudStore's UPDATE locks the row); the
-outbox statement carrying the impacts' NOTIFY; the offer's dirty mark and
-its NOTIFY; COMMIT + the release reset. Nothing after COMMIT. (21 before:
-a second load, three more locks, the row pin, two resets and the board
-view's four-statement read nobody selected.)"""
+outbox statement carrying the impacts' NOTIFY; the offer's dirty mark (and
+its NOTIFY), COMMIT and the release reset in one round trip. Nothing after
+COMMIT. (21 before: a second load, three more locks, the row pin, the
+dirty mark's own statement, two resets and the board view's
+four-statement read nobody selected.)"""
 
 DRAIN_PASS_ROUND_TRIPS = 4
 """One offer-drain pass over one dirty key, between lease renewals: the
@@ -170,14 +173,15 @@ async def _gql(http: httpx.AsyncClient, query: str, variables: dict[str, Any]) -
     return data
 
 
-async def test_a_rename_over_graphql_takes_thirteen_round_trips(
+async def test_a_rename_over_graphql_takes_twelve_round_trips(
     store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
     """A ``renameBoard`` whose result does not select the board: the
     statements are the transaction's own (BEGIN riding with the first lock,
-    one pinned load, the unique-value locks in one statement, the reset in
-    COMMIT's round trip) after the principal fact's read, and nothing is
-    sent once COMMIT returned (no read of a view nobody selected)."""
+    one pinned load, the unique-value locks in one statement, the offer's
+    dirty mark and the reset in COMMIT's round trip) after the principal
+    fact's read, and nothing is sent once COMMIT returned (no read of a
+    view nobody selected)."""
     statements = RequestStatements()
     async with served(store, nats_server, statements) as http:
         assert (await _gql(http, CREATE, {"id": "b-1", "title": "t0"}))["createBoard"]["success"]
@@ -193,8 +197,11 @@ async def test_a_rename_over_graphql_takes_thirteen_round_trips(
     assert sum(s.endswith("FOR UPDATE") for s in sent) == 1, sent
     locks = [s for s in sent if "pg_advisory_xact_lock" in s]
     assert locks[1].count("pg_advisory_xact_lock") == 2, locks  # claim + release, one trip
-    assert "offer_dirty" in sent[-2] and "pg_notify" in sent[-2]
-    assert sent[-1].startswith("COMMIT; ") and "RESET ALL" in sent[-1]
+    assert "integration_outbox" in sent[-2] and "pg_notify" in sent[-2]
+    last = sent[-1]
+    assert last.startswith("WITH staged AS ( INSERT INTO service_engine.offer_dirty")
+    assert "pg_notify('service_engine_offer'" in last and '$m0$"b-1"$m0$' in last
+    assert last.endswith("COMMIT; SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL;")
     assert not any(s.startswith("SELECT pg_advisory_unlock_all") for s in sent), sent
 
 
@@ -213,7 +220,7 @@ async def test_a_rename_selecting_its_board_reads_the_view_after_the_commit(
         renamed = await _gql(http, RENAME_WITH_BOARD, {"id": "b-1", "title": "plan"})
         sent = _without_introspection(statements.take())
     assert renamed["renameBoard"]["board"] == {"id": "b-1", "title": "plan"}
-    commit = next(i for i, s in enumerate(sent) if s.startswith("COMMIT; "))
+    commit = next(i for i, s in enumerate(sent) if "; COMMIT; " in s)
     assert commit == RENAME_ROUND_TRIPS - 1, sent
     assert any('FROM "board"' in s for s in sent[commit + 1:]), sent
 
@@ -260,3 +267,29 @@ async def test_an_offer_drain_pass_takes_four_statements(
             assert entry is not None and json.loads(entry.value)["title"] == "plan"
     finally:
         await db.aclose()
+
+
+TRICKY = ["O'Brien", "back\\slash", '"json"', "$m0$", "ends $m0", "$$", "é ☃", ""]
+
+
+async def test_the_inlined_offer_marks_read_back_exactly_in_postgres(db: Database) -> None:
+    """The dollar-quoted values the marks ride COMMIT with read back as the
+    very text under the server's own lexer, with and without
+    standard_conforming_strings; the statement stages each mark."""
+    async with db.pool.acquire() as conn:
+        for conforming in ("on", "off"):
+            await conn.execute(f"SET standard_conforming_strings = {conforming}")
+            for value in TRICKY:
+                assert await conn.fetchval(f"SELECT {dollar_quoted(value)}::text") == value
+        await conn.execute("RESET standard_conforming_strings")
+        marks = [DirtyMark("boards", f"example.board.k{n}", json.dumps(value))
+                 for n, value in enumerate(TRICKY)]
+        async with conn.transaction():
+            await conn.execute(offer_dirty_statement(marks))
+        rows = await conn.fetch(
+            "SELECT kv_key, agg_key #>> '{}' AS agg FROM service_engine.offer_dirty"
+            " WHERE offer = 'boards' ORDER BY kv_key"
+        )
+    assert [(r["kv_key"], r["agg"]) for r in rows] == [
+        (f"example.board.k{n}", value) for n, value in enumerate(TRICKY)
+    ]

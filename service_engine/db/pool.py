@@ -84,9 +84,12 @@ class Database(AsyncResource):
         await _init_connection(conn)
         return conn
 
-    async def commit(self, conn: Any) -> None:
+    async def commit(self, conn: Any, *, before: str = "") -> None:
         """COMMIT ``conn``'s open transaction with the pool's release reset
         in the same round trip, and mark it so its release sends no reset.
+        ``before`` (statements without parameters, every value a literal)
+        runs first in that round trip, inside the transaction: a failure
+        there aborts it and COMMIT never runs.
 
         A failed COMMIT raises the driver error with nothing marked: the
         statements after it never ran and the release resets as usual. Call
@@ -96,7 +99,8 @@ class Database(AsyncResource):
         """
         mark = getattr(conn, "_mark_session_reset", None)  # a pooled one, or its proxy
         reset = conn.get_reset_query() if mark is not None else ""
-        await conn.execute(f"COMMIT; {reset}" if reset else "COMMIT")
+        prefix = f"{before}; " if before else ""
+        await conn.execute(f"{prefix}COMMIT; {reset}" if reset else f"{prefix}COMMIT")
         if mark is not None and reset:
             mark()
 

@@ -6,6 +6,8 @@ saved, created or deleted aggregate that carries an offer (and every
 in one statement. A mark already waiting has its generation bumped, so a
 drain that read it before this write leaves it for the next pass. The
 statement also notifies `OFFER_CHANNEL`, waking the leader's drain.
+`offer_dirty_statement` is the same statement with its values as
+literals, for the pipeline to send in COMMIT's round trip.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from typing import Any
 from ..db.types import Conn
 from .model import Offer, offers_of
 
-__all__ = ["OFFER_CHANNEL", "DirtyMark", "DirtyMarks", "stage_offer_dirty"]
+__all__ = [
+    "OFFER_CHANNEL",
+    "DirtyMark",
+    "DirtyMarks",
+    "offer_dirty_statement",
+    "stage_offer_dirty",
+]
 
 OFFER_CHANNEL = "service_engine_offer"
 """NOTIFY channel a commit that staged dirty offer keys wakes the drain on."""
@@ -74,3 +82,47 @@ async def stage_offer_dirty(conn: Conn, marks: Iterable[DirtyMark]) -> int:
         _STAGE, [m.offer for m in rows], [m.kv_key for m in rows], [m.agg_key for m in rows]
     )
     return len(rows)
+
+
+_STAGE_LITERAL = """
+WITH staged AS (
+    INSERT INTO service_engine.offer_dirty AS d (offer, kv_key, agg_key)
+    SELECT o, k, a::jsonb
+      FROM unnest({offers}::text[], {keys}::text[], {aggs}::text[]) AS m(o, k, a)
+    ON CONFLICT (offer, kv_key) DO UPDATE
+       SET gen = d.gen + 1, agg_key = EXCLUDED.agg_key, dirtied_at = clock_timestamp()
+    RETURNING 1
+)
+SELECT pg_notify('service_engine_offer', '') WHERE EXISTS (SELECT 1 FROM staged)
+"""
+
+
+def dollar_quoted(value: str | None) -> str:
+    """``value`` as a dollar-quoted SQL literal (``NULL`` for None): no
+    escape processing whatever the server's settings, under a tag the value
+    does not contain."""
+    if value is None:
+        return "NULL"
+    if "\x00" in value:
+        raise ValueError("a text value cannot hold NUL")
+    n = 0
+    while (tag := f"$m{n}$") in value or value.endswith(tag[:-1]):
+        n += 1
+    return f"{tag}{value}{tag}"
+
+
+def _array(values: list[str | None]) -> str:
+    return "ARRAY[" + ", ".join(dollar_quoted(v) for v in values) + "]"
+
+
+def offer_dirty_statement(marks: Iterable[DirtyMark]) -> str:
+    """`stage_offer_dirty`'s statement with its values inlined (dollar
+    quoted), to ride in another round trip of the same transaction; ``""``
+    when there is nothing to stage."""
+    rows = list(marks)
+    if not rows:
+        return ""
+    return _STAGE_LITERAL.format(
+        offers=_array([m.offer for m in rows]), keys=_array([m.kv_key for m in rows]),
+        aggs=_array([m.agg_key for m in rows]),
+    ).strip()

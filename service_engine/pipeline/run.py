@@ -6,14 +6,16 @@
                    domain command, save
       flush: the impacts' NOTIFYs, the outbox rows (and a reaction's
              confirmation on its claim) in ONE statement; scheduled
-             impacts, scheduled messages, offer marks, blob rows
-    COMMIT; the pool's release reset        (one round trip)
+             impacts, scheduled messages, blob rows
+    offer marks; COMMIT; the pool's release reset   (one round trip)
     record the committed impacts; respond
 
 BEGIN and ``SET LOCAL lock_timeout`` travel in the same round trip as the
 transaction's first advisory lock (or, for a handler that touches no
 aggregate, just before the flush); COMMIT carries the reset the pool would
-otherwise send on release (`Database.commit`). A `StageHook` observes the
+otherwise send on release (`Database.commit`), and the offer marks (their
+values inlined, `offer_dirty_statement`) ride in front of COMMIT in that
+same round trip. A `StageHook` observes the
 stages without changing that sequence: it is called once BEGIN's round trip
 returned, before the flush and before COMMIT, and sends nothing unless it
 means to (a fault).
@@ -44,7 +46,7 @@ from ..impacts.transport import schedule_in
 from ..messaging.outbox import write_outbox
 from ..messaging.scheduled import stage_scheduled_message
 from ..metrics import Metrics
-from ..offers.staging import stage_offer_dirty
+from ..offers.staging import offer_dirty_statement, stage_offer_dirty
 from .contexts import Ops, Staged
 
 __all__ = ["StageHook", "flush", "run_pipeline"]
@@ -73,13 +75,19 @@ async def flush(conn: Conn, staged: Staged) -> int:
 
     The impacts travel as one framed group (`encode_group` raises
     `CauseTooLarge` for one that cannot fit) in the outbox's statement."""
+    committed = await _flush_but_offers(conn, staged)
+    await stage_offer_dirty(conn, staged.offers)
+    return committed
+
+
+async def _flush_but_offers(conn: Conn, staged: Staged) -> int:
+    """`flush` without the offer marks (the pipeline sends them with COMMIT)."""
     frames = encode_group(new_group_id(), staged.impacts) if staged.impacts else []
     await write_outbox(conn, staged.outbox, frames=frames, confirmation=staged.confirmation)
     for at, impacts in staged.scheduled.items():
         await schedule_in(conn, at, impacts)
     for due, message in staged.scheduled_messages:
         await stage_scheduled_message(conn, message, due)
-    await stage_offer_dirty(conn, staged.offers)
     if staged.blobs:
         await stage_blobs(conn, staged.blobs)
     return len(staged.impacts)
@@ -129,11 +137,12 @@ async def run_pipeline(
             stage = Stage.FLUSH
             if hook is not None:
                 await hook(stage, conn)
-            committed = await flush(conn, staged)
+            committed = await _flush_but_offers(conn, staged)
+            marks = offer_dirty_statement(staged.offers)
             stage = Stage.COMMIT
             if hook is not None:
                 await hook(stage, conn)
-            await db.commit(conn)
+            await db.commit(conn, before=marks)
         except DRIVER_ERRORS as exc:
             raise translate_db_error(exc, stage) from exc
     except BaseException:
