@@ -4,6 +4,7 @@ headers and the passport actor of a principal."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -241,3 +242,36 @@ def test_a_principal_exposes_its_passport_actor() -> None:
     assert principal_actor(Actor.person(ident)) == Actor.person(ident)
     assert principal_actor(WithActor("u-42")) is None
     assert principal_actor(Plain("bob")) is None
+
+
+def test_an_outbox_row_of_a_message_is_the_row_built_field_by_field() -> None:
+    """`OutboxRow.of` reuses the message's canonical body text: the row is
+    the one the public constructor builds, non-ASCII and sequence included."""
+    for sequence in (None, ProducerSequence("a", "k", 7)):
+        message = OutboundMessage(
+            uuid.uuid4(), "integration.evt.a.b.c",
+            {"event_id": "x", "z": "é ☃", "a": {"n": [1, 2.5, None]}}, sequence,
+        )
+        built = OutboxRow(
+            message.subject, message.body, message_id=message.message_id,
+            producer=None if sequence is None else sequence.producer,
+            seq_key=None if sequence is None else sequence.seq_key,
+            seq=None if sequence is None else sequence.seq,
+        )
+        assert OutboxRow.of(message) == built
+        assert message.body_text() == built.payload_json
+
+
+def test_a_confirmation_stores_each_body_as_its_outbox_row_carries_it() -> None:
+    """The stored confirmations are valid JSON holding the messages exactly
+    (subjects and bodies with quotes and non-ASCII), and each body's text is
+    the outbox row's."""
+    messages = [
+        OutboundMessage(uuid.uuid4(), 'integration.evt.a."b".c', {"q": 'say "hi"\n', "u": "ü"},
+                        None),
+        OutboundMessage(uuid.uuid4(), "integration.cmd.a.b.c", {}, ProducerSequence("a", "k", 1)),
+    ]
+    stored = confirmations_json(messages)
+    assert [item["body"] for item in json.loads(stored)] == [m.body for m in messages]
+    assert parse_confirmations(stored) == messages
+    assert OutboxRow.of(messages[0]).payload_json in stored

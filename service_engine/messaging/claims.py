@@ -168,23 +168,21 @@ async def advance_sequence(conn: Conn, sequence: ProducerSequence, reaction: str
 
 
 def confirmations_json(messages: Sequence[OutboundMessage]) -> str:
-    """The stored form of the messages a reaction emitted."""
-    return json.dumps(
-        [
-            {
-                "message_id": str(m.message_id),
-                "subject": m.subject,
-                "body": m.body,
-                "sequence": None if m.sequence is None else {
-                    "producer": m.sequence.producer,
-                    "seq_key": m.sequence.seq_key,
-                    "seq": m.sequence.seq,
-                },
-            }
-            for m in messages
-        ],
-        separators=(",", ":"),
-    )
+    """The stored form of the messages a reaction emitted: a JSON array of
+    ``{message_id, subject, body, sequence}``. Each body is spliced in as the
+    text its outbox row carries (`OutboundMessage.body_text`, encoded once)."""
+    dumps = json.dumps
+    return "[" + ",".join(
+        f'{{"message_id":"{m.message_id}","subject":{dumps(m.subject)},'
+        f'"body":{m.body_text()},"sequence":'
+        + ("null" if m.sequence is None else dumps(
+            {"producer": m.sequence.producer, "seq_key": m.sequence.seq_key,
+             "seq": m.sequence.seq},
+            separators=(",", ":"),
+        ))
+        + "}"
+        for m in messages
+    ) + "]"
 
 
 def parse_confirmations(text: str) -> list[OutboundMessage]:

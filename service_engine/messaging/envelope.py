@@ -24,6 +24,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from pydantic_core import to_jsonable_python
 
 from ..errors import ConfigError, EngineError
+from ..impacts.model import canonical_json
 
 T = TypeVar("T")
 
@@ -292,9 +293,21 @@ class OutboundMessage:
     subject: str
     body: dict[str, Any]
     sequence: ProducerSequence | None
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def body_json(self) -> str:
         return json.dumps(self.body, separators=(",", ":"), sort_keys=True)
+
+    def body_text(self) -> str:
+        """``body`` as canonical JSON (`canonical_json`: sorted keys, compact,
+        non-ASCII kept), encoded once: the outbox row and the confirmation
+        stored on the claim share it. Raises `TypeError` / `ValueError` for
+        a body JSON cannot carry."""
+        text = self._text
+        if text is None:
+            text = canonical_json(self.body)
+            object.__setattr__(self, "_text", text)
+        return text
 
 
 def _payload_json(payload: object) -> Any:

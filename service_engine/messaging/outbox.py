@@ -89,14 +89,34 @@ class OutboxRow:
         ``Br-Message-Id``, so a consumer's claim still sees the same message.
         """
         seq = message.sequence
-        return cls(
-            message.subject, message.body,
-            message_id=uuid.uuid4() if replay else message.message_id,
-            headers={HEADER_MESSAGE_ID: str(message.message_id)} if replay else None,
-            producer=None if seq is None else seq.producer,
-            seq_key=None if seq is None else seq.seq_key,
-            seq=None if seq is None else seq.seq,
-        )
+        if replay:
+            return cls(
+                message.subject, message.body,
+                message_id=uuid.uuid4(),
+                headers={HEADER_MESSAGE_ID: str(message.message_id)},
+                producer=None if seq is None else seq.producer,
+                seq_key=None if seq is None else seq.seq_key,
+                seq=None if seq is None else seq.seq,
+            )
+        if not isinstance(message.subject, str) or not message.subject:
+            raise ConfigError("an outbox row needs a subject")
+        try:
+            payload_json = message.body_text()  # encoded once, shared with the confirmation
+        except (TypeError, ValueError) as exc:
+            raise DeclarationError(f"an outbox row must be JSON: {exc}") from exc
+        row = object.__new__(cls)
+        for name, value in (
+            ("message_id", message.message_id), ("subject", message.subject),
+            ("payload_json", payload_json), ("headers_json", _NO_HEADERS),
+            ("producer", None if seq is None else seq.producer),
+            ("seq_key", None if seq is None else seq.seq_key),
+            ("seq", None if seq is None else seq.seq),
+        ):
+            object.__setattr__(row, name, value)
+        return row
+
+
+_NO_HEADERS = canonical_json({})
 
 
 _INSERTED = """inserted AS (
