@@ -107,3 +107,69 @@ def test_text_frame_is_websockets_own_bytes(size: int) -> None:
     """The wire's text frame is byte for byte websockets' unmasked text frame."""
     payload = json.dumps({"x": "y" * size}).encode()[:size]
     assert wp.text_frame(payload) == Frame(Opcode.TEXT, payload).serialize(mask=False)
+
+
+def _handshake(conn: Any) -> None:
+    from websockets.http11 import Request
+
+    conn.receive_data(
+        b"GET /graphql/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    [request] = conn.events_received()
+    assert isinstance(request, Request)
+    conn.send_response(conn.accept(request))
+    conn.data_to_send()
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64, 100_000])
+def test_a_fresh_parser_at_frame_boundaries_parses_what_the_old_one_would(chunk: int) -> None:
+    """Restarting websockets' parser whenever it waits at a frame boundary
+    (`wire._fresh_parser`, after the upgrade and after every read) yields
+    the same frames as the untouched parser, whatever the read sizes; the
+    restarted one keeps neither the upgrade request nor the last frame."""
+    import gc
+    import weakref
+
+    from websockets.frames import Close as CloseFrame
+    from websockets.server import ServerProtocol
+
+    from service_engine.graphql.wire import _fresh_parser
+
+    messages = [Frame(Opcode.TEXT, json.dumps({"type": "ping", "n": i, "pad": "x" * (i * 50)}).encode())
+                for i in range(6)]
+    messages.insert(3, Frame(Opcode.PING, b"p"))
+    messages.insert(4, Frame(Opcode.TEXT, b"part", fin=False))
+    messages.insert(5, Frame(Opcode.CONT, b"-end"))
+    messages.append(Frame(Opcode.CLOSE, CloseFrame(1000, "bye").serialize()))
+    wire = b"".join(frame.serialize(mask=True) for frame in messages)
+
+    def parse(restart: bool) -> list[tuple[Any, bytes, bool]]:
+        conn = ServerProtocol()
+        _handshake(conn)
+        if restart:
+            _fresh_parser(conn)
+        got: list[tuple[Any, bytes, bool]] = []
+        for start in range(0, len(wire), chunk):
+            conn.receive_data(wire[start:start + chunk])
+            got.extend((e.opcode, bytes(e.data), e.fin) for e in conn.events_received()
+                       if isinstance(e, Frame))
+            if restart:
+                _fresh_parser(conn)
+        return got
+
+    assert parse(restart=True) == parse(restart=False)
+    assert len(parse(restart=True)) == len(messages)
+
+    conn = ServerProtocol()
+    _handshake(conn)
+    frame = Frame(Opcode.TEXT, b"x" * 1000)
+    conn.receive_data(frame.serialize(mask=True))
+    [event] = conn.events_received()
+    held = weakref.ref(event)
+    del event
+    gc.collect()
+    assert held() is not None  # the old parser's locals keep the last frame
+    _fresh_parser(conn)
+    gc.collect()
+    assert held() is None

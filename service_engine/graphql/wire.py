@@ -34,7 +34,7 @@ import contextlib
 import logging
 import random
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 from urllib.parse import unquote
 
@@ -51,7 +51,9 @@ from websockets.exceptions import InvalidState, PayloadTooBig
 from websockets.frames import Close as CloseFrame
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
+from websockets.protocol import Protocol, State
 from websockets.server import ServerProtocol
+from websockets.streams import StreamReader
 
 from . import frames
 from . import wire_protocol as wp
@@ -78,23 +80,36 @@ _CLOSE_TIMEOUT = 10.0
 
 class WireRequest:
     """What a resolver reads of the upgrade as ``info.context.request``: its
-    headers (`starlette.datastructures.Headers`), path and client."""
+    headers (`starlette.datastructures.Headers`), path and client.
+
+    The headers are kept as one bytes object (``name: value`` lines, names
+    lowercased) and parsed when read: a socket holds one object, not a
+    tuple and two bytes per header, for headers read once (the passport,
+    at ``connection_init``)."""
 
     __slots__ = ("_headers", "client", "path")
 
-    def __init__(self, raw: list[tuple[bytes, bytes]], path: str,
+    def __init__(self, headers: Iterable[tuple[str, str]], path: str,
                  client: tuple[str, int] | None) -> None:
-        self._headers = raw
+        self._headers = b"\r\n".join(
+            f"{key.lower()}: {value}".encode("latin-1") for key, value in headers
+        )
         self.path = path
         self.client = client
 
+    def _raw(self) -> list[tuple[bytes, bytes]]:
+        if not self._headers:
+            return []
+        return [cast(tuple[bytes, bytes], tuple(line.split(b": ", 1)))
+                for line in self._headers.split(b"\r\n")]
+
     @property
     def headers(self) -> Headers:
-        return Headers(raw=self._headers)
+        return Headers(raw=self._raw())
 
     @property
     def scope(self) -> Mapping[str, Any]:
-        return {"type": "websocket", "path": self.path, "headers": self._headers,
+        return {"type": "websocket", "path": self.path, "headers": self._raw(),
                 "client": self.client}
 
 
@@ -237,10 +252,10 @@ class WireSocket(asyncio.Protocol):
         self._lost = False
         self.context: GraphQLContext[Any] | None = None
         self.subprotocol: str | None = None
-        raw = [(key.lower().encode("ascii"), value.encode("latin-1"))
-               for key, value in request.headers.raw_items()]
         path = unquote(request.path.partition("?")[0])
-        self.request: WireRequest | None = WireRequest(raw, path, protocol.client)
+        self.request: WireRequest | None = WireRequest(
+            request.headers.raw_items(), path, protocol.client
+        )
         self.response: Response | None = self.conn.accept(request)
         self.connections.discard(protocol)
         self.connections.add(self)
@@ -333,6 +348,7 @@ class WireSocket(asyncio.Protocol):
             return
         self.conn.send_response(response)
         self.transport.write(b"".join(self.conn.data_to_send()))
+        _fresh_parser(self.conn)
         self._start_keepalive()
 
     def _default_headers(self) -> list[tuple[bytes, bytes]]:
@@ -360,6 +376,7 @@ class WireSocket(asyncio.Protocol):
             return
         for event in conn.events_received():
             self.handle_event(event)
+        _fresh_parser(conn)
 
     def handle_event(self, event: Any) -> None:
         """One event of the parser (uvicorn's ``handle_events`` dispatch)."""
@@ -915,6 +932,31 @@ class WireSocket(asyncio.Protocol):
 
 _BINARY = b"\0binary"
 """Stands for a binary message in the socket's queue (`WireSocket._message`)."""
+
+
+def _fresh_parser(conn: ServerProtocol) -> None:
+    """Restart websockets' frame parser, when it waits at a frame boundary.
+
+    The suspended parser generator keeps its locals for the socket's life:
+    the parsed upgrade request (``ServerProtocol.parse``'s ``request``,
+    ~2.7 KB of headers) and the last frame read with its payload
+    (``Protocol.parse``'s ``frame``). A fresh ``Protocol.parse`` started on
+    the same connection at a boundary (nothing buffered, the innermost
+    generator waiting in ``StreamReader.at_eof``) parses exactly what the old
+    one would, holding nothing. Any other state is left alone."""
+    if conn.reader.buffer or conn.parser_exc is not None or conn.state is not State.OPEN:
+        return
+    inner: Any = conn.parser
+    while inner.gi_yieldfrom is not None:
+        inner = inner.gi_yieldfrom
+    if inner.gi_code is not _AT_EOF:
+        return
+    parser = Protocol.parse(conn)
+    next(parser)
+    conn.parser = parser
+
+
+_AT_EOF = StreamReader.at_eof.__code__
 
 
 def _close_args(close: wp.Close) -> tuple[int, str]:
