@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -621,7 +621,50 @@ class RenderRegistry:
     ) -> None:
         """Snapshot ``recs`` (all attaching, snapshot begun) in one
         transaction and take them live (those not ended meanwhile)."""
-        tally = PassTally()
+        await self._read_batch(proj, recs, ["attaching"] * len(recs), PassTally(), None)
+
+    async def _snapshot_all(
+        self, recs: Sequence[AttachedSession], tally: PassTally, *, cause: str
+    ) -> None:
+        """Reset every live session of ``recs`` from committed state, counted
+        as resets for ``cause``. The sessions of one projector read together,
+        as attaches do (`_read_batch`: one transaction, shared populates, one
+        ``read_many`` per `ATTACH_BATCH`), so a lost listener resets a
+        thousand sessions in a few reads, not a thousand; an RLS projector's
+        sessions each read alone under their own principal's context. When a
+        shared read fails each of its sessions is read alone, so only a
+        session's own failure fails it (to repair)."""
+        grouped: dict[str, list[AttachedSession]] = {}
+        for rec in recs:
+            if not rec.session.live:
+                continue
+            if rec.projector.RLS:
+                await self._snapshot(rec, tally, cause=cause)
+            else:
+                grouped.setdefault(rec.projector.NAME, []).append(rec)
+        for group in grouped.values():
+            proj = group[0].projector
+            for at in range(0, len(group), ATTACH_BATCH):
+                # Each chunk checked as it comes: the pass awaited meanwhile.
+                chunk = [rec for rec in group[at:at + ATTACH_BATCH] if rec.session.live]
+                if not chunk:
+                    continue
+                states = [rec.session.state.value for rec in chunk]
+                for rec in chunk:
+                    self._begin_snapshot(rec)
+                try:
+                    await self._read_batch(proj, chunk, states, tally, cause)
+                except Exception:
+                    for rec in chunk:
+                        if rec.session.snapshotting:
+                            await self._snapshot(rec, tally, cause=cause, begun=True)
+
+    async def _read_batch(
+        self, proj: Projector[Any, Any, Any, Any], recs: list[AttachedSession],
+        states: list[str], tally: PassTally, cause: str | None,
+    ) -> None:
+        """Snapshot ``recs`` (snapshot begun; ``states`` their states before
+        it) in one transaction and complete each (those not ended meanwhile)."""
         populated: list[dict[KeyText, JsonValue] | None] = []
         scopes: list[dict[KeyText, JsonValue]] = []
         union: dict[KeyText, JsonValue] = {}
@@ -645,12 +688,12 @@ class RenderRegistry:
                 union.update(keys)
             rows = await self._load(conn, proj, union, tally)
         views = self._shared_views(proj)
-        for rec, found, keys in zip(recs, populated, scopes, strict=True):
+        for rec, state, found, keys in zip(recs, states, populated, scopes, strict=True):
             if rec.session.ended:
                 continue
             rendered = self._project(rec, rows, keys, tally, views)
             self._note_rendered(proj, rows, rendered)
-            self._complete_snapshot(rec, "attaching", found, rendered, tally, None)
+            self._complete_snapshot(rec, state, found, rendered, tally, cause)
         self._settle_views(proj, views, tally)
 
     def _note_rendered(

@@ -325,14 +325,17 @@ class RenderRuntime(RenderRegistry):
             _log.info("impact continuity lost (%s): re-snapshotting sessions",
                       frame.reconnected.reason)
             cause = "overflow" if frame.reconnected.reason == CHANNEL_OVERFLOW else "reconnect"
+            live: list[AttachedSession] = []
             for rec in list(self._sessions.values()):
                 if rec.session.holding:
                     rec.session.hold(Dirty(everything=True))
                 elif rec.session.live:
-                    await self._snapshot(rec, tally, cause=cause)
-        for rec in [r for r in self._sessions.values() if r.resync and r.session.live]:
-            # Its subscriber fell behind and its stream overflowed.
-            await self._snapshot(rec, tally, cause="overflow")
+                    live.append(rec)
+            await self._snapshot_all(live, tally, cause=cause)
+        # Their subscribers fell behind and their streams overflowed.
+        behind = [r for r in self._sessions.values() if r.resync and r.session.live]
+        if behind:
+            await self._snapshot_all(behind, tally, cause="overflow")
         if frame.principals:
             await self._refresh_principals(frame.principals)
 
