@@ -46,7 +46,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ReplayPolicy
 
 from ..config import EngineConfig
 from ..errors import EngineError
-from ..messaging.nats import Nats, NatsUnavailable, StreamMissing
+from ..messaging.nats import Nats, NatsUnavailable, StreamMissing, delivery_of
 from ..messaging.reactions import Ack, Nak, Settlement, Term, backoff_delay
 from ..pipeline.inbound import InboundReaction
 from .dispatch import InboundFrame, ReactionRunner
@@ -204,15 +204,12 @@ class InboundConsumer:
             await self._release(sub, inbox)
 
     async def _process(self, msg: Msg) -> None:
-        try:
-            meta = msg.metadata
-        except Exception as exc:  # not a JetStream frame: nothing to settle
-            _log.warning("durable %s: a frame without JetStream metadata: %s", self.durable, exc)
+        delivery = delivery_of(msg.reply)
+        if delivery is None:  # not a JetStream frame: nothing to settle
+            _log.warning("durable %s: a frame without JetStream metadata (reply %r)",
+                         self.durable, msg.reply)
             return
-        frame = InboundFrame(
-            msg.subject, msg.data or b"", msg.headers or {}, int(meta.num_delivered),
-            meta.timestamp,
-        )
+        frame = InboundFrame(msg.subject, msg.data or b"", msg.headers or {}, *delivery)
         try:
             settlement: Settlement = await self.runner.handle(frame)
         except asyncio.CancelledError:

@@ -18,7 +18,7 @@ import json
 import logging
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias, TypeVar
 
 import nats
@@ -36,6 +36,37 @@ T = TypeVar("T")
 
 DEFAULT_PUBLISH_ACK_TIMEOUT = timedelta(seconds=2)
 """`EngineConfig.publish_ack_timeout`'s default, for a `Nats` built without one."""
+
+
+_V1_ACK_TOKENS = 9
+"""``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>``."""
+_V2_ACK_TOKENS = 11
+"""``$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>]``."""
+
+
+def delivery_of(reply: str | None) -> tuple[int, datetime] | None:
+    """(times delivered, when the stream stored it) of a JetStream frame,
+    read from its ack subject ``reply``; None when ``reply`` is not one.
+
+    The fields nats-py's ``Msg.metadata`` reads, by its rules (the v1 and v2
+    ack subject layouts), without building its metadata objects for every
+    frame."""
+    if not reply:
+        return None
+    tokens = reply.split(".")
+    count = len(tokens)
+    if count == _V1_ACK_TOKENS:
+        delivered, stamp = tokens[4], tokens[7]
+    elif count >= _V2_ACK_TOKENS:
+        delivered, stamp = tokens[6], tokens[9]
+    else:
+        return None
+    if tokens[0] != "$JS" or tokens[1] != "ACK":
+        return None
+    try:
+        return int(delivered), datetime.fromtimestamp(int(stamp) / 1_000_000_000.0, UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 class NatsUnavailable(EngineError):
