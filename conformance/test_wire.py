@@ -28,6 +28,7 @@ from websockets.exceptions import ConnectionClosed
 
 from service_engine import Database
 from service_engine.graphql import PASSPORT_HEADER, graphql_app
+from service_engine.graphql.live_ops import LiveOp
 from service_engine.graphql.wire import WireSocket
 from service_engine.host import LeanWebSocketProtocol, _Server, bind_listener, http_config
 
@@ -295,7 +296,8 @@ async def test_websocket_pings_are_answered_and_keepalive_closes_a_silent_peer(
             assert code == 1011
 
 
-async def _raw_upgrade(addr: str, *, rcvbuf: int | None = None) -> socket.socket:
+async def _raw_upgrade(addr: str, *, rcvbuf: int | None = None,
+                       passport: str = ALICE.to_header()) -> socket.socket:
     host, port = addr.split(":")
     raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if rcvbuf is not None:
@@ -308,7 +310,7 @@ async def _raw_upgrade(addr: str, *, rcvbuf: int | None = None) -> socket.socket
         f"GET /graphql/ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\n"
         f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
         f"Sec-WebSocket-Protocol: graphql-transport-ws\r\n"
-        f"{PASSPORT_HEADER}: {ALICE.to_header()}\r\n\r\n").encode())
+        f"{PASSPORT_HEADER}: {passport}\r\n\r\n").encode())
     return raw
 
 
@@ -427,3 +429,122 @@ async def test_closed_wire_sockets_leave_no_count_slot_or_connection(db: Databas
             assert view.open_sockets == 0
             assert not view.handshakes_full()
             assert view.handshake_slots._value == 8
+
+
+@pytest.fixture
+async def example_store(pg_server: Any) -> AsyncIterator[Any]:
+    from .example_support import example_database
+
+    async with example_database(pg_server) as provisioned:
+        yield provisioned
+
+
+async def _read_frames(raw: socket.socket, buffer: bytes) -> tuple[list[bytes], bytes]:
+    """Whole server text frames read so far (at least one), and the rest."""
+    loop = asyncio.get_running_loop()
+    out: list[bytes] = []
+    while not out:
+        while True:
+            if len(buffer) >= 2:
+                size, start = buffer[1] & 0x7F, 2
+                if size == 126 and len(buffer) >= 4:
+                    size, start = struct.unpack("!H", buffer[2:4])[0], 4
+                elif size == 127 and len(buffer) >= 10:
+                    size, start = struct.unpack("!Q", buffer[2:10])[0], 10
+                if (size < 126 or start > 2) and len(buffer) >= start + size:
+                    assert buffer[0] == 0x81, buffer[:2]
+                    out.append(buffer[start:start + size])
+                    buffer = buffer[start + size:]
+                    continue
+            break
+        if not out:
+            chunk = await asyncio.wait_for(loop.sock_recv(raw, 65536), BOUND)
+            assert chunk, "the server closed the socket"
+            buffer += chunk
+    return out, buffer
+
+
+async def test_a_live_op_whose_reader_stops_is_paused_and_converges_when_it_reads_again(
+    example_store: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A known-planned live subscription on the wire (a LiveOp in callback
+    mode) whose client stops reading: once the transport pauses writing
+    the op takes nothing more (its frames are not queued without end while
+    writes go on), and when the client reads again it receives frames with
+    contiguous revisions (or a Reset) ending at the latest state."""
+    from .blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME
+    from .example_support import example_config, running
+
+    sockets: list[WireSocket] = []
+    real_init = WireSocket.__init__
+
+    def spy(self: WireSocket, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        sockets.append(self)
+
+    monkeypatch.setattr(WireSocket, "__init__", spy)
+    async with running(example_store, ["board"], config=example_config()) as run, \
+            run.socket(ADMIN) as first:
+        # The document's first subscribe (through Strawberry) makes it known.
+        await first.subscribe("learn", BOARDS_SUBSCRIPTION)
+        await first.next("learn")
+        created = await run.gql(CREATE, {"id": "b-flow", "title": "t-start"}, ADMIN)
+        assert created["createBoard"]["success"], created
+        await first.next("learn")
+        raw = await _raw_upgrade(run.addr, rcvbuf=4096, passport=ADMIN.to_header())
+        loop = asyncio.get_running_loop()
+        try:
+            buffer = b""
+            while b"\r\n\r\n" not in buffer:
+                buffer += await loop.sock_recv(raw, 65536)
+            buffer = buffer.partition(b"\r\n\r\n")[2]
+            wire = sockets[-1]
+            await loop.sock_sendall(raw, _masked(json.dumps(INIT).encode()))
+            await loop.sock_sendall(raw, _masked(json.dumps({
+                "id": "live", "type": "subscribe",
+                "payload": {"query": BOARDS_SUBSCRIPTION}}).encode()))
+            got, buffer = await _read_frames(raw, buffer)
+            assert json.loads(got[0]) == {"type": "connection_ack"}
+            if len(got) == 1:
+                more, buffer = await _read_frames(raw, buffer)
+                got += more
+            reset = json.loads(got[1])
+            assert reset["payload"]["data"]["boards"]["__typename"] == "BoardsReset"
+            assert isinstance(wire._ops.get("live"), LiveOp)
+            # A tiny send buffer on the server side: the transport pauses soon.
+            server_sock = wire.transport.get_extra_info("socket")
+            server_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            wire.transport.set_write_buffer_limits(high=2048, low=512)
+            title = ""
+            for n in range(400):
+                title = f"t{n}-" + "x" * 190
+                renamed = await run.gql(RENAME, {"id": "b-flow", "title": title}, ADMIN)
+                assert renamed["renameBoard"]["success"], renamed
+                if not wire.writable and n >= 20:
+                    break
+            assert not wire.writable, "the transport never paused"
+            held = wire.transport.get_write_buffer_size()
+            # Paused: more writes commit; the op queues nothing on the socket.
+            for n in range(20):
+                title = f"u{n}-" + "y" * 190
+                await run.gql(RENAME, {"id": "b-flow", "title": title}, ADMIN)
+            assert wire.transport.get_write_buffer_size() == held
+            # Reading again: contiguous revisions (or a Reset) up to the latest title.
+            revision = reset["payload"]["data"]["boards"]["revision"]
+            latest = ""
+            while latest != title:
+                frames, buffer = await _read_frames(raw, buffer)
+                for frame in frames:
+                    message = json.loads(frame)
+                    assert message["id"] == "live" and message["type"] == "next", message
+                    member = message["payload"]["data"]["boards"]
+                    if member["__typename"] == "BoardsReset":
+                        revision = member["revision"]
+                        latest = next(v["title"] for v in member["views"] if v["id"] == "b-flow")
+                        continue
+                    assert member["revision"] == revision + 1, (member["revision"], revision)
+                    revision = member["revision"]
+                    if member["__typename"] == "BoardsUpsert" and member["key"] == '"b-flow"':
+                        latest = member["view"]["title"]
+        finally:
+            raw.close()
