@@ -16,7 +16,10 @@ passes every stream is drained outside the timed part, as a subscriber that
 keeps up would.
 
 Reported per variant: process CPU per session-delta (the pass's time over the
-deltas it enqueued), per pass, and deltas per pass. ``--before TREE`` runs
+deltas it enqueued), per pass, deltas per pass, and the Python memory each
+attached session holds once its snapshot was taken (tracemalloc, the
+session's window, stream and registry records included; the attach is timed
+out of the passes; sessions attach in bursts of 100, as sockets open). ``--before TREE`` runs
 the same passes against another checkout of the engine (a worktree of an
 earlier commit) in a child process, interleaved round by round with this
 tree, so both share the machine's load; the best round of each is printed
@@ -34,6 +37,7 @@ import os
 import subprocess
 import sys
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -139,15 +143,22 @@ async def _measure(view: str, sessions: int, orgs: int, passes: int) -> dict[str
             board = Board(id=f"b{o}-{b}", org=f"o{o}", title="t0", owner="w")
             STORE.rows[board.id] = board
     streams = []
-    for i in range(sessions):
-        principal = Principal(id=f"s{i}", actor=f"s{i}", org=f"o{i % orgs}",
-                              roles=frozenset({"board:archive"}))
-        streams.append(await runtime.attach(principal, proj.NAME,
-                                            WindowSpec(Query(BoardsQuery(100)))))
+    gc.collect()
+    tracemalloc.start()
+    held_before = tracemalloc.get_traced_memory()[0]
+    principals = [Principal(id=f"s{i}", actor=f"s{i}", org=f"o{i % orgs}",
+                            roles=frozenset({"board:archive"})) for i in range(sessions)]
+    for at in range(0, sessions, 100):  # in bursts, as sockets open
+        streams.extend(await asyncio.gather(*(
+            runtime.attach(p, proj.NAME, WindowSpec(Query(BoardsQuery(100))))
+            for p in principals[at:at + 100])))
     await asyncio.sleep(0)
     for stream in streams:
         while stream.get_nowait() is not None:
             pass
+    gc.collect()
+    held = (tracemalloc.get_traced_memory()[0] - held_before) / sessions
+    tracemalloc.stop()
     keys = list(STORE.rows)
     gc.collect()
     gc.freeze()
@@ -173,6 +184,7 @@ async def _measure(view: str, sessions: int, orgs: int, passes: int) -> dict[str
         "us_per_delta": cpu / max(deltas, 1) * 1e6,
         "us_per_pass": cpu / passes * 1e6,
         "deltas_per_pass": deltas / passes,
+        "bytes_per_session": held,
     }
 
 
@@ -227,13 +239,14 @@ def main() -> None:
     best = {name: _best(found) for name, found in runs.items()}
     print(f"{args.sessions} sessions, {args.passes} passes, best of {args.rounds}; "
           f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
-    header = f"{'view / orgs':<12} {'tree':<7} {'us/delta':>9} {'us/pass':>10} {'deltas/pass':>12}"
+    header = (f"{'view / orgs':<12} {'tree':<7} {'us/delta':>9} {'us/pass':>10} "
+              f"{'deltas/pass':>12} {'KB/session':>11}")
     print(header)
     for cell in best["this"]:
         for name in trees:
             f = best[name][cell]
             print(f"{cell:<12} {name:<7} {f['us_per_delta']:>9.2f} {f['us_per_pass']:>10.0f}"
-                  f" {f['deltas_per_pass']:>12.1f}")
+                  f" {f['deltas_per_pass']:>12.1f} {f['bytes_per_session'] / 1024:>11.2f}")
         if "before" in best:
             ratio = best["before"][cell]["us_per_delta"] / best["this"][cell]["us_per_delta"]
             print(f"{'':<12} {'ratio':<7} {ratio:>8.2f}x")
