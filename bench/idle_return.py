@@ -15,10 +15,17 @@ it writes ``sys._debugmallocstats()``, live objects by type and, with
 3. N sessions open at once (one socket and one ``boards`` subscription
    each) and go live; **held**: RSS and arenas;
 4. every socket closes; the probe waits until the pod's
-   ``service_engine_live_sessions`` is 0 and its RSS has settled;
-   **after close**: RSS, arenas, the object types that grew and the
-   tracemalloc diff (what was allocated between mark and after close and is
-   still alive), top 30 by traceback, written to ``--out``.
+   ``service_engine_live_sessions`` is 0, its beat has released free memory
+   (``service_engine_memory_releases_total``, for N of at least
+   `RELEASE_MIN_CLOSED`) and its RSS has settled; **after close**: RSS,
+   arenas, the object types that grew and the tracemalloc diff (what was
+   allocated between mark and after close and is still alive) by traceback
+   and by object, written to ``--out``; then the probe itself asks
+   ``malloc_trim(0)`` (**trimmed**: what a release gives on a pod that does
+   not release by itself).
+
+Run it with ``PYTHONMALLOC=malloc`` in the environment to serve on glibc's
+allocator instead of pymalloc (``bench/README.md``, "Back to idle").
 
 With ``--latency`` a 1-subscriber, 20 writes/s cell runs on the fresh
 process and again after the last close. tracemalloc costs CPU and memory
@@ -45,6 +52,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e import Service, cell, open_many, service
+
+from service_engine.memory import RELEASE_MIN_CLOSED
 
 MALLOC_FIELDS = {
     "arenas": r"# arenas allocated current\s+=\s+([\d,]+)",
@@ -80,19 +89,30 @@ async def probe(svc: Service, folder: Path, step: str) -> dict[str, Any]:
     return figures
 
 
-async def live_sessions(http: httpx.AsyncClient) -> float:
+async def series(http: httpx.AsyncClient, name: str) -> float:
+    """The sum of the pod's samples of ``name``."""
     text = (await http.get("/metrics")).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("service_engine_live_sessions{"))
+               if line.startswith(name + "{") or line.startswith(name + " "))
 
 
-async def settle(svc: Service, http: httpx.AsyncClient, bound: float = 120) -> float:
-    """Wait until the pod reports no live session and its RSS stops moving;
-    the seconds it took."""
+async def settle(svc: Service, http: httpx.AsyncClient, releases: float | None,
+                 bound: float = 120) -> tuple[float, bool]:
+    """Wait until the pod reports no live session, has counted a release of
+    free memory since ``releases`` (within 20 s of the last close; None: do
+    not wait for one) and its RSS
+    stops moving; the seconds it took and whether it released."""
     begin = time.monotonic()
-    while await live_sessions(http) > 0:
+    while await series(http, "service_engine_live_sessions") > 0:
         if time.monotonic() - begin > bound:
             raise TimeoutError("sessions still live after every socket closed")
+        await asyncio.sleep(0.2)
+    closed = time.monotonic()
+    released = False
+    while releases is not None and time.monotonic() - closed < 20:
+        if await series(http, "service_engine_memory_releases_total") > releases:
+            released = True
+            break
         await asyncio.sleep(0.2)
     last = svc.rss()
     while time.monotonic() - begin < bound:
@@ -101,7 +121,7 @@ async def settle(svc: Service, http: httpx.AsyncClient, bound: float = 120) -> f
         if abs(now - last) < 0.5:
             break
         last = now
-    return time.monotonic() - begin
+    return time.monotonic() - begin, released
 
 
 async def open_close(svc: Service, count: int, prefix: str) -> int:
@@ -125,6 +145,7 @@ def grown(before: dict[str, int], after: dict[str, int], top: int = 15) -> list[
 async def size(svc: Service, http: httpx.AsyncClient, folder: Path, count: int,
                out: Path, linger: float) -> dict[str, Any]:
     mark = await probe(svc, folder, "mark")
+    releases = await series(http, "service_engine_memory_releases_total")
     sent: dict[int, float] = {}
     orgs = [f"idle{count}o{j}" for j in range(50)]
     begin = time.perf_counter()
@@ -137,7 +158,8 @@ async def size(svc: Service, http: httpx.AsyncClient, folder: Path, count: int,
     held = await probe(svc, folder, "held")
     await asyncio.gather(*(s.ws.close() for s in subscribers), return_exceptions=True)
     del subscribers
-    settled = await settle(svc, http)
+    settled, released = await settle(
+        svc, http, releases if count >= RELEASE_MIN_CLOSED else None)
     after = await probe(svc, folder, "report")
     trimmed = await probe(svc, folder, "trim")
     lingered = None
@@ -152,6 +174,7 @@ async def size(svc: Service, http: httpx.AsyncClient, folder: Path, count: int,
             written.replace(target)
             kept[name] = str(target)
     return {"sessions": count, "live": live, "live_s": live_s, "settle_s": settled,
+            "released": released,
             "mark": mark, "held": held, "after": after,
             "trimmed": trimmed, "lingered": lingered, **kept}
 
@@ -159,7 +182,8 @@ async def size(svc: Service, http: httpx.AsyncClient, folder: Path, count: int,
 def print_size(r: dict[str, Any]) -> None:
     mark, held, after = r["mark"], r["held"], r["after"]
     print(f"\n== {r['sessions']} sessions: {r['live']} live in {r['live_s']:.1f} s; "
-          f"no live session {r['settle_s']:.1f} s after the close")
+          f"no live session {r['settle_s']:.1f} s after the close; the pod "
+          f"{'released' if r['released'] else 'did not release'} free memory")
     print(f"{'':22} {'mark':>10} {'held':>10} {'after close':>12} {'after/mark':>10}")
 
     def row(name: str, key: str, scale: float, unit: str) -> None:
@@ -168,7 +192,7 @@ def print_size(r: dict[str, Any]) -> None:
         print(f"{name:22} {a:10.1f} {b:10.1f} {c:12.1f} {ratio:10.2f}  {unit}")
 
     row("RSS", "rss", 1, "MB")
-    print(f"{'RSS after malloc_trim':22} {r['trimmed']['rss']:35.1f}  MB")
+    print(f"{'RSS after malloc_trim':22} {r['trimmed']['rss']:35.1f}  MB (asked by the probe)")
     if r["lingered"] is not None:
         later = r["lingered"]
         print(f"{'later (--linger)':22} RSS {later['rss']:.1f} MB, arenas {later['arenas']}, "
@@ -209,7 +233,7 @@ async def run(args: argparse.Namespace, out: Path) -> None:
         fresh = await cell(svc, "fresh", 1, 1, 20, args.seconds) if args.latency else None
         if args.warmup:
             await open_close(svc, args.warmup, "warm")
-            await settle(svc, http)
+            await settle(svc, http, None)
         for count in [int(x) for x in args.sessions.split(",") if x]:
             results.append(await size(svc, http, folder, count, out, args.linger))
             print_size(results[-1])

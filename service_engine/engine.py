@@ -798,6 +798,8 @@ class Engine:
         if self._release.observe(live):
             started = time.perf_counter()
             released = release_free_memory()
+            if released:
+                self.metrics.add_memory_release()
             _log.info("sessions fell to %d: free memory %s in %.1f ms", live,
                       "released" if released else "not releasable here",
                       (time.perf_counter() - started) * 1e3)

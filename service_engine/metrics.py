@@ -23,7 +23,9 @@ alerts over them; keep the names in step):
   dropped), ``service_engine_presence_changes_total{lane, op}`` (folded
   upserts and removes) and ``service_engine_presence_reseeds_total``;
 * ``service_engine_offer_publish_failures_total{offer}``: offer keys whose
-  ``publish`` raised in a drain pass (each stays dirty and is retried).
+  ``publish`` raised in a drain pass (each stays dirty and is retried);
+* ``service_engine_memory_releases_total``: free heap pages handed back to
+  the OS after many sessions closed (`service_engine.memory`).
 """
 
 from __future__ import annotations
@@ -135,6 +137,15 @@ class Metrics:
             "service_engine_offer_publish_failures",
             description="Offer keys whose publish raised in a drain pass, by offer (kept dirty)",
         )
+
+        self.memory_releases = meter.create_counter(
+            "service_engine_memory_releases",
+            description="Free heap pages handed back to the OS after many sessions closed",
+        )
+
+    def add_memory_release(self) -> None:
+        """Count one release of free memory (`service_engine.memory`)."""
+        self.memory_releases.add(1, self.labels)
 
     def add_offer_publish_failures(self, offer: str, count: int) -> None:
         """Count ``count`` keys of ``offer`` whose publish raised, after the
