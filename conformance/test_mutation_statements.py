@@ -57,19 +57,19 @@ RENAME_WITH_BOARD = ("mutation($id: ID!, $title: String!) { renameBoard(id: $id,
                      "{ success error { code } board { id title } } }")
 BOUND = 10.0
 
-RENAME_ROUND_TRIPS = 12
+RENAME_ROUND_TRIPS = 11
 """A ``renameBoard`` over HTTP, its board not selected: the principal fact's
 read (released without the pool's reset); BEGIN + lock bound + the board's
-advisory lock; the board's load pinning its row (once: the command layer's
-binding reuses the handler's load); both unique-value locks (the new title
-claimed, the old released) in one statement; the claim; the board's UPDATE;
-the release; the org projection's advisory lock, its RLS context and its
-UPDATE (no separate row pin: a CrudStore's UPDATE locks the row); the
-outbox statement carrying the impacts' NOTIFY; the offer's dirty mark (and
-its NOTIFY), COMMIT and the release reset in one round trip. Nothing after
-COMMIT. (21 before: a second load, three more locks, the row pin, the
-dirty mark's own statement, two resets and the board view's
-four-statement read nobody selected.)"""
+and its org projection's advisory locks (``cx.lock_all``); the board's load
+pinning its row (once: the command layer's binding reuses the handler's
+load); both unique-value locks (the new title claimed, the old released) in
+one statement; the claim; the board's UPDATE; the release; the org
+projection's RLS context and its UPDATE (no separate row pin: a CrudStore's
+UPDATE locks the row); the outbox statement carrying the impacts' NOTIFY;
+the offer's dirty mark (and its NOTIFY), COMMIT and the release reset in one
+round trip. Nothing after COMMIT. (21 before: a second load, four more
+lock statements, the row pin, the dirty mark's own statement, two resets
+and the board view's four-statement read nobody selected.)"""
 
 DRAIN_PASS_ROUND_TRIPS = 4
 """One offer-drain pass over one dirty key, between lease renewals: the
@@ -173,7 +173,7 @@ async def _gql(http: httpx.AsyncClient, query: str, variables: dict[str, Any]) -
     return data
 
 
-async def test_a_rename_over_graphql_takes_twelve_round_trips(
+async def test_a_rename_over_graphql_takes_eleven_round_trips(
     store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
     """A ``renameBoard`` whose result does not select the board: the
@@ -196,7 +196,9 @@ async def test_a_rename_over_graphql_takes_twelve_round_trips(
     assert sent[1].startswith("BEGIN; SET LOCAL lock_timeout") and "pg_advisory_xact_lock" in sent[1]
     assert sum(s.endswith("FOR UPDATE") for s in sent) == 1, sent
     locks = [s for s in sent if "pg_advisory_xact_lock" in s]
-    assert locks[1].count("pg_advisory_xact_lock") == 2, locks  # claim + release, one trip
+    assert len(locks) == 2 and sent[1] == locks[0], locks
+    assert locks[0].count("pg_advisory_xact_lock") == 2, locks  # board + org projection
+    assert locks[1].count("pg_advisory_xact_lock") == 2, locks  # claim + release
     assert "integration_outbox" in sent[-2] and "pg_notify" in sent[-2]
     last = sent[-1]
     assert last.startswith("WITH staged AS ( INSERT INTO service_engine.offer_dirty")

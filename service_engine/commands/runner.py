@@ -433,7 +433,7 @@ class _Run:
             [c[0] for c in self.claims] + self.release, lambda o: lock_identity(store, o.as_key())
         )
         if len(values) > 1 and isinstance(self.cx, Ops):
-            await self.cx._lock_all(Occupancy.Store, [o.as_key() for o in values])
+            await self.cx._lock_all([(Occupancy.Store, o.as_key()) for o in values])
         for occupancy, owner, outcome in order_by_lock(
             self.claims, lambda c: lock_identity(store, c[0].as_key())
         ):

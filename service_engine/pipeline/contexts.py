@@ -209,6 +209,17 @@ class Ops:
             self._blob_seen[identity] = blob_refs_of(found)
         return found
 
+    async def lock_all(self, *targets: tuple[type[Aggregate], Any]) -> None:
+        """Take the advisory locks of ``(aggregate_type, key)`` targets now,
+        in the order given, in one round trip (BEGIN's, when this is the
+        transaction's first statement). A later `load`, `save` or `delete`
+        of one takes no lock of its own (a load still pins and reads its
+        row). For a handler that knows up front every aggregate it writes:
+        one round trip instead of one per aggregate. Lock in the same order
+        as every other writer of those aggregates (`LockTimeout` otherwise
+        ends a deadlock)."""
+        await self._lock_all((store_of(aggregate_type), key) for aggregate_type, key in targets)
+
     async def create(self, aggregate: Aggregate) -> None:
         """Insert a new aggregate (and its pending events) under its lock.
 
@@ -566,33 +577,37 @@ class Ops:
             await self._db(Stage.LOCK, lambda: store.lock(self._conn, key), writes=False)
         self._locked.add(identity)
 
-    async def _lock_all(self, store: Persistence[Any, Any], keys: Iterable[object]) -> None:
-        """Take the advisory locks of ``keys`` of ``store`` in the order
-        given, in one round trip (each as `_lock` without a row pin would;
-        a key already locked is skipped). The caller orders the keys (the
-        command layer's one fixed lock order)."""
-        pending: list[tuple[tuple[str, str], object]] = []
+    async def _lock_all(self, targets: Iterable[tuple[Persistence[Any, Any], object]]) -> None:
+        """Take the advisory locks of ``(store, key)`` targets in the order
+        given, in one round trip (each as `_lock` without a row pin would; a
+        key already locked is skipped), with BEGIN when nothing was sent yet.
+        The caller orders the keys (the command layer's one fixed lock order)."""
+        pending: list[tuple[tuple[str, str], Persistence[Any, Any], object]] = []
         seen: set[tuple[str, str]] = set(self._locked)
-        for key in keys:
+        for store, key in targets:
             identity = self._identity(store, key)
             if identity not in seen:
                 seen.add(identity)
-                pending.append((identity, key))
-        if self._begin is not None or self._claim is not None:
-            # The first lock rides with BEGIN (and a deferred claim) as usual.
-            if not pending:
-                return
-            (_, first), pending = pending[0], pending[1:]
-            await self._lock(store, first, pin=False)
+                pending.append((identity, store, key))
         if not pending:
             return
+        if self._claim is not None or self._claimed_before or self._failed is not None:
+            # A deferred claim rides with the first lock as `_lock` sends it.
+            (_, store, first), pending = pending[0], pending[1:]
+            await self._lock(store, first, pin=False)
+            if not pending:
+                return
         # Ints we computed, safe to inline: one statement per lock, run in order.
         sql = "; ".join(
             f"SELECT pg_advisory_xact_lock({aggregate_lock_key(i[0], _lockable(k)):d})"
-            for i, k in pending
+            for i, _, k in pending
         )
-        await self._db(Stage.LOCK, lambda: self._conn.execute(sql), writes=False)
-        self._locked.update(i for i, _ in pending)
+        stage = Stage.LOCK
+        if self._begin is not None:
+            begin, self._begin = self._begin, None
+            sql, stage = f"{begin}; {sql}", Stage.BEGIN
+        await self._db(stage, lambda: self._conn.execute(sql), writes=False)
+        self._locked.update(i for i, _, _ in pending)
 
     async def _execute_first(self, stage: Stage, sql: str) -> str:
         """Run ``sql`` (no parameters: every value inlined and safe) as the

@@ -81,6 +81,9 @@ async def create_board(cx: Cx, title: str, board_id: str | None = None) -> str:
 
 async def rename_board(cx: Cx, board_id: str, title: str) -> None:
     """Rename the board (gated), onto a title no other board of its org holds."""
+    # Both rows it writes, locked up front in one round trip (the board first,
+    # as every writer of its org projection does).
+    await cx.lock_all((Board, board_id), (OrgBoard, board_id))
     board = await cx.load(Board, board_id)
     cx.require(board.can_rename)
     if not valid_title(title):
@@ -98,6 +101,7 @@ async def delete_board(cx: Cx, board_id: str) -> None:
 
 
 async def archive_board(cx: Cx, board_id: str) -> None:
+    await cx.lock_all((Board, board_id), (OrgBoard, board_id))
     board = await cx.load(Board, board_id)
     cx.require(board.can_archive)
     board.set_archived(True)
@@ -107,6 +111,7 @@ async def archive_board(cx: Cx, board_id: str) -> None:
 
 
 async def unarchive_board(cx: Cx, board_id: str) -> None:
+    await cx.lock_all((Board, board_id), (OrgBoard, board_id))
     board = await cx.load(Board, board_id)
     cx.require(board.can_unarchive)
     board.set_archived(False)
