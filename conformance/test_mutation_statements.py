@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -115,7 +116,8 @@ async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabas
 
 @contextlib.asynccontextmanager
 async def served(
-    store: ProvisionedDatabase, nats_server: EmbeddedNats, statements: RequestStatements
+    store: ProvisionedDatabase, nats_server: EmbeddedNats, statements: RequestStatements,
+    engines: list[Engine] | None = None, drain_bounds: dict[str, Any] | None = None,
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The board slice on an engine with NATS (its offer registered), its
     pool logging, every HTTP request's context marked."""
@@ -126,6 +128,10 @@ async def served(
             engine = await Engine.boot(example_config(), db, nats, ReadinessHandle())
             service = compose(("board",))
             register(engine, service)
+            if engines is not None:
+                engines.append(engine)
+            if drain_bounds is not None and engine.offer_drain is not None:
+                engine.offer_drain.bounds = replace(engine.offer_drain.bounds, **drain_bounds)
             app = build_app(engine, service)
 
             async def marked(scope: Any, receive: Any, send: Any) -> None:
@@ -295,3 +301,39 @@ async def test_the_inlined_offer_marks_read_back_exactly_in_postgres(db: Databas
     assert [(r["kv_key"], r["agg"]) for r in rows] == [
         (f"example.board.k{n}", value) for n, value in enumerate(TRICKY)
     ]
+
+
+async def test_the_commits_of_one_coalescing_window_ride_one_drain_pass(
+    store: ProvisionedDatabase, nats_server: EmbeddedNats
+) -> None:
+    """Ten renames committed one after another inside the drain's coalescing
+    window wake it ten times and are published by one pass over all ten
+    keys (not a pass per commit); the bucket holds every new title."""
+    engines: list[Engine] = []
+    window = {"coalesce": timedelta(seconds=2), "interval": timedelta(minutes=1)}
+    async with served(store, nats_server, RequestStatements(), engines, window) as http:
+        [engine] = engines
+        assert engine.nats is not None
+        ids = [f"b-{n}" for n in range(10)]
+        for board in ids:
+            await _gql(http, CREATE, {"id": board, "title": f"t {board}"})
+        bucket = await engine.nats.bind_bucket(BOARD_BUCKET)
+
+        async def titles() -> dict[str, str]:
+            entries, _ = await bucket.read_prefix("example.board")
+            return {k.rpartition(".")[2]: json.loads(e.value)["title"] for k, e in entries.items()}
+
+        async def published(prefix: str) -> bool:
+            return await titles() == {b: f"{prefix} {b}" for b in ids}
+
+        await wait_until(lambda: published("t"), timeout=BOUND, what="the creates offered")
+        batches: list[int] = []
+
+        async def count(point: str, offer: str, keys: Any) -> None:
+            batches.append(len(keys))
+
+        engine.set_offer_drain_hook(count)
+        for board in ids:
+            await _gql(http, RENAME, {"id": board, "title": f"r {board}"})
+        await wait_until(lambda: published("r"), timeout=BOUND, what="the renames offered")
+        assert batches == [10]

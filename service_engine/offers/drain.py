@@ -234,11 +234,10 @@ class OfferDrain:
             with contextlib.suppress(Exception):
                 conn = await self.db.connect_dedicated()
                 await conn.add_listener(OFFER_CHANNEL, lambda *_: self._wake.set())
-            interval = self.bounds.interval.total_seconds()
-            coalesce = self.bounds.coalesce.total_seconds()
             while True:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), interval)
+                    await asyncio.wait_for(self._wake.wait(), self.bounds.interval.total_seconds())
+                coalesce = self.bounds.coalesce.total_seconds()
                 if coalesce > 0 and self._wake.is_set():
                     # The commits of the next moment ride this pass.
                     await asyncio.sleep(coalesce)
