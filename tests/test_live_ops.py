@@ -84,6 +84,7 @@ class _Engine:
     closed: list[str] = field(default_factory=list)
     attached: list[tuple[str, str | None]] = field(default_factory=list)
     gate: asyncio.Event | None = None
+    notices: list[_Notices] = field(default_factory=list)
 
     async def attach(self, principal: Any, projector: str, window: Any, *,
                      applier: Any = None, session_id: str | None = None) -> SessionStream[Any]:
@@ -103,21 +104,32 @@ class _Engine:
         return stream
 
     def lane_notices(self, lanes: Any) -> Any:
-        return _NoNotices()
+        notices = _Notices()
+        self.notices.append(notices)
+        return notices
 
     def lanes_of(self, projector: str) -> frozenset[str]:
         return frozenset({"presence"}) if projector == "laned" else frozenset()
 
 
-class _NoNotices:
-    def __aiter__(self) -> _NoNotices:
+class _Notices:
+    """A lane notice stream as the engine hands one out (`LaneNoticeStream`)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.closed = False
+
+    def __aiter__(self) -> _Notices:
         return self
 
     async def __anext__(self) -> Any:
-        await asyncio.Event().wait()
+        item = await self.queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        return item
 
     async def aclose(self) -> None:
-        pass
+        self.closed = True
 
 
 @dataclass
@@ -252,8 +264,8 @@ async def test_arguments_reach_the_request_as_strawberry_converts_them() -> None
 
 async def test_only_a_known_planned_document_opens() -> None:
     """A first subscribe, another operation name, variables that fail coercion, a field that
-    takes info, a projector watching a NATS lane, a shape the plan cannot express and a schema
-    extension acting per operation all go the ordinary way (open answers None)."""
+    takes info, a shape the plan cannot express and a schema extension acting per operation
+    all go the ordinary way (open answers None)."""
     ops = _ops()
     context = _Context(_Engine(DELTAS))
     assert ops.open("a", _payload(FULL), context) is None  # never run here
@@ -266,13 +278,12 @@ async def test_only_a_known_planned_document_opens() -> None:
     assert ops.open("a", _payload(typed, {"n": 2}), context) is not None
     for query in (
         "subscription { withInfo { __typename } }",
-        "subscription { lanes { __typename } }",
         "subscription { things { ... on ThingsUpsert { view { shout } } } }",
         "subscription { ... on LiveSubscription { things { __typename } } }",
     ):
         await _ordinary(ops, _payload(query), _Engine(DELTAS))
         assert ops.open("a", _payload(query), context) is None, query
-    assert ops.known == 3  # FULL, typed and lanes (a lane is decided per subscribe)
+    assert ops.known == 2
 
     class Tracing(strawberry.extensions.SchemaExtension):
         def on_operation(self) -> Any:
@@ -447,3 +458,104 @@ def test_the_waker_is_called_only_when_nobody_awaits() -> None:
     assert stream.waiting == 0
     stream.end("bye")
     assert calls == [1, 1]
+
+
+LANED = """subscription { lanes { __typename
+  ... on ThingsReset { revision keys }
+  ... on ThingsUpsert { revision key view { title } }
+  ... on LanesPaused { lanes }
+  ... on LanesResumed { lanes }
+} }"""
+
+
+class _Watched(list[str]):
+    """A list of frames whose growth sets an event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grew = asyncio.Event()
+
+    def append(self, item: str) -> None:
+        super().append(item)
+        self.grew.set()
+
+    def extend(self, items: Any) -> None:
+        super().extend(items)
+        self.grew.set()
+
+    async def reach(self, n: int) -> None:
+        async def wait() -> None:
+            while len(self) < n:
+                self.grew.clear()
+                await self.grew.wait()
+        await asyncio.wait_for(wait(), 5)
+
+
+async def _scripted(drive: Any, engine: _Engine, sent: _Watched) -> None:
+    """Feed a laned session step by step (each step's frame arrives before the next is
+    fed, as a notice and a render pass are apart in time) while ``drive`` serves it."""
+    from service_engine.lanes.notices import LaneNotice
+
+    task = asyncio.create_task(drive)
+    arrived = sent.reach
+    await arrived(1)  # the Reset
+    (stream,), (notices,) = engine.streams, engine.notices
+    notices.queue.put_nowait(LaneNotice.pause(["presence"]))
+    await arrived(2)
+    stream.put(Upsert(2, '"t1"', ALPHA))
+    await arrived(3)
+    notices.queue.put_nowait(LaneNotice.resume(["presence"]))
+    await arrived(4)
+    stream.put(Reset(3, {'"t1"': ALPHA, '"t2"': BETA}))
+    await arrived(5)
+    stream.end("test")
+    await asyncio.wait_for(task, 5)
+    assert notices.closed
+
+
+async def test_lane_notices_are_merged_in_as_the_ordinary_path_merges_them() -> None:
+    """A projector watching a NATS lane: its LanesPaused / LanesResumed notices between the
+    session's Reset, Upsert and Reset are the ordinary path's bytes, from both ways of driving
+    the op, and the notice stream is closed at the end."""
+    ops = _ops()
+    payload = _payload(LANED)
+    engine = _Engine([Reset(1, {'"t1"': ALPHA})], end=False)
+    expected = _Watched()
+    ordinary_socket = _Socket()
+    ordinary_socket.sent = expected
+
+    async def ordinary_run() -> None:
+        with frames.open_sink(ordinary_socket, "op-1"), ops.learning(payload):  # type: ignore[arg-type]
+            stream = await SCHEMA.subscribe(LANED, context_value=_Context(engine))
+            async for result in stream:  # type: ignore[union-attr]
+                raise AssertionError(result)  # every member is planned
+        expected.append(dumps({"id": "op-1", "type": "complete"}))
+
+    await _scripted(ordinary_run(), engine, expected)
+    assert ops.known == 1 and len(expected) == 6
+    assert '"LanesPaused"' in expected[1] and '"LanesResumed"' in expected[3]
+
+    engine = _Engine([Reset(1, {'"t1"': ALPHA})], end=False)
+    op = ops.open("op-1", payload, _Context(engine))
+    assert op is not None
+    ran = _Watched()
+
+    async def send(text: str) -> None:
+        ran.append(text)
+
+    await _scripted(op.run(send), engine, ran)
+    assert ran == expected
+
+    engine = _Engine([Reset(1, {'"t1"': ALPHA})], end=False)
+    op = ops.open("op-1", payload, _Context(engine))
+    assert op is not None
+    drained = _Watched()
+    done = _Watched()
+    loop = asyncio.get_running_loop()
+
+    def wake(live: LiveOp) -> None:
+        loop.call_soon(lambda: live.drain(drained.extend))
+
+    op.start(wake, done.append)
+    await _scripted(done.reach(1), engine, drained)
+    assert drained == expected and done == ["op-1"]

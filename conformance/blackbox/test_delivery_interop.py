@@ -92,6 +92,9 @@ TYPING = """subscription($id: ID!) { replyTyping(id: $id) { __typename
   ... on LanesResumed { lanes }
 } }"""
 
+TYPING_OPS = ("typing", "typing-again")
+"""The presence subscription's first and second subscribe (ids)."""
+
 START_REPLY = "mutation($id: ID) { startReply(id: $id) { success error { code message } } }"
 SET_TYPING = "mutation($id: ID!) { replyTyping(id: $id) { success error { code } } }"
 
@@ -240,9 +243,9 @@ async def test_planned_direct_and_executed_delivery_send_the_same_bytes(pods: Po
 async def test_lane_notices_are_the_same_bytes_on_every_path(
     pods: Pods, nats_server: EmbeddedNats
 ) -> None:
-    """A presence lane's subscription: its Reset, a typist's Upsert, the LanesPaused past
-    nats_grace while NATS is away and the LanesResumed and Reset on its return are the same
-    text from the three pods. Across the outage each pod's watcher re-seeds on its own
+    """A presence lane's subscription (subscribed twice: the second a live operation where
+    served so): its Reset, a typist's Upsert, the LanesPaused past nats_grace while NATS is
+    away and the LanesResumed and Reset on its return are the same text from every pod. Across the outage each pod's watcher re-seeds on its own
     clock (one may send one more Reset of the same state, so its later revisions are one
     higher): there the frames are compared with the revision read out and a repeated
     frame once."""
@@ -252,19 +255,26 @@ async def test_lane_notices_are_the_same_bytes_on_every_path(
         assert started["startReply"]["success"], started
         await on.subscribe("typing", TYPING, {"id": "r-interop"})
         await on.settle()
+        # The second subscribe of the document: a live operation where served so.
+        await on.subscribe(TYPING_OPS[1], TYPING, {"id": "r-interop"})
+        await on.settle()
         typed = await direct.gql(SET_TYPING, {"id": "r-interop"}, ADMIN)
         assert typed["replyTyping"]["success"], typed
         await on.settle()
         await asyncio.to_thread(nats_server.stop)
         try:
-            await on.settle(until=lambda got: _after(got["typing"], "LanesPaused"))
+            await on.settle(until=lambda got: all(
+                _after(got[op], "LanesPaused") for op in TYPING_OPS))
         finally:
             await asyncio.to_thread(nats_server.start)
         frames = await on.settle(
-            until=lambda got: _after(got["typing"], "LanesResumed", "ReplyTypingReset"),
+            until=lambda got: all(
+                _after(got[op], "LanesResumed", "ReplyTypingReset") for op in TYPING_OPS),
             seen=_once_without_revision)
-    kinds = _kinds(frames["typing"])
-    assert kinds[0] == "ReplyTypingReset" and "ReplyTypingUpsert" in kinds, kinds
+    for op in TYPING_OPS:
+        kinds = _kinds(frames[op])
+        assert kinds[0] == "ReplyTypingReset" and "ReplyTypingUpsert" in kinds, kinds
+        assert _after(frames[op], "LanesPaused", "LanesResumed", "ReplyTypingReset"), kinds
 
 
 _REVISION = re.compile(r'"revision":\d+')

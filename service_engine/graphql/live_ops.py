@@ -13,9 +13,11 @@ exactly as Strawberry's resolver wrapper does, the slice's `LiveRequest`
 called, the session attached (`engine.attach`) and its deltas turned into
 frames the way the direct path (`SubscriptionUnion._frames`) does: no
 Strawberry `Operation`, no graphql-core execution context, no result
-generator chain. Anything else (a first subscribe, variables that fail
-coercion, a projector watching a NATS lane, a request that raises) is left
-to the ordinary path, which gives exactly today's messages.
+generator chain. A projector watching NATS lanes has their notices merged
+in as the ordinary path merges them (callback mode reads them in one task
+per such operation). Anything else (a first subscribe, variables that fail
+coercion, a request that raises) is left to the ordinary path, which gives
+exactly today's messages.
 
 One frame logic, two ways to drive it:
 
@@ -244,15 +246,14 @@ class LiveOps:
         try:
             live = self._request(known, coerced)
             principal = context.principal
-            if context.engine.lanes_of(live.projector):
-                return None  # lane notices: the ordinary (merging) path
+            lanes = context.engine.lanes_of(live.projector)
         except Exception:
             return None  # the ordinary path raises it where it reports it
         shared = plan_for(self._gschema, known.operation, known.fragments, coerced)
         if shared is None:
             return None
         return LiveOp(self, known, operation_id, context, principal, live, shared,
-                      payload.get("variables"))
+                      payload.get("variables"), lanes)
 
     def _request(self, known: _Known, coerced: Any) -> Live:
         """The field's `Live`: its arguments as Strawberry's resolver
@@ -304,14 +305,14 @@ class LiveOp:
     """
 
     __slots__ = (
-        "_context", "_executor", "_head", "_known", "_live", "_on_done", "_ops", "_outbox",
-        "_paused", "_principal", "_shared", "_state", "_stream", "_task", "_variables",
-        "_wake", "_waker", "id",
+        "_context", "_executor", "_head", "_known", "_lanes", "_live", "_notices",
+        "_on_done", "_ops", "_outbox", "_paused", "_principal", "_shared", "_state", "_stream",
+        "_task", "_variables", "_wake", "_waker", "id",
     )
 
     def __init__(
         self, ops: LiveOps, known: _Known, operation_id: str, context: Any, principal: Any,
-        live: Live, shared: SharedPlan, variables: object,
+        live: Live, shared: SharedPlan, variables: object, lanes: frozenset[str] = frozenset(),
     ) -> None:
         self.id = operation_id
         """The graphql-transport-ws operation id."""
@@ -332,6 +333,10 @@ class LiveOp:
         self._outbox: list[str] | None = None
         self._paused = False
         self._executor: Any = None
+        self._lanes = lanes
+        """The NATS lanes the session watches: their notices are merged in."""
+        self._notices: Any = None
+        """The lane notice stream (run mode) or the task reading it (callback mode)."""
 
     @property
     def state(self) -> str:
@@ -431,16 +436,28 @@ class LiveOp:
                 texts = self._failed(error)
             else:
                 frame = self._frame
-                take = stream.next
-                while True:
-                    try:
-                        delta = await take()
-                    except SessionEnded:
-                        break
-                    try:
-                        await send_text(frame(delta))
-                    except Exception:
-                        return  # the socket is gone: its owner cleans up
+                if self._lanes:
+                    # As the ordinary path merges them (`SubscriptionUnion._frames`).
+                    notices = self._notices = self._context.engine.lane_notices(self._lanes)
+                    async with contextlib.aclosing(
+                        subscriptions.merge_streams(stream, notices)
+                    ) as items:
+                        async for item in items:
+                            try:
+                                await send_text(frame(item))
+                            except Exception:
+                                return
+                else:
+                    take = stream.next
+                    while True:
+                        try:
+                            delta = await take()
+                        except SessionEnded:
+                            break
+                        try:
+                            await send_text(frame(delta))
+                        except Exception:
+                            return  # the socket is gone: its owner cleans up
                 texts = [self._complete()]
             if on_done is not None:
                 on_done(self.id)
@@ -489,8 +506,28 @@ class LiveOp:
             return
         finally:
             self._task = None
+        if self._lanes:
+            self._notices = asyncio.get_running_loop().create_task(
+                self._read_notices(self._context.engine.lane_notices(self._lanes)))
         if not self._paused:
             stream.set_waker(self._waker)  # wakes at once: the Reset is queued
+
+    async def _read_notices(self, notices: Any) -> None:
+        """Callback mode's lane notices: each one's frame queued ahead of
+        the deltas not yet drained (as merging prefers a ready notice)."""
+        try:
+            async for notice in notices:
+                if self._state is not _State.LIVE:
+                    return
+                text = self._frame(notice)
+                if self._outbox is None:
+                    self._outbox = [text]
+                else:
+                    self._outbox.append(text)
+                if not self._paused:
+                    self._woken()
+        finally:
+            await notices.aclose()
 
     def drain(self, write: Write, budget: int = DRAIN_BUDGET) -> bool:
         """Take up to ``budget`` queued deltas, turn them into frame texts
@@ -547,10 +584,10 @@ class LiveOp:
         if not self._paused:
             return
         self._paused = False
+        if self._outbox:
+            self._woken()
         if self._state is _State.LIVE and self._stream is not None:
             self._stream.set_waker(self._waker)
-        elif self._outbox:
-            self._woken()
 
     def close(self) -> None:
         """Stop for good (a ``complete`` from the client, the socket closed,
@@ -569,6 +606,9 @@ class LiveOp:
     def _release(self) -> None:
         """Detach the session (once) and drop the callbacks."""
         self._wake = self._waker = self._on_done = None
+        notices, self._notices = self._notices, None
+        if isinstance(notices, asyncio.Task):
+            notices.cancel()  # its finally closes the stream (run mode: merge_streams does)
         stream = self._stream
         if stream is not None:
             self._stream = None
