@@ -132,7 +132,13 @@ class LeanWebSocketProtocol(WebSocketsSansIOProtocol):
     queue and writable flag, and the upgrade's request and response (their
     parsed headers, ~3 KB) dropped once the handshake is answered; the ASGI
     scope keeps the headers the app reads. The frames on the wire are the
-    same."""
+    same.
+
+    With ``wire`` (`http_config` passes the app's `WireEndpoint` when
+    ``EngineConfig.graphql_wire`` is on), an upgrade on the GraphQL app's ws
+    path is not handed to ASGI: a `WireSocket` answers it and takes the
+    connection over (`service_engine.graphql.wire`); any other path goes
+    through ASGI as before."""
 
     def __init__(self, *args: Any, wire: WireEndpoint | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -241,7 +247,9 @@ class _Server(uvicorn.Server):
 def http_config(
     app: ASGIApp, config: EngineConfig, *, shutdown_grace: int = HTTP_SHUTDOWN_GRACE
 ) -> uvicorn.Config:
-    """The HTTP server's configuration for a pod of ``config``."""
+    """The HTTP server's configuration for a pod of ``config``: ``app``'s
+    subscription socket on the engine's own protocol handler when the app is
+    `graphql_app`'s and ``config.graphql_wire`` is on."""
     ws: Any = LeanWebSocketProtocol
     view = getattr(getattr(app, "state", None), "graphql_wire", None)
     if config.graphql_wire and view is not None:
