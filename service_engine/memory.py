@@ -3,8 +3,9 @@
 A burst of sessions grows the process's heap; when they close, their objects
 are freed but the allocator keeps the pages. `ReleaseAfterClose` decides, from
 the live session count the engine's beat observes, when enough sessions have
-closed to be worth asking the C allocator to return its free pages
-(`release_free_memory`, glibc's ``malloc_trim(0)``).
+closed to be worth collecting what they left in cycles and asking the C
+allocator to return its free pages (`release_free_memory`: ``gc.collect()``,
+then glibc's ``malloc_trim(0)``).
 
 What that returns depends on the allocator Python runs on. With its default
 small-object allocator (pymalloc), memory comes back only in whole 1 MiB arenas,
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -65,8 +67,11 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 def release_free_memory() -> bool:
-    """Ask the C allocator to return its free pages to the OS; False where
-    it cannot be asked (no glibc)."""
+    """Collect cyclic garbage (what closed sessions left in reference cycles
+    is freed only by a collection, and a tuned pod collects rarely), then ask
+    the C allocator to return its free pages to the OS; False where it cannot
+    be asked (no glibc: the collection still ran)."""
+    gc.collect()
     trim = _malloc_trim()
     if trim is None:
         return False
