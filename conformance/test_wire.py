@@ -548,3 +548,36 @@ async def test_a_live_op_whose_reader_stops_is_paused_and_converges_when_it_read
                         latest = member["view"]["title"]
         finally:
             raw.close()
+
+
+async def test_origins_and_a_stopping_pod_are_refused_403_on_both_paths(db: Database) -> None:
+    """A cross-origin page not in allowed_origins is refused at the upgrade
+    (HTTP 403) and an allowed or same-origin one is served, on the wire as
+    through ASGI; a pod shutting down refuses every upgrade with 403."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.typing import Origin
+
+    async with running_engine(db) as engine:
+        app = graphql_app(engine, SCHEMA, resolve_me, allowed_origins=["https://ok.example"])
+        for wire in (True, False):
+            async with serve(app, wire=wire) as served:
+                url = f"ws://{served.addr}/graphql/ws"
+                headers = {PASSPORT_HEADER: ALICE.to_header()}
+                with pytest.raises(InvalidStatus) as refused:
+                    async with connect(url, subprotocols=[PROTOCOL], additional_headers=headers,
+                                       origin=Origin("https://evil.example"), open_timeout=BOUND):
+                        pass
+                assert refused.value.response.status_code == 403
+                for origin in ("https://ok.example", f"http://{served.addr}"):
+                    async with connect(url, subprotocols=[PROTOCOL], additional_headers=headers,
+                                       origin=Origin(origin), open_timeout=BOUND) as ws:
+                        await initialise(ws)
+        engine.shutdown()
+        await wait_until(lambda: engine.shutting_down, what="the engine stopping")
+        for wire in (True, False):
+            async with serve(app, wire=wire) as served:
+                with pytest.raises(InvalidStatus) as refused:
+                    async with connect(f"ws://{served.addr}/graphql/ws", subprotocols=[PROTOCOL],
+                                       open_timeout=BOUND):
+                        pass
+                assert refused.value.response.status_code == 403
