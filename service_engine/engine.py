@@ -750,7 +750,13 @@ class Engine:
                 try:
                     await step()
                 except Exception as exc:
-                    _log.warning("beat step %s failed: %s", name, exc, exc_info=exc)
+                    # A bound that ran out or a typed engine error says it all
+                    # in one line; formatting a traceback also fills linecache
+                    # with every file's source for good (it would land amid a
+                    # burst's sessions and outlive them).
+                    expected = isinstance(exc, TimeoutError | EngineError)
+                    _log.warning("beat step %s failed: %s: %s", name, type(exc).__name__, exc,
+                                 exc_info=None if expected else exc)
                     self.readiness.set_down(reason, f"{type(exc).__name__}: {exc}")
                 else:
                     self.readiness.clear(reason)
