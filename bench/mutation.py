@@ -15,7 +15,7 @@ selects the result's ``board { id title }`` (a read after the write).
 
 Per variant and round: the answer time p50 / p99 (from just before the
 request to its response), the service process's CPU per mutation (user +
-sys) and the CPU of the whole tree (the service with its Postgres and
+sys, and the sys part alone) and the CPU of the whole tree (the service with its Postgres and
 nats-server children) per mutation. Variants run round-robin, so a load
 change on the machine hits them alike; compare the columns of one run.
 """
@@ -59,12 +59,18 @@ def passport(sub: str) -> str:
     return json.dumps({"sub": sub, "org": ORG, "roles": ["board:archive"]}, separators=(",", ":"))
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of ``pid``."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    return sum(cpu_split(pid))
 
 
 def tree(pid: int) -> list[int]:
@@ -141,7 +147,7 @@ async def round_of(variant: Variant, http: httpx.AsyncClient, count: int, docume
                    start: int) -> dict[str, float]:
     assert variant.proc is not None
     pids = tree(variant.proc.pid)
-    own0, all0 = cpu_seconds(variant.proc.pid), sum(cpu_seconds(p) for p in pids)
+    own0, all0 = cpu_split(variant.proc.pid), sum(cpu_seconds(p) for p in pids)
     answers: list[float] = []
     for n in range(count):
         seq = start + n
@@ -150,10 +156,12 @@ async def round_of(variant: Variant, http: httpx.AsyncClient, count: int, docume
         response = await http.post("/graphql", json=body)
         answers.append(time.perf_counter() - began)
         assert response.json()["data"]["renameBoard"]["success"], response.text
-    own1, all1 = cpu_seconds(variant.proc.pid), sum(cpu_seconds(p) for p in pids)
+    own1, all1 = cpu_split(variant.proc.pid), sum(cpu_seconds(p) for p in pids)
     return {
         "p50": pct(answers, 0.5) * 1000, "p99": pct(answers, 0.99) * 1000,
-        "own_us": (own1 - own0) / count * 1e6, "tree_us": (all1 - all0) / count * 1e6,
+        "own_us": (sum(own1) - sum(own0)) / count * 1e6,
+        "sys_us": (own1[1] - own0[1]) / count * 1e6,
+        "tree_us": (all1 - all0) / count * 1e6,
     }
 
 
@@ -225,15 +233,15 @@ async def main(args: argparse.Namespace, variants: list[Variant]) -> None:
     print(f"load average {os.getloadavg()[0]:.2f}; {args.count} mutations x {args.rounds} "
           f"rounds; {args.subscribers} subscriber(s); board selected: {args.board}")
     print(f"{'variant':<12} {'round':>5} {'p50 ms':>8} {'p99 ms':>8} {'svc cpu us':>11} "
-          f"{'tree cpu us':>12}")
+          f"{'of it sys':>10} {'tree cpu us':>12}")
     for variant in variants:
         assert variant.rows is not None
         for i, row in enumerate(variant.rows):
             print(f"{variant.name:<12} {i:>5} {row['p50']:>8.2f} {row['p99']:>8.2f} "
-                  f"{row['own_us']:>11.0f} {row['tree_us']:>12.0f}")
+                  f"{row['own_us']:>11.0f} {row['sys_us']:>10.0f} {row['tree_us']:>12.0f}")
         med = {k: pct([r[k] for r in variant.rows], 0.5) for k in variant.rows[0]}
         print(f"{variant.name:<12} {'med':>5} {med['p50']:>8.2f} {med['p99']:>8.2f} "
-              f"{med['own_us']:>11.0f} {med['tree_us']:>12.0f}")
+              f"{med['own_us']:>11.0f} {med['sys_us']:>10.0f} {med['tree_us']:>12.0f}")
 
 
 if __name__ == "__main__":
