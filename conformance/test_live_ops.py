@@ -163,3 +163,49 @@ async def test_session_max_age_stops_live_ops_before_closing(
         assert ended.rcvd is not None, ended
         assert (ended.rcvd.code, ended.rcvd.reason) == (1001, "session_max_age")
         await wait_until(lambda: _sessions(run) == 0, timeout=BOUND, what="all detached")
+
+
+async def test_a_live_op_whose_frame_fails_ends_alone_with_its_error(
+    store: ProvisionedDatabase, opened: list[str], socket_kind: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When one live op's frame cannot be built, that op ends as the ordinary path ends
+    a stream that raised (a ``next`` carrying the error, then ``complete``) and its
+    session is detached; the socket's other operations receive every later revision,
+    contiguous, in both ways of driving a live op."""
+    real = LiveOp._frame
+
+    def failing(self: LiveOp, delta: Any) -> str:
+        if self.id == "bad" and type(delta).__name__ == "Upsert":
+            raise RuntimeError("this frame cannot be built")
+        return real(self, delta)
+
+    monkeypatch.setattr(LiveOp, "_frame", failing)
+    config = example_config(**socket_kind)
+    async with running(store, ["board"], config=config) as run, run.socket(ADMIN) as a:
+        created = await run.gql(CREATE, {"id": "b-fail", "title": "t"}, ADMIN)
+        assert created["createBoard"]["success"], created
+        for op in ("learn", "good", "bad"):
+            await a.subscribe(op, BOARDS_SUBSCRIPTION)
+            await _frames(a, {op: 1})
+        assert opened == ["good", "bad"]
+        renamed = await run.gql(RENAME, {"id": "b-fail", "title": "r0"}, ADMIN)
+        assert renamed["renameBoard"]["success"], renamed
+        got = await _frames(a, {"learn": 1, "good": 1, "bad": 2})
+        error, complete = (json.loads(f) for f in got["bad"])
+        assert error["type"] == "next" and error["payload"]["data"] is None
+        assert error["payload"]["errors"][0]["message"] == "this frame cannot be built"
+        assert complete == {"id": "bad", "type": "complete"}
+        await wait_until(lambda: _sessions(run) == 2, timeout=BOUND, what="bad detached")
+        revisions: dict[str, list[int]] = {"learn": [], "good": []}
+        for i in (1, 2, 3):
+            for op in revisions:
+                revisions[op] += [json.loads(f)["payload"]["data"]["boards"]["revision"]
+                                  for f in got[op]]
+            if i == 3:
+                break
+            renamed = await run.gql(RENAME, {"id": "b-fail", "title": f"r{i}"}, ADMIN)
+            assert renamed["renameBoard"]["success"], renamed
+            got = await _frames(a, {"learn": 1, "good": 1})
+            assert set(got) == {"learn", "good"}
+        assert revisions["good"] == revisions["learn"] == [2, 3, 4]

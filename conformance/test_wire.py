@@ -581,3 +581,47 @@ async def test_origins_and_a_stopping_pod_are_refused_403_on_both_paths(db: Data
                                        open_timeout=BOUND):
                         pass
                 assert refused.value.response.status_code == 403
+
+
+async def _ack_frame_head(addr: str) -> tuple[bytes, int]:
+    """Upgrade offering permessage-deflate, send connection_init; the answer's
+    headers and the first byte of the first frame after it (its RSV1 bit set:
+    the frame is compressed)."""
+    host, port = addr.split(":")
+    loop = asyncio.get_running_loop()
+    raw = socket.socket()
+    raw.setblocking(False)
+    await loop.sock_connect(raw, (host, int(port)))
+    try:
+        key = base64.b64encode(os.urandom(16)).decode()
+        await loop.sock_sendall(raw, (
+            f"GET /graphql/ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            "Sec-WebSocket-Protocol: graphql-transport-ws\r\n"
+            "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+            f"{PASSPORT_HEADER}: {ALICE.to_header()}\r\n\r\n").encode())
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += await asyncio.wait_for(loop.sock_recv(raw, 65536), BOUND)
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        payload = json.dumps(INIT).encode()
+        mask = os.urandom(4)
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        await loop.sock_sendall(raw, bytes([0x81, 0x80 | len(payload)]) + mask + masked)
+        while not buf:
+            buf += await asyncio.wait_for(loop.sock_recv(raw, 65536), BOUND)
+        return head, buf[0]
+    finally:
+        raw.close()
+
+
+async def test_per_message_deflate_compresses_on_both_paths(db: Database) -> None:
+    """With ws_per_message_deflate on, a client offering permessage-deflate gets it
+    negotiated and compressed frames (RSV1 set) from the wire as from the ASGI socket."""
+    async with running_engine(db, ws_per_message_deflate=True) as engine:
+        app = graphql_app(engine, SCHEMA, resolve_me)
+        for wire in (True, False):
+            async with serve(app, wire=wire) as served:
+                head, first = await _ack_frame_head(served.addr)
+            assert b"sec-websocket-extensions: permessage-deflate" in head.lower(), head
+            assert first == 0xC1, (wire, hex(first))

@@ -35,6 +35,13 @@ def test_decode_refuses_past_the_bound_non_utf8_and_non_json() -> None:
     assert wp.decode(b"{nope", 64) == wp.INVALID_JSON
 
 
+def test_decode_refuses_json_nested_past_the_recursion_limit() -> None:
+    """JSON nested deeper than the interpreter parses is refused 4400 like any
+    message that is not JSON, never an exception out of the socket's handler."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert wp.decode(deep, len(deep)) == wp.INVALID_JSON
+
+
 def test_the_close_reasons_are_strawberrys() -> None:
     """Every close reason the wire shares with Strawberry's handler is its wording."""
     text = inspect.getsource(BaseGraphQLTransportWSHandler)

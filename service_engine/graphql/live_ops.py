@@ -305,7 +305,7 @@ class LiveOp:
     """
 
     __slots__ = (
-        "_context", "_executor", "_head", "_known", "_lanes", "_live", "_notices",
+        "_context", "_ending", "_executor", "_head", "_known", "_lanes", "_live", "_notices",
         "_on_done", "_ops", "_outbox", "_paused", "_principal", "_shared", "_state", "_stream",
         "_task", "_variables", "_wake", "_waker", "id",
     )
@@ -331,6 +331,8 @@ class LiveOp:
         self._waker: Callable[[], None] | None = None
         self._on_done: Callable[[str], None] | None = None
         self._outbox: list[str] | None = None
+        self._ending: list[str] | None = None
+        """What ends the operation after a frame failed (`_frame_or_end`)."""
         self._paused = False
         self._executor: Any = None
         self._lanes = lanes
@@ -392,6 +394,18 @@ class LiveOp:
             return next_frame(self._head, data)
         return self._executed(union.message(delta))
 
+    def _frame_or_end(self, item: Any) -> str | None:
+        """``item``'s frame; None when building it failed: the operation
+        then ends as the ordinary path ends a stream that raised (a ``next``
+        carrying the error, then ``complete``: `_ending`), and only this
+        operation, never its socket's others."""
+        try:
+            return self._frame(item)
+        except Exception as error:
+            _log.exception("live operation %s: a frame could not be built", self.id)
+            self._ending = self._failed(error)
+            return None
+
     def _executed(self, member: object) -> str:
         """A member the plan refuses, executed by graphql-core as the
         ordinary path's per-event execution does, formatted as Strawberry's
@@ -435,7 +449,6 @@ class LiveOp:
             except Exception as error:
                 texts = self._failed(error)
             else:
-                frame = self._frame
                 if self._lanes:
                     # As the ordinary path merges them (`SubscriptionUnion._frames`).
                     notices = self._notices = self._context.engine.lane_notices(self._lanes)
@@ -443,8 +456,11 @@ class LiveOp:
                         subscriptions.merge_streams(stream, notices)
                     ) as items:
                         async for item in items:
+                            text = self._frame_or_end(item)
+                            if text is None:
+                                break
                             try:
-                                await send_text(frame(item))
+                                await send_text(text)
                             except Exception:
                                 return
                 else:
@@ -454,11 +470,14 @@ class LiveOp:
                             delta = await take()
                         except SessionEnded:
                             break
+                        text = self._frame_or_end(delta)
+                        if text is None:
+                            break
                         try:
-                            await send_text(frame(delta))
+                            await send_text(text)
                         except Exception:
                             return  # the socket is gone: its owner cleans up
-                texts = [self._complete()]
+                texts = self._ending or [self._complete()]
             if on_done is not None:
                 on_done(self.id)
             self._state = _State.DONE
@@ -519,7 +538,17 @@ class LiveOp:
             async for notice in notices:
                 if self._state is not _State.LIVE:
                     return
-                text = self._frame(notice)
+                text = self._frame_or_end(notice)
+                if text is None:
+                    # The notice could not be framed: the operation ends
+                    # with the error, as the ordinary path's stream would.
+                    stream = self._stream
+                    if stream is not None:
+                        stream.set_waker(None)
+                    self._outbox = (self._outbox or []) + (self._ending or [])
+                    if not self._paused:
+                        self._woken()
+                    return
                 if self._outbox is None:
                     self._outbox = [text]
                 else:
@@ -556,7 +585,15 @@ class LiveOp:
                         stream.set_waker(None)
                         append(self._complete())
                     break
-                append(frame(delta))
+                try:
+                    append(frame(delta))
+                except Exception as error:
+                    # This operation ends (an errors `next`, then `complete`);
+                    # what it and the socket's other ops took is still written.
+                    _log.exception("live operation %s: a frame could not be built", self.id)
+                    stream.set_waker(None)
+                    out.extend(self._failed(error))
+                    break
             else:
                 more = stream.pending() > 0
         if self._state is _State.ENDED:

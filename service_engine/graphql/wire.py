@@ -225,7 +225,7 @@ class WireSocket(asyncio.Protocol):
         self.connections: set[Any] = protocol.connections
         self.ping_interval: float | None = protocol.ping_interval
         self.ping_timeout: float | None = protocol.ping_timeout
-        self._deflate = bool(self.conn.extensions)
+        self._deflate = False  # known once the upgrade is accepted (below)
         self._headers_out: list[tuple[bytes, bytes]] | None = protocol.default_headers
         self._counted = False
         self._init = wp.InitState()
@@ -257,6 +257,9 @@ class WireSocket(asyncio.Protocol):
             request.headers.raw_items(), path, protocol.client
         )
         self.response: Response | None = self.conn.accept(request)
+        # websockets negotiates the extensions in accept: only now is it known
+        # whether this socket's frames are compressed.
+        self._deflate = bool(self.conn.extensions)
         self.connections.discard(protocol)
         self.connections.add(self)
         self._answer(request)
@@ -505,6 +508,15 @@ class WireSocket(asyncio.Protocol):
         self._handle(data)
 
     def _handle(self, data: bytes) -> None:
+        try:
+            self._step(data)
+        except Exception:
+            # Never a socket left paused and unanswered: what cannot be
+            # handled closes it (1011, as a server error does).
+            _log.exception("a graphql-transport-ws message could not be handled")
+            self.close(1011, "internal_error")
+
+    def _step(self, data: bytes) -> None:
         if data is _BINARY:
             self.close(*_close_args(wp.NOT_TEXT))
             return
@@ -726,8 +738,14 @@ class WireSocket(asyncio.Protocol):
         write = texts.extend
         again: list[LiveOp] = []
         for live in woken:
-            if live.drain(write):
-                again.append(live)
+            try:
+                if live.drain(write):
+                    again.append(live)
+            except Exception:
+                # One op's failure is its own: the others' frames are written.
+                _log.exception("live operation %s failed to drain", live.id)
+                self._forget(live.id, live)
+                live.close()
         self.write_texts(texts)
         for live in again:
             if not self._paused:

@@ -155,7 +155,9 @@ def decode(data: bytes, limit: int) -> Any:
         return Close(1007, "")
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
+        # (JSONDecodeError is a ValueError; nesting past the interpreter's
+        # recursion limit is no JSON this server reads either.)
         return INVALID_JSON
 
 
