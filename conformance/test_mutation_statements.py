@@ -144,7 +144,7 @@ async def served(
 
             sock = bind_listener("127.0.0.1:0")
             task = asyncio.create_task(
-                run_with_listener(engine, marked, sock, handle_signals=False)  # type: ignore[arg-type]
+                run_with_listener(engine, marked, sock, handle_signals=False)
             )
             addr = f"127.0.0.1:{sock.getsockname()[1]}"
             try:

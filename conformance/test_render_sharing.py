@@ -45,7 +45,8 @@ class TieredCards(CardsView):
         return (row.org, row.rank, row.title, principal.tier)
 
     def view_key(self, principal: Any) -> Hashable:
-        return principal.tier
+        tier: Hashable = principal.tier
+        return tier
 
     def cohort(self, principal: Any) -> Any:
         return super(CardsView, self).cohort(principal)  # one cohort per principal

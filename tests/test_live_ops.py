@@ -46,7 +46,7 @@ from .test_delivery_plan import (
 )
 from .test_delivery_plan import Query as _Query
 
-WINDOW: WindowSpec[Any] = WindowSpec(Keys(frozenset()))  # type: ignore[arg-type]
+WINDOW: WindowSpec[Any] = WindowSpec(Keys(frozenset()))
 
 
 @strawberry.type
@@ -371,7 +371,11 @@ async def test_callback_mode_wakes_once_per_batch_and_follows_flow_control() -> 
     wakes: list[LiveOp] = []
     writes: list[list[str]] = []
     attached = asyncio.Event()
-    op.start(lambda o: (wakes.append(o), attached.set()), lambda _id: None)
+    def wake(o: LiveOp) -> None:
+        wakes.append(o)
+        attached.set()
+
+    op.start(wake, lambda _id: None)
     await asyncio.wait_for(attached.wait(), 5)
     (stream,) = engine.streams
     assert wakes == [op] and stream.waiting == 1  # reading: the render side sees it active
@@ -527,7 +531,7 @@ async def test_lane_notices_are_merged_in_as_the_ordinary_path_merges_them() -> 
     async def ordinary_run() -> None:
         with frames.open_sink(ordinary_socket, "op-1"), ops.learning(payload):  # type: ignore[arg-type]
             stream = await SCHEMA.subscribe(LANED, context_value=_Context(engine))
-            async for result in stream:  # type: ignore[union-attr]
+            async for result in stream:
                 raise AssertionError(result)  # every member is planned
         expected.append(dumps({"id": "op-1", "type": "complete"}))
 
