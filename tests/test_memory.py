@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from service_engine.memory import RELEASE_MIN_CLOSED, ReleaseAfterClose, release_free_memory
+from service_engine.memory import (
+    RELEASE_MIN_CLOSED,
+    ReleaseAfterClose,
+    on_pymalloc,
+    release_free_memory,
+)
 
 
 def releases(counts: list[int], min_closed: int = 100) -> list[int]:
@@ -46,3 +51,12 @@ def test_the_default_bound() -> None:
 def test_release_free_memory_answers_without_raising() -> None:
     """On glibc it asks ``malloc_trim``; elsewhere it answers False, never raises."""
     assert release_free_memory() in (True, False)
+
+
+def test_which_allocator_the_objects_live_in() -> None:
+    """pymalloc unless ``PYTHONMALLOC`` names the C allocator."""
+    assert on_pymalloc({})
+    assert on_pymalloc({"PYTHONMALLOC": "pymalloc"})
+    assert on_pymalloc({"PYTHONMALLOC": "pymalloc_debug"})
+    assert not on_pymalloc({"PYTHONMALLOC": "malloc"})
+    assert not on_pymalloc({"PYTHONMALLOC": "malloc_debug"})
