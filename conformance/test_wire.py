@@ -283,7 +283,11 @@ async def test_websocket_pings_are_answered_and_keepalive_closes_a_silent_peer(
                 pong = await ws.ping()
                 await asyncio.wait_for(pong, BOUND)
                 # Several keepalive rounds later the answering client is open.
-                await asyncio.sleep(0.6)
+                (wire,) = [c for c in served.server.server_state.connections
+                           if isinstance(c, WireSocket)]
+                first = wire._ping_sent_at
+                await wait_until(lambda: wire._ping_sent_at - first >= 0.25,
+                                 what="three more keepalive pings answered")
                 await send(ws, {"type": "ping"})
                 assert await receive(ws) == {"type": "pong"}
             raw = await _raw_upgrade(served.addr)
@@ -368,6 +372,11 @@ async def test_a_reader_that_stops_pauses_its_operation_and_shutdown_aborts_it_p
             raw = await _raw_upgrade(served.addr, rcvbuf=4096)
             loop = asyncio.get_running_loop()
             try:
+                # A client sends its first message once the upgrade is answered.
+                answer = b""
+                while b"\r\n\r\n" not in answer:
+                    answer += await asyncio.wait_for(loop.sock_recv(raw, 1), BOUND)
+                assert answer.startswith(b"HTTP/1.1 101"), answer
                 await loop.sock_sendall(raw, _masked(json.dumps(INIT).encode()))
                 await loop.sock_sendall(raw, _masked(json.dumps({
                     "id": "c", "type": "subscribe",
@@ -383,9 +392,11 @@ async def test_a_reader_that_stops_pauses_its_operation_and_shutdown_aborts_it_p
                                  what="the wire socket paused writing")
                 socket_ = wire_socket()
                 assert socket_ is not None
+                assert socket_._paused and not socket_._closed  # paused, not closed
                 buffered = socket_.transport.get_write_buffer_size()
-                await asyncio.sleep(0.3)
-                # Paused: the operation waits; the buffer does not grow.
+                # Paused: the operation waits on the socket; the buffer does not grow.
+                await wait_until(lambda: bool(socket_._waiters),
+                                 what="the operation waits for the socket to drain")
                 assert socket_.transport.get_write_buffer_size() == buffered
                 assert buffered < 1024 * 1024
                 served.server.should_exit = True
