@@ -534,11 +534,18 @@ async def test_a_live_op_whose_reader_stops_is_paused_and_converges_when_it_read
                 if not wire.writable and n >= 20:
                     break
             assert not wire.writable, "the transport never paused"
+            assert wire._paused and not wire._closed  # paused, not closed
+            op = wire._ops["live"]
+            assert isinstance(op, LiveOp)
             held = wire.transport.get_write_buffer_size()
-            # Paused: more writes commit; the op queues nothing on the socket.
+            # Paused: more writes commit and are rendered into the session; the
+            # op takes none of them and queues nothing on the socket.
             for n in range(20):
                 title = f"u{n}-" + "y" * 190
                 await run.gql(RENAME, {"id": "b-flow", "title": title}, ADMIN)
+            stream = op._stream
+            assert stream is not None
+            await wait_until(lambda: stream.pending() > 0, what="deltas waiting, untaken")
             assert wire.transport.get_write_buffer_size() == held
             # Reading again: contiguous revisions (or a Reset) up to the latest title.
             revision = reset["payload"]["data"]["boards"]["revision"]
