@@ -122,7 +122,9 @@ async def served(
     """The board slice on an engine with NATS (its offer registered), its
     pool logging, every HTTP request's context marked."""
     await provision_kv(nats_server.url)
-    db = await connect_pool(store.app_url, max_size=10, setup=statements.setup)
+    # Every connection opened up front: a connection the pool opens while a
+    # measured request runs (a busy machine) would add its own statements.
+    db = await connect_pool(store.app_url, min_size=10, max_size=10, setup=statements.setup)
     try:
         async with engine_nats(nats_server) as nats:
             engine = await Engine.boot(example_config(), db, nats, ReadinessHandle())
