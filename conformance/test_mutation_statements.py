@@ -199,7 +199,7 @@ async def test_a_rename_over_graphql_takes_eleven_round_trips(
         renamed = await _gql(http, RENAME, {"id": "b-1", "title": "plan"})
         assert renamed["renameBoard"] == {"success": True, "error": None}
         sent = _without_introspection(statements.take())
-    assert len(sent) == RENAME_ROUND_TRIPS, sent
+    assert len(sent) == RENAME_ROUND_TRIPS, "\n".join(sent)
     assert sent[0].startswith("SELECT board_id FROM board_member")
     assert sent[1].startswith("BEGIN; SET LOCAL lock_timeout") and "pg_advisory_xact_lock" in sent[1]
     assert sum(s.endswith("FOR UPDATE") for s in sent) == 1, sent
