@@ -105,6 +105,11 @@ class _Frames:
         self.target = 0
         self.reached = asyncio.Event()
 
+    def add(self, n: int) -> None:
+        self.count += n
+        if self.count >= self.target:
+            self.reached.set()
+
     async def until(self, target: int) -> None:
         self.target = target
         if self.count < target:
@@ -119,10 +124,7 @@ class _Socket:
         self.counted = counted
 
     async def send(self, message: dict[str, Any]) -> None:
-        counted = self.counted
-        counted.count += 1
-        if counted.count >= counted.target:
-            counted.reached.set()
+        self.counted.add(1)
 
 
 async def _session(schema: strawberry.Schema, stream: SessionStream[Any], socket: _Socket,

@@ -26,14 +26,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import os
+import sys
 import time
 import tracemalloc
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import strawberry
-from starlette.websockets import WebSocketState
 
 from service_engine.graphql import delivery, frames, subscription_union
 from service_engine.graphql.live_ops import LiveOp, LiveOps
@@ -43,6 +45,17 @@ from service_engine.render.deltas import Reset, Upsert
 from service_engine.render.session import SessionId
 from service_engine.render.stream import SessionStream
 from service_engine.render.windows import Keys, WindowSpec
+
+# The frame counting socket of bench/frames.py (loaded by path: this script
+# also uses the engine's `frames` module under that name).
+_spec = importlib.util.spec_from_file_location(
+    "bench_frames", Path(__file__).resolve().parent / "frames.py")
+assert _spec is not None and _spec.loader is not None
+_bench_frames = importlib.util.module_from_spec(_spec)
+sys.modules["bench_frames"] = _bench_frames
+_spec.loader.exec_module(_bench_frames)
+_Counted = _bench_frames._Frames
+_Socket = _bench_frames._Socket
 
 try:
     from bench.frames import BoardView, _view
@@ -95,34 +108,6 @@ class _Engine:
 class _Context:
     engine: _Engine
     principal: Any = "ann"
-
-
-class _Counted:
-    def __init__(self) -> None:
-        self.count = 0
-        self.target = 0
-        self.reached = asyncio.Event()
-
-    def add(self, n: int) -> None:
-        self.count += n
-        if self.count >= self.target:
-            self.reached.set()
-
-    async def until(self, target: int) -> None:
-        self.target = target
-        if self.count < target:
-            self.reached.clear()
-            await self.reached.wait()
-
-
-class _Socket:
-    application_state = WebSocketState.CONNECTED
-
-    def __init__(self, counted: _Counted) -> None:
-        self.counted = counted
-
-    async def send(self, message: dict[str, Any]) -> None:
-        self.counted.add(1)
 
 
 async def _strawberry(context: _Context, socket: _Socket, op_id: str, ops: LiveOps) -> None:
