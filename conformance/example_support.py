@@ -142,6 +142,34 @@ class Running:
 
 
 @contextlib.asynccontextmanager
+async def serving_engine(engine: Engine, app: Any) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+    """``app`` served with ``engine`` running (`run_with_listener` on a free
+    loopback port) until the block ends: its address and an HTTP client,
+    once readiness is UP; the engine is shut down on the way out."""
+    sock = bind_listener("127.0.0.1:0")
+    task = asyncio.create_task(run_with_listener(engine, app, sock, handle_signals=False))
+    addr = f"127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        async with httpx.AsyncClient(base_url=f"http://{addr}", timeout=BOUND) as http:
+
+            async def up() -> bool:
+                if task.done():
+                    task.result()  # a failed start fails the test with its cause
+                try:
+                    return (await http.get("/readyz")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await wait_until(up, timeout=BOUND, what="engine readiness UP")
+            yield addr, http
+    finally:
+        engine.shutdown()
+        with contextlib.suppress(WorkerStopped):
+            await asyncio.wait_for(task, BOUND)
+        sock.close()
+
+
+@contextlib.asynccontextmanager
 async def running(
     store: ProvisionedDatabase,
     slices: Iterable[str],
@@ -161,26 +189,7 @@ async def running(
         service = compose(tuple(slices))
         register(engine, service)
         app = build_app(engine, service)
-        sock = bind_listener("127.0.0.1:0")
-        task = asyncio.create_task(run_with_listener(engine, app, sock, handle_signals=False))
-        addr = f"127.0.0.1:{sock.getsockname()[1]}"
-        try:
-            async with httpx.AsyncClient(base_url=f"http://{addr}", timeout=BOUND) as http:
-
-                async def up() -> bool:
-                    if task.done():
-                        task.result()  # a failed start fails the test with its cause
-                    try:
-                        return (await http.get("/readyz")).status_code == 200
-                    except httpx.TransportError:
-                        return False
-
-                await wait_until(up, timeout=BOUND, what="engine readiness UP")
-                yield Running(engine, db, service, readiness, addr, http)
-        finally:
-            engine.shutdown()
-            with contextlib.suppress(WorkerStopped):
-                await asyncio.wait_for(task, BOUND)
-            sock.close()
+        async with serving_engine(engine, app) as (addr, http):
+            yield Running(engine, db, service, readiness, addr, http)
     finally:
         await db.aclose()

@@ -10,7 +10,6 @@ drain's own pass is pinned separately, driven by hand on a logged pool.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import json
@@ -33,10 +32,7 @@ from service_engine import (
     MutationExecutor,
     ReadinessHandle,
     Success,
-    WorkerStopped,
-    bind_listener,
     connect_pool,
-    run_with_listener,
 )
 from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
 from service_engine.graphql import PASSPORT_HEADER, Passport
@@ -45,7 +41,7 @@ from service_engine.offers.model import register_offer_type
 from service_engine.offers.staging import DirtyMark, dollar_quoted, offer_dirty_statement
 
 from .blackbox.harness import provision_kv
-from .example_support import example_config, example_database, person
+from .example_support import example_config, example_database, person, serving_engine
 from .harness import Statements, wait_until
 from .nats_support import engine_nats
 
@@ -90,22 +86,12 @@ def _without_introspection(sent: list[str]) -> list[str]:
 _REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("request", default=None)
 
 
-class RequestStatements:
+class RequestStatements(Statements):
     """The statements sent while serving a marked HTTP request."""
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
 
     def __call__(self, record: Any) -> None:
         if _REQUEST.get() is not None:
-            self.sent.append(" ".join(str(record.query).split()))
-
-    async def setup(self, conn: Any) -> None:
-        conn.add_query_logger(self)
-
-    def take(self) -> list[str]:
-        sent, self.sent = self.sent, []
-        return sent
+            super().__call__(record)
 
 
 @pytest.fixture
@@ -144,29 +130,8 @@ async def served(
                     if token is not None:
                         _REQUEST.reset(token)
 
-            sock = bind_listener("127.0.0.1:0")
-            task = asyncio.create_task(
-                run_with_listener(engine, marked, sock, handle_signals=False)
-            )
-            addr = f"127.0.0.1:{sock.getsockname()[1]}"
-            try:
-                async with httpx.AsyncClient(base_url=f"http://{addr}", timeout=BOUND) as http:
-
-                    async def up() -> bool:
-                        if task.done():
-                            task.result()
-                        try:
-                            return (await http.get("/readyz")).status_code == 200
-                        except httpx.TransportError:
-                            return False
-
-                    await wait_until(up, timeout=BOUND, what="engine readiness UP")
-                    yield http
-            finally:
-                engine.shutdown()
-                with contextlib.suppress(WorkerStopped):
-                    await asyncio.wait_for(task, BOUND)
-                sock.close()
+            async with serving_engine(engine, marked) as (_, http):
+                yield http
     finally:
         await db.aclose()
 
