@@ -81,6 +81,15 @@ class CardWriters:
         """A predicate: a commit landed after ``mark`` commits."""
         return lambda: self.written > mark
 
+    async def facts_changed(self, *principals: str) -> None:
+        """Stage the principal-facts impacts of ``principals`` (whose facts the
+        caller just changed), then wait until 20 more commits landed."""
+        async with self._db.pool.acquire() as conn, conn.transaction():
+            await stage_in(conn, [Impact.principal_facts(p, ["card"]) for p in principals])
+        mark = self.written
+        await wait_until(lambda: self.written > mark + 20,
+                         what="writes after the principal changes")
+
     async def __aenter__(self) -> CardWriters:
         self._tasks = [asyncio.create_task(self._write(w)) for w in range(self._count)]
         return self
@@ -780,12 +789,7 @@ async def test_randomized_windows_equal_committed_state(db: Database, seed_value
                                  what="a write between attaches")
             facts["p0"] = frozenset({"globex", "initech"})
             facts["p3"] = frozenset()
-            async with db.pool.acquire() as conn, conn.transaction():
-                await stage_in(conn, [Impact.principal_facts("p0", ["card"]),
-                                      Impact.principal_facts("p3", ["card"])])
-            mark = writers.written
-            await wait_until(lambda: writers.written > mark + 20,
-                             what="writes after the principal changes")
+            await writers.facts_changed("p0", "p3")
 
         rows = {r["id"]: r for r in await db.pool.fetch("SELECT * FROM sample_card")}
 

@@ -14,8 +14,6 @@ from typing import Any
 import pytest
 
 from service_engine import Database
-from service_engine.impacts import Impact
-from service_engine.impacts.transport import stage_in
 from service_engine.render import Keys, Query, Upsert, WindowReplica
 from service_engine.render.sharing import InvalidViewKey
 from service_engine.render.stream import SessionStream
@@ -104,12 +102,7 @@ async def test_shared_views_windows_equal_each_principals_own_committed_state(
                                  what="a write between attaches")
             people["p0"] = Member("p0", frozenset({"globex", "initech"}), "gold")
             people["p3"] = Member("p3", frozenset({"acme"}), "basic")
-            async with db.pool.acquire() as conn, conn.transaction():
-                await stage_in(conn, [Impact.principal_facts("p0", ["card"]),
-                                      Impact.principal_facts("p3", ["card"])])
-            mark = writers.written
-            await wait_until(lambda: writers.written > mark + 20,
-                             what="writes after the principal changes")
+            await writers.facts_changed("p0", "p3")
         rows = {r["id"]: r for r in await db.pool.fetch("SELECT * FROM sample_card")}
 
         def expected(pid: str, shape: int) -> dict[str, Any]:
