@@ -465,10 +465,7 @@ class WireSocket(asyncio.Protocol):
         """uvicorn's server shutdown: stop the operations, close 1012."""
         self._stop_keepalive()
         if self._closed:
-            if self._close_timer is not None:
-                self._close_timer.cancel()
-                self._close_timer = None
-            self.transport.close()
+            self._close_now()
             return
         if self.response is not None:
             # Still waiting for a handshake slot: 500, as uvicorn answers.
@@ -910,13 +907,16 @@ class WireSocket(asyncio.Protocol):
         self._wake_writers()
         self._close_timer = self.loop.call_later(_CLOSE_TIMEOUT, self.transport.close)
 
+    def _close_now(self) -> None:
+        """Our close frame went: close the transport now, not at the bound."""
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+            self._close_timer = None
+        self.transport.close()
+
     def _peer_closed(self) -> None:
         if self._closed:
-            # The peer echoed our close frame: done.
-            if self._close_timer is not None:
-                self._close_timer.cancel()
-                self._close_timer = None
-            self.transport.close()
+            self._close_now()  # the peer echoed our close frame: done
             return
         self._ended()
         self._closed = True
