@@ -13,10 +13,12 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from websockets.asyncio.client import connect
 
 from service_engine import Database
 from service_engine.graphql import PASSPORT_HEADER, Passport, graphql_app
+from service_engine.graphql.wire import WireSocket
 
 from .harness import wait_until
 from .test_graphql_app import (
@@ -97,19 +99,29 @@ async def test_upgrades_past_ws_max_handshakes_wait_for_a_slot(db: Database) -> 
 
 
 async def test_while_every_handshake_slot_is_taken_the_init_timeout_is_extended_once(
-    db: Database,
+    db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With ws_max_handshakes=1 the answered socket holds every slot: it may
     send its init past one timeout period, and a socket that never sends one
     is closed 4408 after two periods, not one."""
     timeout = INIT_TIMEOUT.total_seconds()
+    extended = asyncio.Event()
+    timed_out = WireSocket._init_timed_out
+
+    def observed(socket: WireSocket) -> None:
+        timed_out(socket)
+        if socket._init_extended and not socket._closed:
+            extended.set()
+
+    monkeypatch.setattr(WireSocket, "_init_timed_out", observed)
     async with (
         running_engine(db, ws_max_handshakes=1) as engine,
         serving(graphql_app(engine, SCHEMA, resolve_me,
                             connection_init_wait_timeout=INIT_TIMEOUT)) as addr,
         ws_connect(addr, ALICE.to_header()) as first,
     ):
-        await asyncio.sleep(1.5 * timeout)
+        # Its first period ran out while it held the only slot: extended, open.
+        await asyncio.wait_for(extended.wait(), BOUND)
         await initialise(first)
         async with ws_connect(addr, ALICE.to_header()) as silent:
             started = asyncio.get_running_loop().time()

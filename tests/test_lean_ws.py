@@ -10,6 +10,8 @@ import pytest
 
 from service_engine.host import _Inbox, _Writable
 
+from .loop_support import turns_until
+
 
 async def test_the_inbox_is_fifo_and_wakes_a_waiting_reader() -> None:
     """Items come out in order; a reader waiting on an empty inbox gets the next put."""
@@ -21,7 +23,7 @@ async def test_the_inbox_is_fifo_and_wakes_a_waiting_reader() -> None:
     assert await inbox.get() == 2
     assert inbox.empty()
     reader = asyncio.create_task(inbox.get())
-    await asyncio.sleep(0)
+    await turns_until(lambda: inbox._waiter is not None, "the reader waits")
     assert not reader.done()
     inbox.put_nowait("x")
     assert await asyncio.wait_for(reader, 1) == "x"
@@ -31,7 +33,7 @@ async def test_a_cancelled_read_leaves_the_inbox_usable() -> None:
     """A reader cancelled while waiting leaves no waiter behind; the next read works."""
     inbox = _Inbox()
     reader = asyncio.create_task(inbox.get())
-    await asyncio.sleep(0)
+    await turns_until(lambda: inbox._waiter is not None, "the reader waits")
     reader.cancel()
     with pytest.raises(asyncio.CancelledError):
         await reader
@@ -46,7 +48,7 @@ async def test_writable_blocks_while_cleared_and_releases_every_waiter_on_set() 
     await asyncio.wait_for(writable.wait(), 1)
     writable.clear()
     waiters = [asyncio.create_task(writable.wait()) for _ in range(3)]
-    await asyncio.sleep(0)
+    await turns_until(lambda: len(writable._waiters) == 3, "three waiters")
     assert not any(w.done() for w in waiters)
     writable.set()
     await asyncio.wait_for(asyncio.gather(*waiters), 1)

@@ -84,11 +84,14 @@ class _Engine:
     closed: list[str] = field(default_factory=list)
     attached: list[tuple[str, str | None]] = field(default_factory=list)
     gate: asyncio.Event | None = None
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once an attach reached its gate."""
     notices: list[_Notices] = field(default_factory=list)
 
     async def attach(self, principal: Any, projector: str, window: Any, *,
                      applier: Any = None, session_id: str | None = None) -> SessionStream[Any]:
         if self.gate is not None:
+            self.entered.set()
             await self.gate.wait()
         if self.fail is not None:
             raise self.fail
@@ -412,11 +415,12 @@ async def test_closing_during_the_attach_detaches_and_sends_nothing() -> None:
     assert op is not None
     calls: list[object] = []
     op.start(calls.append, calls.append)
-    await asyncio.sleep(0)
+    await asyncio.wait_for(engine.entered.wait(), 1)
+    attaching = op._task
+    assert attaching is not None
     op.close()
     engine.gate.set()  # type: ignore[union-attr]
-    for _ in range(5):
-        await asyncio.sleep(0)
+    await asyncio.wait_for(asyncio.gather(attaching, return_exceptions=True), 1)
     assert calls == [] and engine.streams == [] and op.drain(calls.append) is False
 
 
