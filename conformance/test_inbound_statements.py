@@ -48,12 +48,13 @@ from .sample_orders import (
     record_effect,
 )
 
-APPLIED_ROUND_TRIPS = 7
+APPLIED_ROUND_TRIPS = 6
 """place_order's round trips: BEGIN + lock bound + claim + first advisory
 lock; the load pinning its row (SELECT cols ... FOR UPDATE); insert order;
-advisory lock; insert effect; outbox row + impact NOTIFY + confirmation;
-COMMIT + the release reset. (13 before the claim, the confirmation, the
-NOTIFY and the reset were folded; 8 before the row lock rode with the load.)"""
+the effect's advisory lock + insert effect; outbox row + impact NOTIFY +
+confirmation; COMMIT + the release reset. (13 before the claim, the
+confirmation, the NOTIFY and the reset were folded; 8 before the row lock
+rode with the load; 7 before the effect's lock rode with its insert.)"""
 
 
 
@@ -85,12 +86,13 @@ async def _effects(db: Database, message_id: uuid.UUID) -> int:
     return int(count)
 
 
-async def test_an_applied_reaction_takes_seven_round_trips(
+async def test_an_applied_reaction_takes_six_round_trips(
     logged: tuple[Database, Statements],
 ) -> None:
     """An applied place_order: the claim and the first advisory lock ride
-    with BEGIN, the confirmation and the impact's NOTIFY with the outbox
-    insert, the pool's release reset with COMMIT; nothing is sent after it."""
+    with BEGIN, the effect's advisory lock with its insert (the lock first),
+    the confirmation and the impact's NOTIFY with the outbox insert, the
+    pool's release reset with COMMIT; nothing is sent after it."""
     db, statements = logged
     runner = _runner(db, place_order("p"))
     assert await runner.handle(_frame(PlaceOrder(order_id="warm"))) == Ack("applied")
@@ -107,6 +109,10 @@ async def test_an_applied_reaction_takes_seven_round_trips(
     assert sent[-1].startswith("COMMIT; ") and "RESET ALL" in sent[-1]
     assert sum("pg_advisory_xact_lock" in s for s in sent) == 2
     assert "sample_order" in sent[1] and sent[1].endswith("FOR UPDATE")  # lock + load
+    assert sent[2].startswith('INSERT INTO "sample_order"')  # its lock rode with BEGIN
+    effect = sent[3]
+    assert effect.startswith("WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock($1))")
+    assert 'INSERT INTO "sample_order_effect"' in effect and effect.endswith("FROM l")
     assert await _effects(db, message_id) == 1
     stored = await db.pool.fetchval(
         "SELECT jsonb_array_length(confirmations) FROM service_engine.message_claim "

@@ -19,8 +19,10 @@ A slice declares its table and how a row maps to the aggregate::
 and gets `load`, a batched `read_many` (``WHERE id = ANY($1)``), `lock`
 (``SELECT ... FOR UPDATE``, off with ``lock_rows=False``), `load_locked`
 (the pipeline's load: pin and read in one ``SELECT cols ... FOR UPDATE``),
-`create`, `save` and `delete`. The table's own constraints (unique, foreign key, check) are
-the domain's: a violation rolls the whole command back.
+`create`, `create_locked` (the pipeline's create: its advisory lock and the
+insert in one statement), `save` and `delete`. The table's own constraints
+(unique, foreign key, check) are the domain's: a violation rolls the whole
+command back.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class _StateSql:
     lock: str
     select_locked: str
     insert: str
+    insert_locked: str
     update: str
     delete: str
 
@@ -74,6 +77,7 @@ class _StateSql:
         cols = [quote_ident(c) for c in columns]
         listed = ", ".join(cols)
         values = ", ".join(f"${i}" for i in range(1, len(cols) + 1))
+        shifted = ", ".join(f"${i}" for i in range(2, len(cols) + 2))
         others = [c for c in cols if c != k]
         assign = ", ".join(f"{c} = ${i}" for i, c in enumerate(others, start=2))
         update = (
@@ -86,6 +90,12 @@ class _StateSql:
             lock=f"SELECT 1 FROM {t} WHERE {k} = $1 FOR UPDATE",
             select_locked=f"SELECT {listed} FROM {t} WHERE {k} = $1 FOR UPDATE",
             insert=f"INSERT INTO {t} ({listed}) VALUES ({values})",
+            # The advisory lock ($1) is granted before the row is written: the
+            # insert's one source row is the lock's (materialised) result.
+            insert_locked=(
+                f"WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock($1)) "
+                f"INSERT INTO {t} ({listed}) SELECT {shifted} FROM l"
+            ),
             update=update,
             delete=f"DELETE FROM {t} WHERE {k} = $1",
         )
@@ -120,6 +130,7 @@ class CrudStore(Persistence[A, K]):
         # One statement for lock + load only where both are this class's own
         # (a subclass that overrides either keeps its own pair).
         self._one_statement_load = cls.load is CrudStore.load and cls.lock is CrudStore.lock
+        self._one_statement_create = cls.create is CrudStore.create
 
     @property
     def store_type(self) -> str:
@@ -180,6 +191,25 @@ class CrudStore(Persistence[A, K]):
 
     async def create(self, conn: Conn, aggregate: A) -> None:
         await conn.execute(self._sql.insert, *self._insert_values(aggregate))
+
+    @property
+    def creates_locked(self) -> bool:
+        """Whether `create_locked` is one statement (this class's own `create`;
+        a subclass that overrides it keeps the lock and its own insert apart)."""
+        return self._one_statement_create
+
+    async def create_locked(self, conn: Conn, aggregate: A, lock_key: int) -> None:
+        """Take the transaction advisory lock ``lock_key``, then insert the
+        row, in one statement (``WITH l AS MATERIALIZED (SELECT
+        pg_advisory_xact_lock($1)) INSERT ... SELECT ... FROM l``): the lock
+        is granted (or refused under ``lock_timeout``) before the row is
+        written, in the same transaction. A subclass with its own `create`
+        takes the lock on its own first, then runs that `create`."""
+        if not self._one_statement_create:
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key)
+            await self.create(conn, aggregate)
+            return
+        await conn.execute(self._sql.insert_locked, lock_key, *self._insert_values(aggregate))
 
     async def save(self, conn: Conn, aggregate: A) -> None:
         values = self._values(aggregate)

@@ -226,12 +226,31 @@ class Ops:
         An existing key fails with `ConstraintViolation` (``unique``). Takes
         the advisory lock only: there is no row image to pin (`Persistence.lock`
         pins a row before a load), and the insert itself meets a concurrent
-        writer of the key on its unique index.
+        writer of the key on its unique index. Once the transaction has begun,
+        a `CrudStore`'s lock rides with its insert (`CrudStore.create_locked`,
+        one round trip); the transaction's first statement still takes the
+        lock with BEGIN (and a deferred claim).
         """
         store = store_of(type(aggregate))
-        await self._lock(store, store.key_of(aggregate), pin=False)
-        await self._db(Stage.CREATE, lambda: store.create(self._conn, aggregate))
-        self._offers.aggregate(type(aggregate), store.key_of(aggregate))
+        key = store.key_of(aggregate)
+        identity = self._identity(store, key)
+        if (
+            isinstance(store, CrudStore) and store.creates_locked
+            and identity not in self._locked and self._begin is None and self._claim is None
+            and not self._claimed_before and self._failed is None
+        ):
+            # The lock rides with the insert (granted before the row is
+            # written); a refused lock is LockTimeout at stage create.
+            lock_key = aggregate_lock_key(identity[0], _lockable(key))
+            crud = store
+            await self._db(
+                Stage.CREATE, lambda: crud.create_locked(self._conn, aggregate, lock_key)
+            )
+            self._locked.add(identity)
+        else:
+            await self._lock(store, key, pin=False)
+            await self._db(Stage.CREATE, lambda: store.create(self._conn, aggregate))
+        self._offers.aggregate(type(aggregate), key)
 
     async def save(self, aggregate: Aggregate) -> None:
         """Write the aggregate's new state and its pending events.
