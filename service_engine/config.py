@@ -134,6 +134,13 @@ class EngineConfig(BaseModel):
     execution context (`service_engine.graphql.live_ops`; needs direct
     frames); False runs every subscribe through Strawberry (the same bytes,
     more memory and CPU a session)."""
+    graphql_http_ops: bool = True
+    """A POST of a query or mutation document this pod already ran is
+    executed without Strawberry's per-request machinery, its result rendered
+    by plan, and a JSON POST on the GraphQL path is answered before
+    Starlette's and Strawberry's HTTP layers (`service_engine.graphql.http_ops`);
+    False runs every request through Strawberry's view (the same bytes, more
+    CPU a request)."""
     ws_max_message_bytes: int = 262_144
     """A graphql-transport-ws message past this many bytes closes its socket
     with 1009 (message too big) and reason ``message_too_big``."""

@@ -64,9 +64,9 @@ from graphql import GraphQLError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from strawberry import Schema
 from strawberry.asgi import ASGIWebSocketAdapter, GraphQL
@@ -106,6 +106,7 @@ from ..errors import ConfigError
 from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
 from . import delivery, frames
+from .http_ops import HttpOps, validated
 from .live_ops import LiveOp, LiveOps, per_operation_extensions
 from .ops import DEFAULT_OPS_ROLE, ops_routes
 from .passport import (
@@ -297,6 +298,8 @@ class _RefusalCodes(SchemaExtension):
     def on_validate(self) -> Iterator[None]:
         yield
         self._tag()
+        # A document that passed may be served without Strawberry next time.
+        validated(self.execution_context)
 
     def _tag(self) -> None:
         for error in self.execution_context.pre_execution_errors or ():
@@ -777,6 +780,12 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
             and not per_operation_extensions(served, _DOCUMENT_FIXED),
         )
         """Known-planned live documents, served without Strawberry per operation."""
+        self.http_ops = HttpOps(
+            served,
+            enabled=self.config.graphql_http_ops
+            and not per_operation_extensions(served, _DOCUMENT_FIXED),
+        )
+        """Known query and mutation documents, executed without Strawberry per request."""
         self._subscriptions_here = (
             f"subscriptions are served over graphql-transport-ws on {ws_path}, not over HTTP"
         )
@@ -868,6 +877,101 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
     async def render_graphql_ide(self, request: Request) -> Response:
         return HTMLResponse(self._ide_html)
 
+    @property
+    def lean_http(self) -> bool:
+        """JSON POSTs of known documents are answered by `serve_post`."""
+        return self.http_ops.enabled
+
+    async def serve_post(
+        self, scope: Scope, receive: Receive, send: Send, ordinary: ASGIApp
+    ) -> None:
+        """A POST on the GraphQL path, before Starlette's and Strawberry's
+        HTTP layers: a JSON body (within ``http_max_body_bytes`` by its
+        Content-Length) of a known document (`http_ops`) is answered here,
+        with the principal resolved as `get_context` resolves it and the
+        response Strawberry's view would build; anything else goes to
+        ``ordinary`` (the Starlette app: the body limit, Strawberry's view),
+        with what was read of the body replayed."""
+        declared: int | None = None
+        content_type = b""
+        accept = ""
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = None
+                    break
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"accept":
+                accept = value.decode("latin-1")
+        if (
+            declared is None
+            or declared > self.config.http_max_body_bytes
+            or content_type.split(b";", 1)[0].strip().lower() != b"application/json"
+            or (accept and self._get_stream_transport_from_headers({"accept": accept}))
+        ):
+            await ordinary(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        plan = None
+        try:
+            data = self.decode_json(body)
+        except ValueError:
+            data = None
+        query: object = None
+        variables: object = None
+        if isinstance(data, dict) and data.get("extensions") is None:
+            query, variables = data.get("query"), data.get("variables")
+            if isinstance(query, str) and (variables is None or isinstance(variables, dict)):
+                plan = self.http_ops.known(query, data.get("operationName"))
+        if plan is None or not isinstance(query, str):
+            await ordinary(scope, replay, send)
+            return
+        known_variables = cast(dict[str, Any] | None, variables)
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            request = Request(scope, replay)
+            sub_response = await self.get_sub_response(request)
+            context = await self.get_context(request, sub_response)
+            result = await self.http_ops.execute(plan, query, known_variables, context)
+            response_data = await self.process_result(request=request, result=result)
+            if result.errors:
+                self._handle_errors(result.errors, response_data)
+            response = self.create_response(response_data=response_data, sub_response=sub_response)
+            await response(scope, replay, sending)
+        except Exception:
+            # As Starlette's ServerErrorMiddleware answers the ordinary path.
+            if not started:
+                await PlainTextResponse("Internal Server Error", status_code=500)(
+                    scope, replay, send
+                )
+            raise
+
     async def execute_single(
         self,
         request: Request,
@@ -881,16 +985,28 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         # outside the socket's session bound (and without a stream transport
         # it would be executed as a query against the Subscription root).
         allowed = OperationType.from_http(request_adapter.method) - {OperationType.SUBSCRIPTION}
+        query, name = request_data.query, request_data.operation_name
+        learning: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if request_data.extensions is None and root_value is None:
+            # A document this app already ran is executed without
+            # Strawberry's per-request machinery (http_ops.py).
+            plan = self.http_ops.known(query, name) if isinstance(query, str) else None
+            if plan is not None and plan.operation_type in allowed and isinstance(query, str):
+                return await self.http_ops.execute(
+                    plan, query, request_data.variables, context
+                )
+            learning = self.http_ops.learning(query, name)
         try:
-            return await self.schema.execute(
-                request_data.query,
-                root_value=root_value,
-                variable_values=request_data.variables,
-                context_value=context,
-                operation_name=request_data.operation_name,
-                allowed_operation_types=allowed,
-                operation_extensions=request_data.extensions,
-            )
+            with learning:
+                return await self.schema.execute(
+                    query,
+                    root_value=root_value,
+                    variable_values=request_data.variables,
+                    context_value=context,
+                    operation_name=name,
+                    allowed_operation_types=allowed,
+                    operation_extensions=request_data.extensions,
+                )
         except CannotGetOperationTypeError as e:
             raise HTTPException(400, e.as_http_error_reason()) from e
         except InvalidOperationTypeError as e:
@@ -1005,6 +1121,31 @@ def graphiql_html(
     return page.replace("<head>", "<head>\n    " + status, 1)
 
 
+class _EngineApp(Starlette):
+    """The service's Starlette app; a POST on the GraphQL path goes to the
+    view's lean path first (`_EngineGraphQL.serve_post`)."""
+
+    graphql_path = ""
+    graphql_post: _EngineGraphQL | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        view = self.graphql_post
+        if (
+            view is not None
+            and scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"] == self.graphql_path
+            and not scope.get("root_path")
+        ):
+            scope["app"] = self
+            await view.serve_post(scope, receive, send, self._ordinary)
+            return
+        await super().__call__(scope, receive, send)
+
+    async def _ordinary(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+
+
 def graphql_app(
     engine: Engine,
     schema: BaseSchema,
@@ -1062,7 +1203,7 @@ def graphql_app(
 
     # Route + WebSocketRoute, never Mount: a Mount answers POST /graphql with
     # a 307 to /graphql/ and refuses the WebSocket.
-    app = Starlette(
+    app = _EngineApp(
         routes=[
             Route(path, view, methods=["GET", "POST"]),
             WebSocketRoute(ws_path, view),
@@ -1074,6 +1215,9 @@ def graphql_app(
         middleware=[Middleware(BodyLimit, limit=engine.config.http_max_body_bytes)],
     )
     app.state.graphql_view = view
+    if view.lean_http:
+        app.graphql_path = path
+        app.graphql_post = view
     # What the engine's own socket serves (host.http_config finds it).
     app.state.graphql_wire = view
     return app
