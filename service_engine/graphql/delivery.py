@@ -123,12 +123,17 @@ class SharedPlan:
         one with the same fields was serialised already (its ``revision`` is
         that member's: splice in ``source``'s); None otherwise (build the
         member and `encode` it)."""
-        fields = _identity_fields(member_type)
+        # Per frame of every session: the lookups inlined.
+        fields = _FIELDS.get(member_type, _UNKNOWN)
+        if fields is _UNKNOWN:
+            fields = _identity_fields(member_type)
         if fields is None:
             return None
-        refs = _refs(fields, source)
+        refs = fields(source)
+        if type(refs) is not tuple:
+            refs = (refs,)
         first = refs[0]
-        hit = self._encoded.get((member_type, first if isinstance(first, str) else id(first)))
+        hit = self._encoded.get((member_type, first if type(first) is str else id(first)))
         if hit is None or hit[0] != refs:
             return None
         return hit[1]
@@ -140,6 +145,7 @@ def _refs(fields: Callable[[object], Any], source: object) -> tuple[object, ...]
 
 
 _FIELDS: dict[type[Any], Callable[[object], Any] | None] = {}
+_UNKNOWN: Any = object()
 
 
 def _identity_fields(cls: type[Any]) -> Callable[[object], Any] | None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import inspect
 import logging
 from collections import OrderedDict
@@ -503,7 +504,9 @@ class LiveOp:
             raise RuntimeError(f"live operation {self.id} was started already")
         self._wake = wake
         self._on_done = on_done
-        self._waker = self._woken
+        # The stream calls the owner's wake with this op directly (one call
+        # per put that wakes, from inside the render pass).
+        self._waker = functools.partial(wake, self)
         self._state = _State.ATTACHING
         self._task = asyncio.get_running_loop().create_task(self._start())
 

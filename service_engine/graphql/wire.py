@@ -130,6 +130,14 @@ class WireEndpoint:
         self.live_ops: LiveOps = view.live_ops
         self.pong = _encoded(view.encode_json({"type": "pong"}))
         self.ack = _encoded(view.encode_json({"type": "connection_ack"}))
+        self._drains: _Drains | None = None
+
+    def drains(self, loop: asyncio.AbstractEventLoop) -> _Drains:
+        """The sockets of ``loop`` waiting for their live operations' drain."""
+        drains = self._drains
+        if drains is None or drains.loop is not loop:
+            drains = self._drains = _Drains(loop)
+        return drains
 
     def serves(self, request: Request) -> bool:
         """Whether the upgrade ``request`` is for this endpoint."""
@@ -139,6 +147,36 @@ class WireEndpoint:
         """Serve the upgrade ``request`` that uvicorn's ``protocol`` parsed
         (its transport, parser and server state) on a `WireSocket`."""
         return WireSocket(self, protocol, request)
+
+
+class _Drains:
+    """The sockets whose live operations were woken since the loop last
+    drained them: one loop callback drains them all, in wake order (a
+    render pass's slice wakes many sockets; each then costs its drain and
+    write, not a callback of its own)."""
+
+    __slots__ = ("_sockets", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._sockets: list[WireSocket] | None = None
+
+    def add(self, socket: WireSocket) -> None:
+        sockets = self._sockets
+        if sockets is None:
+            self._sockets = [socket]
+            self.loop.call_soon(self._run)
+        else:
+            sockets.append(socket)
+
+    def _run(self) -> None:
+        sockets, self._sockets = self._sockets, None
+        for socket in sockets or ():
+            try:
+                socket._drain_live()
+            except Exception:
+                # One socket's failure is its own: the others still write.
+                _log.exception("a socket's live operations failed to drain")
 
 
 def _encoded(data: str | bytes) -> bytes:
@@ -713,11 +751,12 @@ class WireSocket(asyncio.Protocol):
 
     def _wake(self, live: LiveOp) -> None:
         # Called from inside the render pass (a put): only schedule. Every
-        # op woken before the next turn drains into one transport.write.
+        # op woken before the next turn drains into one transport.write, and
+        # every socket woken before it in one loop callback (`_Drains`).
         woken = self._woken
         if woken is None:
             self._woken = [live]
-            self.loop.call_soon(self._drain_live)
+            self._endpoint.drains(self.loop).add(self)
         else:
             woken.append(live)
 

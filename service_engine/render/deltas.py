@@ -81,6 +81,27 @@ class Remove:
     cause: Cause | None = None
 
 
+_new = object.__new__
+_SET_UPSERT: tuple[Any, ...] = tuple(
+    getattr(Upsert, name).__set__ for name in ("revision", "key", "view", "cause")
+)
+
+
+def new_upsert(revision: Revision, key: KeyText, view: V, cause: Cause | None = None
+               ) -> Upsert[V]:
+    """``Upsert(revision, key, view, cause)``, built through its slots: a
+    frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``, and a render pass builds one per session per
+    changed key. The same object in every way (equality, hash, repr)."""
+    set_revision, set_key, set_view, set_cause = _SET_UPSERT
+    delta: Upsert[V] = _new(Upsert)
+    set_revision(delta, revision)
+    set_key(delta, key)
+    set_view(delta, view)
+    set_cause(delta, cause)
+    return delta
+
+
 Delta: TypeAlias = Reset[V] | Upsert[V] | Remove
 """One message on a session's wire."""
 

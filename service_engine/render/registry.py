@@ -387,6 +387,16 @@ class RenderRegistry:
                     await applier.apply(conn, principal)
                 yield conn
 
+    @contextlib.asynccontextmanager
+    async def _reading_one(self) -> AsyncIterator[Conn]:
+        """A connection for a read that is one statement (`one_statement`):
+        that statement is its own snapshot, so no transaction (no BEGIN,
+        no COMMIT) and no release reset (`Database.plain`): the acquire and
+        the statement's round trip. Driver errors translate as `_reading`'s."""
+        with translating(Stage.READ):
+            async with self._db.plain() as conn:
+                yield conn
+
     async def _populate(
         self, conn: Conn, rec: AttachedSession, cursor: JsonValue
     ) -> dict[KeyText, JsonValue]:

@@ -49,6 +49,7 @@ from ..db.types import Conn
 from ..impacts.model import Cause, Delivery, JsonValue
 from ..impacts.transport import CHANNEL_OVERFLOW, ImpactChannel
 from ..metrics import Metrics
+from ..persistence.crud import CrudStore
 from .cohort import CohortKey, CohortMismatch, check_cohort, group_by_cohort
 from .cohort_index import index_by_cohort, memberships_of, relevant_keys, visible_keys
 from .deltas import Delta, KeyText, Reset
@@ -67,10 +68,11 @@ __all__ = ["BEHIND_SECONDS", "SLICE_SECONDS", "SLICE_SESSIONS", "RenderRuntime"]
 
 _log = logging.getLogger(__name__)
 
-SLICE_SESSIONS = 4
+SLICE_SESSIONS = 16
 """Sessions given deltas per slice of a pass: each wakes a subscriber whose
-frame write costs far more than its render, so this bounds the work the
-loop runs before it polls sockets again."""
+frame write runs when the slice yields, so this bounds the work the loop
+runs before it polls sockets again (with ``SLICE_SECONDS``); each yield
+costs a loop turn (a poll of every socket), so a slice is not one session."""
 SLICE_SECONDS = 0.001
 """A slice's own time bound (sessions rendered with nothing to send)."""
 BEHIND_SECONDS = 0.025
@@ -428,7 +430,15 @@ class RenderRuntime(RenderRegistry):
         applier = members[0].applier if members else None
         planned: list[tuple[AttachedSession, RenderPlan | None]] = []
         union: dict[KeyText, JsonValue] = {}
-        async with self._reading(batch.proj, principal, applier) as conn:
+        dirties = batch.dirties
+        if _one_statement_read(batch.proj) and not any(
+            rec.session.needs_populate(dirties[rec.session]) for rec in members
+        ):
+            # The pass's whole read is the one read_many: its own snapshot.
+            reading = self._reading_one()
+        else:
+            reading = self._reading(batch.proj, principal, applier)
+        async with reading as conn:
             for rec in members:
                 member_plan = await self._plan_member(conn, rec, batch.dirties[rec.session], tally)
                 if member_plan is not None:
@@ -565,7 +575,8 @@ class RenderRuntime(RenderRegistry):
         tally: PassTally,
     ) -> None:
         stream = rec.stream
-        collapsed = stream.collapsed
+        backlog = stream._backlog
+        collapsed = backlog.collapsed
         put = stream.put
         tally.sessions += 1
         tally.deltas += len(deltas)
@@ -580,7 +591,8 @@ class RenderRuntime(RenderRegistry):
                 # More keys changed than the reset threshold: one Reset instead.
                 tally.resets += 1
                 self.count_reset(rec.projector.NAME, "threshold")
-        tally.collapsed += stream.collapsed - collapsed
+        if backlog.collapsed != collapsed:
+            tally.collapsed += backlog.collapsed - collapsed
 
     # -- 6. report --------------------------------------------------------------------
 
@@ -613,6 +625,16 @@ class RenderRuntime(RenderRegistry):
                 self.detach(session.id, reason)
             elif session.state.value == "repair_pending" and not session.snapshotting:
                 await self._snapshot(rec, tally=None)
+
+
+def _one_statement_read(proj: Projector[Any, Any, Any, Any]) -> bool:
+    """Whether a pass's load for ``proj`` is one statement when no member
+    populates: no RLS setting to apply first, and the store's ``read_many``
+    is `CrudStore`'s one batched query (a store of its own may issue
+    several, which must share one snapshot)."""
+    store = proj.STORE
+    return (not proj.RLS and isinstance(store, CrudStore)
+            and type(store).read_many is CrudStore.read_many)
 
 
 def _cohort_mismatch(

@@ -50,7 +50,7 @@ from typing import Any, Generic, NewType, TypeVar
 from ..errors import AttachError, ConfigError, EngineError
 from ..impacts.model import Cause, JsonValue
 from .cohort import CohortKey
-from .deltas import Delta, KeyText, Remove, Reset, Revision, Upsert
+from .deltas import Delta, KeyText, Remove, Reset, Revision, Upsert, new_upsert
 from .interest import Dirty
 from .membership import Membership, RenderPlan
 from .paging import (
@@ -385,7 +385,7 @@ class Session(Generic[P, V]):
             view = get(key, _MISSING)
             if view is not _MISSING:
                 rev += 1
-                out.append(Upsert(rev, key, view, cause))
+                out.append(new_upsert(rev, key, view, cause))
                 last[key] = view
             elif key in last:
                 rev += 1
@@ -407,7 +407,7 @@ class Session(Generic[P, V]):
             if old is view or (old is not _MISSING and old == view):
                 continue
             rev += 1
-            out.append(Upsert(rev, key, view))
+            out.append(new_upsert(rev, key, view))
             last[key] = view
         leaving = plan.leaving
         if leaving:

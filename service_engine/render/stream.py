@@ -75,14 +75,18 @@ class Backlog(Generic[V]):
     the reader will never see because a later one carries their effect.
     """
 
-    __slots__ = ("_entries", "_latest", "_live", "behind", "collapsed", "taken")
+    __slots__ = ("_entries", "_latest", "_live", "_one", "behind", "collapsed", "taken")
 
     def __init__(self, behind: int = BEHIND) -> None:
         self.behind = behind
         # None while nothing waits (most of a session's life): an empty deque
         # holds a 64-slot block (~0.6 KB a session), an emptied dict its table.
         self._entries: collections.deque[_Entry] | None = None
-        self._latest: dict[KeyText, _Entry] = {}
+        self._latest: dict[KeyText, _Entry] | None = None
+        self._one: Delta[V] | None = None
+        """The only untaken delta, while it is alone (a subscriber that keeps
+        up: one delta waits between a put and its take): no entry, no
+        deque, no index. A second put moves it into the entries first."""
         self._live = 0
         self.collapsed = 0
         self.taken: Revision = 0
@@ -95,12 +99,32 @@ class Backlog(Generic[V]):
         """Drop every untaken delta; return how many."""
         dropped = self._live
         self._entries = None
-        self._latest = {}
+        self._latest = None
+        self._one = None
         self._live = 0
         return dropped
 
     def put(self, delta: Delta[V]) -> None:
+        if not self._live:
+            # Nothing waits (nothing untaken: no entry to collapse into).
+            self._entries = None
+            self._latest = None
+            self._one = delta
+            self._live = 1
+            return
+        one = self._one
+        if one is not None:
+            # A second delta waits: the first becomes an entry, as if it
+            # had been put on the entries (it was alone: nothing collapsed).
+            self._one = None
+            self._live = 0
+            self._put(one)
+        self._put(delta)
+
+    def _put(self, delta: Delta[V]) -> None:
         latest = self._latest
+        if latest is None:
+            latest = self._latest = {}
         if type(delta) is Reset:
             if self._live >= self.behind:
                 # Behind: the Reset carries the whole window; nothing before it matters.
@@ -136,10 +160,12 @@ class Backlog(Generic[V]):
             self._live -= 1
             self.collapsed += 2
             prior = last.prior
+            latest = self._latest
+            assert latest is not None
             if prior is not None and not prior.taken and prior.delta is not None:
-                self._latest[last.key] = prior  # type: ignore[index]
+                latest[last.key] = prior  # type: ignore[index]
             else:
-                del self._latest[last.key]  # type: ignore[arg-type]
+                del latest[last.key]  # type: ignore[arg-type]
             return True
         return False  # whether the reader holds the key is unknown: both go
 
@@ -152,6 +178,22 @@ class Backlog(Generic[V]):
 
     def take(self) -> Delta[V] | None:
         """The next delta, numbered one past the last taken; None when empty."""
+        delta = self.take_raw()
+        if delta is None:
+            return None
+        taken = self.taken
+        return delta if delta.revision == taken else renumbered(delta, taken)
+
+    def take_raw(self) -> Delta[V] | None:
+        """The next delta as it was put: its revision is ``taken`` (one past
+        the last taken), whatever it carries; None when empty. For a reader
+        that splices the revision into its own message (no renumbered copy)."""
+        one = self._one
+        if one is not None:
+            self._one = None
+            self._live = 0
+            self.taken += 1
+            return one
         entries = self._entries
         if entries is None:
             return None
@@ -164,15 +206,15 @@ class Backlog(Generic[V]):
             self._live -= 1
             key = entry.key
             latest = self._latest
-            if key is not None and latest.get(key) is entry:
+            if key is not None and latest is not None and latest.get(key) is entry:
                 del latest[key]
             if not entries:
                 self._entries = None
                 if not latest:
-                    self._latest = {}
+                    self._latest = None
             self.taken += 1
             out: Delta[V] = delta
-            return out if out.revision == self.taken else renumbered(out, self.taken)
+            return out
         self._entries = None
         return None
 
@@ -192,6 +234,11 @@ class SessionStream(Generic[V]):
     and nobody awaits, and the subscriber takes with `get_nowait`.
     """
 
+    __slots__ = (
+        "_backlog", "_end", "_getters", "_on_close", "_resyncing", "_waker", "_woken",
+        "capacity", "end_reason", "id", "last_seen", "waiting",
+    )
+
     def __init__(
         self, session_id: SessionId, capacity: int, on_close: Callable[[], None],
         *, behind: int = BEHIND,
@@ -201,7 +248,9 @@ class SessionStream(Generic[V]):
         self._backlog: Backlog[V] = Backlog(min(behind, capacity))
         self._end: _End | None = None
         self._resyncing = False
-        self._getters: list[asyncio.Future[None]] = []
+        self._getters: list[asyncio.Future[None]] | None = None
+        """Those awaiting `next` (None while none does: a callback-mode
+        subscriber never has one)."""
         self._on_close = on_close
         self._waker: Callable[[], None] | None = None
         self._woken = False
@@ -236,13 +285,19 @@ class SessionStream(Generic[V]):
             self._resyncing = True
             return False
         backlog.put(delta)
-        self._wake()
+        if self._getters:
+            self._wake()
+        elif not self._woken:
+            waker = self._waker
+            if waker is not None:
+                self._woken = True
+                waker()
         return True
 
     def _wake(self) -> None:
         getters = self._getters
         if getters:
-            self._getters = []
+            self._getters = None
             for getter in getters:
                 if not getter.done():
                     getter.set_result(None)
@@ -307,12 +362,18 @@ class SessionStream(Generic[V]):
                     self.end_reason = self._end.reason
                     raise SessionEnded(self._end.reason)
                 getter = asyncio.get_running_loop().create_future()
-                self._getters.append(getter)
+                if self._getters is None:
+                    self._getters = [getter]
+                else:
+                    self._getters.append(getter)
                 try:
                     await getter
                 finally:
-                    if getter in self._getters:
-                        self._getters.remove(getter)
+                    getters = self._getters
+                    if getters is not None and getter in getters:
+                        getters.remove(getter)
+                        if not getters:
+                            self._getters = None
         finally:
             self.waiting -= 1
             self.last_seen = time.monotonic()
