@@ -313,20 +313,27 @@ class HttpOps:
     ) -> ExecutionResult:
         """``plan``'s document executed for ``context`` with ``variables``:
         the result Strawberry's ``Schema.execute`` would give."""
-        built = self._executor_class.build(
-            self._gschema, plan.document, None, context, variables, plan.operation_name,
-            max_coercion_errors=MAX_COERCION_ERRORS,
-            is_awaitable=optimized_is_awaitable,
-            operation_extensions=None,
-        )
-        if isinstance(built, list):
-            data, errors = None, built
-        else:
-            built.planned = plan.renders
-            result = built.execute_operation()
-            if optimized_is_awaitable(result):
-                result = await result
-            data, errors = result.data, result.errors
+        data: dict[str, Any] | None
+        errors: list[GraphQLError] | None
+        try:
+            built = self._executor_class.build(
+                self._gschema, plan.document, None, context, variables, plan.operation_name,
+                max_coercion_errors=MAX_COERCION_ERRORS,
+                is_awaitable=optimized_is_awaitable,
+                operation_extensions=None,
+            )
+            if isinstance(built, list):
+                data, errors = None, built
+            else:
+                built.planned = plan.renders
+                result = built.execute_operation()
+                if optimized_is_awaitable(result):
+                    result = await result
+                data, errors = result.data, result.errors
+        except Exception as error:  # as Schema.execute answers it
+            data = None
+            errors = [error if isinstance(error, GraphQLError)
+                      else GraphQLError(str(error), original_error=error)]
         if errors:
             self._process_errors(errors, plan, query, variables, context)
         return ExecutionResult(data=data, errors=errors)
