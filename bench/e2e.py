@@ -28,7 +28,11 @@ by side; ``--env`` passes ``SERVICE_ENGINE_*`` settings to the service (e.g.
 ``SERVICE_ENGINE_GC_TUNED=false``); ``--compare-env`` adds a variant with
 that setting beside the default; ``--pods 1,2`` runs every variant with 1
 and with 2 pods behind the one port (``cpu/deliv`` sums the pods); ``--py-spy``
-records the service (its first pod).
+records the service (its first pod). ``--loop-watch MS`` switches the pod's
+debug loop watch on (``SERVICE_ENGINE_DEBUG_LOOP_WATCH``,
+`service_engine.loopwatch`) and prints, per cell, what held the loop for MS
+or more (long iterations by kind, collections by generation) and the
+delivery timeline (COMMIT -> NOTIFY -> render pass -> last frame written).
 """
 
 from __future__ import annotations
@@ -238,6 +242,59 @@ async def open_many(addr: str, count: int, orgs: list[str], prefix: str,
     return subscribers
 
 
+def watch_file(pid: int) -> Path:
+    """`service_engine.loopwatch.dump_path` (the bench runs older trees too)."""
+    return Path(tempfile.gettempdir()) / f"service-engine-loopwatch-{pid}.json"
+
+
+async def watch_dump(svc: Service) -> dict[str, Any] | None:
+    """Ask the first pod's loop watch for what it recorded since the last ask."""
+    pid = svc.pids[0]
+    path = watch_file(pid)
+    before = path.stat().st_mtime_ns if path.exists() else 0
+    os.kill(pid, signal.SIGUSR2)
+    for _ in range(200):
+        await asyncio.sleep(0.05)
+        if path.exists() and path.stat().st_mtime_ns != before:
+            loaded: dict[str, Any] = json.loads(path.read_text())
+            return loaded
+    return None
+
+
+def print_watch(name: str, w: dict[str, Any]) -> None:
+    def span(key: str) -> str:
+        s = w[key]
+        return f"{s['p50_ms']:.1f}/{s['p99_ms']:.1f}/{s['max_ms']:.1f}"
+
+    long = w["long_iterations"]
+    print(f"  loop watch {name}: {w['seconds']} s, {w['iterations']} iterations, busy "
+          f"{w['busy_ms']:.0f} ms (cpu {w['cpu_ms']:.0f}); iteration busy p50/p99/max {span('iteration_busy')} ms; "
+          f">= {w['threshold_ms']:g} ms: {long['count']} iterations, {long['total_ms']:.0f} ms")
+    for kind in long["kinds"][:8]:
+        print(f"    long: {kind['count']:4} x {kind['kind'][:90]} total {kind['total_ms']:.0f} "
+              f"(cpu {kind['cpu_ms']:.0f}) max {kind['max_ms']:.0f} (cpu {kind['max_cpu_ms']:.0f}) "
+              f"gc {kind['gc_ms']:.0f}")
+    for kind in w["slow_callbacks"][:8]:
+        where = "; ".join(f"{k} x{v}" for k, v in list(kind["where"].items())[:2])
+        print(f"    slow callback: {kind['count']:4} x {kind['kind'][:60]} total "
+              f"{kind['total_ms']:.0f} (cpu {kind['cpu_ms']:.0f}) max {kind['max_ms']:.0f} "
+              f"(cpu {kind['max_cpu_ms']:.0f}) gc {kind['gc_ms']:.0f} {where[:150]}")
+    for kind in w.get("long_cpu_iterations", [])[:6]:
+        print(f"    long by cpu: {kind['count']:4} x {kind['kind'][:90]} cpu {kind['cpu_ms']:.0f} "
+              f"max cpu {kind['max_cpu_ms']:.0f} gc {kind['gc_ms']:.0f}")
+    for kind in w.get("slow_cpu_callbacks", [])[:6]:
+        where = "; ".join(f"{k} x{v}" for k, v in list(kind["where"].items())[:2])
+        print(f"    slow by cpu: {kind['count']:4} x {kind['kind'][:60]} cpu {kind['cpu_ms']:.0f} "
+              f"max cpu {kind['max_cpu_ms']:.0f} gc {kind['gc_ms']:.0f} {where[:150]}")
+    gcs = ", ".join(f"gen{g} {v['n']} x p99 {v['p99_ms']:.1f} max {v['max_ms']:.1f} "
+                    f"(total {v['total_ms']:.0f}, cpu {v['cpu_ms']:.0f}, {v['long']} long, "
+                    f"young max {v['young_max']})" for g, v in w["gc"].items())
+    print(f"    gc {tuple(w.get('gc_thresholds', ()))}: {gcs}")
+    print(f"    p50/p99/max ms: timer lag {span('timer_lag')}; commit->notify "
+          f"{span('commit_to_notify')}; notify->pass {span('notify_to_pass')}; pass "
+          f"{span('pass_duration')}; pass->last write {span('pass_to_last_write')}")
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -246,7 +303,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
-               seconds: float) -> dict[str, Any]:
+               seconds: float, watch: bool = False) -> dict[str, Any]:
     orgs = [f"{name}o{j}" for j in range(n_orgs)]
     sent: dict[int, float] = {}
     async with httpx.AsyncClient(base_url=f"http://{svc.addr}", timeout=60,
@@ -285,6 +342,8 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
             acks.append(time.perf_counter() - t0)
             failed += not ok
 
+        if watch:
+            await watch_dump(svc)  # what ran before the writes: discarded
         cpu0 = svc.cpu()
         tasks = []
         total = int(rate * seconds)
@@ -320,6 +379,7 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
                 break  # every subscriber holds the latest state: the rest collapsed
             await asyncio.sleep(0.2)
         cpu = svc.cpu() - cpu0
+        watched = await watch_dump(svc) if watch else None
         settled = max((s.last_at for s in subscribers), default=writes_done) - writes_done
         n_converged = converged()
         resets = sum(s.resets for s in subscribers)
@@ -336,6 +396,7 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
         "failed": failed, "cpu_us": cpu / max(1, delivered) * 1e6,
         "deliv_per_s": delivered / max(1e-9, max((s.last_at for s in subscribers),
                                                    default=begin + seconds) - begin),
+        "watch": watched,
     }
 
 
@@ -366,6 +427,8 @@ async def run(args: argparse.Namespace) -> None:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     base = dict(kv.split("=", 1) for kv in args.env)
+    if args.loop_watch:
+        base["SERVICE_ENGINE_DEBUG_LOOP_WATCH"] = str(args.loop_watch)
     variants = ([("plan off", {**base, "SERVICE_ENGINE_GRAPHQL_DELIVERY_PLAN": "false"}),
                  ("plan on", base)] if args.compare_plan else [("engine", base)])
     for kv in args.compare_env:  # each setting beside the default, in one run
@@ -392,8 +455,12 @@ async def run(args: argparse.Namespace) -> None:
                                        stderr=subprocess.DEVNULL)
             rows[label] = []
             for n, (subs, orgs, rate) in enumerate(cells):
-                rows[label].append(await cell(svc, f"c{n}", int(subs), int(orgs), rate, args.seconds))
+                rows[label].append(await cell(svc, f"c{n}", int(subs), int(orgs), rate, args.seconds,
+                                              watch=bool(args.loop_watch)))
+                watched = rows[label][-1].pop("watch")
                 print(label, rows[label][-1], flush=True)
+                if watched is not None:
+                    print_watch(f"{label} {rows[label][-1]['cell']}", watched)
             idles[label] = []
             for count in [int(x) for x in args.idle.split(",") if x]:
                 idles[label].append(await idle(svc, count, min(args.seconds, 4)))
@@ -436,6 +503,8 @@ def main() -> None:
                              "(e.g. SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES=false)")
     parser.add_argument("--env", action="append", default=[])
     parser.add_argument("--py-spy", default="", help="record the service with py-spy to FILE.<variant>.txt")
+    parser.add_argument("--loop-watch", type=float, default=0, metavar="MS",
+                        help="the pod's debug loop watch: what held the loop for MS or more, per cell")
     asyncio.run(run(parser.parse_args()))
 
 

@@ -298,7 +298,10 @@ def _describe(exc: ValidationError) -> str:
     return "invalid EngineConfig: " + " | ".join(_problems(exc))
 
 
-NON_FIELD_VARIABLES = frozenset({"LOG_FORMAT"})  # service_engine.logs
+NON_FIELD_VARIABLES = frozenset({
+    "LOG_FORMAT",  # service_engine.logs
+    "DEBUG_LOOP_WATCH", "DEBUG_GC_THRESHOLDS",  # service_engine.loopwatch (debug only)
+})
 """``SERVICE_ENGINE_*`` variables that are not `EngineConfig` fields."""
 
 

@@ -53,6 +53,7 @@ from .lanes.presence import (
 )
 from .lanes.presence_lane import PresenceHandle, PresenceLanes
 from .leader import LeaderLease
+from .loopwatch import LoopWatch
 from .memory import ReleaseAfterClose, release_free_memory
 from .messaging.dead_letters import DeadLetters, DeadLetterSource
 from .messaging.nats import Nats
@@ -86,6 +87,9 @@ ENGINE_VERSION = "0.1.0"
 REASON_NOT_RUNNING = "not_running"
 REASON_INBOUND_BOOT = "inbound_boot"
 DEAD_LETTER_GAUGE_EVERY = 5.0
+LOOP_LAG_INTERVAL = 0.05
+"""How often the loop-lag worker asks for a wake (20 a second): each wake's
+lateness is one ``service_engine_loop_lag_seconds`` observation."""
 """The most seconds between reads of the dead letters waiting (a GROUP BY per pod)."""
 
 _log = logging.getLogger(__name__)
@@ -224,6 +228,7 @@ class Engine:
         engine._supervisor.add("beat", engine._beat)
         engine._supervisor.add("listener", engine.transport.run)
         engine._supervisor.add("render", engine.render.run)
+        engine._supervisor.add("loop_lag", engine._watch_loop_lag)
         if engine.nats_health is not None:
             engine._supervisor.add("nats_health", engine.nats_health.run)
             engine._supervisor.add("lane_notices", engine._lane_notices)
@@ -624,6 +629,7 @@ class Engine:
         if self._running:
             raise EngineError("Engine.run() was already started")
         self._running = True
+        watch: LoopWatch | None = None
         try:
             if self._reactions:
                 await self._start_inbound()
@@ -637,6 +643,9 @@ class Engine:
             self._start_scope_handshake()
             if self.lanes.registered:
                 await self._start_lanes()
+            watch = LoopWatch.from_env()  # debug only: off unless switched on
+            if watch is not None:
+                watch.start(asyncio.get_running_loop())
             self.readiness.clear(REASON_NOT_RUNNING)
             try:
                 await self._supervisor.run()
@@ -645,6 +654,8 @@ class Engine:
                     raise exc.__cause__ from None  # Identity's refusal is the failure
                 raise
         finally:
+            if watch is not None:
+                watch.stop()
             if self.outbox is not None:
                 # Hand the relay's lease over now rather than at its expiry.
                 await self.outbox.aclose()
@@ -762,6 +773,17 @@ class Engine:
                     self.readiness.clear(reason)
             await asyncio.sleep(interval)
 
+    async def _watch_loop_lag(self) -> None:
+        """``service_engine_loop_lag_seconds``: every `LOOP_LAG_INTERVAL`,
+        how late the wake ran past its deadline (a callback or a collection
+        holding the loop shows here as the time every write, NOTIFY and
+        frame due meanwhile waited)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + LOOP_LAG_INTERVAL
+            await asyncio.sleep(LOOP_LAG_INTERVAL)
+            self.metrics.observe_loop_lag(max(0.0, loop.time() - due))
+
     async def _outbox_beat(self) -> None:
         assert self.outbox is not None
         async with self._outbox_pass:
@@ -803,10 +825,12 @@ class Engine:
         live = len(self.render.sessions)
         if self._release.observe(live):
             started = time.perf_counter()
+            closed = self.db.close_idle_connections()  # the burst's, and its statements
             released = release_free_memory()
             if released:
                 self.metrics.add_memory_release()
-            _log.info("sessions fell to %d: free memory %s in %.1f ms", live,
+            _log.info("sessions fell to %d: %d idle pool connections closed, free memory %s"
+                      " in %.1f ms", live, closed,
                       "released" if released else "not releasable here",
                       (time.perf_counter() - started) * 1e3)
 

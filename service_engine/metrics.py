@@ -25,7 +25,9 @@ alerts over them; keep the names in step):
 * ``service_engine_offer_publish_failures_total{offer}``: offer keys whose
   ``publish`` raised in a drain pass (each stays dirty and is retried);
 * ``service_engine_memory_releases_total``: free heap pages handed back to
-  the OS after many sessions closed (`service_engine.memory`).
+  the OS after many sessions closed (`service_engine.memory`);
+* ``service_engine_loop_lag_seconds``: a histogram of how late the event
+  loop ran a wake scheduled 50 ms ahead (the engine's ``loop_lag`` worker).
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ RENDER_PASS_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 """Render pass histogram boundaries, in seconds."""
+
+LOOP_LAG_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)
+"""Loop lag histogram boundaries, in seconds (15 ms: issue 11's p99 target)."""
 
 
 class Metrics:
@@ -142,6 +149,17 @@ class Metrics:
             "service_engine_memory_releases",
             description="Free heap pages handed back to the OS after many sessions closed",
         )
+
+        self.loop_lag = meter.create_histogram(
+            "service_engine_loop_lag",
+            unit="s",
+            description="How late the event loop ran a scheduled wake, in seconds",
+            explicit_bucket_boundaries_advisory=list(LOOP_LAG_BUCKETS),
+        )
+
+    def observe_loop_lag(self, seconds: float) -> None:
+        """Record how late one scheduled wake ran."""
+        self.loop_lag.record(seconds, self.labels)
 
     def add_memory_release(self) -> None:
         """Count one release of free memory (`service_engine.memory`)."""
