@@ -38,13 +38,16 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-GC_THRESHOLDS = (50_000, 20, 100)
+GC_THRESHOLDS = (1_000, 10, 100)
 """The collector's thresholds on a tuned pod (Python's are 700, 10, 10): a
-young collection every 50,000 net allocations instead of 700, and a full
-one at most every 100 middle ones. A pod allocates in bursts (a render
-frame, a socket's messages) whose objects mostly die young; each full
-collection walks the whole live heap (every session's window), which is
-what made the long delivery tails."""
+full collection (the whole live heap, every session's window: 100-150 ms
+of CPU at 1,000 sessions) at most every 100 middle ones instead of 10. The
+young thresholds stay small because a collection's cost is the objects it
+walks (~1 µs each, measured by `service_engine.loopwatch`), and the count
+is of *net* allocations, i.e. young objects still alive: at 50,000 one young
+collection took 41-53 ms of CPU, and every middle one (20 of those, ~1M
+objects) would take a second. At 1,000 / 10 a young one costs ~1 ms and a
+middle one ~5 ms (bench/README.md, "Tails")."""
 
 
 def tune_gc() -> None:
