@@ -87,3 +87,73 @@ async def test_closing_every_session_returns_the_render_side_to_its_boot_size(
         (upsert,) = await take(survivor, 1)
         assert isinstance(upsert, Upsert) and upsert.view == ("acme", 1, "uno")
         assert engine.render.last_report.sessions == 1
+
+
+BURST = "SELECT pg_backend_pid() + $1::int * 0"
+"""The statement the burst prepares on every connection it uses."""
+
+
+async def _backends(db: Database) -> set[int]:
+    """The server's backends of this test's database other than the asking one."""
+    conn = await db.connect_dedicated()
+    try:
+        rows = await conn.fetch(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    finally:
+        await conn.close()
+    return {row["pid"] for row in rows}
+
+
+async def test_closing_idle_connections_leaves_no_connection_or_statement_of_a_burst(
+    db: Database,
+) -> None:
+    """A burst of concurrent work opens pool connections past the floor and prepares
+    statements on them; `Database.close_idle_connections` closes every idle
+    connection above the pool's floor (the server sees none of the burst's sessions
+    afterwards, so none of its prepared statements), leaves the one in use alone and
+    keeps the oldest as the floor; a connection opened later prepares its statements
+    anew. A release arms no timer (no idle-connection expiry per release)."""
+    loop = asyncio.get_running_loop()
+    held = await db.pool.acquire()
+    try:
+        held_pid = await held.fetchval("SELECT pg_backend_pid()")
+        gate = asyncio.Event()
+
+        async def burst(i: int) -> int:
+            async with db.pool.acquire() as conn:
+                await gate.wait()  # every one holds its connection at once
+                pid: int = await conn.fetchval(BURST, i)
+                return pid
+
+        tasks = [asyncio.create_task(burst(i)) for i in range(8)]
+        await wait_until(lambda: db.pool.get_idle_size() == 0 and db.pool.get_size() >= 9,
+                         what="the burst holding its connections")
+        gate.set()
+        burst_pids = set(await asyncio.gather(*tasks))
+        assert len(burst_pids) == 8 and held_pid not in burst_pids
+
+        scheduled = len(loop._scheduled)  # type: ignore[attr-defined]
+        for _ in range(50):
+            async with db.pool.acquire() as conn:
+                await conn.fetchval("SELECT 1")
+        assert len(loop._scheduled) <= scheduled  # type: ignore[attr-defined]
+
+        closed = db.close_idle_connections()
+        assert closed == 8
+        assert db.pool.get_min_size() == 1 and db.pool.get_size() == 1  # the one in use
+        assert await _backends(db) == {held_pid}
+
+        async with db.pool.acquire() as conn:
+            # A fresh session: the burst's statement is not prepared on it, then is anew.
+            assert await conn.fetchval(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement = $1", BURST) == 0
+            assert await conn.fetchval(BURST, 1) not in burst_pids
+            assert await conn.fetchval(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement = $1", BURST) == 1
+        assert await held.fetchval("SELECT 2") == 2  # the connection in use kept serving
+    finally:
+        await db.pool.release(held)
+    # Both idle now: the floor keeps the oldest (the one held), the later one closes.
+    assert db.pool.get_size() == 2 and db.close_idle_connections() == 1
+    assert db.pool.get_size() == 1 and await _backends(db) == {held_pid}

@@ -13,6 +13,7 @@ ends cleanly: there is nothing for the reset to undo.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from collections.abc import AsyncIterator, Collection
 from typing import Any
@@ -34,6 +35,9 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+_OPENED = itertools.count()
+
+
 class PooledConnection(asyncpg.Connection):
     """A pool connection whose release reset may already have been sent.
 
@@ -43,11 +47,12 @@ class PooledConnection(asyncpg.Connection):
     read) leaves it unmarked and is reset as asyncpg always does.
     """
 
-    __slots__ = ("_session_reset",)
+    __slots__ = ("_session_reset", "opened")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._session_reset = False
+        self.opened = next(_OPENED)  # the order this process opened them in
 
     def _mark_session_reset(self) -> None:
         self._session_reset = True
@@ -128,6 +133,27 @@ class Database(AsyncResource):
             rows: list[Any] = await conn.fetch(query, *args)
             return rows
 
+    def close_idle_connections(self) -> int:
+        """Close the pool's idle connections above its floor (``min_size``),
+        keeping the oldest; how many were closed.
+
+        For a pod gone idle after a burst (`ReleaseAfterClose`): the
+        connections the burst opened, with the statements it prepared on
+        them (asyncpg's per-connection cache), stay in the heap among the
+        burst's freed memory and keep its pages mapped; closed, they free
+        them. The floor kept is the connections opened first (before the
+        burst, their statements prepared then): nothing is reopened. A
+        connection in use is left alone.
+        """
+        pool: Any = self.pool  # asyncpg keeps its holders private: no public walk
+        every: list[Any] = pool._holders
+        holders = [h for h in every if h.is_connected() and h.is_idle()]
+        holders.sort(key=lambda h: getattr(h._con, "opened", 0))
+        keep = max(0, self.pool.get_min_size() - (self.pool.get_size() - len(holders)))
+        for holder in holders[keep:]:
+            holder.terminate()
+        return len(holders[keep:])
+
     async def aclose(self) -> None:
         await self.pool.close()
 
@@ -154,6 +180,14 @@ async def connect_pool(
         # somewhere else, unchecked.
         raise DatabaseUrlRefused("host_override", f"connection keywords {overrides} are refused")
     pool_options.setdefault("connection_class", PooledConnection)
+    # No timer per connection release (asyncpg's idle-connection expiry,
+    # re-armed on every release and left cancelled in the loop's heap for
+    # 300 s) and no re-preparing of every cached statement each 300 s:
+    # connections above the floor are closed when the pod goes idle
+    # (`Database.close_idle_connections`), statements leave the cache by
+    # its size bound (``statement_cache_size``).
+    pool_options.setdefault("max_inactive_connection_lifetime", 0)
+    pool_options.setdefault("max_cached_statement_lifetime", 0)
     pool_options.setdefault("reset", _reset_on_release)
     pool = await asyncpg.create_pool(
         url, min_size=min_size, max_size=max_size, init=_init_connection, **pool_options
