@@ -2,6 +2,7 @@
 
     python bench/mutation.py [--count 400] [--rounds 3] [--subscribers 1] [--board]
                              [--variant NAME=REPO[:EXTRA_PATH...]] ... [--py-spy FILE]
+                             [--in-process] [--profile FILE]
 
 The reference service (``python -m example_service`` on its embedded
 Postgres + NATS) runs in a child process per variant, from ``REPO`` (its
@@ -168,6 +169,91 @@ async def round_of(variant: Variant, http: httpx.AsyncClient, count: int, docume
 HERE = Path(__file__).resolve().parents[1]
 
 
+async def pipeline_child(count: int, rounds: int, profile: str) -> None:
+    """The in-process measurement (run as a child by `in_process`): prints
+    one JSON row per round."""
+    import cProfile
+
+    from example_service.kernel import Principal
+    from example_service.slices.board.commands import create_board, rename_board
+    from service_engine import EngineConfig, MutationExecutor, connect_pool
+    from service_engine.db import service_migrations
+    from service_engine.embedded import EmbeddedPostgres, provision_database
+    from service_engine.metrics import Metrics
+
+    writer = Principal(id="writer", actor="writer", org=ORG, roles=frozenset({"board:archive"}))
+    with tempfile.TemporaryDirectory(prefix="mutation-inproc-") as tmp:
+        pg = EmbeddedPostgres(Path(tmp))
+        await asyncio.to_thread(pg.start)
+        try:
+            provisioned = await provision_database(
+                pg, "bench",
+                extra_migrations=service_migrations(Path.cwd() / "example_service/migrations"))
+            db = await connect_pool(provisioned.app_url, min_size=4, max_size=4)
+            metrics = Metrics("example", "bench")
+            executor = MutationExecutor(db, EngineConfig(service="example"), metrics)
+            try:
+                for b in range(BOARDS):
+                    await executor.execute(writer, create_board, f"start {b}", f"b-{b}")
+                seq = 0
+
+                async def round_() -> dict[str, float]:
+                    nonlocal seq
+                    answers: list[float] = []
+                    cpu0 = time.process_time()
+                    for _ in range(count):
+                        seq += 1
+                        began = time.perf_counter()
+                        outcome = await executor.execute(
+                            writer, rename_board, f"b-{seq % BOARDS}", f"w{seq}")
+                        answers.append(time.perf_counter() - began)
+                        assert outcome is None, outcome
+                    cpu = time.process_time() - cpu0
+                    return {"p50": pct(answers, 0.5) * 1000, "p99": pct(answers, 0.99) * 1000,
+                            "own_us": cpu / count * 1e6}
+
+                await round_()  # warm-up
+                for _ in range(rounds):
+                    print(json.dumps(await round_()), flush=True)
+                if profile:
+                    profiler = cProfile.Profile()
+                    profiler.enable()
+                    await round_()
+                    profiler.disable()
+                    profiler.dump_stats(profile)
+            finally:
+                await db.aclose()
+                metrics.shutdown()
+        finally:
+            await asyncio.to_thread(pg.stop)
+
+
+def in_process(args: argparse.Namespace, variants: list[Variant]) -> None:
+    """Each variant's child one round at a time, round-robin."""
+    rows: dict[str, list[dict[str, float]]] = {v.name: [] for v in variants}
+    for r in range(args.rounds):
+        for variant in variants:
+            env = {**os.environ,
+                   "PYTHONPATH": os.pathsep.join([str(variant.repo), *variant.path])}
+            profile = (f"{args.profile}.{variant.name}.prof"
+                       if args.profile and r == args.rounds - 1 else "")
+            out = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), "--pipeline-child",
+                 "--count", str(args.count), "--rounds", "1", "--profile", profile],
+                cwd=variant.repo, env=env, check=True, capture_output=True, text=True).stdout
+            rows[variant.name].extend(json.loads(line) for line in out.splitlines() if line)
+    print(f"load average {os.getloadavg()[0]:.2f}; in process: rename_board through "
+          f"MutationExecutor, {args.count} calls x {args.rounds} rounds (a child per round)")
+    print(f"{'variant':<12} {'round':>5} {'p50 ms':>8} {'p99 ms':>8} {'cpu us/call':>12}")
+    for name, got in rows.items():
+        for i, row in enumerate(got):
+            print(f"{name:<12} {i:>5} {row['p50']:>8.3f} {row['p99']:>8.3f} "
+                  f"{row['own_us']:>12.0f}")
+        med = {k: pct([r[k] for r in got], 0.5) for k in got[0]}
+        print(f"{name:<12} {'med':>5} {med['p50']:>8.3f} {med['p99']:>8.3f} "
+              f"{med['own_us']:>12.0f}")
+
+
 def parse() -> tuple[argparse.Namespace, list[Variant]]:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=400)
@@ -178,6 +264,11 @@ def parse() -> tuple[argparse.Namespace, list[Variant]]:
                         help="record each variant's rounds with py-spy to FILE.<variant>.txt")
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME=REPO[:EXTRA_PATH...] (default: this repo)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="the write pipeline alone, in a child process per variant")
+    parser.add_argument("--profile", default="",
+                        help="with --in-process: cProfile of the last round to FILE.<variant>.prof")
+    parser.add_argument("--pipeline-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     variants = []
     for spec in args.variant or [f"this={HERE}"]:
@@ -245,4 +336,10 @@ async def main(args: argparse.Namespace, variants: list[Variant]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*parse()))
+    parsed, chosen = parse()
+    if parsed.pipeline_child:
+        asyncio.run(pipeline_child(parsed.count, parsed.rounds, parsed.profile))
+    elif parsed.in_process:
+        in_process(parsed, chosen)
+    else:
+        asyncio.run(main(parsed, chosen))

@@ -10,6 +10,7 @@ A firing `InjectFault` adds exactly its own failing statement.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -33,6 +34,8 @@ from .sample_counter import (
     increment,
 )
 
+_GROUP_ID = re.compile(r"(\$m\d+\$\d+\|)[0-9a-f]{16}\|")
+
 
 async def _sent(
     statements: Statements,
@@ -41,10 +44,11 @@ async def _sent(
     handler: Callable[..., Awaitable[object]],
     *args: object,
 ) -> tuple[object, list[str]]:
-    """What one mutation answered and every statement it sent."""
+    """What one mutation answered and every statement it sent (an inlined
+    impact frame's group id, fresh per commit, as ``<group>``)."""
     statements.sent.clear()
     outcome = await executor.with_hook(hook).ack(WRITER, handler, *args)
-    return outcome, list(statements.sent)
+    return outcome, [_GROUP_ID.sub(r"\1<group>|", s) for s in statements.sent]
 
 
 async def _touch_nothing(cx: Mutation[Principal]) -> None:
@@ -79,9 +83,11 @@ async def test_a_hooked_pipeline_sends_the_statements_an_unhooked_one_sends(
     assert plain == observed == Success()
     assert hooked == unhooked == with_idle_fault
     assert unhooked[0].startswith("BEGIN; SET LOCAL lock_timeout")
-    # COMMIT carries the pool's release reset: the last round trip, no other after it.
-    assert [s for s in unhooked if s.startswith("COMMIT")] == [unhooked[-1]]
-    assert unhooked[-1].startswith("COMMIT; ") and "RESET ALL" in unhooked[-1]
+    # COMMIT carries the impacts' NOTIFY and the pool's release reset: the
+    # last round trip, no other after it.
+    assert [s for s in unhooked if "COMMIT" in s] == [unhooked[-1]]
+    assert unhooked[-1].startswith("SELECT pg_notify('service_engine_impacts', $m0$1|<group>|")
+    assert "; COMMIT; " in unhooked[-1] and "RESET ALL" in unhooked[-1]
     assert ("pg_advisory_xact_lock" in unhooked[0]) is locks
     assert seen == [Stage.BEGIN, Stage.FLUSH, Stage.COMMIT]
 

@@ -54,19 +54,20 @@ RENAME_WITH_BOARD = ("mutation($id: ID!, $title: String!) { renameBoard(id: $id,
                      "{ success error { code } board { id title } } }")
 BOUND = 10.0
 
-RENAME_ROUND_TRIPS = 11
+RENAME_ROUND_TRIPS = 8
 """A ``renameBoard`` over HTTP, its board not selected: the principal fact's
 read (released without the pool's reset); BEGIN + lock bound + the board's
 and its org projection's advisory locks (``cx.lock_all``); the board's load
 pinning its row (once: the command layer's binding reuses the handler's
-load); both unique-value locks (the new title claimed, the old released) in
-one statement; the claim; the board's UPDATE; the release; the org
-projection's RLS context and its UPDATE (no separate row pin: a CrudStore's
-UPDATE locks the row); the outbox statement carrying the impacts' NOTIFY;
-the offer's dirty mark (and its NOTIFY), COMMIT and the release reset in one
-round trip. Nothing after COMMIT. (21 before: a second load, four more
-lock statements, the row pin, the dirty mark's own statement, two resets
-and the board view's four-statement read nobody selected.)"""
+load); both unique-value locks (the new title claimed, the old released)
+with the claim and the release in one round trip (the release only when
+the claim took the value); the board's UPDATE; the org projection's RLS
+context and its UPDATE (no separate row pin: a CrudStore's UPDATE locks the
+row); the impacts' NOTIFY, the offer's dirty mark (and its NOTIFY), COMMIT
+and the release reset in one round trip. Nothing after COMMIT. (21 before
+the first round of issue 11, 11 before the second: the claim and the
+release each in a round trip of its own, the NOTIFY in the outbox
+statement.)"""
 
 DRAIN_PASS_ROUND_TRIPS = 4
 """One offer-drain pass over one dirty key, between lease renewals: the
@@ -146,15 +147,15 @@ async def _gql(http: httpx.AsyncClient, query: str, variables: dict[str, Any]) -
     return data
 
 
-async def test_a_rename_over_graphql_takes_eleven_round_trips(
+async def test_a_rename_over_graphql_takes_eight_round_trips(
     store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
     """A ``renameBoard`` whose result does not select the board: the
     statements are the transaction's own (BEGIN riding with the first lock,
-    one pinned load, the unique-value locks in one statement, the offer's
-    dirty mark and the reset in COMMIT's round trip) after the principal
-    fact's read, and nothing is sent once COMMIT returned (no read of a
-    view nobody selected)."""
+    one pinned load, the unique-value locks with the claim and the release
+    in one round trip, the impacts' NOTIFY, the offer's dirty mark and the
+    reset in COMMIT's) after the principal fact's read, and nothing is sent
+    once COMMIT returned (no read of a view nobody selected)."""
     statements = RequestStatements()
     async with served(store, nats_server, statements) as http:
         assert (await _gql(http, CREATE, {"id": "b-1", "title": "t0"}))["createBoard"]["success"]
@@ -172,9 +173,15 @@ async def test_a_rename_over_graphql_takes_eleven_round_trips(
     assert len(locks) == 2 and sent[1] == locks[0], locks
     assert locks[0].count("pg_advisory_xact_lock") == 2, locks  # board + org projection
     assert locks[1].count("pg_advisory_xact_lock") == 2, locks  # claim + release
-    assert "integration_outbox" in sent[-2] and "pg_notify" in sent[-2]
+    claim = locks[1].split("; ")[-1]
+    assert claim.startswith("WITH claimed AS (INSERT INTO service_engine.command_occupancy")
+    assert '$m0$["acme","plan"]$m0$' in claim and '$m0$["acme","warm 11"]$m0$' in claim
+    assert "AND EXISTS (SELECT 1 FROM claimed)" in claim  # released only once claimed
+    assert not any("integration_outbox" in s for s in sent), sent  # no outbox row to write
     last = sent[-1]
-    assert last.startswith("WITH staged AS ( INSERT INTO service_engine.offer_dirty")
+    assert last.startswith("SELECT pg_notify('service_engine_impacts', $m0$1|")
+    assert '"c":"board.renamed"' in last and last.index("board.renamed") < last.index("COMMIT")
+    assert "; WITH staged AS ( INSERT INTO service_engine.offer_dirty" in last
     assert "pg_notify('service_engine_offer'" in last and '$m0$"b-1"$m0$' in last
     assert last.endswith("COMMIT; SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL;")
     assert not any(s.startswith("SELECT pg_advisory_unlock_all") for s in sent), sent

@@ -91,8 +91,14 @@ def validate_inputs(command: CheckedCommand, raw: Mapping[str, object]) -> dict[
     return {name: _check_input(i, raw.get(name)) for name, i in declared.items()}
 
 
+_PLAIN: frozenset[type] = frozenset({str, int, float, bool, type(None)})
+"""Exact types that are their own JSON (the common case, checked first)."""
+
+
 def encode_value(value: object) -> JsonValue:
     """An input, service or field value as JSON (uuid and instants as text)."""
+    if type(value) in _PLAIN:
+        return value  # type: ignore[return-value]
     if isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, Timestamp):

@@ -31,6 +31,7 @@ from ..db.errors import DRIVER_ERRORS, Stage, translate_db_error
 from ..db.pool import Database
 from ..db.types import Conn
 from ..impacts.model import JsonValue
+from ..offers.staging import dollar_quoted
 from ..persistence.base import Aggregate, Style
 from ..persistence.crud import quote_ident
 
@@ -39,6 +40,8 @@ __all__ = [
     "IdempotencyRecord",
     "Occupancy",
     "ReverseScan",
+    "claim_statement",
+    "claimed",
     "scan_key",
     "sweep_idempotency",
 ]
@@ -205,6 +208,41 @@ class _OccupancyStore:
 
 
 Occupancy.Store = _OccupancyStore()
+
+
+def _literal(value: str) -> str:
+    # The offer marks' quoting: dollar-quoted, no escape processing.
+    return dollar_quoted(value)
+
+
+def _where(key: Sequence[str]) -> str:
+    entity, index, partition, value = (_literal(v) for v in key)
+    return (f"entity = {entity} AND index_name = {index} AND partition = {partition}"
+            f" AND value = {value}")
+
+
+def claim_statement(claim: Occupancy, releases: Sequence[Sequence[str]] = ()) -> str:
+    """One statement, every value an inlined literal (to ride in the round
+    trip of the locks taken just before it): claim ``claim``'s value by the
+    store's conditional insert and, only when it was free, delete the
+    occupancy rows under ``releases`` (the values the same row gives up).
+    Its command status answers whether the value was claimed (`claimed`);
+    a held value changes nothing."""
+    values = ", ".join(_literal(v) for v in (*claim.occupancy_key, claim.owner))
+    sql = (
+        "WITH claimed AS (INSERT INTO service_engine.command_occupancy"
+        f" (entity, index_name, partition, value, owner) VALUES ({values})"
+        " ON CONFLICT DO NOTHING RETURNING 1)"
+    )
+    for n, key in enumerate(releases):
+        sql += (f", released{n} AS (DELETE FROM service_engine.command_occupancy"
+                f" WHERE {_where(key)} AND EXISTS (SELECT 1 FROM claimed) RETURNING 1)")
+    return sql + " SELECT 1 FROM claimed"
+
+
+def claimed(status: str) -> bool:
+    """Whether `claim_statement` took its value (its status ``SELECT 1``)."""
+    return status == "SELECT 1"
 
 
 @dataclass

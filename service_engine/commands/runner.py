@@ -61,7 +61,7 @@ from .plan import (
     validate_inputs,
 )
 from .policy import check_row, row_of
-from .rows import IdempotencyRecord, Occupancy, ReverseScan, scan_key
+from .rows import IdempotencyRecord, Occupancy, ReverseScan, claim_statement, claimed, scan_key
 
 __all__ = ["INVALID_INPUT", "CommandRunner", "run_in"]
 
@@ -133,12 +133,40 @@ def _scope(principal: object) -> str:
     return "" if ident is None else str(ident)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class _EntityPlan:
+    """What the runner derives from an entity's declaration, once."""
+
+    store_type: str
+    all_fields: tuple[str, ...]
+
+
+_PLANS: dict[int, tuple[Entity, _EntityPlan]] = {}
+
+
+def _plan(entity: Entity) -> _EntityPlan:
+    """``entity``'s plan, derived on its first use (declarations live for
+    the process; the entry holds the entity, so its id stays its own)."""
+    found = _PLANS.get(id(entity))
+    if found is not None and found[0] is entity:
+        return found[1]
+    plan = _EntityPlan(store_of(entity.aggregate).store_type, entity.all_fields)
+    _PLANS[id(entity)] = (entity, plan)
+    return plan
+
+
+def _identity_of(b: _Bound) -> tuple[str, str]:
+    return b.identity
+
+
+@dataclass(slots=True)
 class _Bound:
     binding: Read | Mutate | Create
     entity: Entity
     key_values: dict[str, Any]
     store_key: Any
+    identity: tuple[str, str]
+    """The binding's lock, as `lock_identity` sorts it."""
     aggregate: Any = None
     current: dict[str, Any] = field(default_factory=dict)
     fields: dict[str, Any] = field(default_factory=dict)
@@ -165,6 +193,7 @@ class _Run:
         self.release: list[OccupancyKey] = []
         self.claims: list[tuple[OccupancyKey, str, Outcome]] = []
         self.transfers: list[Occupancy] = []
+        self.release_written = False  # the releases rode with the one claim
         self.causes: dict[tuple[str, str], Cause] = {}
         self.children: list[tuple[Entity, Any]] = []
 
@@ -189,7 +218,7 @@ class _Run:
     async def execute(self) -> CommandOutcome:
         command = self.command
         key = None if command.idempotency_key is None else str(self.inputs[command.idempotency_key])
-        digest = input_digest(command, self.inputs)
+        digest = "" if key is None else input_digest(command, self.inputs)
         if key is not None:
             record = await self.cx.load_optional(
                 IdempotencyRecord, [command.name, _scope(self.principal), key]
@@ -198,9 +227,10 @@ class _Run:
                 if record.digest != digest:
                     return CommandOutcome(command.name, IDEMPOTENCY_CONFLICT, False)
                 return CommandOutcome.from_record(command.name, record.outcome, record.sealed)
-        sealed_values = seal(command.services, self.cx.now())
-        self.values.update(sealed_values)
-        self.sealed = {name: encode_value(v) for name, v in sealed_values.items()}
+        if command.services:
+            sealed_values = seal(command.services, self.cx.now())
+            self.values.update(sealed_values)
+            self.sealed = {name: encode_value(v) for name, v in sealed_values.items()}
         try:
             outcome = await self._decide_and_write()
         except _Answer as answer:
@@ -240,21 +270,20 @@ class _Run:
                 invalid[binding.as_] = binding.else_
                 continue
             values = dict(zip(entity.key, parts, strict=True))
-            pending.append(_Bound(binding, entity, values, entity.key_of_values(values)))
+            store_key = entity.key_of_values(values)
+            pending.append(_Bound(binding, entity, values, store_key,
+                                  lock_identity(_plan(entity).store_type, store_key)))
         loaded: dict[tuple[str, str], Any] = {}
 
-        def identity(b: _Bound) -> tuple[str, str]:
-            return lock_identity(store_of(b.entity.aggregate).store_type, b.store_key)
-
         # The union of the command's locks, in the one fixed order.
-        for b in order_by_lock(pending, identity):
-            loaded[identity(b)] = await _load(self.cx, b.entity, b.store_key)
+        for b in order_by_lock(pending, _identity_of):
+            loaded[b.identity] = await _load(self.cx, b.entity, b.store_key)
         by_name = {b.binding.as_: b for b in pending}
         for binding in self.command.bindings:
             if binding.as_ in invalid:
                 raise _Answer(invalid[binding.as_].name)
             b = by_name[binding.as_]
-            found = loaded[identity(b)]
+            found = loaded[b.identity]
             if isinstance(binding, Create):
                 # A row under the store key exists, in this partition or
                 # another: the key is taken either way.
@@ -265,15 +294,16 @@ class _Run:
                 if found is None or not _same_key(found, b.key_values):
                     raise _Answer(binding.else_.name)  # absent here (maybe elsewhere)
                 b.aggregate = found
-                b.current = row_of(found, b.entity.all_fields)
+                b.current = row_of(found, _plan(b.entity).all_fields)
                 if b.entity.revision is not None:
                     b.revision = getattr(found, b.entity.revision, None)
             self.bound[binding.as_] = b
 
     def _require(self) -> None:
+        env = self.env()
         for clause in self.command.requirements:
             if isinstance(clause, Require):
-                if not truth(evaluate(clause.predicate, self.env())):
+                if not truth(evaluate(clause.predicate, env)):
                     raise _Answer(clause.else_.name)
                 continue
             b = self.bound[clause.binding]
@@ -285,11 +315,14 @@ class _Run:
                 raise _Answer(REFUSED, {"reason": verdict.reason.code, "action": gate.action})
 
     def _effects(self) -> None:
+        # One view for every effect: the rows as read and each create's
+        # fields dict (the same objects as the effects fill in).
+        env = self.env()
         for clause in self.command.effects:
             if isinstance(clause, Transition):
                 step = self.command.transitions[clause.on]
                 b = self.bound[clause.on]
-                expected = evaluate(clause.revision, self.env())
+                expected = evaluate(clause.revision, env)
                 # The revision first: a stale caller learns it is stale even
                 # when the state also moved on.
                 if type(expected) is not int or type(b.revision) is not int or (
@@ -302,7 +335,7 @@ class _Run:
                 b.changed = True
             elif isinstance(clause, Set):
                 b = self.bound[clause.binding]
-                value = _valued(evaluate(clause.value, self.env()), f"set {clause.field}")
+                value = _valued(evaluate(clause.value, env), f"set {clause.field}")
                 declared = b.entity.fields[clause.field]
                 if value is not None and not _is_type(value, declared):
                     raise InvalidInputOutcome(clause.field, declared, value)
@@ -314,12 +347,12 @@ class _Run:
             elif isinstance(clause, Delete):
                 self.bound[clause.binding].deleted = True
             elif isinstance(clause, Record):
-                data = {name: encode_value(_valued(evaluate(e, self.env()), name))
+                data = {name: encode_value(_valued(evaluate(e, env), name))
                         for name, e in clause.data.items()}
                 self.records.append((clause.binding, DomainEvent(clause.type, data)))
                 self.bound[clause.binding].changed = True
             elif isinstance(clause, Caused):
-                data = {name: encode_value(_valued(evaluate(e, self.env()), name))
+                data = {name: encode_value(_valued(evaluate(e, env), name))
                         for name, e in clause.data.items()}
                 self.causes[(clause.binding, clause.noun)] = Cause(clause.name, data)
 
@@ -337,7 +370,7 @@ class _Run:
     def _policies(self) -> None:
         for b in self.bound.values():
             if isinstance(b.binding, Create) and b.entity.create_policy is not None:
-                proposed = row_of(b.aggregate, b.entity.all_fields)
+                proposed = row_of(b.aggregate, _plan(b.entity).all_fields)
                 self._allow(check_row(b.entity.create_policy, proposed, self.principal), "create")
             elif (
                 isinstance(b.binding, Mutate) and b.changed and not b.deleted
@@ -346,7 +379,7 @@ class _Run:
                 policy = b.entity.update_policy
                 # Both rows: the one the affordance judged and the one written.
                 self._allow(check_row(policy, b.current, self.principal), "update")
-                proposed = row_of(b.aggregate, b.entity.all_fields)
+                proposed = row_of(b.aggregate, _plan(b.entity).all_fields)
                 self._allow(check_row(policy, proposed, self.principal), "update")
 
     def _allow(self, verdict: Any, action: str) -> None:
@@ -400,7 +433,7 @@ class _Run:
             if b.deleted:
                 self.release.extend(before.values())
                 continue
-            after = occupancy_keys(entity, row_of(b.aggregate, entity.all_fields))
+            after = occupancy_keys(entity, row_of(b.aggregate, _plan(entity).all_fields))
             taken = b.binding.taken if isinstance(b.binding, Mutate | Create) else {}
             for index, occupancy in after.items():
                 if before.get(index) == occupancy:
@@ -432,6 +465,26 @@ class _Run:
         values = order_by_lock(
             [c[0] for c in self.claims] + self.release, lambda o: lock_identity(store, o.as_key())
         )
+        if (
+            len(self.claims) == 1 and self.claims[0][0] not in released
+            and isinstance(self.cx, Ops)
+        ):
+            # One value claimed (a rename, a create): the locks, the claim
+            # and, only when it took the value, the releases, in one round
+            # trip. A held value releases nothing and answers below.
+            (occupancy, owner, outcome), = self.claims
+            row = Occupancy.of(occupancy.as_key(), owner)
+            status = await self.cx._lock_all(
+                [(Occupancy.Store, o.as_key()) for o in values],
+                then=claim_statement(row, [o.as_key() for o in self.release]),
+            )
+            if claimed(status):
+                self.release_written = True
+                return
+            held = await self.cx.load_optional(Occupancy, occupancy.as_key())
+            if held is not None and held.owner == owner:
+                return
+            raise _Answer(outcome.name)
         if len(values) > 1 and isinstance(self.cx, Ops):
             await self.cx._lock_all([(Occupancy.Store, o.as_key()) for o in values])
         for occupancy, owner, outcome in order_by_lock(
@@ -498,7 +551,7 @@ class _Run:
                 else:
                     cx.impact_caused(noun, encode_value(b.store_key), cause)
         transferred = {tuple(row.occupancy_key) for row in self.transfers}
-        for occupancy in self.release:
+        for occupancy in [] if self.release_written else self.release:
             if tuple(occupancy.as_key()) not in transferred:
                 await cx.delete(Occupancy.of(occupancy.as_key(), ""))
         for row in self.transfers:

@@ -89,6 +89,18 @@ class Database(AsyncResource):
         await _init_connection(conn)
         return conn
 
+    async def acquire(self, bound: float) -> Any:
+        """A pooled connection within ``bound`` seconds (release it with
+        ``pool.release``). With a connection idle the pool hands it over at
+        once, so it is taken without the bound's task and timer; the pool
+        keeps ``bound`` as the bound of that connection's release reset."""
+        pool = self.pool
+        if pool.get_idle_size() == 0:
+            return await pool.acquire(timeout=bound)
+        conn: Any = await pool.acquire()
+        conn._holder._timeout = bound  # what acquire(timeout=...) records
+        return conn
+
     async def commit(self, conn: Any, *, before: str = "") -> None:
         """COMMIT ``conn``'s open transaction with the pool's release reset
         in the same round trip, and mark it so its release sends no reset.

@@ -132,6 +132,12 @@ def _canonical(value: object, what: str) -> tuple[str, JsonValue]:
         raise InvalidImpact(f"{what} is nested too deeply to encode") from exc
     if type(value) in _SCALARS:
         return text, value  # type: ignore[return-value]
+    if type(value) is dict and all(
+        type(k) is str and type(v) in _SCALARS for k, v in value.items()
+    ):
+        # A flat object of exact scalars (a typical cause): decoding the text
+        # would give these very values, keys in the text's sorted order.
+        return text, {k: value[k] for k in sorted(value)}
     # Decoding our own text yields plain types (no subclasses, str dict keys),
     # so the exposed value always agrees with the identity text.
     return text, _freeze(json.loads(text))

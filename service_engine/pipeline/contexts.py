@@ -185,14 +185,15 @@ class Ops:
         A row loaded again in the same transaction, with nothing written
         through this context since and its row pinned by the first load
         (a `CrudStore`'s ``SELECT ... FOR UPDATE``: no other transaction
-        can change it until the commit), is answered as a fresh copy of
-        the first load's image instead of a second read."""
+        can change it until the commit), is answered as the first load's
+        image (a copy taken at that load; handed out once, so a third load
+        reads again) instead of a second read."""
         store = store_of(aggregate_type)
         await self._lock(store, key, pin=False)  # the load pins the row
         identity = self._identity(store, key)
-        image = self._images.get((store, identity[1]))
+        image = self._images.pop((store, identity[1]), None)
         if image is not None:
-            found = copy.deepcopy(image)
+            found = image
         else:
             found = await self._db(
                 Stage.LOAD, lambda: load_pinned(store, self._conn, key), writes=False
@@ -596,11 +597,17 @@ class Ops:
             await self._db(Stage.LOCK, lambda: store.lock(self._conn, key), writes=False)
         self._locked.add(identity)
 
-    async def _lock_all(self, targets: Iterable[tuple[Persistence[Any, Any], object]]) -> None:
+    async def _lock_all(
+        self, targets: Iterable[tuple[Persistence[Any, Any], object]], then: str = "",
+        then_stage: Stage = Stage.CREATE,
+    ) -> str:
         """Take the advisory locks of ``(store, key)`` targets in the order
         given, in one round trip (each as `_lock` without a row pin would; a
         key already locked is skipped), with BEGIN when nothing was sent yet.
-        The caller orders the keys (the command layer's one fixed lock order)."""
+        The caller orders the keys (the command layer's one fixed lock order).
+        ``then`` (one write without parameters, every value a literal) runs
+        after the locks in that same round trip (alone, as ``then_stage``,
+        when no lock is left to take); answers its command status."""
         pending: list[tuple[tuple[str, str], Persistence[Any, Any], object]] = []
         seen: set[tuple[str, str]] = set(self._locked)
         for store, key in targets:
@@ -608,25 +615,30 @@ class Ops:
             if identity not in seen:
                 seen.add(identity)
                 pending.append((identity, store, key))
-        if not pending:
-            return
-        if self._claim is not None or self._claimed_before or self._failed is not None:
+        if pending and (
+            self._claim is not None or self._claimed_before or self._failed is not None
+        ):
             # A deferred claim rides with the first lock as `_lock` sends it.
             (_, store, first), pending = pending[0], pending[1:]
             await self._lock(store, first, pin=False)
-            if not pending:
-                return
+        if not pending:
+            if not then:
+                return ""
+            return await self._db(then_stage, lambda: self._conn.execute(then))
         # Ints we computed, safe to inline: one statement per lock, run in order.
         sql = "; ".join(
             f"SELECT pg_advisory_xact_lock({aggregate_lock_key(i[0], _lockable(k)):d})"
             for i, _, k in pending
         )
+        if then:
+            sql = f"{sql}; {then}"
         stage = Stage.LOCK
         if self._begin is not None:
             begin, self._begin = self._begin, None
             sql, stage = f"{begin}; {sql}", Stage.BEGIN
-        await self._db(stage, lambda: self._conn.execute(sql), writes=False)
+        status = await self._db(stage, lambda: self._conn.execute(sql), writes=bool(then))
         self._locked.update(i for i, _, _ in pending)
+        return status
 
     async def _execute_first(self, stage: Stage, sql: str) -> str:
         """Run ``sql`` (no parameters: every value inlined and safe) as the

@@ -7,7 +7,7 @@
       flush: the impacts' NOTIFYs, the outbox rows (and a reaction's
              confirmation on its claim) in ONE statement; scheduled
              impacts, scheduled messages, blob rows
-    offer marks; COMMIT; the pool's release reset   (one round trip)
+    [the NOTIFYs]; offer marks; COMMIT; the pool's release reset  (one round trip)
     record the committed impacts; respond
 
 BEGIN and ``SET LOCAL lock_timeout`` travel in the same round trip as the
@@ -15,7 +15,8 @@ transaction's first advisory lock (or, for a handler that touches no
 aggregate, just before the flush); COMMIT carries the reset the pool would
 otherwise send on release (`Database.commit`), and the offer marks (their
 values inlined, `offer_dirty_statement`) ride in front of COMMIT in that
-same round trip. A `StageHook` observes the
+same round trip; so do the impacts' NOTIFYs when no outbox row or claim
+confirmation shares their statement (`notify_statement`). A `StageHook` observes the
 stages without changing that sequence: it is called once BEGIN's round trip
 returned, before the flush and before COMMIT, and sends nothing unless it
 means to (a fault).
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
 from ..blobs.staging import stage_blobs
@@ -42,11 +43,11 @@ from ..db.errors import DRIVER_ERRORS, Stage, translate_db_error
 from ..db.pool import Database
 from ..db.types import Conn
 from ..impacts.framing import encode_group, new_group_id
-from ..impacts.transport import schedule_in
+from ..impacts.transport import CHANNEL, schedule_in
 from ..messaging.outbox import write_outbox
 from ..messaging.scheduled import stage_scheduled_message
 from ..metrics import Metrics
-from ..offers.staging import offer_dirty_statement, stage_offer_dirty
+from ..offers.staging import dollar_quoted, offer_dirty_statement, stage_offer_dirty
 from .contexts import Ops, Staged
 
 __all__ = ["StageHook", "flush", "run_pipeline"]
@@ -75,22 +76,39 @@ async def flush(conn: Conn, staged: Staged) -> int:
 
     The impacts travel as one framed group (`encode_group` raises
     `CauseTooLarge` for one that cannot fit) in the outbox's statement."""
-    committed = await _flush_but_offers(conn, staged)
+    committed, _ = await _flush_but_riders(conn, staged, inline_notify=False)
     await stage_offer_dirty(conn, staged.offers)
     return committed
 
 
-async def _flush_but_offers(conn: Conn, staged: Staged) -> int:
-    """`flush` without the offer marks (the pipeline sends them with COMMIT)."""
+async def _flush_but_riders(
+    conn: Conn, staged: Staged, *, inline_notify: bool = True
+) -> tuple[int, str]:
+    """The flush but what may ride in COMMIT's round trip: answers the
+    impacts staged and, when no outbox row or confirmation shares their
+    statement, the impacts' NOTIFYs as a statement with every frame
+    inlined (``""`` otherwise: they went with the outbox statement)."""
     frames = encode_group(new_group_id(), staged.impacts) if staged.impacts else []
-    await write_outbox(conn, staged.outbox, frames=frames, confirmation=staged.confirmation)
+    notify = ""
+    if inline_notify and frames and not staged.outbox and staged.confirmation is None:
+        notify = notify_statement(frames)
+    else:
+        await write_outbox(conn, staged.outbox, frames=frames, confirmation=staged.confirmation)
     for at, impacts in staged.scheduled.items():
         await schedule_in(conn, at, impacts)
     for due, message in staged.scheduled_messages:
         await stage_scheduled_message(conn, message, due)
     if staged.blobs:
         await stage_blobs(conn, staged.blobs)
-    return len(staged.impacts)
+    return len(staged.impacts), notify
+
+
+def notify_statement(frames: Sequence[str]) -> str:
+    """The impacts' NOTIFYs on their channel, in order, every frame a
+    dollar-quoted literal: statements without parameters, to ride in another
+    round trip of the same transaction (delivered, as any NOTIFY, only once
+    it committed)."""
+    return "; ".join(f"SELECT pg_notify('{CHANNEL}', {dollar_quoted(f)})" for f in frames)
 
 
 def _begin_sql(config: EngineConfig) -> str:
@@ -118,7 +136,7 @@ async def run_pipeline(
     """
     stage = Stage.BEGIN
     try:
-        conn = await db.pool.acquire(timeout=config.lock_timeout.total_seconds())
+        conn = await db.acquire(config.lock_timeout.total_seconds())
     except DRIVER_ERRORS as exc:
         raise translate_db_error(exc, stage) from exc
     committed = 0
@@ -137,12 +155,12 @@ async def run_pipeline(
             stage = Stage.FLUSH
             if hook is not None:
                 await hook(stage, conn)
-            committed = await _flush_but_offers(conn, staged)
-            marks = offer_dirty_statement(staged.offers)
+            committed, notify = await _flush_but_riders(conn, staged)
+            riders = "; ".join(s for s in (notify, offer_dirty_statement(staged.offers)) if s)
             stage = Stage.COMMIT
             if hook is not None:
                 await hook(stage, conn)
-            await db.commit(conn, before=marks)
+            await db.commit(conn, before=riders)
         except DRIVER_ERRORS as exc:
             raise translate_db_error(exc, stage) from exc
     except BaseException:
