@@ -10,6 +10,11 @@
   subscriptions-transport-ws protocol is not offered);
 * ``GET /readyz`` and ``GET /metrics``.
 
+A JSON POST of a query or mutation document the app already ran once is
+answered before Starlette's and Strawberry's HTTP layers and executed without
+Strawberry's per-request machinery (`service_engine.graphql.http_ops`; the
+same bytes; ``graphql_http_ops`` False turns it off).
+
 The principal comes from the trusted ``X-Passport`` header (see
 `service_engine.graphql.passport`): on HTTP once per request, on a WebSocket
 once per socket, at its ``connection_init``, from the header of the upgrade.
