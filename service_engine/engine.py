@@ -771,6 +771,9 @@ class Engine:
                     self.readiness.set_down(reason, f"{type(exc).__name__}: {exc}")
                 else:
                     self.readiness.clear(reason)
+                # One loop turn between steps: the steps that await nothing
+                # (the sessions sweep, the gauges) never hold the loop together.
+                await asyncio.sleep(0)
             await asyncio.sleep(interval)
 
     async def _watch_loop_lag(self) -> None:
