@@ -68,6 +68,8 @@ __all__ = ["INVALID_INPUT", "CommandRunner", "run_in"]
 INVALID_INPUT = "invalid_input"
 """The `MutationError` code of inputs that do not match the declaration."""
 
+_DEFAULT_CONFIG = CommandConfig()
+
 
 class _Answer(Exception):
     """A zero-mutation outcome decided before any write (internal)."""
@@ -124,7 +126,7 @@ async def run_in(
     values = validate_inputs(command, inputs)
     if principal is None:
         principal = getattr(cx, "try_principal", None) or getattr(cx, "principal", None)
-    retention = (config or CommandConfig()).idempotency_retention
+    retention = (config or _DEFAULT_CONFIG).idempotency_retention
     return await _Run(command, cx, principal, values, retention).execute()
 
 

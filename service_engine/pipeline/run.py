@@ -32,8 +32,10 @@ nothing was committed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
 from typing import Protocol, TypeVar
 
 from ..blobs.staging import stage_blobs
@@ -112,9 +114,14 @@ def notify_statement(frames: Sequence[str]) -> str:
 
 
 def _begin_sql(config: EngineConfig) -> str:
+    return _begin_for(config.lock_timeout)
+
+
+@functools.lru_cache(maxsize=64)
+def _begin_for(lock_timeout: timedelta) -> str:
     # BEGIN and the transaction's lock bound in one statement. The value is
     # an int we computed, so formatting it into SQL is safe.
-    millis = max(1, math.ceil(config.lock_timeout.total_seconds() * 1000))
+    millis = max(1, math.ceil(lock_timeout.total_seconds() * 1000))
     return f"BEGIN; SET LOCAL lock_timeout = {millis}"
 
 
