@@ -163,3 +163,21 @@ def test_an_outcome_names_its_stable_code() -> None:
     assert refused.code("card") == "card.done"
     assert CommandOutcome("C", "Started", True).code("card") is None
 
+
+
+def test_encode_value_keeps_plain_values_and_converts_the_rest() -> None:
+    """Exact plain types are their own JSON; subclasses, uuids, instants and
+    containers are converted as before the plain-type shortcut."""
+    import enum
+
+    class Level(enum.IntEnum):
+        HIGH = 2
+
+    for plain in ("t", 3, 2.5, True, None):
+        assert encode_value(plain) is plain
+    assert encode_value(Level.HIGH) == 2
+    assert encode_value(uuid.UUID(int=1)) == "00000000-0000-0000-0000-000000000001"
+    assert encode_value((1, [uuid.UUID(int=0)])) == [1, ["00000000-0000-0000-0000-000000000000"]]
+    assert encode_value(datetime(2026, 1, 1, tzinfo=UTC)) == "2026-01-01T00:00:00+00:00"
+    with pytest.raises(TypeError):
+        encode_value(object())

@@ -235,3 +235,23 @@ def test_encoding_is_compact() -> None:
 def test_decode_malformed_raises_frame_error(obj: object) -> None:
     with pytest.raises(FrameError):
         decode_impact(obj)
+
+
+@given(st.dictionaries(_text, _scalars, max_size=6) | json_values)
+def test_a_cause_holds_what_its_text_decodes_to(data: JsonValue) -> None:
+    """A cause's data (a flat object of scalars taken without the decode)
+    is exactly what decoding its canonical text gives, keys in its order."""
+    cause = Cause("c", data)
+    decoded = json.loads(cause.data_json)
+    assert _thaw(cause.data) == decoded
+    if isinstance(decoded, dict):
+        assert isinstance(cause.data, dict) and list(cause.data) == list(decoded)
+
+
+def test_a_flat_cause_with_subclassed_scalars_holds_plain_values() -> None:
+    class Color(enum.IntEnum):
+        RED = 3
+
+    cause = Cause("c", {"b": Color.RED, "a": True})
+    assert cause.data == {"a": True, "b": 3}
+    assert type(cause.data["b"]) is int  # type: ignore[index, call-overload]
