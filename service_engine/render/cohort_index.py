@@ -12,17 +12,18 @@ This module is pure: no I/O, no driver imports.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from ..impacts.model import JsonValue
 from .deltas import KeyText
-from .projector import Projector, Unrestricted
+from .projector import Projector, Unrestricted, Visibility
 from .session import Session
 from .windows import MembershipRule
 
 __all__ = [
     "CohortIndex",
+    "SharedGates",
     "index_by_cohort",
     "indexable",
     "memberships_of",
@@ -48,6 +49,55 @@ def memberships_of(
     if type(proj).visible is not Projector.visible or isinstance(proj.VISIBILITY, Unrestricted):
         return None
     return frozenset(proj.VISIBILITY.memberships(principal))
+
+
+class SharedGates:
+    """One gate and one memberships set per distinct set of cohorts, shared
+    by the sessions whose principals belong to exactly those cohorts (a
+    session holds references, not a closure and two frozensets of its own).
+
+    Only for a projector gated by its declared cohorts alone (`memberships_of`
+    is not None and its `Visibility` keeps the cohort gate): that gate reads
+    nothing of the principal but its memberships. Any other projector's gate
+    is the principal's own (`Projector.render_gate`). Counted: an entry goes
+    when its last session is released."""
+
+    __slots__ = ("_shared",)
+
+    def __init__(self) -> None:
+        self._shared: dict[tuple[str, frozenset[Hashable]], list[Any]] = {}
+
+    def take(
+        self, proj: Projector[Any, Any, Any, Any], principal: Any
+    ) -> tuple[Callable[[Any], bool], frozenset[Hashable] | None]:
+        """``principal``'s gate and memberships for ``proj`` (release them
+        with `release` when the session ends or adopts another principal)."""
+        memberships = memberships_of(proj, principal)
+        if memberships is None or type(proj.VISIBILITY).gate is not Visibility.gate:
+            return proj.render_gate(principal), memberships
+        slot = (proj.NAME, memberships)
+        entry = self._shared.get(slot)
+        if entry is None:
+            entry = self._shared[slot] = [proj.render_gate(principal), memberships, 0]
+        entry[2] += 1
+        return entry[0], entry[1]
+
+    def release(
+        self, proj: Projector[Any, Any, Any, Any], memberships: frozenset[Hashable] | None
+    ) -> None:
+        """One session taken with `take` let go of ``memberships``' entry."""
+        if memberships is None:
+            return
+        slot = (proj.NAME, memberships)
+        entry = self._shared.get(slot)
+        if entry is None or entry[1] is not memberships:
+            return
+        entry[2] -= 1
+        if entry[2] <= 0:
+            del self._shared[slot]
+
+    def __len__(self) -> int:
+        return len(self._shared)
 
 
 class CohortIndex:

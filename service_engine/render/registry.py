@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
@@ -37,7 +38,7 @@ from ..impacts.model import JsonValue, canonical_json
 from ..logs import in_session
 from ..metrics import Metrics
 from .cohort import principal_key
-from .cohort_index import CohortIndex, indexable, memberships_of
+from .cohort_index import CohortIndex, SharedGates, indexable
 from .deltas import Delta, KeyText, Reset
 from .interest import Dirty, Interest
 from .paging import NoLiveSession, PageInterrupted, PageResult
@@ -52,7 +53,7 @@ from .projector import (
 )
 from .report import PassTally
 from .session import Session, SessionId, authorize_page, new_session_id, parse_session_id
-from .sharing import SharedViews, view_key_of
+from .sharing import HeldViews, Interned, SharedViews, view_key_of
 from .stream import SessionStream
 from .windows import Keys, WindowSpec, keyed
 
@@ -155,6 +156,10 @@ class RenderRegistry:
         # Projectors whose declared view key was found not to determine the
         # view (see `SharedViews`): their views are projected per session.
         self._unshared: set[str] = set()
+        self._held_views: dict[str, HeldViews] = {}
+        self._gates = SharedGates()
+        self._view_keys = Interned()
+        """Per projector, the views its sessions hold (`HeldViews`)."""
         self._debug_views = __debug__
         """Check a shared view against a second session's own projection."""
 
@@ -217,17 +222,18 @@ class RenderRegistry:
         if sid in self._sessions:
             raise AttachError(f"session {sid} is already attached")
         pkey = principal_key(principal.id)
-        view_key = view_key_of(proj, principal)
+        view_key = self._view_keys.take(view_key_of(proj, principal))
         session: Session[Any, Any] = Session(
             sid, proj.NAME, principal, pkey, cohort_of(proj, principal), window.population,
             repair_attempts=self._config.repair_attempts, now=time.monotonic(),
         )
         stream: SessionStream[Any] = SessionStream(
-            sid, max(1024, 2 * self._config.window_capacity), lambda: self.detach(sid, "closed")
+            sid, max(1024, 2 * self._config.window_capacity),
+            functools.partial(self.detach, sid, "closed"),
         )
+        gate, memberships = self._gates.take(proj, principal)
         rec = AttachedSession(
-            session, proj, stream, applier, proj.render_gate(principal),
-            memberships_of(proj, principal), view_key=view_key,
+            session, proj, stream, applier, gate, memberships, view_key=view_key,
         )
         self._sessions[sid] = rec
         self._count_live(proj.NAME, 1)
@@ -259,6 +265,8 @@ class RenderRegistry:
         index = self._indexes.get(rec.projector.NAME)
         if index is not None:
             index.leave(rec.session, rec.memberships)
+        self._gates.release(rec.projector, rec.memberships)
+        self._view_keys.release(rec.view_key)
         if not rec.session.ended:
             rec.session.end(reason)
         rec.stream.end(reason)
@@ -272,6 +280,8 @@ class RenderRegistry:
         indexes are emptied in place (a pass in flight may still settle
         into them: what it adds is a superset, as the index allows)."""
         self._sessions = {}
+        self._gates = SharedGates()
+        self._view_keys = Interned()
         if not self._attaching:
             self._attaching = {}
         interest: Interest[Session[Any, Any]] = Interest()
@@ -459,8 +469,12 @@ class RenderRegistry:
 
     def _shared_views(self, proj: Projector[Any, Any, Any, Any]) -> SharedViews:
         """The memo one load's projections go through (see `SharedViews`)."""
+        held = self._held_views.get(proj.NAME)
+        if held is None:
+            held = self._held_views[proj.NAME] = HeldViews()
         return SharedViews(
-            proj.project, check=self._debug_views, shares=proj.NAME not in self._unshared
+            proj.project, check=self._debug_views, shares=proj.NAME not in self._unshared,
+            held=held,
         )
 
     def _settle_views(

@@ -51,7 +51,7 @@ from ..impacts.transport import CHANNEL_OVERFLOW, ImpactChannel
 from ..metrics import Metrics
 from ..persistence.crud import CrudStore
 from .cohort import CohortKey, CohortMismatch, check_cohort, group_by_cohort
-from .cohort_index import index_by_cohort, memberships_of, relevant_keys, visible_keys
+from .cohort_index import index_by_cohort, relevant_keys, visible_keys
 from .deltas import Delta, KeyText, Reset
 from .interest import Dirty, RenderFrame
 from .membership import RenderPlan
@@ -358,12 +358,13 @@ class RenderRuntime(RenderRegistry):
                 continue
             session.refresh_principal(principal, session.principal_key,
                                       cohort_of(rec.projector, principal))
-            rec.gate = rec.projector.render_gate(principal)
-            rec.view_key = view_key
+            self._view_keys.release(rec.view_key)
+            rec.view_key = self._view_keys.take(view_key)
             index = self._indexes.get(rec.projector.NAME)
             if index is not None:
                 index.leave(session, rec.memberships)
-            rec.memberships = memberships_of(rec.projector, principal)
+            self._gates.release(rec.projector, rec.memberships)
+            rec.gate, rec.memberships = self._gates.take(rec.projector, principal)
             if index is not None:
                 index.join(session, rec.memberships)
 

@@ -20,6 +20,7 @@ This module is pure: no I/O, no driver imports.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -27,7 +28,7 @@ from ..errors import ConfigError
 from .deltas import KeyText
 from .projector import Projector
 
-__all__ = ["InvalidViewKey", "SharedViews", "view_key_of"]
+__all__ = ["HeldViews", "Interned", "InvalidViewKey", "SharedViews", "view_key_of"]
 
 _MISSING: Any = object()
 
@@ -55,24 +56,101 @@ def view_key_of(projector: Projector[Any, Any, Any, Any], principal: Any) -> Has
     return key
 
 
+class Interned:
+    """One object per distinct value the sessions hold (their view keys):
+    a session's equal key is handed out as the first one, so a thousand
+    sessions of one cohort hold one tuple (and the frozensets in it), not
+    a thousand. Counted: a value goes when its last session releases it."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: dict[Hashable, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def take(self, value: Hashable | None) -> Hashable | None:
+        """The held object equal to ``value`` (counted once more)."""
+        if value is None:
+            return None
+        entry = self._held.get(value)
+        if entry is None:
+            self._held[value] = [value, 1]
+            return value
+        entry[1] += 1
+        held: Hashable = entry[0]
+        return held
+
+    def release(self, value: Hashable | None) -> None:
+        """A session let go of ``value`` (an object `take` handed out)."""
+        if value is None:
+            return
+        entry = self._held.get(value)
+        if entry is None or entry[0] is not value:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del self._held[value]
+
+
+class HeldViews:
+    """The views sessions of one projector hold, by (view key, key text),
+    across loads: a load whose projection equals (``==``) the held view
+    hands out the held object, so sessions that attached in different
+    snapshot batches hold one view, not a copy per batch.
+
+    Weak: an entry lives as long as some session (or delta) holds its view.
+    A projector whose views cannot be weakly referenced (a tuple, a str)
+    is not held (``weak`` turns False at its first view)."""
+
+    __slots__ = ("table", "weak")
+
+    def __init__(self) -> None:
+        self.table: weakref.WeakValueDictionary[tuple[Hashable, KeyText], Any] = (
+            weakref.WeakValueDictionary())
+        self.weak = True
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def adopt(self, slot: tuple[Hashable, KeyText], view: Any) -> Any:
+        """The held view equal to ``view`` under ``slot``, or ``view``
+        (then held in its place)."""
+        if not self.weak:
+            return view
+        table = self.table
+        held = table.get(slot)
+        if held is not None and (held is view or held == view):
+            return held
+        try:
+            table[slot] = view
+        except TypeError:
+            self.weak = False  # not weakly referenceable: never held
+        return view
+
+
 class SharedViews:
     """The views of one load's rows, by (view key, key text).
 
     ``project`` is the projector's ``project(row, principal)``. ``check``:
     verify each shared view once against the second session's own
     projection (debug). ``shares`` False projects every call (no declared
-    key, or sharing was turned off).
+    key, or sharing was turned off). ``held``: the projector's `HeldViews`
+    (a fresh projection equal to a held view is handed out as the held one).
     """
 
-    __slots__ = ("_checked", "_project", "_views", "check", "mismatch", "projections",
+    __slots__ = ("_checked", "_held", "_project", "_views", "check", "mismatch", "projections",
                  "shares")
 
     def __init__(
-        self, project: Callable[[Any, Any], Any], *, check: bool, shares: bool = True
+        self, project: Callable[[Any, Any], Any], *, check: bool, shares: bool = True,
+        held: HeldViews | None = None,
     ) -> None:
         self._project = project
         self._views: dict[tuple[Hashable, KeyText], Any] = {}
         self._checked: set[tuple[Hashable, KeyText]] = set()
+        self._held = held
         self.check = check
         self.shares = shares
         self.mismatch: str | None = None
@@ -90,7 +168,11 @@ class SharedViews:
         found = views.get(slot, _MISSING)
         if found is _MISSING:
             self.projections += 1
-            found = views[slot] = self._project(row, principal)
+            found = self._project(row, principal)
+            held = self._held
+            if held is not None:
+                found = held.adopt(slot, found)
+            views[slot] = found
             return found
         if self.check and slot not in self._checked:
             self._checked.add(slot)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from sys import intern
 from typing import Generic, TypeAlias, TypeVar
 
 from ..errors import DeclarationError
@@ -66,7 +67,9 @@ def keyed(keys: Iterable[JsonValue]) -> dict[KeyText, JsonValue]:
     """
     out: dict[KeyText, JsonValue] = {}
     for key in keys:
-        text = canonical_json(key)
+        # Interned: every session whose window holds the key (its last_sent,
+        # its head) keys it with one string.
+        text = intern(canonical_json(key))
         if text not in out:
             out[text] = key
     return out
