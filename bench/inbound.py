@@ -5,6 +5,7 @@ of the same effect.
     python bench/inbound.py [--commands 3000] [--window 256] [--sync both] [--pods 1,2]
     BENCH_INBOUND_PROFILE=/tmp/pod.prof python bench/inbound.py ...  # pods' CPU profile
     BENCH_INBOUND_PYSPY=/tmp/pod python bench/inbound.py ...  # py-spy of the measured cell
+    python bench/inbound.py --reactions 3000 --pods 0 --sync default  # the reaction alone
 
 Starts a durable embedded Postgres (fsync on) and, in turn, a nats-server
 with ``sync_interval: always`` (as production should run it) and one with
@@ -80,11 +81,16 @@ from service_engine.messaging.nats import open_nats  # noqa: E402
 CONFIRMATIONS = "integration.evt.orders.order.placed"
 RAW_SUBJECT = "integration.cmd.bench.raw.ping"
 CONCURRENCY = 16
+POD_CONCURRENCY = int(os.environ.get("BENCH_INBOUND_CONCURRENCY", CONCURRENCY))
+"""Reactions in flight per pod (the reaction's ``concurrency``)."""
+BEAT = timedelta(milliseconds=int(os.environ.get("BENCH_INBOUND_BEAT_MS", "50")))
+"""The pods' beat (the engine's default is 1 s; the bench's 50 ms makes a
+second pod take over the relay lease quickly)."""
 
 
 def pod_config(name: str) -> EngineConfig:
     return EngineConfig(
-        service="orders", pod_id=name, beat_interval=timedelta(milliseconds=50),
+        service="orders", pod_id=name, beat_interval=BEAT,
         lease=timedelta(seconds=2), ack_wait=timedelta(seconds=30),
     )
 
@@ -170,11 +176,11 @@ class CpuMeter:
 
 async def run_pod(db_url: str, nats_url: str, name: str) -> None:
     """A pod: the engine with ``place_order`` until SIGTERM."""
-    db = await connect_pool(db_url, max_size=CONCURRENCY + 4)
+    db = await connect_pool(db_url, max_size=POD_CONCURRENCY + 4)
     conn = await open_nats(nats_url)
     readiness = ReadinessHandle()
     engine = await Engine.boot(pod_config(name), db, conn, readiness)
-    engine.register_reaction(place_order(name, concurrency=CONCURRENCY))
+    engine.register_reaction(place_order(name, concurrency=POD_CONCURRENCY))
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, engine.shutdown)
     task = asyncio.create_task(engine.run())
     while not readiness.is_up:
@@ -429,6 +435,55 @@ async def raw_pg_run(db: Database, commits: int, meter: CpuMeter | None = None
     return rate, cpu
 
 
+async def reaction_run(db: Database, reactions: int, meter: CpuMeter) -> tuple[float, str]:
+    """Reactions/s of ``place_order`` run in this process through
+    `ReactionRunner.handle` (identify, decode, the pipeline transaction,
+    the disposition), 16 at a time, no NATS, no relay, no render runtime:
+    the reaction's own cost (the bench's CPU is the reaction's client CPU)."""
+    from service_engine.integration.dispatch import InboundFrame, ReactionRunner
+    from service_engine.messaging.dead_letters import DeadLetters
+
+    runner = ReactionRunner(place_order("inproc", concurrency=CONCURRENCY), db,
+                            EngineConfig(service="orders"), DeadLetters(db))
+    producer = Producer.__new__(Producer)
+    producer.metadata = EventMetadata.originating(Actor.service("bench"))
+    run = uuid.uuid4().hex[:8]
+    frames = iter([InboundFrame(*producer.command(f"{run}-{i}"), 1) for i in range(reactions)])
+
+    async def worker() -> None:
+        for frame in frames:
+            await runner.handle(frame)
+
+    cpu_before = meter.snapshot()
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    rate = reactions / (time.perf_counter() - started)
+    return rate, CpuMeter.per_unit(cpu_before, meter.snapshot(), reactions)
+
+
+async def measure_reactions(db: Database, reactions: int, meter: CpuMeter) -> None:
+    """The in-process reaction cell beside the raw commit (before and after)."""
+    raw_before, raw_cpu = await raw_pg_run(db, reactions, CpuMeter(meter.pgdata))
+    await db.pool.expire_connections()  # fresh statement caches: the reactions' alone
+    await reaction_run(db, 200, meter)  # warm: new connections, prepared statements
+    rate, cpu = await reaction_run(db, reactions, meter)
+    async with db.pool.acquire() as conn:  # asyncpg's statement cache, as the server sees it
+        prepared = await conn.fetch(
+            "SELECT statement, generic_plans + custom_plans AS runs"
+            " FROM pg_prepared_statements ORDER BY runs DESC")
+    raw_after, _ = await raw_pg_run(db, reactions)
+    raw = (raw_before + raw_after) / 2
+    print(f"{'in-process reactions (16 at a time, no NATS)':52} {rate:>10.0f}")
+    print(f"    {cpu}")
+    print(f"    one pool connection's prepared statements: {len(prepared)}, run "
+          + ", ".join(f"{r['runs']}x {' '.join(r['statement'].split()[:3])}" for r in prepared))
+    print(f"{'raw Postgres commit of the effect (16 clients)':52} {raw:>10.0f}"
+          f"   (just before {raw_before:.0f}, just after {raw_after:.0f})")
+    print(f"    {raw_cpu}")
+    print(f"    reactions/s = {rate / raw:.0%} of the raw commit's; CPU per reaction "
+          f"{CpuMeter.total(cpu) / CpuMeter.total(raw_cpu):.1f}x the raw commit's", flush=True)
+
+
 async def measure_engine(client: nats.NATS, db: Database, producer: Producer, db_url: str,
                          server: EmbeddedNats, commands: int, window: int, label: str,
                          pod_counts: tuple[int, ...], meter: CpuMeter,
@@ -467,7 +522,8 @@ async def measure_engine(client: nats.NATS, db: Database, producer: Producer, db
 
 
 async def main(commands: int, window: int, *, syncs: tuple[bool, ...],
-               pod_counts: tuple[int, ...], loops: tuple[str, ...] = ("asyncio",)) -> None:
+               pod_counts: tuple[int, ...], loops: tuple[str, ...] = ("asyncio",),
+               reactions: int = 0) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-inbound-") as tmp:
         pg = EmbeddedPostgres(Path(tmp) / "pg", durable=True)
         await asyncio.to_thread(pg.start)
@@ -482,7 +538,9 @@ async def main(commands: int, window: int, *, syncs: tuple[bool, ...],
                       "2 cores shared by everything")
                 print(f"{'path':52} {'per second':>10} {'p50 ms':>8} {'p99 ms':>8}")
                 print("(latency: one command at a time on an idle system, from its publish)")
-                for sync in syncs:
+                if reactions:
+                    await measure_reactions(db, reactions, CpuMeter(pg.pgdata))
+                for sync in syncs if any(pod_counts) else ():
                     label = "sync always" if sync else "sync default"
                     server = EmbeddedNats(Path(tmp) / f"nats-{label.split()[1]}",
                                           sync_always=sync)
@@ -519,6 +577,9 @@ if __name__ == "__main__":
     parser.add_argument("--loop", default="asyncio",
                         help="the pods' event loop: asyncio, uvloop, or both side by side "
                              "(asyncio,uvloop); uvloop must be installed")
+    parser.add_argument("--reactions", type=int, default=0,
+                        help="first run N reactions in this process (no NATS) beside the "
+                             "raw commit: the reaction's own cost")
     parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role and args.role[0] == "pod" and args.role[4:5] == ["uvloop"]:
@@ -543,4 +604,4 @@ if __name__ == "__main__":
         syncs = {"both": (True, False), "always": (True,), "default": (False,)}[args.sync]
         asyncio.run(main(args.commands, args.window, syncs=syncs,
                          pod_counts=tuple(int(n) for n in args.pods.split(",")),
-                         loops=tuple(args.loop.split(","))))
+                         loops=tuple(args.loop.split(",")), reactions=args.reactions))
