@@ -290,6 +290,10 @@ def print_watch(name: str, w: dict[str, Any]) -> None:
                     f"(total {v['total_ms']:.0f}, cpu {v['cpu_ms']:.0f}, {v['long']} long, "
                     f"young max {v['young_max']})" for g, v in w["gc"].items())
     print(f"    gc {tuple(w.get('gc_thresholds', ()))}: {gcs}")
+    grown = w.get("tracked_growth")
+    if grown:
+        types = ", ".join(f"{k} {v:+}" for k, v in list(grown["types"].items())[:10])
+        print(f"    tracked objects {grown['total']:+} over the cell: {types}")
     print(f"    p50/p99/max ms: timer lag {span('timer_lag')}; commit->notify "
           f"{span('commit_to_notify')}; notify->pass {span('notify_to_pass')}; pass "
           f"{span('pass_duration')}; pass->last write {span('pass_to_last_write')}")
