@@ -42,3 +42,32 @@ async def test_a_blocked_loop_shows_as_loop_lag(db: Database) -> None:
     finally:
         engine.shutdown()
         await asyncio.wait_for(task, 10)
+
+
+async def test_the_beat_yields_a_loop_turn_between_its_steps(db: Database) -> None:
+    """Two beat steps that await nothing never run in one loop turn: a
+    callback the first schedules has run by the time the second starts, so
+    the beat's synchronous work (sweeps, gauges) is never held together."""
+    engine = await Engine.boot(EngineConfig(service="lag"), db, None, ReadinessHandle())
+    loop = asyncio.get_running_loop()
+    scheduled: list[asyncio.Event] = []
+    seen: list[bool] = []
+
+    async def first() -> None:
+        turn = asyncio.Event()
+        scheduled.append(turn)
+        loop.call_soon(turn.set)
+
+    async def second() -> None:
+        if scheduled:
+            seen.append(scheduled[-1].is_set())
+
+    engine.register_beat_step("first_sync", first)
+    engine.register_beat_step("second_sync", second)
+    task = asyncio.create_task(engine.run())
+    try:
+        await wait_until(lambda: len(seen) >= 2, what="two beats")
+        assert all(seen), seen
+    finally:
+        engine.shutdown()
+        await asyncio.wait_for(task, 10)
