@@ -297,6 +297,10 @@ def print_watch(name: str, w: dict[str, Any]) -> None:
     print(f"    p50/p99/max ms: timer lag {span('timer_lag')}; commit->notify "
           f"{span('commit_to_notify')}; notify->pass {span('notify_to_pass')}; pass "
           f"{span('pass_duration')}; pass->last write {span('pass_to_last_write')}")
+    if "pass_cpu" in w:
+        turns = w["pass_turns"]
+        print(f"    a pass's own CPU p50/p99/max {span('pass_cpu')} ms over loop turns "
+              f"p50/p99/max {turns['p50']:.0f}/{turns['p99']:.0f}/{turns['max']:.0f}")
 
 
 def pct(values: list[float], q: float) -> float:

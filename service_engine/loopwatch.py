@@ -245,6 +245,11 @@ class LoopWatch:
         self.pass_to_write: list[float] = []
         self._pass_end: float | None = None
         self._last_write: float | None = None
+        self.pass_cpu: list[float] = []
+        self.pass_turns: list[float] = []
+        self._pass_cpu = 0.0
+        self._callback_cpu_started = 0.0
+        self._render_task: Any = None
 
     def _gc_callback(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -302,13 +307,16 @@ class LoopWatch:
             if type(handle) is timer_cls:
                 timer: Any = handle
                 watch.timer_lag.append(loop.time() - timer._when)
-            cpu_started = cpu_clock()
+            cpu_started = watch._callback_cpu_started = cpu_clock()
             started = clock()
             try:
                 original_run(handle)
             finally:
                 took = clock() - started
                 watch._iteration_callbacks += 1
+                if watch._render_task is not None and \
+                        getattr(handle._callback, "__self__", None) is watch._render_task:
+                    watch._pass_cpu += cpu_clock() - cpu_started
                 if took >= threshold:
                     watch._ran(handle, took, cpu_clock() - cpu_started, watch._gc_in_callback)
 
@@ -399,6 +407,10 @@ class LoopWatch:
         def render_pass(original: Any) -> Any:
             async def _render_pass(runtime: Any, deliveries: Any) -> Any:
                 watch._finish_pass()
+                watch._render_task = asyncio.current_task()
+                watch._pass_cpu = 0.0
+                turns = watch.iterations
+                cpu_started = time.thread_time()
                 started = clock()
                 for item in deliveries:
                     at = watch._put_at.pop(id(item), None)
@@ -409,6 +421,10 @@ class LoopWatch:
                 finally:
                     watch._pass_end = clock()
                     watch.pass_duration.append(watch._pass_end - started)
+                    # The step running now is not counted by _run yet: add its part.
+                    partial = time.thread_time() - max(cpu_started, watch._callback_cpu_started)
+                    watch.pass_cpu.append(watch._pass_cpu + partial)
+                    watch.pass_turns.append(float(watch.iterations - turns + 1))
             return _render_pass
 
         def write(original: Any) -> Any:
@@ -463,6 +479,10 @@ class LoopWatch:
             "commit_to_notify": _summary(self.commit_to_notify),
             "notify_to_pass": _summary(self.notify_to_pass),
             "pass_duration": _summary(self.pass_duration),
+            "pass_cpu": _summary(self.pass_cpu),
+            "pass_turns": {"n": len(self.pass_turns), "p50": _pct(self.pass_turns, 0.5),
+                           "p99": _pct(self.pass_turns, 0.99),
+                           "max": max(self.pass_turns, default=0.0)},
             "pass_to_last_write": _summary(self.pass_to_write),
         }
 
