@@ -97,11 +97,12 @@ async def series(http: httpx.AsyncClient, name: str) -> float:
 
 
 async def settle(svc: Service, http: httpx.AsyncClient, releases: float | None,
-                 bound: float = 120) -> tuple[float, bool]:
+                 bound: float = 120) -> tuple[float, bool, float]:
     """Wait until the pod reports no live session, has counted a release of
     free memory since ``releases`` (within 20 s of the last close; None: do
     not wait for one) and its RSS
-    stops moving; the seconds it took and whether it released."""
+    stops moving; the seconds it took, whether it released and the settled
+    RSS (before the probe's own collection)."""
     begin = time.monotonic()
     while await series(http, "service_engine_live_sessions") > 0:
         if time.monotonic() - begin > bound:
@@ -121,7 +122,7 @@ async def settle(svc: Service, http: httpx.AsyncClient, releases: float | None,
         if abs(now - last) < 0.5:
             break
         last = now
-    return time.monotonic() - begin, released
+    return time.monotonic() - begin, released, last
 
 
 async def open_close(svc: Service, count: int, prefix: str) -> int:
@@ -158,7 +159,7 @@ async def size(svc: Service, http: httpx.AsyncClient, folder: Path, count: int,
     held = await probe(svc, folder, "held")
     await asyncio.gather(*(s.ws.close() for s in subscribers), return_exceptions=True)
     del subscribers
-    settled, released = await settle(
+    settled, released, settled_rss = await settle(
         svc, http, releases if count >= RELEASE_MIN_CLOSED else None)
     after = await probe(svc, folder, "report")
     trimmed = await probe(svc, folder, "trim")
@@ -174,7 +175,7 @@ async def size(svc: Service, http: httpx.AsyncClient, folder: Path, count: int,
             written.replace(target)
             kept[name] = str(target)
     return {"sessions": count, "live": live, "live_s": live_s, "settle_s": settled,
-            "released": released,
+            "released": released, "settled_rss": settled_rss,
             "mark": mark, "held": held, "after": after,
             "trimmed": trimmed, "lingered": lingered, **kept}
 
@@ -192,6 +193,7 @@ def print_size(r: dict[str, Any]) -> None:
         print(f"{name:22} {a:10.1f} {b:10.1f} {c:12.1f} {ratio:10.2f}  {unit}")
 
     row("RSS", "rss", 1, "MB")
+    print(f"{'RSS settled, pre-probe':22} {r['settled_rss']:35.1f}  MB (before the probe's collection)")
     print(f"{'RSS after malloc_trim':22} {r['trimmed']['rss']:35.1f}  MB (asked by the probe)")
     if r["lingered"] is not None:
         later = r["lingered"]

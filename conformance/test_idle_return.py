@@ -46,14 +46,20 @@ def session_containers(engine: Engine) -> dict[str, int]:
     return sizes
 
 
+def pool_pids(db: Database) -> set[int]:
+    """The server process of each connection the pool holds open now."""
+    return {h._con.get_server_pid() for h in db.pool._holders  # type: ignore[attr-defined]
+            if h.is_connected()}
+
+
 async def test_closing_every_session_returns_the_render_side_to_its_boot_size(
     db: Database,
 ) -> None:
     """MANY sessions in 30 cohorts attach, go live and close: no session is left in the
     registry, its interest routes or its cohort index, each of those containers is back
     to its footprint at boot (not merely emptied with its grown table), the beat saw
-    the fall and released free memory, and a session opened afterwards is routed and
-    rendered as on a fresh pod."""
+    the fall, closed the pool connections the burst used and released free memory,
+    and a session opened afterwards is routed and rendered as on a fresh pod."""
     async with db.pool.acquire() as conn:
         await write_card(conn, Card("c1", "acme", 1, "one"))
     async with running_engine(db, CardsView()) as engine:
@@ -67,6 +73,8 @@ async def test_closing_every_session_returns_the_render_side_to_its_boot_size(
         held = session_containers(engine)
         assert all(held[name] > idle[name] for name in ("sessions", "interest", "index:cards"))
         await wait_until(lambda: engine._release.peak >= MANY, what="the beat saw the peak")
+        burst_pool = pool_pids(db)
+        assert burst_pool
 
         for stream in streams:
             await stream.aclose()
@@ -78,6 +86,8 @@ async def test_closing_every_session_returns_the_render_side_to_its_boot_size(
         await wait_until(lambda: engine._release.peak == 0, what="the release after the close")
         if release_free_memory():  # glibc: the release is counted
             assert engine.metrics.sample("service_engine_memory_releases_total") == 1
+        # The release closed the pool's idle connections: none the burst used is left.
+        assert not pool_pids(db) & burst_pool
 
         survivor = await engine.attach(Principal("last", frozenset({"acme"})), "cards", window())
         (reset,) = await take(survivor, 1)
@@ -109,11 +119,11 @@ async def test_closing_idle_connections_leaves_no_connection_or_statement_of_a_b
     db: Database,
 ) -> None:
     """A burst of concurrent work opens pool connections past the floor and prepares
-    statements on them; `Database.close_idle_connections` closes every idle
-    connection above the pool's floor (the server sees none of the burst's sessions
-    afterwards, so none of its prepared statements), leaves the one in use alone and
-    keeps the oldest as the floor; a connection opened later prepares its statements
-    anew. A release arms no timer (no idle-connection expiry per release)."""
+    statements on them; `Database.close_idle_connections` closes every connection
+    not in use (the server sees none of the burst's sessions afterwards, so none of
+    its prepared statements) and leaves the one in use alone; the pool reopens its
+    floor with a new session, on which the burst's statement is prepared anew. A
+    release arms no timer (no idle-connection expiry per release)."""
     loop = asyncio.get_running_loop()
     held = await db.pool.acquire()
     try:
@@ -154,6 +164,8 @@ async def test_closing_idle_connections_leaves_no_connection_or_statement_of_a_b
         assert await held.fetchval("SELECT 2") == 2  # the connection in use kept serving
     finally:
         await db.pool.release(held)
-    # Both idle now: the floor keeps the oldest (the one held), the later one closes.
-    assert db.pool.get_size() == 2 and db.close_idle_connections() == 1
-    assert db.pool.get_size() == 1 and await _backends(db) == {held_pid}
+    # Both idle now: both close, and the pool reopens its floor with a new session.
+    assert db.pool.get_size() == 2 and db.close_idle_connections() == 2
+    await wait_until(lambda: db.pool.get_size() == 1, what="the pool reopening its floor")
+    backends = await _backends(db)
+    assert len(backends) == 1 and not backends & {held_pid, *burst_pids}, backends

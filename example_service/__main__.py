@@ -179,9 +179,9 @@ def _memory_probe(folder: Path, frames: int) -> None:
     With ``frames``, the step ``mark`` starts tracemalloc and ``report``
     writes what was allocated since the mark and is still alive, then stops
     it: ``report.traces.txt`` (the top 30 by traceback) and
-    ``report.objects.txt`` (those blocks that are objects the collector
-    reaches, by type and allocation site, with a sample). ``<step>.done`` is
-    written last."""
+    ``report.objects.txt`` (those blocks that are objects reachable from
+    the collector's, by type and allocation site, with a sample and the
+    object it was reached from). ``<step>.done`` is written last."""
     import collections
     import gc
     import tracemalloc
@@ -220,27 +220,39 @@ def _trace_report(folder: Path, frames: int) -> None:
     ignored = [tracemalloc.Filter(False, tracemalloc.__file__),
                tracemalloc.Filter(False, __file__),
                tracemalloc.Filter(False, "<frozen importlib._bootstrap*>")]
+    # The snapshot first: what the walk below allocates is not in it.
+    snapshot = tracemalloc.take_snapshot().filter_traces(ignored)
     sites: collections.Counter[tuple[str, str]] = collections.Counter()
     samples: dict[tuple[str, str], str] = {}
-    seen: set[int] = set()
-    for holder in gc.get_objects():
-        for obj in (holder, *gc.get_referents(holder)):
-            if id(obj) in seen:
-                continue
-            seen.add(id(obj))
-            where = tracemalloc.get_object_traceback(obj)
-            if where is None:
-                continue
-            site = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}"
-                               for f in list(reversed(where))[:4])
-            key = (type(obj).__qualname__, site)
-            sites[key] += 1
-            samples.setdefault(key, repr(obj)[:100])
-    del seen
-    objects = [f"{n:7} {kind:28} {site}\n{'':36}{samples[(kind, site)]}"
-               for (kind, site), n in sites.most_common(60)]
+    holders: dict[tuple[str, str], str] = {}
+    # Every object reachable from the collector's (untracked tuples, dicts
+    # and strings included), each with the object it was reached from.
+    roots = gc.get_objects()
+    seen: set[int] = {id(roots)}
+    stack: list[tuple[object, object]] = [(obj, None) for obj in roots]
+    seen.update(id(obj) for obj in roots)
+    while stack:
+        obj, parent = stack.pop()
+        for child in gc.get_referents(obj):
+            if id(child) not in seen:
+                seen.add(id(child))
+                stack.append((child, obj))
+        where = tracemalloc.get_object_traceback(obj)
+        if where is None or any(f.filename == __file__ for f in where):  # the probe's own
+            continue
+        site = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}"
+                           for f in list(reversed(where))[:4])
+        key = (type(obj).__qualname__, site)
+        sites[key] += 1
+        if key not in samples:
+            samples[key] = repr(obj)[:100]
+            holders[key] = ("(a root)" if parent is None else
+                            f"in {type(parent).__module__}.{type(parent).__qualname__}: "
+                            f"{repr(parent)[:80]}")
+    del seen, stack, roots
+    objects = [f"{n:7} {kind:28} {site}\n{'':36}{samples[key]}\n{'':36}{holders[key]}"
+               for key, n in sites.most_common(60) for kind, site in [key]]
     (folder / "report.objects.txt").write_text("\n".join(objects) + "\n")
-    snapshot = tracemalloc.take_snapshot().filter_traces(ignored)
     tracemalloc.stop()
     stats = snapshot.statistics("traceback")
     lines = [f"total {sum(s.size for s in stats)} bytes in {sum(s.count for s in stats)} "

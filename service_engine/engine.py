@@ -829,6 +829,7 @@ class Engine:
         if self._release.observe(live):
             started = time.perf_counter()
             closed = self.db.close_idle_connections()  # the burst's, and its statements
+            await asyncio.sleep(0)  # their transports are let go in the next loop turn
             released = release_free_memory()
             if released:
                 self.metrics.add_memory_release()

@@ -13,7 +13,6 @@ ends cleanly: there is nothing for the reset to undo.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 from collections.abc import AsyncIterator, Collection
 from typing import Any
@@ -35,9 +34,6 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
-_OPENED = itertools.count()
-
-
 class PooledConnection(asyncpg.Connection):
     """A pool connection whose release reset may already have been sent.
 
@@ -47,12 +43,11 @@ class PooledConnection(asyncpg.Connection):
     read) leaves it unmarked and is reset as asyncpg always does.
     """
 
-    __slots__ = ("_session_reset", "opened")
+    __slots__ = ("_session_reset",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._session_reset = False
-        self.opened = next(_OPENED)  # the order this process opened them in
 
     def _mark_session_reset(self) -> None:
         self._session_reset = True
@@ -146,25 +141,23 @@ class Database(AsyncResource):
             return rows
 
     def close_idle_connections(self) -> int:
-        """Close the pool's idle connections above its floor (``min_size``),
-        keeping the oldest; how many were closed.
+        """Close every pool connection not in use now; how many were closed.
 
         For a pod gone idle after a burst (`ReleaseAfterClose`): the
-        connections the burst opened, with the statements it prepared on
-        them (asyncpg's per-connection cache), stay in the heap among the
-        burst's freed memory and keep its pages mapped; closed, they free
-        them. The floor kept is the connections opened first (before the
-        burst, their statements prepared then): nothing is reopened. A
-        connection in use is left alone.
+        connections the burst opened, and the statements it prepared on
+        any connection (asyncpg's per-connection cache), stay in the heap
+        among the burst's freed memory and keep its pages mapped; closed,
+        they free them. The pool reopens its floor (``min_size``) at once,
+        in a task of its own, and a connection prepares its statements
+        again on first use. A connection in use is left alone.
         """
         pool: Any = self.pool  # asyncpg keeps its holders private: no public walk
-        every: list[Any] = pool._holders
-        holders = [h for h in every if h.is_connected() and h.is_idle()]
-        holders.sort(key=lambda h: getattr(h._con, "opened", 0))
-        keep = max(0, self.pool.get_min_size() - (self.pool.get_size() - len(holders)))
-        for holder in holders[keep:]:
-            holder.terminate()
-        return len(holders[keep:])
+        closed = 0
+        for holder in pool._holders:
+            if holder.is_connected() and holder.is_idle():
+                holder.terminate()
+                closed += 1
+        return closed
 
     async def aclose(self) -> None:
         await self.pool.close()
