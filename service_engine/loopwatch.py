@@ -1,6 +1,6 @@
 """Where the event loop's time goes: a debug-only watch of one pod's loop.
 
-Off unless `install` is called (the reference service calls it when
+Off unless `install` is called (`Engine.run` starts one when
 ``SERVICE_ENGINE_DEBUG_LOOP_WATCH`` names a threshold in milliseconds). It
 patches the process's asyncio ``Handle._run`` and the loop's ``_run_once``
 and selector, so it costs ~1 µs per callback: never on in production.
@@ -11,7 +11,9 @@ What it records, from `reset` to `snapshot`:
   ran for the threshold or more, by kind (the task's coroutine, the
   transport's protocol, the callback's name), with where a task step
   suspended (its await chain's innermost engine frame) and the collector
-  time inside it;
+  time inside it; and, of those, the ones whose own CPU (``time.thread_time``)
+  reached the threshold (on a loaded machine wall time includes the waits
+  for a core);
 * every collection (``gc.callbacks``) by generation, and those that took the
   threshold or more;
 * every loop iteration whose busy time (the iteration less its selector
@@ -20,7 +22,9 @@ What it records, from `reset` to `snapshot`:
 * the delivery timeline: a pipeline COMMIT sent (`Database.commit`) to its
   NOTIFY's group handed to the render side (``ImpactChannel.put``, matched
   first in, first out), to the render pass that took it, to the pass's end,
-  to the last frame written after it (``WireSocket`` writes).
+  to the last frame written after it (a subscriber socket's transport
+  write); a pass's own CPU and the loop turns it spans;
+* on each `dump`, which GC-tracked types grew since the last one.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ _installed: list[LoopWatch] = []
 def dump_path(pid: int) -> Path:
     """Where the pod ``pid``'s watch writes on SIGUSR2."""
     return Path(tempfile.gettempdir()) / f"service-engine-loopwatch-{pid}.json"
+
 
 _ENGINE_FILES = ("service_engine", "example_service")
 
