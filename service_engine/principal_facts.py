@@ -57,15 +57,21 @@ class PrincipalFactLoaders:
         """``principal`` with every slice's fact loaded; `PrincipalFactLoadFailed`
         when a loader raises or answers nothing."""
         for loader in self._loaders:
-            name = getattr(loader, "__qualname__", repr(loader))
             try:
                 loaded = await loader(principal)
             except Exception as exc:
+                name = _name(loader)
                 _log.warning("principal fact loader %s failed: %s", name, exc, exc_info=exc)
                 raise PrincipalFactLoadFailed(
                     f"principal fact loader {name} failed: {type(exc).__name__}"
                 ) from exc
             if loaded is None:
-                raise PrincipalFactLoadFailed(f"principal fact loader {name} answered None")
+                raise PrincipalFactLoadFailed(
+                    f"principal fact loader {_name(loader)} answered None"
+                )
             principal = loaded
         return principal
+
+
+def _name(loader: PrincipalFactLoader) -> str:
+    return getattr(loader, "__qualname__", repr(loader))
