@@ -17,7 +17,7 @@ from graphql import parse
 from service_engine.config import EngineConfig
 from service_engine.graphql.app import limited_schema
 from service_engine.graphql.delivery_plan import dumps
-from service_engine.graphql.http_ops import HttpOps, plan_http_operation
+from service_engine.graphql.http_ops import MAX_KNOWN_DOCUMENT_CHARS, HttpOps, plan_http_operation
 from service_engine.graphql.results import MutationResult
 
 
@@ -246,3 +246,13 @@ def test_the_lru_is_bounded() -> None:
     assert ops.count == 2
     assert ops.known('query { item(id: "3") { id } }', None) is not None
     assert ops.known('query { item(id: "0") { id } }', None) is None
+
+
+async def test_a_document_past_the_text_bound_is_never_kept() -> None:
+    """A document longer than MAX_KNOWN_DOCUMENT_CHARS stays ordinary."""
+    schema = served()
+    ops = HttpOps(schema)
+    query = 'query { item(id: "1") { id } }' + " " * MAX_KNOWN_DOCUMENT_CHARS
+    with ops.learning(query, None):
+        await schema.execute(query)
+    assert ops.known(query, None) is None

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KNOWN_HTTP_DOCUMENTS",
+    "MAX_KNOWN_DOCUMENT_CHARS",
     "HttpOps",
     "OperationPlan",
     "plan_http_operation",
@@ -77,6 +78,10 @@ __all__ = [
 
 KNOWN_HTTP_DOCUMENTS = 1024
 """Known (document text, operationName) kept per app (an LRU)."""
+
+MAX_KNOWN_DOCUMENT_CHARS = 65_536
+"""A longer document text is never kept (it stays ordinary): the LRU holds
+at most `KNOWN_HTTP_DOCUMENTS` texts of at most this many characters."""
 
 MAX_COERCION_ERRORS = 50
 """graphql-core's default bound on variable coercion errors (as the ordinary path)."""
@@ -276,6 +281,7 @@ class HttpOps:
         if (
             not self.enabled
             or not isinstance(query, str)
+            or len(query) > MAX_KNOWN_DOCUMENT_CHARS
             or not (operation_name is None or isinstance(operation_name, str))
             or (query, operation_name) in self._known
         ):
