@@ -770,6 +770,20 @@ class WireSocket(asyncio.Protocol):
         woken, self._woken = self._woken, None
         if not woken or self._closed:
             return
+        if len(woken) == 1:
+            # One op woken (one subscription per socket, the common case):
+            # its drain's texts go straight to the transport.
+            live = woken[0]
+            try:
+                more = live.drain(self.write_texts)
+            except Exception:
+                _log.exception("live operation %s failed to drain", live.id)
+                self._forget(live.id, live)
+                live.close()
+                return
+            if more and not self._paused:
+                self._wake(live)
+            return
         texts: list[str] = []
         write = texts.extend
         again: list[LiveOp] = []
@@ -909,6 +923,9 @@ class WireSocket(asyncio.Protocol):
             self._flush()
             return
         frame = wp.text_frame
+        if len(texts) == 1:
+            self.transport.write(frame(texts[0].encode()))
+            return
         self.transport.write(b"".join([frame(text.encode()) for text in texts]))
 
     @property
