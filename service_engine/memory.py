@@ -9,10 +9,13 @@ what the sessions left in cycles where that can give memory back).
 
 What that returns depends on the allocator Python runs on. With its default
 small-object allocator (pymalloc), memory comes back only in whole 1 MiB arenas,
-and a few objects that outlive the sessions (a connection's prepared statement,
-a timer) keep an arena each: little is returned. With ``PYTHONMALLOC=malloc``
-every object lives in glibc's heap, where ``malloc_trim`` returns each free page
-(``bench/idle_return.py`` measures both; ``bench/README.md``, "Back to idle").
+and any block allocated during the burst that outlives it (the engine closes
+the burst's pool connections and their statements first,
+`Database.close_idle_connections`; long-lived state replaced while the
+sessions were open remains) keeps its arena: little is returned. With
+``PYTHONMALLOC=malloc`` every object lives in glibc's heap, where
+``malloc_trim`` returns each free page (``bench/idle_return.py`` measures both;
+``bench/README.md``, "Back to idle").
 
 The policy is pure; only `release_free_memory` touches the C library.
 """
@@ -79,8 +82,9 @@ def release_free_memory() -> bool:
     it cannot be asked (no glibc). On the C allocator's heap
     (``PYTHONMALLOC=malloc``) cyclic garbage is collected first: what closed
     sessions left in reference cycles is freed only by a collection, and a
-    tuned pod collects rarely (after 10,000 sessions the collection is
-    ~0.5 s; on pymalloc it would return nothing more, so it is skipped)."""
+    tuned pod collects rarely. On pymalloc it is skipped: it returned
+    nothing more there (the arenas stay pinned) and stalled the loop 0.5 s
+    after 10,000 sessions closed (2.0 s at load 9)."""
     if not on_pymalloc():
         gc.collect()
     trim = _malloc_trim()
