@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from service_engine.render import Projector, Unrestricted
 from service_engine.render.cohort_index import SharedGates
 from service_engine.render.deltas import Remove, Reset, Upsert, new_upsert
+from service_engine.render.interest import Interest, Route
 from service_engine.render.projector import Visibility
 from service_engine.render.sharing import HeldViews, Interned, SharedViews
 from service_engine.render.stream import Backlog
@@ -164,3 +165,24 @@ def test_new_upsert_is_an_upsert() -> None:
     """The slot-built Upsert equals, hashes and prints as the constructed one."""
     built, made = new_upsert(3, "k", "v"), Upsert(3, "k", "v", None)
     assert built == made and hash(built) == hash(made) and repr(built) == repr(made)
+
+
+def test_a_principals_sessions_are_found_whether_it_holds_one_or_several() -> None:
+    """The routing of a principal's facts change finds every session of
+    that principal as its sessions come and go (one: a 1-tuple; several: a set)."""
+    interest: Interest[str] = Interest()
+    interest.register(Route("p", {"card": None}))
+    interest.watch("s1", "p", "alice", None)
+    assert interest.principal_sessions("p", ["alice"]) == {"s1"}
+    interest.watch("s2", "p", "alice", None)
+    interest.watch("s3", "p", "bob", None)
+    assert interest.principal_sessions("p", ["alice"]) == {"s1", "s2"}
+    interest.unwatch("s1")
+    assert interest.principal_sessions("p", ["alice", "bob"]) == {"s2", "s3"}
+    interest.unwatch("s3")
+    interest.unwatch("s2")
+    assert interest.principal_sessions("p", ["alice", "bob"]) == set()
+    interest.watch("s1", "p", "alice", None)
+    interest.watch("s1", "p", "alice", None)  # a second watch replaces the first
+    interest.unwatch("s1")
+    assert interest.principal_sessions("p", ["alice"]) == set()

@@ -157,7 +157,9 @@ class Interest(Generic[S]):
         self._all: dict[str, set[S]] = {}
         self._wide: dict[str, set[S]] = {}
         self._keyed: dict[str, dict[KeyText, set[S]]] = {}
-        self._principals: dict[str, dict[str, set[S]]] = {}
+        self._principals: dict[str, dict[str, tuple[S] | set[S]]] = {}
+        """Per projector, each principal's sessions: a 1-tuple while it has
+        one (most principals: one socket each), a set from the second on."""
         self._watching: dict[S, _Watch] = {}
 
     # -- registration -------------------------------------------------------
@@ -206,7 +208,14 @@ class Interest(Generic[S]):
         fixed = None if keys is None else tuple(keys)
         self._watching[session] = _Watch(projector, principal, fixed)
         self._all[projector].add(session)
-        self._principals[projector].setdefault(principal, set()).add(session)
+        by_principal = self._principals[projector]
+        peers = by_principal.get(principal)
+        if peers is None:
+            by_principal[principal] = (session,)
+        elif isinstance(peers, tuple):
+            by_principal[principal] = {*peers, session}
+        else:
+            peers.add(session)
         if fixed is None:
             self._wide[projector].add(session)
         else:
@@ -224,9 +233,13 @@ class Interest(Generic[S]):
         by_principal = self._principals[projector]
         peers = by_principal.get(watch.principal)
         if peers is not None:
-            peers.discard(session)
-            if not peers:
-                del by_principal[watch.principal]
+            if isinstance(peers, tuple):
+                if session in peers:
+                    del by_principal[watch.principal]
+            else:
+                peers.discard(session)
+                if not peers:
+                    del by_principal[watch.principal]
         if watch.keys is None:
             self._wide[projector].discard(session)
         else:
@@ -313,7 +326,7 @@ class Interest(Generic[S]):
         for principal in principals:
             peers = by_principal.get(principal)
             if peers:
-                out |= peers
+                out.update(peers)
         return out
 
     def sessions_for(self, projector: str, dirty: Dirty) -> set[S]:
@@ -331,7 +344,7 @@ class Interest(Generic[S]):
             for principal in dirty.principals:
                 peers = by_principal.get(principal)
                 if peers:
-                    out |= peers
+                    out.update(peers)
         if dirty.keys:
             out |= self._wide[projector]
             index = self._keyed[projector]
