@@ -142,7 +142,7 @@ def _headers(passport: Passport | None, content_type: str = "application/json") 
     return headers
 
 
-async def _answer(pod: Running, body: bytes, headers: dict[str, str],
+async def _answer(pod: Running, body: bytes, headers: dict[str, str] | list[tuple[str, str]],
                   method: str = "POST") -> tuple[int, str | None, bytes]:
     if method == "GET":
         response = await pod.http.get("/graphql", params=json.loads(body), headers=headers)
@@ -189,7 +189,8 @@ async def test_the_lean_post_leaves_other_requests_to_strawberrys_view(
     pods: tuple[Running, Running],
 ) -> None:
     """GET queries, a body past the limit, a body that is not JSON, a batch,
-    another content type, a request with extensions, a streaming Accept:
+    another content type (or JSON's spelled otherwise, a similar media type,
+    a second Content-Type header), a request with extensions, a streaming Accept:
     the same answers from both pods (the ordinary view's), a document known
     or not."""
     off, on = pods
@@ -197,7 +198,7 @@ async def test_the_lean_post_leaves_other_requests_to_strawberrys_view(
     for _ in range(2):
         assert await _answer(on, known, _headers(ADMIN)) == \
             await _answer(off, known, _headers(ADMIN))
-    cases: list[tuple[bytes, dict[str, str], str]] = [
+    cases: list[tuple[bytes, dict[str, str] | list[tuple[str, str]], str]] = [
         (json.dumps({"query": BOARDS, "variables": json.dumps({"n": 1})}).encode(),
          _headers(ADMIN), "GET"),
         (json.dumps({"query": "query { boards { id } }"}).encode(), _headers(ADMIN), "GET"),
@@ -207,6 +208,12 @@ async def test_the_lean_post_leaves_other_requests_to_strawberrys_view(
         (json.dumps({"query": BOARDS, "variables": [1]}).encode(), _headers(ADMIN), "POST"),
         (json.dumps({"query": BOARDS, "operationName": 3}).encode(), _headers(ADMIN), "POST"),
         (json.dumps({"query": BOARDS}).encode(), _headers(ADMIN, "text/plain"), "POST"),
+        (known, _headers(ADMIN, "APPLICATION/JSON"), "POST"),
+        (known, _headers(ADMIN, "Application/Json; charset=UTF-8"), "POST"),
+        (known, _headers(ADMIN, "application/json; charset=latin-1"), "POST"),
+        (known, _headers(ADMIN, "application/jsonx"), "POST"),
+        (known, [*_headers(ADMIN, "text/plain").items(), ("content-type", "application/json")],
+         "POST"),
         (json.dumps({"query": BOARDS}).encode(),
          {**_headers(ADMIN), "accept": "multipart/mixed;subscriptionSpec=1.0"}, "POST"),
         (json.dumps({"query": BOARDS, "pad": "x" * 1_100_000}).encode(), _headers(ADMIN), "POST"),

@@ -256,3 +256,23 @@ async def test_a_document_past_the_text_bound_is_never_kept() -> None:
     with ops.learning(query, None):
         await schema.execute(query)
     assert ops.known(query, None) is None
+
+
+async def test_only_the_requests_own_document_is_learnt() -> None:
+    """A GraphQL execution nested in the learning request's run (a resolver,
+    or a task it spawned, executing another document) is not kept under the
+    request's text: the known plan answers what the request asked."""
+    schema = served()
+    ops = HttpOps(schema)
+    query = 'query { item(id: "1") { id title } }'
+
+    async def nested() -> None:
+        await schema.execute('mutation { touch(id: "9") { success } }')
+
+    with ops.learning(query, None):
+        first = await schema.execute(query)
+        await asyncio.create_task(nested())
+    plan = ops.known(query, None)
+    assert plan is not None
+    again = await ops.execute(plan, query, None, None)
+    assert again.data == first.data

@@ -732,6 +732,19 @@ class _HandshakeSlot:
             self._slots.release()
 
 
+_LEAN_CONTENT_TYPES = frozenset({
+    b"application/json",
+    b"application/json; charset=utf-8",
+    b"application/json;charset=utf-8",
+    b"application/json; charset=UTF-8",
+    b"application/json;charset=UTF-8",
+})
+"""The Content-Type values the lean POST answers itself: exactly those
+Strawberry's view reads as a UTF-8 JSON body. Any other spelling (case,
+parameters, a similar media type) goes to the view, which decides as it
+always has."""
+
+
 class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
     graphql_transport_ws_handler_class = _TransportWSHandler
     websocket_adapter_class = _WebSocketAdapter
@@ -907,14 +920,14 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
                 except ValueError:
                     declared = None
                     break
-            elif name == b"content-type":
-                content_type = value
+            elif name == b"content-type" and not content_type:
+                content_type = value  # the first, as Starlette's request reads it
             elif name == b"accept":
                 accept = value.decode("latin-1")
         if (
             declared is None
             or declared > self.config.http_max_body_bytes
-            or content_type.split(b";", 1)[0].strip().lower() != b"application/json"
+            or content_type not in _LEAN_CONTENT_TYPES
             or (accept and self._get_stream_transport_from_headers({"accept": accept}))
         ):
             await ordinary(scope, receive, send)

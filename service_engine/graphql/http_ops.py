@@ -290,10 +290,18 @@ class HttpOps:
 
     @contextlib.contextmanager
     def _learning(self, key: tuple[str, str | None]) -> Iterator[None]:
+        learnt = False
+
         def seen(execution_context: ExecutionContext) -> None:
+            # Only the request's own document, once: a nested execute (a
+            # resolver running GraphQL) or a task spawned during the run sees
+            # this callback too, and its document must not be kept under
+            # this key.
+            nonlocal learnt
             document = execution_context.graphql_document
-            if document is None:
+            if learnt or document is None or execution_context.query != key[0]:
                 return
+            learnt = True
             try:
                 name = execution_context.operation_name
             except RuntimeError:
