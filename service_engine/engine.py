@@ -87,10 +87,10 @@ ENGINE_VERSION = "0.1.0"
 REASON_NOT_RUNNING = "not_running"
 REASON_INBOUND_BOOT = "inbound_boot"
 DEAD_LETTER_GAUGE_EVERY = 5.0
+"""The most seconds between reads of the dead letters waiting (a GROUP BY per pod)."""
 LOOP_LAG_INTERVAL = 0.05
 """How often the loop-lag worker asks for a wake (20 a second): each wake's
 lateness is one ``service_engine_loop_lag_seconds`` observation."""
-"""The most seconds between reads of the dead letters waiting (a GROUP BY per pod)."""
 
 _log = logging.getLogger(__name__)
 
