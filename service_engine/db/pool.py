@@ -90,7 +90,7 @@ class Database(AsyncResource):
         once, so it is taken without the bound's task and timer; the pool
         keeps ``bound`` as the bound of that connection's release reset."""
         pool = self.pool
-        if pool.get_idle_size() == 0:
+        if not _hands_over_at_once(pool):
             return await pool.acquire(timeout=bound)
         conn: Any = await pool.acquire()
         conn._holder._timeout = bound  # what acquire(timeout=...) records
@@ -198,3 +198,23 @@ async def connect_pool(
         url, min_size=min_size, max_size=max_size, init=_init_connection, **pool_options
     )
     return Database(pool, url)
+
+
+def _hands_over_at_once(pool: Any) -> bool:
+    """Whether ``pool.acquire()`` returns without awaiting anything: a
+    connected idle holder is queued (the queue hands out connected ones
+    first), no ``setup`` hook runs on the way out (a holder in its setup
+    still counts as idle), and no connected holder is of an expired
+    generation (taking it would reconnect). Otherwise the acquire must be
+    bounded."""
+    if pool._setup is not None:
+        return False
+    generation = pool._generation
+    idle = False
+    for holder in pool._holders:
+        if holder.is_connected():
+            if holder._generation != generation:
+                return False
+            idle = idle or holder.is_idle()
+    return idle
+

@@ -1,0 +1,63 @@
+"""`Database.acquire(bound)`: an idle connection is handed over at once, and
+the bound holds whenever the pool would make the caller wait."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from service_engine import connect_pool
+from service_engine.embedded import ProvisionedDatabase
+
+
+async def test_the_bound_holds_while_another_acquire_runs_the_pools_setup(
+    database: ProvisionedDatabase,
+) -> None:
+    """A holder in another acquire's ``setup`` hook still counts as idle in
+    asyncpg; an acquire behind it times out within its bound instead of
+    waiting for that setup (and the release after it)."""
+    in_setup = asyncio.Event()
+    leave_setup = asyncio.Event()
+
+    async def setup(_conn: Any) -> None:
+        in_setup.set()
+        await leave_setup.wait()
+
+    db = await connect_pool(database.app_url, min_size=1, max_size=1, setup=setup)
+    try:
+        first = asyncio.ensure_future(db.pool.acquire())
+        await asyncio.wait_for(in_setup.wait(), 10)
+        await _times_out(db.acquire(0.1))
+        leave_setup.set()
+        await db.pool.release(await first)
+    finally:
+        leave_setup.set()
+        await db.aclose()
+
+
+async def test_an_idle_connection_is_handed_over_and_a_busy_pool_bounds_the_wait(
+    database: ProvisionedDatabase,
+) -> None:
+    """With a connection idle the acquire returns it; with none, the acquire
+    raises within its bound; a released connection is taken again."""
+    db = await connect_pool(database.app_url, min_size=1, max_size=1)
+    try:
+        conn = await db.acquire(1.0)
+        assert await conn.fetchval("SELECT 1") == 1
+        await _times_out(db.acquire(0.1))
+        await db.pool.release(conn)
+        again = await db.acquire(1.0)
+        assert await again.fetchval("SELECT 2") == 2
+        await db.pool.release(again)
+    finally:
+        await db.aclose()
+
+
+async def _times_out(acquiring: Any) -> None:
+    """The acquire itself raises its timeout (not a wait of ours around it)."""
+    task = asyncio.ensure_future(acquiring)
+    done, _ = await asyncio.wait({task}, timeout=10)
+    if task not in done:
+        task.cancel()
+    assert task in done, "the acquire waited past its bound"
+    assert isinstance(task.exception(), TimeoutError)
