@@ -61,3 +61,30 @@ async def _times_out(acquiring: Any) -> None:
         task.cancel()
     assert task in done, "the acquire waited past its bound"
     assert isinstance(task.exception(), TimeoutError)
+
+
+async def test_closing_unneeded_connections_keeps_the_count_asked_and_those_in_use(
+    database: ProvisionedDatabase,
+) -> None:
+    """`close_idle_above(keep)` closes idle connections down to ``keep``
+    (never below the floor), never one in use, and the pool still serves."""
+    db = await connect_pool(database.app_url, min_size=1, max_size=4)
+    held = [await db.acquire(1.0) for _ in range(4)]
+    try:
+        for conn in held[1:]:
+            await db.pool.release(conn)
+        assert db.in_use() == 1
+        assert db.close_idle_above(2) == 2  # four open, two kept
+        assert db.close_idle_above(0) == 1  # down to the floor: the one in use
+        assert not held[0].is_closed()
+        assert await held[0].fetchval("SELECT 1") == 1
+        await db.pool.release(held[0])
+        held.clear()
+        assert db.close_idle_above(0) == 0  # the floor stays
+        conn = await db.acquire(1.0)
+        assert await conn.fetchval("SELECT 3") == 3
+        await db.pool.release(conn)
+    finally:
+        if held:
+            await db.pool.release(held[0])
+        await db.aclose()

@@ -15,7 +15,7 @@ from .blobs.model import BlobKind, BlobPolicy, DownloadUrl
 from .blobs.runtime import BlobRuntime
 from .blobs.store import BlobStoreConfig
 from .config import EngineConfig
-from .db.pool import Database
+from .db.pool import Database, IdleConnections
 from .db.posture import assert_posture
 from .db.schema_version import Claim, VersionIdentity, claim_at_boot, claim_schema_version
 from .erasure import Erasable, Eraser, ErasureResult
@@ -132,9 +132,11 @@ class Engine:
             "scheduled_impacts": self._fire_due,
             "sessions": self.render.beat,
             "memory": self._release_after_close,
+            "idle_connections": self._close_unneeded_connections,
             "cron": self.crons.beat,
         }
         self._release = ReleaseAfterClose()
+        self._idle_connections = IdleConnections()
         self.nats_health: NatsHealth | None = None
         self.outbox: OutboxRelay | None = None
         self.scheduled: ScheduledPublisher | None = None
@@ -837,6 +839,18 @@ class Engine:
                       " in %.1f ms", live, closed,
                       "released" if released else "not releasable here",
                       (time.perf_counter() - started) * 1e3)
+
+    async def _close_unneeded_connections(self) -> None:
+        """Close the pool connections the last `IDLE_CONNECTION_WINDOW`
+        never needed at once (the pool arms no idle timer per release)."""
+        keep = self._idle_connections.observe(
+            asyncio.get_running_loop().time(), self.db.in_use()
+        )
+        if keep is not None:
+            closed = self.db.close_idle_above(keep)
+            if closed:
+                _log.info("%d pool connections unneeded for %.0f s closed", closed,
+                          self._idle_connections.window)
 
     async def _gauge_dead_letters(self) -> None:
         """``dead_letters_waiting{source}``, read every ten beats (at most

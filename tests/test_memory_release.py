@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+from service_engine.db.pool import IdleConnections
 from service_engine.memory import release_free_memory
 
 
@@ -30,3 +31,15 @@ def test_the_release_frees_cyclic_garbage_whatever_the_allocator() -> None:
     finally:
         if enabled:
             gc.enable()
+
+
+def test_idle_connections_keep_what_a_window_needed_at_its_peak() -> None:
+    """Nothing is decided inside a window; at its end the count to keep is
+    the window's peak in use, and the next window starts from the count then."""
+    idle = IdleConnections(window=10.0)
+    assert idle.observe(0.0, 1) is None
+    assert idle.observe(3.0, 7) is None
+    assert idle.observe(9.9, 2) is None
+    assert idle.observe(10.0, 2) == 7
+    assert idle.observe(15.0, 1) is None
+    assert idle.observe(20.0, 0) == 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -159,8 +160,56 @@ class Database(AsyncResource):
                 closed += 1
         return closed
 
+    def close_idle_above(self, keep: int) -> int:
+        """Close idle pool connections while more than ``keep`` are open
+        (never one in use, never below the pool's floor); how many were
+        closed. `IdleConnections` says when and how many to keep."""
+        pool: Any = self.pool
+        open_now = sum(1 for holder in pool._holders if holder.is_connected())
+        keep = max(keep, pool._minsize)
+        closed = 0
+        for holder in pool._holders:
+            if open_now - closed <= keep:
+                break
+            if holder.is_connected() and holder.is_idle():
+                holder.terminate()
+                closed += 1
+        return closed
+
+    def in_use(self) -> int:
+        """Pool connections in use now."""
+        return self.pool.get_size() - self.pool.get_idle_size()
+
     async def aclose(self) -> None:
         await self.pool.close()
+
+
+IDLE_CONNECTION_WINDOW = 300.0
+"""Seconds after which pool connections the pod did not need are closed
+(asyncpg's own idle lifetime, which the pool no longer arms per release)."""
+
+
+@dataclass
+class IdleConnections:
+    """When to close the pool connections a pod no longer needs: at the end
+    of each ``window`` seconds, keep as many as were in use at once at the
+    peak of that window (`observe` returns that count; None in between).
+    Feed it the in-use count on every beat. Pure: the engine's beat closes
+    (`Database.close_idle_above`)."""
+
+    window: float = IDLE_CONNECTION_WINDOW
+    started: float | None = None
+    peak: int = 0
+
+    def observe(self, now: float, in_use: int) -> int | None:
+        if self.started is None:
+            self.started, self.peak = now, in_use
+            return None
+        self.peak = max(self.peak, in_use)
+        if now - self.started < self.window:
+            return None
+        keep, self.started, self.peak = self.peak, now, in_use
+        return keep
 
 
 
