@@ -109,6 +109,24 @@ class OpenRows(Rows):
     VISIBILITY: ClassVar[Any] = Unrestricted()
 
 
+class OwnGateRows(Rows):
+    NAME = "own_gate_rows"
+
+    def render_gate(self, principal: Who) -> Any:
+        return lambda row: row.endswith(principal.id)
+
+
+def test_a_projector_with_its_own_render_gate_gets_each_principals_gate() -> None:
+    """A projector overriding `render_gate` may read more of the principal
+    than its memberships: two principals of the same orgs get their own gates."""
+    gates = SharedGates()
+    proj = OwnGateRows()
+    alice, bob = Who("a", frozenset({"acme"})), Who("b", frozenset({"acme"}))
+    gate_a, _ = gates.take(proj, alice)
+    gate_b, _ = gates.take(proj, bob)
+    assert gate_a("acme:a") and not gate_b("acme:a") and len(gates) == 0
+
+
 def test_principals_of_one_cohort_set_share_one_gate_until_the_last_leaves() -> None:
     """Two principals of the same orgs get one gate and one memberships set,
     which gates as each principal's own would; a principal of other orgs

@@ -57,7 +57,8 @@ class SharedGates:
     session holds references, not a closure and two frozensets of its own).
 
     Only for a projector gated by its declared cohorts alone (`memberships_of`
-    is not None and its `Visibility` keeps the cohort gate): that gate reads
+    is not None, its `Visibility` keeps the cohort gate and the projector
+    keeps `Projector.render_gate`): that gate reads
     nothing of the principal but its memberships. Any other projector's gate
     is the principal's own (`Projector.render_gate`). Counted: an entry goes
     when its last session is released."""
@@ -73,7 +74,11 @@ class SharedGates:
         """``principal``'s gate and memberships for ``proj`` (release them
         with `release` when the session ends or adopts another principal)."""
         memberships = memberships_of(proj, principal)
-        if memberships is None or type(proj.VISIBILITY).gate is not Visibility.gate:
+        if (
+            memberships is None
+            or type(proj.VISIBILITY).gate is not Visibility.gate
+            or type(proj).render_gate is not Projector.render_gate
+        ):
             return proj.render_gate(principal), memberships
         slot = (proj.NAME, memberships)
         entry = self._shared.get(slot)
