@@ -68,7 +68,7 @@ def test_interned_values_are_one_object_while_held(ops: list[tuple[bool, int]]) 
             for other in holding:
                 if other == value:
                     assert other is value
-            holding.append(value)  # type: ignore[arg-type]
+            holding.append(value)
         else:
             interned.release(holding.pop())
     for value in holding:
