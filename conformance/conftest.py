@@ -24,7 +24,7 @@ from service_engine.embedded import (
     provision_streams,
 )
 
-from .harness import Statements
+from .harness import Statements, logged_pool
 
 TEMPLATE = "service_engine_template"
 SAMPLE_MIGRATIONS = Path(__file__).parent / "migrations"
@@ -67,12 +67,8 @@ async def db(database: ProvisionedDatabase) -> AsyncIterator[Database]:
 @pytest.fixture
 async def logged(database: ProvisionedDatabase) -> AsyncIterator[tuple[Database, Statements]]:
     """A one-connection pool whose every statement is recorded."""
-    statements = Statements()
-    db = await connect_pool(database.app_url, min_size=1, max_size=1, setup=statements.setup)
-    try:
-        yield db, statements
-    finally:
-        await db.aclose()
+    async with logged_pool(database.app_url) as pair:
+        yield pair
 
 
 @pytest.fixture

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
-from service_engine import EngineConfig
+from service_engine import Database, EngineConfig, connect_pool
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -102,3 +103,15 @@ class Statements:
         """What was sent since the last take."""
         sent, self.sent = self.sent, []
         return sent
+
+
+@contextlib.asynccontextmanager
+async def logged_pool(url: str, *, max_size: int = 1) -> AsyncIterator[tuple[Database, Statements]]:
+    """A pool of at most ``max_size`` connections whose every statement is
+    recorded (`Statements`), closed on exit."""
+    statements = Statements()
+    db = await connect_pool(url, min_size=1, max_size=max_size, setup=statements.setup)
+    try:
+        yield db, statements
+    finally:
+        await db.aclose()

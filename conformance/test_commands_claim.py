@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from service_engine import Database, connect_pool
+from service_engine import Database
 from service_engine.commands import CommandOutcome, CommandRunner
 from service_engine.commands.rows import Occupancy, claim_statement, claimed
 from service_engine.embedded import ProvisionedDatabase
 
-from .harness import Statements
+from .harness import Statements, logged_pool
 from .sample_commands import ALICE, COMMANDS, runner_for
 from .sample_counter import listen_impacts
 
@@ -60,12 +60,8 @@ async def _seed(runner: CommandRunner) -> None:
 @pytest.fixture
 async def logged(database: ProvisionedDatabase) -> AsyncIterator[tuple[Database, Statements]]:
     """A pool whose every statement is recorded."""
-    statements = Statements()
-    db = await connect_pool(database.app_url, min_size=1, max_size=2, setup=statements.setup)
-    try:
-        yield db, statements
-    finally:
-        await db.aclose()
+    async with logged_pool(database.app_url, max_size=2) as pair:
+        yield pair
 
 
 async def test_a_claim_carries_any_title_exactly(db: Database) -> None:
