@@ -16,11 +16,21 @@ from typing import Any
 
 import pytest
 
+from example_service.graphql import build_app
+from example_service.register import register
+from example_service.slices import compose
+from service_engine import Engine, ReadinessHandle, connect_pool
 from service_engine.embedded import EmbeddedPostgres
 from service_engine.graphql import PASSPORT_HEADER, Passport
 from service_engine.graphql.http_ops import HttpOps
 
-from .example_support import Running, example_config, example_database, running
+from .example_support import (
+    Running,
+    example_config,
+    example_database,
+    running,
+    serving_engine,
+)
 
 ADMIN = Passport(sub="root", org="acme", roles=("board:archive",))
 ALICE = Passport(sub="alice", org="acme")
@@ -223,3 +233,38 @@ async def test_the_lean_post_leaves_other_requests_to_strawberrys_view(
     for body, headers, method in cases:
         assert await _answer(on, body, headers, method) == \
             await _answer(off, body, headers, method), (body[:80], headers, method)
+
+
+async def test_middleware_the_service_adds_sees_every_post(pg_server: EmbeddedPostgres) -> None:
+    """A service that adds its own middleware (``app.add_middleware``) has it
+    run for every POST of the GraphQL path, a known document's too: the lean
+    path steps aside, and the answers are the view's."""
+    seen: list[str] = []
+
+    class Counting:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                seen.append(scope["path"])
+            await self.app(scope, receive, send)
+
+    async with example_database(pg_server) as store:
+        db = await connect_pool(store.app_url, max_size=5)
+        try:
+            engine = await Engine.boot(example_config(), db, None, ReadinessHandle())
+            service = compose(("board",))
+            register(engine, service)
+            app = build_app(engine, service)
+            app.add_middleware(Counting)
+            async with serving_engine(engine, app) as (_addr, http):
+                body = json.dumps({"query": BOARDS, "variables": {"n": 2}}).encode()
+                answers = [
+                    (await http.post("/graphql", content=body, headers=_headers(ADMIN))).content
+                    for _ in range(3)
+                ]
+        finally:
+            await db.aclose()
+    assert seen.count("/graphql") == 3
+    assert answers[0] == answers[1] == answers[2]

@@ -1141,7 +1141,9 @@ def graphiql_html(
 
 class _EngineApp(Starlette):
     """The service's Starlette app; a POST on the GraphQL path goes to the
-    view's lean path first (`_EngineGraphQL.serve_post`)."""
+    view's lean path first (`_EngineGraphQL.serve_post`) unless the service
+    added middleware of its own (``add_middleware``), which must see every
+    request."""
 
     graphql_path = ""
     graphql_post: _EngineGraphQL | None = None
@@ -1151,6 +1153,7 @@ class _EngineApp(Starlette):
         if (
             view is not None
             and scope["type"] == "http"
+            and all(m.cls is BodyLimit for m in self.user_middleware)
             and scope["method"] == "POST"
             and scope["path"] == self.graphql_path
             and not scope.get("root_path")
