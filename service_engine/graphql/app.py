@@ -1147,13 +1147,15 @@ class _EngineApp(Starlette):
 
     graphql_path = ""
     graphql_post: _EngineGraphQL | None = None
+    engine_middleware = 0
+    """How many of ``user_middleware`` are the engine's own (the body limit)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         view = self.graphql_post
         if (
             view is not None
             and scope["type"] == "http"
-            and all(m.cls is BodyLimit for m in self.user_middleware)
+            and len(self.user_middleware) == self.engine_middleware
             and scope["method"] == "POST"
             and scope["path"] == self.graphql_path
             and not scope.get("root_path")
@@ -1239,6 +1241,7 @@ def graphql_app(
     if view.lean_http:
         app.graphql_path = path
         app.graphql_post = view
+        app.engine_middleware = len(app.user_middleware)
     # What the engine's own socket serves (host.http_config finds it).
     app.state.graphql_wire = view
     return app
