@@ -6,6 +6,7 @@ service."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from dataclasses import dataclass
@@ -14,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from service_engine import Database, EngineConfig, SequenceWithoutService, SystemClock, Timestamp
+from service_engine import (
+    Database,
+    EngineConfig,
+    SequenceWithoutService,
+    SystemClock,
+    Timestamp,
+    connect_pool,
+)
+from service_engine.embedded import ProvisionedDatabase
 from service_engine.messaging.envelope import (
     Actor,
     EventMetadata,
@@ -187,3 +196,47 @@ async def test_a_reaction_sends_as_the_service_within_the_inbound_conversation(
         inbound.message_id,
     )
     assert [m["message_id"] for m in json.loads(stored)] == [str(event["message_id"])]
+
+
+async def test_a_reaction_resolves_its_principal_before_taking_its_connection(
+    database: ProvisionedDatabase,
+) -> None:
+    """A principal resolver that reads the database (a principal fact) runs
+    before the reaction's transaction takes its pool connection: more
+    reactions at once than the pool holds all complete, none waiting for a
+    second connection while holding one."""
+    pool = await connect_pool(database.app_url, min_size=1, max_size=2)
+    try:
+        async def resolver(actor: Actor) -> object:
+            await pool.fetch("SELECT 1")  # a fact load on the same pool
+            return actor
+
+        async def react(cx: Reaction[Any], command: PlaceOrder) -> None:
+            assert cx.principal == Actor.person(PERSON)
+            cx.emit(OrderPlaced(order_id=command.order_id, qty=command.qty))
+
+        async def one(i: int) -> object:
+            sender = EventMetadata.originating(Actor.person(PERSON))
+            inbound = build_command(
+                PlaceOrder(order_id=f"p{i}"), service="twin", metadata=sender,
+                occurred_at=datetime.now(UTC),
+            )
+            incoming = identify(inbound.body_json().encode(), publish_headers(inbound.message_id))
+            assert isinstance(incoming, Incoming)
+            return await run_reaction(
+                pool, EngineConfig(service=SERVICE),
+                ReactionDelivery("place", incoming, inbound.subject, 1),
+                PlaceOrder(order_id=f"p{i}"), react, clock=SystemClock(),
+                resolve_principal=resolver,
+            )
+
+        running = asyncio.ensure_future(asyncio.gather(*(one(i) for i in range(6))))
+        done, _ = await asyncio.wait({running}, timeout=30)
+        if not done:
+            running.cancel()
+            pool.pool.terminate()  # the held connections would keep aclose waiting
+            pytest.fail("reactions holding the pool's connections waited for more of them")
+        assert running.result() == [Applied(1)] * 6
+    finally:
+        if not pool.pool.is_closing():
+            await pool.aclose()

@@ -138,10 +138,7 @@ async def run_reaction(
 
     async def run_handler(cx: Reaction[Any]) -> None:
         if resolve_principal is not None:
-            resolved = resolve_principal(incoming.metadata.actor)
-            if inspect.isawaitable(resolved):
-                resolved = await resolved
-            cx._principal = resolved
+            cx._principal = principal
         result = await handler(cx, payload)
         if isinstance(result, Disposition):
             raise result
@@ -185,6 +182,14 @@ async def run_reaction(
         cx._confirmation = Confirmation.of(incoming.message_id, name, emitted)
         return Applied(len(emitted))
 
+    principal: Any = None
+    if resolve_principal is not None:
+        # Before the pipeline takes its connection: a resolver that reads the
+        # database (a principal fact) takes a pool connection of its own, and
+        # reactions holding every connection while each waits for a second
+        # one would never move again.
+        resolved = resolve_principal(incoming.metadata.actor)
+        principal = await resolved if inspect.isawaitable(resolved) else resolved
     try:
         return await run_pipeline(
             db, config, open_context, body, clock=clock, metrics=metrics, hook=hook
