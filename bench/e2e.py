@@ -16,7 +16,7 @@ boards per org) and ``rate`` writes/s spread over the orgs and their boards: eac
   of the Upsert carrying that title, per subscriber (p50 / p99 / max);
 - ``deliv``: Upserts received / expected (writes x subscribers of the org);
 - ``ack p99``: the mutation's answer time (writers must not be pushed back);
-- ``cpu/deliv``: the service process's CPU (user+sys, not Postgres's or
+- ``cpu/deliv``: the service process's CPU (user+sys; ``of it sys`` the kernel part; not Postgres's or
   NATS's) during the cell over the deliveries.
 
 ``--idle`` opens that many idle sessions at once (one subscription each),
@@ -81,9 +81,11 @@ def passport(sub: str, org: str) -> str:
     return json.dumps({"sub": sub, "org": org, "roles": ["board:archive"]}, separators=(",", ":"))
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, *, sys_only: bool = False) -> float:
+    """The process's CPU (user + sys), or its sys part alone."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[12]) if sys_only else int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
@@ -124,6 +126,9 @@ class Service:
 
     def cpu(self) -> float:
         return sum(cpu_seconds(p) for p in self.pids)
+
+    def sys_cpu(self) -> float:
+        return sum(cpu_seconds(p, sys_only=True) for p in self.pids)
 
     def rss(self) -> float:
         return sum(rss_mb(p) for p in self.pids)
@@ -352,7 +357,7 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
 
         if watch:
             await watch_dump(svc)  # what ran before the writes: discarded
-        cpu0 = svc.cpu()
+        cpu0, sys0 = svc.cpu(), svc.sys_cpu()
         tasks = []
         total = int(rate * seconds)
         begin = time.perf_counter()
@@ -386,7 +391,7 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
             if quiet > 1.0 and converged() == len(subscribers):
                 break  # every subscriber holds the latest state: the rest collapsed
             await asyncio.sleep(0.2)
-        cpu = svc.cpu() - cpu0
+        cpu, sys_cpu = svc.cpu() - cpu0, svc.sys_cpu() - sys0
         watched = await watch_dump(svc) if watch else None
         settled = max((s.last_at for s in subscribers), default=writes_done) - writes_done
         n_converged = converged()
@@ -402,6 +407,7 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
         "ack_p50": pct(acks, 0.5) * 1e3, "resets": resets,
         "converged": f"{n_converged}/{len(subscribers)}", "settle_s": max(0.0, settled),
         "failed": failed, "cpu_us": cpu / max(1, delivered) * 1e6,
+        "sys_us": sys_cpu / max(1, delivered) * 1e6,
         "deliv_per_s": delivered / max(1e-9, max((s.last_at for s in subscribers),
                                                    default=begin + seconds) - begin),
         "watch": watched,
@@ -478,14 +484,14 @@ async def run(args: argparse.Namespace) -> None:
                 await asyncio.to_thread(spy.wait, 30)
     print(f"\nload average {os.getloadavg()[0]:.2f}; env {base}")
     print(f"{'cell':32} {'variant':9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'deliv':>14} "
-          f"{'ack p50':>8} {'ack p99':>8} {'fail':>5} {'cpu/deliv us':>12} {'deliv/s':>8} "
+          f"{'ack p50':>8} {'ack p99':>8} {'fail':>5} {'cpu/deliv us':>12} {'of it sys':>9} {'deliv/s':>8} "
           f"{'resets':>6} {'converged':>10} {'settle s':>8}")
     for i in range(len(cells)):
         for label in rows:
             r = rows[label][i]
             print(f"{r['cell']:32} {label:9} {r['p50']:8.1f} {r['p99']:8.1f} {r['max']:8.1f} "
                   f"{r['deliv']:>14} {r['ack_p50']:8.1f} {r['ack_p99']:8.1f} {r['failed']:5} "
-                  f"{r['cpu_us']:12.1f} {r['deliv_per_s']:8.0f} {r['resets']:6} "
+                  f"{r['cpu_us']:12.1f} {r['sys_us']:9.1f} {r['deliv_per_s']:8.0f} {r['resets']:6} "
                   f"{r['converged']:>10} {r['settle_s']:8.1f}")
     if any(idles.values()):
         print(f"\n{'sessions':>8} {'variant':9} {'RSS idle':>9} {'RSS held':>9} {'RSS after':>9} "
