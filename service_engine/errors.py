@@ -168,3 +168,26 @@ class TooManyImpacts(EngineError):
     """
 
     code = "too_many_impacts"
+
+
+class NestedConnectionError(EngineError):
+    """A task that holds a pooled connection asked the same pool for another.
+
+    A handler, a store, a projector hook or an erasable runs while the
+    engine holds a connection for it (a pipeline's transaction, a render
+    read); reaching the pool again from there (`Engine.fetch`,
+    ``load_principal_facts``, `Engine.fold`, `Engine.push_chunk`,
+    `Database.fetch` ...) would wait for a second connection while holding
+    the first, and with every connection so held the pod stops for good.
+    Raised at once instead, before anything waits: nothing is committed.
+    """
+
+    code = "nested_connection"
+
+    def __init__(self, entry: str) -> None:
+        super().__init__(
+            f"{entry}: this task already holds a connection of this pool; use the "
+            "connection you were given (cx / conn): engine reads and facts cannot be "
+            "awaited inside a pipeline, a render read or a store"
+        )
+        self.entry = entry

@@ -42,6 +42,7 @@ EXPECTED = {
     "BlobStoreMissing", "DownloadUrl", "UploadUrl",
     "Erasable", "Erase", "Erased", "Eraser", "ErasureResult", "PersonErased",
     "PrincipalFactLoader", "PrincipalFactLoadFailed",
+    "NestedConnectionError",
     "EmptyScopeManifest", "MalformedScopeKey", "ScopeDeclaration", "ScopeError",
     "ScopeManifest", "ScopeManifestSpansServices", "ScopeRejected", "ScopeWithoutNats",
 }

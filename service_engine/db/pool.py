@@ -8,21 +8,53 @@ release still starts the next user from a reset session. A connection
 taken with `Database.plain` (statements that leave no session state, such
 as a principal fact's one SELECT) is marked the same way when its block
 ends cleanly: there is nothing for the reset to undo.
+
+A task that holds a pooled connection for code it does not own (the write
+pipeline around a handler, a render read around a projector's hooks) is
+marked as holding it (`Database.hold`): every engine entry that takes a
+connection from the same pool (`Database.acquire`, `plain`, `fetch`,
+`connection`) refuses that task at once with `NestedConnectionError`
+rather than wait for a second connection while holding the first, the
+wait that stops a pod whose every connection is so held. The mark names
+the task: a task started inside the block copies the mark with its
+context but is not the holder. Every acquire is bounded (``bound``,
+default `Database.acquire_bound`), so a path the mark does not cover fails
+as a `DatabaseError` instead of hanging.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Collection
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
 
-from ..errors import DatabaseUrlRefused
+from ..config import EngineConfig
+from ..errors import DatabaseUrlRefused, NestedConnectionError
 from ..resources import AsyncResource
 from .tls import trusted_hosts_from_env, validate_database_tls
+
+ACQUIRE_BOUND: float = EngineConfig.model_fields["lock_timeout"].default.total_seconds()
+"""Seconds an acquire without a bound of its own waits for a connection:
+the default ``lock_timeout`` (the engine sets its configured one,
+`Database.acquire_bound`)."""
+
+Holder: TypeAlias = tuple[object, object]
+"""Who holds a pooled connection: (the holding task, the asyncpg pool)."""
+
+_HOLDER: ContextVar[Holder | None] = ContextVar("service_engine_pool_holder", default=None)
+
+
+def holds(holder: Holder | None, task: object, pool: object) -> bool:
+    """Whether the mark ``holder`` says ``task`` holds a connection of
+    ``pool``: the same task (not one started inside the holder's block,
+    which copied the mark with its context) and the same pool."""
+    return holder is not None and holder[1] is pool and holder[0] is task
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -78,6 +110,26 @@ class Database(AsyncResource):
     def __init__(self, pool: asyncpg.Pool, url: str) -> None:
         self.pool = pool
         self._url = url
+        self.acquire_bound = ACQUIRE_BOUND
+        """Seconds `plain`, `fetch` and `connection` wait for a connection
+        when not given a bound."""
+
+    def refuse_nested(self, entry: str) -> None:
+        """Raise `NestedConnectionError` (naming ``entry``) when the current
+        task holds a connection of this pool (`hold`): one ContextVar read
+        and, only while some task holds, an identity compare."""
+        holder = _HOLDER.get()
+        if holder is not None and holds(holder, asyncio.current_task(), self.pool):
+            raise NestedConnectionError(entry)
+
+    def hold(self) -> Token[Holder | None]:
+        """Mark the current task as holding a connection of this pool until
+        `unhold` with the token (in a ``finally``: error paths too)."""
+        return _HOLDER.set((asyncio.current_task(), self.pool))
+
+    @staticmethod
+    def unhold(token: Token[Holder | None]) -> None:
+        _HOLDER.reset(token)
 
     async def connect_dedicated(self) -> asyncpg.Connection:
         """A fresh connection outside the pool; the caller closes it."""
@@ -89,7 +141,12 @@ class Database(AsyncResource):
         """A pooled connection within ``bound`` seconds (release it with
         ``pool.release``). With a connection idle the pool hands it over at
         once, so it is taken without the bound's task and timer; the pool
-        keeps ``bound`` as the bound of that connection's release reset."""
+        keeps ``bound`` as the bound of that connection's release reset.
+        Raises `NestedConnectionError` for a task holding one of this pool."""
+        self.refuse_nested("Database.acquire")
+        return await self._take(bound)
+
+    async def _take(self, bound: float) -> Any:
         pool = self.pool
         if not _hands_over_at_once(pool):
             return await pool.acquire(timeout=bound)
@@ -118,9 +175,25 @@ class Database(AsyncResource):
             mark()
 
     @contextlib.asynccontextmanager
-    async def plain(self) -> AsyncIterator[Any]:
+    async def connection(self, entry: str, bound: float | None = None) -> AsyncIterator[Any]:
+        """A pooled connection for the block, within ``bound`` seconds
+        (default `acquire_bound`), released with the pool's reset; the task
+        holds it (`hold`) while the block runs. ``entry`` names the caller
+        in the `NestedConnectionError` a holding task gets."""
+        self.refuse_nested(entry)
+        conn = await self._take(self.acquire_bound if bound is None else bound)
+        token = _HOLDER.set((asyncio.current_task(), self.pool))
+        try:
+            yield conn
+        finally:
+            _HOLDER.reset(token)
+            await self.pool.release(conn)
+
+    @contextlib.asynccontextmanager
+    async def plain(self, bound: float | None = None) -> AsyncIterator[Any]:
         """A pooled connection for statements that leave no session state
-        behind, released without the reset query (its own round trip).
+        behind, released without the reset query (its own round trip);
+        taken as `connection` takes one (bounded, refused to a holder).
 
         For autocommit reads and writes (and a transaction the block
         commits or rolls back itself) that issue no ``SET`` (``SET LOCAL``
@@ -129,14 +202,21 @@ class Database(AsyncResource):
         reset would undo. A block that raises, or leaves a transaction
         open, is reset on release as usual.
         """
-        async with self.pool.acquire() as conn:
+        self.refuse_nested("Database.plain")
+        conn = await self._take(self.acquire_bound if bound is None else bound)
+        token = _HOLDER.set((asyncio.current_task(), self.pool))
+        try:
             yield conn
             mark = getattr(conn, "_mark_session_reset", None)  # a pooled one, or its proxy
             if mark is not None and not conn.is_in_transaction():
                 mark()
+        finally:
+            _HOLDER.reset(token)
+            await self.pool.release(conn)
 
     async def fetch(self, query: str, *args: Any) -> list[Any]:
         """One statement's rows on a `plain` connection (no release reset)."""
+        self.refuse_nested("Database.fetch")
         async with self.plain() as conn:
             rows: list[Any] = await conn.fetch(query, *args)
             return rows

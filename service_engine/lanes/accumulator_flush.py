@@ -175,8 +175,13 @@ class ChunkFlusher:
 
     async def submit(self, accumulator: str, key: str, seq: ChunkSeq, chunk: bytes) -> Durable:
         """Queue one chunk and wait for its commit; raises `ChunkConflict`,
-        `KeySealed`, the `DatabaseError` of a failed flush, or `ShuttingDown`
-        when the worker stopped before the chunk was written."""
+        `KeySealed`, the `DatabaseError` of a failed flush, `ShuttingDown`
+        when the worker stopped before the chunk was written, or
+        `NestedConnectionError` (before queueing) for a task that holds a
+        connection of the pool."""
+        # Waiting on the flush (whose pass takes a pool connection) while
+        # holding one of the same pool is the wait that stops a pod.
+        self.db.refuse_nested("push_chunk")
         pending = PendingChunk(accumulator, key, seq, chunk)
         self._pending.append(pending)
         self._wake.set()
@@ -249,8 +254,9 @@ class ChunkFlusher:
         caused), so a transient conflict never reaches a caller."""
         for attempt in (1, 2):
             try:
-                async with self.db.pool.acquire() as conn:
-                    with translating(Stage.FLUSH):
+                with translating(Stage.FLUSH):
+                    bound = self.lock_timeout.total_seconds()
+                    async with self.db.connection("the chunk flush", bound) as conn:
                         return await write_chunks(conn, batch, self.lock_timeout)
             except (TransientConflict, LockTimeout) as exc:
                 if attempt == 2:

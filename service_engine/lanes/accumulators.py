@@ -50,6 +50,8 @@ class Accumulators:
         self.flusher = ChunkFlusher(db, config.lock_timeout, on_outcomes=self._count)
         self.purged = 0
         self._swept_at: float | None = None
+        self._bound = config.lock_timeout.total_seconds()
+        """How long an acquire waits for a pool connection."""
 
     @property
     def stream(self) -> str:
@@ -107,12 +109,13 @@ class Accumulators:
     async def fold(self, accumulator: Accumulator[Any] | str, key: str) -> Folded[Any]:
         """The key's folded contiguous prefix (cached, verified against the table)."""
         declared = self.resolve(accumulator)
-        async with self.db.pool.acquire() as conn:
-            with translating(Stage.LOAD):
-                # One snapshot: a seal committing meanwhile is either wholly
-                # seen (the marker) or not at all (the chunks).
-                async with conn.transaction(isolation="repeatable_read", readonly=True):
-                    return await fold_key(conn, declared, key, self.cache)
+        with translating(Stage.LOAD):
+            # One snapshot: a seal committing meanwhile is either wholly
+            # seen (the marker) or not at all (the chunks).
+            async with self.db.connection("Engine.fold", self._bound) as conn, conn.transaction(
+                isolation="repeatable_read", readonly=True
+            ):
+                return await fold_key(conn, declared, key, self.cache)
 
     # -- after a seal -------------------------------------------------------
 
@@ -151,8 +154,8 @@ class Accumulators:
             raise ConnectionError(
                 f"purge of {subject} failed: {type(exc).__name__}: {exc}"
             ) from exc
-        async with self.db.pool.acquire() as conn:
-            with translating(Stage.RELAY):
+        with translating(Stage.RELAY):
+            async with self.db.connection("Accumulators.purge", self._bound) as conn:
                 await conn.execute(
                     "UPDATE service_engine.accumulator_seal SET stream_purged = true "
                     "WHERE accumulator = $1 AND key = $2",
@@ -167,17 +170,17 @@ class Accumulators:
         now = time.monotonic()
         every = min(RETENTION_SWEEP_EVERY, retention.total_seconds() / 2)
         sweep = self._swept_at is None or now - self._swept_at >= every
-        async with self.db.pool.acquire() as conn:
-            with translating(Stage.RELAY):
+        with translating(Stage.RELAY):
+            async with self.db.connection("Accumulators.beat", self._bound) as conn:
                 rows = await conn.fetch(
                     "SELECT accumulator, key FROM service_engine.accumulator_seal "
                     "WHERE NOT stream_purged AND sealed_at < now() - make_interval(secs => $1) "
                     "ORDER BY sealed_at LIMIT $2",
                     PURGE_BACKSTOP_AFTER, _PURGE_BATCH,
                 )
-            if sweep:
-                await self._sweep(conn, retention.total_seconds())
-                self._swept_at = now
+                if sweep:
+                    await self._sweep(conn, retention.total_seconds())
+                    self._swept_at = now
         if self.nats is not None and self.nats.reachable():
             for row in rows:
                 await self.purge(row["accumulator"], row["key"])

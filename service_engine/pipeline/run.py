@@ -139,13 +139,20 @@ async def run_pipeline(
 
     ``open_context(conn, now)`` builds the handler's context over the open
     transaction. The committed impacts are recorded on ``metrics`` only
-    after COMMIT returned.
+    after COMMIT returned. The handler runs with the task marked as holding
+    the connection (`Database.hold`): an engine entry that would take a
+    second one from the same pool raises `NestedConnectionError` (nothing
+    commits); ``after_commit`` hooks run after the release, unmarked.
     """
     stage = Stage.BEGIN
     try:
         conn = await db.acquire(config.lock_timeout.total_seconds())
     except DRIVER_ERRORS as exc:
         raise translate_db_error(exc, stage) from exc
+    # The handler (and its stores) runs holding this connection: an engine
+    # entry reaching the same pool from this task is refused at once
+    # (`NestedConnectionError`) rather than wait for a second connection.
+    held = db.hold()
     committed = 0
     try:
         cx = open_context(conn, clock.now())
@@ -174,6 +181,7 @@ async def run_pipeline(
         await _abandon(conn)
         raise
     finally:
+        db.unhold(held)  # after_commit hooks run free to take a connection
         # The pool discards a lost connection it could not reset.
         with contextlib.suppress(*DRIVER_ERRORS):
             await db.pool.release(conn)

@@ -130,6 +130,8 @@ class RenderRegistry:
     ) -> None:
         self._db = db
         self._config = config
+        self._bound = config.lock_timeout.total_seconds()
+        """How long a read waits for a pool connection."""
         self._accepting = accepting
         self._metrics = metrics
         # Sessions attached and deltas enqueued, by projector; the deltas are
@@ -387,11 +389,15 @@ class RenderRegistry:
     ) -> AsyncIterator[Conn]:
         # One read-only snapshot per read: populate and the load agree, and
         # no row lock is ever taken. The translation spans acquire, BEGIN,
-        # the block (populate's own SQL included) and COMMIT.
+        # the block (populate's own SQL included) and COMMIT. The acquire is
+        # bounded, and refused to a task already holding a connection of the
+        # pool (a handler's fetch); the read's own hooks (the applier,
+        # populate, the store's reads) run holding this one: they are refused
+        # a second.
         with translating(Stage.READ):
-            async with self._db.pool.acquire() as conn, conn.transaction(
-                isolation="repeatable_read", readonly=True
-            ):
+            async with self._db.connection(
+                "a render read (fetch, fetch_window, page, download)", self._bound
+            ) as conn, conn.transaction(isolation="repeatable_read", readonly=True):
                 if proj.RLS:
                     assert applier is not None
                     await applier.apply(conn, principal)
@@ -404,7 +410,7 @@ class RenderRegistry:
         no COMMIT) and no release reset (`Database.plain`): the acquire and
         the statement's round trip. Driver errors translate as `_reading`'s."""
         with translating(Stage.READ):
-            async with self._db.plain() as conn:
+            async with self._db.plain(self._bound) as conn:
                 yield conn
 
     async def _populate(
