@@ -37,6 +37,7 @@ import asyncpg
 from ..config import EngineConfig
 from ..errors import DatabaseUrlRefused, NestedConnectionError
 from ..resources import AsyncResource
+from .errors import Stage, translating
 from .tls import trusted_hosts_from_env, validate_database_tls
 
 ACQUIRE_BOUND: float = EngineConfig.model_fields["lock_timeout"].default.total_seconds()
@@ -215,11 +216,14 @@ class Database(AsyncResource):
             await self.pool.release(conn)
 
     async def fetch(self, query: str, *args: Any) -> list[Any]:
-        """One statement's rows on a `plain` connection (no release reset)."""
+        """One statement's rows on a `plain` connection (no release reset).
+        A driver error, the bounded acquire's timeout included, raises the
+        `DatabaseError` of stage ``read``."""
         self.refuse_nested("Database.fetch")
-        async with self.plain() as conn:
-            rows: list[Any] = await conn.fetch(query, *args)
-            return rows
+        with translating(Stage.READ):
+            async with self.plain() as conn:
+                rows: list[Any] = await conn.fetch(query, *args)
+                return rows
 
     def close_idle_connections(self) -> int:
         """Close every pool connection not in use now; how many were closed.
