@@ -25,6 +25,7 @@ import pytest
 from service_engine import (
     Database,
     Engine,
+    Erase,
     MutationError,
     MutationExecutor,
     NestedConnectionError,
@@ -242,6 +243,25 @@ async def test_a_store_method_reaching_the_pool_is_refused(two: Database) -> Non
         )
         assert all(isinstance(r, NestedConnectionError) for r in results), results
         assert await cards_named(two, "s") == 0
+        await whole(two)
+
+
+async def test_an_erasable_reaching_the_pool_is_refused(two: Database) -> None:
+    """An `Erasable` that reads through the engine's pool inside the
+    erasure's one transaction is refused: the erasure raises
+    `NestedConnectionError`, records nothing and leaves the pool whole."""
+    async with running(two, CardsView()) as engine:
+        class Reaching:
+            async def erase(self, cx: Erase, person: str) -> None:
+                await two.fetch("SELECT 1")
+
+        engine.register_erasable("reaching", Reaching())
+        with pytest.raises(NestedConnectionError):
+            await asyncio.wait_for(engine.erase("p-1"), BOUND)
+        recorded = await two.pool.fetchval(
+            "SELECT count(*) FROM service_engine.person_erasure WHERE person = 'p-1'"
+        )
+        assert recorded == 0
         await whole(two)
 
 
