@@ -9,7 +9,8 @@ decided by `service_engine.graphql.wire_protocol` (Strawberry's handler's
 decisions, close codes and reasons, with the engine's overrides), frames
 out. A socket holds no ASGI task, scope, Starlette ``WebSocket``,
 Strawberry handler or receive-loop task: an idle session is this object,
-its websockets-sansio parser, its transport and two timer handles.
+its websockets-sansio connection (its frame parser parked between reads),
+its transport and one timer handle (the soonest of its deadlines).
 
 Operations: a query or mutation, and a subscription that is not a
 known-planned live operation, runs Strawberry's ``schema.stream`` in one
@@ -34,6 +35,7 @@ import contextlib
 import logging
 import random
 import struct
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 from urllib.parse import unquote
@@ -218,8 +220,7 @@ class WireSocket(asyncio.Protocol):
 
     __slots__ = (
         "_admitting",
-        "_bound_timer",
-        "_close_timer",
+        "_close_at",
         "_closed",
         "_counted",
         "_deflate",
@@ -228,19 +229,21 @@ class WireSocket(asyncio.Protocol):
         "_headers_out",
         "_inbox",
         "_init",
+        "_init_at",
         "_init_extended",
-        "_init_timer",
         "_lost",
+        "_max_age_at",
         "_ops",
         "_paused",
+        "_ping_at",
         "_ping_payload",
         "_ping_sent_at",
-        "_ping_timer",
-        "_pong_timer",
+        "_pong_at",
         "_read_paused",
         "_rtt",
         "_slot",
         "_text",
+        "_timer",
         "_waiters",
         "_woken",
         "conn",
@@ -268,11 +271,13 @@ class WireSocket(asyncio.Protocol):
         self._counted = False
         self._init = wp.InitState()
         self._init_extended = False
-        self._init_timer: asyncio.TimerHandle | None = None
-        self._bound_timer: asyncio.TimerHandle | None = None
-        self._close_timer: asyncio.TimerHandle | None = None
-        self._ping_timer: asyncio.TimerHandle | None = None
-        self._pong_timer: asyncio.TimerHandle | None = None
+        # One timer for the soonest of the socket's deadlines (`_arm`).
+        self._timer: asyncio.TimerHandle | None = None
+        self._init_at: float | None = None
+        self._max_age_at: float | None = None
+        self._ping_at: float | None = None
+        self._pong_at: float | None = None
+        self._close_at: float | None = None
         self._ping_payload: bytes | None = None
         self._ping_sent_at = 0.0
         self._rtt = 0.0
@@ -290,9 +295,13 @@ class WireSocket(asyncio.Protocol):
         self._lost = False
         self.context: GraphQLContext[Any] | None = None
         self.subprotocol: str | None = None
-        path = unquote(request.path.partition("?")[0])
+        # The path is the endpoint's (`WireEndpoint.serves`), and the peer's
+        # host one string per host: shared, not one copy per socket.
+        client = protocol.client
+        if client is not None:
+            client = (sys.intern(client[0]), client[1])
         self.request: WireRequest | None = WireRequest(
-            request.headers.raw_items(), path, protocol.client
+            request.headers.raw_items(), endpoint.path, client
         )
         self.response: Response | None = self.conn.accept(request)
         # websockets negotiates the extensions in accept: only now is it known
@@ -369,9 +378,10 @@ class WireSocket(asyncio.Protocol):
         if self.subprotocol is None:
             self.close(*_close_args(wp.SUBPROTOCOL_NOT_ACCEPTABLE))
             return
-        loop = self.loop
-        self._init_timer = loop.call_later(self._endpoint.init_timeout, self._init_timed_out)
-        self._bound_timer = loop.call_later(self._endpoint.max_age, self._max_age_reached)
+        now = self.loop.time()
+        self._init_at = now + self._endpoint.init_timeout
+        self._max_age_at = now + self._endpoint.max_age
+        self._arm()
         if self._inbox:
             self._drain_inbox()
 
@@ -389,7 +399,7 @@ class WireSocket(asyncio.Protocol):
             return
         self.conn.send_response(response)
         self.transport.write(b"".join(self.conn.data_to_send()))
-        _fresh_parser(self.conn)
+        _park_parser(self.conn)
         self._start_keepalive()
 
     def _default_headers(self) -> list[tuple[bytes, bytes]]:
@@ -411,13 +421,15 @@ class WireSocket(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
+        if conn.parser is None:
+            _unpark_parser(conn)
         conn.receive_data(data)
         if conn.parser_exc is not None:
             self._parser_failed(conn.parser_exc)
             return
         for event in conn.events_received():
             self.handle_event(event)
-        _fresh_parser(conn)
+        _park_parser(conn)
 
     def handle_event(self, event: Any) -> None:
         """One event of the parser (uvicorn's ``handle_events`` dispatch)."""
@@ -483,9 +495,8 @@ class WireSocket(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._stop_keepalive()
-        if self._close_timer is not None:
-            self._close_timer.cancel()
-            self._close_timer = None
+        self._init_at = self._max_age_at = self._close_at = None
+        self._arm()  # nothing pending: the timer is cancelled, the socket released
         admitting = self._admitting
         if admitting is not None:
             admitting.cancel()
@@ -594,9 +605,9 @@ class WireSocket(asyncio.Protocol):
     def _init_received_in_time(self) -> None:
         # The timeout ends at the init, not after the principal's resolve;
         # its handshake slot goes to the next socket.
-        if self._init_timer is not None and not self._init.timed_out:
-            self._init_timer.cancel()
-            self._init_timer = None
+        if self._init_at is not None and not self._init.timed_out:
+            # The armed timer fires and finds the next deadline instead.
+            self._init_at = None
         self._release_slot()
 
     async def _admit(self, payload: dict[str, object]) -> None:
@@ -638,24 +649,67 @@ class WireSocket(asyncio.Protocol):
         self._drain_inbox()
 
     # -- timers ------------------------------------------------------------------
+    #
+    # A socket arms one loop timer, for the soonest of its deadlines (the init
+    # timeout, the session's max age, the keepalive ping or its pong, the
+    # close echo's bound), not one timer handle per deadline: an idle socket
+    # holds one handle. A deadline cleared or moved later leaves the armed
+    # timer as it is (it fires, finds nothing due, and arms the next one).
+
+    def _arm(self) -> None:
+        soonest: float | None = None
+        for at in (self._init_at, self._max_age_at, self._ping_at, self._pong_at,
+                   self._close_at):
+            if at is not None and (soonest is None or at < soonest):
+                soonest = at
+        timer = self._timer
+        if timer is not None:
+            if soonest is not None and timer.when() <= soonest:
+                return
+            # Nothing pending (the socket is released now), or due sooner.
+            timer.cancel()
+            self._timer = None
+        if soonest is not None:
+            self._timer = self.loop.call_at(soonest, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        now = self.loop.time()
+        # What was due when the timer fired, in deadline order; each runs
+        # once, and only if no earlier one cleared or moved it.
+        due = sorted((at, order) for order, at in enumerate(
+            (self._close_at, self._pong_at, self._init_at, self._max_age_at, self._ping_at))
+            if at is not None and at <= now)
+        for at, order in due:
+            if order == 0 and self._close_at == at:
+                self._close_at = None
+                self.transport.close()
+            elif order == 1 and self._pong_at == at:
+                self._keepalive_timeout()
+            elif order == 2 and self._init_at == at:
+                self._init_timed_out()
+            elif order == 3 and self._max_age_at == at:
+                self._max_age_reached()
+            elif order == 4 and self._ping_at == at:
+                self._send_ping()
+        if not self._lost:
+            self._arm()
 
     def _init_timed_out(self) -> None:
-        self._init_timer = None
+        self._init_at = None
         if self._init.received or self._closed:
             return
         view = self._endpoint.view
         if not self._init_extended and view.handshakes_full():
             # A burst holds every handshake slot: one more period, never two.
             self._init_extended = True
-            self._init_timer = self.loop.call_later(
-                self._endpoint.init_timeout, self._init_timed_out
-            )
+            self._init_at = self.loop.time() + self._endpoint.init_timeout
             return
         self._init.timed_out = True
         self.close(*_close_args(wp.INIT_TIMEOUT))
 
     def _max_age_reached(self) -> None:
-        self._bound_timer = None
+        self._max_age_at = None
         # The operations stop before the close frame: none sends after it.
         self._stop_operations()
         self.close(SESSION_MAX_AGE_CLOSE_CODE, SESSION_MAX_AGE_CLOSE_REASON)
@@ -667,11 +721,12 @@ class WireSocket(asyncio.Protocol):
     def _schedule_ping(self) -> None:
         assert self.ping_interval is not None
         delay = max(0.0, self.ping_interval - self._rtt)
-        self._ping_timer = self.loop.call_later(delay, self._send_ping)
+        self._ping_at = self.loop.time() + delay
+        self._arm()
 
     def _send_ping(self) -> None:
         # uvicorn's keepalive: a random 4-byte ping, its pong within ping_timeout.
-        self._ping_timer = None
+        self._ping_at = None
         if self._closed or self.transport.is_closing():
             return
         self._ping_payload = struct.pack("!I", random.getrandbits(32))
@@ -679,7 +734,8 @@ class WireSocket(asyncio.Protocol):
         self.conn.send_ping(self._ping_payload)
         self._flush()
         if self.ping_timeout is not None:
-            self._pong_timer = self.loop.call_later(self.ping_timeout, self._keepalive_timeout)
+            self._pong_at = self._ping_sent_at + self.ping_timeout
+            self._arm()
         else:
             self._schedule_ping()
 
@@ -688,13 +744,12 @@ class WireSocket(asyncio.Protocol):
             return
         self._rtt = self.loop.time() - self._ping_sent_at
         self._ping_payload = None
-        if self._pong_timer is not None:
-            self._pong_timer.cancel()
-            self._pong_timer = None
+        if self._pong_at is not None:
+            self._pong_at = None
             self._schedule_ping()
 
     def _keepalive_timeout(self) -> None:
-        self._pong_timer = None
+        self._pong_at = None
         self._ping_payload = None
         if self._closed or self.transport.is_closing():
             return
@@ -705,11 +760,9 @@ class WireSocket(asyncio.Protocol):
         self.transport.close()
 
     def _stop_keepalive(self) -> None:
-        for timer in (self._ping_timer, self._pong_timer):
-            if timer is not None:
-                timer.cancel()
-        self._ping_timer = self._pong_timer = None
+        self._ping_at = self._pong_at = None
         self._ping_payload = None
+        self._arm()
 
     # -- operations --------------------------------------------------------------
 
@@ -961,13 +1014,14 @@ class WireSocket(asyncio.Protocol):
             self._read_paused = False
             self.transport.resume_reading()
         self._wake_writers()
-        self._close_timer = self.loop.call_later(_CLOSE_TIMEOUT, self.transport.close)
+        self._close_at = self.loop.time() + _CLOSE_TIMEOUT
+        self._arm()
 
     def _close_now(self) -> None:
         """Our close frame went: close the transport now, not at the bound."""
-        if self._close_timer is not None:
-            self._close_timer.cancel()
-            self._close_timer = None
+        if self._close_at is not None:
+            self._close_at = None
+            self._arm()
         self.transport.close()
 
     def _peer_closed(self) -> None:
@@ -982,10 +1036,9 @@ class WireSocket(asyncio.Protocol):
     def _ended(self) -> None:
         """The socket's work is over: its operations, timers, slot and count."""
         self._stop_operations()
-        for timer in (self._init_timer, self._bound_timer):
-            if timer is not None:
-                timer.cancel()
-        self._init_timer = self._bound_timer = None
+        if self._init_at is not None or self._max_age_at is not None:
+            self._init_at = self._max_age_at = None
+            self._arm()
         self._admitting_cancel_quiet()
         self._release_slot()
         if self._counted:
@@ -1008,26 +1061,50 @@ _BINARY = b"\0binary"
 """Stands for a binary message in the socket's queue (`WireSocket._message`)."""
 
 
-def _fresh_parser(conn: ServerProtocol) -> None:
-    """Restart websockets' frame parser, when it waits at a frame boundary.
-
-    The suspended parser generator keeps its locals for the socket's life:
-    the parsed upgrade request (``ServerProtocol.parse``'s ``request``,
-    ~2.7 KB of headers) and the last frame read with its payload
-    (``Protocol.parse``'s ``frame``). A fresh ``Protocol.parse`` started on
-    the same connection at a boundary (nothing buffered, the innermost
-    generator waiting in ``StreamReader.at_eof``) parses exactly what the old
-    one would, holding nothing. Any other state is left alone."""
+def _at_boundary(conn: ServerProtocol) -> bool:
+    """websockets' frame parser waits at a frame boundary: nothing buffered,
+    no failure, the connection open, the innermost generator waiting in
+    ``StreamReader.at_eof``."""
     if conn.reader.buffer or conn.parser_exc is not None or conn.state is not State.OPEN:
-        return
+        return False
     inner: Any = conn.parser
+    if inner is None:
+        return False
     while inner.gi_yieldfrom is not None:
         inner = inner.gi_yieldfrom
-    if inner.gi_code is not _AT_EOF:
-        return
+    return inner.gi_code is _AT_EOF
+
+
+def _park_parser(conn: ServerProtocol) -> None:
+    """Drop websockets' frame parser while it waits at a frame boundary
+    (`_at_boundary`); `_unpark_parser` starts a fresh one before the next
+    read.
+
+    The suspended generators (``Protocol.parse`` and the reader's, ~440 bytes
+    a socket) would otherwise be kept between reads for the socket's life,
+    and the first one keeps its locals: the parsed upgrade request
+    (``ServerProtocol.parse``'s ``request``, ~2.7 KB of headers) and the last
+    frame read with its payload (``Protocol.parse``'s ``frame``). A fresh
+    ``Protocol.parse`` started on the same connection at a boundary parses
+    exactly what the old one would. Any other state is left alone: only
+    `WireSocket.data_received` feeds the connection, and it unparks first
+    (``Protocol.fail`` sets a parser of its own)."""
+    if _at_boundary(conn):
+        conn.parser = None  # type: ignore[assignment]
+
+
+def _unpark_parser(conn: ServerProtocol) -> None:
+    """A fresh frame parser for a connection `_park_parser` parked."""
     parser = Protocol.parse(conn)
     next(parser)
     conn.parser = parser
+
+
+def _fresh_parser(conn: ServerProtocol) -> None:
+    """Restart websockets' frame parser in one step, when it waits at a frame
+    boundary (`_park_parser` then `_unpark_parser`)."""
+    if _at_boundary(conn):
+        _unpark_parser(conn)
 
 
 _AT_EOF = StreamReader.at_eof.__code__

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
@@ -107,6 +106,22 @@ class AttachedSession:
     live_since: int = 0
     """`RenderRegistry._planned` when its last snapshot completed: a pass
     planned no later than that may have read rows older than the snapshot."""
+
+
+class _Detach:
+    """A stream's close: detach its session (``"closed"``). One slotted
+    object, where a ``functools.partial`` of the bound ``detach`` holds a
+    partial, its arguments tuple, keywords dict and a bound method (~260
+    bytes a session)."""
+
+    __slots__ = ("registry", "session_id")
+
+    def __init__(self, registry: RenderRegistry, session_id: SessionId) -> None:
+        self.registry = registry
+        self.session_id = session_id
+
+    def __call__(self) -> None:
+        self.registry.detach(self.session_id, "closed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +246,7 @@ class RenderRegistry:
         )
         stream: SessionStream[Any] = SessionStream(
             sid, max(1024, 2 * self._config.window_capacity),
-            functools.partial(self.detach, sid, "closed"),
+            _Detach(self, sid),
         )
         gate, memberships = self._gates.take(proj, principal)
         rec = AttachedSession(
