@@ -175,10 +175,10 @@ async def test_a_live_op_whose_frame_fails_ends_alone_with_its_error(
     contiguous, in both ways of driving a live op."""
     real = LiveOp._frame
 
-    def failing(self: LiveOp, delta: Any) -> str:
+    def failing(self: LiveOp, delta: Any, revision: int | None = None) -> str:
         if self.id == "bad" and type(delta).__name__ == "Upsert":
             raise RuntimeError("this frame cannot be built")
-        return real(self, delta)
+        return real(self, delta, revision)
 
     monkeypatch.setattr(LiveOp, "_frame", failing)
     config = example_config(**socket_kind)

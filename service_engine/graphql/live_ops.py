@@ -66,7 +66,7 @@ from strawberry.extensions import SchemaExtension
 from strawberry.schema.schema_converter import get_arguments
 
 from ..logs import bind_session
-from ..render.deltas import Remove, Upsert
+from ..render.deltas import Remove, Upsert, renumbered
 from ..render.stream import SessionEnded, SessionStream
 from . import subscriptions
 from .delivery import SharedPlan, plan_for
@@ -381,15 +381,20 @@ class LiveOp:
 
     # -- frames -------------------------------------------------------------------
 
-    def _frame(self, delta: Any) -> str:
-        """The frame of one delta, as the direct path writes it (`_frames`)."""
+    def _frame(self, delta: Any, revision: int | None = None) -> str:
+        """The frame of one delta, as the direct path writes it (`_frames`);
+        ``revision`` (when given) is the reader's, whatever ``delta`` carries
+        (`SessionStream.get_raw_nowait`)."""
         kind = type(delta)
         union = self._known.union
         shared = self._shared
         if kind is Upsert or kind is Remove:
             hit = shared.shared(union.upsert if kind is Upsert else union.remove, delta)
             if hit is not None:
-                return next_frame(self._head, hit, delta.revision)
+                return next_frame(self._head, hit,
+                                  delta.revision if revision is None else revision)
+        if revision is not None and delta.revision != revision:
+            delta = renumbered(delta, revision)
         data = union._planned(shared, delta)
         if data is not None:
             return next_frame(self._head, data)
@@ -578,7 +583,7 @@ class LiveOp:
         if out is None:
             out = []
         if state is _State.LIVE and stream is not None and not self._paused:
-            take = stream.get_nowait
+            take = stream.get_raw_nowait
             frame = self._frame
             append = out.append
             for _ in range(budget):
@@ -589,7 +594,7 @@ class LiveOp:
                         append(self._complete())
                     break
                 try:
-                    append(frame(delta))
+                    append(frame(delta, stream.taken))
                 except Exception as error:
                     # This operation ends (an errors `next`, then `complete`);
                     # what it and the socket's other ops took is still written.

@@ -59,7 +59,7 @@ from .plan import FramePlan, batches, latest_causes, plan_frame
 from .projector import Projector, RlsApplier, cohort_of, reset_threshold_for
 from .registry import AttachedSession, RenderRegistry
 from .report import PassReport, PassTally
-from .session import Session
+from .session import Session, SharedRender
 from .sharing import SharedViews, view_key_of
 from .stream import SessionStream
 from .windows import WindowSpec
@@ -140,13 +140,16 @@ class _Batch:
 class _Group:
     """What the discovering sessions of one membership set and view key
     share in a pass: when they see every changed key, one plan and one map
-    of views (``rendered`` None: they see part of it, each plans its own)."""
+    of views (``rendered`` None: they see part of it, each plans its own),
+    and then the renders of the windows they hold (`Session.render_shared`:
+    sessions holding equal windows are diffed once)."""
 
-    __slots__ = ("plan", "rendered", "verified")
+    __slots__ = ("plan", "rendered", "renders", "verified")
 
     def __init__(self, plan: RenderPlan | None) -> None:
         self.plan = plan
         self.rendered: dict[KeyText, Any] | None = None
+        self.renders: list[SharedRender[Any]] = []
         self.verified = False
 
 
@@ -525,8 +528,12 @@ class RenderRuntime(RenderRegistry):
             projected = self._project_member(loaded, rec, plan, change)
             if projected is None:
                 return False
-            plan, rendered = projected
-            deltas = session.render(plan, rendered, threshold=batch.threshold, caused=caused)
+            plan, rendered, renders = projected
+            if renders is None:
+                deltas = session.render(plan, rendered, threshold=batch.threshold, caused=caused)
+            else:
+                deltas = session.render_shared(
+                    plan, rendered, threshold=batch.threshold, caused=caused, renders=renders)
         except Exception as exc:
             tally.failures += 1
             self._failed(rec, f"render failed: {type(exc).__name__}: {exc}", exc)
@@ -539,15 +546,16 @@ class RenderRuntime(RenderRegistry):
 
     def _project_member(
         self, loaded: _Loaded, rec: AttachedSession, plan: RenderPlan | None, change: Dirty,
-    ) -> tuple[RenderPlan, dict[KeyText, Any]] | None:
-        """The session's plan and its visible views; None when a discovering
+    ) -> tuple[RenderPlan, dict[KeyText, Any], list[SharedRender[Any]] | None] | None:
+        """The session's plan, its visible views and, when they are its
+        group's, the group's memo of renders; None when a discovering
         session turns out to hold and see none of the change. Discovering
         sessions of one membership set and view key that see the whole
         change share one plan and one map of views."""
         views = loaded.views
         if loaded.by_cohort is None or rec.memberships is None:
             assert plan is not None
-            return plan, self._project(rec, loaded.rows, plan.scope, views=views)
+            return plan, self._project(rec, loaded.rows, plan.scope, views=views), None
         visible = loaded.visible_to(rec.memberships)
         if plan is None:
             group = loaded.group(rec, change, visible)
@@ -557,19 +565,19 @@ class RenderRuntime(RenderRegistry):
                 if rendered is None:
                     rendered = group.rendered = self._project_visible(
                         rec, loaded.rows, plan.scope, visible, views)
-                    return plan, rendered
+                    return plan, rendered, group.renders
                 if group.verified or views.verify(
                     rec.view_key, rendered, loaded.rows, rec.session.principal
                 ):
                     group.verified = True
-                    return plan, rendered
+                    return plan, rendered, group.renders
                 # The view key was found wrong: this session projects its own.
             if plan is None:
                 relevant = relevant_keys(rec.session, change.keys, visible)
                 if not relevant:
                     return None
                 plan = RenderPlan(relevant)
-        return plan, self._project_visible(rec, loaded.rows, plan.scope, visible, views)
+        return plan, self._project_visible(rec, loaded.rows, plan.scope, visible, views), None
 
     def _deliver(
         self, loaded: _Loaded, rec: AttachedSession, deltas: Sequence[Delta[Any]],

@@ -71,7 +71,9 @@ __all__ = [
     "Session",
     "SessionId",
     "SessionState",
+    "SharedRender",
     "authorize_page",
+    "diff_into",
     "new_session_id",
     "parse_session_id",
 ]
@@ -89,6 +91,97 @@ DEFAULT_BARRIER_CAPACITY = 10_000
 """Held entries past which a barrier collapses to "everything changed"."""
 
 _MISSING: Any = object()
+
+SHARED_RENDERS = 4
+"""Distinct windows one group's memo holds (`Session.render_shared`); the
+sessions of a cohort that hold yet another render alone."""
+
+
+def diff_into(
+    last: dict[KeyText, V],
+    plan: RenderPlan,
+    rendered: Mapping[KeyText, V],
+    caused: Sequence[tuple[KeyText, Cause]],
+    revision: Revision,
+) -> list[Delta[V]]:
+    """The deltas that turn ``last`` into the pass's views (`Session.render`),
+    numbered from ``revision`` + 1, applied to ``last`` as it goes.
+
+    ``caused`` first yields one delta per caused impact on a scoped key,
+    carrying its cause, even when the view is unchanged; the rest is
+    `diff_window(last, rendered, scope=plan.scope)` in one walk of the scope
+    (no diff and second apply loop: this runs per window per frame; tests
+    pin it to diff_window), then the plan's leaving keys are Removed.
+    """
+    rev = revision
+    out: list[Delta[V]] = []
+    scope = plan.scope
+    get = rendered.get
+    for key, cause in caused:
+        if key not in scope:
+            continue
+        view = get(key, _MISSING)
+        if view is not _MISSING:
+            rev += 1
+            out.append(new_upsert(rev, key, view, cause))
+            last[key] = view
+        elif key in last:
+            rev += 1
+            out.append(Remove(rev, key, cause))
+            del last[key]
+    sent = last.get
+    for key in scope:
+        view = get(key, _MISSING)
+        if view is _MISSING:
+            if key in last:
+                rev += 1
+                out.append(Remove(rev, key))
+                del last[key]
+            continue
+        old = sent(key, _MISSING)
+        if old is view or (old is not _MISSING and old == view):
+            continue
+        rev += 1
+        out.append(new_upsert(rev, key, view))
+        last[key] = view
+    leaving = plan.leaving
+    if leaving:
+        for key in leaving:
+            if key in last:
+                rev += 1
+                out.append(Remove(rev, key))
+                del last[key]
+    return out
+
+
+def _same_window(a: Mapping[KeyText, Any], b: Mapping[KeyText, Any]) -> bool:
+    """The same object, or equal items in the same (window) order."""
+    return a is b or (a == b and list(a) == list(b))
+
+
+class SharedRender(Generic[V]):
+    """One render of a window, shared by the sessions that held it
+    (`Session.render_shared`): the window before (``old_last``, ``old_head``)
+    and after (``last``, ``head``), the deltas, and whether it came out as
+    a Reset (more deltas than the threshold)."""
+
+    __slots__ = ("deltas", "head", "last", "old_head", "old_last", "reset")
+
+    def __init__(
+        self,
+        old_last: dict[KeyText, V],
+        old_head: dict[KeyText, JsonValue],
+        last: dict[KeyText, V],
+        head: dict[KeyText, JsonValue],
+        deltas: list[Delta[V]],
+        reset: bool,
+    ) -> None:
+        self.old_last = old_last
+        self.old_head = old_head
+        self.last = last
+        self.head = head
+        self.deltas = deltas
+        self.reset = reset
 
 
 def new_session_id() -> SessionId:
@@ -149,6 +242,7 @@ class Session(Generic[P, V]):
 
     __slots__ = (
         "_held",
+        "_shared",
         "_snapshotting",
         "_tickets",
         "attempts",
@@ -203,6 +297,9 @@ class Session(Generic[P, V]):
         self.created_at = now
         self.touched_at = now
         self._held: Dirty | None = None
+        self._shared = False
+        """``last_sent`` and the membership's head are shared with other
+        sessions (`render_shared`): copy them before changing either."""
         self._snapshotting = False
         self._tickets: list[PageTicket] = []
 
@@ -374,58 +471,81 @@ class Session(Generic[P, V]):
         """
         if self.state is not _LIVE or self._snapshotting:
             raise self._illegal("render")
+        if self._shared:
+            self._own()
         last = self.last_sent
-        rev = self.revision
-        out: list[Delta[V]] = []
-        scope = plan.scope
-        get = rendered.get
-        for key, cause in caused:
-            if key not in scope:
-                continue
-            view = get(key, _MISSING)
-            if view is not _MISSING:
-                rev += 1
-                out.append(new_upsert(rev, key, view, cause))
-                last[key] = view
-            elif key in last:
-                rev += 1
-                out.append(Remove(rev, key, cause))
-                del last[key]
-        # `diff_window(last, rendered, scope=scope)` applied as it goes: one
-        # walk of the scope instead of a diff and a second apply loop. This
-        # runs per session per frame; tests pin it to diff_window.
-        sent = last.get
-        for key in scope:
-            view = get(key, _MISSING)
-            if view is _MISSING:
-                if key in last:
-                    rev += 1
-                    out.append(Remove(rev, key))
-                    del last[key]
-                continue
-            old = sent(key, _MISSING)
-            if old is view or (old is not _MISSING and old == view):
-                continue
-            rev += 1
-            out.append(new_upsert(rev, key, view))
-            last[key] = view
-        leaving = plan.leaving
-        if leaving:
-            for key in leaving:
-                if key in last:
-                    rev += 1
-                    out.append(Remove(rev, key))
-                    del last[key]
+        out = diff_into(last, plan, rendered, caused, self.revision)
         self.membership.settle(plan, rendered, self.pages)
         if self._tickets:
+            scope, leaving = plan.scope, plan.leaving
             for ticket in self._tickets:
                 ticket.touched.update(scope)
                 ticket.touched.update(leaving)
         if len(out) > threshold:
             self.revision += 1
             return [Reset(self.revision, dict(last))]
-        self.revision = rev
+        self.revision += len(out)
         return out
+
+    def render_shared(
+        self,
+        plan: RenderPlan,
+        rendered: Mapping[KeyText, V],
+        *,
+        threshold: int,
+        caused: Sequence[tuple[KeyText, Cause]] = (),
+        renders: list[SharedRender[V]],
+    ) -> list[Delta[V]]:
+        """`render`, once for every session that holds an equal window.
+
+        ``renders`` is the memo of one ``(plan, rendered, caused)``: the
+        sessions of a pass's group that share the plan and the views. A
+        session whose ``last_sent`` and head are those of a render in it
+        (the same objects, or equal ones in the same order) takes that
+        render's result: the
+        new ``last_sent`` and head (shared, copied before any change of
+        this session's own: `_own`), its revision moved by as many deltas,
+        and the same delta objects (their revisions are the first
+        session's; a stream numbers what its reader takes, so each reader
+        still sees its own contiguous revisions). Otherwise it renders as
+        `render` does, into a copy, and adds that render to the memo. A
+        session with pages or a page in flight renders alone (`render`).
+        """
+        if self.state is not _LIVE or self._snapshotting:
+            raise self._illegal("render")
+        if self._tickets or len(self.pages):
+            return self.render(plan, rendered, threshold=threshold, caused=caused)
+        last = self.last_sent
+        membership = self.membership
+        head = membership.head
+        for entry in renders:
+            if _same_window(entry.old_last, last) and _same_window(entry.old_head, head):
+                break
+        else:
+            if len(renders) >= SHARED_RENDERS:
+                return self.render(plan, rendered, threshold=threshold, caused=caused)
+            new_last = dict(last)
+            out = diff_into(new_last, plan, rendered, caused, self.revision)
+            membership.head = dict(head)
+            membership.settle(plan, rendered, self.pages)
+            entry = SharedRender(last, head, new_last, membership.head, out,
+                                 len(out) > threshold)
+            renders.append(entry)
+        self.last_sent = entry.last
+        membership.head = entry.head
+        self._shared = True
+        if entry.reset:
+            self.revision += 1
+            return [Reset(self.revision, dict(entry.last))]
+        self.revision += len(entry.deltas)
+        return entry.deltas
+
+    def _own(self) -> None:
+        """Copy ``last_sent`` and the head this session shares, before it
+        changes them in place."""
+        self.last_sent = dict(self.last_sent)
+        self.membership.head = dict(self.membership.head)
+        self._shared = False
 
     # -- the principal ------------------------------------------------------
 
@@ -541,6 +661,8 @@ class Session(Generic[P, V]):
             raise PageInterrupted("the window was reset while the page rendered")
         if not self.live:
             raise self._illegal("settle_page")
+        if self._shared:
+            self._own()
         last = self.last_sent
         head = self.membership.head
         touched = ticket.touched

@@ -350,6 +350,22 @@ class SessionStream(Generic[V]):
             self.end_reason = self._end.reason
         return delta
 
+    def get_raw_nowait(self) -> Delta[V] | None:
+        """`get_nowait`, the delta as it was put: its revision for this
+        reader is `taken` (sessions holding equal windows are given the
+        same delta objects, numbered for the first of them). For a reader
+        that writes the revision into its own message: no renumbered copy."""
+        self._woken = False
+        delta = self._backlog.take_raw()
+        if delta is None and self._end is not None:
+            self.end_reason = self._end.reason
+        return delta
+
+    @property
+    def taken(self) -> Revision:
+        """The revision of the last delta taken (0 before the first)."""
+        return self._backlog.taken
+
     async def next(self) -> Delta[V]:
         """The next delta; raises `SessionEnded` once the session ended."""
         self.waiting += 1
