@@ -1,9 +1,10 @@
-"""An idle socket on the wire holds one loop timer and no parked parser
+"""An idle socket on the wire holds no loop timer and no parser of its own
 (`service_engine.graphql.wire`): its deadlines (the init timeout, the
-session's max age, the keepalive ping and pong, the close echo) share one
-timer handle, and websockets' frame parser is dropped between reads. What
-the socket does is unchanged: the init timeout, keepalive and closes are
-the ones `test_wire.py` compares with the ASGI path."""
+session's max age, the keepalive ping and pong, the close echo) wait in the
+endpoint's deadlines as one entry, and websockets' frame parser is dropped
+between reads. What the socket does is unchanged: the init timeout,
+keepalive and closes are the ones `test_wire.py` compares with the ASGI
+path."""
 
 from __future__ import annotations
 
@@ -38,18 +39,25 @@ def _timers(socket: WireSocket) -> list[asyncio.TimerHandle]:
             if not handle.cancelled() and getattr(handle._callback, "__self__", None) is socket]
 
 
+def _waits(socket: WireSocket) -> int:
+    """In how many steps of its endpoint's deadlines ``socket`` waits."""
+    deadlines: Any = socket._endpoint.deadlines(asyncio.get_running_loop())
+    return sum(socket in step.sockets for step in deadlines._steps.values())
+
+
 def _wire(served: Any) -> WireSocket:
     (wire,) = [c for c in served.server.server_state.connections if isinstance(c, WireSocket)]
     return wire
 
 
-async def test_an_idle_socket_holds_one_timer_and_no_parser_and_still_keeps_alive(
+async def test_an_idle_socket_holds_no_timer_nor_parser_and_still_keeps_alive(
     db: Database,
 ) -> None:
     """Initialised, subscribed and idle, with keepalive pings on: the socket
-    has one pending loop timer (not one per deadline) and no frame parser
-    between reads; keepalive rounds go on over it, messages are answered,
-    and once the socket is gone no timer of it is left pending."""
+    has no pending loop timer of its own, waits in one step of its
+    endpoint's deadlines, and holds no frame parser between reads;
+    keepalive rounds go on, messages are answered, and once the socket is
+    gone it waits nowhere."""
     async with running_engine(db) as engine:
         app = graphql_app(engine, SCHEMA, resolve_me)
         async with serve(app, wire=True, ws_ping_interval=0.1, ws_ping_timeout=0.3) as served:
@@ -59,24 +67,24 @@ async def test_an_idle_socket_holds_one_timer_and_no_parser_and_still_keeps_aliv
                 assert (await receive(ws))["type"] == "next"
                 wire = _wire(served)
                 assert wire.conn.parser is None
-                assert len(_timers(wire)) == 1
+                assert _timers(wire) == [] and _waits(wire) == 1
                 first = wire._ping_sent_at
                 await wait_until(lambda: wire._ping_sent_at - first >= 0.25,
                                  what="three more keepalive pings answered")
-                assert len(_timers(wire)) == 1
+                assert _timers(wire) == [] and _waits(wire) == 1
                 await send(ws, {"type": "ping"})
                 assert await receive(ws) == {"type": "pong"}
                 assert wire.conn.parser is None
             await wait_until(lambda: not served.server.server_state.connections,
                              what="the socket gone")
-            assert _timers(wire) == []
+            assert _timers(wire) == [] and _waits(wire) == 0
 
 
 async def test_the_one_timer_still_closes_at_the_init_timeout_and_the_max_age(
     db: Database,
 ) -> None:
     """The init timeout (4408) and the session's max age (1001) fire from the
-    socket's one timer, each at its own deadline: a socket that never sends
+    endpoint's deadlines, each at its own: a socket that never sends
     its init closes at the init timeout, an initialised one at its max age
     counted from the upgrade."""
     async with running_engine(db, session_max_age=timedelta(seconds=1.2),

@@ -4,6 +4,7 @@ passport's shared strings and empty claims (`passport.parse_passport`)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import weakref
@@ -135,3 +136,51 @@ def test_passports_share_their_org_roles_kind_and_empty_claims() -> None:
     assert dict(with_claims.claims) == {"tenant": "t-9"}
     assert with_claims.claims is not one.claims
     assert parse_passport(with_claims.to_header()) == with_claims
+
+
+class _Waiter:
+    """A socket stand-in: records when its deadline came, may wait again."""
+
+    def __init__(self, deadlines: Any, loop: asyncio.AbstractEventLoop,
+                 again: float | None = None) -> None:
+        self.deadlines, self.loop, self.again = deadlines, loop, again
+        self.called: list[float] = []
+        self.event = asyncio.Event()
+
+    def _on_timer(self) -> None:
+        self.called.append(self.loop.time())
+        self.event.set()
+        if self.again is not None:
+            at, self.again = self.loop.time() + self.again, None
+            self.deadlines.add(self, at)
+
+
+async def test_the_endpoint_deadlines_call_each_socket_at_its_own_with_one_timer() -> None:
+    """`wire._Deadlines`: every socket is called once its deadline passed
+    (never before, within a few `TICK`s after), the loop holds one timer for
+    them all, a removed socket is not called, a socket that waits again
+    from inside a call is called again at its new deadline (also when an
+    earlier step is still pending), and once idle the tables are emptied."""
+    from service_engine.graphql.wire import TICK, _Deadlines
+
+    loop: Any = asyncio.get_running_loop()
+    deadlines = _Deadlines(loop)
+    now = loop.time()
+    late = _Waiter(deadlines, loop)
+    early = _Waiter(deadlines, loop, again=0.15)
+    removed = _Waiter(deadlines, loop)
+    middle = _Waiter(deadlines, loop)
+    at = {late: now + 0.3, early: now + 0.02, removed: now + 0.05, middle: now + 0.1}
+    steps = {waiter: deadlines.add(waiter, when) for waiter, when in at.items()}  # type: ignore[arg-type]
+    deadlines.remove(removed, steps[removed])  # type: ignore[arg-type]
+    mine = [h for h in loop._scheduled if not h.cancelled()
+            and getattr(h._callback, "__self__", None) is deadlines]
+    assert len(mine) == 1
+    await asyncio.wait_for(late.event.wait(), 5)  # the last deadline (early's second is sooner)
+    assert len(early.called) == 2
+    assert removed.called == []
+    for waiter in (late, middle):
+        assert len(waiter.called) == 1
+        assert at[waiter] <= waiter.called[0] < at[waiter] + 5 * TICK + 0.05
+    assert early.called[0] >= at[early] and early.called[1] >= early.called[0] + 0.15
+    assert deadlines._steps == {} and deadlines._heap == []

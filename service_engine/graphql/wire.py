@@ -10,7 +10,8 @@ decisions, close codes and reasons, with the engine's overrides), frames
 out. A socket holds no ASGI task, scope, Starlette ``WebSocket``,
 Strawberry handler or receive-loop task: an idle session is this object,
 its websockets-sansio connection (its frame parser parked between reads),
-its transport and one timer handle (the soonest of its deadlines).
+its transport, and its soonest deadline in the endpoint's `_Deadlines`
+(no timer handle of its own).
 
 Operations: a query or mutation, and a subscription that is not a
 known-planned live operation, runs Strawberry's ``schema.stream`` in one
@@ -32,7 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
+import math
 import random
 import struct
 import sys
@@ -133,6 +136,14 @@ class WireEndpoint:
         self.pong = _encoded(view.encode_json({"type": "pong"}))
         self.ack = _encoded(view.encode_json({"type": "connection_ack"}))
         self._drains: _Drains | None = None
+        self._deadlines: _Deadlines | None = None
+
+    def deadlines(self, loop: asyncio.AbstractEventLoop) -> _Deadlines:
+        """The sockets of ``loop`` by their soonest deadline."""
+        deadlines = self._deadlines
+        if deadlines is None or deadlines.loop is not loop:
+            deadlines = self._deadlines = _Deadlines(loop)
+        return deadlines
 
     def drains(self, loop: asyncio.AbstractEventLoop) -> _Drains:
         """The sockets of ``loop`` waiting for their live operations' drain."""
@@ -181,6 +192,88 @@ class _Drains:
                 _log.exception("a socket's live operations failed to drain")
 
 
+TICK = 0.05
+"""Seconds of one step of `_Deadlines`: a socket's deadline is met at most
+this much late (the deadlines are seconds to hours; the sockets of one step
+share its table, so a coarser step holds fewer bytes a socket)."""
+
+
+class _Step:
+    """The sockets waiting for one step, and the step (one int for all)."""
+
+    __slots__ = ("sockets", "step")
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.sockets: dict[WireSocket, None] = {}
+
+
+class _Deadlines:
+    """The sockets of one loop by their soonest deadline (`WireSocket._arm`),
+    in steps of `TICK`: one loop timer for the earliest step, not one timer
+    handle (its callback and context) per socket. A step's sockets are called
+    together once it is due; each then arms its next deadline."""
+
+    __slots__ = ("_heap", "_steps", "_timer", "_timer_step", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._steps: dict[int, _Step] = {}
+        self._heap: list[int] = []
+        """The steps that have sockets (and some emptied since, skipped)."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_step = 0
+
+    def add(self, socket: WireSocket, at: float) -> int:
+        """Call ``socket._on_timer`` once ``at`` passed; the step to `remove` it from."""
+        step = math.ceil(at / TICK)
+        record = self._steps.get(step)
+        if record is None:
+            record = self._steps[step] = _Step(step)
+            heapq.heappush(self._heap, step)
+        record.sockets[socket] = None
+        if self._timer is None or step < self._timer_step:
+            self._arm(step)
+        return record.step
+
+    def remove(self, socket: WireSocket, step: int) -> None:
+        record = self._steps.get(step)
+        if record is not None:
+            record.sockets.pop(socket, None)
+            if not record.sockets:
+                del self._steps[step]  # its heap entry is skipped when reached
+
+    def _arm(self, step: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_step = step
+        self._timer = self.loop.call_at(step * TICK, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = self.loop.time()
+        heap, steps = self._heap, self._steps
+        due: list[WireSocket] = []
+        while heap and heap[0] * TICK <= now:
+            record = steps.pop(heapq.heappop(heap), None)
+            if record is not None:
+                due.extend(record.sockets)
+        for socket in due:
+            try:
+                socket._on_timer()
+            except Exception:
+                # One socket's failure is its own: the others' deadlines run.
+                _log.exception("a socket's deadline failed")
+        while heap and heap[0] not in steps:
+            heapq.heappop(heap)
+        if not heap:
+            # Idle again: the tables at their idle size.
+            self._heap, self._steps = [], {}
+        elif self._timer is None or self._timer_step > heap[0]:
+            # (A socket's re-arm above may have armed a later step.)
+            self._arm(heap[0])
+
+
 def _encoded(data: str | bytes) -> bytes:
     return data.encode() if isinstance(data, str) else data
 
@@ -224,6 +317,7 @@ class WireSocket(asyncio.Protocol):
         "_closed",
         "_counted",
         "_deflate",
+        "_due_step",
         "_endpoint",
         "_fragments",
         "_headers_out",
@@ -243,7 +337,6 @@ class WireSocket(asyncio.Protocol):
         "_rtt",
         "_slot",
         "_text",
-        "_timer",
         "_waiters",
         "_woken",
         "conn",
@@ -271,8 +364,8 @@ class WireSocket(asyncio.Protocol):
         self._counted = False
         self._init = wp.InitState()
         self._init_extended = False
-        # One timer for the soonest of the socket's deadlines (`_arm`).
-        self._timer: asyncio.TimerHandle | None = None
+        # The step of the endpoint's deadlines the socket waits in (`_arm`).
+        self._due_step: int | None = None
         self._init_at: float | None = None
         self._max_age_at: float | None = None
         self._ping_at: float | None = None
@@ -496,7 +589,7 @@ class WireSocket(asyncio.Protocol):
         self._lost = True
         self._stop_keepalive()
         self._init_at = self._max_age_at = self._close_at = None
-        self._arm()  # nothing pending: the timer is cancelled, the socket released
+        self._arm()  # nothing pending: out of the deadlines, the socket released
         admitting = self._admitting
         if admitting is not None:
             admitting.cancel()
@@ -606,7 +699,7 @@ class WireSocket(asyncio.Protocol):
         # The timeout ends at the init, not after the principal's resolve;
         # its handshake slot goes to the next socket.
         if self._init_at is not None and not self._init.timed_out:
-            # The armed timer fires and finds the next deadline instead.
+            # Its step comes, and the socket finds the next deadline instead.
             self._init_at = None
         self._release_slot()
 
@@ -650,11 +743,12 @@ class WireSocket(asyncio.Protocol):
 
     # -- timers ------------------------------------------------------------------
     #
-    # A socket arms one loop timer, for the soonest of its deadlines (the init
-    # timeout, the session's max age, the keepalive ping or its pong, the
-    # close echo's bound), not one timer handle per deadline: an idle socket
-    # holds one handle. A deadline cleared or moved later leaves the armed
-    # timer as it is (it fires, finds nothing due, and arms the next one).
+    # A socket waits in the endpoint's `_Deadlines` for the soonest of its
+    # deadlines (the init timeout, the session's max age, the keepalive ping
+    # or its pong, the close echo's bound), met within `TICK`: no loop timer
+    # handle per deadline, nor one per socket. A deadline cleared or moved
+    # later leaves the socket where it waits (its step comes, it finds
+    # nothing due, and waits for the next one).
 
     def _arm(self) -> None:
         soonest: float | None = None
@@ -662,20 +756,20 @@ class WireSocket(asyncio.Protocol):
                    self._close_at):
             if at is not None and (soonest is None or at < soonest):
                 soonest = at
-        timer = self._timer
-        if timer is not None:
-            if soonest is not None and timer.when() <= soonest:
+        step = self._due_step
+        if step is not None:
+            if soonest is not None and step * TICK <= soonest:
                 return
             # Nothing pending (the socket is released now), or due sooner.
-            timer.cancel()
-            self._timer = None
+            self._endpoint.deadlines(self.loop).remove(self, step)
+            self._due_step = None
         if soonest is not None:
-            self._timer = self.loop.call_at(soonest, self._on_timer)
+            self._due_step = self._endpoint.deadlines(self.loop).add(self, soonest)
 
     def _on_timer(self) -> None:
-        self._timer = None
+        self._due_step = None
         now = self.loop.time()
-        # What was due when the timer fired, in deadline order; each runs
+        # What was due when its step came, in deadline order; each runs
         # once, and only if no earlier one cleared or moved it.
         due = sorted((at, order) for order, at in enumerate(
             (self._close_at, self._pong_at, self._init_at, self._max_age_at, self._ping_at))
