@@ -169,6 +169,7 @@ class _Loaded:
     views: SharedViews
     _visible: dict[frozenset[Hashable], set[KeyText]] = field(default_factory=dict)
     _groups: dict[tuple[frozenset[Hashable], Hashable], _Group] = field(default_factory=dict)
+    _last_group: tuple[frozenset[Hashable], Hashable, _Group] | None = None
     _folded: dict[int, tuple[Dirty, list[tuple[KeyText, Cause]], int]] = field(
         default_factory=dict)
     delivered: int = 0
@@ -190,14 +191,23 @@ class _Loaded:
         view key (``rec.memberships`` is set: the projector is indexed)."""
         memberships = rec.memberships
         assert memberships is not None
-        slot = (memberships, rec.view_key)
+        view_key = rec.view_key
+        last = self._last_group
+        if last is not None and last[0] is memberships and last[1] is view_key:
+            # Sessions hold interned membership sets and view keys: the
+            # sessions of one cohort follow each other with the same ones.
+            return last[2]
+        slot = (memberships, view_key)
         found = self._groups.get(slot)
+        if found is not None:
+            self._last_group = (memberships, view_key, found)
         if found is None:
             keys = change.keys
             every = all(key in visible for key in keys)
             # A discovering window's plan for a change is the change itself
             # (`Membership.plan`): one plan serves every such session.
             found = self._groups[slot] = _Group(RenderPlan(keys) if every and keys else None)
+            self._last_group = (memberships, view_key, found)
         return found
 
     def causes(self, change: Dirty) -> tuple[Sequence[tuple[KeyText, Cause]], int]:
