@@ -109,7 +109,6 @@ class Engine:
     ) -> None:
         self.config = config
         self.db = db
-        db.acquire_bound = config.lock_timeout.total_seconds()  # Database.fetch / plain's wait
         self.nats = nats
         self.readiness = readiness
         self.metrics = Metrics(config.service, config.pod_id)

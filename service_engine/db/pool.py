@@ -17,9 +17,13 @@ connection from the same pool (`Database.acquire`, `plain`, `fetch`,
 rather than wait for a second connection while holding the first, the
 wait that stops a pod whose every connection is so held. The mark names
 the task: a task started inside the block copies the mark with its
-context but is not the holder. Every acquire is bounded (``bound``,
-default `Database.acquire_bound`), so a path the mark does not cover fails
-as a `DatabaseError` instead of hanging.
+context but is not the holder. The engine's own acquires are bounded (the
+pipeline's and the render reads' by ``lock_timeout``), so a path the mark
+does not cover fails as a `DatabaseError` instead of hanging; `plain` and
+`fetch` wait as long as it takes unless given a bound: a principal fact's
+read at each socket's ``connection_init`` queues behind a burst of
+sockets, as the handshake itself does (``ws_max_handshakes``), and a bound
+there refused most of a 10,000-socket burst.
 """
 
 from __future__ import annotations
@@ -34,16 +38,10 @@ from typing import Any, TypeAlias
 
 import asyncpg
 
-from ..config import EngineConfig
 from ..errors import DatabaseUrlRefused, NestedConnectionError
 from ..resources import AsyncResource
 from .errors import Stage, translating
 from .tls import trusted_hosts_from_env, validate_database_tls
-
-ACQUIRE_BOUND: float = EngineConfig.model_fields["lock_timeout"].default.total_seconds()
-"""Seconds an acquire without a bound of its own waits for a connection:
-the default ``lock_timeout`` (the engine sets its configured one,
-`Database.acquire_bound`)."""
 
 Holder: TypeAlias = tuple[object, object]
 """Who holds a pooled connection: (the holding task, the asyncpg pool)."""
@@ -111,9 +109,6 @@ class Database(AsyncResource):
     def __init__(self, pool: asyncpg.Pool, url: str) -> None:
         self.pool = pool
         self._url = url
-        self.acquire_bound = ACQUIRE_BOUND
-        """Seconds `plain`, `fetch` and `connection` wait for a connection
-        when not given a bound."""
 
     def refuse_nested(self, entry: str) -> None:
         """Raise `NestedConnectionError` (naming ``entry``) when the current
@@ -147,7 +142,8 @@ class Database(AsyncResource):
         self.refuse_nested("Database.acquire")
         return await self._take(bound)
 
-    async def _take(self, bound: float) -> Any:
+    async def _take(self, bound: float | None) -> Any:
+        """`acquire` without the check (``bound`` None: wait as long as it takes)."""
         pool = self.pool
         if not _hands_over_at_once(pool):
             return await pool.acquire(timeout=bound)
@@ -176,13 +172,13 @@ class Database(AsyncResource):
             mark()
 
     @contextlib.asynccontextmanager
-    async def connection(self, entry: str, bound: float | None = None) -> AsyncIterator[Any]:
-        """A pooled connection for the block, within ``bound`` seconds
-        (default `acquire_bound`), released with the pool's reset; the task
-        holds it (`hold`) while the block runs. ``entry`` names the caller
-        in the `NestedConnectionError` a holding task gets."""
+    async def connection(self, entry: str, bound: float) -> AsyncIterator[Any]:
+        """A pooled connection for the block, within ``bound`` seconds,
+        released with the pool's reset; the task holds it (`hold`) while the
+        block runs. ``entry`` names the caller in the `NestedConnectionError`
+        a holding task gets."""
         self.refuse_nested(entry)
-        conn = await self._take(self.acquire_bound if bound is None else bound)
+        conn = await self._take(bound)
         token = _HOLDER.set((asyncio.current_task(), self.pool))
         try:
             yield conn
@@ -194,7 +190,8 @@ class Database(AsyncResource):
     async def plain(self, bound: float | None = None) -> AsyncIterator[Any]:
         """A pooled connection for statements that leave no session state
         behind, released without the reset query (its own round trip);
-        taken as `connection` takes one (bounded, refused to a holder).
+        refused to a holder as `connection` is, and taken within ``bound``
+        seconds when given (None: as long as the pool makes it wait).
 
         For autocommit reads and writes (and a transaction the block
         commits or rolls back itself) that issue no ``SET`` (``SET LOCAL``
@@ -204,7 +201,7 @@ class Database(AsyncResource):
         open, is reset on release as usual.
         """
         self.refuse_nested("Database.plain")
-        conn = await self._take(self.acquire_bound if bound is None else bound)
+        conn = await self._take(bound)
         token = _HOLDER.set((asyncio.current_task(), self.pool))
         try:
             yield conn
@@ -215,13 +212,14 @@ class Database(AsyncResource):
             _HOLDER.reset(token)
             await self.pool.release(conn)
 
-    async def fetch(self, query: str, *args: Any) -> list[Any]:
-        """One statement's rows on a `plain` connection (no release reset).
-        A driver error, the bounded acquire's timeout included, raises the
-        `DatabaseError` of stage ``read``."""
+    async def fetch(self, query: str, *args: Any, bound: float | None = None) -> list[Any]:
+        """One statement's rows on a `plain` connection (no release reset),
+        taken within ``bound`` seconds when given. A driver error (a
+        bounded acquire's timeout included) raises the `DatabaseError` of
+        stage ``read``."""
         self.refuse_nested("Database.fetch")
         with translating(Stage.READ):
-            async with self.plain() as conn:
+            async with self.plain(bound) as conn:
                 rows: list[Any] = await conn.fetch(query, *args)
                 return rows
 
