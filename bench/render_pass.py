@@ -90,7 +90,20 @@ class _Pool:
 
 @dataclass
 class _Db:
+    """`Database`'s read entries as the registry takes them (`connection`,
+    `plain`), over the stand-in pool."""
+
     pool: _Pool
+
+    @contextlib.asynccontextmanager
+    async def connection(self, entry: str, bound: float) -> AsyncIterator[_Conn]:
+        async with self.pool.acquire() as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def plain(self, bound: float | None = None) -> AsyncIterator[_Conn]:
+        async with self.pool.acquire() as conn:
+            yield conn
 
 
 def _ids_in(cx: Any) -> list[str]:

@@ -28,7 +28,7 @@ from service_engine.render import (
     Upsert,
 )
 from service_engine.render.membership import RenderPlan
-from service_engine.render.session import SHARED_RENDERS, SharedRender
+from service_engine.render.session import SHARED_RENDERS, SharedRender, SharedWindow
 from tests.render_support import RankQuery
 
 _KEYS = ["1", "2", "3", "4", "5"]
@@ -173,3 +173,29 @@ def test_a_session_with_pages_or_a_page_in_flight_renders_alone() -> None:
     paged.render_shared(RenderPlan({"2": 0}), {"2": "c"}, threshold=10, renders=renders)
     assert renders == []
     assert paged.last_sent["2"] == "c"
+
+
+def test_snapshots_completing_with_equal_windows_hold_one_window() -> None:
+    """Sessions of one snapshot batch that complete with equal windows (and
+    heads, in the same order) hold one window and one head; each still gets
+    its own Reset, and a later render of its own copies before it changes."""
+    shares: list[SharedWindow[str]] = []
+    sessions = [_session(f"s{i}", Ordered(RankQuery())) for i in range(3)]
+    resets = []
+    for session in sessions:
+        session.begin_snapshot()
+        resets.append(session.go_live({"1": 0, "2": 0}, {"1": "a", "2": "b"}, shares))
+    other = _session("o", Ordered(RankQuery()))
+    other.begin_snapshot()
+    other.go_live({"2": 0, "1": 0}, {"2": "b", "1": "a"}, shares)  # another order
+    assert len(shares) == 2
+    assert all(s.last_sent is sessions[0].last_sent for s in sessions)
+    assert all(s.membership.head is sessions[0].membership.head for s in sessions)
+    assert other.last_sent is not sessions[0].last_sent
+    assert list(other.last_sent) == ["2", "1"]
+    assert all(r == Reset(1, {"1": "a", "2": "b"}) for r in resets)
+    assert len({id(r) for r in resets}) == 3
+    sessions[0].render(RenderPlan({"1": 0}), {}, threshold=10)
+    assert sessions[0].last_sent == {"2": "b"}
+    assert sessions[1].last_sent == {"1": "a", "2": "b"}
+    assert sessions[1].membership.head == {"1": 0, "2": 0}

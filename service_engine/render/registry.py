@@ -51,7 +51,14 @@ from .projector import (
     route_of,
 )
 from .report import PassTally
-from .session import Session, SessionId, authorize_page, new_session_id, parse_session_id
+from .session import (
+    Session,
+    SessionId,
+    SharedWindow,
+    authorize_page,
+    new_session_id,
+    parse_session_id,
+)
 from .sharing import HeldViews, Interned, SharedViews, view_key_of
 from .stream import SessionStream
 from .windows import Keys, WindowSpec, keyed
@@ -558,17 +565,18 @@ class RenderRegistry:
     def _complete_snapshot(
         self, rec: AttachedSession, state: str, populated: Mapping[KeyText, JsonValue] | None,
         rendered: Mapping[KeyText, Any], tally: PassTally, cause: str | None,
+        shares: list[SharedWindow[Any]] | None = None,
     ) -> None:
         session = rec.session
         self._snapshot_ended(rec)
         if session.ended:
             return  # detached while it read
         if state == "attaching":
-            reset: Reset[Any] = session.go_live(populated, rendered)
+            reset: Reset[Any] = session.go_live(populated, rendered, shares)
         elif state == "repair_pending":
-            reset = session.repaired(populated, rendered)
+            reset = session.repaired(populated, rendered, shares)
         else:
-            reset = session.resnapshot(populated, rendered)
+            reset = session.resnapshot(populated, rendered, shares)
         rec.resync = False
         rec.live_since = self._planned
         self._emit(rec, reset)
@@ -733,12 +741,14 @@ class RenderRegistry:
                 union.update(keys)
             rows = await self._load(conn, proj, union, tally)
         views = self._shared_views(proj)
+        # Sessions completing with equal windows hold one between them.
+        windows: list[SharedWindow[Any]] = []
         for rec, state, found, keys in zip(recs, states, populated, scopes, strict=True):
             if rec.session.ended:
                 continue
             rendered = self._project(rec, rows, keys, tally, views)
             self._note_rendered(proj, rows, rendered)
-            self._complete_snapshot(rec, state, found, rendered, tally, cause)
+            self._complete_snapshot(rec, state, found, rendered, tally, cause, windows)
         self._settle_views(proj, views, tally)
 
     def _note_rendered(

@@ -72,6 +72,7 @@ __all__ = [
     "SessionId",
     "SessionState",
     "SharedRender",
+    "SharedWindow",
     "authorize_page",
     "diff_into",
     "new_session_id",
@@ -157,6 +158,17 @@ def diff_into(
 def _same_window(a: Mapping[KeyText, Any], b: Mapping[KeyText, Any]) -> bool:
     """The same object, or equal items in the same (window) order."""
     return a is b or (a == b and list(a) == list(b))
+
+
+class SharedWindow(Generic[V]):
+    """A window and head held by the sessions that completed a batch of
+    snapshots with equal ones (`Session.go_live`'s ``shares``)."""
+
+    __slots__ = ("head", "last")
+
+    def __init__(self, last: dict[KeyText, V], head: dict[KeyText, JsonValue]) -> None:
+        self.last = last
+        self.head = head
 
 
 class SharedRender(Generic[V]):
@@ -386,22 +398,27 @@ class Session(Generic[P, V]):
         return self.membership.snapshot_keys(populated, self.pages)
 
     def go_live(
-        self, populated: Mapping[KeyText, JsonValue] | None, rendered: Mapping[KeyText, V]
+        self, populated: Mapping[KeyText, JsonValue] | None, rendered: Mapping[KeyText, V],
+        shares: list[SharedWindow[V]] | None = None,
     ) -> Reset[V]:
-        """ATTACHING -> LIVE with the first snapshot's visible views."""
-        return self._complete("go_live", SessionState.ATTACHING, populated, rendered)
+        """ATTACHING -> LIVE with the first snapshot's visible views
+        (``shares``: see `_complete`)."""
+        return self._complete("go_live", SessionState.ATTACHING, populated, rendered, shares)
 
     def repaired(
-        self, populated: Mapping[KeyText, JsonValue] | None, rendered: Mapping[KeyText, V]
+        self, populated: Mapping[KeyText, JsonValue] | None, rendered: Mapping[KeyText, V],
+        shares: list[SharedWindow[V]] | None = None,
     ) -> Reset[V]:
         """REPAIR_PENDING -> LIVE with a fresh snapshot from committed state."""
-        return self._complete("repaired", SessionState.REPAIR_PENDING, populated, rendered)
+        return self._complete("repaired", SessionState.REPAIR_PENDING, populated, rendered,
+                              shares)
 
     def resnapshot(
-        self, populated: Mapping[KeyText, JsonValue] | None, rendered: Mapping[KeyText, V]
+        self, populated: Mapping[KeyText, JsonValue] | None, rendered: Mapping[KeyText, V],
+        shares: list[SharedWindow[V]] | None = None,
     ) -> Reset[V]:
         """LIVE -> LIVE: a Reset from committed state (reconnect, lane resume)."""
-        return self._complete("resnapshot", SessionState.LIVE, populated, rendered)
+        return self._complete("resnapshot", SessionState.LIVE, populated, rendered, shares)
 
     def _complete(
         self,
@@ -409,11 +426,32 @@ class Session(Generic[P, V]):
         source: SessionState,
         populated: Mapping[KeyText, JsonValue] | None,
         rendered: Mapping[KeyText, V],
+        shares: list[SharedWindow[V]] | None = None,
     ) -> Reset[V]:
+        """The snapshot's end. ``shares`` (one list per batch of snapshots)
+        lets sessions completing with equal windows and heads hold one
+        window and one head between them (copied before a session changes
+        its own, as after `render_shared`); a session with pages holds its
+        own."""
         if self.state is not source or not self._snapshotting:
             raise self._illegal(transition)
-        self.membership.settle_snapshot(populated, rendered, self.pages)
-        self.last_sent = dict(rendered)
+        membership = self.membership
+        membership.settle_snapshot(populated, rendered, self.pages)
+        if shares is None or len(self.pages):
+            self.last_sent = dict(rendered)
+        else:
+            head = membership.head
+            for share in shares:
+                if _same_window(share.last, rendered) and _same_window(share.head, head):
+                    self.last_sent = share.last
+                    membership.head = share.head
+                    self._shared = True
+                    break
+            else:
+                self.last_sent = dict(rendered)
+                if len(shares) < SHARED_RENDERS:
+                    shares.append(SharedWindow(self.last_sent, head))
+                    self._shared = True
         self.revision += 1
         self.state = SessionState.LIVE
         self._snapshotting = False
