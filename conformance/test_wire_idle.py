@@ -80,7 +80,7 @@ async def test_an_idle_socket_holds_no_timer_nor_parser_and_still_keeps_alive(
             assert _timers(wire) == [] and _waits(wire) == 0
 
 
-async def test_the_one_timer_still_closes_at_the_init_timeout_and_the_max_age(
+async def test_the_deadlines_still_close_at_the_init_timeout_and_the_max_age(
     db: Database,
 ) -> None:
     """The init timeout (4408) and the session's max age (1001) fire from the
