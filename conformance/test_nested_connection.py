@@ -337,7 +337,7 @@ async def test_after_commit_and_a_task_started_inside_may_take_a_connection(
 
 async def test_a_wait_the_mark_does_not_see_is_bounded(two: Database) -> None:
     """A handler that waits on a task of its own which needs a second
-    connection for an engine read (the mark names the holding task, so the
+    connection for a bounded read (the mark names the holding task, so the
     child is not refused) cannot hang the pod: with more such mutations at once than the
     pool has connections, each ends within the acquire's bound, committed or
     refused as a `DatabaseError` (answered as the ``database`` `MutationError`), and the pool is whole afterwards."""
@@ -346,8 +346,7 @@ async def test_a_wait_the_mark_does_not_see_is_bounded(two: Database) -> None:
 
         async def spawning(cx: Mutation[Principal], card_id: str) -> None:
             await create(cx, card_id)
-            # A render read: bounded by lock_timeout.
-            await asyncio.create_task(engine.fetch("cards", card_id, ALICE))
+            await asyncio.create_task(two.fetch("SELECT 1", bound=1.0))
 
         results = await at_once(
             [executor.execute(ALICE, spawning, f"w{i}") for i in range(CALLERS)], "child tasks"

@@ -17,13 +17,15 @@ connection from the same pool (`Database.acquire`, `plain`, `fetch`,
 rather than wait for a second connection while holding the first, the
 wait that stops a pod whose every connection is so held. The mark names
 the task: a task started inside the block copies the mark with its
-context but is not the holder. The engine's own acquires are bounded (the
-pipeline's and the render reads' by ``lock_timeout``), so a path the mark
-does not cover fails as a `DatabaseError` instead of hanging; `plain` and
-`fetch` wait as long as it takes unless given a bound: a principal fact's
-read at each socket's ``connection_init`` queues behind a burst of
-sockets, as the handshake itself does (``ws_max_handshakes``), and a bound
-there refused most of a 10,000-socket burst.
+context but is not the holder. The pipeline's acquire and the accumulated
+lane's are bounded by ``lock_timeout``, so a path the mark does not cover
+fails there as a `DatabaseError` instead of hanging. The reads a burst of
+sockets queues (a principal fact's read at each ``connection_init``, an
+attach's snapshot, a render pass) wait as long as the pool makes them, as
+the handshake itself queues (``ws_max_handshakes``): with a
+``lock_timeout`` bound a 10,000-socket burst was refused most of its
+facts reads and some attaches. `plain` and `fetch` take a ``bound`` when
+given one.
 """
 
 from __future__ import annotations
@@ -172,11 +174,11 @@ class Database(AsyncResource):
             mark()
 
     @contextlib.asynccontextmanager
-    async def connection(self, entry: str, bound: float) -> AsyncIterator[Any]:
-        """A pooled connection for the block, within ``bound`` seconds,
-        released with the pool's reset; the task holds it (`hold`) while the
-        block runs. ``entry`` names the caller in the `NestedConnectionError`
-        a holding task gets."""
+    async def connection(self, entry: str, bound: float | None = None) -> AsyncIterator[Any]:
+        """A pooled connection for the block, within ``bound`` seconds (None:
+        as long as the pool makes it wait), released with the pool's reset;
+        the task holds it (`hold`) while the block runs. ``entry`` names the
+        caller in the `NestedConnectionError` a holding task gets."""
         self.refuse_nested(entry)
         conn = await self._take(bound)
         token = _HOLDER.set((asyncio.current_task(), self.pool))

@@ -152,8 +152,6 @@ class RenderRegistry:
     ) -> None:
         self._db = db
         self._config = config
-        self._bound = config.lock_timeout.total_seconds()
-        """How long a read waits for a pool connection."""
         self._accepting = accepting
         self._metrics = metrics
         # Sessions attached and deltas enqueued, by projector; the deltas are
@@ -412,13 +410,14 @@ class RenderRegistry:
         # One read-only snapshot per read: populate and the load agree, and
         # no row lock is ever taken. The translation spans acquire, BEGIN,
         # the block (populate's own SQL included) and COMMIT. The acquire is
-        # bounded, and refused to a task already holding a connection of the
-        # pool (a handler's fetch); the read's own hooks (the applier,
-        # populate, the store's reads) run holding this one: they are refused
-        # a second.
+        # refused to a task already holding a connection of the pool (a
+        # handler's fetch); the read's own hooks (the applier, populate, the
+        # store's reads) run holding this one: they are refused a second. It
+        # is not time-bounded: an attach burst queues for the pool (a
+        # lock_timeout bound refused attaches of a 10,000-socket burst).
         with translating(Stage.READ):
             async with self._db.connection(
-                "a render read (fetch, fetch_window, page, download)", self._bound
+                "a render read (fetch, fetch_window, page, download)"
             ) as conn, conn.transaction(isolation="repeatable_read", readonly=True):
                 if proj.RLS:
                     assert applier is not None
@@ -432,7 +431,7 @@ class RenderRegistry:
         no COMMIT) and no release reset (`Database.plain`): the acquire and
         the statement's round trip. Driver errors translate as `_reading`'s."""
         with translating(Stage.READ):
-            async with self._db.plain(self._bound) as conn:
+            async with self._db.plain() as conn:
                 yield conn
 
     async def _populate(
