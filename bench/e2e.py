@@ -135,8 +135,12 @@ class Service:
 
 
 @contextlib.asynccontextmanager
-async def service(env: dict[str, str], pods: int = 1) -> AsyncIterator[Service]:
-    data = Path(tempfile.mkdtemp(prefix="e2e-"))
+async def service(env: dict[str, str], pods: int = 1, *, command: list[str] | None = None,
+                  prefix: str = "e2e-") -> AsyncIterator[Service]:
+    """The reference service in a child process on its embedded Postgres and
+    NATS (a fresh temporary folder named ``prefix...``), ready; ``command``
+    runs another entry point of it (its arguments after the interpreter)."""
+    data = Path(tempfile.mkdtemp(prefix=prefix))
     addr_file = data / "addr"
     environ = {
         **os.environ,
@@ -148,8 +152,9 @@ async def service(env: dict[str, str], pods: int = 1) -> AsyncIterator[Service]:
         **env,
     }
     log = (data / "service.log").open("wb")
-    command = [sys.executable, "-m", "example_service"] + (["--pods", str(pods)] if pods > 1 else [])
-    proc = subprocess.Popen(command, cwd=REPO,  # noqa: ASYNC220
+    if command is None:
+        command = ["-m", "example_service"] + (["--pods", str(pods)] if pods > 1 else [])
+    proc = subprocess.Popen([sys.executable, *command], cwd=REPO,  # noqa: ASYNC220
                             env=environ, stdout=log, stderr=subprocess.STDOUT)
     procs = [proc]
     try:

@@ -38,19 +38,14 @@ import json
 import os
 import resource
 import signal
-import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # e2e's helpers
-from e2e import REPO, open_many, rss_mb
+from e2e import REPO, open_many, rss_mb, service
 
 STDLIB = sysconfig.get_paths()["stdlib"]
 SCRIPT = str(Path(__file__).resolve())
@@ -145,47 +140,6 @@ async def _serve(folder: Path, frames: int) -> None:
 # -- the driver ----------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def service(env: dict[str, str], frames: int) -> AsyncIterator[tuple[subprocess.Popen[bytes], str, Path]]:
-    data = Path(tempfile.mkdtemp(prefix="session-bytes-"))
-    addr_file = data / "addr"
-    environ = {
-        **os.environ,
-        "EXAMPLE_SERVICE_DATA": str(data),
-        "EXAMPLE_SERVICE_HTTP_ADDR": "127.0.0.1:0",
-        "EXAMPLE_SERVICE_ADDR_FILE": str(addr_file),
-        "EXAMPLE_SERVICE_LOG_LEVEL": "WARNING",
-        "SERVICE_ENGINE_WS_MAX_SOCKETS": "30000",
-        **env,
-    }
-    log = (data / "service.log").open("wb")
-    command = [sys.executable, SCRIPT, "--serve", str(data),
-               "--frames", str(frames)]
-    proc = subprocess.Popen(command, cwd=REPO,  # noqa: ASYNC220
-                            env=environ, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while not addr_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((data / "service.log").read_text()[-3000:])
-            await asyncio.sleep(0.1)
-        addr = addr_file.read_text().strip()
-        async with httpx.AsyncClient(base_url=f"http://{addr}") as http:
-            while True:
-                with contextlib.suppress(httpx.TransportError):
-                    if (await http.get("/readyz")).status_code == 200:
-                        break
-                await asyncio.sleep(0.1)
-        yield proc, addr, data
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-
 async def probe(pid: int, folder: Path, step: str) -> None:
     (folder / f"{step}.done").unlink(missing_ok=True)
     (folder / "step").write_text(step)
@@ -222,7 +176,9 @@ def short(frame: str) -> str:
 async def run(args: argparse.Namespace) -> None:
     env = dict(kv.split("=", 1) for kv in args.env)
     load0 = os.getloadavg()[0]
-    async with service(env, args.frames) as (proc, addr, folder):
+    command = [SCRIPT, "--serve", "--frames", str(args.frames)]
+    async with service(env, command=command, prefix="session-bytes-") as svc:
+        proc, addr, folder = svc.procs[0], svc.addr, svc.data
         if args.warmup:
             await close_all(await open_live(addr, args.warmup, "warm"))
             await asyncio.sleep(1.0)
@@ -266,10 +222,11 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=12)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--serve", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(_serve(Path(args.serve), args.frames))
+        # The served child: its folder is the one `e2e.service` made for it.
+        asyncio.run(_serve(Path(os.environ["EXAMPLE_SERVICE_DATA"]), args.frames))
         return
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
