@@ -17,7 +17,19 @@ from websockets.server import ServerProtocol
 
 from service_engine.graphql.passport import Passport, parse_passport
 from service_engine.graphql.wire import _park_parser, _unpark_parser
-from tests.test_wire_protocol import _handshake
+
+
+def _handshake(conn: Any) -> None:
+    from websockets.http11 import Request
+
+    conn.receive_data(
+        b"GET /graphql/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    [request] = conn.events_received()
+    assert isinstance(request, Request)
+    conn.send_response(conn.accept(request))
+    conn.data_to_send()
 
 
 def _frames() -> bytes:

@@ -1194,13 +1194,6 @@ def _unpark_parser(conn: ServerProtocol) -> None:
     conn.parser = parser
 
 
-def _fresh_parser(conn: ServerProtocol) -> None:
-    """Restart websockets' frame parser in one step, when it waits at a frame
-    boundary (`_park_parser` then `_unpark_parser`)."""
-    if _at_boundary(conn):
-        _unpark_parser(conn)
-
-
 _AT_EOF = StreamReader.at_eof.__code__
 
 
