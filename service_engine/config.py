@@ -181,6 +181,14 @@ class EngineConfig(BaseModel):
     or an operator's mirror of the same files (same paths, same bytes: the
     page checks their integrity hashes). An ``http(s)://`` URL or a path
     on this host starting with ``/``."""
+    ws_max_attaching: int = 64
+    """Sockets whose ``connection_init`` is being worked on at once (the
+    principal's resolve and the acknowledgement, on the engine's own socket,
+    ``graphql_wire``). Past it an init waits its turn, its init timeout
+    already ended by its arrival: a burst of sockets is attached in waves,
+    so each wave's transient objects are freed and their memory reused by
+    the next wave's sessions instead of all of them interleaved at once
+    (bench/README.md, "Back to idle": held RSS of 10,000 sessions)."""
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -214,7 +222,7 @@ class EngineConfig(BaseModel):
             "offer_drain_batch", "mirror_failure_threshold",
             "http_max_body_bytes", "query_max_tokens", "query_max_aliases", "query_max_depth",
             "ws_max_message_bytes", "ws_max_subscriptions_per_socket", "ws_max_sockets",
-            "ws_max_handshakes",
+            "ws_max_handshakes", "ws_max_attaching",
         )
         for name in positive_counts:
             require(getattr(self, name) > 0, f"{name} > 0")

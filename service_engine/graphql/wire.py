@@ -39,6 +39,7 @@ import math
 import random
 import struct
 import sys
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 from urllib.parse import unquote
@@ -135,8 +136,17 @@ class WireEndpoint:
         self.live_ops: LiveOps = view.live_ops
         self.pong = _encoded(view.encode_json({"type": "pong"}))
         self.ack = _encoded(view.encode_json({"type": "connection_ack"}))
+        self.max_attaching = view.config.ws_max_attaching
         self._drains: _Drains | None = None
         self._deadlines: _Deadlines | None = None
+        self._gate: _AttachGate | None = None
+
+    def gate(self, loop: asyncio.AbstractEventLoop) -> _AttachGate:
+        """The sockets of ``loop`` whose ``connection_init`` is worked on, or waits."""
+        gate = self._gate
+        if gate is None or gate.loop is not loop:
+            gate = self._gate = _AttachGate(loop, self.max_attaching)
+        return gate
 
     def deadlines(self, loop: asyncio.AbstractEventLoop) -> _Deadlines:
         """The sockets of ``loop`` by their soonest deadline."""
@@ -190,6 +200,40 @@ class _Drains:
             except Exception:
                 # One socket's failure is its own: the others still write.
                 _log.exception("a socket's live operations failed to drain")
+
+
+class _AttachGate:
+    """At most ``limit`` sockets' ``connection_init`` worked on at once
+    (``ws_max_attaching``); the others wait in arrival order, holding no
+    task (`WireSocket._through_gate` starts the work when a turn comes)."""
+
+    __slots__ = ("free", "loop", "waiting")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self.loop = loop
+        self.free = limit
+        self.waiting: deque[WireSocket] = deque()
+
+    def enter(self, socket: WireSocket) -> bool:
+        """Whether ``socket`` has a turn now; if not it waits for `leave`."""
+        if self.free > 0 and not self.waiting:
+            self.free -= 1
+            return True
+        self.waiting.append(socket)
+        return False
+
+    def leave(self) -> None:
+        """A turn ends: the next socket still waiting takes it."""
+        waiting = self.waiting
+        while waiting:
+            socket = waiting.popleft()
+            if socket._gate is _GATE_WAITING:
+                socket._through_gate()
+                return
+        self.free += 1
+
+
+_GATE_NONE, _GATE_WAITING, _GATE_HOLDING = 0, 1, 2
 
 
 TICK = 0.05
@@ -320,6 +364,7 @@ class WireSocket(asyncio.Protocol):
         "_due_step",
         "_endpoint",
         "_fragments",
+        "_gate",
         "_headers_out",
         "_inbox",
         "_init",
@@ -329,6 +374,7 @@ class WireSocket(asyncio.Protocol):
         "_max_age_at",
         "_ops",
         "_paused",
+        "_pending_init",
         "_ping_at",
         "_ping_payload",
         "_ping_sent_at",
@@ -380,6 +426,8 @@ class WireSocket(asyncio.Protocol):
         self._text = True
         self._inbox: list[bytes] | None = None
         self._admitting: asyncio.Task[None] | None = None
+        self._gate = _GATE_NONE
+        self._pending_init: dict[str, object] | None = None
         self._read_paused = False
         self._paused = False
         self._waiters: list[asyncio.Future[None]] | None = None
@@ -678,18 +726,39 @@ class WireSocket(asyncio.Protocol):
             self.close(*_close_args(step))
         elif isinstance(step, wp.Admit):
             self._init_received_in_time()
-            self._inbox = []
-            self._admitting = self.loop.create_task(self._admit(step.payload))
+            if self._inbox is None:
+                self._inbox = []  # what follows waits for the ack
+            if endpoint.gate(self.loop).enter(self):
+                self._gate = _GATE_HOLDING
+                self._admitting = self.loop.create_task(self._admit(step.payload))
+            else:
+                # Its turn comes (`_through_gate`); its init timeout has ended.
+                self._gate = _GATE_WAITING
+                self._pending_init = step.payload
         elif isinstance(step, wp.Refuse):
             self._write(_encoded(endpoint.encode_json(step.message)))
         elif isinstance(step, wp.Ignore):
             self._init_received_in_time()
 
+    def _through_gate(self) -> None:
+        """The attach gate's turn came for this waiting socket."""
+        payload, self._pending_init = self._pending_init, None
+        assert payload is not None
+        self._gate = _GATE_HOLDING
+        self._admitting = self.loop.create_task(self._admit(payload))
+
+    def _leave_gate(self) -> None:
+        gate, self._gate = self._gate, _GATE_NONE
+        self._pending_init = None
+        if gate is _GATE_HOLDING:
+            self._endpoint.gate(self.loop).leave()
+
     def _drain_inbox(self) -> None:
-        while self._inbox and not self._closed and self._admitting is None:
+        while (self._inbox and not self._closed and self._admitting is None
+               and self._gate is not _GATE_WAITING):
             data = self._inbox.pop(0)
             self._handle(data)
-        if self._admitting is None:
+        if self._admitting is None and self._gate is not _GATE_WAITING:
             self._inbox = None
         if self._read_paused and not self._inbox and not self._closed:
             self._read_paused = False
@@ -704,6 +773,14 @@ class WireSocket(asyncio.Protocol):
         self._release_slot()
 
     async def _admit(self, payload: dict[str, object]) -> None:
+        try:
+            await self._admit_in_turn(payload)
+        finally:
+            self._leave_gate()
+        if self._admitting is None and not self._closed and not self._lost:
+            self._drain_inbox()
+
+    async def _admit_in_turn(self, payload: dict[str, object]) -> None:
         context = self.context
         assert context is not None
         view = self._endpoint.view
@@ -739,7 +816,6 @@ class WireSocket(asyncio.Protocol):
             self.close(4500, "internal_error: connection_init failed")
             return
         self._admitting = None
-        self._drain_inbox()
 
     # -- timers ------------------------------------------------------------------
     #
@@ -1134,6 +1210,9 @@ class WireSocket(asyncio.Protocol):
             self._init_at = self._max_age_at = None
             self._arm()
         self._admitting_cancel_quiet()
+        if self._gate is not _GATE_NONE and self._admitting is None:
+            # Waiting (skipped when reached), or its admit task is gone.
+            self._leave_gate()
         self._release_slot()
         if self._counted:
             self._counted = False

@@ -1,0 +1,136 @@
+"""A burst's ``connection_init``s are worked on in waves, never timed out.
+
+At most ``ws_max_attaching`` sockets' inits (the principal's resolve and the
+acknowledgement) are worked on at once on the engine's own socket; the
+others wait their turn. The init timeout (4408) ended when their init
+arrived, so a socket waiting its turn is acknowledged when the turn comes,
+however long it waited, and a socket that closes while it waits takes
+nobody's turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from service_engine import Database
+from service_engine.graphql import Passport, graphql_app
+from service_engine.graphql.wire import WireEndpoint
+
+from .harness import wait_until
+from .test_graphql_app import (
+    ALICE,
+    BOUND,
+    SCHEMA,
+    Me,
+    initialise,
+    receive,
+    resolve_me,
+    running_engine,
+    send,
+    serving,
+    ws_connect,
+)
+
+INIT_TIMEOUT = timedelta(seconds=0.3)
+
+
+async def test_an_init_waiting_its_turn_is_acknowledged_not_closed_4408(db: Database) -> None:
+    """With ws_max_attaching=1 and the first socket's resolve held, a second
+    socket's init waits its turn for several init timeouts: it is neither
+    closed 4408 nor resolved meanwhile (one resolve at a time), and is
+    acknowledged, and serves operations, once the first resolve ends."""
+    release = asyncio.Event()
+    in_flight = 0
+    most = 0
+    resolved: list[str] = []
+
+    async def held(passport: Passport) -> Me:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            if not resolved:
+                resolved.append(passport.sub)
+                await release.wait()
+            else:
+                resolved.append(passport.sub)
+            return resolve_me(passport)
+        finally:
+            in_flight -= 1
+
+    async with (
+        running_engine(db, ws_max_attaching=1) as engine,
+        serving(graphql_app(engine, SCHEMA, held,
+                            connection_init_wait_timeout=INIT_TIMEOUT)) as addr,
+        ws_connect(addr, ALICE.to_header()) as first,
+        ws_connect(addr, ALICE.to_header()) as second,
+    ):
+        await send(first, {"type": "connection_init"})
+        await wait_until(lambda: resolved == ["alice"], what="the first resolve started")
+        await send(second, {"type": "connection_init"})
+        # Three init timeouts pass with nothing sent to the waiting socket.
+        waited = asyncio.ensure_future(second.recv())
+        done, _ = await asyncio.wait({waited}, timeout=3 * INIT_TIMEOUT.total_seconds())
+        assert not done, f"the waiting socket got {waited.result() if done else None!r}"
+        assert resolved == ["alice"], "a second resolve ran while the gate was taken"
+        release.set()
+        assert json.loads(await asyncio.wait_for(waited, BOUND)) == {"type": "connection_ack"}
+        assert await receive(first) == {"type": "connection_ack"}
+        await send(second, {"id": "1", "type": "subscribe",
+                            "payload": {"query": "query { whoami { sub } }"}})
+        assert (await receive(second))["payload"] == {"data": {"whoami": {"sub": "alice"}}}
+        assert most == 1
+
+
+async def test_a_socket_closed_while_waiting_takes_no_turn(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ws_max_attaching=1: a socket that closes while its init waits is
+    skipped (the next waiting socket is acknowledged), and once every socket
+    closed the gate is whole again (its one turn free, nobody waiting)."""
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def held(passport: Passport) -> Me:
+        started.append(passport.sub)
+        if len(started) == 1:
+            await release.wait()
+        return resolve_me(passport)
+
+    endpoints: list[WireEndpoint] = []
+    built = WireEndpoint.__init__
+
+    def recorded(endpoint: WireEndpoint, view: Any) -> None:
+        built(endpoint, view)
+        endpoints.append(endpoint)
+
+    monkeypatch.setattr(WireEndpoint, "__init__", recorded)
+    async with running_engine(db, ws_max_attaching=1) as engine:
+        app = graphql_app(engine, SCHEMA, held)
+        async with serving(app) as addr:
+            async with (
+                ws_connect(addr, ALICE.to_header()) as first,
+                ws_connect(addr, ALICE.to_header()) as third,
+            ):
+                await send(first, {"type": "connection_init"})
+                await wait_until(lambda: len(started) == 1, what="the first resolve started")
+                async with ws_connect(addr, ALICE.to_header()) as leaving:
+                    await send(leaving, {"type": "connection_init"})
+                    await send(third, {"type": "connection_init"})
+                    gate = endpoints[-1].gate(asyncio.get_running_loop())
+                    await wait_until(lambda: len(gate.waiting) == 2,
+                                     what="two inits waiting their turn")
+                release.set()
+                assert await receive(first) == {"type": "connection_ack"}
+                assert await receive(third) == {"type": "connection_ack"}
+                assert len(started) == 2, "the closed socket's init was resolved"
+            await wait_until(lambda: gate.free == 1 and not gate.waiting,
+                             what="the gate whole again")
+            # And it still admits.
+            async with ws_connect(addr, ALICE.to_header()) as after:
+                await initialise(after)
