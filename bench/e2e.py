@@ -3,6 +3,7 @@
     python bench/e2e.py [--seconds 8] [--cells all|quick|overload|"subs/orgs/rate,..."]
                         [--idle 1000,10000] [--compare-plan] [--env NAME=VALUE ...]
                         [--compare-env NAME=VALUE ...] [--pods 1,2] [--py-spy FILE]
+                        [--writer lean|httpx|lean,httpx]
 
 The service (``python -m example_service`` on its embedded Postgres + NATS in
 a temporary folder) runs in a child process; this process opens one
@@ -10,7 +11,12 @@ graphql-transport-ws socket per subscriber (the ``websockets`` library, the
 passport on the upgrade), each subscribed to ``boards`` (the caller's
 boards). A cell is ``subs`` subscribers spread over ``orgs`` orgs (five
 boards per org) and ``rate`` writes/s spread over the orgs and their boards: each write is a
-``renameBoard`` mutation over HTTP whose title carries its sequence number.
+``renameBoard`` mutation over HTTP whose title carries its sequence number,
+sent by ``bench/lean_http.py`` (keep-alive HTTP/1.1, the same request bytes;
+``--writer httpx`` sends them with ``httpx`` as before, whose own CPU per
+request on these shared cores was more than the service's HTTP floor;
+``--writer lean,httpx`` runs every cell with each, alternating on the one
+service).
 
 - latency: ``perf_counter`` just before the mutation is sent to the receipt
   of the Upsert carrying that title, per subscriber (p50 / p99 / max);
@@ -54,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from lean_http import LeanClient
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
@@ -321,11 +328,12 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
-               seconds: float, watch: bool = False) -> dict[str, Any]:
+               seconds: float, watch: bool = False, writer: str = "lean") -> dict[str, Any]:
     orgs = [f"{name}o{j}" for j in range(n_orgs)]
     sent: dict[int, float] = {}
     async with httpx.AsyncClient(base_url=f"http://{svc.addr}", timeout=60,
-                                 limits=httpx.Limits(max_connections=64)) as http:
+                                 limits=httpx.Limits(max_connections=64)) as http, \
+            LeanClient(svc.addr) as lean:
         for org in orgs:
             for b in range(BOARDS_PER_ORG):
                 response = await http.post("/graphql", json={"query": CREATE, "variables": {
@@ -349,10 +357,14 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
             t0 = time.perf_counter()
             sent[seq] = t0
             board = f"b-{org}-{seq // n_orgs % BOARDS_PER_ORG}"
+            body = {"query": RENAME, "variables": {"id": board, "title": f"w{seq}"}}
+            headers = {"X-Passport": passport("w", org)}
             try:
-                response = await http.post("/graphql", json={"query": RENAME, "variables": {
-                    "id": board, "title": f"w{seq}"}}, headers={"X-Passport": passport("w", org)})
-                ok = response.json()["data"]["renameBoard"]["success"]
+                if writer == "lean":
+                    _status, answer = await lean.post_json("/graphql", body, headers)
+                else:
+                    answer = (await http.post("/graphql", json=body, headers=headers)).json()
+                ok = answer["data"]["renameBoard"]["success"]
             except Exception:
                 ok = False
             if ok:
@@ -461,6 +473,7 @@ async def run(args: argparse.Namespace) -> None:
     rows: dict[str, list[dict[str, Any]]] = {}
     idles: dict[str, list[dict[str, Any]]] = {}
     pod_counts = [int(x) for x in args.pods.split(",") if x]
+    writers = [w for w in args.writer.split(",") if w]
     runs = [(label if pod_counts == [1] else f"{label} {n}p", env, n)
             for label, env in variants for n in pod_counts]
     for label, env, pods in runs:
@@ -472,14 +485,16 @@ async def run(args: argparse.Namespace) -> None:
                            "-p", str(svc.pids[0])]
                 spy = subprocess.Popen(command, stdout=subprocess.DEVNULL,  # noqa: ASYNC220
                                        stderr=subprocess.DEVNULL)
-            rows[label] = []
             for n, (subs, orgs, rate) in enumerate(cells):
-                rows[label].append(await cell(svc, f"c{n}", int(subs), int(orgs), rate, args.seconds,
-                                              watch=bool(args.loop_watch)))
-                watched = rows[label][-1].pop("watch")
-                print(label, rows[label][-1], flush=True)
-                if watched is not None:
-                    print_watch(f"{label} {rows[label][-1]['cell']}", watched)
+                for writer in writers:  # alternating, on the one service
+                    row = f"{label} {writer}" if len(writers) > 1 else label
+                    rows.setdefault(row, []).append(await cell(
+                        svc, f"c{n}{writer[0]}", int(subs), int(orgs), rate, args.seconds,
+                        watch=bool(args.loop_watch), writer=writer))
+                    watched = rows[row][-1].pop("watch")
+                    print(row, rows[row][-1], flush=True)
+                    if watched is not None:
+                        print_watch(f"{row} {rows[row][-1]['cell']}", watched)
             idles[label] = []
             for count in [int(x) for x in args.idle.split(",") if x]:
                 idles[label].append(await idle(svc, count, min(args.seconds, 4)))
@@ -488,13 +503,13 @@ async def run(args: argparse.Namespace) -> None:
                 spy.send_signal(signal.SIGINT)
                 await asyncio.to_thread(spy.wait, 30)
     print(f"\nload average {os.getloadavg()[0]:.2f}; env {base}")
-    print(f"{'cell':32} {'variant':9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'deliv':>14} "
+    print(f"{'cell':32} {'variant':12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'deliv':>14} "
           f"{'ack p50':>8} {'ack p99':>8} {'fail':>5} {'cpu/deliv us':>12} {'of it sys':>9} {'deliv/s':>8} "
           f"{'resets':>6} {'converged':>10} {'settle s':>8}")
     for i in range(len(cells)):
         for label in rows:
             r = rows[label][i]
-            print(f"{r['cell']:32} {label:9} {r['p50']:8.1f} {r['p99']:8.1f} {r['max']:8.1f} "
+            print(f"{r['cell']:32} {label:12} {r['p50']:8.1f} {r['p99']:8.1f} {r['max']:8.1f} "
                   f"{r['deliv']:>14} {r['ack_p50']:8.1f} {r['ack_p99']:8.1f} {r['failed']:5} "
                   f"{r['cpu_us']:12.1f} {r['sys_us']:9.1f} {r['deliv_per_s']:8.0f} {r['resets']:6} "
                   f"{r['converged']:>10} {r['settle_s']:8.1f}")
@@ -521,6 +536,9 @@ def main() -> None:
                         help="also run with this SERVICE_ENGINE_* setting, side by side "
                              "(e.g. SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES=false)")
     parser.add_argument("--env", action="append", default=[])
+    parser.add_argument("--writer", default="lean",
+                        help="the writers' HTTP client: lean (bench/lean_http.py) or httpx; "
+                             "a list (lean,httpx) runs each cell with each, alternating")
     parser.add_argument("--py-spy", default="", help="record the service with py-spy to FILE.<variant>.txt")
     parser.add_argument("--loop-watch", type=float, default=0, metavar="MS",
                         help="the pod's debug loop watch: what held the loop for MS or more, per cell")

@@ -12,7 +12,10 @@ round sends ``count`` ``renameBoard`` mutations over HTTP one after the
 other (closed loop: the next is sent when the previous answered), with
 ``subscribers`` graphql-transport-ws sessions subscribed to ``boards`` in
 the same org (the render side's per-commit work included). ``--board``
-selects the result's ``board { id title }`` (a read after the write).
+selects the result's ``board { id title }`` (a read after the write). The
+requests go out through ``bench/lean_http.py`` (keep-alive HTTP/1.1; the
+``httpx`` client used before cost ~2-4 ms of CPU a request on these shared
+cores, counted in every answer time).
 
 Per variant and round: the answer time p50 / p99 (from just before the
 request to its response), the service process's CPU per mutation (user +
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from lean_http import LeanClient
 from websockets.asyncio.client import connect
 from websockets.typing import Subprotocol
 
@@ -58,6 +62,10 @@ BOARDS = 5
 
 def passport(sub: str) -> str:
     return json.dumps({"sub": sub, "org": ORG, "roles": ["board:archive"]}, separators=(",", ":"))
+
+
+WRITER = {"X-Passport": passport("writer")}
+"""The writer's headers (its requests go through `lean_http.LeanClient`)."""
 
 
 def cpu_split(pid: int) -> tuple[float, float]:
@@ -144,7 +152,7 @@ async def drain_socket(ws: Any) -> None:
             pass
 
 
-async def round_of(variant: Variant, http: httpx.AsyncClient, count: int, document: str,
+async def round_of(variant: Variant, http: LeanClient, count: int, document: str,
                    start: int) -> dict[str, float]:
     assert variant.proc is not None
     pids = tree(variant.proc.pid)
@@ -154,9 +162,9 @@ async def round_of(variant: Variant, http: httpx.AsyncClient, count: int, docume
         seq = start + n
         body = {"query": document, "variables": {"id": f"b-{seq % BOARDS}", "title": f"w{seq}"}}
         began = time.perf_counter()
-        response = await http.post("/graphql", json=body)
+        _status, answer = await http.post_json("/graphql", body, WRITER)
         answers.append(time.perf_counter() - began)
-        assert response.json()["data"]["renameBoard"]["success"], response.text
+        assert answer["data"]["renameBoard"]["success"], answer
     own1, all1 = cpu_split(variant.proc.pid), sum(cpu_seconds(p) for p in pids)
     return {
         "p50": pct(answers, 0.5) * 1000, "p99": pct(answers, 0.99) * 1000,
@@ -281,13 +289,13 @@ def parse() -> tuple[argparse.Namespace, list[Variant]]:
 async def main(args: argparse.Namespace, variants: list[Variant]) -> None:
     document = RENAME_BOARD if args.board else RENAME
     async with contextlib.AsyncExitStack() as stack:
-        clients: dict[str, httpx.AsyncClient] = {}
+        clients: dict[str, LeanClient] = {}
         for variant in variants:
             await stack.enter_async_context(started(variant))
             http = await stack.enter_async_context(httpx.AsyncClient(
                 base_url=f"http://{variant.addr}", timeout=60,
                 headers={"X-Passport": passport("writer")}))
-            clients[variant.name] = http
+            clients[variant.name] = lean = await stack.enter_async_context(LeanClient(variant.addr))
             for b in range(BOARDS):
                 response = await http.post("/graphql", json={"query": CREATE, "variables": {
                     "id": f"b-{b}", "title": f"start {b}"}})
@@ -302,7 +310,7 @@ async def main(args: argparse.Namespace, variants: list[Variant]) -> None:
                 await ws.send(json.dumps({"id": "1", "type": "subscribe",
                                           "payload": {"query": SUBSCRIPTION}}))
                 asyncio.get_running_loop().create_task(drain_socket(ws))
-            await round_of(variant, http, 50, document, 0)  # warm-up
+            await round_of(variant, lean, 50, document, 0)  # warm-up
         seq = 1000
         for _ in range(args.rounds):
             for variant in variants:
