@@ -3,7 +3,7 @@
     python bench/e2e.py [--seconds 8] [--cells all|quick|overload|"subs/orgs/rate,..."]
                         [--idle 1000,10000] [--compare-plan] [--env NAME=VALUE ...]
                         [--compare-env NAME=VALUE ...] [--pods 1,2] [--py-spy FILE]
-                        [--writer lean|httpx|lean,httpx]
+                        [--writer lean|httpx|lean,httpx] [--interleave]
 
 The service (``python -m example_service`` on its embedded Postgres + NATS in
 a temporary folder) runs in a child process; this process opens one
@@ -32,7 +32,8 @@ latency after (compare with the same cell run first, on the fresh process).
 ``--compare-plan`` runs everything twice, the delivery plan off and on, side
 by side; ``--env`` passes ``SERVICE_ENGINE_*`` settings to the service (e.g.
 ``SERVICE_ENGINE_GC_TUNED=false``); ``--compare-env`` adds a variant with
-that setting beside the default; ``--pods 1,2`` runs every variant with 1
+that setting beside the default (``--interleave``: every variant's service
+up at once, each cell run on each in turn); ``--pods 1,2`` runs every variant with 1
 and with 2 pods behind the one port (``cpu/deliv`` sums the pods); ``--py-spy``
 records the service (its first pod). ``--loop-watch MS`` switches the pod's
 debug loop watch on (``SERVICE_ENGINE_DEBUG_LOOP_WATCH``,
@@ -476,7 +477,34 @@ async def run(args: argparse.Namespace) -> None:
     writers = [w for w in args.writer.split(",") if w]
     runs = [(label if pod_counts == [1] else f"{label} {n}p", env, n)
             for label, env in variants for n in pod_counts]
-    for label, env, pods in runs:
+    async def cells_of(label: str, svc: Service, numbered: list[tuple[int, tuple[float, ...]]]) -> None:
+        for n, (subs, orgs, rate) in numbered:
+            for writer in writers:  # alternating, on the one service
+                row = f"{label} {writer}" if len(writers) > 1 else label
+                rows.setdefault(row, []).append(await cell(
+                    svc, f"c{n}{writer[0]}", int(subs), int(orgs), rate, args.seconds,
+                    watch=bool(args.loop_watch), writer=writer))
+                watched = rows[row][-1].pop("watch")
+                print(row, rows[row][-1], flush=True)
+                if watched is not None:
+                    print_watch(f"{row} {rows[row][-1]['cell']}", watched)
+
+    async def idles_of(label: str, svc: Service) -> None:
+        idles[label] = []
+        for count in [int(x) for x in args.idle.split(",") if x]:
+            idles[label].append(await idle(svc, count, min(args.seconds, 4)))
+            print(label, idles[label][-1], flush=True)
+
+    if args.interleave:  # every variant up at once, each cell run on each in turn
+        async with contextlib.AsyncExitStack() as stack:
+            services = [(label, await stack.enter_async_context(service(env, pods)))
+                        for label, env, pods in runs]
+            for numbered in enumerate(cells):
+                for label, svc in services:
+                    await cells_of(label, svc, [numbered])
+            for label, svc in services:
+                await idles_of(label, svc)
+    for label, env, pods in [] if args.interleave else runs:
         async with service(env, pods) as svc:
             spy = None
             if args.py_spy:
@@ -485,20 +513,8 @@ async def run(args: argparse.Namespace) -> None:
                            "-p", str(svc.pids[0])]
                 spy = subprocess.Popen(command, stdout=subprocess.DEVNULL,  # noqa: ASYNC220
                                        stderr=subprocess.DEVNULL)
-            for n, (subs, orgs, rate) in enumerate(cells):
-                for writer in writers:  # alternating, on the one service
-                    row = f"{label} {writer}" if len(writers) > 1 else label
-                    rows.setdefault(row, []).append(await cell(
-                        svc, f"c{n}{writer[0]}", int(subs), int(orgs), rate, args.seconds,
-                        watch=bool(args.loop_watch), writer=writer))
-                    watched = rows[row][-1].pop("watch")
-                    print(row, rows[row][-1], flush=True)
-                    if watched is not None:
-                        print_watch(f"{row} {rows[row][-1]['cell']}", watched)
-            idles[label] = []
-            for count in [int(x) for x in args.idle.split(",") if x]:
-                idles[label].append(await idle(svc, count, min(args.seconds, 4)))
-                print(label, idles[label][-1], flush=True)
+            await cells_of(label, svc, list(enumerate(cells)))
+            await idles_of(label, svc)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 await asyncio.to_thread(spy.wait, 30)
@@ -536,6 +552,9 @@ def main() -> None:
                         help="also run with this SERVICE_ENGINE_* setting, side by side "
                              "(e.g. SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES=false)")
     parser.add_argument("--env", action="append", default=[])
+    parser.add_argument("--interleave", action="store_true",
+                        help="start every variant's service at once and run each cell on each "
+                             "in turn (a load change on the machine hits them alike)")
     parser.add_argument("--writer", default="lean",
                         help="the writers' HTTP client: lean (bench/lean_http.py) or httpx; "
                              "a list (lean,httpx) runs each cell with each, alternating")
