@@ -8,7 +8,8 @@ statement outside any transaction:
 
 1. claim the batch skip-locked (a marker a write is re-dirtying right now
    is skipped, never waited on);
-2. read each key's current bucket revision;
+2. read each key's current bucket revision (or take the one this tenure
+   last saw from the revision cache, below);
 3. check the lease (holder, fence, unexpired: `LeaseLost` otherwise), then
    resolve the row images — the revision is observed *before* the image,
    so a write landing between the two bumps the revision and loses the
@@ -56,6 +57,41 @@ frozen past its lease fails its fenced transactions (`LeaseLost`) instead
 of regressing the bucket. The first pass after boot and every
 ``offer_reconcile`` period re-stage every store key and every bucket key
 under the prefix, so a rebuilt or drifted bucket is repaired.
+
+The revision cache (`RevisionCache`, per offer, `REVISION_CACHE_KEYS` keys
+by default, least recently used out first) spares step 2's bucket read for a
+key this tenure already knows: after a create, a compare-and-set, a delete or
+an "unchanged" decision the drain remembers the key's revision and value (or
+that it is absent), tagged with the lease fence it was learned under. A
+later pass under the *same* fence takes a claimed key's entry from the cache
+instead of ``bucket.get`` (the others are read, gathered, as before). Why
+that keeps the guarantees:
+
+* *The revision is still observed before the image.* The cached revision is
+  the one the bucket answered a previous pass with (its write's new revision,
+  or the revision it read); this pass resolves its image after it, so a
+  write anywhere since — another pod after a takeover, an operator, a
+  rebuilt bucket (whose revisions restart) — has moved the key off that
+  revision and the compare-and-set (or the create over a present key) fails:
+  `KvConflict` drops the entry, the key stays dirty, the next pass reads it.
+  Any other failure of the KV call drops the entry too (the write may have
+  landed at a revision the drain never saw).
+* *The "unchanged" shortcut (the image equals the cached value) is right
+  under the fence*: a fence names one tenure of one holder, and only the
+  lease holder writes the bucket, so the bucket still holds what this
+  tenure last wrote or read. What it cannot see is a writer outside that
+  contract (an operator's put, a rebuilt bucket, a leader frozen past its
+  lease whose last compare-and-set landed): the bucket keeps that value
+  until a pass writes the key for a changed image, which then fails its
+  compare-and-set and re-reads, or until the reconcile, which clears the
+  cache, reads the whole prefix and re-stages every key — the same repair
+  as for an outside write to a key nobody dirtied, which the drain without
+  a cache does not see before the reconcile either.
+* *A new tenure starts empty*: the cache is cleared when the fence changes
+  (a takeover and back bumps it), when the lease is not held or is found
+  lost, and by the reconcile, which refills it from its own read of the
+  bucket (every re-staged key with its revision there, or absent), which
+  precedes the pass that resolves the images.
 """
 
 from __future__ import annotations
@@ -65,6 +101,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -72,6 +109,7 @@ from typing import Any, Protocol
 
 from ..db.errors import Stage, translating
 from ..db.pool import Database
+from ..errors import ConfigError
 from ..leader import LeaderLease, Lease, LeaseLost
 from ..messaging.nats import KvBucket, KvConflict, KvEntry, Nats, NatsUnavailable
 from ..metrics import Metrics
@@ -79,7 +117,14 @@ from ..persistence.base import store_of
 from .model import Offer
 from .staging import OFFER_CHANNEL
 
-__all__ = ["DrainHook", "DrainReport", "OfferDrain", "OfferDrainBounds"]
+__all__ = [
+    "REVISION_CACHE_KEYS",
+    "DrainHook",
+    "DrainReport",
+    "OfferDrain",
+    "OfferDrainBounds",
+    "RevisionCache",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -121,6 +166,67 @@ class _Claimed:
     entry: KvEntry | None = None
     image: bytes | None = None
     failed: bool = False
+
+
+REVISION_CACHE_KEYS = 4096
+"""How many keys' revisions the drain remembers per offer (`RevisionCache`)."""
+
+
+class RevisionCache:
+    """What the bucket holds for the most recently drained keys of one
+    offer, valid for one lease fence: ``kv_key -> KvEntry`` (the revision and
+    value) or ``None`` (absent), at most ``bound`` keys, the least recently
+    used dropped first. Pure: no I/O."""
+
+    __slots__ = ("_entries", "bound", "fence", "hits", "misses")
+
+    def __init__(self, bound: int = REVISION_CACHE_KEYS) -> None:
+        if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
+            raise ConfigError(f"the revision cache bound must be an int >= 0, not {bound!r}")
+        self.bound = bound
+        self.fence: int | None = None
+        self._entries: OrderedDict[str, KvEntry | None] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def under(self, fence: int) -> None:
+        """Serve ``fence``: what another fence learned is forgotten."""
+        if fence != self.fence:
+            self._entries.clear()
+            self.fence = fence
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.fence = None
+
+    def lookup(self, key: str) -> tuple[bool, KvEntry | None]:
+        """``(True, entry)`` for a remembered key (``None``: absent), marked
+        recently used; ``(False, None)`` for one to read."""
+        entries = self._entries
+        if key in entries:
+            entries.move_to_end(key)
+            self.hits += 1
+            return True, entries[key]
+        self.misses += 1
+        return False, None
+
+    def remember(self, key: str, entry: KvEntry | None) -> None:
+        if self.bound == 0:
+            return
+        entries = self._entries
+        entries[key] = entry
+        entries.move_to_end(key)
+        while len(entries) > self.bound:
+            entries.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        self._entries.pop(key, None)
 
 
 _CLAIM = """
@@ -167,9 +273,12 @@ ON CONFLICT (offer, kv_key) DO UPDATE
 
 
 class _OfferState:
-    def __init__(self, offer: Offer[Any, Any, Any], lease: LeaderLease) -> None:
+    def __init__(
+        self, offer: Offer[Any, Any, Any], lease: LeaderLease, cache: RevisionCache
+    ) -> None:
         self.offer = offer
         self.lease = lease
+        self.cache = cache
         self.bucket: KvBucket | None = None
         self.reconciled_at: float | None = None
         self.fence: int | None = None
@@ -190,7 +299,10 @@ class OfferDrain:
         *,
         hook: DrainHook | None = None,
         metrics: Metrics | None = None,
+        cache_keys: int = REVISION_CACHE_KEYS,
     ) -> None:
+        RevisionCache(cache_keys)  # a bad bound is refused here, not at add()
+        self.cache_keys = cache_keys
         self.db = db
         self.nats = nats
         self.holder = holder
@@ -207,7 +319,7 @@ class OfferDrain:
 
     def add(self, offer: Offer[Any, Any, Any]) -> None:
         lease = LeaderLease(self.db, offer.slot, self.holder, self.bounds.lease)
-        self._offers[offer.NAME] = _OfferState(offer, lease)
+        self._offers[offer.NAME] = _OfferState(offer, lease, RevisionCache(self.cache_keys))
 
     @property
     def offers(self) -> list[Offer[Any, Any, Any]]:
@@ -215,6 +327,10 @@ class OfferDrain:
 
     def lease_of(self, name: str) -> LeaderLease:
         return self._offers[name].lease
+
+    def cache_of(self, name: str) -> RevisionCache:
+        """Offer ``name``'s revision cache (what the next pass need not read)."""
+        return self._offers[name].cache
 
     async def bind(self) -> None:
         """Bind every offer's bucket; `BucketMissing` names an absent one."""
@@ -261,11 +377,13 @@ class OfferDrain:
                 lease = await self._lease(state)
                 if lease is None:
                     state.fence = None
+                    state.cache.clear()
                     continue
                 if state.fence != lease.fence:
                     # A new tenure: the first drain after boot or takeover reconciles.
                     state.fence = lease.fence
                     state.reconciled_at = None
+                    state.cache.clear()
                 reports[name] = await self.drain(name)
         return reports
 
@@ -304,18 +422,24 @@ class OfferDrain:
 
     async def reconcile(self, name: str) -> int:
         """Re-stage every store key and every bucket key under the prefix;
-        returns how many keys were staged."""
+        returns how many keys were staged. The revision cache is refilled
+        from this read of the bucket (each staged key's entry, or absent)."""
         state = self._offers[name]
-        offer, bucket = state.offer, self._bucket(state)
+        offer, bucket, cache = state.offer, self._bucket(state), state.cache
+        cache.clear()
         entries, _ = await bucket.read_prefix(offer.prefix)
         with translating(Stage.RELAY):
             async with self.db.pool.acquire() as conn, conn.transaction():
-                await state.lease.assert_lease(conn)
+                lease = await state.lease.assert_lease(conn)
                 staged: dict[str, str | None] = dict.fromkeys(entries)
                 for key in await offer.keys(conn):
                     staged[offer.kv_key(key)] = offer.agg_key_json(key)
                 if staged:
                     await conn.execute(_RESTAGE, offer.NAME, list(staged), list(staged.values()))
+        cache.under(lease.fence)
+        keys = list(staged)
+        for kv_key in keys[max(0, len(keys) - cache.bound):]:
+            cache.remember(kv_key, entries.get(kv_key))
         return len(staged)
 
     def _bucket(self, state: _OfferState) -> KvBucket:
@@ -325,6 +449,7 @@ class OfferDrain:
 
     def _lost(self, state: _OfferState, detail: str) -> LeaseLost:
         state.acquired_at = None  # the next pass asks the database again
+        state.cache.clear()
         lease = state.lease
         return LeaseLost(lease.slot, lease.holder, detail)
 
@@ -353,10 +478,21 @@ class OfferDrain:
         if not batch:
             return 0
 
-        # 2. the bucket revision of every key, before any image
-        entries = await asyncio.gather(*(bucket.get(c.kv_key) for c in batch))
-        for claimed, entry in zip(batch, entries, strict=True):
-            claimed.entry = entry
+        # 2. the bucket revision of every key, before any image: remembered
+        # under this fence, or read
+        cache = state.cache
+        cache.under(lease.fence)
+        unknown: list[_Claimed] = []
+        for claimed in batch:
+            known, entry = cache.lookup(claimed.kv_key)
+            if known:
+                claimed.entry = entry
+            else:
+                unknown.append(claimed)
+        if unknown:
+            entries = await asyncio.gather(*(bucket.get(c.kv_key) for c in unknown))
+            for claimed, entry in zip(unknown, entries, strict=True):
+                claimed.entry = entry
         if self.hook is not None:
             await self.hook("revision_read", offer.NAME, [c.kv_key for c in batch])
 
@@ -390,39 +526,49 @@ class OfferDrain:
         await resolve(conn)
 
         # 4. the KV round-trips, outside any transaction
-        async def write(claimed: _Claimed) -> int | None:
+        async def write(claimed: _Claimed) -> bool:
+            """True when the key is settled (written or left equal)."""
             if claimed.failed:
-                return None
-            entry, image = claimed.entry, claimed.image
+                return False
+            key, entry, image = claimed.kv_key, claimed.entry, claimed.image
             try:
                 if image is None:
-                    if entry is None:
+                    if entry is not None:
+                        await bucket.delete(key, last=entry.revision)
+                        report.retracted += 1
+                    else:
                         report.unchanged += 1
-                        return 0
-                    await bucket.delete(claimed.kv_key, last=entry.revision)
-                    report.retracted += 1
-                    return entry.revision + 1
+                    # a tombstone's revision is not returned: remembered as
+                    # absent, a later create finds its way over it
+                    cache.remember(key, None)
+                    return True
                 if entry is not None and entry.value == image:
                     report.unchanged += 1
-                    return entry.revision
+                    cache.remember(key, entry)
+                    return True
                 if entry is None:
-                    revision = await bucket.create(claimed.kv_key, image)
+                    revision = await bucket.create(key, image)
                 else:
-                    revision = await bucket.update(claimed.kv_key, image, last=entry.revision)
+                    revision = await bucket.update(key, image, last=entry.revision)
                 report.published += 1
-                return revision
+                cache.remember(key, KvEntry(key, image, revision))
+                return True
             except KvConflict:
                 report.conflicts += 1
-                return None  # stays dirty: the next pass re-reads and decides again
+                cache.forget(key)
+                return False  # stays dirty: the next pass re-reads and decides again
+            except BaseException:
+                cache.forget(key)  # it may have landed at a revision never seen
+                raise
 
         written = await asyncio.gather(*(write(c) for c in batch))
 
         # 5. the markers, fenced
         failed = [c for c in batch if c.failed]
-        done = [(c, r) for c, r in zip(batch, written, strict=True) if r is not None]
+        done = [c for c, settled in zip(batch, written, strict=True) if settled]
         if done or failed:
             held = await conn.fetchval(
-                _SETTLE, offer.NAME, [c.kv_key for c, _ in done], [c.gen for c, _ in done],
+                _SETTLE, offer.NAME, [c.kv_key for c in done], [c.gen for c in done],
                 [c.kv_key for c in failed], lease.slot, lease.holder, lease.fence,
             )
             if not held:
@@ -435,8 +581,7 @@ class OfferDrain:
         for claimed in batch:
             if not claimed.failed:
                 self.failing.pop((offer.NAME, claimed.kv_key), None)
-        settled = sum(1 for r in written if r is not None)
-        return len(batch) if settled else 0
+        return len(batch) if done else 0
 
     async def aclose(self) -> None:
         """Hand every held lease over now rather than at its expiry."""
