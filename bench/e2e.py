@@ -3,7 +3,8 @@
     python bench/e2e.py [--seconds 8] [--cells all|quick|overload|"subs/orgs/rate,..."]
                         [--idle 1000,10000] [--compare-plan] [--env NAME=VALUE ...]
                         [--compare-env NAME=VALUE ...] [--pods 1,2] [--py-spy FILE]
-                        [--writer lean|httpx|lean,httpx] [--interleave]
+                        [--writer lean|httpx|lean,httpx] [--subscriber lean|websockets]
+                        [--interleave]
 
 The service (``python -m example_service`` on its embedded Postgres + NATS in
 a temporary folder) runs in a child process; this process opens one
@@ -22,6 +23,8 @@ service).
   of the Upsert carrying that title, per subscriber (p50 / p99 / max);
 - ``deliv``: Upserts received / expected (writes x subscribers of the org);
 - ``ack p99``: the mutation's answer time (writers must not be pushed back);
+- ``client us``: this process's own CPU (the subscribers' sockets and the writer) per delivery,
+  on the same cores;
 - ``cpu/deliv``: the service process's CPU (user+sys; ``of it sys`` the kernel part; not Postgres's or
   NATS's) during the cell over the deliveries.
 
@@ -62,6 +65,7 @@ from typing import Any
 
 import httpx
 from lean_http import LeanClient
+from lean_ws import LeanSocket
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
@@ -190,7 +194,7 @@ async def service(env: dict[str, str], pods: int = 1, *, command: list[str] | No
 
 @dataclass
 class Subscriber:
-    ws: ClientConnection
+    ws: ClientConnection | LeanSocket
     org: str
     latencies: list[float] = field(default_factory=list)
     live: asyncio.Event = field(default_factory=asyncio.Event)
@@ -205,46 +209,71 @@ def _see(subscriber: Subscriber, board: str, seq: int) -> None:
     subscriber.seen[board] = seq
 
 
+SUBSCRIBER_CLIENT = "lean"
+"""The subscribers' client: ``lean`` (`lean_ws.LeanSocket`, websockets'
+protocol driven from an asyncio ``Protocol``) or ``websockets`` (its asyncio
+client); ``--subscriber`` sets it."""
+
+
 async def open_subscriber(addr: str, sub: str, org: str, sent: dict[int, float]) -> Subscriber:
+    headers = {"X-Passport": passport(sub, org)}
+    init = json.dumps({"type": "connection_init"})
+    subscribe = json.dumps({"id": "1", "type": "subscribe", "payload": {"query": SUBSCRIPTION}})
+    if SUBSCRIBER_CLIENT == "lean":
+        lean = await LeanSocket.connect(addr, "/graphql/ws", headers, PROTOCOL)
+        lean.send_text(init)
+        await lean.recv()
+        lean.send_text(subscribe)
+        subscriber = Subscriber(lean, org)
+        lean.on_text = lambda raw: _message(subscriber, raw, sent)
+        return subscriber
     ws = await connect(f"ws://{addr}/graphql/ws", subprotocols=[PROTOCOL],
-                       additional_headers={"X-Passport": passport(sub, org)},
-                       open_timeout=120, max_queue=None, compression=None)
-    await ws.send(json.dumps({"type": "connection_init"}))
+                       additional_headers=headers, open_timeout=120, max_queue=None,
+                       compression=None)
+    await ws.send(init)
     await ws.recv()
-    await ws.send(json.dumps({"id": "1", "type": "subscribe", "payload": {"query": SUBSCRIPTION}}))
+    await ws.send(subscribe)
     subscriber = Subscriber(ws, org)
     asyncio.get_running_loop().create_task(read(subscriber, sent))
     return subscriber
 
 
 async def read(subscriber: Subscriber, sent: dict[int, float]) -> None:
-    marker = '"title":"w'
-    ident = '"id":"'
+    ws = subscriber.ws
+    assert isinstance(ws, ClientConnection)
     with contextlib.suppress(Exception):
-        async for raw in subscriber.ws:
-            now = time.perf_counter()
-            subscriber.last_at = now
+        async for raw in ws:
             assert isinstance(raw, str)
-            if "Reset" in raw:
-                if subscriber.live.is_set():
-                    subscriber.resets += 1
-                subscriber.live.set()
-                payload = json.loads(raw).get("payload", {}).get("data", {}).get("boards", {})
-                for view in payload.get("views") or ():
-                    if view["title"].startswith("w"):
-                        _see(subscriber, view["id"], int(view["title"][1:]))
-                continue
-            at = raw.find(marker)
-            if at >= 0:
-                end = raw.index('"', at + len(marker))
-                seq = int(raw[at + len(marker):end])
-                started = sent.get(seq)
-                if started is not None:
-                    subscriber.latencies.append(now - started)
-                start = raw.rfind(ident, 0, at)  # the view's id, before its title
-                if start >= 0:
-                    start += len(ident)
-                    _see(subscriber, raw[start:raw.index('"', start)], seq)
+            _message(subscriber, raw, sent)
+
+
+_MARKER = '"title":"w'
+_IDENT = '"id":"'
+
+
+def _message(subscriber: Subscriber, raw: str, sent: dict[int, float]) -> None:
+    now = time.perf_counter()
+    subscriber.last_at = now
+    if "Reset" in raw:
+        if subscriber.live.is_set():
+            subscriber.resets += 1
+        subscriber.live.set()
+        payload = json.loads(raw).get("payload", {}).get("data", {}).get("boards", {})
+        for view in payload.get("views") or ():
+            if view["title"].startswith("w"):
+                _see(subscriber, view["id"], int(view["title"][1:]))
+        return
+    at = raw.find(_MARKER)
+    if at >= 0:
+        end = raw.index('"', at + len(_MARKER))
+        seq = int(raw[at + len(_MARKER):end])
+        started = sent.get(seq)
+        if started is not None:
+            subscriber.latencies.append(now - started)
+        start = raw.rfind(_IDENT, 0, at)  # the view's id, before its title
+        if start >= 0:
+            start += len(_IDENT)
+            _see(subscriber, raw[start:raw.index('"', start)], seq)
 
 
 async def open_many(addr: str, count: int, orgs: list[str], prefix: str,
@@ -375,7 +404,7 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
 
         if watch:
             await watch_dump(svc)  # what ran before the writes: discarded
-        cpu0, sys0 = svc.cpu(), svc.sys_cpu()
+        cpu0, sys0, own0 = svc.cpu(), svc.sys_cpu(), time.process_time()
         tasks = []
         total = int(rate * seconds)
         begin = time.perf_counter()
@@ -410,6 +439,7 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
                 break  # every subscriber holds the latest state: the rest collapsed
             await asyncio.sleep(0.2)
         cpu, sys_cpu = svc.cpu() - cpu0, svc.sys_cpu() - sys0
+        own = time.process_time() - own0
         watched = await watch_dump(svc) if watch else None
         settled = max((s.last_at for s in subscribers), default=writes_done) - writes_done
         n_converged = converged()
@@ -426,6 +456,7 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
         "converged": f"{n_converged}/{len(subscribers)}", "settle_s": max(0.0, settled),
         "failed": failed, "cpu_us": cpu / max(1, delivered) * 1e6,
         "sys_us": sys_cpu / max(1, delivered) * 1e6,
+        "client_us": own / max(1, delivered) * 1e6,
         "deliv_per_s": delivered / max(1e-9, max((s.last_at for s in subscribers),
                                                    default=begin + seconds) - begin),
         "watch": watched,
@@ -475,6 +506,8 @@ async def run(args: argparse.Namespace) -> None:
     idles: dict[str, list[dict[str, Any]]] = {}
     pod_counts = [int(x) for x in args.pods.split(",") if x]
     writers = [w for w in args.writer.split(",") if w]
+    global SUBSCRIBER_CLIENT
+    SUBSCRIBER_CLIENT = args.subscriber
     runs = [(label if pod_counts == [1] else f"{label} {n}p", env, n)
             for label, env in variants for n in pod_counts]
     async def cells_of(label: str, svc: Service, numbered: list[tuple[int, tuple[float, ...]]]) -> None:
@@ -520,14 +553,14 @@ async def run(args: argparse.Namespace) -> None:
                 await asyncio.to_thread(spy.wait, 30)
     print(f"\nload average {os.getloadavg()[0]:.2f}; env {base}")
     print(f"{'cell':32} {'variant':12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'deliv':>14} "
-          f"{'ack p50':>8} {'ack p99':>8} {'fail':>5} {'cpu/deliv us':>12} {'of it sys':>9} {'deliv/s':>8} "
+          f"{'ack p50':>8} {'ack p99':>8} {'fail':>5} {'cpu/deliv us':>12} {'of it sys':>9} {'client us':>9} {'deliv/s':>8} "
           f"{'resets':>6} {'converged':>10} {'settle s':>8}")
     for i in range(len(cells)):
         for label in rows:
             r = rows[label][i]
             print(f"{r['cell']:32} {label:12} {r['p50']:8.1f} {r['p99']:8.1f} {r['max']:8.1f} "
                   f"{r['deliv']:>14} {r['ack_p50']:8.1f} {r['ack_p99']:8.1f} {r['failed']:5} "
-                  f"{r['cpu_us']:12.1f} {r['sys_us']:9.1f} {r['deliv_per_s']:8.0f} {r['resets']:6} "
+                  f"{r['cpu_us']:12.1f} {r['sys_us']:9.1f} {r['client_us']:9.1f} {r['deliv_per_s']:8.0f} {r['resets']:6} "
                   f"{r['converged']:>10} {r['settle_s']:8.1f}")
     if any(idles.values()):
         print(f"\n{'sessions':>8} {'variant':9} {'RSS idle':>9} {'RSS held':>9} {'RSS after':>9} "
@@ -552,6 +585,10 @@ def main() -> None:
                         help="also run with this SERVICE_ENGINE_* setting, side by side "
                              "(e.g. SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES=false)")
     parser.add_argument("--env", action="append", default=[])
+    parser.add_argument("--subscriber", default="lean", choices=("lean", "websockets"),
+                        help="the subscribers' client: lean (bench/lean_ws.py, websockets' own "
+                             "protocol without its asyncio client's per-message machinery) or "
+                             "websockets (its asyncio client)")
     parser.add_argument("--interleave", action="store_true",
                         help="start every variant's service at once and run each cell on each "
                              "in turn (a load change on the machine hits them alike)")
