@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # e2e's helpers
-from e2e import REPO, open_many, rss_mb, service
+from e2e import REPO, open_many, open_subscriber, rss_mb, service
 
 STDLIB = sysconfig.get_paths()["stdlib"]
 SCRIPT = str(Path(__file__).resolve())
@@ -80,6 +80,7 @@ class _Probe:
         self.folder = folder
         self.frames = frames
         self.mark: Any = None
+        self.mid: Any = None
         self.types: collections.Counter[str] = collections.Counter()
 
     @staticmethod
@@ -87,16 +88,42 @@ class _Probe:
         return collections.Counter(
             f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
 
+    def _garbage(self) -> None:
+        """What a full collection would free now (cyclic garbage left since
+        the mark's collection), by type: ``garbage.json``."""
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            found = list(gc.garbage)
+            gc.garbage.clear()
+        finally:
+            gc.set_debug(0)
+        counts: collections.Counter[str] = collections.Counter()
+        sizes: collections.Counter[str] = collections.Counter()
+        for obj in found:
+            name = f"{type(obj).__module__}.{type(obj).__qualname__}"
+            counts[name] += 1
+            sizes[name] += sys.getsizeof(obj)
+        del found
+        (self.folder / "garbage.json").write_text(json.dumps(
+            {"counts": dict(counts.most_common(40)), "sizes": dict(sizes.most_common(40))}))
+
     def __call__(self) -> None:
         import tracemalloc
 
         step = (self.folder / "step").read_text().strip()
+        if step == "held":
+            self._garbage()
         gc.collect()
         ignored = [tracemalloc.Filter(False, tracemalloc.__file__),
                    tracemalloc.Filter(False, __file__),
                    tracemalloc.Filter(False, "<frozen importlib._bootstrap*>"),
                    tracemalloc.Filter(False, "<unknown>")]
-        if step == "mark":
+        if step == "mid":
+            # Mid-burst: what is alive now and gone by "held" is the burst's
+            # transient state (`--burst`).
+            self.mid = tracemalloc.take_snapshot().filter_traces(ignored)
+        elif step == "mark":
             self.types = self._types()
             tracemalloc.start(self.frames)
             self.mark = tracemalloc.take_snapshot().filter_traces(ignored)
@@ -118,13 +145,24 @@ class _Probe:
             lines = [{"size": s.size_diff, "count": s.count_diff,
                       "line": f"{s.traceback[0].filename}:{s.traceback[0].lineno}"}
                      for s in held.compare_to(self.mark, "lineno")[:60]]
-            self.mark = None
+            transient: list[dict[str, Any]] = []
+            if self.mid is not None:
+                freed = [stat for stat in held.compare_to(self.mid, "traceback")
+                         if stat.size_diff < 0]
+                for stat in sorted(freed, key=lambda stat: stat.size_diff)[:40]:
+                    if stat.size_diff < 0:
+                        transient.append({"size": -stat.size_diff, "count": -stat.count_diff,
+                                          "frames": [f"{f.filename}:{f.lineno}"
+                                                     for f in stat.traceback][:self.frames]})
+                transient.sort(key=lambda t: -t["size"])
+            self.mark = self.mid = None
             types = self._types()
             grown = {k: types[k] - self.types.get(k, 0) for k in types}
             (self.folder / "held.json").write_text(json.dumps({
                 "owners": dict(owners), "files": dict(files.most_common(80)),
                 "traces": traces, "lines": lines,
                 "types": {k: v for k, v in grown.items() if v > 0},
+                "transient": transient,
             }))
         (self.folder / f"{step}.done").touch()
 
@@ -151,10 +189,31 @@ async def probe(pid: int, folder: Path, step: str) -> None:
         await asyncio.sleep(0.1)
 
 
-async def open_live(addr: str, count: int, prefix: str) -> list[Any]:
+async def open_live(addr: str, count: int, prefix: str, batch: int = 100,
+                    mid: Any = None) -> list[Any]:
     sent: dict[int, float] = {}
     orgs = [f"{prefix}o{j}" for j in range(50)]
-    subscribers = await open_many(addr, count, orgs, prefix, sent, batch=100)
+    if mid is None:
+        subscribers = await open_many(addr, count, orgs, prefix, sent, batch=batch)
+    else:
+        # All at once, and ``mid()`` once half of them are through their ack.
+        half = asyncio.Event()
+        done = 0
+
+        def one_done(_task: Any) -> None:
+            nonlocal done
+            done += 1
+            if done >= count // 2:
+                half.set()
+
+        tasks = [asyncio.ensure_future(open_subscriber(addr, f"{prefix}u{i}", orgs[i % 50], sent))
+                 for i in range(count)]
+        for task in tasks:
+            task.add_done_callback(one_done)
+        await half.wait()
+        await mid()
+        opened = await asyncio.gather(*tasks, return_exceptions=True)
+        subscribers = [s for s in opened if not isinstance(s, BaseException)]
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.gather(*(s.live.wait() for s in subscribers)), 300)
     return subscribers
@@ -184,13 +243,15 @@ async def run(args: argparse.Namespace) -> None:
             await asyncio.sleep(1.0)
         rss0 = rss_mb(proc.pid)
         await probe(proc.pid, folder, "mark")
-        subscribers = await open_live(addr, args.sessions, "held")
+        mid = (lambda: probe(proc.pid, folder, "mid")) if args.burst else None
+        subscribers = await open_live(addr, args.sessions, "held", mid=mid)
         live = sum(s.live.is_set() for s in subscribers)
         await asyncio.sleep(1.0)
         rss1 = rss_mb(proc.pid)
         await probe(proc.pid, folder, "held")
         await close_all(subscribers)
     held = json.loads((folder / "held.json").read_text())
+    garbage = json.loads((folder / "garbage.json").read_text())
     n = max(1, live)
     total = sum(held["owners"].values())
     print(f"{args.sessions} sessions, {live} live; load average {load0:.2f} -> "
@@ -209,6 +270,18 @@ async def run(args: argparse.Namespace) -> None:
     for trace in held["traces"][:args.top]:
         frames = " <- ".join(short(f) for f in reversed(trace["frames"][-6:]))
         print(f"  {trace['size'] / n:7.0f} B {trace['count'] / n:5.1f}  {frames}")
+    total_garbage = sum(garbage["sizes"].values())
+    print(f"\ncyclic garbage left since the mark (what a full collection frees): "
+          f"{sum(garbage['counts'].values()) / n:.1f} objects, "
+          f"{total_garbage / n / 1024:.2f} KB a session; by type (count, bytes a session):")
+    for name, count in list(garbage["counts"].items())[:20]:
+        if count / n >= 0.5:
+            print(f"  {count / n:6.2f} {garbage['sizes'][name] / n:7.0f} B  {name}")
+    if held.get("transient"):
+        print("\n--burst: alive mid-burst and freed by held (bytes, blocks a session):")
+        for trace in held["transient"][:args.top]:
+            frames = " <- ".join(short(f) for f in reversed(trace["frames"][-6:]))
+            print(f"  {trace['size'] / n:7.0f} B {trace['count'] / n:5.1f}  {frames}")
     print("\nobjects the collector tracks, grown per session (top 25):")
     for name, count in sorted(held["types"].items(), key=lambda kv: -kv[1])[:25]:
         if count / n >= 0.5:
@@ -222,6 +295,8 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=12)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--burst", action="store_true",
+                        help="open every session at once; report what the burst held mid-way")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:

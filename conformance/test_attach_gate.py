@@ -134,3 +134,53 @@ async def test_a_socket_closed_while_waiting_takes_no_turn(
             # And it still admits.
             async with ws_connect(addr, ALICE.to_header()) as after:
                 await initialise(after)
+
+
+async def test_an_upgrade_waiting_for_a_handshake_slot_holds_no_parsed_request_nor_task(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ws_max_handshakes=1 an upgrade waiting for the slot is unanswered
+    and holds neither websockets' parsed request (its parser parked) nor a
+    response nor a task of its own; one whose peer leaves while it waits is
+    skipped; the next is answered once the slot frees and serves normally."""
+    endpoints: list[WireEndpoint] = []
+    built = WireEndpoint.__init__
+
+    def recorded(endpoint: WireEndpoint, view: Any) -> None:
+        built(endpoint, view)
+        endpoints.append(endpoint)
+
+    monkeypatch.setattr(WireEndpoint, "__init__", recorded)
+    async with (
+        running_engine(db, ws_max_handshakes=1) as engine,
+        serving(graphql_app(engine, SCHEMA, resolve_me)) as addr,
+        ws_connect(addr, ALICE.to_header()) as first,
+    ):
+        gate = endpoints[-1].gate(asyncio.get_running_loop())
+        host, port = addr.rsplit(":", 1)
+        _reader, leaving = await asyncio.open_connection(host, int(port))
+        leaving.write(
+            b"GET /graphql/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: graphql-transport-ws\r\n\r\n")
+        await leaving.drain()
+        await wait_until(lambda: len(gate.unanswered) == 1, what="the raw upgrade waiting")
+        second = asyncio.ensure_future(ws_connect(addr, ALICE.to_header()).__aenter__())
+        await wait_until(lambda: len(gate.unanswered) == 2, what="the second upgrade waiting")
+        for socket in gate.unanswered:
+            assert socket.response is None and socket.conn.parser is None
+            assert socket._admitting is None and socket._unanswered
+        leaving.close()
+        await wait_until(lambda: gate.unanswered[0]._lost, what="the raw upgrade's peer gone")
+        assert not second.done()
+        await initialise(first)
+        ws2 = await asyncio.wait_for(second, BOUND)
+        try:
+            assert ws2.subprotocol == "graphql-transport-ws"
+            await initialise(ws2)
+            await send(ws2, {"id": "1", "type": "subscribe",
+                             "payload": {"query": "query { whoami { sub } }"}})
+            assert (await receive(ws2))["payload"] == {"data": {"whoami": {"sub": "alice"}}}
+            assert not gate.unanswered
+        finally:
+            await ws2.close()

@@ -53,6 +53,7 @@ from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.types.execution import ExecutionResult, PreExecutionError
 from strawberry.types.unset import UnsetType
 from strawberry.utils.aio import aclosing
+from websockets.datastructures import Headers as WsHeaders
 from websockets.exceptions import InvalidState, PayloadTooBig
 from websockets.frames import Close as CloseFrame
 from websockets.frames import Frame, Opcode
@@ -112,6 +113,13 @@ class WireRequest:
     @property
     def headers(self) -> Headers:
         return Headers(raw=self._raw())
+
+    def upgrade(self) -> Request:
+        """The upgrade request again, for websockets' ``accept`` (which
+        reads only its headers)."""
+        return Request(self.path, WsHeaders(
+            [(name.decode("latin-1"), value.decode("latin-1")) for name, value in self._raw()]
+        ))
 
     @property
     def scope(self) -> Mapping[str, Any]:
@@ -207,12 +215,28 @@ class _AttachGate:
     (``ws_max_attaching``); the others wait in arrival order, holding no
     task (`WireSocket._through_gate` starts the work when a turn comes)."""
 
-    __slots__ = ("free", "loop", "waiting")
+    __slots__ = ("free", "loop", "unanswered", "waiting")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
         self.loop = loop
         self.free = limit
         self.waiting: deque[WireSocket] = deque()
+        self.unanswered: deque[WireSocket] = deque()
+        """Upgrades waiting, unanswered, for a handshake slot (``ws_max_handshakes``)."""
+
+    def answer_next(self, slots: asyncio.Semaphore) -> None:
+        """Give free handshake slots to the upgrades waiting longest."""
+        unanswered = self.unanswered
+        while unanswered and not slots.locked():
+            socket = unanswered.popleft()
+            if socket._unanswered and not socket._lost:
+                _take_now(slots)
+                try:
+                    socket._slot_taken()
+                except Exception:
+                    # Its failure is its own: the releasing socket goes on.
+                    _log.exception("an upgrade could not be answered")
+                    socket.transport.abort()
 
     def enter(self, socket: WireSocket) -> bool:
         """Whether ``socket`` has a turn now; if not it waits for `leave`."""
@@ -383,6 +407,7 @@ class WireSocket(asyncio.Protocol):
         "_rtt",
         "_slot",
         "_text",
+        "_unanswered",
         "_waiters",
         "_woken",
         "conn",
@@ -432,6 +457,7 @@ class WireSocket(asyncio.Protocol):
         self._paused = False
         self._waiters: list[asyncio.Future[None]] | None = None
         self._slot = False
+        self._unanswered = False
         self._closed = False
         self._lost = False
         self.context: GraphQLContext[Any] | None = None
@@ -484,24 +510,36 @@ class WireSocket(asyncio.Protocol):
         self.subprotocol = (GRAPHQL_TRANSPORT_WS_PROTOCOL
                             if GRAPHQL_TRANSPORT_WS_PROTOCOL in offered else None)
         slots = view.handshake_slots
-        if not slots.locked():
+        if not slots.locked() and not self._endpoint.gate(self.loop).unanswered:
             # Free: take it now (Semaphore.acquire returns at once), no task.
             _take_now(slots)
             self._slot = True
             self._admitted()
             return
-        # A burst holds every slot: wait for one, unanswered.
-        self._admitting = self.loop.create_task(self._wait_for_slot())
+        # A burst holds every slot: wait for one, unanswered, holding only
+        # the upgrade's headers as `WireRequest`'s one bytes object: neither
+        # the parsed request (nor websockets' parser that keeps it) nor the
+        # response, rebuilt when the slot comes. Thousands of sockets wait
+        # here in a burst; their parsed headers (~70 small blocks a socket)
+        # would be freed only after the sessions admitted meanwhile had
+        # filled the heap around them.
+        self.response = None
+        # Nor a task: it waits in the endpoint's queue (`_release_slot`).
+        self._unanswered = True
+        _park_parser(self.conn)
+        self._endpoint.gate(self.loop).unanswered.append(self)
 
-    async def _wait_for_slot(self) -> None:
-        try:
-            await self._endpoint.view.handshake_slots.acquire()
-        except asyncio.CancelledError:
-            return
+    def _slot_taken(self) -> None:
+        """A handshake slot came for this unanswered socket (`_AttachGate.answer_next`)."""
         self._slot = True
-        self._admitting = None
-        if self._lost:
+        self._unanswered = False
+        assert self.request is not None
+        response = self.response = self.conn.accept(self.request.upgrade())
+        self._deflate = bool(self.conn.extensions)
+        if response.status_code != 101:  # accepted once already: not expected
             self._release_slot()
+            self._send_response_and_close(response)
+            self._ended()
             return
         self._admitted()
 
@@ -657,9 +695,9 @@ class WireSocket(asyncio.Protocol):
         if self._closed:
             self._close_now()
             return
-        if self.response is not None:
+        if self.response is not None or self._unanswered:
             # Still waiting for a handshake slot: 500, as uvicorn answers.
-            self._admitting_cancel()
+            self._unanswered = False
             self._send_response_and_close(self.conn.reject(500, "Internal Server Error"))
             self._ended()
             return
@@ -669,11 +707,6 @@ class WireSocket(asyncio.Protocol):
             self.conn.send_close(1012)
         self._flush()
         self.transport.close()
-
-    def _admitting_cancel(self) -> None:
-        if self._admitting is not None:
-            self._admitting.cancel()
-            self._admitting = None
 
     # -- messages ----------------------------------------------------------------
 
@@ -1227,7 +1260,9 @@ class WireSocket(asyncio.Protocol):
     def _release_slot(self) -> None:
         if self._slot:
             self._slot = False
-            self._endpoint.view.handshake_slots.release()
+            slots = self._endpoint.view.handshake_slots
+            slots.release()
+            self._endpoint.gate(self.loop).answer_next(slots)
 
 
 _BINARY = b"\0binary"
@@ -1238,7 +1273,7 @@ def _at_boundary(conn: ServerProtocol) -> bool:
     """websockets' frame parser waits at a frame boundary: nothing buffered,
     no failure, the connection open, the innermost generator waiting in
     ``StreamReader.at_eof``."""
-    if conn.reader.buffer or conn.parser_exc is not None or conn.state is not State.OPEN:
+    if conn.reader.buffer or conn.parser_exc is not None or conn.state not in _PARKABLE:
         return False
     inner: Any = conn.parser
     if inner is None:
@@ -1274,6 +1309,9 @@ def _unpark_parser(conn: ServerProtocol) -> None:
 
 
 _AT_EOF = StreamReader.at_eof.__code__
+_PARKABLE = (State.OPEN, State.CONNECTING)
+"""While CONNECTING, the parser waits at ``at_eof`` only once the upgrade
+request is parsed: it then parses frames, as a fresh one does."""
 
 
 def _close_args(close: wp.Close) -> tuple[int, str]:
