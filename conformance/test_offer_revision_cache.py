@@ -113,7 +113,7 @@ async def test_a_second_write_of_a_key_under_one_lease_reads_no_revision(
         assert drain.cache_of(NAME).hits >= 2
 
 
-async def test_an_outside_write_fails_the_remembered_revision_and_the_next_pass_converges(
+async def test_s188_an_outside_write_fails_the_remembered_revision_and_the_next_pass_converges(
     db: Database, nats_server: EmbeddedNats
 ) -> None:
     """A value put into the bucket behind the drain's back between two passes
