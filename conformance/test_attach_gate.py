@@ -1,8 +1,11 @@
 """A burst's ``connection_init``s are worked on in waves, never timed out.
 
-At most ``ws_max_attaching`` sockets' inits (the principal's resolve and the
-acknowledgement) are worked on at once on the engine's own socket; the
-others wait their turn. The init timeout (4408) ended when their init
+At most ``ws_max_attaching`` sockets are being attached at once on the
+engine's own socket: a turn runs from the arrival of ``connection_init``
+(the principal's resolve, the acknowledgement) to the socket's first
+operation's first answer (a live subscription's Reset: its attach), or a
+bound (the init timeout) after the acknowledgement; the others wait their
+turn. The init timeout (4408) ended when their init
 arrived, so a socket waiting its turn is acknowledged when the turn comes,
 however long it waited, and a socket that closes while it waits takes
 nobody's turn.
@@ -79,8 +82,11 @@ async def test_an_init_waiting_its_turn_is_acknowledged_not_closed_4408(db: Data
         assert not done, f"the waiting socket got {waited.result() if done else None!r}"
         assert resolved == ["alice"], "a second resolve ran while the gate was taken"
         release.set()
-        assert json.loads(await asyncio.wait_for(waited, BOUND)) == {"type": "connection_ack"}
         assert await receive(first) == {"type": "connection_ack"}
+        await send(first, {"id": "1", "type": "subscribe",
+                           "payload": {"query": "query { whoami { sub } }"}})
+        assert (await receive(first))["type"] == "next"
+        assert json.loads(await asyncio.wait_for(waited, BOUND)) == {"type": "connection_ack"}
         await send(second, {"id": "1", "type": "subscribe",
                             "payload": {"query": "query { whoami { sub } }"}})
         assert (await receive(second))["payload"] == {"data": {"whoami": {"sub": "alice"}}}
@@ -127,6 +133,10 @@ async def test_a_socket_closed_while_waiting_takes_no_turn(
                                      what="two inits waiting their turn")
                 release.set()
                 assert await receive(first) == {"type": "connection_ack"}
+                # Its turn lasts until its first operation answers.
+                await send(first, {"id": "1", "type": "subscribe",
+                                   "payload": {"query": "query { whoami { sub } }"}})
+                assert (await receive(first))["type"] == "next"
                 assert await receive(third) == {"type": "connection_ack"}
                 assert len(started) == 2, "the closed socket's init was resolved"
             await wait_until(lambda: gate.free == 1 and not gate.waiting,
@@ -184,3 +194,38 @@ async def test_an_upgrade_waiting_for_a_handshake_slot_holds_no_parsed_request_n
             assert not gate.unanswered
         finally:
             await ws2.close()
+
+
+async def test_a_turn_ends_at_the_first_answer_or_the_bound(db: Database) -> None:
+    """With ws_max_attaching=1: an acknowledged socket holds the turn until its
+    first operation answers (a second socket's init is not resolved before),
+    and one that sends no operation gives the turn up one init timeout after
+    its acknowledgement."""
+    resolved: list[float] = []
+
+    async def noted(passport: Passport) -> Me:
+        resolved.append(asyncio.get_running_loop().time())
+        return resolve_me(passport)
+
+    async with (
+        running_engine(db, ws_max_attaching=1) as engine,
+        serving(graphql_app(engine, SCHEMA, noted,
+                            connection_init_wait_timeout=INIT_TIMEOUT)) as addr,
+        ws_connect(addr, ALICE.to_header()) as first,
+        ws_connect(addr, ALICE.to_header()) as second,
+        ws_connect(addr, ALICE.to_header()) as idle,
+    ):
+        await initialise(first)
+        await send(second, {"type": "connection_init"})
+        waited = asyncio.ensure_future(second.recv())
+        done, _ = await asyncio.wait({waited}, timeout=INIT_TIMEOUT.total_seconds() / 3)
+        assert not done and len(resolved) == 1, "a second init ran during the first's turn"
+        await send(first, {"id": "1", "type": "subscribe",
+                           "payload": {"query": "query { whoami { sub } }"}})
+        assert (await receive(first))["type"] == "next"
+        assert json.loads(await asyncio.wait_for(waited, BOUND)) == {"type": "connection_ack"}
+        # `second` sends nothing more: `idle`'s init waits out the bound.
+        acked_at = asyncio.get_running_loop().time()
+        await send(idle, {"type": "connection_init"})
+        assert await receive(idle) == {"type": "connection_ack"}
+        assert resolved[-1] - acked_at >= INIT_TIMEOUT.total_seconds() * 0.5

@@ -182,13 +182,16 @@ class EngineConfig(BaseModel):
     page checks their integrity hashes). An ``http(s)://`` URL or a path
     on this host starting with ``/``."""
     ws_max_attaching: int = 64
-    """Sockets whose ``connection_init`` is being worked on at once (the
-    principal's resolve and the acknowledgement, on the engine's own socket,
-    ``graphql_wire``). Past it an init waits its turn, its init timeout
-    already ended by its arrival: a burst of sockets is attached in waves,
-    so each wave's transient objects are freed and their memory reused by
-    the next wave's sessions instead of all of them interleaved at once
-    (bench/README.md, "Back to idle": held RSS of 10,000 sessions)."""
+    """Sockets being attached at once on the engine's own socket
+    (``graphql_wire``): a turn runs from the arrival of ``connection_init``
+    (the principal's resolve, the acknowledgement) to the first answer of
+    the socket's first operation (a live subscription's Reset: its attach),
+    or ends one init timeout after the acknowledgement if none came. Past
+    it an init waits its turn, its init timeout already ended by its
+    arrival: a burst of sockets is attached in waves, each wave's transient
+    objects freed and their memory reused by the next wave's sessions
+    instead of all of them interleaved at once (bench/README.md, "Back to
+    idle": RSS of 10,000 sessions held and after they closed)."""
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -389,6 +389,7 @@ class WireSocket(asyncio.Protocol):
         "_endpoint",
         "_fragments",
         "_gate",
+        "_gate_at",
         "_headers_out",
         "_inbox",
         "_init",
@@ -452,6 +453,7 @@ class WireSocket(asyncio.Protocol):
         self._inbox: list[bytes] | None = None
         self._admitting: asyncio.Task[None] | None = None
         self._gate = _GATE_NONE
+        self._gate_at: float | None = None
         self._pending_init: dict[str, object] | None = None
         self._read_paused = False
         self._paused = False
@@ -783,6 +785,7 @@ class WireSocket(asyncio.Protocol):
     def _leave_gate(self) -> None:
         gate, self._gate = self._gate, _GATE_NONE
         self._pending_init = None
+        self._gate_at = None
         if gate is _GATE_HOLDING:
             self._endpoint.gate(self.loop).leave()
 
@@ -809,8 +812,14 @@ class WireSocket(asyncio.Protocol):
         try:
             await self._admit_in_turn(payload)
         finally:
-            self._leave_gate()
+            if not self._init.acknowledged or self._closed or self._lost:
+                self._leave_gate()
         if self._admitting is None and not self._closed and not self._lost:
+            if self._gate is _GATE_HOLDING:
+                # The turn lasts until the socket's first operation answers
+                # (a live one's Reset: its attach) or a bound passes.
+                self._gate_at = self.loop.time() + self._endpoint.init_timeout
+                self._arm()
             self._drain_inbox()
 
     async def _admit_in_turn(self, payload: dict[str, object]) -> None:
@@ -862,7 +871,7 @@ class WireSocket(asyncio.Protocol):
     def _arm(self) -> None:
         soonest: float | None = None
         for at in (self._init_at, self._max_age_at, self._ping_at, self._pong_at,
-                   self._close_at):
+                   self._close_at, self._gate_at):
             if at is not None and (soonest is None or at < soonest):
                 soonest = at
         step = self._due_step
@@ -881,7 +890,8 @@ class WireSocket(asyncio.Protocol):
         # What was due when its step came, in deadline order; each runs
         # once, and only if no earlier one cleared or moved it.
         due = sorted((at, order) for order, at in enumerate(
-            (self._close_at, self._pong_at, self._init_at, self._max_age_at, self._ping_at))
+            (self._close_at, self._pong_at, self._init_at, self._max_age_at, self._ping_at,
+             self._gate_at))
             if at is not None and at <= now)
         for at, order in due:
             if order == 0 and self._close_at == at:
@@ -895,6 +905,8 @@ class WireSocket(asyncio.Protocol):
                 self._max_age_reached()
             elif order == 4 and self._ping_at == at:
                 self._send_ping()
+            elif order == 5 and self._gate_at == at:
+                self._leave_gate()  # no operation answered within the bound
         if not self._lost:
             self._arm()
 
@@ -1026,6 +1038,8 @@ class WireSocket(asyncio.Protocol):
         woken, self._woken = self._woken, None
         if not woken or self._closed:
             return
+        if self._gate is _GATE_HOLDING:
+            self._leave_gate()  # attached: its first frames go now
         if len(woken) == 1:
             # One op woken (one subscription per socket, the common case):
             # its drain's texts go straight to the transport.
@@ -1128,6 +1142,8 @@ class WireSocket(asyncio.Protocol):
     async def send_json(self, message: Mapping[str, object]) -> None:
         """Send one message when the socket is writable (Strawberry's
         ``send_json``; raises `WebSocketDisconnected` once it is closed)."""
+        if self._gate is _GATE_HOLDING:
+            self._leave_gate()  # an operation's first answer
         if self._paused and not self._closed:
             await self._writable()
         if self._closed:
@@ -1141,6 +1157,8 @@ class WireSocket(asyncio.Protocol):
 
     async def send(self, message: Mapping[str, Any]) -> None:
         """The ASGI ``send`` of a direct frame (`frames.FrameSink`)."""
+        if self._gate is _GATE_HOLDING:
+            self._leave_gate()  # an operation's first answer
         if self._paused and not self._closed:
             await self._writable()
         if self._closed:
