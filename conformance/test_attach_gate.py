@@ -4,8 +4,8 @@ At most ``ws_max_attaching`` sockets are being attached at once on the
 engine's own socket: a turn runs from the arrival of ``connection_init``
 (the principal's resolve, the acknowledgement) to the socket's first
 operation's first answer (a live subscription's Reset: its attach), or a
-bound (the init timeout) after the acknowledgement; the others wait their
-turn. The init timeout (4408) ended when their init
+bound (two seconds, at most the init timeout) after the acknowledgement;
+the others wait their turn. The init timeout (4408) ended when their init
 arrived, so a socket waiting its turn is acknowledged when the turn comes,
 however long it waited, and a socket that closes while it waits takes
 nobody's turn.
@@ -199,8 +199,8 @@ async def test_an_upgrade_waiting_for_a_handshake_slot_holds_no_parsed_request_n
 async def test_a_turn_ends_at_the_first_answer_or_the_bound(db: Database) -> None:
     """With ws_max_attaching=1: an acknowledged socket holds the turn until its
     first operation answers (a second socket's init is not resolved before),
-    and one that sends no operation gives the turn up one init timeout after
-    its acknowledgement."""
+    and one that sends no operation gives the turn up at its bound (here the
+    init timeout, shorter than TURN_AFTER_ACK) after its acknowledgement."""
     resolved: list[float] = []
 
     async def noted(passport: Passport) -> Me:

@@ -186,7 +186,8 @@ class EngineConfig(BaseModel):
     (``graphql_wire``): a turn runs from the arrival of ``connection_init``
     (the principal's resolve, the acknowledgement) to the first answer of
     the socket's first operation (a live subscription's Reset: its attach),
-    or ends one init timeout after the acknowledgement if none came. Past
+    or ends two seconds (at most the init timeout) after the
+    acknowledgement if none came. Past
     it an init waits its turn, its init timeout already ended by its
     arrival: a burst of sockets is attached in waves, each wave's transient
     objects freed and their memory reused by the next wave's sessions

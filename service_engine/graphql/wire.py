@@ -259,6 +259,11 @@ class _AttachGate:
 
 _GATE_NONE, _GATE_WAITING, _GATE_HOLDING = 0, 1, 2
 
+TURN_AFTER_ACK = 2.0
+"""Seconds an acknowledged socket keeps its attach turn waiting for its
+first operation's first answer (at most the init timeout): a socket that
+sends nothing holds a turn this long, not the whole init timeout."""
+
 
 TICK = 0.05
 """Seconds of one step of `_Deadlines`: a socket's deadline is met at most
@@ -818,7 +823,8 @@ class WireSocket(asyncio.Protocol):
             if self._gate is _GATE_HOLDING:
                 # The turn lasts until the socket's first operation answers
                 # (a live one's Reset: its attach) or a bound passes.
-                self._gate_at = self.loop.time() + self._endpoint.init_timeout
+                self._gate_at = self.loop.time() + min(
+                    self._endpoint.init_timeout, TURN_AFTER_ACK)
                 self._arm()
             self._drain_inbox()
 
