@@ -211,9 +211,14 @@ class _Drains:
 
 
 class _AttachGate:
-    """At most ``limit`` sockets' ``connection_init`` worked on at once
-    (``ws_max_attaching``); the others wait in arrival order, holding no
-    task (`WireSocket._through_gate` starts the work when a turn comes)."""
+    """The admission of one loop's sockets, holding no task per waiting one.
+
+    At most ``limit`` sockets (``ws_max_attaching``) are being attached at
+    once: a turn runs from ``connection_init`` to the first answer of the
+    socket's first operation (`WireSocket._leave_gate`); the others wait in
+    arrival order and `WireSocket._through_gate` starts the work when a turn
+    comes. Upgrades waiting, unanswered, for a handshake slot wait in
+    ``unanswered`` (`WireSocket._release_slot` answers the next)."""
 
     __slots__ = ("free", "loop", "unanswered", "waiting")
 
