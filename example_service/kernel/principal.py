@@ -8,10 +8,16 @@ keeps no registry: a slice registers its fact loader with the engine
 (``Engine.register_principal_fact``) from its own ``register``, and the
 engine runs every loader right after `principal_of` resolves a passport
 (each HTTP request, each WebSocket) and on a principal-facts refresh.
+
+Equal values are shared: a pod holds one principal per live session, and
+the sessions of one org mostly carry the same roles and the same facts, so
+`shared` keeps one frozenset per distinct value (and `PrincipalFacts.of` one
+bag per distinct set of facts) while any principal holds it.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -19,10 +25,28 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from service_engine.graphql import Passport
 
-__all__ = ["Principal", "PrincipalFacts", "principal_of"]
+__all__ = ["Principal", "PrincipalFacts", "principal_of", "shared"]
+
+_EMPTY: frozenset[str] = frozenset()
+_SETS: weakref.WeakValueDictionary[frozenset[str], frozenset[str]] = (
+    weakref.WeakValueDictionary()
+)
 
 
-@dataclass(frozen=True, slots=True)
+def shared(values: Iterable[str]) -> frozenset[str]:
+    """``values`` as the pod's one frozenset of them (held while in use)."""
+    value = values if type(values) is frozenset else frozenset(values)
+    if not value:
+        return _EMPTY
+    held = _SETS.get(value)
+    if held is None:
+        # The table holds its keys strongly: the key is an equal copy, so the
+        # value itself stays weakly held (and its entry goes with it).
+        _SETS[frozenset(list(value))] = held = value
+    return held
+
+
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class PrincipalFacts:
     """A bag of named facts about a principal, each a set of strings.
 
@@ -34,7 +58,12 @@ class PrincipalFacts:
 
     @classmethod
     def of(cls, facts: Mapping[str, Iterable[str]]) -> PrincipalFacts:
-        return cls(tuple(sorted((name, frozenset(values)) for name, values in facts.items())))
+        """The bag of ``facts``: one shared instance per distinct bag."""
+        items = tuple(sorted((name, shared(values)) for name, values in facts.items()))
+        held = _BAGS.get(items)
+        if held is None:
+            _BAGS[items] = held = cls(items)
+        return held
 
     def get(self, name: str) -> frozenset[str]:
         for fact, values in self.items:
@@ -48,6 +77,11 @@ class PrincipalFacts:
 
     def as_dict(self) -> dict[str, frozenset[str]]:
         return dict(self.items)
+
+
+_BAGS: weakref.WeakValueDictionary[
+    tuple[tuple[str, frozenset[str]], ...], PrincipalFacts
+] = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +117,6 @@ def principal_of(passport: Passport) -> Principal:
         id=passport.sub,
         actor=passport.actor,
         org=passport.org,
-        roles=frozenset(passport.roles),
+        roles=shared(passport.roles),
         kind=passport.kind,
     )
