@@ -42,6 +42,20 @@ from .test_graphql_app import (
 INIT_TIMEOUT = timedelta(seconds=0.3)
 
 
+@pytest.fixture
+def endpoints(monkeypatch: pytest.MonkeyPatch) -> list[WireEndpoint]:
+    """Every `WireEndpoint` built while the test runs (its gate is read)."""
+    built: list[WireEndpoint] = []
+    init = WireEndpoint.__init__
+
+    def recorded(endpoint: WireEndpoint, view: Any) -> None:
+        init(endpoint, view)
+        built.append(endpoint)
+
+    monkeypatch.setattr(WireEndpoint, "__init__", recorded)
+    return built
+
+
 async def test_an_init_waiting_its_turn_is_acknowledged_not_closed_4408(db: Database) -> None:
     """With ws_max_attaching=1 and the first socket's resolve held, a second
     socket's init waits its turn for several init timeouts: it is neither
@@ -94,7 +108,7 @@ async def test_an_init_waiting_its_turn_is_acknowledged_not_closed_4408(db: Data
 
 
 async def test_a_socket_closed_while_waiting_takes_no_turn(
-    db: Database, monkeypatch: pytest.MonkeyPatch
+    db: Database, endpoints: list[WireEndpoint]
 ) -> None:
     """With ws_max_attaching=1: a socket that closes while its init waits is
     skipped (the next waiting socket is acknowledged), and once every socket
@@ -108,14 +122,6 @@ async def test_a_socket_closed_while_waiting_takes_no_turn(
             await release.wait()
         return resolve_me(passport)
 
-    endpoints: list[WireEndpoint] = []
-    built = WireEndpoint.__init__
-
-    def recorded(endpoint: WireEndpoint, view: Any) -> None:
-        built(endpoint, view)
-        endpoints.append(endpoint)
-
-    monkeypatch.setattr(WireEndpoint, "__init__", recorded)
     async with running_engine(db, ws_max_attaching=1) as engine:
         app = graphql_app(engine, SCHEMA, held)
         async with serving(app) as addr:
@@ -147,20 +153,12 @@ async def test_a_socket_closed_while_waiting_takes_no_turn(
 
 
 async def test_an_upgrade_waiting_for_a_handshake_slot_holds_no_parsed_request_nor_task(
-    db: Database, monkeypatch: pytest.MonkeyPatch
+    db: Database, endpoints: list[WireEndpoint]
 ) -> None:
     """With ws_max_handshakes=1 an upgrade waiting for the slot is unanswered
     and holds neither websockets' parsed request (its parser parked) nor a
     response nor a task of its own; one whose peer leaves while it waits is
     skipped; the next is answered once the slot frees and serves normally."""
-    endpoints: list[WireEndpoint] = []
-    built = WireEndpoint.__init__
-
-    def recorded(endpoint: WireEndpoint, view: Any) -> None:
-        built(endpoint, view)
-        endpoints.append(endpoint)
-
-    monkeypatch.setattr(WireEndpoint, "__init__", recorded)
     async with (
         running_engine(db, ws_max_handshakes=1) as engine,
         serving(graphql_app(engine, SCHEMA, resolve_me)) as addr,
