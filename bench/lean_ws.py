@@ -134,9 +134,12 @@ class LeanSocket(asyncio.Protocol):
 
     async def close(self) -> None:
         """The closing handshake (1000), then the connection closed."""
-        if not self._closed.done() and self._transport is not None:
-            self._protocol.send_close(1000)
+        if self._closed.done() or self._transport is None:
+            return
+        try:
+            self._protocol.send_close(1000)  # refused once the server began closing
             self._flush()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._closed), 10)
+        finally:
             self._transport.close()
