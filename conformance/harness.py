@@ -9,7 +9,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
-from service_engine import Database, EngineConfig, connect_pool
+from service_engine import (
+    Database,
+    Engine,
+    EngineConfig,
+    ReadinessHandle,
+    WorkerStopped,
+    connect_pool,
+)
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -84,6 +91,25 @@ def fast_engine_config(service: str | None, **overrides: Any) -> EngineConfig:
     }
     values.update(overrides)
     return EngineConfig(**values)
+
+
+@contextlib.asynccontextmanager
+async def engine_running(
+    config: EngineConfig, db: Database, *projectors: Any, bound: float = 10
+) -> AsyncIterator[Engine]:
+    """An engine of ``config`` on ``db`` with ``projectors`` registered,
+    running and UP; shut down and awaited (within ``bound`` seconds) after."""
+    engine = await Engine.boot(config, db, None, ReadinessHandle())
+    for projector in projectors:
+        engine.register_projector(projector)
+    task = asyncio.create_task(engine.run())
+    try:
+        await wait_until(lambda: engine.readiness.is_up, what="engine UP")
+        yield engine
+    finally:
+        engine.shutdown()
+        with contextlib.suppress(WorkerStopped):
+            await asyncio.wait_for(task, bound)
 
 
 class Statements:

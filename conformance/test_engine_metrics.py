@@ -31,7 +31,7 @@ from service_engine.render import Query, Reset
 from service_engine.render.runtime import RenderRuntime
 from service_engine.render.windows import WindowSpec
 
-from .harness import wait_until
+from .harness import engine_running, wait_until
 from .sample_cards import Card, CardsView, Principal, RankQuery, write_card
 
 ALICE = Principal("alice", frozenset({"acme"}))
@@ -42,18 +42,8 @@ def window() -> WindowSpec[Any]:
     return WindowSpec(Query(RankQuery(100)))
 
 
-@contextlib.asynccontextmanager
-async def running(db: Database, **config: Any) -> AsyncIterator[Engine]:
-    engine = await Engine.boot(EngineConfig(service="metrics", **{**FAST, **config}), db, None,
-                               ReadinessHandle())
-    engine.register_projector(CardsView())
-    task = asyncio.create_task(engine.run())
-    try:
-        await wait_until(lambda: engine.readiness.is_up, what="engine UP")
-        yield engine
-    finally:
-        engine.shutdown()
-        await asyncio.wait_for(task, 10)
+def running(db: Database, **config: Any) -> contextlib.AbstractAsyncContextManager[Engine]:
+    return engine_running(EngineConfig(service="metrics", **{**FAST, **config}), db, CardsView())
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:

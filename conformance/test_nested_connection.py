@@ -29,8 +29,6 @@ from service_engine import (
     MutationError,
     MutationExecutor,
     NestedConnectionError,
-    ReadinessHandle,
-    WorkerStopped,
     connect_pool,
 )
 from service_engine.db.types import Conn
@@ -41,7 +39,7 @@ from service_engine.principal_facts import PrincipalFactLoadFailed
 from service_engine.render.projector import Populate
 from service_engine.render.windows import Query, WindowSpec
 
-from .harness import fast_engine_config, wait_until
+from .harness import engine_running, fast_engine_config, wait_until
 from .sample_cards import Card, CardStore, CardsView, Principal, RankQuery
 
 ALICE = Principal("alice", frozenset({"acme"}))
@@ -123,19 +121,9 @@ async def two(database: ProvisionedDatabase) -> AsyncIterator[Database]:
             db.pool.terminate()  # held connections would keep aclose waiting
 
 
-@contextlib.asynccontextmanager
-async def running(db: Database, *projectors: Any) -> AsyncIterator[Engine]:
-    engine = await Engine.boot(fast_engine_config(None, lock_timeout=timedelta(seconds=1)), db, None, ReadinessHandle())
-    for projector in projectors:
-        engine.register_projector(projector)
-    task = asyncio.create_task(engine.run())
-    try:
-        await wait_until(lambda: engine.readiness.is_up, what="engine UP")
-        yield engine
-    finally:
-        engine.shutdown()
-        with contextlib.suppress(WorkerStopped):
-            await asyncio.wait_for(task, BOUND)
+def running(db: Database, *projectors: Any) -> contextlib.AbstractAsyncContextManager[Engine]:
+    config = fast_engine_config(None, lock_timeout=timedelta(seconds=1))
+    return engine_running(config, db, *projectors, bound=BOUND)
 
 
 async def at_once(calls: Sequence[Awaitable[Any]], what: str) -> list[Any]:

@@ -22,7 +22,7 @@ from service_engine.render.runtime import RenderRuntime
 from service_engine.render.stream import SessionEnded, SessionStream
 from service_engine.render.windows import WindowSpec
 
-from .harness import wait_until
+from .harness import engine_running, wait_until
 from .sample_cards import (
     Card,
     CardStore,
@@ -41,19 +41,10 @@ CAROL = Principal("carol", frozenset({"globex"}))
 FAST = {"beat_interval": timedelta(milliseconds=50), "lease": timedelta(seconds=1)}
 
 
-@contextlib.asynccontextmanager
-async def running_engine(db: Database, *projectors: Any, **config: Any) -> AsyncIterator[Engine]:
-    readiness = ReadinessHandle()
-    engine = await Engine.boot(EngineConfig(service="render", **{**FAST, **config}), db, None, readiness)
-    for projector in projectors:
-        engine.register_projector(projector)
-    task = asyncio.create_task(engine.run())
-    try:
-        await wait_until(lambda: readiness.is_up, what="engine UP")
-        yield engine
-    finally:
-        engine.shutdown()
-        await asyncio.wait_for(task, 10)
+def running_engine(
+    db: Database, *projectors: Any, **config: Any
+) -> contextlib.AbstractAsyncContextManager[Engine]:
+    return engine_running(EngineConfig(service="render", **{**FAST, **config}), db, *projectors)
 
 
 class CardWriters:
