@@ -173,14 +173,15 @@ async def test_a_live_op_whose_frame_fails_ends_alone_with_its_error(
     a stream that raised (a ``next`` carrying the error, then ``complete``) and its
     session is detached; the socket's other operations receive every later revision,
     contiguous, in both ways of driving a live op."""
-    real = LiveOp._frame
+    real = LiveOp._planned_frame
 
-    def failing(self: LiveOp, delta: Any, revision: int | None = None) -> str:
+    def failing(self: LiveOp, delta: Any, revision: int | None) -> str | None:
+        # Under both the fused write (`frame_bytes`) and the drain's `_frame`.
         if self.id == "bad" and type(delta).__name__ == "Upsert":
             raise RuntimeError("this frame cannot be built")
         return real(self, delta, revision)
 
-    monkeypatch.setattr(LiveOp, "_frame", failing)
+    monkeypatch.setattr(LiveOp, "_planned_frame", failing)
     config = example_config(**socket_kind)
     async with running(store, ["board"], config=config) as run, run.socket(ADMIN) as a:
         created = await run.gql(CREATE, {"id": "b-fail", "title": "t"}, ADMIN)

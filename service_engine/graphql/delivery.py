@@ -88,12 +88,18 @@ class _ParserCache(ParserCache):
 class SharedPlan:
     """A plan and its cache of serialised shared members."""
 
-    __slots__ = ("_encoded", "operation", "plan")
+    __slots__ = ("_encoded", "last_frame", "operation", "plan")
 
     def __init__(self, operation: OperationDefinitionNode, plan: Plan) -> None:
         self.operation = operation
         self.plan = plan
         self._encoded: dict[tuple[Any, ...], tuple[tuple[object, ...], Encoded]] = {}
+        self.last_frame: tuple[object, int, str, bytes] | None = None
+        """The last whole frame a caught-up reader wrote (`LiveOp.frame_bytes`):
+        (the Upsert / Remove delta object, the reader's revision, the ``next``
+        message's head (its operation id), the frame's bytes). The sessions of
+        a cohort are given the same delta objects and mostly read them at the
+        same revision under the same id: one frame built, the rest reuse it."""
 
     def encode(self, member: object) -> Encoded:
         """``member`` serialised; a member whose other fields are the objects

@@ -72,6 +72,7 @@ from . import subscriptions
 from .delivery import SharedPlan, plan_for
 from .frames import next_frame, next_frame_head
 from .subscriptions import Live, LiveRequest, SubscriptionUnion
+from .wire_protocol import text_frame
 
 if TYPE_CHECKING:
     from strawberry import Schema
@@ -306,9 +307,9 @@ class LiveOp:
     """
 
     __slots__ = (
-        "_context", "_ending", "_executor", "_head", "_known", "_lanes", "_live", "_notices",
-        "_on_done", "_ops", "_outbox", "_paused", "_principal", "_shared", "_state", "_stream",
-        "_task", "_variables", "_wake", "_waker", "id",
+        "_context", "_direct", "_ending", "_executor", "_head", "_known", "_lanes", "_live",
+        "_notices", "_on_done", "_ops", "_outbox", "_paused", "_principal", "_shared", "_state",
+        "_stream", "_task", "_variables", "_wake", "_waker", "id",
     )
 
     def __init__(
@@ -330,6 +331,9 @@ class LiveOp:
         self._task: asyncio.Task[None] | None = None
         self._wake: Callable[[LiveOp], None] | None = None
         self._waker: Callable[[], None] | None = None
+        self._direct: Callable[[Any, int], bool] | None = None
+        """The owner's fused write (`start`), bound to this op: the stream
+        offers it a delta put while the session is caught up."""
         self._on_done: Callable[[str], None] | None = None
         self._outbox: list[str] | None = None
         self._ending: list[str] | None = None
@@ -385,6 +389,16 @@ class LiveOp:
         """The frame of one delta, as the direct path writes it (`_frames`);
         ``revision`` (when given) is the reader's, whatever ``delta`` carries
         (`SessionStream.get_raw_nowait`)."""
+        text = self._planned_frame(delta, revision)
+        if text is not None:
+            return text
+        if revision is not None and delta.revision != revision:
+            delta = renumbered(delta, revision)
+        return self._executed(self._known.union.message(delta))
+
+    def _planned_frame(self, delta: Any, revision: int | None) -> str | None:
+        """`_frame` when the plan renders ``delta``; None when it refuses it
+        (the frame is then an execution's)."""
         kind = type(delta)
         union = self._known.union
         shared = self._shared
@@ -396,9 +410,38 @@ class LiveOp:
         if revision is not None and delta.revision != revision:
             delta = renumbered(delta, revision)
         data = union._planned(shared, delta)
-        if data is not None:
-            return next_frame(self._head, data)
-        return self._executed(union.message(delta))
+        return None if data is None else next_frame(self._head, data)
+
+    def frame_bytes(self, delta: Any, revision: int) -> bytes | None:
+        """The whole WebSocket frame (an uncompressed text frame) of
+        ``delta`` at this reader's ``revision``, for the owner's fused write;
+        None when it must go the ordinary way (the op has frames waiting,
+        the plan refuses the delta, building it failed: the drain builds it
+        again and ends the op with the error as it does).
+
+        A cohort's sessions are given the very same delta objects and
+        mostly read at the same revision under the same operation id: the
+        plan keeps the last such frame (`SharedPlan.last_frame`), so the bytes
+        are built once per (delta, revision, operation id), not per session."""
+        if self._outbox is not None:
+            return None
+        shared = self._shared
+        last = shared.last_frame
+        if (last is not None and last[0] is delta and last[1] == revision
+                and last[2] == self._head):
+            return last[3]
+        try:
+            text = self._planned_frame(delta, revision)
+        except Exception:
+            return None
+        if text is None:
+            return None
+        data = text_frame(text.encode())
+        kind = type(delta)
+        if kind is Upsert or kind is Remove:
+            # (A Reset is one session's window: not kept, not held here.)
+            shared.last_frame = (delta, revision, self._head, data)
+        return data
 
     def _frame_or_end(self, item: Any) -> str | None:
         """``item``'s frame; None when building it failed: the operation
@@ -499,12 +542,19 @@ class LiveOp:
         self,
         wake: Callable[[LiveOp], None],
         on_done: Callable[[str], None],
+        direct: Callable[[LiveOp, Any, int], bool] | None = None,
     ) -> None:
         """Callback mode: attach (in one short task), then call
         ``wake(self)`` whenever frames are ready to `drain` (at most once
         until the next drain). Once the session ended and its ``complete``
         was drained, ``on_done(self.id)`` is called; after `close` neither
-        callback is called again."""
+        callback is called again.
+
+        ``direct(self, delta, revision)``, when given, is the owner's fused
+        write: a delta put while the session is caught up (nothing queued)
+        is offered to it first, from inside the render pass; it writes
+        `frame_bytes` now and answers True, or answers False (not writable
+        now, a frame waiting: the ordinary wake and drain then carry it)."""
         if self._state is not _State.OPENED:
             raise RuntimeError(f"live operation {self.id} was started already")
         self._wake = wake
@@ -512,6 +562,8 @@ class LiveOp:
         # The stream calls the owner's wake with this op directly (one call
         # per put that wakes, from inside the render pass).
         self._waker = functools.partial(wake, self)
+        if direct is not None:
+            self._direct = functools.partial(direct, self)
         self._state = _State.ATTACHING
         self._task = asyncio.get_running_loop().create_task(self._start())
 
@@ -537,7 +589,7 @@ class LiveOp:
             self._notices = asyncio.get_running_loop().create_task(
                 self._read_notices(self._context.engine.lane_notices(self._lanes)))
         if not self._paused:
-            stream.set_waker(self._waker)  # wakes at once: the Reset is queued
+            stream.set_waker(self._waker, self._direct)  # wakes at once: the Reset is queued
 
     async def _read_notices(self, notices: Any) -> None:
         """Callback mode's lane notices: each one's frame queued ahead of
@@ -632,7 +684,7 @@ class LiveOp:
         if self._outbox:
             self._woken()
         if self._state is _State.LIVE and self._stream is not None:
-            self._stream.set_waker(self._waker)
+            self._stream.set_waker(self._waker, self._direct)
 
     def close(self) -> None:
         """Stop for good (a ``complete`` from the client, the socket closed,
@@ -650,7 +702,7 @@ class LiveOp:
 
     def _release(self) -> None:
         """Detach the session (once) and drop the callbacks."""
-        self._wake = self._waker = self._on_done = None
+        self._wake = self._waker = self._on_done = self._direct = None
         notices, self._notices = self._notices, None
         if isinstance(notices, asyncio.Task):
             notices.cancel()  # its finally closes the stream (run mode: merge_streams does)

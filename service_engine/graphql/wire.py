@@ -1000,7 +1000,7 @@ class WireSocket(asyncio.Protocol):
             # A known-planned live document: no task, no Strawberry; its
             # frames are drained into this socket's writes (callback mode).
             self._ops[step.id] = live
-            live.start(self._wake, self._live_done)
+            live.start(self._wake, self._live_done, self._fused)
             if self._paused:
                 live.pause()
             return
@@ -1038,6 +1038,20 @@ class WireSocket(asyncio.Protocol):
             self._endpoint.drains(self.loop).add(self)
         else:
             woken.append(live)
+
+    def _fused(self, live: LiveOp, delta: Any, revision: int) -> bool:
+        # Called from inside the render pass (a put into a caught-up
+        # session): write the frame now when nothing is ahead of it on this
+        # socket (no drain pending, not paused, not closing, past the attach
+        # gate, no per-message deflate); False leaves it to the wake and drain.
+        if (self._woken is not None or self._paused or self._closed
+                or self._gate is not _GATE_NONE or self._deflate):
+            return False
+        data = live.frame_bytes(delta, revision)
+        if data is None:
+            return False
+        self.transport.write(data)
+        return True
 
     def _live_done(self, operation_id: str) -> None:
         # The session ended: the id is free before its complete is written.

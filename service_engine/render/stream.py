@@ -231,12 +231,15 @@ class SessionStream(Generic[V]):
 
     Two ways to take: await `next` (iterate), or callback mode: `set_waker`
     registers a callback the stream calls when a delta or the end is queued
-    and nobody awaits, and the subscriber takes with `get_nowait`.
+    and nobody awaits, and the subscriber takes with `get_nowait`. A
+    callback-mode subscriber may also take a delta as it is put (`set_waker`'s
+    ``direct``): a caught-up one writes it at once, with no queue, wake or
+    take between.
     """
 
     __slots__ = (
-        "_backlog", "_end", "_getters", "_on_close", "_resyncing", "_waker", "_woken",
-        "capacity", "end_reason", "id", "last_seen", "waiting",
+        "_backlog", "_direct", "_end", "_getters", "_on_close", "_resyncing", "_waker",
+        "_woken", "capacity", "end_reason", "id", "last_seen", "waiting",
     )
 
     def __init__(
@@ -253,6 +256,8 @@ class SessionStream(Generic[V]):
         subscriber never has one)."""
         self._on_close = on_close
         self._waker: Callable[[], None] | None = None
+        self._direct: Callable[[Delta[V], Revision], bool] | None = None
+        """Offered a delta put while nothing waits (callback mode, `set_waker`)."""
         self._woken = False
         self.end_reason: str | None = None
         self.waiting = 0
@@ -275,6 +280,15 @@ class SessionStream(Generic[V]):
         if self._end is not None:
             return True
         backlog = self._backlog
+        direct = self._direct
+        if direct is not None and not backlog._live and not self._resyncing:
+            # Caught up (nothing untaken, no Reset awaited): the subscriber
+            # takes it now, numbered as its take would number it, or
+            # declines (not writable now) and it is queued as usual.
+            revision = backlog.taken + 1
+            if direct(delta, revision):
+                backlog.taken = revision
+                return True
         if self._resyncing:
             if type(delta) is not Reset:
                 return False
@@ -307,11 +321,21 @@ class SessionStream(Generic[V]):
             self._woken = True
             waker()
 
-    def set_waker(self, waker: Callable[[], None] | None) -> None:
+    def set_waker(
+        self, waker: Callable[[], None] | None,
+        direct: Callable[[Delta[V], Revision], bool] | None = None,
+    ) -> None:
         """Callback mode: call ``waker`` when a delta or the end is queued
         and nobody awaits `next` (at most once until the subscriber next
         calls `get_nowait`); called at once when something waits already.
         None stops the calls.
+
+        ``direct`` (with a waker): a delta put while nothing is untaken is
+        first offered to ``direct(delta, revision)``, ``revision`` the one
+        its take would give it; True means the subscriber took it (written,
+        counted as taken: `taken` is ``revision``), False that it is queued
+        and woken for as any other. It runs inside `put`: it must not block
+        nor put. Cleared with the waker.
 
         While a waker is set the subscriber counts as reading (``waiting``,
         as an awaiting one does); clearing it (a writer that cannot take
@@ -326,6 +350,7 @@ class SessionStream(Generic[V]):
             else:
                 self.waiting += 1
         self._waker = waker
+        self._direct = direct if waker is not None else None
         self._woken = False
         if waker is not None and self.pending():
             self._woken = True
@@ -407,6 +432,7 @@ class SessionStream(Generic[V]):
     def detach(self) -> None:
         """`aclose` without a coroutine (a subscriber with no task: callback mode)."""
         self._waker = None
+        self._direct = None
         self._on_close()
 
     async def aclose(self) -> None:
