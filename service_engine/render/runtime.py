@@ -69,13 +69,10 @@ __all__ = ["BEHIND_SECONDS", "SLICE_SECONDS", "SLICE_SESSIONS", "RenderRuntime"]
 _log = logging.getLogger(__name__)
 
 SLICE_SESSIONS = 16
-"""Sessions given deltas their subscriber must take per slice of a pass:
-each wakes a subscriber whose frame write runs when the slice yields, so
-this bounds the work the loop runs before it polls sockets again (with
-``SLICE_SECONDS``); each yield costs a loop turn (a poll of every socket),
-so a slice is not one session. A caught-up subscriber that wrote its
-delta as it was put (the stream's ``direct``) left nothing to run: it
-counts against the time bound only."""
+"""Sessions given deltas per slice of a pass: each wakes a subscriber whose
+frame write runs when the slice yields, so this bounds the work the loop
+runs before it polls sockets again (with ``SLICE_SECONDS``); each yield
+costs a loop turn (a poll of every socket), so a slice is not one session."""
 SLICE_SECONDS = 0.001
 """A slice's own time bound (sessions rendered with nothing to send)."""
 BEHIND_SECONDS = 0.025
@@ -526,8 +523,7 @@ class RenderRuntime(RenderRegistry):
         self, loaded: _Loaded, rec: AttachedSession, plan: RenderPlan | None, tally: PassTally
     ) -> bool:
         """Project, gate and diff one session; its own fault fails it alone.
-        True when it was given deltas its subscriber is yet to take (not
-        written as they were put: `_deliver`)."""
+        True when it was given deltas."""
         session = rec.session
         batch = loaded.batch
         if not session.live or rec.live_since >= batch.pass_number:
@@ -553,9 +549,10 @@ class RenderRuntime(RenderRegistry):
             self._failed(rec, f"render failed: {type(exc).__name__}: {exc}", exc)
             return False
         if deltas:
-            return self._deliver(loaded, rec, deltas, tally)
-        tally.sessions += 1
-        return False
+            self._deliver(loaded, rec, deltas, tally)
+        else:
+            tally.sessions += 1
+        return bool(deltas)
 
     def _project_member(
         self, loaded: _Loaded, rec: AttachedSession, plan: RenderPlan | None, change: Dirty,
@@ -595,10 +592,7 @@ class RenderRuntime(RenderRegistry):
     def _deliver(
         self, loaded: _Loaded, rec: AttachedSession, deltas: Sequence[Delta[Any]],
         tally: PassTally,
-    ) -> bool:
-        """Put ``deltas`` on the session's stream; True when some wait for
-        its subscriber's take (False: a caught-up subscriber wrote them as
-        they were put, or the stream ended)."""
+    ) -> None:
         stream = rec.stream
         backlog = stream._backlog
         collapsed = backlog.collapsed
@@ -618,7 +612,6 @@ class RenderRuntime(RenderRegistry):
                 self.count_reset(rec.projector.NAME, "threshold")
         if backlog.collapsed != collapsed:
             tally.collapsed += backlog.collapsed - collapsed
-        return len(backlog) > 0
 
     # -- 6. report --------------------------------------------------------------------
 
