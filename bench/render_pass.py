@@ -13,7 +13,9 @@ stages it) through `RenderRuntime.render_pass`: route, plan, the cohort
 index's discovery, the load (an in-memory store behind a stand-in pool: one
 ``read_many`` per pass, no I/O), projection, diff, the stream put. Between
 passes every stream is drained outside the timed part, as a subscriber that
-keeps up would.
+keeps up would. ``--direct``: every stream has a callback-mode subscriber
+that takes each caught-up delta as it is put (the fused write's side of the
+pass; the write itself costs nothing here); a tree without it wakes.
 
 Reported per variant: process CPU per session-delta (the pass's time over the
 deltas it enqueued), per pass, deltas per pass, and the Python memory each
@@ -96,7 +98,7 @@ class _Db:
     pool: _Pool
 
     @contextlib.asynccontextmanager
-    async def connection(self, entry: str, bound: float) -> AsyncIterator[_Conn]:
+    async def connection(self, entry: str, bound: float | None = None) -> AsyncIterator[_Conn]:
         async with self.pool.acquire() as conn:
             yield conn
 
@@ -142,7 +144,30 @@ class Plain(BoardsView):
         return PlainView(row.id, row.title, row.archived)
 
 
-async def _measure(view: str, sessions: int, orgs: int, passes: int) -> dict[str, float]:
+def _direct(stream: Any) -> bool:
+    """Give ``stream`` a callback-mode subscriber whose caught-up deltas are
+    written as they are put (a ``direct`` that takes each at no cost of its
+    own: the pass's side of the fused write). A tree whose streams take no
+    ``direct`` gets the waker alone (its puts queue and wake, as before);
+    False then."""
+    try:
+        stream.set_waker(_noop, _taken)
+    except TypeError:
+        stream.set_waker(_noop)
+        return False
+    return True
+
+
+def _noop() -> None:
+    pass
+
+
+def _taken(delta: object, revision: int) -> bool:
+    return True
+
+
+async def _measure(view: str, sessions: int, orgs: int, passes: int,
+                   direct: bool = False) -> dict[str, float]:
     config = EngineConfig()
     runtime = RenderRuntime(
         _Db(_Pool()), config, ImpactChannel(1 << 16),  # type: ignore[arg-type]
@@ -172,6 +197,9 @@ async def _measure(view: str, sessions: int, orgs: int, passes: int) -> dict[str
     gc.collect()
     held = (tracemalloc.get_traced_memory()[0] - held_before) / sessions
     tracemalloc.stop()
+    if direct:
+        for stream in streams:
+            _direct(stream)
     keys = list(STORE.rows)
     gc.collect()
     gc.freeze()
@@ -206,14 +234,15 @@ def _child(args: argparse.Namespace) -> None:
     for view in args.views.split(","):
         for orgs in [int(o) for o in args.orgs.split(",")]:
             out[f"{view}/{orgs}"] = asyncio.run(
-                _measure(view, args.sessions, orgs, args.passes))
+                _measure(view, args.sessions, orgs, args.passes, args.direct))
     print(json.dumps(out))
 
 
 def _run(tree: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     env = {**os.environ, "RENDER_PASS_TREE": tree, "PYTHONPATH": tree}
     command = [sys.executable, __file__, "--child", "--sessions", str(args.sessions),
-               "--orgs", args.orgs, "--passes", str(args.passes), "--views", args.views]
+               "--orgs", args.orgs, "--passes", str(args.passes), "--views", args.views,
+               *(["--direct"] if args.direct else [])]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{tree}: {done.stderr}")
@@ -238,6 +267,9 @@ def main() -> None:
     parser.add_argument("--views", default="boards,plain")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--before", default="", help="another checkout to run beside this one")
+    parser.add_argument("--direct", action="store_true",
+                        help="every subscriber in callback mode, caught up: a tree with the "
+                             "fused write takes each delta as it is put, one without wakes")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
