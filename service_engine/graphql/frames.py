@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -58,8 +59,10 @@ _SINK: contextvars.ContextVar[FrameSink | None] = contextvars.ContextVar(
 
 
 def next_frame_head(operation_id: str) -> str:
-    """The text of a ``next`` message up to its data, for ``operation_id``."""
-    return f'{{"id":{dumps(operation_id)},"type":"next","payload":{{"data":'
+    """The text of a ``next`` message up to its data, for ``operation_id``
+    (interned: operations under one id share the one string, and a frame
+    kept for one of them is found for the others by identity)."""
+    return sys.intern(f'{{"id":{dumps(operation_id)},"type":"next","payload":{{"data":')
 
 
 def next_frame(head: str, data: Encoded, revision: int | None = None) -> str:

@@ -428,7 +428,7 @@ class LiveOp:
         shared = self._shared
         last = shared.last_frame
         if (last is not None and last[0] is delta and last[1] == revision
-                and last[2] == self._head):
+                and last[2] is self._head):
             return last[3]
         try:
             text = self._planned_frame(delta, revision)

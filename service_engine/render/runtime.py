@@ -532,8 +532,10 @@ class RenderRuntime(RenderRegistry):
             return False
         change = batch.discover if plan is None else batch.dirties[session]
         assert change is not None
-        caused, folded = loaded.causes(change)
-        tally.coalesced += folded
+        caused: Sequence[tuple[KeyText, Cause]] = change.caused
+        if batch.behind and len(caused) > 1:
+            caused, folded = loaded.causes(change)
+            tally.coalesced += folded
         try:
             projected = self._project_member(loaded, rec, plan, change)
             if projected is None:

@@ -551,7 +551,7 @@ class Session(Generic[P, V]):
         """
         if self.state is not _LIVE or self._snapshotting:
             raise self._illegal("render")
-        if self._tickets or len(self.pages):
+        if self._tickets or self.pages._count:  # (its len, per session of a pass)
             return self.render(plan, rendered, threshold=threshold, caused=caused)
         last = self.last_sent
         membership = self.membership
