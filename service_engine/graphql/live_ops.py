@@ -31,7 +31,10 @@ One frame logic, two ways to drive it:
   ``write(texts)`` in one call; `pause` / `resume` follow the transport's
   flow control (a paused op takes nothing: its session collapses or Resets
   as the render side does for any slow subscriber). The end of the session
-  drains a ``complete`` and calls ``on_done(operation_id)``.
+  drains a ``complete`` and calls ``on_done(operation_id)``. With the
+  owner's ``direct`` write, a delta put while the session is caught up
+  skips the queue, wake and drain: the owner writes `LiveOp.frame_bytes`
+  from inside the put (the fused write), or declines and it is queued.
 
 Every frame is byte for byte what the ordinary path sends: the plan's
 shared serialisation with this session's revision and this operation's id

@@ -20,6 +20,13 @@ as Strawberry's handler does (its message dicts, the view's encoder, the
 engine's ``_get_pre_execution_close_reason``, `frames.open_sink` so a
 planned live field still writes its own frames).
 
+A live operation's frames: a delta the render pass puts into a caught-up
+session (nothing queued for it, no drain pending on this socket, the
+transport not paused) is written from the put itself (`WireSocket._fused`:
+the plan's frame bytes for that delta, revision and id, built once for the
+cohort); any other goes the ordinary way, woken and drained in one loop
+callback (`_Drains`).
+
 Flow control: while the transport's buffer is past its high-water mark
 (``pause_writing``) an operation's send waits, and the render side's
 backlog for the session collapses as it does for any slow subscriber;
@@ -1044,13 +1051,18 @@ class WireSocket(asyncio.Protocol):
         # session): write the frame now when nothing is ahead of it on this
         # socket (no drain pending, not paused, not closing, past the attach
         # gate, no per-message deflate); False leaves it to the wake and drain.
+        # A failure here is this socket's alone: the frame is left to the
+        # drain (which logs and ends what fails), never raised into the pass.
         if (self._woken is not None or self._paused or self._closed
                 or self._gate is not _GATE_NONE or self._deflate):
             return False
-        data = live.frame_bytes(delta, revision)
-        if data is None:
+        try:
+            data = live.frame_bytes(delta, revision)
+            if data is None:
+                return False
+            self.transport.write(data)
+        except Exception:
             return False
-        self.transport.write(data)
         return True
 
     def _live_done(self, operation_id: str) -> None:
