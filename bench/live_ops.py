@@ -13,7 +13,15 @@ syscall: `ws_frames.py` measures the write). Three ways:
   task per operation;
 - ``live run``: `LiveOp.run`, a task per operation awaiting the session;
 - ``live drain``: callback mode (`LiveOp.start` / `drain`): no task per
-  operation once attached, the frames of a drain in one write.
+  operation once attached, the frames of a drain in one write;
+- ``live fused``: callback mode with the socket's fused write
+  (`LiveOp.start`'s ``direct``): a delta put into a caught-up session is
+  written from the put (`LiveOp.frame_bytes`), no wake, no drain (skipped
+  on a tree without it).
+
+``--shared-deltas``: one Upsert object per round for every session (as a
+render pass gives a cohort's sessions holding equal windows), not one each:
+the fused write then builds a round's frame bytes once.
 
 Reported side by side: process CPU per delivery (the session's ``put``, the
 wake, the frame, the send; not the render pass), and the Python memory
@@ -27,6 +35,7 @@ import argparse
 import asyncio
 import gc
 import importlib.util
+import inspect
 import os
 import sys
 import time
@@ -117,7 +126,13 @@ async def _strawberry(context: _Context, socket: _Socket, op_id: str, ops: LiveO
             raise AssertionError(event)  # every member is planned: none reaches here
 
 
-async def measure(variant: str, sessions: int, rounds: int) -> tuple[float, float]:
+def fused_supported() -> bool:
+    """Whether this tree's `LiveOp.start` takes the owner's fused write."""
+    return "direct" in inspect.signature(LiveOp.start).parameters
+
+
+async def measure(variant: str, sessions: int, rounds: int,
+                  shared: bool = False) -> tuple[float, float]:
     """(CPU µs per delivery, bytes held per operation)."""
     engine = _Engine()
     context = _Context(engine)
@@ -167,8 +182,18 @@ async def measure(variant: str, sessions: int, rounds: int) -> tuple[float, floa
                     loop.call_soon(flush)
                 dirty.append(op)
 
+            def direct(op: LiveOp, delta: Any, revision: int) -> bool:
+                data = op.frame_bytes(delta, revision)
+                if data is None:
+                    return False
+                counted.add(1)  # one transport.write of these bytes
+                return True
+
             for op in held:
-                op.start(wake, lambda _id: None)
+                if variant == "live fused":
+                    op.start(wake, lambda _id: None, direct)
+                else:
+                    op.start(wake, lambda _id: None)
     await counted.until(sessions)
     gc.collect()
     per_op = (tracemalloc.get_traced_memory()[0] - before) / sessions
@@ -180,8 +205,13 @@ async def measure(variant: str, sessions: int, rounds: int) -> tuple[float, floa
     began = time.process_time()
     for n in range(rounds):
         view = views[n]
-        for stream in streams:
-            stream.put(Upsert(n + 2, '"b1"', view, cause))
+        if shared:
+            delta = Upsert(n + 2, '"b1"', view, cause)
+            for stream in streams:
+                stream.put(delta)
+        else:
+            for stream in streams:
+                stream.put(Upsert(n + 2, '"b1"', view, cause))
         await counted.until(sessions * (n + 2))
     used = time.process_time() - began
     for stream in streams:
@@ -197,14 +227,19 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--shared-deltas", action="store_true",
+                        help="one Upsert object per round for every session (a cohort's)")
+    parser.add_argument("--variants", default="strawberry,live run,live drain,live fused")
     args = parser.parse_args()
-    results: dict[str, list[tuple[float, float]]] = {
-        "strawberry": [], "live run": [], "live drain": []}
+    variants = [v for v in args.variants.split(",")
+                if v != "live fused" or fused_supported()]
+    results: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     for _ in range(args.repeat):  # interleaved, so load drifts touch every variant
         for variant, got in results.items():
-            got.append(asyncio.run(measure(variant, args.sessions, args.rounds)))
+            got.append(asyncio.run(
+                measure(variant, args.sessions, args.rounds, args.shared_deltas)))
     print(f"load average {os.getloadavg()[0]:.2f}; {args.sessions} sessions x {args.rounds} "
-          "rounds; one shared view")
+          f"rounds; one shared view; {'shared' if args.shared_deltas else 'own'} delta objects")
     print(f"{'variant':12} {'us/delivery best':>17} {'median':>8} {'KB held/op':>11}")
     for variant, got in results.items():
         cpu = sorted(c for c, _ in got)
