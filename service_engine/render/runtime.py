@@ -568,15 +568,21 @@ class RenderRuntime(RenderRegistry):
         if loaded.by_cohort is None or rec.memberships is None:
             assert plan is not None
             return plan, self._project(rec, loaded.rows, plan.scope, views=views), None
-        visible = loaded.visible_to(rec.memberships)
+        memberships = rec.memberships
         if plan is None:
-            group = loaded.group(rec, change, visible)
+            last = loaded._last_group
+            if last is not None and last[0] is memberships and last[1] is rec.view_key:
+                # The session before it was of the same group (a cohort's
+                # sessions follow each other): its visible keys are not needed.
+                group = last[2]
+            else:
+                group = loaded.group(rec, change, loaded.visible_to(memberships))
             plan = group.plan
             if plan is not None and rec.view_key is not None and views.shares:
                 rendered = group.rendered
                 if rendered is None:
                     rendered = group.rendered = self._project_visible(
-                        rec, loaded.rows, plan.scope, visible, views)
+                        rec, loaded.rows, plan.scope, loaded.visible_to(memberships), views)
                     return plan, rendered, group.renders
                 if group.verified or views.verify(
                     rec.view_key, rendered, loaded.rows, rec.session.principal
@@ -584,11 +590,12 @@ class RenderRuntime(RenderRegistry):
                     group.verified = True
                     return plan, rendered, group.renders
                 # The view key was found wrong: this session projects its own.
-            if plan is None:
-                relevant = relevant_keys(rec.session, change.keys, visible)
-                if not relevant:
-                    return None
-                plan = RenderPlan(relevant)
+        visible = loaded.visible_to(memberships)
+        if plan is None:
+            relevant = relevant_keys(rec.session, change.keys, visible)
+            if not relevant:
+                return None
+            plan = RenderPlan(relevant)
         return plan, self._project_visible(rec, loaded.rows, plan.scope, visible, views), None
 
     def _deliver(

@@ -557,7 +557,9 @@ class Session(Generic[P, V]):
         membership = self.membership
         head = membership.head
         for entry in renders:
-            if _same_window(entry.old_last, last) and _same_window(entry.old_head, head):
+            # (Identity first, inline: a cohort's sessions mostly hold the very same.)
+            if ((entry.old_last is last or _same_window(entry.old_last, last))
+                    and (entry.old_head is head or _same_window(entry.old_head, head))):
                 break
         else:
             if len(renders) >= SHARED_RENDERS:
