@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gc
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import httptools
 import pytest
 import uvicorn
 from starlette.routing import WebSocketRoute
@@ -30,7 +32,13 @@ from service_engine import Database
 from service_engine.graphql import PASSPORT_HEADER, graphql_app
 from service_engine.graphql.live_ops import LiveOp
 from service_engine.graphql.wire import WireSocket
-from service_engine.host import LeanWebSocketProtocol, _Server, bind_listener, http_config
+from service_engine.host import (
+    LeanHttpProtocol,
+    LeanWebSocketProtocol,
+    _Server,
+    bind_listener,
+    http_config,
+)
 
 from .harness import wait_until
 from .test_graphql_app import (
@@ -440,6 +448,31 @@ async def test_closed_wire_sockets_leave_no_count_slot_or_connection(db: Databas
             assert view.open_sockets == 0
             assert not view.handshakes_full()
             assert view.handshake_slots._value == 8
+
+
+async def test_an_upgraded_connection_leaves_no_http_protocol_for_the_collector(
+    db: Database,
+) -> None:
+    """A connection upgraded to a WebSocket (on the wire and through ASGI)
+    keeps no HTTP protocol alive: with the collector off, once the sockets
+    are open no `LeanHttpProtocol` or its parser is left, so the upgrade's
+    state goes by reference counting, not by waiting for a full collection."""
+    async with running_engine(db) as engine:
+        app = graphql_app(engine, SCHEMA, resolve_me)
+        for wire in (True, False):
+            async with serve(app, wire=wire) as served:
+                gc.collect()
+                gc.disable()
+                try:
+                    async with _socket(served.addr) as first, _socket(served.addr) as second:
+                        for ws in (first, second):
+                            await send(ws, {"type": "ping"})
+                            assert await receive(ws) == {"type": "pong"}
+                        kinds = (LeanHttpProtocol, httptools.HttpRequestParser)
+                        left = [o for o in gc.get_objects() if type(o) in kinds]
+                        assert left == [], (wire, left)
+                finally:
+                    gc.enable()
 
 
 @pytest.fixture
