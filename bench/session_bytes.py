@@ -98,15 +98,24 @@ class _Probe:
             gc.garbage.clear()
         finally:
             gc.set_debug(0)
+        import tracemalloc
+
         counts: collections.Counter[str] = collections.Counter()
         sizes: collections.Counter[str] = collections.Counter()
+        sites: collections.Counter[str] = collections.Counter()
         for obj in found:
             name = f"{type(obj).__module__}.{type(obj).__qualname__}"
             counts[name] += 1
             sizes[name] += sys.getsizeof(obj)
+            where = tracemalloc.get_object_traceback(obj)
+            if where is not None:
+                sites[name + " at " + " <- ".join(
+                    f"{f.filename.rsplit('/', 2)[-2]}/{f.filename.rsplit('/', 1)[-1]}:{f.lineno}"
+                    for f in list(reversed(where))[:5])] += sys.getsizeof(obj)
         del found
         (self.folder / "garbage.json").write_text(json.dumps(
-            {"counts": dict(counts.most_common(40)), "sizes": dict(sizes.most_common(40))}))
+            {"counts": dict(counts.most_common(40)), "sizes": dict(sizes.most_common(40)),
+             "sites": dict(sites.most_common(12))}))
 
     def __call__(self) -> None:
         import tracemalloc
@@ -277,6 +286,9 @@ async def run(args: argparse.Namespace) -> None:
     for name, count in list(garbage["counts"].items())[:20]:
         if count / n >= 0.5:
             print(f"  {count / n:6.2f} {garbage['sizes'][name] / n:7.0f} B  {name}")
+    for site, size in garbage.get("sites", {}).items():
+        if size / n >= 20:
+            print(f"     {size / n:7.0f} B  {site}")
     if held.get("transient"):
         print("\n--burst: alive mid-burst and freed by held (bytes, blocks a session):")
         for trace in held["transient"][:args.top]:

@@ -181,7 +181,9 @@ def _memory_probe(folder: Path, frames: int) -> None:
     it: ``report.traces.txt`` (the top 30 by traceback) and
     ``report.objects.txt`` (those blocks that are objects reachable from
     the collector's, by type and allocation site, with a sample and the
-    object it was reached from). ``<step>.done`` is written last."""
+    object it was reached from). Without tracemalloc, ``mark`` and ``report``
+    write ``<step>.pins.txt``: the objects that keep the emptiest pymalloc arenas
+    mapped (`example_service.memory_pins`). ``<step>.done`` is written last."""
     import collections
     import gc
     import tracemalloc
@@ -194,6 +196,16 @@ def _memory_probe(folder: Path, frames: int) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     if step == "report" and tracemalloc.is_tracing():
         _trace_report(folder, frames)
+        gc.collect()
+    if step in ("mark", "report") and not tracemalloc.is_tracing() and frames == 0:
+        import traceback
+
+        from example_service.memory_pins import pin_report
+
+        try:
+            pin_report(folder / f"{step}.pins.txt")
+        except Exception:  # a debug report: say why, write the rest
+            (folder / f"{step}.pins.txt").write_text(traceback.format_exc())
         gc.collect()
     with (folder / f"{step}.malloc.txt").open("wb") as out:
         sys.stderr.flush()
@@ -270,6 +282,9 @@ def _install_memory_probe(loop: asyncio.AbstractEventLoop) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         frames = int(os.environ.get(_ENV_MEMORY_PROBE_FRAMES) or 0)
+        import faulthandler
+
+        faulthandler.enable((Path(folder) / "fault.txt").open("w"))
         loop.add_signal_handler(signal.SIGUSR1, _memory_probe, Path(folder), frames)
 
 
