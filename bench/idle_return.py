@@ -168,7 +168,7 @@ async def size(svc: Service, http: httpx.AsyncClient, folder: Path, count: int,
         await asyncio.sleep(linger)
         lingered = await probe(svc, folder, "linger")
     kept = {}
-    for name in ("traces", "objects", "pins"):
+    for name in ("traces", "objects", "pins", "survivors"):
         written = folder / f"report.{name}.txt"
         if written.exists():
             target = out / f"{name}.{count}.txt"

@@ -93,6 +93,7 @@ _ENV_EMBEDDED = "EXAMPLE_SERVICE_EMBEDDED"
 """The URLs name embedded servers the parent started: a development pod."""
 _ENV_MEMORY_PROBE = "EXAMPLE_SERVICE_MEMORY_PROBE"
 _ENV_MEMORY_PROBE_FRAMES = "EXAMPLE_SERVICE_MEMORY_PROBE_FRAMES"
+_ENV_MEMORY_PROBE_SURVIVORS = "EXAMPLE_SERVICE_MEMORY_PROBE_SURVIVORS"
 
 EXAMPLE_PASSPORT = {"sub": "alice", "org": "acme", "roles": ["board:archive"]}
 """Printed at start-up for GraphiQL's Headers tab (the README shows it too)."""
@@ -183,7 +184,11 @@ def _memory_probe(folder: Path, frames: int) -> None:
     the collector's, by type and allocation site, with a sample and the
     object it was reached from). Without tracemalloc, ``mark`` and ``report``
     write ``<step>.pins.txt``: the objects that keep the emptiest pymalloc arenas
-    mapped (`example_service.memory_pins`). ``<step>.done`` is written last."""
+    mapped (`example_service.memory_pins`); with
+    ``EXAMPLE_SERVICE_MEMORY_PROBE_SURVIVORS`` set, ``mark`` and ``held``
+    remember every reachable object's address and ``report`` writes
+    ``report.survivors.txt``: what was allocated while the sessions were
+    open and outlived them. ``<step>.done`` is written last."""
     import collections
     import gc
     import tracemalloc
@@ -197,6 +202,13 @@ def _memory_probe(folder: Path, frames: int) -> None:
     if step == "report" and tracemalloc.is_tracing():
         _trace_report(folder, frames)
         gc.collect()
+    if os.environ.get(_ENV_MEMORY_PROBE_SURVIVORS) and frames == 0:
+        from example_service import memory_pins
+
+        if step in ("mark", "held"):
+            memory_pins.remember(step)
+        elif step == "report":
+            memory_pins.survivors_report(folder / "report.survivors.txt")
     if step in ("mark", "report") and not tracemalloc.is_tracing() and frames == 0:
         import traceback
 

@@ -21,6 +21,7 @@ report's own records (a few per object found) land in pools too.
 
 from __future__ import annotations
 
+import array
 import bisect
 import collections
 import gc
@@ -237,3 +238,75 @@ def _whole_scan(starts: list[int], ends: list[int]) -> str:
     return (f"whole scan: {sum(per.values())} pools in use, {used_bytes / 2**20:.1f} MB in "
             f"their blocks, {len(per)} arena indexes; indexes with over 64 pools: {over}; "
             f"indexes spanning over 1 MiB: {wide}; pools per mapping: {dict(regions)}")
+
+
+_REMEMBERED: dict[str, array.array[int]] = {}
+
+
+def _reachable() -> list[tuple[object, object | None]]:
+    """Every object reachable from the collector's (untracked tuples,
+    strings and ints included), each with the object it was reached from."""
+    roots = gc.get_objects()
+    seen: set[int] = {id(roots)}
+    out: list[tuple[object, object | None]] = []
+    stack: list[tuple[object, object | None]] = [(obj, None) for obj in roots]
+    seen.update(id(obj) for obj in roots)
+    while stack:
+        obj, parent = stack.pop()
+        out.append((obj, parent))
+        for child in gc.get_referents(obj):
+            if id(child) not in seen:
+                seen.add(id(child))
+                stack.append((child, obj))
+    return out
+
+
+def remember(step: str) -> None:
+    """Keep the addresses of every object reachable now (one sorted array,
+    outside pymalloc's arenas), for `survivors_report`."""
+    found = _reachable()
+    ids = array.array("Q", sorted(id(obj) for obj, _ in found))
+    del found
+    _REMEMBERED[step] = ids
+
+
+def _in(ids: array.array[int], address: int) -> bool:
+    i = bisect.bisect_left(ids, address)
+    return i < len(ids) and ids[i] == address
+
+
+def survivors_report(target: Path, before: str = "mark", during: str = "held") -> None:
+    """Write to ``target`` the objects reachable now that were reachable at
+    ``during`` but not at ``before`` (by address: an address reused by a
+    later object reads as a survivor only if it was in use at ``during``
+    too): what was allocated while the sessions were open and outlived
+    them, the blocks that keep the burst's arenas. By type, by type and the
+    type it is reached from, with samples."""
+    old, mid = _REMEMBERED.get(before), _REMEMBERED.get(during)
+    if old is None or mid is None:
+        target.write_text(f"no {before} or {during} remembered\n")
+        return
+    kinds: collections.Counter[str] = collections.Counter()
+    holders: collections.Counter[str] = collections.Counter()
+    samples: dict[str, str] = {}
+    for obj, parent in _reachable():
+        address = id(obj)
+        if _in(old, address) or not _in(mid, address):
+            continue
+        kind = _label(obj)
+        kinds[kind] += 1
+        key = f"{kind} in {'(a root)' if parent is None else _label(parent)}"
+        holders[key] += 1
+        if key not in samples:
+            try:
+                held_by = repr(parent)[:100] if parent is not None else ""
+                samples[key] = f"{repr(obj)[:100]}  <-  {held_by}"
+            except Exception:  # a broken repr is still a survivor
+                samples[key] = "<no repr>"
+    lines = [f"{sum(kinds.values())} objects reachable now, at {during} and not at {before}",
+             "\nby type"]
+    lines += [f"{n:7} {k}" for k, n in kinds.most_common(40)]
+    lines.append("\nby type and holder, with a sample")
+    for key, n in holders.most_common(80):
+        lines.append(f"{n:7} {key}\n          {samples[key]}")
+    target.write_text("\n".join(lines) + "\n")
