@@ -188,7 +188,8 @@ def _memory_probe(folder: Path, frames: int) -> None:
     ``EXAMPLE_SERVICE_MEMORY_PROBE_SURVIVORS`` set, ``mark`` and ``held``
     remember every reachable object's address and ``report`` writes
     ``report.survivors.txt``: what was allocated while the sessions were
-    open and outlived them. ``<step>.done`` is written last."""
+    open and outlived them (``linger``: and is still alive then,
+    ``linger.survivors.txt``). ``<step>.done`` is written last."""
     import collections
     import gc
     import tracemalloc
@@ -209,6 +210,9 @@ def _memory_probe(folder: Path, frames: int) -> None:
             memory_pins.remember(step)
         elif step == "report":
             memory_pins.survivors_report(folder / "report.survivors.txt")
+            memory_pins.remember(step)
+        elif step == "linger":
+            memory_pins.survivors_report(folder / "linger.survivors.txt", also=("report",))
     if step in ("mark", "report") and not tracemalloc.is_tracing() and frames == 0:
         import traceback
 

@@ -275,16 +275,20 @@ def _in(ids: array.array[int], address: int) -> bool:
     return i < len(ids) and ids[i] == address
 
 
-def survivors_report(target: Path, before: str = "mark", during: str = "held") -> None:
+def survivors_report(target: Path, before: str = "mark", during: str = "held",
+                     also: tuple[str, ...] = ()) -> None:
     """Write to ``target`` the objects reachable now that were reachable at
     ``during`` but not at ``before`` (by address: an address reused by a
     later object reads as a survivor only if it was in use at ``during``
     too): what was allocated while the sessions were open and outlived
-    them, the blocks that keep the burst's arenas. By type, by type and the
-    type it is reached from, with samples."""
+    them, the blocks that keep the burst's arenas; with ``also``, only those
+    reachable at those steps too (a short-lived object whose address was
+    reused at every one of them is unlikely). By type, by type and the type
+    it is reached from, with samples."""
     old, mid = _REMEMBERED.get(before), _REMEMBERED.get(during)
-    if old is None or mid is None:
-        target.write_text(f"no {before} or {during} remembered\n")
+    more = [_REMEMBERED.get(step) for step in also]
+    if old is None or mid is None or any(ids is None for ids in more):
+        target.write_text(f"no {before}, {during} or {also} remembered\n")
         return
     kinds: collections.Counter[str] = collections.Counter()
     holders: collections.Counter[str] = collections.Counter()
@@ -293,20 +297,24 @@ def survivors_report(target: Path, before: str = "mark", during: str = "held") -
         address = id(obj)
         if _in(old, address) or not _in(mid, address):
             continue
+        if not all(ids is not None and _in(ids, address) for ids in more):
+            continue
         kind = _label(obj)
         kinds[kind] += 1
         key = f"{kind} in {'(a root)' if parent is None else _label(parent)}"
         holders[key] += 1
-        if key not in samples:
+        if samples.get(key, "").count("\n") < 4:
             try:
                 held_by = repr(parent)[:100] if parent is not None else ""
-                samples[key] = f"{repr(obj)[:100]}  <-  {held_by}"
+                samples[key] = (samples.get(key, "") + "\n" if key in samples else "") + (
+                    f"          {repr(obj)[:100]}  <-  {held_by}")
             except Exception:  # a broken repr is still a survivor
-                samples[key] = "<no repr>"
-    lines = [f"{sum(kinds.values())} objects reachable now, at {during} and not at {before}",
+                samples.setdefault(key, "          <no repr>")
+    lines = [f"{sum(kinds.values())} objects reachable now, at {during} "
+             f"{' and at ' + ', '.join(also) if also else ''} and not at {before}",
              "\nby type"]
     lines += [f"{n:7} {k}" for k, n in kinds.most_common(40)]
     lines.append("\nby type and holder, with a sample")
     for key, n in holders.most_common(80):
-        lines.append(f"{n:7} {key}\n          {samples[key]}")
+        lines.append(f"{n:7} {key}\n{samples[key]}")
     target.write_text("\n".join(lines) + "\n")
