@@ -176,7 +176,9 @@ def _memory_probe(folder: Path, frames: int) -> None:
     """Debug only: after a full collection, write ``<step>.malloc.txt``
     (``sys._debugmallocstats()``) and ``<step>.types.json`` (live objects
     by type) to ``folder``, the step being what its ``step`` file names.
-    The step ``trim`` first calls glibc's ``malloc_trim(0)``.
+    The step ``trim`` first calls glibc's ``malloc_trim(0)``; ``garbage``
+    first writes ``garbage.txt``: what a full collection frees, by type
+    and, while tracemalloc traces, by allocation site.
     With ``frames``, the step ``mark`` starts tracemalloc and ``report``
     writes what was allocated since the mark and is still alive, then stops
     it: ``report.traces.txt`` (the top 30 by traceback) and
@@ -195,6 +197,8 @@ def _memory_probe(folder: Path, frames: int) -> None:
     import tracemalloc
 
     step = (folder / "step").read_text().strip()
+    if step == "garbage":
+        _garbage_report(folder / "garbage.txt")
     gc.collect()
     if step == "trim":  # what glibc gives back of what it holds free
         import ctypes
@@ -238,6 +242,37 @@ def _memory_probe(folder: Path, frames: int) -> None:
     if step == "mark" and frames > 0:
         tracemalloc.start(frames)
     (folder / f"{step}.done").touch()
+
+
+def _garbage_report(target: Path) -> None:
+    """What a full collection would free now, by type and (with tracemalloc
+    tracing) by allocation site."""
+    import collections
+    import gc
+    import tracemalloc
+
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        found = list(gc.garbage)
+        gc.garbage.clear()
+    finally:
+        gc.set_debug(0)
+    kinds: collections.Counter[str] = collections.Counter()
+    sites: collections.Counter[str] = collections.Counter()
+    for obj in found:
+        kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        kinds[kind] += 1
+        where = tracemalloc.get_object_traceback(obj)
+        if where is not None:
+            sites[kind + " at " + " <- ".join(
+                f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}"
+                for f in list(reversed(where))[:6])] += 1
+    del found
+    lines = [f"{sum(kinds.values())} objects in cycles", *(
+        f"{n:7} {k}" for k, n in kinds.most_common(30)), "", "by site", *(
+        f"{n:7} {k}" for k, n in sites.most_common(30))]
+    target.write_text("\n".join(lines) + "\n")
 
 
 def _trace_report(folder: Path, frames: int) -> None:
