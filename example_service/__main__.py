@@ -248,16 +248,11 @@ def _garbage_report(target: Path) -> None:
     """What a full collection would free now, by type and (with tracemalloc
     tracing) by allocation site."""
     import collections
-    import gc
     import tracemalloc
 
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-        found = list(gc.garbage)
-        gc.garbage.clear()
-    finally:
-        gc.set_debug(0)
+    from example_service.memory_pins import cyclic_garbage
+
+    found = cyclic_garbage()
     kinds: collections.Counter[str] = collections.Counter()
     sites: collections.Counter[str] = collections.Counter()
     for obj in found:
@@ -277,8 +272,9 @@ def _garbage_report(target: Path) -> None:
 
 def _trace_report(folder: Path, frames: int) -> None:
     import collections
-    import gc
     import tracemalloc
+
+    from example_service.memory_pins import walk
 
     ignored = [tracemalloc.Filter(False, tracemalloc.__file__),
                tracemalloc.Filter(False, __file__),
@@ -288,18 +284,7 @@ def _trace_report(folder: Path, frames: int) -> None:
     sites: collections.Counter[tuple[str, str]] = collections.Counter()
     samples: dict[tuple[str, str], str] = {}
     holders: dict[tuple[str, str], str] = {}
-    # Every object reachable from the collector's (untracked tuples, dicts
-    # and strings included), each with the object it was reached from.
-    roots = gc.get_objects()
-    seen: set[int] = {id(roots)}
-    stack: list[tuple[object, object]] = [(obj, None) for obj in roots]
-    seen.update(id(obj) for obj in roots)
-    while stack:
-        obj, parent = stack.pop()
-        for child in gc.get_referents(obj):
-            if id(child) not in seen:
-                seen.add(id(child))
-                stack.append((child, obj))
+    for obj, parent in walk():  # every reachable object, with what it was reached from
         where = tracemalloc.get_object_traceback(obj)
         if where is None or any(f.filename == __file__ for f in where):  # the probe's own
             continue
@@ -312,7 +297,6 @@ def _trace_report(folder: Path, frames: int) -> None:
             holders[key] = ("(a root)" if parent is None else
                             f"in {type(parent).__module__}.{type(parent).__qualname__}: "
                             f"{repr(parent)[:80]}")
-    del seen, stack, roots
     objects = [f"{n:7} {kind:28} {site}\n{'':36}{samples[key]}\n{'':36}{holders[key]}"
                for key, n in sites.most_common(60) for kind, site in [key]]
     (folder / "report.objects.txt").write_text("\n".join(objects) + "\n")

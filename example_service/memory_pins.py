@@ -28,6 +28,7 @@ import gc
 import os
 import struct
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,16 +136,9 @@ def pin_report(target: Path, arenas_shown: int = 40) -> None:
 def _pin_report(target: Path, arenas_shown: int) -> None:
     starts, ends = _mapped()
     pools: dict[int, _Pool] = {}
-    roots = gc.get_objects()
-    seen: set[int] = {id(roots), id(pools)}
-    stack: list[tuple[object, object | None]] = [(obj, None) for obj in roots]
-    seen.update(id(obj) for obj in roots)
-    while stack:
-        obj, parent = stack.pop()
-        for child in gc.get_referents(obj):
-            if id(child) not in seen:
-                seen.add(id(child))
-                stack.append((child, obj))
+    for obj, parent in walk():
+        if obj is pools:
+            continue
         try:
             size = sys.getsizeof(obj)
         except TypeError:
@@ -168,7 +162,6 @@ def _pin_report(target: Path, arenas_shown: int) -> None:
                 sample = "<no repr>"
             pool.objects.append((_label(obj), "(a root)" if parent is None else _label(parent),
                                  sample))
-    del stack, seen, roots
     for base, pool in pools.items():  # again: the walk's own blocks are gone
         header = _header(base)
         pool.used = header[0] if header is not None else 0
@@ -243,31 +236,40 @@ def _whole_scan(starts: list[int], ends: list[int]) -> str:
 _REMEMBERED: dict[str, array.array[int]] = {}
 
 
-def _reachable() -> list[tuple[object, object | None]]:
+def walk() -> Iterator[tuple[object, object | None]]:
     """Every object reachable from the collector's (untracked tuples,
-    strings and ints included), each with the object it was reached from."""
+    strings and ints included), each with the object it was reached from
+    (None for the collector's own)."""
     roots = gc.get_objects()
     seen: set[int] = {id(roots)}
-    out: list[tuple[object, object | None]] = []
     stack: list[tuple[object, object | None]] = [(obj, None) for obj in roots]
-    seen.update(id(obj) for obj in roots)
+    del roots
+    seen.update(id(obj) for obj, _ in stack)
     while stack:
         obj, parent = stack.pop()
-        out.append((obj, parent))
         for child in gc.get_referents(obj):
             if id(child) not in seen:
                 seen.add(id(child))
                 stack.append((child, obj))
-    return out
+        yield obj, parent
+
+
+def cyclic_garbage() -> list[object]:
+    """What a full collection would free now (it frees it, keeping these)."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        found = list(gc.garbage)
+        gc.garbage.clear()
+    finally:
+        gc.set_debug(0)
+    return found
 
 
 def remember(step: str) -> None:
     """Keep the addresses of every object reachable now (one sorted array,
     outside pymalloc's arenas), for `survivors_report`."""
-    found = _reachable()
-    ids = array.array("Q", sorted(id(obj) for obj, _ in found))
-    del found
-    _REMEMBERED[step] = ids
+    _REMEMBERED[step] = array.array("Q", sorted(id(obj) for obj, _ in walk()))
 
 
 def _in(ids: array.array[int], address: int) -> bool:
@@ -293,7 +295,7 @@ def survivors_report(target: Path, before: str = "mark", during: str = "held",
     kinds: collections.Counter[str] = collections.Counter()
     holders: collections.Counter[str] = collections.Counter()
     samples: dict[str, str] = {}
-    for obj, parent in _reachable():
+    for obj, parent in walk():
         address = id(obj)
         if _in(old, address) or not _in(mid, address):
             continue
