@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,7 +25,7 @@ from service_engine.graphql.wire import WireSocket
 from .blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME
 from .example_support import BOUND, example_config, example_database, running
 from .harness import wait_until
-from .test_wire import INIT, _masked, _raw_upgrade, _read_frames
+from .test_wire import _raw_upgrade, _read_frames, raw_live_subscription, tiny_send_buffer
 
 
 @pytest.fixture
@@ -107,32 +106,16 @@ async def test_a_caught_up_socket_and_a_paused_one_both_converge_with_contiguous
 
             reading = asyncio.create_task(read_caught())
             raw = await _raw_upgrade(run.addr, rcvbuf=4096, passport=ADMIN.to_header())
-            loop = asyncio.get_running_loop()
             try:
-                buffer = b""
-                while b"\r\n\r\n" not in buffer:
-                    buffer += await loop.sock_recv(raw, 65536)
-                buffer = buffer.partition(b"\r\n\r\n")[2]
+                reset_message, buffer = await raw_live_subscription(raw, BOARDS_SUBSCRIPTION)
                 slow_wire = sockets[-1]
-                await loop.sock_sendall(raw, _masked(json.dumps(INIT).encode()))
-                await loop.sock_sendall(raw, _masked(json.dumps({
-                    "id": "live", "type": "subscribe",
-                    "payload": {"query": BOARDS_SUBSCRIPTION}}).encode()))
-                got, buffer = await _read_frames(raw, buffer)
-                assert json.loads(got[0]) == {"type": "connection_ack"}
-                if len(got) == 1:
-                    more, buffer = await _read_frames(raw, buffer)
-                    got += more
-                slow_reset = json.loads(got[1])["payload"]["data"]["boards"]
+                slow_reset = reset_message["payload"]["data"]["boards"]
                 assert slow_reset["__typename"] == "BoardsReset"
                 slow = _Reader(board, slow_reset["revision"])
                 slow.title = next(v["title"] for v in slow_reset["views"] if v["id"] == board)
                 slow_op = slow_wire._ops.get("live")
                 assert isinstance(slow_op, LiveOp)
-                # A tiny send buffer on the slow socket's side: its transport pauses soon.
-                server_sock = slow_wire.transport.get_extra_info("socket")
-                server_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-                slow_wire.transport.set_write_buffer_limits(high=2048, low=512)
+                tiny_send_buffer(slow_wire)  # the slow socket's transport pauses soon
                 title = ""
                 for n in range(400):
                     title = f"t{n}-" + "x" * 190

@@ -508,6 +508,34 @@ async def _read_frames(raw: socket.socket, buffer: bytes) -> tuple[list[bytes], 
     return out, buffer
 
 
+async def raw_live_subscription(raw: socket.socket, query: str) -> tuple[dict[str, Any], bytes]:
+    """On a raw upgraded socket (`_raw_upgrade`): read the upgrade's answer,
+    send ``connection_init`` and subscribe ``query`` as operation "live";
+    its first message after the ack and the bytes read past it."""
+    loop = asyncio.get_running_loop()
+    buffer = b""
+    while b"\r\n\r\n" not in buffer:
+        buffer += await loop.sock_recv(raw, 65536)
+    buffer = buffer.partition(b"\r\n\r\n")[2]
+    await loop.sock_sendall(raw, _masked(json.dumps(INIT).encode()))
+    await loop.sock_sendall(raw, _masked(json.dumps({
+        "id": "live", "type": "subscribe", "payload": {"query": query}}).encode()))
+    got, buffer = await _read_frames(raw, buffer)
+    assert json.loads(got[0]) == {"type": "connection_ack"}
+    if len(got) == 1:
+        more, buffer = await _read_frames(raw, buffer)
+        got += more
+    return json.loads(got[1]), buffer
+
+
+def tiny_send_buffer(wire: WireSocket) -> None:
+    """A tiny send buffer on the server's side of ``wire``: its transport
+    pauses after a few frames."""
+    server_sock = wire.transport.get_extra_info("socket")
+    server_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    wire.transport.set_write_buffer_limits(high=2048, low=512)
+
+
 async def test_a_live_op_whose_reader_stops_is_paused_and_converges_when_it_reads_again(
     example_store: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -536,29 +564,12 @@ async def test_a_live_op_whose_reader_stops_is_paused_and_converges_when_it_read
         assert created["createBoard"]["success"], created
         await first.next("learn")
         raw = await _raw_upgrade(run.addr, rcvbuf=4096, passport=ADMIN.to_header())
-        loop = asyncio.get_running_loop()
         try:
-            buffer = b""
-            while b"\r\n\r\n" not in buffer:
-                buffer += await loop.sock_recv(raw, 65536)
-            buffer = buffer.partition(b"\r\n\r\n")[2]
+            reset, buffer = await raw_live_subscription(raw, BOARDS_SUBSCRIPTION)
             wire = sockets[-1]
-            await loop.sock_sendall(raw, _masked(json.dumps(INIT).encode()))
-            await loop.sock_sendall(raw, _masked(json.dumps({
-                "id": "live", "type": "subscribe",
-                "payload": {"query": BOARDS_SUBSCRIPTION}}).encode()))
-            got, buffer = await _read_frames(raw, buffer)
-            assert json.loads(got[0]) == {"type": "connection_ack"}
-            if len(got) == 1:
-                more, buffer = await _read_frames(raw, buffer)
-                got += more
-            reset = json.loads(got[1])
             assert reset["payload"]["data"]["boards"]["__typename"] == "BoardsReset"
             assert isinstance(wire._ops.get("live"), LiveOp)
-            # A tiny send buffer on the server side: the transport pauses soon.
-            server_sock = wire.transport.get_extra_info("socket")
-            server_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-            wire.transport.set_write_buffer_limits(high=2048, low=512)
+            tiny_send_buffer(wire)
             title = ""
             for n in range(400):
                 title = f"t{n}-" + "x" * 190
