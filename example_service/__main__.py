@@ -26,7 +26,9 @@ Environment:
   folder; on SIGUSR1 the pod writes memory figures there for the step named
   in its ``step`` file (see `_memory_probe`);
   ``EXAMPLE_SERVICE_MEMORY_PROBE_FRAMES`` (default 0): with N > 0 the step
-  ``mark`` starts tracemalloc with N frames and ``report`` reports it.
+  ``mark`` starts tracemalloc with N frames and ``report`` reports it;
+  ``EXAMPLE_SERVICE_MEMORY_PROBE_PINS`` and ``..._SURVIVORS`` (set: on) add
+  the reports of what keeps pymalloc's arenas (`example_service.memory_pins`).
 
 SIGINT (Ctrl-C) or SIGTERM stops the engine, the HTTP server and then the
 embedded servers, in that order.
@@ -94,6 +96,7 @@ _ENV_EMBEDDED = "EXAMPLE_SERVICE_EMBEDDED"
 _ENV_MEMORY_PROBE = "EXAMPLE_SERVICE_MEMORY_PROBE"
 _ENV_MEMORY_PROBE_FRAMES = "EXAMPLE_SERVICE_MEMORY_PROBE_FRAMES"
 _ENV_MEMORY_PROBE_SURVIVORS = "EXAMPLE_SERVICE_MEMORY_PROBE_SURVIVORS"
+_ENV_MEMORY_PROBE_PINS = "EXAMPLE_SERVICE_MEMORY_PROBE_PINS"
 
 EXAMPLE_PASSPORT = {"sub": "alice", "org": "acme", "roles": ["board:archive"]}
 """Printed at start-up for GraphiQL's Headers tab (the README shows it too)."""
@@ -184,8 +187,9 @@ def _memory_probe(folder: Path, frames: int) -> None:
     it: ``report.traces.txt`` (the top 30 by traceback) and
     ``report.objects.txt`` (those blocks that are objects reachable from
     the collector's, by type and allocation site, with a sample and the
-    object it was reached from). Without tracemalloc, ``mark`` and ``report``
-    write ``<step>.pins.txt``: the objects that keep the emptiest pymalloc arenas
+    object it was reached from). Without tracemalloc and with
+    ``EXAMPLE_SERVICE_MEMORY_PROBE_PINS`` set, ``mark`` and ``report`` write
+    ``<step>.pins.txt``: the objects that keep the emptiest pymalloc arenas
     mapped (`example_service.memory_pins`); with
     ``EXAMPLE_SERVICE_MEMORY_PROBE_SURVIVORS`` set, ``mark`` and ``held``
     remember every reachable object's address and ``report`` writes
@@ -217,7 +221,7 @@ def _memory_probe(folder: Path, frames: int) -> None:
             memory_pins.remember(step)
         elif step == "linger":
             memory_pins.survivors_report(folder / "linger.survivors.txt", also=("report",))
-    if step in ("mark", "report") and not tracemalloc.is_tracing() and frames == 0:
+    if step in ("mark", "report") and os.environ.get(_ENV_MEMORY_PROBE_PINS) and frames == 0:
         import traceback
 
         from example_service.memory_pins import pin_report
