@@ -3,11 +3,19 @@
 pymalloc hands memory back only in whole 1 MiB arenas, so one live block
 keeps its arena (and the arena's free pools) in the process. After a burst
 of sessions closed, an arena that holds a handful of blocks is *pinned* by
-them. `pin_report` finds those blocks: it walks every object reachable from
-the collector's, reads the header of the 16 KiB pool each object's block
-lies in (the pool's arena index, size class and blocks in use), and lists
-the objects found in the arenas that hold the fewest blocks, by type and by
-the type of the object they were reached from.
+them. Two reports find those blocks:
+
+* `pin_report` walks every object reachable from the collector's, reads
+  the header of the 16 KiB pool each object's block lies in (the pool's
+  arena index, size class and blocks in use), and lists the objects found
+  in the arenas that hold the fewest blocks, by type and by the type of the
+  object they were reached from. Its counts of pools in use can exceed
+  ``sys._debugmallocstats()``'s (headers of pools no longer in use read as
+  in use): its per-arena figures are upper bounds, the objects it lists
+  are real.
+* `remember` (at a mark, and while the sessions are open) and
+  `survivors_report` (after they closed) list the objects allocated while
+  the sessions were open that outlived them, by address.
 
 CPython 3.11's layout on 64-bit (``Objects/obmalloc.c``): pools of 16 KiB
 aligned to their size, a 48-byte header (``ref.count`` at 0, ``arenaindex``
@@ -15,8 +23,7 @@ at 32, ``szidx`` at 36), blocks of ``16 * (szidx + 1)`` bytes from offset
 48; an object of a collected type starts 16 bytes (its ``PyGC_Head``) into
 its block. Only the process's readable anonymous mappings are read (the
 arenas are among them), through ``/proc/self/mem`` (an address unmapped
-meanwhile reads as an error). The
-report's own records (a few per object found) land in pools too.
+meanwhile reads as an error). The reports' own records land in pools too.
 """
 
 from __future__ import annotations
@@ -240,11 +247,8 @@ def walk() -> Iterator[tuple[object, object | None]]:
     """Every object reachable from the collector's (untracked tuples,
     strings and ints included), each with the object it was reached from
     (None for the collector's own)."""
-    roots = gc.get_objects()
-    seen: set[int] = {id(roots)}
-    stack: list[tuple[object, object | None]] = [(obj, None) for obj in roots]
-    del roots
-    seen.update(id(obj) for obj, _ in stack)
+    stack: list[tuple[object, object | None]] = [(obj, None) for obj in gc.get_objects()]
+    seen = {id(obj) for obj, _ in stack}
     while stack:
         obj, parent = stack.pop()
         for child in gc.get_referents(obj):
@@ -312,8 +316,8 @@ def survivors_report(target: Path, before: str = "mark", during: str = "held",
                     f"          {repr(obj)[:100]}  <-  {held_by}")
             except Exception:  # a broken repr is still a survivor
                 samples.setdefault(key, "          <no repr>")
-    lines = [f"{sum(kinds.values())} objects reachable now, at {during} "
-             f"{' and at ' + ', '.join(also) if also else ''} and not at {before}",
+    steps = ", ".join((during, *also))
+    lines = [f"{sum(kinds.values())} objects reachable now and at {steps}, not at {before}",
              "\nby type"]
     lines += [f"{n:7} {k}" for k, n in kinds.most_common(40)]
     lines.append("\nby type and holder, with a sample")
