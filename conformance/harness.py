@@ -95,11 +95,12 @@ def fast_engine_config(service: str | None, **overrides: Any) -> EngineConfig:
 
 @contextlib.asynccontextmanager
 async def engine_running(
-    config: EngineConfig, db: Database, *projectors: Any, bound: float = 10
+    config: EngineConfig, db: Database, *projectors: Any, nats: Any = None, bound: float = 10
 ) -> AsyncIterator[Engine]:
-    """An engine of ``config`` on ``db`` with ``projectors`` registered,
-    running and UP; shut down and awaited (within ``bound`` seconds) after."""
-    engine = await Engine.boot(config, db, None, ReadinessHandle())
+    """An engine of ``config`` on ``db`` (and ``nats``, a connection, when
+    given) with ``projectors`` registered, running and UP; shut down and
+    awaited (within ``bound`` seconds) after."""
+    engine = await Engine.boot(config, db, nats, ReadinessHandle())
     for projector in projectors:
         engine.register_projector(projector)
     task = asyncio.create_task(engine.run())

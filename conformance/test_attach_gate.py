@@ -14,7 +14,9 @@ nobody's turn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +42,16 @@ from .test_graphql_app import (
 )
 
 INIT_TIMEOUT = timedelta(seconds=0.3)
+
+
+@contextlib.asynccontextmanager
+async def gated(db: Database, resolve: Any, **app_options: Any) -> AsyncIterator[str]:
+    """The test app served with an attach gate of one socket at a time."""
+    async with (
+        running_engine(db, ws_max_attaching=1) as engine,
+        serving(graphql_app(engine, SCHEMA, resolve, **app_options)) as addr,
+    ):
+        yield addr
 
 
 @pytest.fixture
@@ -81,9 +93,7 @@ async def test_an_init_waiting_its_turn_is_acknowledged_not_closed_4408(db: Data
             in_flight -= 1
 
     async with (
-        running_engine(db, ws_max_attaching=1) as engine,
-        serving(graphql_app(engine, SCHEMA, held,
-                            connection_init_wait_timeout=INIT_TIMEOUT)) as addr,
+        gated(db, held, connection_init_wait_timeout=INIT_TIMEOUT) as addr,
         ws_connect(addr, ALICE.to_header()) as first,
         ws_connect(addr, ALICE.to_header()) as second,
     ):
@@ -122,34 +132,32 @@ async def test_a_socket_closed_while_waiting_takes_no_turn(
             await release.wait()
         return resolve_me(passport)
 
-    async with running_engine(db, ws_max_attaching=1) as engine:
-        app = graphql_app(engine, SCHEMA, held)
-        async with serving(app) as addr:
-            async with (
-                ws_connect(addr, ALICE.to_header()) as first,
-                ws_connect(addr, ALICE.to_header()) as third,
-            ):
-                await send(first, {"type": "connection_init"})
-                await wait_until(lambda: len(started) == 1, what="the first resolve started")
-                async with ws_connect(addr, ALICE.to_header()) as leaving:
-                    await send(leaving, {"type": "connection_init"})
-                    await send(third, {"type": "connection_init"})
-                    gate = endpoints[-1].gate(asyncio.get_running_loop())
-                    await wait_until(lambda: len(gate.waiting) == 2,
-                                     what="two inits waiting their turn")
-                release.set()
-                assert await receive(first) == {"type": "connection_ack"}
-                # Its turn lasts until its first operation answers.
-                await send(first, {"id": "1", "type": "subscribe",
-                                   "payload": {"query": "query { whoami { sub } }"}})
-                assert (await receive(first))["type"] == "next"
-                assert await receive(third) == {"type": "connection_ack"}
-                assert len(started) == 2, "the closed socket's init was resolved"
-            await wait_until(lambda: gate.free == 1 and not gate.waiting,
-                             what="the gate whole again")
-            # And it still admits.
-            async with ws_connect(addr, ALICE.to_header()) as after:
-                await initialise(after)
+    async with gated(db, held) as addr:
+        async with (
+            ws_connect(addr, ALICE.to_header()) as first,
+            ws_connect(addr, ALICE.to_header()) as third,
+        ):
+            await send(first, {"type": "connection_init"})
+            await wait_until(lambda: len(started) == 1, what="the first resolve started")
+            async with ws_connect(addr, ALICE.to_header()) as leaving:
+                await send(leaving, {"type": "connection_init"})
+                await send(third, {"type": "connection_init"})
+                gate = endpoints[-1].gate(asyncio.get_running_loop())
+                await wait_until(lambda: len(gate.waiting) == 2,
+                                 what="two inits waiting their turn")
+            release.set()
+            assert await receive(first) == {"type": "connection_ack"}
+            # Its turn lasts until its first operation answers.
+            await send(first, {"id": "1", "type": "subscribe",
+                               "payload": {"query": "query { whoami { sub } }"}})
+            assert (await receive(first))["type"] == "next"
+            assert await receive(third) == {"type": "connection_ack"}
+            assert len(started) == 2, "the closed socket's init was resolved"
+        await wait_until(lambda: gate.free == 1 and not gate.waiting,
+                         what="the gate whole again")
+        # And it still admits.
+        async with ws_connect(addr, ALICE.to_header()) as after:
+            await initialise(after)
 
 
 async def test_an_upgrade_waiting_for_a_handshake_slot_holds_no_parsed_request_nor_task(
@@ -206,9 +214,7 @@ async def test_a_turn_ends_at_the_first_answer_or_the_bound(db: Database) -> Non
         return resolve_me(passport)
 
     async with (
-        running_engine(db, ws_max_attaching=1) as engine,
-        serving(graphql_app(engine, SCHEMA, noted,
-                            connection_init_wait_timeout=INIT_TIMEOUT)) as addr,
+        gated(db, noted, connection_init_wait_timeout=INIT_TIMEOUT) as addr,
         ws_connect(addr, ALICE.to_header()) as first,
         ws_connect(addr, ALICE.to_header()) as second,
         ws_connect(addr, ALICE.to_header()) as idle,

@@ -27,7 +27,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Subprotocol
 
-from service_engine import Database, Engine, EngineConfig, ReadinessHandle, WorkerStopped
+from service_engine import Database, Engine, EngineConfig
 from service_engine.graphql import (
     CONNECTION_REFUSED_CLOSE_CODE,
     PASSPORT_HEADER,
@@ -46,7 +46,7 @@ from service_engine.host import bind_listener, http_config
 from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Reset, Upsert
 
-from .harness import wait_until
+from .harness import engine_running, wait_until
 
 BOUND = 5.0
 PROTOCOL = Subprotocol("graphql-transport-ws")
@@ -180,15 +180,8 @@ def engine_config(**overrides: Any) -> EngineConfig:
 
 @contextlib.asynccontextmanager
 async def running_engine(db: Database, **overrides: Any) -> AsyncIterator[Engine]:
-    engine = await Engine.boot(engine_config(**overrides), db, None, ReadinessHandle())
-    task = asyncio.create_task(engine.run())
-    try:
-        await wait_until(lambda: engine.readiness.is_up, what="engine UP")
+    async with engine_running(engine_config(**overrides), db, bound=BOUND * 2) as engine:
         yield engine
-    finally:
-        engine.shutdown()
-        with contextlib.suppress(WorkerStopped):
-            await asyncio.wait_for(task, BOUND * 2)
 
 
 @contextlib.asynccontextmanager

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import pytest
 
-from service_engine import Database
+from service_engine import Database, MutationExecutor
 from service_engine.embedded import EmbeddedNats
 from service_engine.leader import LeaseLost
 from service_engine.messaging.nats import KvBucket, KvEntry, Nats
@@ -64,6 +64,19 @@ def counting_drain(conn: Nats, db: Database, holder: str, **kwargs: Any) -> tupl
     drain = OfferDrain(db, cast(Nats, counting), holder, bounds, **kwargs)
     drain.add(CounterOffer())
     return drain, counting
+
+
+async def first_pass(
+    conn: Nats, db: Database
+) -> tuple[MutationExecutor, OfferDrain, CountingNats]:
+    """A counter "k" created, and one pod's drain bound and through its first
+    pass (the key published, its revision remembered)."""
+    executor = executor_for(db)
+    await executor.execute(WRITER, create_counter, OfferedCounter, "k")
+    drain, counting = counting_drain(conn, db, "pod-a")
+    await drain.bind()
+    await drain.step()
+    return executor, drain, counting
 
 
 async def markers(db: Database) -> int:
@@ -122,11 +135,7 @@ async def test_s188_an_outside_write_fails_the_remembered_revision_and_the_next_
     the key and converges the bucket to the store's image (s188: never a
     write over a revision not observed)."""
     async with bucket_of(nats_server) as (conn, bucket):
-        executor = executor_for(db)
-        await executor.execute(WRITER, create_counter, OfferedCounter, "k")
-        drain, counting = counting_drain(conn, db, "pod-a")
-        await drain.bind()
-        await drain.step()
+        executor, drain, counting = await first_pass(conn, db)
         assert await bucket_values(bucket) == {"k": 0}
         cache = drain.cache_of(NAME)
         assert "sample.counter.k" in cache
@@ -155,11 +164,7 @@ async def test_an_outside_write_under_an_unchanged_image_is_repaired_by_the_reco
     value (only the lease holder writes the bucket); a value an outsider put
     meanwhile is repaired by the reconcile, which reads the bucket afresh."""
     async with bucket_of(nats_server) as (conn, bucket):
-        executor = executor_for(db)
-        await executor.execute(WRITER, create_counter, OfferedCounter, "k")
-        drain, _ = counting_drain(conn, db, "pod-a")
-        await drain.bind()
-        await drain.step()
+        executor, drain, _ = await first_pass(conn, db)
         await bucket.put("sample.counter.k", image("k", 99))
 
         async def touch(cx: Any) -> None:

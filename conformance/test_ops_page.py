@@ -29,8 +29,6 @@ from service_engine import (
     DeadLetterSource,
     Engine,
     EngineConfig,
-    ReadinessHandle,
-    WorkerStopped,
     open_nats,
 )
 from service_engine.embedded import EmbeddedNats
@@ -40,7 +38,7 @@ from service_engine.render import Query
 from service_engine.render.windows import WindowSpec
 
 from .browser_support import chromium
-from .harness import wait_until
+from .harness import engine_running, wait_until
 from .inbound_support import dead_letter_rows, declare_streams, effects, producer
 from .inbound_support import pod as inbound_pod
 from .sample_cards import Card, CardsView, RankQuery, write_card
@@ -60,19 +58,12 @@ async def ops_pod(
 ) -> AsyncIterator[tuple[Engine, str]]:
     config = EngineConfig(service="ops-test", beat_interval=timedelta(milliseconds=50),
                           lease=timedelta(seconds=1))
-    async with await open_nats(nats_server.url) as connection:
-        engine = await Engine.boot(config, db, connection, ReadinessHandle())
-        for projector in projectors:
-            engine.register_projector(projector)
-        task = asyncio.create_task(engine.run())
-        try:
-            await wait_until(lambda: engine.readiness.is_up, what="engine UP")
-            async with serving(graphql_app(engine, SCHEMA, resolve_me)) as addr:
-                yield engine, addr
-        finally:
-            engine.shutdown()
-            with contextlib.suppress(WorkerStopped):
-                await asyncio.wait_for(task, 20)
+    async with (
+        await open_nats(nats_server.url) as connection,
+        engine_running(config, db, *projectors, nats=connection, bound=20) as engine,
+        serving(graphql_app(engine, SCHEMA, resolve_me)) as addr,
+    ):
+        yield engine, addr
 
 
 def poison(subject: str) -> DeadLetter:
