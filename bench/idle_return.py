@@ -24,8 +24,11 @@ it writes ``sys._debugmallocstats()``, live objects by type and, with
    ``malloc_trim(0)`` (**trimmed**: what a release gives on a pod that does
    not release by itself).
 
-Run it with ``PYTHONMALLOC=malloc`` in the environment to serve on glibc's
-allocator instead of pymalloc (``bench/README.md``, "Back to idle").
+The service runs on mimalloc by default (`service_engine.run_on_allocator`),
+where pymalloc's arena figures read -1; ``--env SERVICE_ENGINE_ALLOCATOR=pymalloc``
+serves on pymalloc, and that with ``PYTHONMALLOC=malloc`` in the environment
+on glibc's allocator (``bench/README.md``, "Back to idle" and "Back to idle
+on mimalloc").
 
 With ``--latency`` a 1-subscriber, 20 writes/s cell runs on the fresh
 process and again after the last close. tracemalloc costs CPU and memory

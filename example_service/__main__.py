@@ -64,6 +64,7 @@ from service_engine import (
     bind_listener,
     connect_pool,
     open_nats,
+    run_on_allocator,
     run_with_listener,
     service_migrations,
 )
@@ -514,6 +515,13 @@ async def _stop_pods(children: list[asyncio.subprocess.Process]) -> None:
 
 def run(argv: list[str] | None = None) -> int:
     """Run until stopped; the process exit code."""
+    try:
+        # Before anything else runs: the process is executed again on
+        # mimalloc unless SERVICE_ENGINE_ALLOCATOR=pymalloc.
+        run_on_allocator()
+    except ConfigError as exc:
+        print(f"example_service: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=os.environ.get("EXAMPLE_SERVICE_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

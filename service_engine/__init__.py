@@ -127,6 +127,7 @@ from .lanes import (
     encode_frame,
     seal_hash,
 )
+from .memory import run_on_allocator
 from .mirrors.declaration import Merged, Mirror, Shadow
 from .mirrors.projection import Known, KnownScope, Projection
 from .offers.model import Offer, Published
@@ -362,6 +363,7 @@ __all__ = [
     "gated",
     "open_nats",
     "readiness_route",
+    "run_on_allocator",
     "run_with",
     "run_with_listener",
     "seal_hash",

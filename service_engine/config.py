@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .errors import ConfigError
 from .logs import log_format
+from .memory import requested_allocator
 
 ENV_PREFIX = "SERVICE_ENGINE_"
 
@@ -313,6 +314,7 @@ def _describe(exc: ValidationError) -> str:
 NON_FIELD_VARIABLES = frozenset({
     "LOG_FORMAT",  # service_engine.logs
     "DEBUG_LOOP_WATCH", "DEBUG_GC_THRESHOLDS",  # service_engine.loopwatch (debug only)
+    "ALLOCATOR",  # service_engine.memory.run_on_allocator (read before the engine starts)
 })
 """``SERVICE_ENGINE_*`` variables that are not `EngineConfig` fields."""
 
@@ -345,10 +347,11 @@ def check_environment(environ: Mapping[str, str]) -> ConfigCheck:
         and key.removeprefix(ENV_PREFIX) not in NON_FIELD_VARIABLES
     )
     problems = [f"{key}: no EngineConfig field reads this variable" for key in unknown]
-    try:
-        log_format(environ)
-    except ConfigError as exc:
-        problems.append(str(exc))
+    for read in (log_format, requested_allocator):
+        try:
+            read(environ)
+        except ConfigError as exc:
+            problems.append(str(exc))
     try:
         config: EngineConfig | None = EngineConfig.from_env(environ)
     except ConfigError as exc:

@@ -23,7 +23,7 @@ EXPECTED = {
     "DeclaredSequence", "Duplicate", "EventMetadata", "IntegrationCommand", "IntegrationEvent",
     "KvBucket", "KvKey", "Nats", "OutboundCommand", "OutboundEvent", "PublishOutcome",
     "Rejected", "SequenceWithoutService", "Tick", "Unanswered", "open_nats",
-    "Conn", "bind_listener", "run_with", "run_with_listener",
+    "Conn", "bind_listener", "run_on_allocator", "run_with", "run_with_listener",
     "Disposition", "InboundReaction", "Park", "PrincipalUnresolved",
     "ReactionBudget", "Retry", "Terminal",
     "Reaction",

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from service_engine import ConfigError
+from service_engine.config import check_environment
 from service_engine.memory import (
+    ALLOCATOR_ENV,
     RELEASE_MIN_CLOSED,
     ReleaseAfterClose,
+    allocator_environment,
+    mimalloc_library,
     on_pymalloc,
     release_free_memory,
+    requested_allocator,
+    run_on_allocator,
 )
 
 
@@ -51,6 +64,72 @@ def test_the_default_bound() -> None:
 def test_release_free_memory_answers_without_raising() -> None:
     """On glibc it asks ``malloc_trim``; elsewhere it answers False, never raises."""
     assert release_free_memory() in (True, False)
+
+
+class Executed(Exception):
+    """What `run_on_allocator` would have executed."""
+
+    def __init__(self, path: str, argv: list[str], env: dict[str, str]) -> None:
+        super().__init__(path)
+        self.path, self.argv, self.env = path, argv, env
+
+
+def capture(path: str, argv: list[str], env: dict[str, str]) -> NoReturn:
+    raise Executed(path, argv, env)
+
+
+def test_mimalloc_is_asked_for_unless_pymalloc_is_named() -> None:
+    """Unset or empty means mimalloc; pymalloc keeps Python's own; any other
+    value is a `ConfigError` naming the variable, and check-config reports it."""
+    assert requested_allocator({}) == "mimalloc"
+    assert requested_allocator({ALLOCATOR_ENV: ""}) == "mimalloc"
+    assert requested_allocator({ALLOCATOR_ENV: "PyMalloc"}) == "pymalloc"
+    with pytest.raises(ConfigError, match=ALLOCATOR_ENV):
+        requested_allocator({ALLOCATOR_ENV: "jemalloc"})
+    assert any(ALLOCATOR_ENV in p for p in check_environment({ALLOCATOR_ENV: "tcmalloc"}).problems)
+    assert check_environment({ALLOCATOR_ENV: "pymalloc"}).ok
+
+
+def test_the_environment_preloads_mimalloc_before_any_other_preload() -> None:
+    """The library leads ``LD_PRELOAD`` (once), Python's objects go to the C
+    allocator, a purge decommits, and an operator's own mimalloc settings win."""
+    lib = Path("/opt/lib/libmimalloc.so")
+    env = allocator_environment({"LD_PRELOAD": f"/x/other.so {lib}", "MIMALLOC_ALLOW_THP": "1"}, lib)
+    assert env["LD_PRELOAD"] == f"{lib} /x/other.so"
+    assert env["PYTHONMALLOC"] == "malloc"
+    assert env["MIMALLOC_PURGE_DECOMMITS"] == "1"
+    assert env["MIMALLOC_ALLOW_THP"] == "1"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the preload is Linux's")
+def test_the_process_is_executed_again_on_mimalloc_with_its_own_arguments() -> None:
+    """Asked for mimalloc on a process that is not on it, `run_on_allocator`
+    executes the same interpreter with the same arguments, mimalloc preloaded."""
+    library = mimalloc_library()
+    assert library is not None, "cmeel-mimalloc is a dependency on Linux"
+    with pytest.raises(Executed) as executed:
+        run_on_allocator({}, execv=capture)
+    assert executed.value.path == sys.executable
+    assert executed.value.argv == [sys.executable, *sys.orig_argv[1:]]
+    assert executed.value.env["LD_PRELOAD"].split()[0] == str(library)
+    assert executed.value.env["PYTHONMALLOC"] == "malloc"
+
+
+def test_pymalloc_named_runs_on_without_executing() -> None:
+    """``SERVICE_ENGINE_ALLOCATOR=pymalloc``: nothing is executed."""
+    assert run_on_allocator({ALLOCATOR_ENV: "pymalloc"}, execv=capture) in ("pymalloc", "malloc")
+
+
+def test_the_executed_process_takes_the_preload_back_out() -> None:
+    """In the executed process the preload and ``PYTHONMALLOC`` leave the
+    environment (what it starts, an embedded Postgres, runs on its own
+    allocator), the operator's other preloads stay, and nothing is executed again."""
+    lib = "/opt/lib/libmimalloc.so"
+    env = allocator_environment({"LD_PRELOAD": "/x/other.so"}, Path(lib))
+    run_on_allocator(env, execv=capture)
+    assert env["LD_PRELOAD"] == "/x/other.so"
+    assert "PYTHONMALLOC" not in env
+    assert not any(value == lib for value in env.values())
 
 
 def test_which_allocator_the_objects_live_in() -> None:

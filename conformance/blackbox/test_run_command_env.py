@@ -53,7 +53,9 @@ async def test_run_command_environment_serves_a_live_subscription(
 ) -> None:
     """The environment ``dev/serve`` installs (the package and its ``embedded`` extra, nothing
     from the test extra) runs a service whose ``/graphql/ws`` accepts graphql-transport-ws and
-    delivers a live subscription: the Reset, then the Upsert of a write."""
+    delivers a live subscription: the Reset, then the Upsert of a write. The service runs on
+    mimalloc from that environment (`run_on_allocator`), and no other process does: its
+    embedded Postgres and NATS run on their own allocators."""
     tree = tmp_path / "clone"
     python = await asyncio.to_thread(_install_as_the_run_command, tree)
     pod = await pods.spawn("fresh", command=[str(python), "-m", "example_service"], cwd=tree)
@@ -67,3 +69,17 @@ async def test_run_command_environment_serves_a_live_subscription(
         assert upsert["__typename"] == "BoardsUpsert"
         assert (upsert["revision"], upsert["key"]) == (2, key("b-fresh"))
         assert upsert["view"]["title"] == "from a fresh clone"
+    assert _mapping(tree / ".venv", "libmimalloc") == [pod.process.pid]
+
+
+def _mapping(venv: Path, library: str) -> list[int]:
+    """The processes that map ``library`` from ``venv``."""
+    found = []
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # gone, or not ours to read
+            continue
+        if any(library in line and str(venv) in line for line in text.splitlines()):
+            found.append(int(maps.parent.name))
+    return found
