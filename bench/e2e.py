@@ -30,8 +30,10 @@ service).
 
 ``--idle`` opens that many idle sessions at once (one subscription each),
 reports the service's RSS, how many went live and the time to all live, then
-closes them and reports RSS again and a 1-subscriber, 20 writes/s cell's
-latency after (compare with the same cell run first, on the fresh process).
+closes them and reports RSS again once the pod has released memory by itself
+(its beat, after a mass close) and RSS stopped moving (``after s``: seconds
+from the close), and a 1-subscriber, 20 writes/s cell's latency after
+(compare with the same cell run first, on the fresh process).
 ``--compare-plan`` runs everything twice, the delivery plan off and on, side
 by side; ``--env`` passes ``SERVICE_ENGINE_*`` settings to the service (e.g.
 ``SERVICE_ENGINE_GC_TUNED=false``); ``--compare-env`` adds a variant with
@@ -464,6 +466,42 @@ async def cell(svc: Service, name: str, subs: int, n_orgs: int, rate: float,
     }
 
 
+async def series(http: httpx.AsyncClient, name: str) -> float:
+    """The sum of the pod's samples of ``name``."""
+    text = (await http.get("/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+async def settle(svc: Service, http: httpx.AsyncClient, releases: float | None,
+                 bound: float = 120, count: int = 1) -> tuple[float, bool, float]:
+    """Wait until the pod reports no live session, has counted ``count``
+    releases of free memory since ``releases`` (within 20 s of the last
+    close; None: do not wait for one) and its RSS
+    stops moving; the seconds it took, whether it released and the settled
+    RSS (before the probe's own collection)."""
+    begin = time.monotonic()
+    while await series(http, "service_engine_live_sessions") > 0:
+        if time.monotonic() - begin > bound:
+            raise TimeoutError("sessions still live after every socket closed")
+        await asyncio.sleep(0.2)
+    closed = time.monotonic()
+    released = False
+    while releases is not None and time.monotonic() - closed < 20:
+        if await series(http, "service_engine_memory_releases_total") >= releases + count:
+            released = True
+            break
+        await asyncio.sleep(0.2)
+    last = svc.rss()
+    while time.monotonic() - begin < bound:
+        await asyncio.sleep(1.0)
+        now = svc.rss()
+        if abs(now - last) < 0.5:
+            break
+        last = now
+    return time.monotonic() - begin, released, last
+
+
 async def idle(svc: Service, count: int, seconds: float) -> dict[str, Any]:
     sent: dict[int, float] = {}
     before = svc.rss()
@@ -477,12 +515,16 @@ async def idle(svc: Service, count: int, seconds: float) -> dict[str, Any]:
     live = sum(s.live.is_set() for s in subscribers)
     await asyncio.sleep(2)
     held = svc.rss()
-    await asyncio.gather(*(s.ws.close() for s in subscribers), return_exceptions=True)
-    del subscribers
-    await asyncio.sleep(3)
-    after = svc.rss()
+    async with httpx.AsyncClient(base_url=f"http://{svc.addr}") as http:
+        releases = await series(http, "service_engine_memory_releases_total")
+        await asyncio.gather(*(s.ws.close() for s in subscribers), return_exceptions=True)
+        del subscribers
+        # After the pod's own release for a mass close and its follow-up
+        # (RELEASE_FOLLOW_UP beats later), once RSS stopped moving.
+        settled, _released, after = await settle(svc, http, releases, count=2)
     fresh = await cell(svc, f"after{count}", 1, 1, 20, seconds)
     return {"sessions": count, "rss_before": before, "rss_held": held, "rss_after": after,
+            "after_s": settled,
             "live": live, "open_s": opened, "live_s": live_at,
             "after_p50": fresh["p50"], "after_p99": fresh["p99"]}
 
@@ -565,11 +607,12 @@ async def run(args: argparse.Namespace) -> None:
                   f"{r['converged']:>10} {r['settle_s']:8.1f}")
     if any(idles.values()):
         print(f"\n{'sessions':>8} {'variant':9} {'RSS idle':>9} {'RSS held':>9} {'RSS after':>9} "
-              f"{'live':>6} {'open s':>7} {'live s':>7} {'after p50':>9} {'after p99':>9}")
+              f"{'after/idle':>10} {'after s':>7} {'live':>6} {'open s':>7} {'live s':>7} {'after p50':>9} {'after p99':>9}")
         for label, entries in idles.items():
             for r in entries:
-                print(f"{r['sessions']:8} {label:9} {r['rss_before']:9.0f} {r['rss_held']:9.0f} "
-                      f"{r['rss_after']:9.0f} {r['live']:6} {r['open_s']:7.1f} {r['live_s']:7.1f} "
+                print(f"{r['sessions']:8} {label:9} {r['rss_before']:9.1f} {r['rss_held']:9.1f} "
+                      f"{r['rss_after']:9.1f} {r['rss_after'] / r['rss_before']:10.2f} "
+                      f"{r['after_s']:7.1f} {r['live']:6} {r['open_s']:7.1f} {r['live_s']:7.1f} "
                       f"{r['after_p50']:9.1f} {r['after_p99']:9.1f}")
 
 

@@ -54,7 +54,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import Service, cell, open_many, service
+from e2e import Service, cell, open_many, series, service, settle
 
 from service_engine.memory import RELEASE_MIN_CLOSED
 
@@ -90,42 +90,6 @@ async def probe(svc: Service, folder: Path, step: str) -> dict[str, Any]:
     figures["types"] = json.loads((folder / f"{step}.types.json").read_text())
     figures["rss"] = svc.rss()
     return figures
-
-
-async def series(http: httpx.AsyncClient, name: str) -> float:
-    """The sum of the pod's samples of ``name``."""
-    text = (await http.get("/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
-
-
-async def settle(svc: Service, http: httpx.AsyncClient, releases: float | None,
-                 bound: float = 120) -> tuple[float, bool, float]:
-    """Wait until the pod reports no live session, has counted a release of
-    free memory since ``releases`` (within 20 s of the last close; None: do
-    not wait for one) and its RSS
-    stops moving; the seconds it took, whether it released and the settled
-    RSS (before the probe's own collection)."""
-    begin = time.monotonic()
-    while await series(http, "service_engine_live_sessions") > 0:
-        if time.monotonic() - begin > bound:
-            raise TimeoutError("sessions still live after every socket closed")
-        await asyncio.sleep(0.2)
-    closed = time.monotonic()
-    released = False
-    while releases is not None and time.monotonic() - closed < 20:
-        if await series(http, "service_engine_memory_releases_total") > releases:
-            released = True
-            break
-        await asyncio.sleep(0.2)
-    last = svc.rss()
-    while time.monotonic() - begin < bound:
-        await asyncio.sleep(1.0)
-        now = svc.rss()
-        if abs(now - last) < 0.5:
-            break
-        last = now
-    return time.monotonic() - begin, released, last
 
 
 async def open_close(svc: Service, count: int, prefix: str) -> int:

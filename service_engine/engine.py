@@ -54,7 +54,14 @@ from .lanes.presence import (
 from .lanes.presence_lane import PresenceHandle, PresenceLanes
 from .leader import LeaderLease
 from .loopwatch import LoopWatch
-from .memory import ReleaseAfterClose, release_free_memory
+from .memory import (
+    RELEASE_FOLLOW_UP,
+    PeakTable,
+    ReleaseAfterClose,
+    compact_tables,
+    loop_tables,
+    release_free_memory,
+)
 from .messaging.dead_letters import DeadLetters, DeadLetterSource
 from .messaging.nats import Nats
 from .metrics import Metrics
@@ -135,7 +142,8 @@ class Engine:
             "idle_connections": self._close_unneeded_connections,
             "cron": self.crons.beat,
         }
-        self._release = ReleaseAfterClose()
+        self._release = ReleaseAfterClose(follow_up=RELEASE_FOLLOW_UP)
+        self._peak_tables: list[PeakTable] = []
         self._idle_connections = IdleConnections()
         self.nats_health: NatsHealth | None = None
         self.outbox: OutboxRelay | None = None
@@ -735,6 +743,13 @@ class Engine:
         self._supervisor.add("lane_flush", self.lanes.flusher.run)
         self._supervisor.add("lane_ingress", self.lane_ingress.run)
 
+    def compact_on_release(self, table: PeakTable) -> None:
+        """Shrink ``table`` (a dict or set whose size follows the pod's
+        connections, such as the HTTP server's set of them) in place each
+        time the pod hands memory back after many sessions closed
+        (`memory.compact_tables`); the loop's own tables are always shrunk."""
+        self._peak_tables.append(table)
+
     def shutdown(self) -> None:
         """Begin graceful shutdown; new attaches are refused from now on."""
         if not self._shutting_down:
@@ -832,6 +847,7 @@ class Engine:
             started = time.perf_counter()
             closed = self.db.close_idle_connections()  # the burst's, and its statements
             await asyncio.sleep(0)  # their transports are let go in the next loop turn
+            compact_tables([*loop_tables(asyncio.get_running_loop()), *self._peak_tables])
             released = release_free_memory()
             if released:
                 self.metrics.add_memory_release()

@@ -353,6 +353,8 @@ async def run_with_listener(
     system, a socket handed over by a supervisor). The caller closes it."""
     configure_logging(engine.config.service, engine.config.pod_id)
     server = _Server(http_config(app, engine.config))
+    # Every HTTP and WebSocket connection passes through this set.
+    engine.compact_on_release(server.server_state.connections)
     if engine.config.gc_tuned:
         tune_gc()
     loop = asyncio.get_running_loop()

@@ -33,26 +33,30 @@ the C library and the process.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import functools
 import gc
 import importlib.metadata
 import os
 import sys
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 from .errors import ConfigError
 
 __all__ = [
     "ALLOCATOR_ENV",
+    "RELEASE_FOLLOW_UP",
     "RELEASE_MIN_CLOSED",
     "Allocator",
     "ReleaseAfterClose",
     "active_allocator",
     "allocator_environment",
+    "compact_tables",
+    "loop_tables",
     "mimalloc_library",
     "on_pymalloc",
     "release_free_memory",
@@ -77,6 +81,10 @@ _MIMALLOC_DEFAULTS = {
 
 RELEASE_MIN_CLOSED = 500
 """Sessions that must have closed since the peak before a release is asked."""
+RELEASE_FOLLOW_UP = 5
+"""Beats after a release at which the engine releases once more: a closed
+connection's last callbacks (its transport's, its timers') free what they
+hold over the loop turns after the release."""
 
 
 @dataclass(slots=True)
@@ -84,25 +92,36 @@ class ReleaseAfterClose:
     """When to release free memory: once the live sessions have fallen from
     their peak since the last release by at least ``min_closed`` and to at
     most half of it, and the fall has settled (the count did not move since
-    the last observation). Feed it the live count (`observe`) on every beat."""
+    the last observation); and again ``follow_up`` observations after such a
+    release (0: never), for what the closed connections freed in their last
+    callbacks after it. Feed it the live count (`observe`) on every beat."""
 
     min_closed: int = RELEASE_MIN_CLOSED
     peak: int = 0
     """The highest live count seen since the last release."""
     last: int = 0
     """The count at the last observation."""
+    follow_up: int = 0
+    """Observations after a release at which one more is due (0: none)."""
+    due_in: int = 0
+    """Observations left until the follow-up release (0: none pending)."""
 
     def observe(self, live: int) -> bool:
-        """Record ``live``; True when a release is due now (the peak then
-        restarts from ``live``)."""
+        """Record ``live``; True when a release is due now (after a release
+        for a fall, the peak restarts from ``live``)."""
         settled, self.last = live == self.last, live
+        follow_up = False
+        if self.due_in:
+            self.due_in -= 1
+            follow_up = self.due_in == 0
         if live >= self.peak:
             self.peak = live
-            return False
+            return follow_up
         if settled and self.peak - live >= self.min_closed and live * 2 <= self.peak:
             self.peak = live
+            self.due_in = self.follow_up
             return True
-        return False
+        return follow_up
 
 
 @functools.cache
@@ -212,6 +231,49 @@ def run_on_allocator(environ: MutableMapping[str, str] | None = None,
     sys.stdout.flush()
     sys.stderr.flush()
     execv(sys.executable, [sys.executable, *sys.orig_argv[1:]], allocator_environment(env, library))
+
+
+PeakTable = dict[Any, Any] | set[Any]
+"""A dict or set whose size follows the live sessions."""
+
+
+def compact_tables(tables: Iterable[PeakTable]) -> int:
+    """Shrink each table to what it holds now, in place; how many shrank.
+
+    A dict or set never shrinks as entries leave: one that held 10,000
+    connections keeps a table of that size (~0.3-1 MB) after they closed,
+    however few it holds. Emptied (which frees the table) and refilled with
+    what it held, it is the same object, so every reference to it stays
+    valid; nothing runs in between (no await), so nothing sees it empty."""
+    shrunk = 0
+    for table in tables:
+        if isinstance(table, dict):
+            held: Any = dict(table)
+        elif isinstance(table, set):
+            held = set(table)
+        else:
+            continue
+        table.clear()
+        table.update(held)
+        shrunk += 1
+    return shrunk
+
+
+def loop_tables(loop: asyncio.AbstractEventLoop) -> list[PeakTable]:
+    """The tables of the running asyncio machinery that grow with the open
+    connections and tasks: the selector's file descriptors, the loop's
+    transports and async generators, asyncio's set of tasks. Those an event
+    loop implementation does not have are left out."""
+    found: list[PeakTable] = []
+    fds = getattr(getattr(loop, "_selector", None), "_fd_to_key", None)
+    if isinstance(fds, dict):
+        found.append(fds)
+    for weak in (getattr(loop, "_transports", None), getattr(loop, "_asyncgens", None),
+                 getattr(asyncio.tasks, "_all_tasks", None)):
+        data = getattr(weak, "data", None)  # a WeakValueDictionary's or WeakSet's
+        if isinstance(data, (dict, set)):
+            found.append(data)
+    return found
 
 
 def release_free_memory() -> bool:
