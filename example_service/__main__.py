@@ -518,7 +518,7 @@ def run(argv: list[str] | None = None) -> int:
     try:
         # Before anything else runs: the process is executed again on
         # mimalloc unless SERVICE_ENGINE_ALLOCATOR=pymalloc.
-        run_on_allocator()
+        allocator = run_on_allocator()
     except ConfigError as exc:
         print(f"example_service: {exc}", file=sys.stderr)
         return 2
@@ -527,6 +527,7 @@ def run(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
+    _log.info("Python's objects on %s", allocator)
     try:
         pods = _pods(sys.argv[1:] if argv is None else argv)
         asyncio.run(main() if pods == 1 else supervise(pods))

@@ -145,12 +145,18 @@ def _mimalloc_collect() -> Callable[[bool], None] | None:
     return collect
 
 
+_STARTED_WITH = {"PYTHONMALLOC": os.environ.get("PYTHONMALLOC", "")}
+"""``PYTHONMALLOC`` as the interpreter read it (`run_on_allocator` takes it
+out of the environment of an executed process, which still runs on it)."""
+
+
 def on_pymalloc(environ: Mapping[str, str] | None = None) -> bool:
     """Whether Python's objects live in pymalloc's arenas (the default), not
-    in the C allocator's heap (``PYTHONMALLOC=malloc``, mimalloc's included)."""
+    in the C allocator's heap (``PYTHONMALLOC=malloc``, mimalloc's included);
+    ``environ`` (default: what this interpreter started with) says which."""
     if environ is None and _mimalloc_collect() is not None:
         return False
-    env = os.environ if environ is None else environ
+    env = _STARTED_WITH if environ is None else environ
     return env.get("PYTHONMALLOC", "").strip() not in {"malloc", "malloc_debug"}
 
 
