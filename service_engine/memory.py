@@ -207,8 +207,9 @@ def allocator_environment(environ: Mapping[str, str], library: Path) -> dict[str
 def run_on_allocator(environ: MutableMapping[str, str] | None = None,
                      execv: Callable[[str, list[str], dict[str, str]], NoReturn] = os.execve,
                      ) -> Allocator | Literal["malloc"]:
-    """Call first in a service's entry point, before anything is imported
-    that allocates much: runs this process on the allocator
+    """Call first in a service's entry point, before it starts anything
+    (the executed process imports the package again: ~1 s of start-up):
+    runs this process on the allocator
     ``SERVICE_ENGINE_ALLOCATOR`` asks for (``mimalloc`` by default) and
     returns it. For mimalloc the process is executed again (same pid, same
     arguments) with the ``cmeel-mimalloc`` wheel's library preloaded; the
