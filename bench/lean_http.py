@@ -25,16 +25,24 @@ class HttpError(Exception):
 
 
 class _Answer:
-    __slots__ = ("body", "done")
+    __slots__ = ("body", "done", "keep_alive", "parser", "status")
 
     def __init__(self, done: asyncio.Future[None]) -> None:
         self.body: list[bytes] = []
         self.done = done
+        self.parser: httptools.HttpResponseParser | None = None
+        self.keep_alive = False
+        self.status = 0
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        # Read while the message is the parser's: once it completes, the
+        # parser is reset and says "close" for every answer.
+        assert self.parser is not None
+        self.keep_alive = self.parser.should_keep_alive()
+        self.status = self.parser.get_status_code()
         self.done.set_result(None)
 
 
@@ -46,16 +54,15 @@ class _Connection:
     async def post(self, head: bytes, body: bytes) -> tuple[int, bytes]:
         self.writer.write(head + body)
         answer = _Answer(asyncio.get_running_loop().create_future())
-        parser = httptools.HttpResponseParser(answer)
+        parser = answer.parser = httptools.HttpResponseParser(answer)
         while not answer.done.done():
             data = await self.reader.read(65536)
             if not data:
                 raise HttpError("the server closed the connection")
             parser.feed_data(data)
-        status: int = parser.get_status_code()
-        if not parser.should_keep_alive():
+        if not answer.keep_alive:
             self.close()
-        return status, b"".join(answer.body)
+        return answer.status, b"".join(answer.body)
 
     @property
     def closed(self) -> bool:
