@@ -68,6 +68,11 @@ class _Connection:
     def closed(self) -> bool:
         return self.writer.is_closing()
 
+    @property
+    def stale(self) -> bool:
+        """Closed by either side, or at its end (the server closed it)."""
+        return self.closed or self.reader.at_eof()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -92,7 +97,12 @@ class LeanClient:
             + "\r\n"
         ).encode()
         async with self._slots:
-            conn = self._idle.pop() if self._idle else None
+            conn = None
+            while self._idle and conn is None:
+                conn = self._idle.pop()
+                if conn.stale:  # the server closed it while it was idle (its keep-alive timeout)
+                    conn.close()
+                    conn = None
             if conn is None:
                 conn = _Connection(*await asyncio.open_connection(self.host, self.port))
             try:
