@@ -845,8 +845,10 @@ class Engine:
         live = len(self.render.sessions)
         if self._release.observe(live):
             started = time.perf_counter()
-            closed = self.db.close_idle_connections()  # the burst's, and its statements
-            await asyncio.sleep(0)  # their transports are let go in the next loop turn
+            closed = 0
+            if self._release.due_in:  # a fall, not its follow-up (the pool has its floor again)
+                closed = self.db.close_idle_connections()  # the burst's, and its statements
+                await asyncio.sleep(0)  # their transports are let go in the next loop turn
             compact_tables([*loop_tables(asyncio.get_running_loop()), *self._peak_tables])
             released = release_free_memory()
             if released:

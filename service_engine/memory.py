@@ -104,7 +104,8 @@ class ReleaseAfterClose:
     follow_up: int = 0
     """Observations after a release at which one more is due (0: none)."""
     due_in: int = 0
-    """Observations left until the follow-up release (0: none pending)."""
+    """Observations left until the follow-up release (0: none pending): right
+    after `observe` answered True, non-zero for a fall, zero for a follow-up."""
 
     def observe(self, live: int) -> bool:
         """Record ``live``; True when a release is due now (after a release
