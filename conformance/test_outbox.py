@@ -381,10 +381,12 @@ async def relaying_engine(db: Database, conn: Nats, **config: Any) -> AsyncItera
 async def _beats_pass(db: Database, n: int) -> None:
     """Wait until the beat ran ``n`` more times (the schema-version heartbeat
     it writes on each beat advanced ``n`` times)."""
-    last = await _heartbeat(db)
     for _ in range(n):
-        await wait_until(lambda at=last: _advanced(_heartbeat(db), at), timeout=5, what="a beat")
-        last = await _heartbeat(db)
+        await wait_until(_heartbeat_advanced(db, await _heartbeat(db)), timeout=5, what="a beat")
+
+
+def _heartbeat_advanced(db: Database, last: datetime) -> Callable[[], Awaitable[bool]]:
+    return lambda: _advanced(_heartbeat(db), last)
 
 
 async def _stored_more_than(url: str, n: int) -> bool:
@@ -605,9 +607,10 @@ async def _delete_stream(url: str, name: str) -> None:
 
 
 async def _status_of(db: Database, message_id: uuid.UUID, status: str) -> bool:
-    return await db.pool.fetchval(
+    found = await db.pool.fetchval(
         "SELECT status FROM service_engine.integration_outbox WHERE message_id = $1", message_id
-    ) == status
+    )
+    return bool(found == status)
 
 
 # -- the retention boot check -----------------------------------------------------------------
