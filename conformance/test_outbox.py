@@ -25,7 +25,6 @@ from service_engine.integration.outbox import (
     MessageRetentionTooShort,
     OutboxBounds,
     OutboxRelay,
-    RelayPass,
     check_message_retention,
 )
 from service_engine.leader import LeaderLease
@@ -148,22 +147,6 @@ async def stop(server: EmbeddedNats, conn: Nats) -> None:
 async def restart(server: EmbeddedNats, conn: Nats) -> None:
     await asyncio.to_thread(server.start)
     await wait_until(conn.reachable, timeout=15, what="the client to reconnect")
-
-
-async def passes_that_really_try(relay: OutboxRelay, n: int) -> None:
-    """Step ``relay`` until ``n`` passes tried a publish and halted on it
-    (the passes between them back off), none publishing nor rejecting."""
-    tried: list[RelayPass] = []
-
-    async def one_more_tried() -> bool:
-        result = await relay.step()
-        assert result.published == 0 and result.rejected == 0, result
-        assert result.skipped is not None or result.halted is not None, result
-        if result.halted is not None:
-            tried.append(result)
-        return len(tried) >= n
-
-    await wait_until(one_more_tried, timeout=15, what=f"{n} passes that tried a publish")
 
 
 def message_ids(stored: Sequence[StoredMessage]) -> list[str]:

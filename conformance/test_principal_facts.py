@@ -1,7 +1,9 @@
 """Principal facts contributed by the slices: the engine runs every
 registered loader right after the principal is resolved (GraphQL HTTP and
 WebSocket attach) and on a principal-facts refresh; a failing loader is
-fail-closed, like a failing resolver. Over the GraphQL kit's toy service."""
+fail-closed, like a failing resolver. Over the GraphQL kit's toy service,
+the render battery's sample cards, and the reference board slice (an
+accepted invite reaching the guest's live window)."""
 
 from __future__ import annotations
 
