@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import nats
+from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
 from service_engine.embedded import INTEGRATION_STREAMS, EmbeddedNats, wait_for_port
@@ -96,3 +97,38 @@ async def core_nats_without_jetstream(port: int, data_dir: Path) -> AsyncIterato
     finally:
         process.terminate()
         await asyncio.to_thread(process.wait, 10)
+
+
+class SubjectTap:
+    """Every message published on a subject, seen by a plain core NATS
+    subscriber the engine does not own: each publish attempt a client makes
+    (a JetStream publish is a core publish with a reply inbox), whether or
+    not a stream stores or refuses it. ``seen`` holds their Nats-Msg-Id
+    headers (or "" for a message without one), in arrival order."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def count(self, message_id: str | None = None) -> int:
+        """How many attempts arrived (of ``message_id`` when given)."""
+        if message_id is None:
+            return len(self.seen)
+        return self.seen.count(message_id)
+
+    async def record(self, msg: Msg) -> None:
+        self.seen.append((msg.headers or {}).get("Nats-Msg-Id", ""))
+
+
+@contextlib.asynccontextmanager
+async def tapped(url: str, subject: str) -> AsyncIterator[SubjectTap]:
+    """A `SubjectTap` on ``subject`` (wildcards allowed) of the server at
+    ``url``, subscribed (and flushed, so no later publish is missed) before
+    the block runs."""
+    tap = SubjectTap()
+    client = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        await client.subscribe(subject, cb=tap.record)
+        await client.flush()
+        yield tap
+    finally:
+        await client.close()

@@ -357,3 +357,65 @@ async def test_query_kit_download_takes_the_views_gate(db: Database, store_confi
         url = await views.download(seen, "q1", upload.reference)
         assert url is not None and "X-Amz-Signature=" in url.url
         assert await views.download(unseen, "q1", upload.reference) is None
+
+
+async def test_blob_owned_and_release_blob(db: Database, store_config: BlobStoreConfig) -> None:
+    """``cx.blob_owned`` commits the blob's row with the aggregate, naming
+    that aggregate (store type and key) as its owner from the start; the
+    upload lands in the real bucket and downloads. ``cx.release_blob``
+    releases the reference with its transaction (a rolled-back release
+    changes nothing): the download is refused at once even though the row
+    still lists it, and past orphan_after the reaper deletes the object
+    from the bucket and the row."""
+    policy = BlobPolicy(1024, content_types=("text/plain",), orphan_after=timedelta(seconds=2))
+    async with running(db, store_config, policy) as run:
+
+        async def create(cx: Mutation[Principal]) -> UploadUrl:
+            doc = Document("owned", "acme")
+            upload = cx.blob_owned(run.kind, doc, content_type="text/plain")
+            doc.attachment = upload.reference
+            await cx.create(doc)
+            cx.impact("document", doc.id)
+            return upload
+
+        upload = await run.engine.mutation_executor().execute(ALICE, create)
+        assert isinstance(upload, UploadUrl), upload
+        row = await db.pool.fetchrow(
+            "SELECT state, owner_store, owner_key::text AS owner_key FROM service_engine.blob"
+            " WHERE id = $1::uuid", upload.reference,
+        )
+        assert row is not None
+        assert dict(row) == {
+            "state": "pending", "owner_store": Document.Store.store_type, "owner_key": '"owned"',
+        }
+        assert (await post(upload, b"owned bytes")).status_code in (200, 201, 204)
+        await wait_until(lambda: _in_state(db, upload.reference, "complete"), what="the upload promoted")
+        url = await run.engine.download("documents", "owned", upload.reference, ALICE)
+        assert url is not None
+        async with httpx.AsyncClient(timeout=10) as client:
+            got = await client.get(url.url)
+            assert got.status_code == 200 and got.content == b"owned bytes"
+
+        async def release_then_fail(cx: Mutation[Principal]) -> None:
+            cx.release_blob(upload.reference)
+            raise RuntimeError("changed my mind")
+
+        with pytest.raises(RuntimeError):
+            await run.engine.mutation_executor().execute(ALICE, release_then_fail)
+        assert (await blob_row(db, upload.reference) or {})["state"] == "complete"
+        assert await run.engine.download("documents", "owned", upload.reference, ALICE) is not None
+
+        async def release(cx: Mutation[Principal]) -> None:
+            cx.release_blob(upload.reference)
+
+        await run.engine.mutation_executor().execute(ALICE, release)
+        assert (await blob_row(db, upload.reference) or {})["state"] == "released"
+        assert await run.engine.download("documents", "owned", upload.reference, ALICE) is None
+        await wait_until(lambda: _absent(db, upload.reference), what="the released blob reaped")
+        async with httpx.AsyncClient(timeout=10) as client:
+            gone = await client.get(url.url)  # the GET presigned before the release
+            assert gone.status_code == 404, gone.text
+
+
+async def _in_state(db: Database, reference: str, state: str) -> bool:
+    return (await blob_row(db, reference) or {}).get("state") == state

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import sys
 import uuid
@@ -25,6 +26,7 @@ import pytest
 from pydantic import BaseModel
 
 from service_engine import Database, Engine, ReadinessHandle
+from service_engine.db.errors import DatabaseError
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.integration.outbox import MessageRetentionTooShort
 from service_engine.messaging.dead_letters import DeadLetterSource
@@ -60,6 +62,7 @@ from .sample_orders import (
     SERVICE,
     WAREHOUSE,
     Fulfil,
+    Order,
     OrderPacked,
     OrderShipped,
     PlaceOrder,
@@ -781,3 +784,66 @@ async def _consumer_names(url: str, stream: str) -> list[str]:
         return sorted(c.name for c in await client.jetstream().consumers_info(stream))
     finally:
         await client.close()
+
+
+async def test_reaction_database_fault_is_logged_with_its_chain(
+    db: Database, streams: EmbeddedNats, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reaction's database fault is logged by the running inbound loop with
+    its whole exception chain (the engine's typed `DatabaseError` and the
+    driver's error as its cause): a terminal one (a CHECK violation) at
+    error, once, as its frame is dead-lettered; a retryable one (a lock
+    timeout) at warn on each nak'ed delivery, never at error, until the
+    lock is free and the message applies."""
+
+    async def load_first(cx: Reaction[Any], command: BaseModel) -> Disposition | None:
+        # Outside the sample's own try: a fault here reaches the engine raw.
+        assert isinstance(command, PlaceOrder)
+        await cx.load_optional(Order, command.order_id)
+        return None
+
+    dispatch = "service_engine.integration.dispatch"
+    await db.pool.execute("INSERT INTO sample_order VALUES ('locked', 'w', 1)")
+    reaction = place_order("a", before=load_first, budget=fast_budget(max_deliveries=2))
+    with caplog.at_level(logging.INFO, logger=dispatch):
+        async with pod(db, streams, [reaction]), producer(streams) as twin:
+            bad = await twin.command(PlaceOrder(order_id="bad", qty=0))
+            await wait_until(lambda: _count(dead_letter_rows(db), 1), what="the dead letter")
+
+            def faults(level: int, message: str) -> list[logging.LogRecord]:
+                return [r for r in caplog.records if r.name == dispatch and r.levelno == level
+                        and message in r.getMessage()]
+
+            [terminal] = faults(logging.ERROR, "is terminal")
+            assert str(bad.envelope_id) in terminal.getMessage()
+            _assert_chain(terminal, asyncpg.CheckViolationError, retryable=False)
+
+            async with db.pool.acquire() as holder:
+                tx = holder.transaction()
+                await tx.start()
+                await holder.execute("SELECT * FROM sample_order WHERE id = 'locked' FOR UPDATE")
+                sent = await twin.command(PlaceOrder(order_id="locked"))
+                try:
+                    await wait_until(lambda: len(faults(logging.WARNING, str(sent.envelope_id))) >= 3,
+                                     what="three deliveries nak'ed on the lock")
+                finally:
+                    await tx.rollback()
+            await wait_until(lambda: place_settled(streams), what="the frame applied")
+            for retried in faults(logging.WARNING, str(sent.envelope_id)):
+                assert "not applied" in retried.getMessage()
+                _assert_chain(retried, asyncpg.LockNotAvailableError, retryable=True)
+            assert faults(logging.ERROR, str(sent.envelope_id)) == []
+    assert len(await dead_letter_rows(db)) == 1
+    assert await claim_confirmations(db, sent.envelope_id, "place_order") is not None
+
+
+def _assert_chain(record: logging.LogRecord, driver_error: type[Exception], *, retryable: bool) -> None:
+    """``record`` carries the engine's `DatabaseError` with the driver's
+    error as its cause, and the formatted log line shows both."""
+    assert record.exc_info is not None, record.getMessage()
+    error = record.exc_info[1]
+    assert isinstance(error, DatabaseError) and error.retryable is retryable, error
+    assert isinstance(error.__cause__, driver_error), error.__cause__
+    formatted = logging.Formatter().format(record)
+    assert type(error).__name__ in formatted and driver_error.__name__ in formatted
+    assert "The above exception was the direct cause" in formatted

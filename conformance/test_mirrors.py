@@ -2,13 +2,14 @@
 before converged and the watch from its revision (a put in the gap
 arrives), leader-gated projection and the standby's takeover, an empty
 prefix holding DOWN while known_* is kept, the reconcile repairing a
-hand-edited row, and a stuck mirror dead-lettered once (s169)."""
+hand-edited row, a stuck mirror dead-lettered once (s169), and two offers
+merged by keyed_by."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -355,3 +356,101 @@ async def test_one_transient_failure_of_a_converged_mirror_keeps_readiness(
 
             await wait_until(healed, what="the change projected after the restart")
             assert readiness.is_up
+
+
+ROLE_BUCKET = "other_published"
+ROLES_TABLE = "known_sample_person_roles"
+
+
+class RolePublished(Published):
+    """A second service's offer about the same people: the role it gives one."""
+
+    BUCKET: ClassVar[str] = ROLE_BUCKET
+    PREFIX: ClassVar[str] = "other.role"
+    id: str
+    role: str
+
+
+@dataclass
+class KnownSamplePersonRole(Known):
+    TABLE: ClassVar[str] = ROLES_TABLE
+    id: str
+    name: str
+    role: str | None
+
+
+async def project_roles(projection: Projection, key: Any, merged: Merged) -> None:
+    person, role = merged.get(PersonPublished), merged.get(RolePublished)
+    if person is None:  # a role alone names no one this service knows
+        await projection.remove(KnownScope.of(KnownSamplePersonRole, id=key))
+    else:
+        await projection.replace_one(KnownSamplePersonRole(
+            id=person.id, name=person.name, role=None if role is None else role.role,
+        ))
+
+
+@pytest.fixture
+async def roles_table(database: ProvisionedDatabase) -> None:
+    conn = await asyncpg.connect(database.owner_url)
+    try:
+        await conn.execute(
+            f"CREATE TABLE {ROLES_TABLE} (id text PRIMARY KEY, name text NOT NULL, role text);"
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON {ROLES_TABLE} TO service_engine_app"
+        )
+    finally:
+        await conn.close()
+
+
+async def known_roles(db: Database) -> dict[str, tuple[str, str | None]]:
+    rows = await db.pool.fetch(f"SELECT id, name, role FROM {ROLES_TABLE}")
+    return {r["id"]: (r["name"], r["role"]) for r in rows}
+
+
+@pytest.mark.usefixtures("roles_table")
+async def test_mirror_merges_two_offers_over_nats(db: Database, nats_server: EmbeddedNats) -> None:
+    """A mirror consuming two offers (two buckets of two producers) merges
+    their values under one key by ``keyed_by``: the projection sees both
+    offers' current value for a person, at the boot read and on every later
+    put or retract of either one, and known_* follows the merge (a person
+    with no role has none; a role for no known person projects nothing; a
+    retracted person goes though their role stays)."""
+    await provision_buckets(nats_server.url, [BUCKET, ROLE_BUCKET])
+    async with engine_nats(nats_server) as conn:
+        people, roles = await conn.bind_bucket(BUCKET), await conn.bind_bucket(ROLE_BUCKET)
+
+        def give(person: str, role: str) -> Any:
+            return roles.put(f"other.role.{person}", RolePublished(id=person, role=role).encode())
+
+        await put(people, "p1", "Ann")
+        await put(people, "p2", "Bob")
+        await give("p1", "admin")
+        await give("p3", "viewer")
+        mirror = (
+            Mirror("sample_roles").consume(PersonPublished).consume(RolePublished)
+            .keyed_by(lambda value: value.id).project(project_roles)
+        )
+        async with pod(db, conn, mirror):
+            # UP only once the boot read of both prefixes is projected.
+            assert await known_roles(db) == {"p1": ("Ann", "admin"), "p2": ("Bob", None)}
+            expected = await known_roles(db)
+            for change, effect in (
+                (lambda: put(people, "p3", "Cy"), {"p3": ("Cy", "viewer")}),
+                (lambda: give("p2", "editor"), {"p2": ("Bob", "editor")}),
+                (lambda: roles.delete("other.role.p1"), {"p1": ("Ann", None)}),
+            ):
+                await change()
+                expected.update(effect)
+                await wait_until(_known_roles_now(db, dict(expected)), what=f"known_* after {effect}")
+            await people.delete("twin.person.p2")
+            del expected["p2"]
+            await wait_until(lambda: _known_roles_are(db, expected), what="p2 retracted")
+
+
+async def _known_roles_are(db: Database, want: dict[str, tuple[str, str | None]]) -> bool:
+    return await known_roles(db) == want
+
+
+def _known_roles_now(
+    db: Database, want: dict[str, tuple[str, str | None]]
+) -> Callable[[], Awaitable[bool]]:
+    return lambda: _known_roles_are(db, want)

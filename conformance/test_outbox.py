@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import nats
 import pytest
@@ -20,13 +20,11 @@ from pydantic import BaseModel
 from service_engine import Database, Engine, EngineConfig, ReadinessHandle, WorkerStopped
 from service_engine.embedded import EmbeddedNats, provision_streams
 from service_engine.integration.cron import Cron, Tick
-from service_engine.integration.health import NatsHealth
 from service_engine.integration.outbox import (
     OUTBOX_SLOT,
     MessageRetentionTooShort,
     OutboxBounds,
     OutboxRelay,
-    RelayPass,
     check_message_retention,
 )
 from service_engine.leader import LeaderLease
@@ -48,7 +46,7 @@ from service_engine.messaging.outbox import stage_outbound, stage_outbox_row
 from service_engine.metrics import Metrics
 from service_engine.readiness import REASON_NATS_UNREACHABLE
 
-from .harness import assert_never, wait_until
+from .harness import assert_never, engine_running, fast_engine_config, wait_until
 from .nats_support import (
     StoredMessage,
     core_nats_without_jetstream,
@@ -56,6 +54,7 @@ from .nats_support import (
     set_stream,
     stream_count,
     stream_messages,
+    tapped,
 )
 
 SERVICE = "cards"
@@ -148,22 +147,6 @@ async def stop(server: EmbeddedNats, conn: Nats) -> None:
 async def restart(server: EmbeddedNats, conn: Nats) -> None:
     await asyncio.to_thread(server.start)
     await wait_until(conn.reachable, timeout=15, what="the client to reconnect")
-
-
-async def passes_that_really_try(relay: OutboxRelay, n: int) -> None:
-    """Step ``relay`` until ``n`` passes tried a publish and halted on it
-    (the passes between them back off), none publishing nor rejecting."""
-    tried: list[RelayPass] = []
-
-    async def one_more_tried() -> bool:
-        result = await relay.step()
-        assert result.published == 0 and result.rejected == 0, result
-        assert result.skipped is not None or result.halted is not None, result
-        if result.halted is not None:
-            tried.append(result)
-        return len(tried) >= n
-
-    await wait_until(one_more_tried, timeout=15, what=f"{n} passes that tried a publish")
 
 
 def message_ids(stored: Sequence[StoredMessage]) -> list[str]:
@@ -341,27 +324,56 @@ async def test_the_sweep_deletes_published_aged_failed_rows_and_old_claims(db: D
 async def test_s175_rows_committed_while_nats_is_down_deliver_exactly_once_on_restart(
     db: Database, nats_server: EmbeddedNats
 ) -> None:
-    """s175: rows committed during an outage wait PENDING with no attempt
-    spent, then deliver exactly once on restart, with no dead letter."""
-    metrics = Metrics(SERVICE, "pod-a")
-    async with engine_nats(nats_server) as conn:
-        relay = relay_for(db, conn, metrics)
+    """s175: through the running engine's relay, rows committed while NATS is
+    down wait PENDING with no attempt spent while the leader's beats keep
+    gauging them, then deliver exactly once, in commit order, when the broker
+    is back, with no dead letter; later beats publish nothing again."""
+    async with engine_nats(nats_server) as conn, relaying_engine(db, conn) as engine:
         await stop(nats_server, conn)
         ids = await commit_events(db, [event(f"c{i}") for i in range(20)])
-        for _ in range(5):
-            result = await relay.step()
-            assert result.skipped == "NATS unreachable"
+        # The leader's beat measures the backlog before it would publish: the
+        # gauge reaching 20 shows the relay stepped over the rows meanwhile.
+        await wait_until(
+            lambda: engine.metrics.sample("service_engine_outbox_pending") == 20,
+            what="the relay's beat to gauge the rows committed during the outage",
+        )
+        await _beats_pass(db, 3)
         assert await statuses(db) == {"PENDING": 20}
         assert await attempts_spent(db) == 0
         await restart(nats_server, conn)
-        await step_until(relay, lambda: _no_pending(db))
-        for _ in range(3):  # nothing is published twice by later passes
-            await relay.step()
+        await wait_until(lambda: _no_pending(db), timeout=15, what="the rows published")
+        await assert_never(  # ten beats more: nothing is published twice
+            lambda: _stored_more_than(nats_server.url, 20), within=0.5, what="a second publish"
+        )
+        assert engine.metrics.sample("service_engine_outbox_pending") == 0
+        assert (engine.metrics.sample("service_engine_dead_letters_total", source="Outbox") or 0) == 0
     stored = await stream_messages(nats_server.url, "INTEGRATION_EVT")
-    assert sorted(message_ids(stored)) == sorted(str(i) for i in ids)
-    assert message_ids(stored) == [str(i) for i in ids], "published out of commit order"
+    assert message_ids(stored) == [str(i) for i in ids], "published out of commit order or twice"
     assert await DeadLetters(db).list() == []
-    assert (metrics.sample("service_engine_dead_letters_total", source="Outbox") or 0) == 0
+
+
+@contextlib.asynccontextmanager
+async def relaying_engine(db: Database, conn: Nats, **config: Any) -> AsyncIterator[Engine]:
+    """A real Engine given NATS, running (its relay is a beat step and a
+    commit's wake-up) and UP, with a short beat and lease."""
+    settings: dict[str, Any] = {"lock_timeout": timedelta(seconds=1), **config}
+    async with engine_running(fast_engine_config(SERVICE, **settings), db, nats=conn) as engine:
+        yield engine
+
+
+async def _beats_pass(db: Database, n: int) -> None:
+    """Wait until the beat ran ``n`` more times (the schema-version heartbeat
+    it writes on each beat advanced ``n`` times)."""
+    for _ in range(n):
+        await wait_until(_heartbeat_advanced(db, await _heartbeat(db)), timeout=5, what="a beat")
+
+
+def _heartbeat_advanced(db: Database, last: datetime) -> Callable[[], Awaitable[bool]]:
+    return lambda: _advanced(_heartbeat(db), last)
+
+
+async def _stored_more_than(url: str, n: int) -> bool:
+    return await stream_count(url, "INTEGRATION_EVT") > n
 
 
 @contextlib.asynccontextmanager
@@ -480,62 +492,59 @@ async def test_an_outage_shorter_than_the_grace_keeps_the_pod_up(db: Database, n
 async def test_s178_a_row_the_broker_keeps_rejecting_is_dead_lettered_and_failed_in_one_transaction(
     db: Database, nats_server: EmbeddedNats
 ) -> None:
-    """s178: a row the reachable broker refuses (too large for the stream)
-    spends one attempt per pass up to the bound, then is marked FAILED and
-    dead-lettered (source Outbox) in the same transaction; the other rows
-    publish meanwhile."""
-    metrics = Metrics(SERVICE, "pod-a")
+    """s178: through the running engine's relay, a row the reachable broker
+    refuses (too large for the stream) is tried once per attempt up to the
+    bound (the broker sees exactly that many publishes of it), then marked
+    FAILED and dead-lettered (source Outbox) in the same transaction and never
+    tried again; the other rows publish meanwhile."""
     await set_stream(nats_server.url, "INTEGRATION_EVT", max_msg_size=1024)
-    async with engine_nats(nats_server) as conn:
-        relay = relay_for(db, conn, metrics, max_attempts=3)
+    async with tapped(nats_server.url, "integration.evt.cards.>") as tap, engine_nats(
+        nats_server
+    ) as conn, relaying_engine(db, conn, outbox_max_attempts=3) as engine:
         [poison] = await commit_events(db, [event("big", title="x" * 4096)])
         fine = await commit_events(db, [event("c1"), event("c2")])
-        first = await relay.step()
-        assert (first.published, first.rejected, first.dead_lettered) == (2, 1, 0)
-        row = await db.pool.fetchrow(
-            "SELECT status, attempts, last_error FROM service_engine.integration_outbox WHERE message_id = $1", poison
+        await wait_until(lambda: _status_of(db, poison, "FAILED"), what="the poison row FAILED")
+        await wait_until(lambda: _no_pending(db), what="the other rows published")
+        await _beats_pass(db, 3)
+        await assert_never(  # FAILED is final: no further attempt
+            lambda: tap.count(str(poison)) > 3, within=0.5, what="a fourth attempt"
         )
-        assert row is not None and (row["status"], row["attempts"]) == ("PENDING", 1)
-        assert "size" in row["last_error"] or "maximum" in row["last_error"]
-        second = await relay.step()
-        assert (second.rejected, second.dead_lettered) == (1, 0)
-        third = await relay.step()
-        assert (third.rejected, third.dead_lettered) == (1, 1)
-        for _ in range(2):  # FAILED is final: no further attempt
-            assert (await relay.step()).rejected == 0
+        assert tap.count(str(poison)) == 3
+        assert engine.metrics.sample("service_engine_dead_letters_total", source="Outbox") == 1
     failed = await db.pool.fetchrow(
-        "SELECT status, attempts, xmin::text AS tx FROM service_engine.integration_outbox WHERE message_id = $1", poison
+        """SELECT status, attempts, last_error, xmin::text AS tx
+             FROM service_engine.integration_outbox WHERE message_id = $1""", poison
     )
-    letters = await DeadLetters(db).list(DeadLetterSource.OUTBOX)
     assert failed is not None and (failed["status"], failed["attempts"]) == ("FAILED", 3)
+    assert "size" in failed["last_error"] or "maximum" in failed["last_error"]
+    letters = await DeadLetters(db).list(DeadLetterSource.OUTBOX)
     assert len(letters) == 1
     letter = letters[0]
     assert letter.message_id == poison and letter.subject == SUBJECT and letter.attempts == 3
     assert letter.payload is not None and b"x" * 4096 in letter.payload
     dead_tx = await db.pool.fetchval("SELECT xmin::text FROM service_engine.dead_letter WHERE id = $1", letter.id)
     assert dead_tx == failed["tx"], "FAILED and its dead letter were written in different transactions"
-    assert metrics.sample("service_engine_dead_letters_total", source="Outbox") == 1
     stored = await stream_messages(nats_server.url, "INTEGRATION_EVT")
     assert message_ids(stored) == [str(i) for i in fine]
 
 
 async def test_s189_a_subject_jetstream_cannot_answer_is_an_outage(db: Database, nats_server: EmbeddedNats) -> None:
-    """s189: connected, but no stream answers the subject (no responders):
-    the pass halts with no attempt spent and the rows wait, then deliver
-    once JetStream answers again."""
-    admin = await nats.connect(nats_server.url, max_reconnect_attempts=0)
-    try:
-        await admin.jetstream().delete_stream("INTEGRATION_EVT")
-    finally:
-        await admin.close()
-    async with engine_nats(nats_server) as conn:
-        relay = relay_for(db, conn)
+    """s189: through the running engine's relay, connected but with no stream
+    to answer the subject (no responders): the relay keeps trying (the
+    broker sees its publishes) yet spends no attempt and dead-letters
+    nothing, the rows wait PENDING, then deliver once, in commit order, when
+    JetStream answers again."""
+    async with tapped(nats_server.url, "integration.evt.cards.>") as tap, engine_nats(
+        nats_server
+    ) as conn, relaying_engine(db, conn) as engine:
+        await _delete_stream(nats_server.url, "INTEGRATION_EVT")
         ids = await commit_events(db, [event(f"c{i}") for i in range(5)])
-        await passes_that_really_try(relay, 4)
+        await wait_until(lambda: tap.count(str(ids[0])) >= 3, timeout=15, what="three tries unanswered")
         assert await statuses(db) == {"PENDING": 5}
         assert await attempts_spent(db) == 0
         await provision_streams(nats_server.url)
-        await step_until(relay, lambda: _no_pending(db))
+        await wait_until(lambda: _no_pending(db), timeout=20, what="the rows published")
+        assert (engine.metrics.sample("service_engine_dead_letters_total", source="Outbox") or 0) == 0
     assert await DeadLetters(db).list() == []
     assert message_ids(await stream_messages(nats_server.url, "INTEGRATION_EVT")) == [str(i) for i in ids]
 
@@ -544,34 +553,47 @@ async def test_s190_a_server_restarted_without_jetstream_is_an_outage(
     db: Database, nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
     """s190: the broker comes back on the same port without JetStream: the
-    client is connected, JetStream cannot answer; no attempt is spent, the
-    pod goes DOWN past the grace, and the rows deliver once JetStream is back."""
-    async with engine_nats(nats_server) as conn:
-        relay = relay_for(db, conn)
-        readiness = ReadinessHandle()
-        readiness.clear("booting")
-        health = NatsHealth(conn, readiness, grace=timedelta(milliseconds=300))
-        health_task = asyncio.create_task(health.run())
-        try:
-            await stop(nats_server, conn)
-            async with core_nats_without_jetstream(nats_server.port, tmp_path / "core"):
-                await wait_until(conn.reachable, timeout=15, what="a connection to the core server")
+    running engine's client reconnects, its relay keeps trying (the broker
+    sees its publishes) yet spends no attempt, the pod goes DOWN with the nats
+    reason past the grace, and once JetStream is back the rows deliver once,
+    in commit order, and the pod is UP."""
+    async with engine_nats(nats_server) as conn, relaying_engine(
+        db, conn, nats_grace=timedelta(milliseconds=300)
+    ) as engine:
+        await stop(nats_server, conn)
+        async with core_nats_without_jetstream(nats_server.port, tmp_path / "core"):
+            await wait_until(conn.reachable, timeout=15, what="a connection to the core server")
+            async with tapped(nats_server.url, "integration.evt.cards.>") as tap:
                 ids = await commit_events(db, [event(f"c{i}") for i in range(5)])
-                await passes_that_really_try(relay, 4)
-                assert await statuses(db) == {"PENDING": 5}
-                assert await attempts_spent(db) == 0
-                await wait_until(lambda: readiness.holds(REASON_NATS_UNREACHABLE), timeout=5, what="DOWN without JetStream")
-                assert conn.reachable()
-            await wait_until(lambda: not conn.reachable(), what="the core server gone")
-            await restart(nats_server, conn)
-            await step_until(relay, lambda: _no_pending(db))
-            await wait_until(lambda: readiness.is_up, timeout=5, what="UP with JetStream back")
-        finally:
-            health_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await health_task
+                await wait_until(lambda: tap.count(str(ids[0])) >= 3, timeout=15, what="three tries unanswered")
+            assert await statuses(db) == {"PENDING": 5}
+            assert await attempts_spent(db) == 0
+            await wait_until(
+                lambda: engine.readiness.holds(REASON_NATS_UNREACHABLE), timeout=5,
+                what="DOWN without JetStream",
+            )
+            assert conn.reachable()
+        await wait_until(lambda: not conn.reachable(), what="the core server gone")
+        await restart(nats_server, conn)
+        await wait_until(lambda: _no_pending(db), timeout=20, what="the rows published")
+        await wait_until(lambda: engine.readiness.is_up, timeout=5, what="UP with JetStream back")
     assert await DeadLetters(db).list() == []
     assert message_ids(await stream_messages(nats_server.url, "INTEGRATION_EVT")) == [str(i) for i in ids]
+
+
+async def _delete_stream(url: str, name: str) -> None:
+    admin = await nats.connect(url, max_reconnect_attempts=0)
+    try:
+        await admin.jetstream().delete_stream(name)
+    finally:
+        await admin.close()
+
+
+async def _status_of(db: Database, message_id: uuid.UUID, status: str) -> bool:
+    found = await db.pool.fetchval(
+        "SELECT status FROM service_engine.integration_outbox WHERE message_id = $1", message_id
+    )
+    return bool(found == status)
 
 
 # -- the retention boot check -----------------------------------------------------------------

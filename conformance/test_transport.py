@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -24,9 +25,13 @@ from service_engine.impacts.transport import (
     stage_in,
 )
 from service_engine.metrics import Metrics
-from service_engine.readiness import REASON_BOOTING, REASON_LISTENER_BRAKE
+from service_engine.readiness import REASON_LISTENER_BRAKE
+from service_engine.render import Query, Reset, Upsert
+from service_engine.render.stream import SessionStream
+from service_engine.render.windows import WindowSpec
 
-from .harness import assert_nothing, wait_until
+from .harness import assert_never, assert_nothing, engine_running, fast_engine_config, wait_until
+from .sample_cards import Card, CardsView, Principal, RankQuery, write_card
 
 
 @contextlib.asynccontextmanager
@@ -54,6 +59,15 @@ async def next_delivery(listener: PgListenNotify) -> list[Impact] | Reconnected:
 
 def cards(*keys: int) -> list[Impact]:
     return [Impact.entity("card", k) for k in keys]
+
+
+ALICE = Principal("alice", frozenset({"acme"}))
+
+
+async def seed(db: Database, *cards: Card) -> None:
+    async with db.pool.acquire() as conn:
+        for card in cards:
+            await write_card(conn, card)
 
 
 async def test_committed_impacts_arrive_whole_once_in_commit_order(db: Database) -> None:
@@ -138,47 +152,65 @@ async def test_s132_channel_overflow_yields_exactly_one_reconnected_and_keeps_dr
             got = await next_delivery(listener)
 
 
-async def test_s133_queue_usage_brake_takes_readiness_down_then_recovers(
-    db: Database, database: object
-) -> None:
-    """s133: past listener_queue_threshold the brake closes the listener,
-    readiness goes DOWN with the reason, the listener reconnects and signals
-    Reconnected, and readiness returns once usage falls."""
-    # A backend that LISTENs and idles in a transaction holds the queue tail:
-    # notifications spanning more than one queue page then count as usage.
-    stuck = await db.connect_dedicated()
-    await stuck.execute("LISTEN service_engine_impacts")
-    await stuck.execute("BEGIN")
-    await stuck.execute("SELECT 1")
-    try:
-        await commit(db, [Impact.entity("row", f"{i}-" + "x" * 200) for i in range(600)])
-        usage = await queue_usage(db)
-        assert usage > 0
-        readiness = ReadinessHandle()
-        readiness.clear(REASON_BOOTING)
-        config = EngineConfig(listener_queue_threshold=usage / 10)
-        listener = PgListenNotify(db, config, readiness)
-        task = asyncio.create_task(listener.run())
+async def test_s133_brake_through_the_beat(db: Database) -> None:
+    """s133: the running engine's beat measures the notification queue; past
+    listener_queue_threshold it closes the listener, readiness goes DOWN
+    with the brake's reason, and the reconnected listener re-snapshots the
+    live session (a Reset). Once usage falls the beat brakes no more, the pod
+    stays UP and a commit reaches the session as an Upsert again."""
+    await seed(db, Card("c1", "acme", 1, "one"))
+    # Any usage at all brakes: a fresh queue reads exactly 0.
+    config = fast_engine_config(
+        "transport", lock_timeout=timedelta(seconds=1), listener_queue_threshold=1e-9
+    )
+    async with engine_running(config, db, CardsView()) as engine:
+        stream = await engine.attach(ALICE, "cards", WindowSpec(Query(RankQuery())))
+        (first,) = [await asyncio.wait_for(stream.next(), 10)]
+        assert isinstance(first, Reset)
+        # A backend that LISTENs and idles in a transaction holds the queue
+        # tail: notifications spanning more than one queue page count as usage.
+        stuck = await db.connect_dedicated()
         try:
-            await asyncio.wait_for(listener.started.wait(), 10)
-            connections = listener.connections
-            await listener.check_queue()
-            assert readiness.holds(REASON_LISTENER_BRAKE)
-            assert "listener_queue_threshold" in readiness.current().reasons[REASON_LISTENER_BRAKE]
-            assert isinstance(await next_delivery(listener), Reconnected)
-            assert listener.connections == connections + 1
+            await stuck.execute("LISTEN service_engine_impacts")
+            await stuck.execute("BEGIN")
+            await stuck.execute("SELECT 1")
+            await commit(db, [Impact.entity("row", f"{i}-" + "x" * 200) for i in range(600)])
+            reasons: list[str] = []
+
+            def braked() -> bool:
+                reason = engine.readiness.current().reasons.get(REASON_LISTENER_BRAKE)
+                if reason is not None:
+                    reasons.append(reason)
+                return reason is not None
+
+            await wait_until(braked, what="the beat's brake taking readiness DOWN")
+            assert "listener_queue_threshold" in reasons[0]
+            reset = await _next_reset(stream)
+            assert reset.views == {'"c1"': ("acme", 1, "one")}
             await stuck.execute("ROLLBACK")
             await stuck.execute("UNLISTEN *")
-            await wait_until(lambda: _usage_zero(db), what="queue drained")
-            await listener.check_queue()
-            await wait_until(lambda: not readiness.holds(REASON_LISTENER_BRAKE), what="brake released")
-            assert readiness.is_up
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    finally:
-        await stuck.close()
+            await stuck.close()
+        await wait_until(lambda: _usage_zero(db), what="the queue drained")
+        await wait_until(lambda: engine.readiness.is_up, what="UP once usage fell")
+        await assert_never(  # ten beats: the brake stays released
+            lambda: engine.readiness.holds(REASON_LISTENER_BRAKE), within=0.5, what="the brake"
+        )
+        async with db.pool.acquire() as conn:
+            await write_card(conn, Card("c1", "acme", 1, "after the brake"))
+        while True:  # Resets queued by the brake's reconnects come first
+            delta = await asyncio.wait_for(stream.next(), 10)
+            if isinstance(delta, Upsert):
+                break
+            assert isinstance(delta, Reset)
+        assert delta.key == '"c1"' and delta.view == ("acme", 1, "after the brake")
+
+
+async def _next_reset(stream: SessionStream[Any]) -> Reset[Any]:
+    while True:
+        delta = await asyncio.wait_for(stream.next(), 10)
+        if isinstance(delta, Reset):
+            return delta
 
 
 async def _usage_zero(db: Database) -> bool:

@@ -78,10 +78,12 @@ async def stage_blobs(conn: Conn, staging: BlobStaging) -> None:
     caller's transaction. A release of a reference minted by this very
     transaction releases it too (it never reached an aggregate)."""
     if staging.minted:
+        # ``owner_key`` is already canonical JSON text: cast from text, so the
+        # connection's jsonb codec does not encode it a second time.
         await conn.executemany(
             "INSERT INTO service_engine.blob (id, kind, object_key, content_type, max_bytes,"
             " owner_store, owner_key, orphan_after)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8)",
+            " VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8)",
             [
                 (b.id, b.kind, b.object_key, b.content_type, b.max_bytes, b.owner_store,
                  b.owner_key, b.orphan_after)
