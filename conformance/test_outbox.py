@@ -200,7 +200,8 @@ async def test_a_declared_sequence_without_a_service_stages_nothing(db: Database
 async def test_a_pass_drains_up_to_its_drain_bound(db: Database, nats_server: EmbeddedNats) -> None:
     """The batch cap equals the drain bound: a backlog bursts within one beat."""
     async with engine_nats(nats_server) as conn:
-        relay = relay_for(db, conn, drain_bound=250)
+        # A pass budget no loaded machine reaches: the bound under test is the batch.
+        relay = relay_for(db, conn, drain_bound=250, pass_budget=timedelta(seconds=60))
         await commit_backlog(db, 600)
         first = await relay.step()
         assert first.published == 250
