@@ -35,7 +35,16 @@ from .config import EngineConfig
 from .db import Database, connect_pool, service_migrations, validate_database_tls
 from .db.types import Conn
 from .engine import ENGINE_VERSION, Engine
-from .erasure import Erasable, Erase, Erased, Eraser, ErasureResult, PersonErased
+from .erasure import (
+    PERSON_ERASED_SUBJECT,
+    Erasable,
+    Erase,
+    Erased,
+    Eraser,
+    ErasureResult,
+    PersonErased,
+    person_erased_subject,
+)
 from .errors import (
     AttachError,
     ConfigError,
@@ -291,6 +300,7 @@ __all__ = [
     "Park",
     "PerImpact",
     "Persistence",
+    "PERSON_ERASED_SUBJECT",
     "PersonErased",
     "Populate",
     "PostureBypassRls",
@@ -362,6 +372,7 @@ __all__ = [
     "event_subject",
     "gated",
     "open_nats",
+    "person_erased_subject",
     "readiness_route",
     "run_on_allocator",
     "run_with",

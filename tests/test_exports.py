@@ -41,6 +41,7 @@ EXPECTED = {
     "BlobBucketMissing", "BlobError", "BlobKind", "BlobPolicy", "BlobStoreConfig",
     "BlobStoreMissing", "DownloadUrl", "UploadUrl",
     "Erasable", "Erase", "Erased", "Eraser", "ErasureResult", "PersonErased",
+    "PERSON_ERASED_SUBJECT", "person_erased_subject",
     "PrincipalFactLoader", "PrincipalFactLoadFailed",
     "NestedConnectionError",
     "EmptyScopeManifest", "MalformedScopeKey", "ScopeDeclaration", "ScopeError",
