@@ -10,6 +10,7 @@ import json
 from datetime import timedelta
 
 import nats
+from nats.aio.msg import Msg
 
 from service_engine import (
     Database,
@@ -48,7 +49,7 @@ async def test_person_erased_subject_is_versioned(
     listener = await nats.connect(nats_server.url, connect_timeout=5, max_reconnect_attempts=0)
     received: asyncio.Queue[bytes] = asyncio.Queue()
 
-    async def on_message(msg: nats.aio.msg.Msg) -> None:
+    async def on_message(msg: Msg) -> None:
         await received.put(msg.data)
 
     await listener.subscribe(subject, cb=on_message)

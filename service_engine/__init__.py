@@ -187,6 +187,8 @@ from .render.projector import (
     RlsApplier,
     Unrestricted,
     Visibility,
+    VisibilityMismatch,
+    check_window_matches_visibility,
 )
 from .render.stream import SessionEnded, SessionStream
 from .render.windows import Emission, WindowSpec
@@ -204,6 +206,7 @@ from .scopes.manifest import (
 __all__ = [
     "ACCUMULATED_LANE",
     "ENGINE_VERSION",
+    "PERSON_ERASED_SUBJECT",
     "Accumulator",
     "AccumulatorWithoutService",
     "Acked",
@@ -300,7 +303,6 @@ __all__ = [
     "Park",
     "PerImpact",
     "Persistence",
-    "PERSON_ERASED_SUBJECT",
     "PersonErased",
     "Populate",
     "PostureBypassRls",
@@ -361,11 +363,13 @@ __all__ = [
     "UploadUrl",
     "Upsert",
     "Visibility",
+    "VisibilityMismatch",
     "WindowSpec",
     "WorkerStopped",
     "affordances",
     "bind_listener",
     "check_gates_match_affordances",
+    "check_window_matches_visibility",
     "command_subject",
     "connect_pool",
     "encode_frame",

@@ -77,6 +77,11 @@ class EngineConfig(BaseModel):
     """How long a lane A seal marker (and an unsealed chunk) is kept; must
     cover the max_age of the ``STREAMING_{service}`` stream, so a marker
     outlives every chunk the stream could still deliver."""
+    outbox_sweep_every: timedelta = _seconds(60)
+    """The period of the outbox relay's hygiene sweep (``with_sweep_every``):
+    PUBLISHED rows, FAILED rows and message claims older than
+    ``message_retention`` are deleted at most this often, by the relay's
+    leader; best-effort, it never lowers readiness."""
     outbox_drain_bound: int = 1000
     outbox_max_attempts: int = 5
     scheduled_max_attempts: int = 5
@@ -213,7 +218,7 @@ class EngineConfig(BaseModel):
             "session_ttl", "session_max_age", "lock_timeout", "ack_wait",
             "publish_ack_timeout", "beat_interval", "lease", "nats_grace",
             "listener_probe_timeout", "schema_version_liveness", "message_retention",
-            "seal_retention",
+            "seal_retention", "outbox_sweep_every",
             "inbound_restart_backoff", "offer_reconcile", "mirror_reconcile",
             "mirror_restart_backoff",
         )

@@ -14,6 +14,7 @@ from typing import Any
 from .blobs.model import BlobKind, BlobPolicy, DownloadUrl
 from .blobs.runtime import BlobRuntime
 from .blobs.store import BlobStoreConfig
+from .clock import SystemClock
 from .config import EngineConfig
 from .db.pool import Database, IdleConnections
 from .db.posture import assert_posture
@@ -71,8 +72,10 @@ from .offers.drain import DrainHook, OfferDrain, OfferDrainBounds
 from .offers.model import Offer, register_offer_type
 from .ops.queries import dead_letters_waiting
 from .pipeline import MutationExecutor
+from .pipeline.contexts import Ops
 from .pipeline.inbound import InboundReaction
 from .pipeline.reaction import ReactionPrincipal
+from .pipeline.run import run_pipeline
 from .principal_facts import PrincipalFactLoader, PrincipalFactLoaders
 from .readiness import (
     REASON_BOOTING,
@@ -158,6 +161,7 @@ class Engine:
                     drain_bound=config.outbox_drain_bound,
                     max_attempts=config.outbox_max_attempts,
                     message_retention=config.message_retention,
+                    sweep_every=config.outbox_sweep_every,
                 ),
             )
             self.scheduled = ScheduledPublisher(
@@ -484,6 +488,27 @@ class Engine:
     async def fold(self, accumulator: Accumulator[Any] | str, key: str) -> Folded[Any]:
         """``key``'s state: the fold of its contiguous durable prefix."""
         return await self.lanes.fold(accumulator, key)
+
+    async def seal(
+        self, accumulator: Accumulator[Any] | str, key: str, last_seq: int, hash: str
+    ) -> Any:
+        """Seal ``key``'s stream at ``last_seq`` against ``hash`` (the hex
+        SHA-256 of chunks ``0..last_seq``) in a write-pipeline transaction
+        of its own, and return the folded state (``cx.seal`` seals inside a
+        mutation or reaction instead). Raises, with nothing written,
+        `SealTruncated`, `SealHashMismatch`, `SealChunkBeyondLastSeq`,
+        `AlreadySealed`; `ShuttingDown` once shutdown began; `ConfigError`
+        for an accumulator that is not registered."""
+        self.ensure_accepting()
+        resolved = self.lanes.resolve(accumulator)
+
+        async def sealing(cx: Ops) -> Any:
+            return await cx.seal(resolved, key, last_seq, hash)
+
+        return await run_pipeline(
+            self.db, self.config, lambda conn, now: Ops(conn, self.config, now), sealing,
+            clock=SystemClock(), metrics=self.metrics,
+        )
 
     # -- erasure ------------------------------------------------------------
 

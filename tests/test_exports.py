@@ -42,6 +42,7 @@ EXPECTED = {
     "BlobStoreMissing", "DownloadUrl", "UploadUrl",
     "Erasable", "Erase", "Erased", "Eraser", "ErasureResult", "PersonErased",
     "PERSON_ERASED_SUBJECT", "person_erased_subject",
+    "VisibilityMismatch", "check_window_matches_visibility",
     "PrincipalFactLoader", "PrincipalFactLoadFailed",
     "NestedConnectionError",
     "EmptyScopeManifest", "MalformedScopeKey", "ScopeDeclaration", "ScopeError",
