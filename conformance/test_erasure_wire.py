@@ -1,17 +1,24 @@
-"""Erasure on the wire: `PersonErased` reaches a subscriber written to the
-specification's subject (``integration.evt.{service}.person.erased.v1``)
-through the running engine's outbox relay."""
+"""Erasure on the wire and in live windows: `PersonErased` reaches a
+subscriber written to the specification's subject
+(``integration.evt.{service}.person.erased.v1``) through the running
+engine's outbox relay; the reference board slice's erasure re-gates the
+erased member's live sessions; a principal-facts dependency that names no
+registered noun is refused where it is staged."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
+import asyncpg
 import nats
+import pytest
 from nats.aio.msg import Msg
 
+from example_service.slices.board.domain import BOARD_MEMBERSHIPS, NOUN, Board
 from service_engine import (
     Database,
     Engine,
@@ -19,9 +26,14 @@ from service_engine import (
     WorkerStopped,
     person_erased_subject,
 )
-from service_engine.embedded import EmbeddedNats
+from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
 from service_engine.erasure import Erase
+from service_engine.graphql import Passport
+from service_engine.impacts import UnknownFactDependency
+from service_engine.pipeline import Mutation
 
+from .blackbox.harness import BOARDS_SUBSCRIPTION
+from .example_support import example_database, person, running
 from .harness import fast_engine_config, wait_until
 from .nats_support import engine_nats, stream_messages
 
@@ -92,3 +104,65 @@ async def _all_published(db: Database) -> bool:
         "SELECT count(*) FROM service_engine.integration_outbox WHERE status = 'PENDING'"
     )
     return bool(pending == 0)
+
+
+@pytest.fixture
+async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
+    async with example_database(pg_server) as provisioned:
+        yield provisioned
+
+
+async def test_erasure_regates_live_windows(store: ProvisionedDatabase) -> None:
+    """An erased member's live sessions lose the boards they had joined:
+    the board slice's erasure stages its principal-facts impact on the
+    ``board`` noun, so the running engine re-resolves the person and their
+    open window receives a Remove of the cross-org board (another member's
+    window keeps it)."""
+    conn = await asyncpg.connect(store.owner_url)
+    try:
+        await conn.execute(
+            "INSERT INTO board (id, org, title, owner) VALUES ('b1', 'acme', 'Plans', 'ann')"
+        )
+        await conn.executemany(
+            "INSERT INTO board_member (id, board_id, person) VALUES ($1, 'b1', $2)",
+            [("m1", "zoe"), ("m2", "yan")],
+        )
+    finally:
+        await conn.close()
+    async with (
+        running(store, ["board"]) as run,
+        run.socket(Passport(sub="zoe", org="other")) as zoe,
+        run.socket(Passport(sub="yan", org="other")) as yan,
+    ):
+        for ws in (zoe, yan):
+            await ws.subscribe("boards", BOARDS_SUBSCRIPTION)
+            reset = (await ws.next("boards"))["boards"]
+            assert (reset["__typename"], reset["keys"]) == ("BoardsReset", [json.dumps("b1")])
+
+        assert (await run.engine.erase("zoe")).fresh
+        removed = (await zoe.next("boards"))["boards"]
+        assert (removed["__typename"], removed["key"]) == ("BoardsRemove", json.dumps("b1"))
+        assert removed["revision"] == reset["revision"] + 1
+        await yan.quiet(0.5)
+
+
+async def test_a_fact_name_is_refused_as_a_principal_facts_dependency(
+    store: ProvisionedDatabase,
+) -> None:
+    """On the running engine a mutation staging ``impact_principal_facts``
+    with a dependency no registered projector reads (a fact name, not a
+    noun) raises UnknownFactDependency at the staging line and commits
+    nothing; the registered noun is accepted."""
+    async with running(store, ["board"]) as run:
+
+        async def join(cx: Mutation[object], deps: list[str]) -> None:
+            await cx.create(Board("b9", "acme", "Nine", "ann"))
+            cx.impact_principal_facts("zoe", deps)
+
+        with pytest.raises(UnknownFactDependency) as refused:
+            await run.executor.execute(person("ann"), join, [NOUN, BOARD_MEMBERSHIPS])
+        assert refused.value.unknown == (BOARD_MEMBERSHIPS,)
+        assert NOUN in str(refused.value)
+        assert await run.engine.fetch("boards", "b9", person("ann")) is None
+        assert await run.executor.execute(person("ann"), join, [NOUN]) is None
+        assert await run.engine.fetch("boards", "b9", person("ann")) is not None

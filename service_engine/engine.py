@@ -84,7 +84,7 @@ from .readiness import (
     ReadinessHandle,
 )
 from .render.paging import PageResult
-from .render.projector import Projector, RlsApplier
+from .render.projector import Projector, RlsApplier, route_of
 from .render.registry import PrincipalRefresh
 from .render.runtime import RenderRuntime
 from .render.stream import SessionStream
@@ -204,9 +204,12 @@ class Engine:
         self.scope_handshake: ScopeHandshake | None = None
         self.principal_facts = PrincipalFactLoaders()
         """The slices' principal fact loaders (`register_principal_fact`)."""
+        self._nouns: set[str] = set()
+        """The nouns the registered projectors read (a principal-facts
+        dependency must name one of them)."""
         self._eraser = Eraser(
             db, config, lanes=self.lanes, blobs=self.blobs, presence=self._clear_presence,
-            metrics=self.metrics, purge_grace=config.lease,
+            metrics=self.metrics, purge_grace=config.lease, nouns=self._nouns,
         )
         self._running = False
         self._shutting_down = False
@@ -298,6 +301,7 @@ class Engine:
         """Serve ``projector``'s views; raises `DuplicateRegistration` for a
         name already registered and `InvalidProjector` for a bad declaration."""
         self.render.register_projector(projector)
+        self._nouns.update(route_of(projector).nouns)
 
     def register_principal_refresh(self, refresh: PrincipalRefresh) -> None:
         """How a principal is re-resolved when its facts change."""
@@ -419,6 +423,7 @@ class Engine:
             )
         handle = self.presence_lanes.register(projector, ttl)
         self.render.register_projector(projector)
+        self._nouns.update(route_of(projector).nouns)
         self.lane_hub.watch(PRESENCE_LANE, projector.NAME)
         return handle
 
@@ -616,7 +621,8 @@ class Engine:
     def mutation_executor(self) -> MutationExecutor:
         """Runs mutations (and bulk writes) through the write pipeline."""
         return MutationExecutor(
-            self.db, self.config, self.metrics, accepting=self.ensure_accepting
+            self.db, self.config, self.metrics, accepting=self.ensure_accepting,
+            nouns=self._nouns,
         )
 
     # -- sessions ---------------------------------------------------------
@@ -717,6 +723,7 @@ class Engine:
                 runner = ReactionRunner(
                     reaction, self.db, self.config, self.dead_letters, metrics=self.metrics,
                     principal=self._reaction_principal, hook=self._inbound_hook,
+                    nouns=self._nouns,
                 )
                 consumer = InboundConsumer(reaction, runner, nats, self.config)
                 await consumer.bind()

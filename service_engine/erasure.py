@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, ClassVar, Protocol
@@ -224,6 +224,7 @@ class Eraser:
         metrics: Metrics | None = None,
         clock: Clock | None = None,
         purge_grace: timedelta = timedelta(seconds=5),
+        nouns: Collection[str] | None = None,
     ) -> None:
         self._db = db
         self._config = config
@@ -233,6 +234,7 @@ class Eraser:
         self._metrics = metrics
         self._clock = clock or SystemClock()
         self._purge_grace = purge_grace
+        self._nouns = nouns
         self._erasables: dict[str, Erasable] = {}
 
     def register(self, name: str, erasable: Erasable) -> None:
@@ -286,7 +288,8 @@ class Eraser:
             return bool(fresh), manifest
 
         fresh, manifest = await run_pipeline(
-            self._db, self._config, open_context, handler, clock=self._clock, metrics=self._metrics,
+            self._db, self._config, open_context, handler, clock=self._clock,
+            metrics=self._metrics, nouns=self._nouns,
         )
         purged = False
         if purge:

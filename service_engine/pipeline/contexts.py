@@ -32,7 +32,7 @@ import copy
 import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, cast
 
@@ -46,7 +46,15 @@ from ..db.types import Conn
 from ..errors import DeclarationError, TooManyImpacts
 from ..gates import BoundGate
 from ..impacts.framing import MAX_IMPACT_BYTES, encode_group, new_group_id
-from ..impacts.model import Cause, Impact, ImpactKind, JsonValue, canonical_json, impact_json
+from ..impacts.model import (
+    Cause,
+    Impact,
+    ImpactKind,
+    JsonValue,
+    UnknownFactDependency,
+    canonical_json,
+    impact_json,
+)
 from ..lanes.accumulator import Accumulator, Cancelled
 from ..lanes.accumulator_errors import SealError
 from ..lanes.chunks import Gesture, SealPlan
@@ -131,6 +139,10 @@ class Ops:
     """
 
     _bulk = False
+    _nouns: Collection[str] | None = None
+    """The nouns the engine's projectors read (`run_pipeline` sets it); a
+    principal-facts dependency outside them is refused. None: unchecked (a
+    pipeline run without an engine)."""
 
     def __init__(self, conn: Conn, config: EngineConfig, now: Timestamp) -> None:
         self._conn = conn
@@ -351,7 +363,16 @@ class Ops:
         self._scheduled.setdefault(at, []).append(impact)
 
     def impact_principal_facts(self, principal_id: JsonValue, deps: Iterable[str]) -> None:
-        """The facts of ``principal_id`` changed; projectors over ``deps`` re-gate."""
+        """The facts of ``principal_id`` changed; projectors reading the nouns
+        ``deps`` re-gate that principal's sessions (empty: every projector).
+        Raises `UnknownFactDependency` for a dependency no registered
+        projector reads (a fact name where a noun belongs)."""
+        deps = list(deps)
+        nouns = self._nouns
+        if nouns is not None:
+            unknown = {dep for dep in deps if dep not in nouns}
+            if unknown:
+                raise UnknownFactDependency(unknown, nouns)
         self._add(_check_fits(Impact.principal_facts(principal_id, deps)))
 
     def _add(self, impact: Impact) -> None:

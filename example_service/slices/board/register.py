@@ -44,7 +44,7 @@ class BoardErasure:
 
     async def erase(self, cx: Erase, person: str) -> None:
         await cx.execute("DELETE FROM board_member WHERE person = $1", person)
-        cx.impact_principal_facts(person, [BOARD_MEMBERSHIPS])
+        cx.impact_principal_facts(person, [NOUN])
         owned = await cx.fetch("SELECT id FROM board WHERE owner = $1", person)
         await cx.execute("UPDATE board SET owner = $2 WHERE owner = $1", person, ERASED)
         await cx.execute(
