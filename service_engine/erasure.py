@@ -57,7 +57,6 @@ from .lanes.accumulators import Accumulators
 from .messaging.envelope import DeclaredSequence, build_event, check_token
 from .metrics import Metrics
 from .persistence.full_eda import EventSourced, Redactor
-from .persistence.full_eda import erase as erase_events
 from .pipeline.contexts import Ops
 from .pipeline.run import run_pipeline
 
@@ -179,10 +178,7 @@ class Erase(Ops):
         ``aggregate`` in place through ``redactor`` and re-snapshot each
         touched aggregate from genesis (`persistence.erase`), in the
         erasure's transaction; answers the touched keys."""
-        person = self.person
-        return await self._db(
-            Stage.SAVE, lambda: erase_events(self._conn, aggregate, redactor, person)
-        )
+        return await self.redact_events(aggregate, redactor, self.person)
 
 
 def _stage_person_erased(cx: Erase, service: str, person: str) -> None:

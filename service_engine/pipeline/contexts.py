@@ -82,6 +82,8 @@ from ..messaging.reactions import PrincipalUnresolved, ReactionDelivery
 from ..offers.staging import DirtyMark, DirtyMarks
 from ..persistence.base import Aggregate, NotFound, Persistence, load_pinned, store_of
 from ..persistence.crud import CrudStore
+from ..persistence.full_eda import EventSourced, Redactor
+from ..persistence.full_eda import erase as erase_events
 
 __all__ = ["Bulk", "Mutation", "Ops", "OutboxRow", "Reaction", "Staged", "principal_actor"]
 
@@ -340,6 +342,20 @@ class Ops:
             owner_store, owner_key,
         ))
         return upload
+
+    async def redact_events(
+        self, aggregate: type[EventSourced], redactor: Redactor[T], subject: T
+    ) -> list[JsonValue]:
+        """Rewrite the events of ``aggregate`` (a full-EDA aggregate) in
+        place through ``redactor(event, subject)`` and re-snapshot each
+        touched aggregate from genesis, under the pipeline's advisory lock
+        of each, in this transaction; answers the touched keys. In-log
+        erasure (`Erase.erase_events`) is this with the erased person.
+        Raises `HydrationFailed` (nothing commits) when a rewritten log no
+        longer replays."""
+        return await self._db(
+            Stage.SAVE, lambda: erase_events(self._conn, aggregate, redactor, subject)
+        )
 
     # -- impacts ------------------------------------------------------------
 
