@@ -607,6 +607,18 @@ class Engine:
         """The S3-compatible store `run` binds (bind-only: the bucket must exist)."""
         self.blobs.configure(config)
 
+    @property
+    def blob_store_configured(self) -> bool:
+        """Whether `run` has an S3 store to bind: one given to
+        `use_blob_store`, or ``SERVICE_ENGINE_S3_*`` in the environment. A
+        slice whose blobs are optional registers its kinds only then."""
+        return self.blobs.config is not None or BlobStoreConfig.from_env() is not None
+
+    def blob_kind(self, kind: str) -> BlobKind | None:
+        """The blob kind ``kind`` as `register_blobs` declared it (pass it to
+        ``cx.blob``), or None when this engine did not register it."""
+        return self.blobs.kinds.get(kind)
+
     async def download(
         self, projector: str, key: JsonValue, reference: JsonValue, principal: Any,
         applier: RlsApplier[Any] | None = None,
