@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -77,6 +77,13 @@ class EngineConfig(BaseModel):
     """How long a lane A seal marker (and an unsealed chunk) is kept; must
     cover the max_age of the ``STREAMING_{service}`` stream, so a marker
     outlives every chunk the stream could still deliver."""
+    outbox_discipline: Literal["leader", "row_claim"] = "leader"
+    """Who publishes the outbox: ``leader``, the pod holding the fenced
+    ``outbox`` lease (one publisher, rows in commit order); or
+    ``row_claim``, every pod, each on the rows it claimed with ``FOR
+    UPDATE SKIP LOCKED`` (a backlog drains on every pod; a producer
+    sequence still leaves in order). Every pod of a service must run the
+    same discipline."""
     outbox_sweep_every: timedelta = _seconds(60)
     """The period of the outbox relay's hygiene sweep (``with_sweep_every``):
     PUBLISHED rows, FAILED rows and message claims older than

@@ -40,6 +40,7 @@ from .integration.outbox import (
     OutboxBounds,
     OutboxRelay,
     check_message_retention,
+    outbox_relay,
 )
 from .integration.scheduled import ScheduledBounds, ScheduledPublisher
 from .lanes.accumulator import Accumulator, Durable, Folded
@@ -153,8 +154,8 @@ class Engine:
         self.scheduled: ScheduledPublisher | None = None
         if nats is not None:
             self.nats_health = NatsHealth(nats, readiness, self.metrics, grace=config.nats_grace)
-            self.outbox = OutboxRelay(
-                db, nats, self.dead_letters,
+            self.outbox = outbox_relay(
+                config.outbox_discipline, db, nats, self.dead_letters,
                 LeaderLease(db, OUTBOX_SLOT, config.pod_id, config.lease),
                 metrics=self.metrics,
                 bounds=OutboxBounds(
