@@ -140,7 +140,7 @@ from .memory import run_on_allocator
 from .mirrors.declaration import Merged, Mirror, Shadow
 from .mirrors.projection import Known, KnownScope, Projection
 from .offers.model import Offer, Published
-from .offers.relay import KvDrainRelay, KvPut, KvRetract
+from .offers.relay import HostedKvRelay, KvDrainRelay, KvPut, KvRetract, KvSource
 from .persistence import (
     Aggregate,
     CrudStore,
@@ -265,6 +265,7 @@ __all__ = [
     "Folded",
     "FullEda",
     "Gate",
+    "HostedKvRelay",
     "HydrationFailed",
     "Impact",
     "InboundReaction",
@@ -280,6 +281,7 @@ __all__ = [
     "KvKey",
     "KvPut",
     "KvRetract",
+    "KvSource",
     "LaneNotice",
     "LaneStreamMissing",
     "ListenerProbeFailed",

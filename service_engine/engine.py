@@ -71,6 +71,7 @@ from .mirrors.declaration import Mirror
 from .mirrors.worker import MirrorBounds, MirrorRuntime, MirrorSet, MirrorSupervisor
 from .offers.drain import DrainHook, OfferDrain, OfferDrainBounds
 from .offers.model import Offer, register_offer_type
+from .offers.relay import HostedKvRelay, KvSource
 from .ops.queries import dead_letters_waiting
 from .pipeline import MutationExecutor
 from .pipeline.contexts import Ops
@@ -187,6 +188,7 @@ class Engine:
         """The presence lanes (after `register_presence`)."""
         self.offer_drain: OfferDrain | None = None
         """The leader drain of the registered offers (after `register_offer`)."""
+        self._kv_relays: dict[str, HostedKvRelay] = {}
         self.mirrors = MirrorSet(self.metrics)
         self._mirror_bounds = MirrorBounds(
             interval=config.beat_interval, lease=config.lease,
@@ -366,6 +368,39 @@ class Engine:
             raise DuplicateRegistration("offer", offer.NAME)
         register_offer_type(offer)
         self.offer_drain.add(offer)
+
+    def register_kv_relay(
+        self, name: str, bucket: str, source: KvSource, *, batch: int = 256
+    ) -> HostedKvRelay:
+        """Publish ``source``'s changes into ``bucket`` monotonically by key
+        and version from `run` on (`KvDrainRelay`, watermarks under
+        ``name``): `run` binds the bucket (absent: `BucketMissing`, readiness
+        DOWN), and on every beat the pod holding the ``kv_relay:{name}``
+        lease publishes up to ``batch`` pending changes and acknowledges
+        them. Raises `DuplicateRegistration` for a name already registered,
+        `ConfigError` without NATS, after `run` started or for a source
+        without ``pending`` / ``published``."""
+        if self.nats is None:
+            raise ConfigError(f"kv relay {name!r} needs NATS")
+        if self._running:
+            raise ConfigError(f"kv relay {name!r}: register kv relays before run()")
+        if not name:
+            raise ConfigError("a kv relay needs a name (its watermarks' key)")
+        if name in self._kv_relays:
+            raise DuplicateRegistration("kv relay", name)
+        hosted = HostedKvRelay(
+            self.db, self.nats, name, bucket, source,
+            holder=self.config.pod_id, lease=self.config.lease, batch=batch,
+        )
+        self._kv_relays[name] = hosted
+        return hosted
+
+    def kv_relay(self, name: str) -> HostedKvRelay:
+        """The hosted relay ``name`` (its `HostedKvRelay.relay` once bound)."""
+        try:
+            return self._kv_relays[name]
+        except KeyError:
+            raise ConfigError(f"no kv relay named {name!r} is registered") from None
 
     def register_mirror(self, mirror: Mirror) -> None:
         """Mirror ``mirror``'s consumed prefixes from `run` on (a supervised
@@ -715,6 +750,8 @@ class Engine:
                 await self.outbox.aclose()
             if self.offer_drain is not None:
                 await self.offer_drain.aclose()
+            for hosted in self._kv_relays.values():
+                await hosted.aclose()
             await self.mirrors.aclose()
             self.lanes.detach()
             await self.blobs.aclose()
@@ -767,6 +804,13 @@ class Engine:
             self._supervisor.add("offers", self.offer_drain.run)
         for name, supervisor in self.mirrors.supervisors.items():
             self._supervisor.add(f"mirror:{name}", supervisor.run)
+        for name, hosted in self._kv_relays.items():
+            try:
+                await hosted.bind()
+            except EngineError as exc:
+                self.readiness.set_down("kv_relay_boot", f"{type(exc).__name__}: {exc}")
+                raise
+            self._beat_steps[f"kv_relay:{name}"] = hosted.beat
 
     async def _start_lanes(self) -> None:
         """Bind ``STREAMING_{service}`` (absent: `LaneStreamMissing`; its

@@ -43,6 +43,7 @@ EXPECTED = {
     "Erasable", "Erase", "Erased", "Eraser", "ErasureResult", "PersonErased",
     "PERSON_ERASED_SUBJECT", "person_erased_subject",
     "VisibilityMismatch", "check_window_matches_visibility",
+    "HostedKvRelay", "KvSource",
     "PrincipalFactLoader", "PrincipalFactLoadFailed",
     "NestedConnectionError",
     "EmptyScopeManifest", "MalformedScopeKey", "ScopeDeclaration", "ScopeError",
