@@ -336,9 +336,9 @@ async def test_reconcile_repairs_a_drifted_and_a_foreign_key(
 async def test_a_standalone_relay_refuses_a_rebuilt_buckets_unchanged_versions_until_reset(
     db: Database, nats_server: EmbeddedNats
 ) -> None:
-    """A KvDrainRelay used on its own (no engine; s171 through the running
-    engine is `test_s171_kv_drain_relay_hosted_by_the_engine`) publishes
-    monotonically by key and version (a stale
+    """A KvDrainRelay used on its own, without an engine (the scenario
+    through the running engine is `test_s171_kv_drain_relay_hosted_by_the_engine`),
+    publishes monotonically by key and version (a stale
     Put after a newer Retract is a no-op); after an operator truncates and
     rebuilds the bucket, re-staged unchanged versions are refused until
     reset_watermarks clears the watermarks, after which the re-staged set
