@@ -15,7 +15,7 @@ import pytest
 
 from service_engine import Database, Engine, ReadinessHandle
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
-from service_engine.erasure import Erase
+from service_engine.erasure import Erase, person_erased_subject
 from service_engine.errors import WorkerStopped
 
 from .accumulator_support import (
@@ -105,7 +105,7 @@ async def running(db: Database, *erasables: tuple[str, object]) -> AsyncIterator
 async def erased_events(db: Database) -> list[dict[str, object]]:
     rows = await db.pool.fetch(
         "SELECT subject, payload FROM service_engine.integration_outbox"
-        " WHERE subject = 'integration.evt.sample.person.erased'"
+        " WHERE subject = $1", person_erased_subject("sample")
     )
     return [as_json(r["payload"]) for r in rows]
 

@@ -1,7 +1,8 @@
 """Offers against a real Postgres and a spawned nats-server: the dirty mark
 staged with the write, the leader drain's order (s188), convergence under
 concurrent writes, retract after delete, failover mid-drain, the reconcile,
-and the KvDrainRelay's watermarks (s171)."""
+and a standalone KvDrainRelay's watermarks (the hosted relay, s171, is
+``test_kv_relay_hosted.py``)."""
 
 from __future__ import annotations
 
@@ -332,10 +333,12 @@ async def test_reconcile_repairs_a_drifted_and_a_foreign_key(
         assert await bucket_values(bucket) == {"a": 0, "b": 0}
 
 
-async def test_s171_a_rebuilt_bucket_refuses_unchanged_versions_until_reset(
+async def test_a_standalone_relay_refuses_a_rebuilt_buckets_unchanged_versions_until_reset(
     db: Database, nats_server: EmbeddedNats
 ) -> None:
-    """s171: the relay publishes monotonically by key and version (a stale
+    """A KvDrainRelay used on its own, without an engine (the scenario
+    through the running engine is `test_s171_kv_drain_relay_hosted_by_the_engine`),
+    publishes monotonically by key and version (a stale
     Put after a newer Retract is a no-op); after an operator truncates and
     rebuilds the bucket, re-staged unchanged versions are refused until
     reset_watermarks clears the watermarks, after which the re-staged set

@@ -35,7 +35,16 @@ from .config import EngineConfig
 from .db import Database, connect_pool, service_migrations, validate_database_tls
 from .db.types import Conn
 from .engine import ENGINE_VERSION, Engine
-from .erasure import Erasable, Erase, Erased, Eraser, ErasureResult, PersonErased
+from .erasure import (
+    PERSON_ERASED_SUBJECT,
+    Erasable,
+    Erase,
+    Erased,
+    Eraser,
+    ErasureResult,
+    PersonErased,
+    person_erased_subject,
+)
 from .errors import (
     AttachError,
     ConfigError,
@@ -131,7 +140,7 @@ from .memory import run_on_allocator
 from .mirrors.declaration import Merged, Mirror, Shadow
 from .mirrors.projection import Known, KnownScope, Projection
 from .offers.model import Offer, Published
-from .offers.relay import KvDrainRelay, KvPut, KvRetract
+from .offers.relay import HostedKvRelay, KvDrainRelay, KvPut, KvRetract, KvSource
 from .persistence import (
     Aggregate,
     CrudStore,
@@ -178,6 +187,8 @@ from .render.projector import (
     RlsApplier,
     Unrestricted,
     Visibility,
+    VisibilityMismatch,
+    check_window_matches_visibility,
 )
 from .render.stream import SessionEnded, SessionStream
 from .render.windows import Emission, WindowSpec
@@ -195,6 +206,7 @@ from .scopes.manifest import (
 __all__ = [
     "ACCUMULATED_LANE",
     "ENGINE_VERSION",
+    "PERSON_ERASED_SUBJECT",
     "Accumulator",
     "AccumulatorWithoutService",
     "Acked",
@@ -253,6 +265,7 @@ __all__ = [
     "Folded",
     "FullEda",
     "Gate",
+    "HostedKvRelay",
     "HydrationFailed",
     "Impact",
     "InboundReaction",
@@ -268,6 +281,7 @@ __all__ = [
     "KvKey",
     "KvPut",
     "KvRetract",
+    "KvSource",
     "LaneNotice",
     "LaneStreamMissing",
     "ListenerProbeFailed",
@@ -351,17 +365,20 @@ __all__ = [
     "UploadUrl",
     "Upsert",
     "Visibility",
+    "VisibilityMismatch",
     "WindowSpec",
     "WorkerStopped",
     "affordances",
     "bind_listener",
     "check_gates_match_affordances",
+    "check_window_matches_visibility",
     "command_subject",
     "connect_pool",
     "encode_frame",
     "event_subject",
     "gated",
     "open_nats",
+    "person_erased_subject",
     "readiness_route",
     "run_on_allocator",
     "run_with",

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -77,6 +77,18 @@ class EngineConfig(BaseModel):
     """How long a lane A seal marker (and an unsealed chunk) is kept; must
     cover the max_age of the ``STREAMING_{service}`` stream, so a marker
     outlives every chunk the stream could still deliver."""
+    outbox_discipline: Literal["leader", "row_claim"] = "leader"
+    """Who publishes the outbox: ``leader``, the pod holding the fenced
+    ``outbox`` lease (one publisher, rows in commit order); or
+    ``row_claim``, every pod, each on the rows it claimed with ``FOR
+    UPDATE SKIP LOCKED`` (a backlog drains on every pod; a producer
+    sequence still leaves in order). Every pod of a service must run the
+    same discipline."""
+    outbox_sweep_every: timedelta = _seconds(60)
+    """The period of the outbox relay's hygiene sweep (``with_sweep_every``):
+    PUBLISHED rows, FAILED rows and message claims older than
+    ``message_retention`` are deleted at most this often, by the relay's
+    leader; best-effort, it never lowers readiness."""
     outbox_drain_bound: int = 1000
     outbox_max_attempts: int = 5
     scheduled_max_attempts: int = 5
@@ -213,7 +225,7 @@ class EngineConfig(BaseModel):
             "session_ttl", "session_max_age", "lock_timeout", "ack_wait",
             "publish_ack_timeout", "beat_interval", "lease", "nats_grace",
             "listener_probe_timeout", "schema_version_liveness", "message_retention",
-            "seal_retention",
+            "seal_retention", "outbox_sweep_every",
             "inbound_restart_backoff", "offer_reconcile", "mirror_reconcile",
             "mirror_restart_backoff",
         )

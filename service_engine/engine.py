@@ -14,6 +14,7 @@ from typing import Any
 from .blobs.model import BlobKind, BlobPolicy, DownloadUrl
 from .blobs.runtime import BlobRuntime
 from .blobs.store import BlobStoreConfig
+from .clock import SystemClock
 from .config import EngineConfig
 from .db.pool import Database, IdleConnections
 from .db.posture import assert_posture
@@ -39,6 +40,7 @@ from .integration.outbox import (
     OutboxBounds,
     OutboxRelay,
     check_message_retention,
+    outbox_relay,
 )
 from .integration.scheduled import ScheduledBounds, ScheduledPublisher
 from .lanes.accumulator import Accumulator, Durable, Folded
@@ -69,10 +71,13 @@ from .mirrors.declaration import Mirror
 from .mirrors.worker import MirrorBounds, MirrorRuntime, MirrorSet, MirrorSupervisor
 from .offers.drain import DrainHook, OfferDrain, OfferDrainBounds
 from .offers.model import Offer, register_offer_type
+from .offers.relay import HostedKvRelay, KvSource
 from .ops.queries import dead_letters_waiting
 from .pipeline import MutationExecutor
+from .pipeline.contexts import Ops
 from .pipeline.inbound import InboundReaction
 from .pipeline.reaction import ReactionPrincipal
+from .pipeline.run import run_pipeline
 from .principal_facts import PrincipalFactLoader, PrincipalFactLoaders
 from .readiness import (
     REASON_BOOTING,
@@ -81,7 +86,7 @@ from .readiness import (
     ReadinessHandle,
 )
 from .render.paging import PageResult
-from .render.projector import Projector, RlsApplier
+from .render.projector import Projector, RlsApplier, route_of
 from .render.registry import PrincipalRefresh
 from .render.runtime import RenderRuntime
 from .render.stream import SessionStream
@@ -150,14 +155,15 @@ class Engine:
         self.scheduled: ScheduledPublisher | None = None
         if nats is not None:
             self.nats_health = NatsHealth(nats, readiness, self.metrics, grace=config.nats_grace)
-            self.outbox = OutboxRelay(
-                db, nats, self.dead_letters,
+            self.outbox = outbox_relay(
+                config.outbox_discipline, db, nats, self.dead_letters,
                 LeaderLease(db, OUTBOX_SLOT, config.pod_id, config.lease),
                 metrics=self.metrics,
                 bounds=OutboxBounds(
                     drain_bound=config.outbox_drain_bound,
                     max_attempts=config.outbox_max_attempts,
                     message_retention=config.message_retention,
+                    sweep_every=config.outbox_sweep_every,
                 ),
             )
             self.scheduled = ScheduledPublisher(
@@ -182,6 +188,7 @@ class Engine:
         """The presence lanes (after `register_presence`)."""
         self.offer_drain: OfferDrain | None = None
         """The leader drain of the registered offers (after `register_offer`)."""
+        self._kv_relays: dict[str, HostedKvRelay] = {}
         self.mirrors = MirrorSet(self.metrics)
         self._mirror_bounds = MirrorBounds(
             interval=config.beat_interval, lease=config.lease,
@@ -200,9 +207,12 @@ class Engine:
         self.scope_handshake: ScopeHandshake | None = None
         self.principal_facts = PrincipalFactLoaders()
         """The slices' principal fact loaders (`register_principal_fact`)."""
+        self._nouns: set[str] = set()
+        """The nouns the registered projectors read (a principal-facts
+        dependency must name one of them)."""
         self._eraser = Eraser(
             db, config, lanes=self.lanes, blobs=self.blobs, presence=self._clear_presence,
-            metrics=self.metrics, purge_grace=config.lease,
+            metrics=self.metrics, purge_grace=config.lease, nouns=self._nouns,
         )
         self._running = False
         self._shutting_down = False
@@ -294,6 +304,7 @@ class Engine:
         """Serve ``projector``'s views; raises `DuplicateRegistration` for a
         name already registered and `InvalidProjector` for a bad declaration."""
         self.render.register_projector(projector)
+        self._nouns.update(route_of(projector).nouns)
 
     def register_principal_refresh(self, refresh: PrincipalRefresh) -> None:
         """How a principal is re-resolved when its facts change."""
@@ -358,6 +369,39 @@ class Engine:
         register_offer_type(offer)
         self.offer_drain.add(offer)
 
+    def register_kv_relay(
+        self, name: str, bucket: str, source: KvSource, *, batch: int = 256
+    ) -> HostedKvRelay:
+        """Publish ``source``'s changes into ``bucket`` monotonically by key
+        and version from `run` on (`KvDrainRelay`, watermarks under
+        ``name``): `run` binds the bucket (absent: `BucketMissing`, readiness
+        DOWN), and on every beat the pod holding the ``kv_relay:{name}``
+        lease publishes up to ``batch`` pending changes and acknowledges
+        them. Raises `DuplicateRegistration` for a name already registered,
+        `ConfigError` without NATS, after `run` started or for a source
+        without ``pending`` / ``published``."""
+        if self.nats is None:
+            raise ConfigError(f"kv relay {name!r} needs NATS")
+        if self._running:
+            raise ConfigError(f"kv relay {name!r}: register kv relays before run()")
+        if not name:
+            raise ConfigError("a kv relay needs a name (its watermarks' key)")
+        if name in self._kv_relays:
+            raise DuplicateRegistration("kv relay", name)
+        hosted = HostedKvRelay(
+            self.db, self.nats, name, bucket, source,
+            holder=self.config.pod_id, lease=self.config.lease, batch=batch,
+        )
+        self._kv_relays[name] = hosted
+        return hosted
+
+    def kv_relay(self, name: str) -> HostedKvRelay:
+        """The hosted relay ``name`` (its `HostedKvRelay.relay` once bound)."""
+        try:
+            return self._kv_relays[name]
+        except KeyError:
+            raise ConfigError(f"no kv relay named {name!r} is registered") from None
+
     def register_mirror(self, mirror: Mirror) -> None:
         """Mirror ``mirror``'s consumed prefixes from `run` on (a supervised
         worker; readiness is DOWN until it converged). Raises
@@ -415,6 +459,7 @@ class Engine:
             )
         handle = self.presence_lanes.register(projector, ttl)
         self.render.register_projector(projector)
+        self._nouns.update(route_of(projector).nouns)
         self.lane_hub.watch(PRESENCE_LANE, projector.NAME)
         return handle
 
@@ -484,6 +529,27 @@ class Engine:
     async def fold(self, accumulator: Accumulator[Any] | str, key: str) -> Folded[Any]:
         """``key``'s state: the fold of its contiguous durable prefix."""
         return await self.lanes.fold(accumulator, key)
+
+    async def seal(
+        self, accumulator: Accumulator[Any] | str, key: str, last_seq: int, hash: str
+    ) -> Any:
+        """Seal ``key``'s stream at ``last_seq`` against ``hash`` (the hex
+        SHA-256 of chunks ``0..last_seq``) in a write-pipeline transaction
+        of its own, and return the folded state (``cx.seal`` seals inside a
+        mutation or reaction instead). Raises, with nothing written,
+        `SealTruncated`, `SealHashMismatch`, `SealChunkBeyondLastSeq`,
+        `AlreadySealed`; `ShuttingDown` once shutdown began; `ConfigError`
+        for an accumulator that is not registered."""
+        self.ensure_accepting()
+        resolved = self.lanes.resolve(accumulator)
+
+        async def sealing(cx: Ops) -> Any:
+            return await cx.seal(resolved, key, last_seq, hash)
+
+        return await run_pipeline(
+            self.db, self.config, lambda conn, now: Ops(conn, self.config, now), sealing,
+            clock=SystemClock(), metrics=self.metrics,
+        )
 
     # -- erasure ------------------------------------------------------------
 
@@ -577,6 +643,18 @@ class Engine:
         """The S3-compatible store `run` binds (bind-only: the bucket must exist)."""
         self.blobs.configure(config)
 
+    @property
+    def blob_store_configured(self) -> bool:
+        """Whether `run` has an S3 store to bind: one given to
+        `use_blob_store`, or ``SERVICE_ENGINE_S3_*`` in the environment. A
+        slice whose blobs are optional registers its kinds only then."""
+        return self.blobs.config is not None or BlobStoreConfig.from_env() is not None
+
+    def blob_kind(self, kind: str) -> BlobKind | None:
+        """The blob kind ``kind`` as `register_blobs` declared it (pass it to
+        ``cx.blob``), or None when this engine did not register it."""
+        return self.blobs.kinds.get(kind)
+
     async def download(
         self, projector: str, key: JsonValue, reference: JsonValue, principal: Any,
         applier: RlsApplier[Any] | None = None,
@@ -591,7 +669,8 @@ class Engine:
     def mutation_executor(self) -> MutationExecutor:
         """Runs mutations (and bulk writes) through the write pipeline."""
         return MutationExecutor(
-            self.db, self.config, self.metrics, accepting=self.ensure_accepting
+            self.db, self.config, self.metrics, accepting=self.ensure_accepting,
+            nouns=self._nouns,
         )
 
     # -- sessions ---------------------------------------------------------
@@ -671,6 +750,8 @@ class Engine:
                 await self.outbox.aclose()
             if self.offer_drain is not None:
                 await self.offer_drain.aclose()
+            for hosted in self._kv_relays.values():
+                await hosted.aclose()
             await self.mirrors.aclose()
             self.lanes.detach()
             await self.blobs.aclose()
@@ -692,6 +773,7 @@ class Engine:
                 runner = ReactionRunner(
                     reaction, self.db, self.config, self.dead_letters, metrics=self.metrics,
                     principal=self._reaction_principal, hook=self._inbound_hook,
+                    nouns=self._nouns,
                 )
                 consumer = InboundConsumer(reaction, runner, nats, self.config)
                 await consumer.bind()
@@ -722,6 +804,13 @@ class Engine:
             self._supervisor.add("offers", self.offer_drain.run)
         for name, supervisor in self.mirrors.supervisors.items():
             self._supervisor.add(f"mirror:{name}", supervisor.run)
+        for name, hosted in self._kv_relays.items():
+            try:
+                await hosted.bind()
+            except EngineError as exc:
+                self.readiness.set_down("kv_relay_boot", f"{type(exc).__name__}: {exc}")
+                raise
+            self._beat_steps[f"kv_relay:{name}"] = hosted.beat
 
     async def _start_lanes(self) -> None:
         """Bind ``STREAMING_{service}`` (absent: `LaneStreamMissing`; its

@@ -14,9 +14,9 @@ that:
    ``cx.person`` and ``cx.erased``, the `Erased` purge manifest a slice
    adds the person's lane-A stream keys, presence keys and blobs to);
 4. persists the manifest on the row, and on the fresh erase only stages
-   `PersonErased` (``integration.evt.{service}.person.erased``, envelope
-   version 1) through
-   the outbox;
+   `PersonErased` on ``integration.evt.{service}.person.erased.v1``
+   (`person_erased_subject`; envelope type ``person.erased``, version 1)
+   through the outbox;
 5. commits — a failing slice rolls the whole gesture back.
 
 After the commit it purges: the person's lane-A chunks (the Postgres
@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, ClassVar, Protocol
 
@@ -54,10 +54,9 @@ from .db.types import Conn
 from .errors import ConfigError, DuplicateRegistration, EngineError
 from .impacts.model import JsonValue
 from .lanes.accumulators import Accumulators
-from .messaging.envelope import DeclaredSequence
+from .messaging.envelope import DeclaredSequence, build_event, check_token
 from .metrics import Metrics
 from .persistence.full_eda import EventSourced, Redactor
-from .persistence.full_eda import erase as erase_events
 from .pipeline.contexts import Ops
 from .pipeline.run import run_pipeline
 
@@ -70,12 +69,20 @@ __all__ = [
     "ErasureResult",
     "PersonErased",
     "PresenceClear",
+    "person_erased_subject",
 ]
 
-PERSON_ERASED_SUBJECT = "integration.evt.{service}.person.erased"
-"""Where `PersonErased` is published (through the outbox): the engine's one
-event-subject convention, the version (1) in the envelope rather than the
-subject."""
+PERSON_ERASED_SUBJECT = "integration.evt.{service}.person.erased.v1"
+"""Where `PersonErased` is published (through the outbox): the subject the
+specification fixes for it, its version the last token (the envelope says
+``person.erased``, version 1, too). Format it with `person_erased_subject`."""
+
+
+def person_erased_subject(service: str) -> str:
+    """The subject ``service`` publishes `PersonErased` on; subscribe to it
+    to react to an erasure (raises `EnvelopeError` for a service that is
+    not a subject token)."""
+    return PERSON_ERASED_SUBJECT.format(service=check_token(service, "service"))
 
 _log = logging.getLogger(__name__)
 
@@ -171,10 +178,17 @@ class Erase(Ops):
         ``aggregate`` in place through ``redactor`` and re-snapshot each
         touched aggregate from genesis (`persistence.erase`), in the
         erasure's transaction; answers the touched keys."""
-        person = self.person
-        return await self._db(
-            Stage.SAVE, lambda: erase_events(self._conn, aggregate, redactor, person)
-        )
+        return await self.redact_events(aggregate, redactor, self.person)
+
+
+def _stage_person_erased(cx: Erase, service: str, person: str) -> None:
+    """`PersonErased` through the outbox, on its versioned subject (the
+    engine's ``emit`` would name ``...person.erased``)."""
+    message = build_event(
+        PersonErased(person=person), service=service, metadata=cx._outbound_metadata(),
+        occurred_at=cx.now().value,
+    )
+    cx._stage_message(replace(message, subject=person_erased_subject(service)))
 
 
 class Erasable(Protocol):
@@ -206,6 +220,7 @@ class Eraser:
         metrics: Metrics | None = None,
         clock: Clock | None = None,
         purge_grace: timedelta = timedelta(seconds=5),
+        nouns: Collection[str] | None = None,
     ) -> None:
         self._db = db
         self._config = config
@@ -215,6 +230,7 @@ class Eraser:
         self._metrics = metrics
         self._clock = clock or SystemClock()
         self._purge_grace = purge_grace
+        self._nouns = nouns
         self._erasables: dict[str, Erasable] = {}
 
     def register(self, name: str, erasable: Erasable) -> None:
@@ -264,11 +280,12 @@ class Eraser:
                 person, json.dumps(manifest.to_json()),
             )
             if fresh and self._config.service:
-                cx.emit(PersonErased(person=person))
+                _stage_person_erased(cx, self._config.service, person)
             return bool(fresh), manifest
 
         fresh, manifest = await run_pipeline(
-            self._db, self._config, open_context, handler, clock=self._clock, metrics=self._metrics,
+            self._db, self._config, open_context, handler, clock=self._clock,
+            metrics=self._metrics, nouns=self._nouns,
         )
         purged = False
         if purge:

@@ -18,6 +18,8 @@ alerts over them; keep the names in step):
 * ``service_engine_dead_letters_total{source}`` and
   ``service_engine_dead_letters_waiting{source}``: recorded, and waiting on a human;
 * ``service_engine_outbox_pending`` and ``service_engine_outbox_oldest_age_seconds``;
+* ``service_engine_outbox_published_total``: outbox rows this pod published
+  and marked PUBLISHED (counted after the mark committed);
 * ``service_engine_dependency_up{dependency}`` for each of `DEPENDENCIES`;
 * ``service_engine_presence_writes_total{lane, op, outcome}`` (stored or
   dropped), ``service_engine_presence_changes_total{lane, op}`` (folded
@@ -95,6 +97,10 @@ class Metrics:
         self.outbox_oldest_age = meter.create_gauge(
             "service_engine_outbox_oldest_age_seconds",
             description="Age in seconds of the oldest outbox row waiting to be published",
+        )
+        self.outbox_published = meter.create_counter(
+            "service_engine_outbox_published",
+            description="Outbox rows this pod published and marked PUBLISHED",
         )
         self.listener_queue_usage = meter.create_gauge(
             "service_engine_listener_queue_usage",
@@ -207,6 +213,12 @@ class Metrics:
         """Gauge the outbox backlog: rows waiting and the oldest one's age."""
         self.outbox_pending.set(pending, self.labels)
         self.outbox_oldest_age.set(oldest_age_seconds, self.labels)
+
+    def add_outbox_published(self, count: int) -> None:
+        """Count ``count`` outbox rows this pod marked PUBLISHED, after the
+        mark committed."""
+        if count:
+            self.outbox_published.add(count, self.labels)
 
     def add_chunks(self, outcome: str, count: int = 1) -> None:
         """Count lane A chunks of ``outcome``, after their flush committed."""

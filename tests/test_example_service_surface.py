@@ -1,7 +1,9 @@
 """The reference service and its twin are built only on the engine's public
 surface: the package and the public sub-packages its docstring lists, no
-test-support seam, no private module, nothing from the test batteries; and
-the service's kernel and slice-agnostic modules name no slice."""
+test-support seam, no private module, nothing from the test batteries, and
+on an engine only its public methods and documented attributes (never one
+of its runtime parts: ``engine.blobs.config``, ``engine.render``); and the
+service's kernel and slice-agnostic modules name no slice."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import example_service
 import example_twin
 import service_engine
 from example_service.slices import SLICES
+from service_engine import Engine
 
 PACKAGE = Path(example_service.__file__).parent
 TWIN = Path(example_twin.__file__).parent
@@ -59,6 +62,50 @@ def engine_imports(path: Path) -> set[str]:
     return {m for m in found if m.split(".")[0] == "service_engine"}
 
 
+ENGINE_ATTRIBUTES = frozenset({"config", "db", "nats", "readiness", "metrics", "version"})
+"""The engine's data attributes a service may read; every other one is a
+runtime part of the engine (the render runtime, the blob runtime, the
+lanes), whose shape is the engine's own business."""
+
+
+def engine_surface() -> frozenset[str]:
+    """What a service may touch on an `Engine`: its public methods and
+    properties, and `ENGINE_ATTRIBUTES`."""
+    public = {name for name in dir(Engine) if not name.startswith("_")}
+    return frozenset(public) | ENGINE_ATTRIBUTES
+
+
+def engine_attribute_uses(path: Path) -> set[str]:
+    """Every attribute ``path`` reads on an engine, as ``line: name``: on a
+    name ``engine``, a parameter annotated ``Engine``, a name assigned from
+    an engine, or any ``<expr>.engine`` (``info.context.engine``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    engines = {"engine"} | {
+        node.arg for node in ast.walk(tree)
+        if isinstance(node, ast.arg) and _names_engine_type(node.annotation)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and _is_engine(node.value, engines):
+            engines.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return {
+        f"{node.lineno}: {node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and _is_engine(node.value, engines)
+    }
+
+
+def _names_engine_type(annotation: ast.expr | None) -> bool:
+    return (isinstance(annotation, ast.Name) and annotation.id == "Engine") or (
+        isinstance(annotation, ast.Constant) and annotation.value == "Engine"
+    )
+
+
+def _is_engine(node: ast.expr, engines: set[str]) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in engines
+    return isinstance(node, ast.Attribute) and node.attr == "engine"
+
+
 def _is_module(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -89,6 +136,39 @@ def test_the_check_sees_a_private_import(tmp_path: Path) -> None:
     )
     assert engine_imports(probe) - PUBLIC == {
         "service_engine.render.deltas", "service_engine.db.types", "service_engine.clock",
+    }
+
+
+def test_the_service_and_the_twin_touch_only_the_engines_public_surface() -> None:
+    allowed = engine_surface()
+    files = [*sorted(PACKAGE.rglob("*.py")), *sorted(TWIN.rglob("*.py"))]
+    internal = [
+        f"{path.relative_to(PACKAGE.parent)}:{use}"
+        for path in files
+        for use in sorted(engine_attribute_uses(path))
+        if use.split(": ")[1] not in allowed
+    ]
+    assert internal == []
+
+
+def test_the_check_sees_an_engine_internal(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "def register(engine):\n"
+        "    engine.register_projector(None)\n"
+        "    if engine.blobs.config is not None:\n"
+        "        engine.config.service\n"
+        "async def resolve(info):\n"
+        "    return info.context.engine.render.sessions\n"
+        "def other(e: Engine):\n"
+        "    kept = e\n"
+        "    return kept.lanes, e.erase\n"
+    )
+    uses = engine_attribute_uses(probe)
+    assert uses == {"2: register_projector", "3: blobs", "4: config", "6: render",
+                    "9: lanes", "9: erase"}
+    assert {u for u in uses if u.split(": ")[1] not in engine_surface()} == {
+        "3: blobs", "6: render", "9: lanes",
     }
 
 

@@ -54,7 +54,7 @@ START_BOUND = 30.0
 """The bound on a spawn reaching readiness UP."""
 PROTOCOL = Subprotocol("graphql-transport-ws")
 SERVICE = "example"
-IDENTITY_SCOPES = ("board:archive", "card:advance")
+IDENTITY_SCOPES = ("board:archive", "card:advance", "ledger:erase")
 """The scopes the harness's Identity knows: the reference slices' own."""
 
 

@@ -71,6 +71,22 @@ class InvalidImpact(ConfigError):
     noun, a key JSON cannot encode, a cause on a non-entity impact, ...)."""
 
 
+class UnknownFactDependency(InvalidImpact):
+    """A principal-facts impact names a dependency no registered projector
+    reads: its deps are nouns (a projector's ``NOUN`` or a ``JOINS`` noun),
+    not fact names; a dependency that names nothing would re-gate no window.
+    Raised where the slice stages it (``cx.impact_principal_facts``)."""
+
+    def __init__(self, unknown: Iterable[str], registered: Iterable[str]) -> None:
+        self.unknown = tuple(sorted(unknown))
+        known = ", ".join(sorted(registered)) or "none"
+        super().__init__(
+            f"impact_principal_facts names {', '.join(map(repr, self.unknown))}, which no "
+            f"registered projector reads; name the nouns whose windows re-gate "
+            f"(registered nouns: {known})"
+        )
+
+
 class UnencodableImpactValue(InvalidImpact, DeclarationError):
     """A key or cause payload of a type JSON cannot carry (also a `TypeError`,
     as ``json`` raises for one)."""

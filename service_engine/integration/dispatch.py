@@ -16,7 +16,7 @@ import asyncio
 import enum
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -156,8 +156,10 @@ class ReactionRunner:
         metrics: Metrics | None = None,
         principal: ReactionPrincipal | None = None,
         hook: InboundHook | None = None,
+        nouns: Collection[str] | None = None,
     ) -> None:
         self.reaction = reaction
+        self.nouns = nouns
         self.db = db
         self.config = config
         self.dead_letters = dead_letters
@@ -199,7 +201,7 @@ class ReactionRunner:
             outcome = await run_reaction(
                 self.db, self.config, delivery, payload, self.reaction.handler,
                 clock=self.clock, resolve_principal=self.principal, metrics=self.metrics,
-                hook=self._stage_hook(identified.message_id),
+                hook=self._stage_hook(identified.message_id), nouns=self.nouns,
             )
         except Exception as exc:
             verdict = classify_failure(

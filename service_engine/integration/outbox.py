@@ -1,8 +1,20 @@
-"""The integration outbox relay: rows staged with a write
-(`messaging.outbox`), published by the leader.
+"""The integration outbox relays: rows staged with a write
+(`messaging.outbox`), published under one of two disciplines
+(`OutboxDiscipline`, ``EngineConfig.outbox_discipline``):
 
-`OutboxRelay` runs as a beat step under the fenced ``outbox``
-lease. Each pass drains PENDING rows oldest first, up to its drain bound
+* **Leader** (`OutboxRelay`, the default): the pod holding the fenced
+  ``outbox`` lease publishes; every mark asserts the lease, so a leader
+  frozen past its lease marks nothing. One publisher: rows leave in commit
+  order.
+* **RowClaim** (`RowClaimOutboxRelay`): every pod publishes, each claiming
+  a batch of rows with ``FOR UPDATE SKIP LOCKED`` in a short transaction
+  that publishes them and marks them PUBLISHED before it commits, so no
+  two pods publish a row at once and a backlog drains on every pod. A
+  sequenced row waits while an earlier row of its sequence is claimed
+  elsewhere, so a producer sequence still leaves in order. The lease then
+  only elects the pod that gauges the backlog and sweeps.
+
+Each pass drains PENDING rows oldest first, up to its drain bound
 and within a time budget, publishing each through `Nats.publish` with
 ``Nats-Msg-Id`` = the row's message id (a republish is deduplicated):
 
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -39,7 +52,7 @@ from ..leader import LeaderLease, LeaseLost
 from ..messaging.dead_letters import DeadLetters, DeadLetterSource
 from ..messaging.nats import Acked, Duplicate, Nats, Rejected, Unanswered
 from ..metrics import Metrics
-from .publishing import RowPublisher, RowTable
+from .publishing import DeadLettered, RowPublisher, RowTable
 
 _log = logging.getLogger(__name__)
 
@@ -47,6 +60,15 @@ OUTBOX_SLOT = "outbox"
 """The leader slot the relay holds."""
 OUTBOX_WORK = "outbox"
 """The ``work`` an outbox dead letter names."""
+
+
+class OutboxDiscipline(enum.StrEnum):
+    """Who publishes the outbox (``EngineConfig.outbox_discipline``)."""
+
+    LEADER = "leader"
+    """The lease holder alone (`OutboxRelay`)."""
+    ROW_CLAIM = "row_claim"
+    """Every pod, each on the rows it claimed (`RowClaimOutboxRelay`)."""
 
 
 class MessageRetentionTooShort(ConfigError):
@@ -321,6 +343,8 @@ class OutboxRelay:
         except LeaseLost as exc:
             _log.info("outbox relay: %s; another pod relays now", exc)
             halted = "lease lost"
+        if self.metrics is not None:
+            self.metrics.add_outbox_published(published)
         return RelayPass(published, rejected, dead, halted=halted)
 
     def _pause(self) -> None:
@@ -414,3 +438,149 @@ class OutboxRelay:
             raise
         except Exception as exc:  # best effort: the lease expires anyway
             _log.warning("outbox relay: releasing the lease failed: %s", exc)
+
+
+_CLAIM_BATCH = _SELECT_BATCH.rstrip() + "\n   FOR UPDATE SKIP LOCKED\n"
+
+# The claimed sequenced rows behind an earlier PENDING row of their sequence
+# that is not in this claim (another pod holds it, SKIP LOCKED passed it, or
+# it committed after the claim read): they wait.
+_BLOCKED_ROWS = """
+SELECT c.id
+  FROM unnest($1::bigint[], $2::text[]) AS c(id, seq_key)
+ WHERE EXISTS (SELECT 1 FROM service_engine.integration_outbox o
+                WHERE o.status = 'PENDING' AND o.seq_key = c.seq_key AND o.id < c.id
+                  AND NOT (o.id = ANY($3::bigint[])))
+"""
+
+_CLAIM_EVERY = _MARK_EVERY
+"""Rows one claim transaction locks, publishes and marks at most."""
+
+
+class RowClaimOutboxRelay(OutboxRelay):
+    """Publishes the outbox from every pod, on rows each one claimed.
+
+    A claim is one transaction: lock up to `_CLAIM_EVERY` PENDING rows
+    oldest first with ``FOR UPDATE SKIP LOCKED`` (rows another pod holds
+    are skipped, never waited for), publish them, mark the acked ones
+    PUBLISHED and count rejections, then commit. A pod that dies mid-claim
+    releases its rows by its connection's end; the next claimant republishes
+    them, deduplicated by ``Nats-Msg-Id``. Within a claim a sequence whose
+    row was not acked stops there, and a sequence with an earlier row
+    outside the claim (held by another pod, even between two of this
+    claim's rows) waits, so each producer sequence leaves in order.
+
+    The ``outbox`` lease elects the one pod that gauges the backlog and
+    sweeps (`OutboxRelay.measure`, `OutboxRelay.sweep`); publishing needs
+    no lease.
+    """
+
+    async def wake(self) -> RelayPass:
+        """A pass on a commit's wake-up: claim and publish (every pod)."""
+        return await self.publish_pass()
+
+    async def _step(self) -> RelayPass:
+        if await self.lease.acquire() is None:
+            if self._was_leader and self.metrics is not None:
+                self.metrics.set_outbox_backlog(0, 0.0)
+            self._was_leader = False
+        else:
+            self._was_leader = True
+            await self.measure()
+            if time.monotonic() >= self._next_sweep:
+                self._next_sweep = time.monotonic() + self.bounds.sweep_every.total_seconds()
+                await self.sweep()
+        return await self.publish_pass()
+
+    async def _publish_pass(self) -> RelayPass:
+        if not self.nats.reachable():
+            return RelayPass(skipped="NATS unreachable")
+        if time.monotonic() < self._quiet_until:
+            return RelayPass(skipped="backing off after an unanswered publish")
+        deadline = time.monotonic() + self.bounds.pass_budget.total_seconds()
+        total = RelayPass()
+        remaining = self.bounds.drain_bound
+        while remaining > 0 and total.halted is None:
+            batch = min(remaining, _CLAIM_EVERY)
+            claim = await self._claim_and_publish(batch, deadline)
+            if self.metrics is not None:
+                self.metrics.add_outbox_published(claim.published)
+            total = RelayPass(
+                total.published + claim.published, total.rejected + claim.rejected,
+                total.dead_lettered + claim.dead_lettered, halted=claim.halted,
+            )
+            remaining -= batch
+            if claim.skipped is not None:  # the claim found fewer rows than it asked for
+                break
+        return total
+
+    async def _claim_and_publish(self, batch: int, deadline: float) -> RelayPass:
+        """One claim transaction; ``skipped`` set when it claimed fewer
+        than ``batch`` rows (nothing more to take now)."""
+        acked: list[int] = []
+        dead: list[DeadLettered] = []
+        rejected = 0
+        halted: str | None = None
+        async with self.db.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(_CLAIM_BATCH, batch)
+            blocked = await self._blocked_rows(conn, rows)
+            stopped: set[str] = set()
+            for row in rows:
+                if time.monotonic() >= deadline:
+                    halted = "pass budget spent"
+                    break
+                key = row["seq_key"]
+                if key is not None and (key in stopped or row["id"] in blocked):
+                    continue
+                outcome = await self.publisher.publish(row)
+                if isinstance(outcome, Acked | Duplicate):
+                    self._backoff = self.bounds.unanswered_backoff.total_seconds()
+                    acked.append(row["id"])
+                    continue
+                if key is not None:
+                    stopped.add(key)
+                if isinstance(outcome, Unanswered):
+                    halted = f"unanswered: {outcome.detail}"
+                    self._pause()
+                    break
+                rejected += 1
+                answered = await self.publisher.reject(conn, row, outcome)
+                if answered is not None:
+                    dead.append(answered)
+            published = int((await conn.execute(_MARK_PUBLISHED, acked)).split()[-1]) \
+                if acked else 0
+        for answered in dead:
+            self.publisher.committed(answered)
+        return RelayPass(
+            published, rejected, len(dead), halted=halted,
+            skipped="drained" if len(rows) < batch else None,
+        )
+
+    async def _blocked_rows(self, conn: Any, rows: list[Any]) -> set[int]:
+        """The claimed sequenced rows that must wait for an earlier row of
+        their sequence outside the claim."""
+        sequenced = [row for row in rows if row["seq_key"] is not None]
+        if not sequenced:
+            return set()
+        found = await conn.fetch(
+            _BLOCKED_ROWS, [row["id"] for row in sequenced],
+            [row["seq_key"] for row in sequenced], [row["id"] for row in rows],
+        )
+        return {r["id"] for r in found}
+
+
+def outbox_relay(
+    discipline: OutboxDiscipline | str,
+    db: Database,
+    nats: Nats,
+    dead_letters: DeadLetters,
+    lease: LeaderLease,
+    *,
+    metrics: Metrics | None = None,
+    bounds: OutboxBounds | None = None,
+) -> OutboxRelay:
+    """The relay of ``discipline`` (`OutboxDiscipline`)."""
+    relay = RowClaimOutboxRelay if OutboxDiscipline(discipline) is OutboxDiscipline.ROW_CLAIM \
+        else OutboxRelay
+    return relay(db, nats, dead_letters, lease, metrics=metrics, bounds=bounds)
+

@@ -12,6 +12,15 @@ re-put unchanged-version keys (their watermark is still there) until
 `KvDrainRelay.reset_watermarks` clears the relay's watermarks; the source's
 re-staged set then converges the rebuilt bucket (s171).
 
+The engine hosts a relay (``Engine.register_kv_relay``, `HostedKvRelay`):
+it binds the bucket at ``run`` (an absent one fails loud, naming it) and,
+on every beat, the pod holding the relay's lease (slot ``kv_relay:{name}``,
+renewed on the beat, taken over once it expires) asks the relay's
+`KvSource` for its pending changes, publishes them in order and
+acknowledges them. A pod that dies between the publish and the
+acknowledgement leaves them pending: the next leader republishes them and
+the watermark makes that a no-op.
+
 `KvDrainRelay.publish` is safe under concurrent publishers of one key (two
 relays, or an old leader still running): it takes the key's advisory lock
 (``service_engine.kv_relay`` domain; a transaction held across the one KV
@@ -26,22 +35,29 @@ re-reads the revision and the watermark.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from datetime import timedelta
+from typing import Protocol, TypeAlias
 
 from ..db.errors import Stage, translating
 from ..db.locks import advisory_key
 from ..db.pool import Database
 from ..db.types import Conn
 from ..errors import ConfigError
-from ..messaging.nats import KvBucket, KvConflict
+from ..leader import LeaderLease
+from ..messaging.nats import KvBucket, KvConflict, Nats
 
 __all__ = [
+    "KV_RELAY_SLOT",
+    "HostedKvRelay",
     "KvChangeSet",
     "KvDrainRelay",
     "KvPut",
     "KvRetract",
+    "KvSource",
     "RelayReport",
     "raise_watermark",
     "read_watermark",
@@ -186,3 +202,102 @@ class KvDrainRelay:
                 "DELETE FROM service_engine.kv_relay_watermark WHERE relay = $1", self.name
             )
         return int(status.split()[-1])
+
+
+_log = logging.getLogger(__name__)
+
+KV_RELAY_SLOT = "kv_relay:{name}"
+"""The leader slot of hosted relay ``name``."""
+
+
+class KvSource(Protocol):
+    """Where a hosted `KvDrainRelay`'s changes come from (the source of a
+    published language: a table of staged changes, a change feed)."""
+
+    async def pending(self, limit: int) -> Sequence[KvChangeSet]:
+        """Up to ``limit`` changes not yet acknowledged, oldest first."""
+        ...
+
+    async def published(self, changes: Sequence[KvChangeSet]) -> None:
+        """``changes`` reached the bucket or were stale (at or below their
+        key's watermark): forget them. Called only by the lease holder."""
+        ...
+
+
+class HostedKvRelay:
+    """A `KvDrainRelay` the engine runs: bound at ``run``, drained on the
+    beat by the pod holding its lease (`Engine.register_kv_relay`)."""
+
+    def __init__(
+        self,
+        db: Database,
+        nats: Nats,
+        name: str,
+        bucket: str,
+        source: KvSource,
+        *,
+        holder: str,
+        lease: timedelta,
+        batch: int,
+    ) -> None:
+        if not bucket:
+            raise ConfigError(f"kv relay {name!r} needs a bucket")
+        if not callable(getattr(source, "pending", None)) or not callable(
+            getattr(source, "published", None)
+        ):
+            raise ConfigError(
+                f"kv relay {name!r}: the source implements pending(limit) and "
+                f"published(changes), got {source!r}"
+            )
+        if batch <= 0:
+            raise ConfigError(f"kv relay {name!r}: batch must be positive")
+        self.name = name
+        self.bucket_name = bucket
+        self.source = source
+        self.nats = nats
+        self.lease = LeaderLease(db, KV_RELAY_SLOT.format(name=name), holder, lease)
+        self.batch = batch
+        self._db = db
+        self._relay: KvDrainRelay | None = None
+
+    @property
+    def relay(self) -> KvDrainRelay:
+        """The bound relay (its watermarks, `KvDrainRelay.reset_watermarks`);
+        `ConfigError` before `bind`."""
+        if self._relay is None:
+            raise ConfigError(f"kv relay {self.name!r} is not bound yet (run binds it)")
+        return self._relay
+
+    async def bind(self) -> None:
+        """Bind the bucket; `BucketMissing` names an absent one."""
+        bucket = await self.nats.bind_bucket(self.bucket_name)
+        self._relay = KvDrainRelay(self._db, self.name, bucket)
+
+    async def beat(self) -> None:
+        """The beat step: `step`, its report dropped."""
+        await self.step()
+
+    async def step(self) -> RelayReport:
+        """As the lease holder, publish up to ``batch`` pending
+        changes of the source in order and acknowledge them. Skipped while
+        the broker is unreachable; a failed publish raises (the beat holds
+        readiness on it) and leaves the changes pending."""
+        if not self.nats.reachable():
+            return RelayReport(0, 0)
+        if await self.lease.acquire() is None:
+            return RelayReport(0, 0)
+        changes = list(await self.source.pending(self.batch))
+        if not changes:
+            return RelayReport(0, 0)
+        report = await self.relay.drain(changes)
+        await self.source.published(changes)
+        return report
+
+    async def aclose(self) -> None:
+        """On shutdown: give up the lease so another pod relays at once."""
+        try:
+            await self.lease.release()
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # best effort: the lease expires anyway
+            _log.warning("kv relay %s: releasing the lease failed: %s", self.name, exc)

@@ -32,7 +32,7 @@ import copy
 import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, cast
 
@@ -46,7 +46,15 @@ from ..db.types import Conn
 from ..errors import DeclarationError, TooManyImpacts
 from ..gates import BoundGate
 from ..impacts.framing import MAX_IMPACT_BYTES, encode_group, new_group_id
-from ..impacts.model import Cause, Impact, ImpactKind, JsonValue, canonical_json, impact_json
+from ..impacts.model import (
+    Cause,
+    Impact,
+    ImpactKind,
+    JsonValue,
+    UnknownFactDependency,
+    canonical_json,
+    impact_json,
+)
 from ..lanes.accumulator import Accumulator, Cancelled
 from ..lanes.accumulator_errors import SealError
 from ..lanes.chunks import Gesture, SealPlan
@@ -74,6 +82,8 @@ from ..messaging.reactions import PrincipalUnresolved, ReactionDelivery
 from ..offers.staging import DirtyMark, DirtyMarks
 from ..persistence.base import Aggregate, NotFound, Persistence, load_pinned, store_of
 from ..persistence.crud import CrudStore
+from ..persistence.full_eda import EventSourced, Redactor
+from ..persistence.full_eda import erase as erase_events
 
 __all__ = ["Bulk", "Mutation", "Ops", "OutboxRow", "Reaction", "Staged", "principal_actor"]
 
@@ -131,6 +141,10 @@ class Ops:
     """
 
     _bulk = False
+    _nouns: Collection[str] | None = None
+    """The nouns the engine's projectors read (`run_pipeline` sets it); a
+    principal-facts dependency outside them is refused. None: unchecked (a
+    pipeline run without an engine)."""
 
     def __init__(self, conn: Conn, config: EngineConfig, now: Timestamp) -> None:
         self._conn = conn
@@ -329,6 +343,20 @@ class Ops:
         ))
         return upload
 
+    async def redact_events(
+        self, aggregate: type[EventSourced], redactor: Redactor[T], subject: T
+    ) -> list[JsonValue]:
+        """Rewrite the events of ``aggregate`` (a full-EDA aggregate) in
+        place through ``redactor(event, subject)`` and re-snapshot each
+        touched aggregate from genesis, under the pipeline's advisory lock
+        of each, in this transaction; answers the touched keys. In-log
+        erasure (`Erase.erase_events`) is this with the erased person.
+        Raises `HydrationFailed` (nothing commits) when a rewritten log no
+        longer replays."""
+        return await self._db(
+            Stage.SAVE, lambda: erase_events(self._conn, aggregate, redactor, subject)
+        )
+
     # -- impacts ------------------------------------------------------------
 
     def impact(self, noun: str, key: JsonValue) -> None:
@@ -351,7 +379,16 @@ class Ops:
         self._scheduled.setdefault(at, []).append(impact)
 
     def impact_principal_facts(self, principal_id: JsonValue, deps: Iterable[str]) -> None:
-        """The facts of ``principal_id`` changed; projectors over ``deps`` re-gate."""
+        """The facts of ``principal_id`` changed; projectors reading the nouns
+        ``deps`` re-gate that principal's sessions (empty: every projector).
+        Raises `UnknownFactDependency` for a dependency no registered
+        projector reads (a fact name where a noun belongs)."""
+        deps = list(deps)
+        nouns = self._nouns
+        if nouns is not None:
+            unknown = {dep for dep in deps if dep not in nouns}
+            if unknown:
+                raise UnknownFactDependency(unknown, nouns)
         self._add(_check_fits(Impact.principal_facts(principal_id, deps)))
 
     def _add(self, impact: Impact) -> None:

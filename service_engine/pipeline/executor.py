@@ -17,7 +17,7 @@ after the rollback.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Concatenate, ParamSpec, TypeAlias, TypeVar
 
@@ -62,6 +62,9 @@ class MutationExecutor:
     clock: Clock = field(default_factory=SystemClock)
     accepting: Callable[[], None] | None = None
     hook: StageHook | None = None
+    nouns: Collection[str] | None = None
+    """The nouns the engine's projectors read: a principal-facts
+    dependency outside them is refused (`UnknownFactDependency`)."""
 
     def with_hook(self, hook: StageHook | None) -> MutationExecutor:
         """A copy of this executor calling ``hook`` at the pipeline's stages."""
@@ -121,6 +124,7 @@ class MutationExecutor:
                 clock=self.clock,
                 metrics=self.metrics,
                 hook=self.hook,
+                nouns=self.nouns,
             )
         except ANSWERED as exc:
             _log_answered(exc)

@@ -36,7 +36,7 @@ its place: the engine classifies its own transaction's faults.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
@@ -114,6 +114,7 @@ async def run_reaction(
     resolve_principal: ReactionPrincipal | None = None,
     metrics: Metrics | None = None,
     hook: StageHook | None = None,
+    nouns: Collection[str] | None = None,
 ) -> ReactionOutcome:
     """Run ``handler(cx, payload)`` for ``delivery`` in one pipeline
     transaction, under the message's claim and sequence guard."""
@@ -192,7 +193,8 @@ async def run_reaction(
         principal = await resolved if inspect.isawaitable(resolved) else resolved
     try:
         return await run_pipeline(
-            db, config, open_context, body, clock=clock, metrics=metrics, hook=hook
+            db, config, open_context, body, clock=clock, metrics=metrics, hook=hook,
+            nouns=nouns,
         )
     except _StaleSequence:
         return Stale()

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import timedelta
 from typing import Protocol, TypeVar
 
@@ -134,6 +134,7 @@ async def run_pipeline(
     clock: Clock,
     metrics: Metrics | None = None,
     hook: StageHook | None = None,
+    nouns: Collection[str] | None = None,
 ) -> R:
     """Run ``handler`` in one pipeline transaction and commit.
 
@@ -143,6 +144,8 @@ async def run_pipeline(
     the connection (`Database.hold`): an engine entry that would take a
     second one from the same pool raises `NestedConnectionError` (nothing
     commits); ``after_commit`` hooks run after the release, unmarked.
+    ``nouns`` (the engine's registered nouns) lets the context refuse a
+    principal-facts dependency that names none of them.
     """
     stage = Stage.BEGIN
     try:
@@ -156,6 +159,8 @@ async def run_pipeline(
     committed = 0
     try:
         cx = open_context(conn, clock.now())
+        if nouns is not None:
+            cx._nouns = nouns
         # BEGIN rides with the handler's first lock (or the flush), hooked or not.
         cx._defer_begin(
             _begin_sql(config), None if hook is None else (lambda: hook(Stage.BEGIN, conn))

@@ -1,15 +1,12 @@
 """The ledger slice's commands: each runs inside the engine's write pipeline
 (one transaction: load — a replay through both hydration barriers — gate,
-domain command, append, impacts), except the erasure, which rewrites the log
-in place through the kit."""
+domain command, append, impacts). The erasure too: it rewrites the log in
+place through the kit (`Mutation.redact_events`) and stages the views'
+reset in the same transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-from service_engine import Bulk, Cause, Database, Mutation, Refused
-from service_engine.persistence import erase
+from service_engine import Bulk, Cause, Mutation, Refused
 
 from ...kernel import Principal
 from .domain import (
@@ -22,6 +19,7 @@ from .domain import (
     NOUN,
     Ledger,
     LedgerKey,
+    key_of,
     ledger_key,
     redact_person,
     valid_name,
@@ -34,7 +32,6 @@ __all__ = [
     "open_ledger",
     "post_to_ledger",
     "require_erase_scope",
-    "reset_ledger_views",
 ]
 
 Cx = Mutation[Principal]
@@ -92,20 +89,19 @@ def require_erase_scope(principal: Principal) -> None:
         raise Refused(ERASE_SCOPE)
 
 
-async def erase_person(db: Database, person: str) -> list[LedgerKey]:
+async def erase_person(cx: Bulk[Principal], person: str) -> list[LedgerKey]:
     """Rewrite ``person``'s events in every ledger's log (`redact_person`) and
-    re-snapshot each touched ledger from genesis, in one transaction; answer
-    the touched keys. Idempotent: a second erase touches nothing.
+    re-snapshot each touched ledger from genesis; answer the touched keys.
+    Needs `LEDGER_ERASE`. A bulk mutation: the rewrite and the views' reset
+    (one projector-reset impact, however many ledgers it touched) commit in
+    one transaction, so every live window re-renders without the person.
+    Idempotent: a second erase touches nothing and resets nothing.
 
-    Raises `HydrationFailed` (nothing committed) if a rewritten log no longer
-    replays. Follow it with `reset_ledger_views`, so the live windows holding
-    the person's name re-render.
+    A rewritten log that no longer replays raises `HydrationFailed`
+    (answered ``hydration_failed``) and nothing commits.
     """
-    async with db.pool.acquire() as conn, conn.transaction():
-        touched: Sequence[Any] = await erase(conn, Ledger, redact_person, person)
-    return [(str(org), str(name)) for org, name in touched]
-
-
-async def reset_ledger_views(cx: Bulk[Principal]) -> None:
-    """Every ledger view may have changed (an erasure): one reset impact."""
-    cx.impact_all(NOUN)
+    require_erase_scope(cx.principal)
+    touched = await cx.redact_events(Ledger, redact_person, person)
+    if touched:
+        cx.impact_all(NOUN)
+    return [key_of(key) for key in touched]

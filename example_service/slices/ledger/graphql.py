@@ -7,15 +7,13 @@ from __future__ import annotations
 import strawberry
 
 from service_engine import (
-    EngineError,
-    HydrationFailed,
     MutationError,
     MutationExecutor,
     Query,
     Refused,
     WindowSpec,
 )
-from service_engine.graphql import Live, MutationResult, Refusal, Views, subscription_union
+from service_engine.graphql import Live, MutationResult, Views, subscription_union
 
 from ...kernel import Info
 from .commands import (
@@ -24,8 +22,6 @@ from .commands import (
     key_for,
     open_ledger,
     post_to_ledger,
-    require_erase_scope,
-    reset_ledger_views,
 )
 from .domain import LedgerKey
 from .views import LEDGERS, LedgerEntryView, LedgersQuery, LedgerView
@@ -96,22 +92,11 @@ class LedgerMutation:
                                      "ledger:erase): their postings keep their amounts but "
                                      "lose their author and memo.")
     async def erase_ledger_person(self, info: Info, person: str) -> ErasureResult:
-        principal = info.context.principal
-        try:
-            require_erase_scope(principal)
-            touched = await erase_person(info.context.engine.db, person)
-        except Refused as exc:
-            return ErasureResult.refused(MutationError.refused(exc.reason))
-        except HydrationFailed:
-            return ErasureResult.refused(MutationError(
-                "hydration_failed", "erasure refused: a rewritten ledger would not replay"))
-        except EngineError:
-            return ErasureResult.refused(MutationError.database())
-        if touched:
-            outcome = await _executor(info).ack_bulk(principal, reset_ledger_views)
-            if isinstance(outcome, MutationError):
-                # The erasure committed; only the live windows lag until a reconnect.
-                return ErasureResult(success=True, ledgers=len(touched), error=Refusal.of(outcome))
+        touched = await _executor(info).execute_bulk(
+            info.context.principal, erase_person, person
+        )
+        if isinstance(touched, MutationError):
+            return ErasureResult.refused(touched)
         return ErasureResult(success=True, ledgers=len(touched))
 
 

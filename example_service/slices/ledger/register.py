@@ -1,16 +1,19 @@
-"""The ledger slice registers its projector and its erasure (the person's
-events rewritten in every ledger's log, each touched ledger re-snapshotted)."""
+"""The ledger slice registers its projector, its scope (`LEDGER_ERASE`, so
+Identity grants what ``eraseLedgerPerson`` gates on) and its erasure (the
+person's events rewritten in every ledger's log, each touched ledger
+re-snapshotted)."""
 
 from __future__ import annotations
 
 from service_engine import Engine, Erase
 
-from .domain import NOUN, Ledger, key_of, redact_person
+from .domain import LEDGER_ERASE, NOUN, Ledger, key_of, redact_person
 from .views import LedgersView
 
 
 def register(engine: Engine) -> None:
     engine.register_projector(LedgersView())
+    engine.contribute_scopes([LEDGER_ERASE])
     engine.register_erasable("ledger", LedgerErasure())
 
 

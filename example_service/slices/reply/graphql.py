@@ -118,7 +118,7 @@ class ReplyMutation:
     async def attach_to_reply(
         self, info: Info, id: strawberry.ID, content_type: str
     ) -> AttachResult:
-        kind = info.context.engine.blobs.kinds.get(ATTACHMENT)
+        kind = info.context.engine.blob_kind(ATTACHMENT)
         outcome = await _executor(info).execute(
             info.context.principal, attach_to_reply, kind, str(id), content_type
         )

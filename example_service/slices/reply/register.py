@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from service_engine import BlobStoreConfig, Engine, Erase
+from service_engine import Engine, Erase
 
 from ...kernel import ConfigurationError
 from .commands import typing_key
@@ -29,7 +29,7 @@ def register(engine: Engine) -> None:
     engine.register_erasable("reply", ReplyErasure())
     # Attachments need a blob store: without one the service runs without S3
     # (the engine says so at run) and attachToReply is refused.
-    if engine.blobs.config is not None or BlobStoreConfig.from_env() is not None:
+    if engine.blob_store_configured:
         engine.register_blobs(ATTACHMENT, ATTACHMENT_POLICY)
     for reaction in reactions():
         engine.register_reaction(reaction)
