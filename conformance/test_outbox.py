@@ -122,11 +122,11 @@ def fast_bounds(**overrides: object) -> OutboxBounds:
 
 def relay_for(
     db: Database, conn: Nats, metrics: Metrics | None = None, *, holder: str = "pod-a",
-    **bounds: object,
+    lease: timedelta = timedelta(seconds=5), **bounds: object,
 ) -> OutboxRelay:
     metrics = metrics or Metrics(SERVICE, holder)
     return OutboxRelay(
-        db, conn, DeadLetters(db, metrics), LeaderLease(db, OUTBOX_SLOT, holder, timedelta(seconds=5)),
+        db, conn, DeadLetters(db, metrics), LeaderLease(db, OUTBOX_SLOT, holder, lease),
         metrics=metrics, bounds=fast_bounds(**bounds),
     )
 
@@ -200,8 +200,10 @@ async def test_a_declared_sequence_without_a_service_stages_nothing(db: Database
 async def test_a_pass_drains_up_to_its_drain_bound(db: Database, nats_server: EmbeddedNats) -> None:
     """The batch cap equals the drain bound: a backlog bursts within one beat."""
     async with engine_nats(nats_server) as conn:
-        # A pass budget no loaded machine reaches: the bound under test is the batch.
-        relay = relay_for(db, conn, drain_bound=250, pass_budget=timedelta(seconds=60))
+        # A pass budget and a lease no loaded machine reaches: the bound
+        # under test is the batch.
+        relay = relay_for(db, conn, drain_bound=250, pass_budget=timedelta(seconds=60),
+                          lease=timedelta(seconds=60))
         await commit_backlog(db, 600)
         first = await relay.step()
         assert first.published == 250
