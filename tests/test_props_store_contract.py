@@ -21,6 +21,7 @@ from service_engine.props import (
     DDL,
     Actor,
     FieldSpec,
+    History,
     HookRejected,
     MemoryStore,
     Namespace,
@@ -57,6 +58,7 @@ def rejecting(key: str, fields: Mapping[str, Any]) -> None:
 
 HOOKED = Namespace("hooked", (FieldSpec("title", "string"),), validate=rejecting)
 SHORT = Namespace("short", (FieldSpec("n", "integer"),), retain_events=3)
+NUMBERS = Namespace("numbers", (FieldSpec("ratio", "number"), FieldSpec("meta", "object")))
 
 
 def canonical(value: object) -> bytes:
@@ -77,13 +79,13 @@ class StoreContract:
 
     @pytest.fixture(autouse=True)
     async def registered(self, store: Store) -> None:
-        for ns in (ITEMS, HOOKED, SHORT):
+        for ns in (ITEMS, HOOKED, SHORT, NUMBERS):
             await store.register(ns)
 
     async def test_register_is_idempotent_and_starts_at_zero(self, store: Store) -> None:
         await store.register(ITEMS)
         assert await store.cursor("items") == 0
-        assert await store.oldest_nseq("items") is None
+        assert await store.history("items", 0) == History(0, None, ())
 
     async def test_versions_and_nseq_increase_on_commits(self, store: Store) -> None:
         first = await store.set(ITEMS, "a", {"title": "x"}, merge=True, if_version=None, actor=actor())
@@ -209,8 +211,28 @@ class StoreContract:
     async def test_history_is_bounded_by_retention(self, store: Store) -> None:
         for n in range(5):
             await store.set(SHORT, "k", {"n": n}, merge=True, if_version=None, actor=actor())
-        assert await store.oldest_nseq("short") == 3
+        history = await store.history("short", 0)
+        assert (history.nseq, history.oldest) == (5, 3)
+        assert [e.nseq for e in history.events] == [3, 4, 5]
         assert [e.nseq for e in await store.events("short", 0, 5)] == [3, 4, 5]
+        assert [e.nseq for e in (await store.history("short", 3)).events] == [4, 5]
+        assert (await store.history("short", 5)).events == ()
+
+    @pytest.mark.parametrize("raw", ["NaN", "Infinity", "-Infinity", "1e400"])
+    async def test_non_finite_numbers_are_validation_errors(self, store: Store, raw: str) -> None:
+        """JSON has no NaN or infinity: both stores refuse them (rc 10) on
+        a number field and inside an object, and write nothing."""
+        value = json.loads(raw)
+        for fields in ({"ratio": value}, {"meta": {"a": [1, value]}}):
+            with pytest.raises(PropsError) as caught:
+                await store.set(NUMBERS, "k", fields, merge=True, if_version=None, actor=actor())
+            assert (caught.value.error_code, caught.value.rc) == ("validation_error", 10)
+            assert "non-finite" in caught.value.message
+        with pytest.raises(PropsError) as reconciled:
+            await store.reconcile(NUMBERS, "k", {"ratio": value}, actor=actor())
+        assert reconciled.value.error_code == "validation_error"
+        assert await store.cursor("numbers") == 0 and (await store.get("numbers", "k")).record is None
+        await store.set(NUMBERS, "k", {"ratio": 1e308, "meta": {"a": [-0.0]}}, merge=True, if_version=None, actor=actor())
 
     async def test_listeners_hear_every_commit(self, store: Store) -> None:
         heard: list[str] = []

@@ -77,6 +77,17 @@ class StoredEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class History:
+    """What a replay reads in one snapshot: the namespace's cursor ``nseq``,
+    the oldest retained event's nseq (None when none is retained) and the
+    retained events with ``after < nseq <= cursor``, in nseq order."""
+
+    nseq: int
+    oldest: int | None
+    events: tuple[StoredEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Commit:
     """What one commit did: the reply facts and its event."""
 

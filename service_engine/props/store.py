@@ -18,6 +18,7 @@ from .digests import event_digest
 from .records import (
     Actor,
     Commit,
+    History,
     Planned,
     Record,
     RecordState,
@@ -78,8 +79,10 @@ class Store(Protocol):
     async def events(self, namespace: str, after: int, through: int) -> list[StoredEvent]:
         """The retained events with ``after < nseq <= through``, in nseq order."""
 
-    async def oldest_nseq(self, namespace: str) -> int | None:
-        """The oldest retained event's nseq (None when none is retained)."""
+    async def history(self, namespace: str, after: int) -> History:
+        """The cursor, the oldest retained nseq and the retained events past
+        ``after``, read in one snapshot: a commit or a prune cannot fall
+        between the retention check and the events a replay returns."""
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener`` after every commit; returns its remover."""
