@@ -5,6 +5,7 @@ the one BEGIN IMMEDIATE transaction, I/O off the event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -348,6 +349,56 @@ async def test_sqlite_soft_delete_keeps_the_tombstone_and_recreates_against_it(t
         assert (again.version, again.created) == (3, True)
     finally:
         await store.aclose()
+
+
+async def test_sqlite_delete_requires_if_version_under_require_version(tmp_path: Path) -> None:
+    """require_version fences deletes too: none is validation_error and a
+    stale one version_mismatch, each leaving the record and the cursor."""
+    store = await open_sqlite_store(tmp_path / "p.db")
+    try:
+        await store.register(SOFT)
+        await store.set(SOFT, "a", {"n": 1}, merge=True, if_version=0, actor=actor())
+        with pytest.raises(PropsError) as unfenced:
+            await store.delete(SOFT, "a", if_version=None, actor=actor())
+        assert (unfenced.value.error_code, unfenced.value.rc) == ("validation_error", 10)
+        assert "requires if_version" in unfenced.value.message
+        with pytest.raises(PropsError) as stale:
+            await store.delete(SOFT, "a", if_version=0, actor=actor())
+        assert (stale.value.error_code, stale.value.extra) == ("version_mismatch", {"expected_version": 0, "current_version": 1})
+        assert await store.cursor("soft") == 1 and (await store.get("soft", "a")).record is not None
+    finally:
+        await store.aclose()
+
+
+async def test_sqlite_history_is_one_snapshot_under_a_concurrent_writer(tmp_path: Path) -> None:
+    """Another connection to the file commits (and prunes) while history is
+    read: every history is one snapshot, its oldest nseq the retention floor
+    of its own cursor and its events contiguous from there to the cursor."""
+    writer = await open_sqlite_store(tmp_path / "p.db")
+    reader = await open_sqlite_store(tmp_path / "p.db")
+    await writer.register(SHORT)
+    await reader.register(SHORT)
+
+    async def write() -> None:
+        for n in range(200):
+            await writer.set(SHORT, "k", {"n": n}, merge=True, if_version=None, actor=actor())
+
+    writing = asyncio.create_task(write())
+    try:
+        reads = 0
+        while not writing.done():
+            history = await reader.history("short", 0)
+            reads += 1
+            if history.nseq:
+                assert history.oldest == max(1, history.nseq - SHORT.retain_events + 1), history
+                assert [e.nseq for e in history.events] == list(range(history.oldest, history.nseq + 1))
+        await writing
+        assert reads > 1
+    finally:
+        writing.cancel()
+        await asyncio.gather(writing, return_exceptions=True)
+        await writer.aclose()
+        await reader.aclose()
 
 
 class Tickets:
