@@ -107,17 +107,17 @@ def test_delete_plans_hard_and_soft() -> None:
 
 
 def test_reconcile_replaces_against_the_current_record() -> None:
-    planned = plan_reconcile(ITEMS, "k", LIVE, {"title": "t", "token": "rotated"})
+    planned = plan_reconcile(ITEMS, LIVE, {"title": "t", "token": "rotated"})
     assert planned == Planned(
         RecordState(4, {"title": "t", "token": "rotated"}, "active", None),
         "reconciled", "reconcile", False, {"title": "t", "token": "rotated"}, (), 1,
     )
-    fresh = plan_reconcile(ITEMS, "k", None, {"title": "t"})
+    fresh = plan_reconcile(ITEMS, None, {"title": "t"})
     assert (fresh.state, fresh.created, fresh.fields_changed) == (RecordState(1, {"title": "t"}), True, ("title",))
-    revived = plan_reconcile(ITEMS, "k", TOMBSTONE, {"title": "t"})
+    revived = plan_reconcile(ITEMS, TOMBSTONE, {"title": "t"})
     assert (revived.state, revived.created) == (RecordState(5, {"title": "t"}), True)
-    assert plan_reconcile(ITEMS, "k", RecordState(1, {}), {"title": "t"}).created is False
-    assert refusal(lambda: plan_reconcile(ITEMS, "k", LIVE, {"ghost": 1})).error_code == "validation_error"
+    assert plan_reconcile(ITEMS, RecordState(1, {}), {"title": "t"}).created is False
+    assert refusal(lambda: plan_reconcile(ITEMS, LIVE, {"ghost": 1})).error_code == "validation_error"
 
 
 def test_state_version_of_a_write_and_of_a_hard_delete() -> None:
@@ -131,7 +131,7 @@ def test_only_a_completion_event_carries_lifecycle_and_reason() -> None:
     event = make_event(ITEMS, "k", provisioning, 1, 1, 0, actor, "d")
     assert (event.kind, event.lifecycle, event.reason, event.cause) == ("created", None, None, "c-1")
     failed = RecordState(2, {"title": "t"}, "failed", "quota")
-    assert make_event(ITEMS, "k", plan_reconcile(ITEMS, "k", failed, {"title": "u"}), 3, 3, 1, actor, "d").lifecycle is None
+    assert make_event(ITEMS, "k", plan_reconcile(ITEMS, failed, {"title": "u"}), 3, 3, 1, actor, "d").lifecycle is None
     completed = make_event(ITEMS, "k", plan_complete(ITEMS, LIVE, "failed", "quota"), 4, 4, 0, actor, "d")
     assert (completed.lifecycle, completed.reason) == ("failed", "quota")
 

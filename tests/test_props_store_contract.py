@@ -59,6 +59,18 @@ def rejecting(key: str, fields: Mapping[str, Any]) -> None:
 
 HOOKED = Namespace("hooked", (FieldSpec("title", "string"),), validate=rejecting)
 SHORT = Namespace("short", (FieldSpec("n", "integer"),), retain_events=3)
+
+
+def _refuse_bad_keys(key: str, fields: Mapping[str, Any]) -> None:
+    if key.startswith("bad"):
+        raise HookRejected(f"key {key} refused")
+
+
+def _keep(key: str) -> None:
+    raise HookRejected(f"{key} is kept")
+
+
+KEYED = Namespace("keyed", (FieldSpec("title", "string"),), validate=_refuse_bad_keys, on_delete=_keep)
 NUMBERS = Namespace("numbers", (FieldSpec("ratio", "number"), FieldSpec("meta", "object")))
 
 
@@ -80,7 +92,7 @@ class StoreContract:
 
     @pytest.fixture(autouse=True)
     async def registered(self, store: Store) -> None:
-        for ns in (ITEMS, HOOKED, SHORT, NUMBERS):
+        for ns in (ITEMS, HOOKED, SHORT, NUMBERS, KEYED):
             await store.register(ns)
 
     async def test_register_is_idempotent_and_starts_at_zero(self, store: Store) -> None:
@@ -144,7 +156,47 @@ class StoreContract:
     async def test_delete_of_a_missing_record_is_not_found(self, store: Store) -> None:
         with pytest.raises(PropsError) as caught:
             await store.delete(ITEMS, "nope", if_version=None, actor=actor())
-        assert caught.value.error_code == "not_found"
+        assert (caught.value.error_code, caught.value.message) == ("not_found", "no record 'nope' in 'items'")
+
+    async def test_a_commit_reports_its_key_and_event(self, store: Store) -> None:
+        commit = await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
+        (event,) = await store.events("items", 0, 1)
+        assert (commit.key, commit.event) == ("a", event)
+
+    async def test_hooks_receive_the_key(self, store: Store) -> None:
+        with pytest.raises(PropsError) as rejected:
+            await store.set(KEYED, "bad-key", {"title": "t"}, merge=True, if_version=None, actor=actor())
+        assert rejected.value.message == "key bad-key refused"
+        await store.set(KEYED, "good", {"title": "t"}, merge=True, if_version=None, actor=actor())
+        with pytest.raises(PropsError) as kept:
+            await store.delete(KEYED, "good", if_version=None, actor=actor())
+        assert kept.value.message == "good is kept"
+
+    async def test_a_saga_write_keeps_its_lifecycle_until_completion(self, store: Store) -> None:
+        await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor(), lifecycle="provisioning")
+        snap = await store.get("items", "a")
+        assert snap.record is not None and snap.record.lifecycle == "provisioning"
+        with pytest.raises(PropsError) as nothing:
+            await store.complete(ITEMS, "ghost", lifecycle="active", reason=None, actor=actor())
+        assert (nothing.value.error_code, nothing.value.message) == ("conflict", "nothing provisioned to complete in 'items'")
+
+    async def test_every_reconciliation_increases_the_audit_epoch_by_one(self, store: Store) -> None:
+        for n in range(3):
+            await store.reconcile(ITEMS, "a", {"count": n}, actor=Actor("demo", now()))
+        assert [e.audit_epoch for e in await store.events("items", 0, 3)] == [1, 2, 3]
+
+    async def test_retention_keeps_exactly_retain_events(self, store: Store) -> None:
+        for n in range(SHORT.retain_events):
+            await store.set(SHORT, "k", {"n": n}, merge=True, if_version=None, actor=actor())
+        assert (await store.history("short", 0)).oldest == 1
+
+    async def test_a_listener_remover_may_run_twice(self, store: Store) -> None:
+        heard: list[str] = []
+        remove = store.add_listener(heard.append)
+        remove()
+        remove()
+        await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
+        assert heard == []
 
     async def test_list_returns_cursor_and_live_records(self, store: Store) -> None:
         await store.set(ITEMS, "b", {"count": 1}, merge=True, if_version=None, actor=actor())

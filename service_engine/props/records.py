@@ -214,7 +214,7 @@ def plan_delete(
 
 
 def plan_reconcile(
-    ns: Namespace, key: str, current: RecordState | None, fields: Mapping[str, Any]
+    ns: Namespace, current: RecordState | None, fields: Mapping[str, Any]
 ) -> Planned:
     """The owner's reconciliation: replace the record's fields; bumps the audit epoch."""
     check_fields(ns, fields)

@@ -114,7 +114,7 @@ Plan = Callable[[RecordState | None], Planned]
 
 
 def apply_commit(
-    txn: Txn, ns: Namespace, key: str, plan: Plan, actor: Actor, *, bump_epoch: bool = False
+    txn: Txn, ns: Namespace, key: str, plan: Plan, actor: Actor, *, bump_epoch: bool
 ) -> Commit:
     """One commit: plan against the current state, then write everything.
 
@@ -194,7 +194,7 @@ class CommitVerbs:
         self, ns: Namespace, key: str, fields: Mapping[str, Any], *, actor: Actor
     ) -> Commit:
         return await self._commit(
-            ns, key, lambda cur: plan_reconcile(ns, key, cur, fields), actor, True
+            ns, key, lambda cur: plan_reconcile(ns, cur, fields), actor, True
         )
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
