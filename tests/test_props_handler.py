@@ -564,3 +564,91 @@ async def test_non_finite_numbers_answer_validation_error_rc_10(raw: bytes) -> N
     await h.register(Namespace("nums", (FieldSpec("n", "number"),)))
     reply = await h.handle("demo.props.set", {"namespace": "nums", "key": "k"}, b'{"n": ' + raw + b"}", ALICE)
     assert (reply.rc, reply.body["error_code"]) == (10, "validation_error")
+
+
+@pytest.mark.parametrize("name", ["", "a.b", "a b"])
+def test_a_service_name_is_one_subject_token(name: str) -> None:
+    from service_engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="must be one subject token"):
+        PropsHandler(name, MemoryStore(), StaticPolicy({}))
+
+
+async def test_registration_and_lookup_name_the_namespace(handler: PropsHandler) -> None:
+    from service_engine.errors import DuplicateRegistration
+
+    with pytest.raises(DuplicateRegistration) as twice:
+        await handler.register(SETTINGS)
+    assert str(twice.value) == "duplicate props namespace registration: 'settings'"
+    with pytest.raises(PropsError) as missing:
+        handler.namespace("ghost")
+    assert (missing.value.error_code, missing.value.message) == ("not_found", "namespace 'ghost' is not registered")
+
+
+async def test_grant_refusals_keep_detail_in_the_log_only(handler: PropsHandler, caplog: pytest.LogCaptureFixture) -> None:
+    handler.granter = FakeGranter(GrantRefused("target_peer_not_connected", "via route r-17"))
+    with pytest.raises(PropsError) as refused:
+        await call(handler, "watch", {"namespace": "settings"})
+    assert refused.value.message == "live delivery could not be granted"
+    handler.granter = FakeGranter(GranterMissing("NoRespondersError"))
+    with pytest.raises(PropsError) as missing:
+        await call(handler, "watch", {"namespace": "settings"})
+    assert missing.value.message == "no broker grants live delivery"
+    handler.granter = None
+    with pytest.raises(PropsError) as none:
+        await call(handler, "watch", {"namespace": "settings"})
+    assert none.value.message == "no broker grants live delivery"
+    logged = [r.getMessage() for r in caplog.records]
+    assert "subscription grant refused: target_peer_not_connected via route r-17" in logged
+    assert "subscription grant unavailable: NoRespondersError" in logged
+
+
+async def test_set_passes_merge_and_fence_through_plain_and_saga_writes(handler: PropsHandler) -> None:
+    for ns, body in (("settings", b'{"title": "t", "color": "red"}'), ("machines", b'{"size": "small"}')):
+        await call(handler, "set", {"namespace": ns, "key": "k"}, body)
+        replaced = b'{"title": "u"}' if ns == "settings" else b'{"size": "big"}'
+        await call(handler, "set", {"namespace": ns, "key": "k", "merge": "replace"}, replaced)
+        assert (await call(handler, "get", {"namespace": ns, "key": "k"}))["fields"] == json.loads(replaced)
+        with pytest.raises(PropsError) as stale:
+            await call(handler, "set", {"namespace": ns, "key": "k", "if_version": "1"}, replaced)
+        assert stale.value.error_code == "version_mismatch", ns
+
+
+async def test_a_saga_step_sees_its_provisioning_record_and_completion_keeps_actor_and_cause() -> None:
+    store = MemoryStore()
+    seen: list[tuple[str, str | None, dict[str, Any]]] = []
+
+    async def step(key: str, fields: Mapping[str, Any]) -> SagaOutcome:
+        snap = await store.get("steps", key)
+        assert snap.record is not None
+        seen.append((key, snap.record.lifecycle, dict(fields)))
+        return SagaOutcome("active")
+
+    steps = Namespace("steps", (FieldSpec("size", "string"),), saga=step)
+    h = PropsHandler(SVC, store, StaticPolicy({"A/alice": all_caps("demo.steps")}))
+    await h.register(steps)
+    await call(h, "set", {"namespace": "steps", "key": "m1", "cause": "c-7"}, b'{"size": "s"}')
+    assert seen == [("m1", "provisioning", {"size": "s"})]
+    provisioned, completed = await store.events("steps", 0, 2)
+    assert (completed.kind, completed.actor, completed.cause) == ("completed", "A/alice", "c-7")
+    assert (provisioned.actor, provisioned.cause) == ("A/alice", "c-7")
+
+
+async def test_a_failing_saga_step_completes_the_record_as_failed(caplog: pytest.LogCaptureFixture) -> None:
+    async def broken(key: str, fields: Mapping[str, Any]) -> SagaOutcome:
+        raise RuntimeError("the cloud is down")
+
+    h = PropsHandler(SVC, MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.broken")}))
+    await h.register(Namespace("broken", (FieldSpec("size", "string"),), saga=broken))
+    reply = await call(h, "set", {"namespace": "broken", "key": "m1"}, b'{"size": "s"}')
+    assert (reply["lifecycle"], reply["reason"]) == ("failed", "saga step failed: RuntimeError")
+    assert "saga step of broken/m1 failed: RuntimeError('the cloud is down')" in [r.getMessage() for r in caplog.records]
+
+
+async def test_reconcile_is_the_owners_commit(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
+    commit = await handler.reconcile("settings", "k", {"title": "fixed"})
+    assert (commit.key, commit.version, commit.event.kind, commit.event.actor, commit.event.audit_epoch) == ("k", 2, "reconciled", "demo", 1)
+    assert (await call(handler, "get", {"namespace": "settings", "key": "k"}))["fields"] == {"title": "fixed"}
+    with pytest.raises(PropsError):
+        await handler.reconcile("ghost", "k", {})

@@ -358,7 +358,7 @@ class PropsHandler:
             actor=actor,
             lifecycle="provisioning",
         )
-        outcome = await self._saga(ns, key, provisioned)
+        outcome = await self._saga(ns, key)
         completed = await self.store.complete(
             ns,
             key,
@@ -380,7 +380,7 @@ class PropsHandler:
             reply["reason"] = outcome.reason
         return reply
 
-    async def _saga(self, ns: Namespace, key: str, provisioned: Commit) -> SagaOutcome:
+    async def _saga(self, ns: Namespace, key: str) -> SagaOutcome:
         assert ns.saga is not None
         snap = await self.store.get(ns.name, key)
         fields = snap.record.fields if snap.record is not None else {}
