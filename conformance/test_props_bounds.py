@@ -169,3 +169,22 @@ async def test_replay_window_exceeded_answers_rc_10_and_removes_the_grant(stack:
         assert stack.granter.grants == []
     finally:
         await deliveries.unsubscribe()
+
+
+async def test_only_the_topic_owner_removes_a_grant(stack: PropsStack) -> None:
+    """The broker's unsubscribe_grant removes a grant only for the topic's
+    owner: another account is auth_denied and the grant stays; an unknown
+    subscription is not_found."""
+    watch = await open_watch(stack.clients["alice"], SERVICE, "wide")
+    try:
+        ((subscription_id, *_),) = stack.granter.grants
+        noded = stack.clients["noded"]
+        for sid, code in ((subscription_id, "auth_denied"), ("sub_unknown", "not_found")):
+            msg = await noded.request("noded.props.unsubscribe_grant", b"", timeout=5, headers={"subscription_id": sid})
+            assert ((msg.headers or {})["rc"], json.loads(msg.data)["error_code"]) == ("10", code)
+        assert [g[0] for g in stack.granter.grants] == [subscription_id]
+        assert await stack.service.handler.granter.unsubscribe_grant(subscription_id) is True  # type: ignore[union-attr]
+        assert stack.granter.grants == []
+        assert await stack.service.handler.granter.unsubscribe_grant(subscription_id) is False  # type: ignore[union-attr]
+    finally:
+        await watch.aclose()

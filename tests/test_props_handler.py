@@ -652,3 +652,15 @@ async def test_reconcile_is_the_owners_commit(handler: PropsHandler) -> None:
     assert (await call(handler, "get", {"namespace": "settings", "key": "k"}))["fields"] == {"title": "fixed"}
     with pytest.raises(PropsError):
         await handler.reconcile("ghost", "k", {})
+
+
+def test_the_reply_budget_counts_headers_toward_the_max_payload() -> None:
+    """A reply's header block (``rc``) and its ``error`` header count toward
+    the broker's max payload, as the server counts them."""
+    from service_engine.props.handler import encode_body, reply_limit
+
+    assert reply_limit(1024) == 1024 - len(b"NATS/1.0\r\nrc: 10\r\n\r\n")
+    ok = Reply(0, {"a": "é"})
+    assert ok.wire_size == len(encode_body({"a": "é"})) == len(b'{"a":"\\u00e9"}')
+    refused = Reply.of_error(PropsError("not_found", "nö"))
+    assert refused.wire_size == len(encode_body(refused.body)) + len("error: nö\r\n".encode())
