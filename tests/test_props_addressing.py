@@ -124,10 +124,10 @@ def test_unknown_suffix() -> None:
 def test_key_resolution_for_singletons_and_collections() -> None:
     single = Namespace("cfg", (FieldSpec("a", "string"),), cardinality="singleton", canonical_key="current")
     coll = Namespace("items", (FieldSpec("a", "string"),))
-    assert resolve_key(single, "get", None) == "current"
-    assert resolve_key(single, "get", "current") == "current"
+    assert resolve_key(single, None) == "current"
+    assert resolve_key(single, "current") == "current"
     with pytest.raises(PropsError):
-        resolve_key(single, "get", "other")
-    assert resolve_key(coll, "get", "k") == "k"
+        resolve_key(single, "other")
+    assert resolve_key(coll, "k") == "k"
     with pytest.raises(PropsError):
-        resolve_key(coll, "get", None)
+        resolve_key(coll, None)

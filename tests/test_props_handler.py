@@ -448,7 +448,7 @@ async def test_a_list_or_get_over_the_limit_is_a_validation_error_naming_it(verb
     limit = (await handled(h, verb, headers, None)).wire_size - 1
     refused = await handled(h, verb, headers, limit)
     assert (refused.rc, refused.body["error_code"]) == (10, "validation_error")
-    assert f"the {verb} reply would be {limit + 1} bytes, over the {limit}-byte limit" in refused.body["message"]
+    assert refused.body["message"] == f"the {verb} reply would be {limit + 1} bytes, over the {limit}-byte limit of the broker's max payload"
 
 
 async def test_an_oversized_refusal_still_answers_within_the_limit() -> None:
@@ -508,8 +508,8 @@ async def test_revoke_without_a_granter_or_a_broker_answer_is_quiet(caplog: pyte
     h.granter = FakeGranter(Granted("s", "n"), confirms=False)
     await h.revoke(Granted("s2", "n"))
     messages = [r.getMessage() for r in caplog.records]
-    assert any("removing grant s failed" in m for m in messages)
-    assert any("did not confirm removing grant s2" in m for m in messages)
+    assert "removing grant s failed" in messages
+    assert "the broker did not confirm removing grant s2" in messages
 
 
 def test_fitting_start_takes_the_longest_suffix_that_fits() -> None:
@@ -664,3 +664,82 @@ def test_the_reply_budget_counts_headers_toward_the_max_payload() -> None:
     assert ok.wire_size == len(encode_body({"a": "é"})) == len(b'{"a":"\\u00e9"}')
     refused = Reply.of_error(PropsError("not_found", "nö"))
     assert refused.wire_size == len(encode_body(refused.body)) + len("error: nö\r\n".encode())
+
+
+async def test_every_commit_records_the_peer_and_cause(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "settings", "key": "k", "cause": "c-1"}, b'{"title": "t"}')
+    await call(handler, "delete", {"namespace": "settings", "key": "k", "cause": "c-2"})
+    events = await handler.store.events("settings", 0, 2)
+    assert [(e.actor, e.cause) for e in events] == [("A/alice", "c-1"), ("A/alice", "c-2")]
+
+
+async def test_delete_and_get_refusals_name_what_they_refuse(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
+    with pytest.raises(PropsError) as stale:
+        await call(handler, "delete", {"namespace": "settings", "key": "k", "if_version": "7"})
+    assert stale.value.extra == {"expected_version": 7, "current_version": 1}
+    with pytest.raises(PropsError) as singleton:
+        await call(handler, "delete", {"namespace": "prefs"})
+    assert singleton.value.message == "delete is for collections; 'prefs' is a singleton"
+    with pytest.raises(PropsError) as keyed:
+        await call(handler, "delete", {"namespace": "settings"})
+    assert keyed.value.message == "collection 'settings' requires a non-empty key"
+    with pytest.raises(PropsError) as missing:
+        await call(handler, "get", {"namespace": "settings", "key": "nope"})
+    assert missing.value.message == "no record 'nope' in 'settings'"
+    with pytest.raises(PropsError) as denied:
+        await call(handler, "describe", {"namespace": "locked"})
+    assert denied.value.message == "public describe of demo.locked is denied"
+
+
+async def test_list_shows_secrets_to_the_secrets_capability(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"api_key": "s3cr3t"}')
+    listed = await call(handler, "list", {"namespace": "settings"}, peer=PeerIdentity("P", "secrets"))
+    assert listed["records"][0]["fields"] == {"api_key": "s3cr3t"}
+
+
+async def test_command_is_live_by_default_and_bounded_by_its_limit(handler: PropsHandler) -> None:
+    granter = handler.granter
+    assert isinstance(granter, FakeGranter)
+    cmd = parse_command(SVC, "demo.props.watch", {"namespace": "settings"}, b"")
+    assert (await handler.command(cmd, ALICE))["live"] is True and len(granter.calls) == 1
+    await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
+    with pytest.raises(PropsError) as refused:
+        await handler.command(cmd, ALICE, limit=150)
+    assert refused.value.error_code == "replay_window_exceeded" and granter.revoked == ["sub_1"]
+
+
+async def test_failures_answer_fixed_messages_and_log_the_detail(caplog: pytest.LogCaptureFixture) -> None:
+    broken = PropsHandler(SVC, BrokenStore(), StaticPolicy({"A/alice": all_caps("demo.settings")}))
+    await broken.register(SETTINGS)
+    stored = await broken.handle("demo.props.get", {"namespace": "settings", "key": "k"}, b"", ALICE)
+    assert stored.body["message"] == "the property store failed"
+    defective = PropsHandler(SVC, DefectiveStore(), StaticPolicy({"A/alice": all_caps("demo.settings")}))
+    await defective.register(SETTINGS)
+    defect = await defective.handle("demo.props.list", {"namespace": "settings"}, b"", ALICE)
+    assert defect.body["message"] == "the property service failed"
+    logged = [r.getMessage() for r in caplog.records]
+    assert "props storage failed: disk I/O error at /var/lib/secret/path" in logged
+    assert "props demo.props.list failed" in logged
+
+
+def test_replay_window_refusals() -> None:
+    from service_engine.props import History
+    from service_engine.props.handler import replay_window
+
+    assert replay_window(5, History(5, 1, ())) == ()
+    with pytest.raises(PropsError) as none_left:
+        replay_window(2, History(5, None, ()))
+    assert none_left.value.body() == {
+        "error_code": "replay_window_exceeded", "message": "events after nseq 2 are no longer retained",
+        "since_nseq": 2, "oldest_nseq": 6,
+    }
+    with pytest.raises(PropsError) as pruned:
+        replay_window(2, History(5, 4, ()))
+    assert pruned.value.extra == {"since_nseq": 2, "oldest_nseq": 4}
+
+
+def test_encoding_is_compact_json() -> None:
+    from service_engine.props.handler import encode_body
+
+    assert encode_body({"a": [1, 2], "b": {"c": None}}) == b'{"a":[1,2],"b":{"c":null}}'

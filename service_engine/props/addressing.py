@@ -177,7 +177,7 @@ def _object_body(body: bytes) -> dict[str, Any]:
     return value
 
 
-def resolve_key(ns: Namespace, verb: str, key: str | None) -> str:
+def resolve_key(ns: Namespace, key: str | None) -> str:
     """The record key a command addresses: collections need a non-empty key,
     singletons take none (or their canonical key) and answer with it."""
     if ns.cardinality == "singleton":

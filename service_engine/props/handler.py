@@ -247,7 +247,7 @@ class PropsHandler:
             verb = subject.rpartition(".props.")[2] or subject
             reply = Reply.of_error(too_large(verb, reply.wire_size, limit))
         if grant and reply.rc == RC_OK:
-            return Reply(reply.rc, reply.body, reply.error, grant[0])
+            return Reply(reply.rc, reply.body, grant=grant[0])
         for installed in grant:
             await self.revoke(installed)
         return reply
@@ -281,17 +281,11 @@ class PropsHandler:
         ns = self.namespace(cmd.namespace)
         actor = Actor(peer.peer_id, now(), cmd.cause)
         if cmd.verb == "set":
-            return await self._set(ns, resolve_key(ns, "set", cmd.key), cmd, actor)
+            return await self._set(ns, resolve_key(ns, cmd.key), cmd, actor)
         if cmd.verb == "delete":
-            if ns.cardinality != "collection" and ns.on_delete is None:
-                raise PropsError(
-                    "validation_error", f"delete is for collections; {ns.name!r} is a singleton"
-                )
-            key = (
-                ns.canonical_key
-                if ns.cardinality == "singleton"
-                else resolve_key(ns, "delete", cmd.key)
-            )
+            # The planner refuses singletons (after their delete hook, whose
+            # refusal says why, as the logging bridge's does).
+            key = resolve_key(ns, cmd.key)
             commit = await self.store.delete(ns, key, if_version=cmd.if_version, actor=actor)
             return {
                 "namespace": ns.name,
@@ -302,7 +296,7 @@ class PropsHandler:
             }
         secrets = secrets_cap(cap) in caps
         if cmd.verb == "get":
-            key = resolve_key(ns, "get", cmd.key)
+            key = resolve_key(ns, cmd.key)
             snap = await self.store.get(ns.name, key)
             if snap.record is None:
                 raise PropsError("not_found", f"no record {key!r} in {ns.name!r}")
