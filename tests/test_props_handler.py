@@ -649,6 +649,7 @@ async def test_reconcile_is_the_owners_commit(handler: PropsHandler) -> None:
     await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
     commit = await handler.reconcile("settings", "k", {"title": "fixed"})
     assert (commit.key, commit.version, commit.event.kind, commit.event.actor, commit.event.audit_epoch) == ("k", 2, "reconciled", "demo", 1)
+    assert commit.event.ts.tzinfo is not None
     assert (await call(handler, "get", {"namespace": "settings", "key": "k"}))["fields"] == {"title": "fixed"}
     with pytest.raises(PropsError):
         await handler.reconcile("ghost", "k", {})
