@@ -744,3 +744,33 @@ def test_encoding_is_compact_json() -> None:
     from service_engine.props.handler import encode_body
 
     assert encode_body({"a": [1, 2], "b": {"c": None}}) == b'{"a":[1,2],"b":{"c":null}}'
+
+
+async def test_a_set_merges_by_default_in_plain_and_saga_writes() -> None:
+    async def ok(key: str, fields: Mapping[str, Any]) -> SagaOutcome:
+        return SagaOutcome("active")
+
+    two = (FieldSpec("a", "string"), FieldSpec("b", "string"))
+    h = PropsHandler(SVC, MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.plain") | all_caps("demo.sagas")}))
+    await h.register(Namespace("plain", two))
+    await h.register(Namespace("sagas", two, saga=ok))
+    for ns in ("plain", "sagas"):
+        await call(h, "set", {"namespace": ns, "key": "k"}, b'{"a": "1", "b": "2"}')
+        await call(h, "set", {"namespace": ns, "key": "k"}, b'{"a": "3"}')
+        assert (await call(h, "get", {"namespace": ns, "key": "k"}))["fields"] == {"a": "3", "b": "2"}, ns
+
+
+class DeletedUnderTheSaga(MemoryStore):
+    """A delete lands between the provisioning commit and the saga's read."""
+
+    async def get(self, namespace: str, key: str) -> Any:
+        if namespace == "machines" and (await super().get(namespace, key)).record is not None:
+            await self.delete(SAGA, key, if_version=None, actor=Actor("B/bob", now()))
+        return await super().get(namespace, key)
+
+
+async def test_a_record_deleted_under_its_saga_completes_as_a_conflict() -> None:
+    h = PropsHandler(SVC, DeletedUnderTheSaga(), StaticPolicy({"A/alice": all_caps("demo.machines")}))
+    await h.register(SAGA)
+    reply = await h.handle("demo.props.set", {"namespace": "machines", "key": "m"}, b'{"size": "s"}', ALICE)
+    assert (reply.rc, reply.body["error_code"]) == (10, "conflict")
