@@ -26,11 +26,12 @@ from service_engine.embedded import EmbeddedNats, ServerProcess, free_port
 from service_engine.props import (
     VERBS,
     DevGranter,
+    MemoryStore,
     Namespace,
     Policy,
     PropsClient,
     PropsService,
-    SqliteStore,
+    Store,
     open_sqlite_store,
 )
 
@@ -57,12 +58,16 @@ def accounts_config(port: int, service: str = SERVICE, peers: Mapping[str, Seque
         f"""  {SERVICE_ACCOUNT}: {{
     users: [{{user: svc, password: {PASSWORD}, permissions: {{publish: {{allow: [">"], deny: {_list(f'"{s}"' for s in verbs)}}}}}}}]
     exports: {_list(svc_exports)}
-    imports: [{{service: {{account: {GRANTER_ACCOUNT}, subject: "noded.props.subscribe_grant"}}, share: true}}]
+    imports: [
+      {{service: {{account: {GRANTER_ACCOUNT}, subject: "noded.props.subscribe_grant"}}, share: true}}
+      {{service: {{account: {GRANTER_ACCOUNT}, subject: "noded.props.unsubscribe_grant"}}, share: true}}
+    ]
   }}""",
         f"""  {GRANTER_ACCOUNT}: {{
     users: [{{user: noded, password: {PASSWORD}}}]
     exports: [
       {{service: "noded.props.subscribe_grant", accounts: [{SERVICE_ACCOUNT}]}}
+      {{service: "noded.props.unsubscribe_grant", accounts: [{SERVICE_ACCOUNT}]}}
       {{service: "noded.peers.register"}}
       {{service: "noded.topic.subscribe"}}
     ]
@@ -121,7 +126,7 @@ class PropsStack:
     server: AccountsNats
     service: PropsService
     granter: DevGranter
-    store: SqliteStore
+    store: Store
     clients: dict[str, Client] = field(default_factory=dict)
 
     def caller(self, user: str) -> PropsClient:
@@ -148,19 +153,25 @@ async def _reachable(clients: Mapping[str, Client], *, granter: bool) -> None:
             await _answered(clients[user], "noded.topic.subscribe", {"topic": "_probe"})
     if granter:
         await _answered(clients["svc"], "noded.props.subscribe_grant", {})
+        await _answered(clients["svc"], "noded.props.unsubscribe_grant", {})
 
 
 @contextlib.asynccontextmanager
 async def props_stack(
-    tmp_path: Path, namespaces: Sequence[Namespace], policy: Policy, *, granter: bool = True
+    tmp_path: Path,
+    namespaces: Sequence[Namespace],
+    policy: Policy,
+    *,
+    granter: bool = True,
+    memory: bool = False,
 ) -> AsyncIterator[PropsStack]:
     """The server, the granter (unless ``granter=False``), the service on an
-    on-disk SQLite store with ``namespaces``, and connections for ``svc``,
-    ``noded``, ``alice`` and ``bob``."""
+    on-disk SQLite store (the in-memory store with ``memory=True``) with
+    ``namespaces``, and connections for ``svc``, ``noded``, ``alice`` and ``bob``."""
     server = AccountsNats(tmp_path / "nats")
     await asyncio.to_thread(server.start)
     clients: dict[str, Client] = {}
-    store = await open_sqlite_store(tmp_path / "props.db")
+    store: Store = MemoryStore() if memory else await open_sqlite_store(tmp_path / "props.db")
     try:
         for user in ("svc", "noded", "alice", "bob"):
             clients[user] = await connect(server, user)

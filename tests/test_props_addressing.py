@@ -77,6 +77,15 @@ def test_list_refuses_a_body() -> None:
     assert refusal("list", {"namespace": "n"}, b"{}").message.startswith("list_option_deferred")
 
 
+@pytest.mark.parametrize("body", [b" ", b"\n", b"\t \r\n"])
+def test_a_whitespace_only_body_is_a_non_empty_body(body: bytes) -> None:
+    """The contract refuses "any non-empty body" on get and list: whitespace included."""
+    assert refusal("get", {"namespace": "n"}, body).message.startswith("get_projection_deferred")
+    assert refusal("list", {"namespace": "n"}, body).message.startswith("list_option_deferred")
+    assert parse_command(SVC, "demo.props.get", {"namespace": "n"}, b"").verb == "get"
+    assert parse_command(SVC, "demo.props.list", {"namespace": "n"}, b"").verb == "list"
+
+
 @pytest.mark.parametrize("raw", ["-1", "1.0", "x", " 1", "18446744073709551616", "\u0661"])
 def test_if_version_is_a_decimal_u64(raw: str) -> None:
     assert refusal("set", {"namespace": "n", "if_version": raw}, b"{}").error_code == "validation_error"
@@ -115,10 +124,10 @@ def test_unknown_suffix() -> None:
 def test_key_resolution_for_singletons_and_collections() -> None:
     single = Namespace("cfg", (FieldSpec("a", "string"),), cardinality="singleton", canonical_key="current")
     coll = Namespace("items", (FieldSpec("a", "string"),))
-    assert resolve_key(single, "get", None) == "current"
-    assert resolve_key(single, "get", "current") == "current"
+    assert resolve_key(single, None) == "current"
+    assert resolve_key(single, "current") == "current"
     with pytest.raises(PropsError):
-        resolve_key(single, "get", "other")
-    assert resolve_key(coll, "get", "k") == "k"
+        resolve_key(single, "other")
+    assert resolve_key(coll, "k") == "k"
     with pytest.raises(PropsError):
-        resolve_key(coll, "get", None)
+        resolve_key(coll, None)

@@ -55,8 +55,11 @@ def test_without_a_service_account_nothing_is_attested() -> None:
 def test_peer_id_round_trip_and_refusal() -> None:
     for peer in (PeerIdentity("A", "alice"), PeerIdentity("B"), PeerIdentity.unattested()):
         assert PeerIdentity.parse_peer_id(peer.peer_id) == peer
-    with pytest.raises(PropsError):
+    with pytest.raises(PropsError) as refused:
         PeerIdentity.parse_peer_id("A.x/bob")
+    assert (refused.value.error_code, refused.value.message) == ("validation_error", "not a peer id: 'A.x/bob'")
+    assert PeerIdentity.unattested() == PeerIdentity(None, None, attested=False)
+    assert PeerIdentity.unattested().attested is False
 
 
 def test_capability_strings() -> None:
@@ -67,7 +70,10 @@ def test_capability_strings() -> None:
     assert describe_cap(cap, "full") == "props.describe:demo.settings:full"
     assert audit_cap(cap) == "props.audit:demo.settings"
     assert secrets_cap(cap) == "props.read:demo.settings:secrets"
-    assert len(all_caps(cap)) == 6
+    assert all_caps(cap) == {
+        read_cap(cap), write_cap(cap), describe_cap(cap, "public"), describe_cap(cap, "full"),
+        audit_cap(cap), secrets_cap(cap),
+    }
 
 
 def test_verb_rules() -> None:
@@ -77,6 +83,10 @@ def test_verb_rules() -> None:
         "watch": read_cap(cap), "audit.watch": audit_cap(cap),
     }
     assert required_capability("describe", cap, "full") == describe_cap(cap, "full")
+    assert required_capability("describe", cap) == describe_cap(cap, "public")
+    with pytest.raises(PropsError) as unknown:
+        required_capability("patch", cap)
+    assert (unknown.value.error_code, unknown.value.message) == ("validation_error", "unknown verb 'patch'")
 
 
 def test_static_policy_unions_account_and_user_grants() -> None:
@@ -84,6 +94,15 @@ def test_static_policy_unions_account_and_user_grants() -> None:
     assert policy.capabilities(PeerIdentity("A", "alice")) == {"x", "y"}
     assert policy.capabilities(PeerIdentity("A", "bob")) == {"x"}
     assert policy.capabilities(PeerIdentity.unattested()) == {"z"}
+    assert policy.capabilities(PeerIdentity("A")) == {"x"}
+
+
+def test_an_unattested_identity_gets_only_the_anonymous_grants() -> None:
+    """Names the server did not vouch for never unlock that account's or
+    user's grants, whatever they say."""
+    policy = StaticPolicy({"A": {"x"}, "A/alice": {"y"}, "anonymous": {"z"}})
+    assert policy.capabilities(PeerIdentity("A", "alice", attested=False)) == {"z"}
+    assert policy.capabilities(PeerIdentity("A", None, attested=False)) == {"z"}
 
 
 def test_redaction_nulls_secrets_and_keeps_missing_fields_missing() -> None:

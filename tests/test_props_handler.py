@@ -4,12 +4,14 @@ grants and the replay window."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from service_engine.props import (
+    Actor,
     FieldSpec,
     Granted,
     GranterMissing,
@@ -20,17 +22,20 @@ from service_engine.props import (
     PeerIdentity,
     PropsError,
     PropsHandler,
+    Reply,
     SagaOutcome,
     StaticPolicy,
     Validator,
     all_caps,
     audit_cap,
     describe_cap,
+    now,
     parse_command,
     read_cap,
     secrets_cap,
     write_cap,
 )
+from service_engine.props.handler import fitting_start
 
 SVC = "demo"
 CAP = "demo.settings"
@@ -75,13 +80,19 @@ PEERS = {
 
 
 class FakeGranter:
-    def __init__(self, outcome: GrantOutcome) -> None:
+    def __init__(self, outcome: GrantOutcome, *, confirms: bool = True) -> None:
         self.outcome = outcome
+        self.confirms = confirms
         self.calls: list[tuple[str, str, str]] = []
+        self.revoked: list[str] = []
 
     async def subscribe_grant(self, topic: str, target_peer: str, namespace: str) -> GrantOutcome:
         self.calls.append((topic, target_peer, namespace))
         return self.outcome
+
+    async def unsubscribe_grant(self, subscription_id: str) -> bool:
+        self.revoked.append(subscription_id)
+        return self.confirms
 
 
 def policy() -> StaticPolicy:
@@ -183,6 +194,17 @@ async def test_describe_views(handler: PropsHandler) -> None:
     assert [f["name"] for f in full["fields"]] == ["title", "api_key", "legacy", "color"]
     assert full["fields"][1]["validators"] == ["vault_format_v2"] and full["fields"][1]["secret"] is True
     assert "primary_key_field" not in await call(handler, "describe", {"namespace": "prefs"})
+
+
+async def test_public_describe_never_names_a_secret_primary_key_field() -> None:
+    """Public describe omits secret fields, so it omits a secret
+    primary_key_field too; full describe names it."""
+    vault = Namespace("vault", (FieldSpec("token", "string", secret=True), FieldSpec("label", "string")), primary_key_field="token")
+    h = PropsHandler(SVC, MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.vault")}))
+    await h.register(vault)
+    public = await call(h, "describe", {"namespace": "vault"})
+    assert "primary_key_field" not in public and "token" not in str(public)
+    assert (await call(h, "describe", {"namespace": "vault", "view": "full"}))["primary_key_field"] == "token"
 
 
 async def test_schema_public_deny_refuses_public_describe(handler: PropsHandler) -> None:
@@ -357,3 +379,398 @@ async def test_a_defect_still_answers_unavailable(caplog: pytest.LogCaptureFixtu
     reply = await h.handle("demo.props.list", {"namespace": "settings"}, b"", ALICE)
     assert (reply.rc, reply.body["error_code"]) == (20, "unavailable")
     assert "a bug" not in reply.body["message"]
+
+
+WIDE = Namespace("wide", tuple(FieldSpec(f"field_number_{n:03d}", "integer") for n in range(40)))
+WIDE_ROW = json.dumps({f"field_number_{n:03d}": n for n in range(40)}).encode()
+
+
+async def wide_handler(commits: int, granter: FakeGranter | None = None) -> PropsHandler:
+    h = PropsHandler(SVC, MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.wide")}), granter or FakeGranter(Granted("sub_w", "wide")))
+    await h.register(WIDE)
+    for n in range(commits):
+        await call(h, "set", {"namespace": "wide", "key": f"k{n:03d}"}, WIDE_ROW)
+    return h
+
+
+async def handled(h: PropsHandler, verb: str, headers: dict[str, str], limit: int | None) -> Reply:
+    return await h.handle(f"{SVC}.props.{verb}", headers, b"", ALICE, limit=limit)
+
+
+@pytest.mark.parametrize("verb", ["watch", "audit.watch"])
+async def test_a_replay_over_the_limit_is_refused_with_where_a_replay_fits(verb: str) -> None:
+    """A replay that would not fit is replay_window_exceeded (rc 10) naming
+    the limit, whose oldest_nseq is where a replay fits; the refused watch's
+    grant is removed; a watch from there replays every later event."""
+    granter = FakeGranter(Granted("sub_w", "wide"))
+    h = await wide_handler(30, granter)
+    full = await handled(h, verb, {"namespace": "wide"}, None)
+    assert full.rc == 0 and len(full.body["events"]) == 30 and full.grant == Granted("sub_w", "wide")
+    limit = full.wire_size // 3
+    refused = await handled(h, verb, {"namespace": "wide"}, limit)
+    assert (refused.rc, refused.body["error_code"], refused.body["since_nseq"]) == (10, "replay_window_exceeded", 0)
+    assert f"{limit}-byte limit" in refused.body["message"] and refused.error == refused.body["message"]
+    assert refused.grant is None and granter.revoked == ["sub_w"]
+    oldest = refused.body["oldest_nseq"]
+    assert 1 < oldest <= 30
+    resumed = await handled(h, verb, {"namespace": "wide", "since_nseq": str(oldest - 1)}, limit)
+    assert resumed.rc == 0 and resumed.wire_size <= limit and resumed.grant is not None
+    assert [e["nseq"] for e in resumed.body["events"]] == list(range(oldest, 31))
+    # One event more would not have fitted: oldest_nseq is the earliest that fits.
+    earlier = await handled(h, verb, {"namespace": "wide", "since_nseq": str(oldest - 2)}, limit)
+    assert earlier.body["error_code"] == "replay_window_exceeded" and earlier.body["oldest_nseq"] == oldest
+    assert granter.revoked == ["sub_w", "sub_w"]
+
+
+async def test_a_reply_of_exactly_the_limit_is_answered() -> None:
+    h = await wide_handler(3)
+    for verb, headers in (("watch", {"namespace": "wide"}), ("list", {"namespace": "wide"}), ("get", {"namespace": "wide", "key": "k000"})):
+        size = (await handled(h, verb, headers, None)).wire_size
+        assert (await handled(h, verb, headers, size)).rc == 0, verb
+        assert (await handled(h, verb, headers, size - 1)).rc == 10, verb
+
+
+async def test_no_single_event_fits_points_past_the_cursor() -> None:
+    """When not even the newest event fits, oldest_nseq is the cursor + 1:
+    a watch from the cursor replays nothing and is answered."""
+    h = await wide_handler(2)
+    one = await handled(h, "watch", {"namespace": "wide", "since_nseq": "1"}, None)
+    limit = one.wire_size - 1
+    refused = await handled(h, "watch", {"namespace": "wide"}, limit)
+    assert (refused.body["error_code"], refused.body["oldest_nseq"]) == ("replay_window_exceeded", 3)
+    assert (await handled(h, "watch", {"namespace": "wide", "since_nseq": "2"}, limit)).rc == 0
+
+
+@pytest.mark.parametrize("verb", ["list", "get"])
+async def test_a_list_or_get_over_the_limit_is_a_validation_error_naming_it(verb: str) -> None:
+    h = await wide_handler(20)
+    headers = {"namespace": "wide"} if verb == "list" else {"namespace": "wide", "key": "k000"}
+    limit = (await handled(h, verb, headers, None)).wire_size - 1
+    refused = await handled(h, verb, headers, limit)
+    assert (refused.rc, refused.body["error_code"]) == (10, "validation_error")
+    assert refused.body["message"] == f"the {verb} reply would be {limit + 1} bytes, over the {limit}-byte limit of the broker's max payload"
+
+
+async def test_an_oversized_refusal_still_answers_within_the_limit() -> None:
+    """Even an error whose message would not fit is answered, with a reply
+    that fits."""
+    h = await wide_handler(0)
+    reply = await h.handle("demo.props.watch", {"namespace": "x" * 500}, b"", ALICE, limit=300)
+    assert reply.rc == 10 and reply.body["error_code"] == "validation_error" and reply.wire_size <= 300
+
+
+async def test_a_failure_after_the_grant_removes_it() -> None:
+    """Any refusal or failure after the grant (the retention check, a store
+    failure) removes the grant; a success hands it to the transport."""
+    granter = FakeGranter(Granted("sub_t", "tiny"), confirms=False)
+    h = PropsHandler(SVC, MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.tiny")}), granter)
+    await h.register(Namespace("tiny", (FieldSpec("n", "integer"),), retain_events=1))
+    for n in range(3):
+        await call(h, "set", {"namespace": "tiny", "key": "k"}, f'{{"n": {n}}}'.encode())
+    refused = await handled(h, "watch", {"namespace": "tiny"}, None)
+    assert refused.body["error_code"] == "replay_window_exceeded" and refused.grant is None
+    assert granter.revoked == ["sub_t"]
+    with pytest.raises(PropsError):
+        await call(h, "watch", {"namespace": "tiny", "since_nseq": "1"})
+    assert granter.revoked == ["sub_t", "sub_t"]
+    ok = await handled(h, "watch", {"namespace": "tiny", "since_nseq": "2"}, None)
+    assert ok.rc == 0 and ok.grant == Granted("sub_t", "tiny") and granter.revoked == ["sub_t", "sub_t"]
+    denied = await h.handle("demo.props.watch", {"namespace": "tiny"}, b"", PeerIdentity("Z", "zed"))
+    assert denied.body["error_code"] == "auth_denied" and len(granter.calls) == 3
+
+
+class BrokenHistory(MemoryStore):
+    async def history(self, namespace: str, after: int) -> Any:
+        from service_engine.props import PropsStoreError
+
+        raise PropsStoreError("disk I/O error")
+
+
+async def test_a_storage_failure_after_the_grant_removes_it() -> None:
+    granter = FakeGranter(Granted("sub_b", "settings"))
+    h = PropsHandler(SVC, BrokenHistory(), StaticPolicy({"A/alice": all_caps("demo.settings")}), granter)
+    await h.register(SETTINGS)
+    reply = await handled(h, "watch", {"namespace": "settings"}, None)
+    assert (reply.rc, reply.body["error_code"], reply.grant) == (20, "storage_error", None)
+    assert granter.revoked == ["sub_b"]
+
+
+async def test_revoke_without_a_granter_or_a_broker_answer_is_quiet(caplog: pytest.LogCaptureFixture) -> None:
+    h = PropsHandler(SVC, MemoryStore(), StaticPolicy({}))
+    await h.revoke(Granted("s", "n"))
+
+    class Raising(FakeGranter):
+        async def unsubscribe_grant(self, subscription_id: str) -> bool:
+            raise RuntimeError("broker gone")
+
+    h.granter = Raising(Granted("s", "n"))
+    await h.revoke(Granted("s", "n"))
+    h.granter = FakeGranter(Granted("s", "n"), confirms=False)
+    await h.revoke(Granted("s2", "n"))
+    messages = [r.getMessage() for r in caplog.records]
+    assert "removing grant s failed" in messages
+    assert "the broker did not confirm removing grant s2" in messages
+
+
+def test_fitting_start_takes_the_longest_suffix_that_fits() -> None:
+    assert fitting_start([], 0) == 0
+    assert fitting_start([5], 5) == 0 and fitting_start([5], 4) == 1
+    # [a,b] is 2 + 5 + 1 + 5: two items of 5 need 11 bytes of room.
+    assert fitting_start([5, 5], 11) == 0 and fitting_start([5, 5], 10) == 1
+    assert fitting_start([1, 100, 3, 3], 7) == 2
+    assert fitting_start([1, 100, 3, 3], 6) == 3
+
+
+@pytest.mark.parametrize(("code", "rc"), [
+    ("auth_denied", 10), ("not_found", 10), ("validation_error", 10), ("conflict", 10),
+    ("version_mismatch", 10), ("replay_window_exceeded", 10), ("grant_failed", 10),
+    ("storage_error", 20), ("hook_error", 20), ("unavailable", 20),
+])
+def test_every_error_code_answers_its_rc(code: str, rc: int) -> None:
+    """The closed vocabulary of the Errors table, each with its rc."""
+    from service_engine.props import ERROR_RC
+
+    assert ERROR_RC[code] == rc and PropsError(code, "m").rc == rc  # type: ignore[arg-type]
+    reply = Reply.of_error(PropsError(code, "m"))  # type: ignore[arg-type]
+    assert (reply.rc, reply.body, reply.error) == (rc, {"error_code": code, "message": "m"}, "m")
+
+
+async def test_conflict_and_replay_window_answer_rc_10_through_handle() -> None:
+    """A saga whose record vanished before completion is a conflict; a
+    cursor past retention is replay_window_exceeded: both rc 10 on the wire."""
+    store = MemoryStore()
+
+    async def vanish(key: str, fields: Mapping[str, Any]) -> SagaOutcome:
+        await store.delete(GONE, key, if_version=None, actor=Actor("demo", now()))
+        return SagaOutcome("active")
+
+    GONE = Namespace("gone", (FieldSpec("size", "string"),), saga=vanish)
+    h = PropsHandler(SVC, store, StaticPolicy({"A/alice": all_caps("demo.gone")}), FakeGranter(Granted("s", "gone")))
+    await h.register(GONE)
+    conflict = await h.handle("demo.props.set", {"namespace": "gone", "key": "m"}, b'{"size": "s"}', ALICE)
+    assert (conflict.rc, conflict.body["error_code"]) == (10, "conflict")
+    tiny = Namespace("tinier", (FieldSpec("n", "integer"),), retain_events=1)
+    h.policy = StaticPolicy({"A/alice": all_caps("demo.tinier")})
+    await h.register(tiny)
+    for n in range(3):
+        await call(h, "set", {"namespace": "tinier", "key": "k"}, f'{{"n": {n}}}'.encode())
+    window = await h.handle("demo.props.watch", {"namespace": "tinier"}, b"", ALICE)
+    assert (window.rc, window.body["error_code"], window.body["oldest_nseq"]) == (10, "replay_window_exceeded", 3)
+
+
+@pytest.mark.parametrize("raw", [b"NaN", b"Infinity", b"-Infinity", b"1e400"])
+async def test_non_finite_numbers_answer_validation_error_rc_10(raw: bytes) -> None:
+    h = PropsHandler(SVC, MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.nums")}))
+    await h.register(Namespace("nums", (FieldSpec("n", "number"),)))
+    reply = await h.handle("demo.props.set", {"namespace": "nums", "key": "k"}, b'{"n": ' + raw + b"}", ALICE)
+    assert (reply.rc, reply.body["error_code"]) == (10, "validation_error")
+
+
+@pytest.mark.parametrize("name", ["", "a.b", "a b"])
+def test_a_service_name_is_one_subject_token(name: str) -> None:
+    from service_engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="must be one subject token"):
+        PropsHandler(name, MemoryStore(), StaticPolicy({}))
+
+
+async def test_registration_and_lookup_name_the_namespace(handler: PropsHandler) -> None:
+    from service_engine.errors import DuplicateRegistration
+
+    with pytest.raises(DuplicateRegistration) as twice:
+        await handler.register(SETTINGS)
+    assert str(twice.value) == "duplicate props namespace registration: 'settings'"
+    with pytest.raises(PropsError) as missing:
+        handler.namespace("ghost")
+    assert (missing.value.error_code, missing.value.message) == ("not_found", "namespace 'ghost' is not registered")
+
+
+async def test_grant_refusals_keep_detail_in_the_log_only(handler: PropsHandler, caplog: pytest.LogCaptureFixture) -> None:
+    handler.granter = FakeGranter(GrantRefused("target_peer_not_connected", "via route r-17"))
+    with pytest.raises(PropsError) as refused:
+        await call(handler, "watch", {"namespace": "settings"})
+    assert refused.value.message == "live delivery could not be granted"
+    handler.granter = FakeGranter(GranterMissing("NoRespondersError"))
+    with pytest.raises(PropsError) as missing:
+        await call(handler, "watch", {"namespace": "settings"})
+    assert missing.value.message == "no broker grants live delivery"
+    handler.granter = None
+    with pytest.raises(PropsError) as none:
+        await call(handler, "watch", {"namespace": "settings"})
+    assert none.value.message == "no broker grants live delivery"
+    logged = [r.getMessage() for r in caplog.records]
+    assert "subscription grant refused: target_peer_not_connected via route r-17" in logged
+    assert "subscription grant unavailable: NoRespondersError" in logged
+
+
+async def test_set_passes_merge_and_fence_through_plain_and_saga_writes(handler: PropsHandler) -> None:
+    for ns, body in (("settings", b'{"title": "t", "color": "red"}'), ("machines", b'{"size": "small"}')):
+        await call(handler, "set", {"namespace": ns, "key": "k"}, body)
+        replaced = b'{"title": "u"}' if ns == "settings" else b'{"size": "big"}'
+        await call(handler, "set", {"namespace": ns, "key": "k", "merge": "replace"}, replaced)
+        assert (await call(handler, "get", {"namespace": ns, "key": "k"}))["fields"] == json.loads(replaced)
+        with pytest.raises(PropsError) as stale:
+            await call(handler, "set", {"namespace": ns, "key": "k", "if_version": "1"}, replaced)
+        assert stale.value.error_code == "version_mismatch", ns
+
+
+async def test_a_saga_step_sees_its_provisioning_record_and_completion_keeps_actor_and_cause() -> None:
+    store = MemoryStore()
+    seen: list[tuple[str, str | None, dict[str, Any]]] = []
+
+    async def step(key: str, fields: Mapping[str, Any]) -> SagaOutcome:
+        snap = await store.get("steps", key)
+        assert snap.record is not None
+        seen.append((key, snap.record.lifecycle, dict(fields)))
+        return SagaOutcome("active")
+
+    steps = Namespace("steps", (FieldSpec("size", "string"),), saga=step)
+    h = PropsHandler(SVC, store, StaticPolicy({"A/alice": all_caps("demo.steps")}))
+    await h.register(steps)
+    await call(h, "set", {"namespace": "steps", "key": "m1", "cause": "c-7"}, b'{"size": "s"}')
+    assert seen == [("m1", "provisioning", {"size": "s"})]
+    provisioned, completed = await store.events("steps", 0, 2)
+    assert (completed.kind, completed.actor, completed.cause) == ("completed", "A/alice", "c-7")
+    assert (provisioned.actor, provisioned.cause) == ("A/alice", "c-7")
+
+
+async def test_a_failing_saga_step_completes_the_record_as_failed(caplog: pytest.LogCaptureFixture) -> None:
+    async def broken(key: str, fields: Mapping[str, Any]) -> SagaOutcome:
+        raise RuntimeError("the cloud is down")
+
+    h = PropsHandler(SVC, MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.broken")}))
+    await h.register(Namespace("broken", (FieldSpec("size", "string"),), saga=broken))
+    reply = await call(h, "set", {"namespace": "broken", "key": "m1"}, b'{"size": "s"}')
+    assert (reply["lifecycle"], reply["reason"]) == ("failed", "saga step failed: RuntimeError")
+    assert "saga step of broken/m1 failed: RuntimeError('the cloud is down')" in [r.getMessage() for r in caplog.records]
+
+
+async def test_reconcile_is_the_owners_commit(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
+    commit = await handler.reconcile("settings", "k", {"title": "fixed"})
+    assert (commit.key, commit.version, commit.event.kind, commit.event.actor, commit.event.audit_epoch) == ("k", 2, "reconciled", "demo", 1)
+    assert commit.event.ts.tzinfo is not None
+    assert (await call(handler, "get", {"namespace": "settings", "key": "k"}))["fields"] == {"title": "fixed"}
+    with pytest.raises(PropsError):
+        await handler.reconcile("ghost", "k", {})
+
+
+def test_the_reply_budget_counts_headers_toward_the_max_payload() -> None:
+    """A reply's header block (``rc``) and its ``error`` header count toward
+    the broker's max payload, as the server counts them."""
+    from service_engine.props.handler import encode_body, reply_limit
+
+    assert reply_limit(1024) == 1024 - len(b"NATS/1.0\r\nrc: 10\r\n\r\n")
+    ok = Reply(0, {"a": "é"})
+    assert ok.wire_size == len(encode_body({"a": "é"})) == len(b'{"a":"\\u00e9"}')
+    refused = Reply.of_error(PropsError("not_found", "nö"))
+    assert refused.wire_size == len(encode_body(refused.body)) + len("error: nö\r\n".encode())
+
+
+async def test_every_commit_records_the_peer_and_cause(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "settings", "key": "k", "cause": "c-1"}, b'{"title": "t"}')
+    await call(handler, "delete", {"namespace": "settings", "key": "k", "cause": "c-2"})
+    events = await handler.store.events("settings", 0, 2)
+    assert [(e.actor, e.cause) for e in events] == [("A/alice", "c-1"), ("A/alice", "c-2")]
+
+
+async def test_delete_and_get_refusals_name_what_they_refuse(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
+    with pytest.raises(PropsError) as stale:
+        await call(handler, "delete", {"namespace": "settings", "key": "k", "if_version": "7"})
+    assert stale.value.extra == {"expected_version": 7, "current_version": 1}
+    with pytest.raises(PropsError) as singleton:
+        await call(handler, "delete", {"namespace": "prefs"})
+    assert singleton.value.message == "delete is for collections; 'prefs' is a singleton"
+    with pytest.raises(PropsError) as keyed:
+        await call(handler, "delete", {"namespace": "settings"})
+    assert keyed.value.message == "collection 'settings' requires a non-empty key"
+    with pytest.raises(PropsError) as missing:
+        await call(handler, "get", {"namespace": "settings", "key": "nope"})
+    assert missing.value.message == "no record 'nope' in 'settings'"
+    with pytest.raises(PropsError) as denied:
+        await call(handler, "describe", {"namespace": "locked"})
+    assert denied.value.message == "public describe of demo.locked is denied"
+
+
+async def test_list_shows_secrets_to_the_secrets_capability(handler: PropsHandler) -> None:
+    await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"api_key": "s3cr3t"}')
+    listed = await call(handler, "list", {"namespace": "settings"}, peer=PeerIdentity("P", "secrets"))
+    assert listed["records"][0]["fields"] == {"api_key": "s3cr3t"}
+
+
+async def test_command_is_live_by_default_and_bounded_by_its_limit(handler: PropsHandler) -> None:
+    granter = handler.granter
+    assert isinstance(granter, FakeGranter)
+    cmd = parse_command(SVC, "demo.props.watch", {"namespace": "settings"}, b"")
+    assert (await handler.command(cmd, ALICE))["live"] is True and len(granter.calls) == 1
+    await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
+    with pytest.raises(PropsError) as refused:
+        await handler.command(cmd, ALICE, limit=150)
+    assert refused.value.error_code == "replay_window_exceeded" and granter.revoked == ["sub_1"]
+
+
+async def test_failures_answer_fixed_messages_and_log_the_detail(caplog: pytest.LogCaptureFixture) -> None:
+    broken = PropsHandler(SVC, BrokenStore(), StaticPolicy({"A/alice": all_caps("demo.settings")}))
+    await broken.register(SETTINGS)
+    stored = await broken.handle("demo.props.get", {"namespace": "settings", "key": "k"}, b"", ALICE)
+    assert stored.body["message"] == "the property store failed"
+    defective = PropsHandler(SVC, DefectiveStore(), StaticPolicy({"A/alice": all_caps("demo.settings")}))
+    await defective.register(SETTINGS)
+    defect = await defective.handle("demo.props.list", {"namespace": "settings"}, b"", ALICE)
+    assert defect.body["message"] == "the property service failed"
+    logged = [r.getMessage() for r in caplog.records]
+    assert "props storage failed: disk I/O error at /var/lib/secret/path" in logged
+    assert "props demo.props.list failed" in logged
+
+
+def test_replay_window_refusals() -> None:
+    from service_engine.props import History
+    from service_engine.props.handler import replay_window
+
+    assert replay_window(5, History(5, 1, ())) == ()
+    with pytest.raises(PropsError) as none_left:
+        replay_window(2, History(5, None, ()))
+    assert none_left.value.body() == {
+        "error_code": "replay_window_exceeded", "message": "events after nseq 2 are no longer retained",
+        "since_nseq": 2, "oldest_nseq": 6,
+    }
+    with pytest.raises(PropsError) as pruned:
+        replay_window(2, History(5, 4, ()))
+    assert pruned.value.extra == {"since_nseq": 2, "oldest_nseq": 4}
+
+
+def test_encoding_is_compact_json() -> None:
+    from service_engine.props.handler import encode_body
+
+    assert encode_body({"a": [1, 2], "b": {"c": None}}) == b'{"a":[1,2],"b":{"c":null}}'
+
+
+async def test_a_set_merges_by_default_in_plain_and_saga_writes() -> None:
+    async def ok(key: str, fields: Mapping[str, Any]) -> SagaOutcome:
+        return SagaOutcome("active")
+
+    two = (FieldSpec("a", "string"), FieldSpec("b", "string"))
+    h = PropsHandler(SVC, MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.plain") | all_caps("demo.sagas")}))
+    await h.register(Namespace("plain", two))
+    await h.register(Namespace("sagas", two, saga=ok))
+    for ns in ("plain", "sagas"):
+        await call(h, "set", {"namespace": ns, "key": "k"}, b'{"a": "1", "b": "2"}')
+        await call(h, "set", {"namespace": ns, "key": "k"}, b'{"a": "3"}')
+        assert (await call(h, "get", {"namespace": ns, "key": "k"}))["fields"] == {"a": "3", "b": "2"}, ns
+
+
+class DeletedUnderTheSaga(MemoryStore):
+    """A delete lands between the provisioning commit and the saga's read."""
+
+    async def get(self, namespace: str, key: str) -> Any:
+        if namespace == "machines" and (await super().get(namespace, key)).record is not None:
+            await self.delete(SAGA, key, if_version=None, actor=Actor("B/bob", now()))
+        return await super().get(namespace, key)
+
+
+async def test_a_record_deleted_under_its_saga_completes_as_a_conflict() -> None:
+    h = PropsHandler(SVC, DeletedUnderTheSaga(), StaticPolicy({"A/alice": all_caps("demo.machines")}))
+    await h.register(SAGA)
+    reply = await h.handle("demo.props.set", {"namespace": "machines", "key": "m"}, b'{"size": "s"}', ALICE)
+    assert (reply.rc, reply.body["error_code"]) == (10, "conflict")

@@ -6,18 +6,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from service_engine.props import (
+    Actor,
     LogBridge,
+    LogBridgeError,
     MemoryStore,
     PeerIdentity,
     PropsError,
     PropsHandler,
+    PropsStoreError,
     StaticPolicy,
     all_caps,
     log_namespace,
+    now,
+    open_log_bridge,
     parse_command,
     parse_filter,
 )
@@ -90,6 +96,7 @@ async def test_bridge_changes_real_logger_levels_live(handler: PropsHandler, log
     handlers_before = list(logging.getLogger().handlers)
     bridge = LogBridge(handler.store, root="svc_test_bridge")
     await bridge.start()
+    watcher = asyncio.create_task(bridge.run())
     try:
         await call(handler, "set", {"namespace": "log"}, b'{"level": "debug"}')
         await asyncio.wait_for(bridge.applied.wait(), 2)
@@ -110,7 +117,47 @@ async def test_bridge_changes_real_logger_levels_live(handler: PropsHandler, log
         assert record["version"] == 3
         assert list(logging.getLogger().handlers) == handlers_before  # no sink rebuilt
     finally:
-        await bridge.aclose()
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+
+
+class FailingReads(MemoryStore):
+    """A store whose reads fail once ``failing`` is set."""
+
+    failing = False
+
+    async def get(self, namespace: str, key: str) -> Any:
+        if self.failing:
+            raise PropsStoreError("disk I/O error")
+        return await super().get(namespace, key)
+
+
+async def test_a_read_failure_ends_the_watcher_with_log_bridge_error(loggers: None, caplog: pytest.LogCaptureFixture) -> None:
+    """The watcher is `run` itself (a supervised worker): opening the bridge
+    starts no background task, and a read failure is raised out of `run`
+    and logged, never swallowed by a task nobody awaits."""
+    store = FailingReads()
+    h = PropsHandler("demo", store, StaticPolicy({"A/alice": all_caps("demo.log")}))
+    tasks_before = asyncio.all_tasks()
+    bridge = await open_log_bridge(h, root="svc_test_bridge")
+    assert asyncio.all_tasks() == tasks_before
+    watcher = asyncio.create_task(bridge.run())
+    await call(h, "set", {"namespace": "log"}, b'{"level": "debug"}')
+    await asyncio.wait_for(bridge.applied.wait(), 2)
+    store.failing = True
+    await store.set(log_namespace(), "current", {"level": "warn"}, merge=True, if_version=None, actor=Actor("A/alice", now()))
+    with pytest.raises(LogBridgeError, match="reading the log record failed"):
+        await asyncio.wait_for(watcher, 2)
+    assert logging.getLogger("svc_test_bridge").level == logging.DEBUG
+    assert any(r.levelno == logging.ERROR and "logging bridge stopped" in r.getMessage() for r in caplog.records)
+
+
+async def test_start_maps_a_read_failure_to_log_bridge_error() -> None:
+    store = FailingReads()
+    await store.register(log_namespace())
+    store.failing = True
+    with pytest.raises(LogBridgeError):
+        await LogBridge(store).start()
 
 
 async def test_open_log_bridge_maps_registration_failure(handler: PropsHandler) -> None:

@@ -5,6 +5,7 @@ the one BEGIN IMMEDIATE transaction, I/O off the event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -21,6 +22,7 @@ from service_engine.props import (
     DDL,
     Actor,
     FieldSpec,
+    History,
     HookRejected,
     MemoryStore,
     Namespace,
@@ -59,6 +61,19 @@ HOOKED = Namespace("hooked", (FieldSpec("title", "string"),), validate=rejecting
 SHORT = Namespace("short", (FieldSpec("n", "integer"),), retain_events=3)
 
 
+def _refuse_bad_keys(key: str, fields: Mapping[str, Any]) -> None:
+    if key.startswith("bad"):
+        raise HookRejected(f"key {key} refused")
+
+
+def _keep(key: str) -> None:
+    raise HookRejected(f"{key} is kept")
+
+
+KEYED = Namespace("keyed", (FieldSpec("title", "string"),), validate=_refuse_bad_keys, on_delete=_keep)
+NUMBERS = Namespace("numbers", (FieldSpec("ratio", "number"), FieldSpec("meta", "object")))
+
+
 def canonical(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -77,13 +92,13 @@ class StoreContract:
 
     @pytest.fixture(autouse=True)
     async def registered(self, store: Store) -> None:
-        for ns in (ITEMS, HOOKED, SHORT):
+        for ns in (ITEMS, HOOKED, SHORT, NUMBERS, KEYED):
             await store.register(ns)
 
     async def test_register_is_idempotent_and_starts_at_zero(self, store: Store) -> None:
         await store.register(ITEMS)
         assert await store.cursor("items") == 0
-        assert await store.oldest_nseq("items") is None
+        assert await store.history("items", 0) == History(0, None, ())
 
     async def test_versions_and_nseq_increase_on_commits(self, store: Store) -> None:
         first = await store.set(ITEMS, "a", {"title": "x"}, merge=True, if_version=None, actor=actor())
@@ -141,7 +156,47 @@ class StoreContract:
     async def test_delete_of_a_missing_record_is_not_found(self, store: Store) -> None:
         with pytest.raises(PropsError) as caught:
             await store.delete(ITEMS, "nope", if_version=None, actor=actor())
-        assert caught.value.error_code == "not_found"
+        assert (caught.value.error_code, caught.value.message) == ("not_found", "no record 'nope' in 'items'")
+
+    async def test_a_commit_reports_its_key_and_event(self, store: Store) -> None:
+        commit = await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
+        (event,) = await store.events("items", 0, 1)
+        assert (commit.key, commit.event) == ("a", event)
+
+    async def test_hooks_receive_the_key(self, store: Store) -> None:
+        with pytest.raises(PropsError) as rejected:
+            await store.set(KEYED, "bad-key", {"title": "t"}, merge=True, if_version=None, actor=actor())
+        assert rejected.value.message == "key bad-key refused"
+        await store.set(KEYED, "good", {"title": "t"}, merge=True, if_version=None, actor=actor())
+        with pytest.raises(PropsError) as kept:
+            await store.delete(KEYED, "good", if_version=None, actor=actor())
+        assert kept.value.message == "good is kept"
+
+    async def test_a_saga_write_keeps_its_lifecycle_until_completion(self, store: Store) -> None:
+        await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor(), lifecycle="provisioning")
+        snap = await store.get("items", "a")
+        assert snap.record is not None and snap.record.lifecycle == "provisioning"
+        with pytest.raises(PropsError) as nothing:
+            await store.complete(ITEMS, "ghost", lifecycle="active", reason=None, actor=actor())
+        assert (nothing.value.error_code, nothing.value.message) == ("conflict", "nothing provisioned to complete in 'items'")
+
+    async def test_every_reconciliation_increases_the_audit_epoch_by_one(self, store: Store) -> None:
+        for n in range(3):
+            await store.reconcile(ITEMS, "a", {"count": n}, actor=Actor("demo", now()))
+        assert [e.audit_epoch for e in await store.events("items", 0, 3)] == [1, 2, 3]
+
+    async def test_retention_keeps_exactly_retain_events(self, store: Store) -> None:
+        for n in range(SHORT.retain_events):
+            await store.set(SHORT, "k", {"n": n}, merge=True, if_version=None, actor=actor())
+        assert (await store.history("short", 0)).oldest == 1
+
+    async def test_a_listener_remover_may_run_twice(self, store: Store) -> None:
+        heard: list[str] = []
+        remove = store.add_listener(heard.append)
+        remove()
+        remove()
+        await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
+        assert heard == []
 
     async def test_list_returns_cursor_and_live_records(self, store: Store) -> None:
         await store.set(ITEMS, "b", {"count": 1}, merge=True, if_version=None, actor=actor())
@@ -209,8 +264,28 @@ class StoreContract:
     async def test_history_is_bounded_by_retention(self, store: Store) -> None:
         for n in range(5):
             await store.set(SHORT, "k", {"n": n}, merge=True, if_version=None, actor=actor())
-        assert await store.oldest_nseq("short") == 3
+        history = await store.history("short", 0)
+        assert (history.nseq, history.oldest) == (5, 3)
+        assert [e.nseq for e in history.events] == [3, 4, 5]
         assert [e.nseq for e in await store.events("short", 0, 5)] == [3, 4, 5]
+        assert [e.nseq for e in (await store.history("short", 3)).events] == [4, 5]
+        assert (await store.history("short", 5)).events == ()
+
+    @pytest.mark.parametrize("raw", ["NaN", "Infinity", "-Infinity", "1e400"])
+    async def test_non_finite_numbers_are_validation_errors(self, store: Store, raw: str) -> None:
+        """JSON has no NaN or infinity: both stores refuse them (rc 10) on
+        a number field and inside an object, and write nothing."""
+        value = json.loads(raw)
+        for fields in ({"ratio": value}, {"meta": {"a": [1, value]}}):
+            with pytest.raises(PropsError) as caught:
+                await store.set(NUMBERS, "k", fields, merge=True, if_version=None, actor=actor())
+            assert (caught.value.error_code, caught.value.rc) == ("validation_error", 10)
+            assert "non-finite" in caught.value.message
+        with pytest.raises(PropsError) as reconciled:
+            await store.reconcile(NUMBERS, "k", {"ratio": value}, actor=actor())
+        assert reconciled.value.error_code == "validation_error"
+        assert await store.cursor("numbers") == 0 and (await store.get("numbers", "k")).record is None
+        await store.set(NUMBERS, "k", {"ratio": 1e308, "meta": {"a": [-0.0]}}, merge=True, if_version=None, actor=actor())
 
     async def test_listeners_hear_every_commit(self, store: Store) -> None:
         heard: list[str] = []
@@ -326,6 +401,56 @@ async def test_sqlite_soft_delete_keeps_the_tombstone_and_recreates_against_it(t
         assert (again.version, again.created) == (3, True)
     finally:
         await store.aclose()
+
+
+async def test_sqlite_delete_requires_if_version_under_require_version(tmp_path: Path) -> None:
+    """require_version fences deletes too: none is validation_error and a
+    stale one version_mismatch, each leaving the record and the cursor."""
+    store = await open_sqlite_store(tmp_path / "p.db")
+    try:
+        await store.register(SOFT)
+        await store.set(SOFT, "a", {"n": 1}, merge=True, if_version=0, actor=actor())
+        with pytest.raises(PropsError) as unfenced:
+            await store.delete(SOFT, "a", if_version=None, actor=actor())
+        assert (unfenced.value.error_code, unfenced.value.rc) == ("validation_error", 10)
+        assert "requires if_version" in unfenced.value.message
+        with pytest.raises(PropsError) as stale:
+            await store.delete(SOFT, "a", if_version=0, actor=actor())
+        assert (stale.value.error_code, stale.value.extra) == ("version_mismatch", {"expected_version": 0, "current_version": 1})
+        assert await store.cursor("soft") == 1 and (await store.get("soft", "a")).record is not None
+    finally:
+        await store.aclose()
+
+
+async def test_sqlite_history_is_one_snapshot_under_a_concurrent_writer(tmp_path: Path) -> None:
+    """Another connection to the file commits (and prunes) while history is
+    read: every history is one snapshot, its oldest nseq the retention floor
+    of its own cursor and its events contiguous from there to the cursor."""
+    writer = await open_sqlite_store(tmp_path / "p.db")
+    reader = await open_sqlite_store(tmp_path / "p.db")
+    await writer.register(SHORT)
+    await reader.register(SHORT)
+
+    async def write() -> None:
+        for n in range(200):
+            await writer.set(SHORT, "k", {"n": n}, merge=True, if_version=None, actor=actor())
+
+    writing = asyncio.create_task(write())
+    try:
+        reads = 0
+        while not writing.done():
+            history = await reader.history("short", 0)
+            reads += 1
+            if history.nseq:
+                assert history.oldest == max(1, history.nseq - SHORT.retain_events + 1), history
+                assert [e.nseq for e in history.events] == list(range(history.oldest, history.nseq + 1))
+        await writing
+        assert reads > 1
+    finally:
+        writing.cancel()
+        await asyncio.gather(writing, return_exceptions=True)
+        await writer.aclose()
+        await reader.aclose()
 
 
 class Tickets:

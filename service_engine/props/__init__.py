@@ -31,6 +31,7 @@ from .events import audit_body, caught_up, records_changed_body, rfc3339_ms
 from .granter import DevGranter
 from .handler import (
     GRANT_SUBJECT,
+    REVOKE_SUBJECT,
     Granted,
     GranterMissing,
     GrantOutcome,
@@ -46,7 +47,7 @@ from .logging_bridge import (
     parse_filter,
 )
 from .memory_store import MemoryStore
-from .records import Actor, Commit, Record, Snapshot, StoredEvent, now
+from .records import Actor, Commit, History, Record, Snapshot, StoredEvent, now
 from .schema import FieldSpec, Namespace, SagaOutcome, Validator
 from .service import NatsGranter, PropsService
 from .sqlite_store import DDL, SqliteMapping, SqliteStore, open_sqlite_store
@@ -58,6 +59,7 @@ __all__ = [
     "ERROR_RC",
     "GRANT_SUBJECT",
     "REQUEST_INFO_HEADER",
+    "REVOKE_SUBJECT",
     "VERBS",
     "Actor",
     "Command",
@@ -68,6 +70,7 @@ __all__ = [
     "GrantRefused",
     "Granted",
     "GranterMissing",
+    "History",
     "HookRejected",
     "LogBridge",
     "LogBridgeError",

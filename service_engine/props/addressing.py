@@ -122,13 +122,14 @@ def parse_command(service: str, subj: str, headers: Mapping[str, str], body: byt
         )
     if H_FIELD_PATH in headers and verb in ("set", "delete", "get"):
         raise validation(FIELD_PATH_DEFERRED, f"{verb} refuses field_path")
-    if verb == "get" and body.strip():
+    # "Any non-empty body": whitespace is a body too.
+    if verb == "get" and body:
         raise validation(GET_PROJECTION_DEFERRED, "get refuses a body")
     if verb == "list":
         for option in LIST_OPTIONS:
             if option in headers:
                 raise validation(LIST_OPTION_DEFERRED, f"list refuses {option}")
-        if body.strip():
+        if body:
             raise validation(LIST_OPTION_DEFERRED, "list refuses a body")
     key = headers.get(H_KEY) or None
     if_version = None
@@ -176,7 +177,7 @@ def _object_body(body: bytes) -> dict[str, Any]:
     return value
 
 
-def resolve_key(ns: Namespace, verb: str, key: str | None) -> str:
+def resolve_key(ns: Namespace, key: str | None) -> str:
     """The record key a command addresses: collections need a non-empty key,
     singletons take none (or their canonical key) and answer with it."""
     if ns.cardinality == "singleton":

@@ -12,6 +12,10 @@ it, on a real nats-server:
   each matching topic message to ``noded.deliver.<account>.<user>.<id>``.
   Success is ``{subscription_id,namespace}`` with rc 0; every refusal rc 10
   (``target_peer_not_connected`` among them).
+* ``noded.props.unsubscribe_grant`` with a ``subscription_id`` header: the
+  topic owner that installed the grant removes it (rc 0
+  ``{subscription_id,removed:true}``; rc 10 ``not_found`` or ``auth_denied``).
+  The service calls it when a watch reply was refused or could not be sent.
 * ``noded.peers.register``: a peer announces itself (identity attested).
 * ``noded.topic.subscribe``: refused for the reserved props topics, owner
   included; they are delivered through watch only.
@@ -36,7 +40,7 @@ from nats.aio.subscription import Subscription
 
 from ..resources import AsyncResource
 from .capabilities import PeerIdentity, attested_peer
-from .handler import GRANT_SUBJECT
+from .handler import GRANT_SUBJECT, REVOKE_SUBJECT
 
 _log = logging.getLogger(__name__)
 
@@ -105,11 +109,12 @@ class DevGranter(AsyncResource):
         ]
 
     async def start(self) -> None:
-        """Answer the three verbs (idempotent); returns once subscribed."""
+        """Answer the four verbs (idempotent); returns once subscribed."""
         if self._subs:
             return
         for subj, cb in (
             (GRANT_SUBJECT, self._on_grant),
+            (REVOKE_SUBJECT, self._on_revoke),
             (REGISTER_SUBJECT, self._on_register),
             (TOPIC_SUBSCRIBE_SUBJECT, self._on_topic_subscribe),
         ):
@@ -219,6 +224,26 @@ class DevGranter(AsyncResource):
         await self._respond(
             msg, 0, {"subscription_id": grant.subscription_id, "namespace": namespace}
         )
+
+    async def _on_revoke(self, msg: Msg) -> None:
+        subscription_id = (msg.headers or {}).get("subscription_id", "")
+        grant = self._grants.get(subscription_id)
+        if grant is None:
+            await self._respond(
+                msg, 10, {"error_code": "not_found", "message": "no such subscription"}
+            )
+            return
+        match = _RESERVED_TOPIC.match(grant.topic)
+        owner = match.group(1) if match else ""
+        if not self._is_owner(self._requester(msg), owner):
+            await self._respond(
+                msg,
+                10,
+                {"error_code": "auth_denied", "message": "the requester does not own the topic"},
+            )
+            return
+        self._grants.pop(subscription_id, None)
+        await self._respond(msg, 0, {"subscription_id": subscription_id, "removed": True})
 
     def _is_owner(self, requester: PeerIdentity, service: str) -> bool:
         account = self._owners[service]

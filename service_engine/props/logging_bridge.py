@@ -135,8 +135,10 @@ class LogBridge(AsyncResource):
     """Applies the ``log`` record to Python logging whenever it changes.
 
     ``root`` is the logger the ``level`` applies to (the root logger by
-    default); filter targets are logger names. Start with `start` (after the
-    namespace is registered) or run `run` under a supervisor.
+    default); filter targets are logger names. `start` (after the namespace
+    is registered) applies the current record and begins listening; the
+    watcher is `run`, a supervised worker: a read failure ends it with
+    `LogBridgeError`, so the supervisor (and readiness) sees it.
     """
 
     def __init__(self, store: Store, *, root: str = "") -> None:
@@ -144,7 +146,6 @@ class LogBridge(AsyncResource):
         self._root = root
         self._notify = asyncio.Event()
         self._remove: Callable[[], None] | None = None
-        self._task: asyncio.Task[None] | None = None
         self._filtered: set[str] = set()
         self.applied = asyncio.Event()
         """Set each time a change has been applied (tests wait on it)."""
@@ -183,28 +184,29 @@ class LogBridge(AsyncResource):
             self.applied.set()
 
     async def start(self) -> None:
-        """Apply the current record and watch for changes (idempotent)."""
-        if self._task is not None:
+        """Listen for commits and apply the current record (idempotent).
+        Changes are applied while `run` runs."""
+        if self._remove is not None:
             return
         self._remove = self._store.add_listener(self._on_commit)
         await self._apply_current()
-        self._task = asyncio.create_task(self._watch(), name="props:log_bridge")
 
     def _on_commit(self, namespace: str) -> None:
         if namespace == LOG_NAMESPACE:
             self._notify.set()
 
-    async def _watch(self) -> None:
-        while True:
-            await self._notify.wait()
-            self._notify.clear()
-            await self._apply_current()
-
     async def run(self) -> None:
-        await self.start()
+        """Apply every change until cancelled (a supervisor worker). A read
+        failure raises `LogBridgeError`: the watcher never ends silently."""
         try:
-            assert self._task is not None
-            await self._task
+            await self.start()
+            while True:
+                await self._notify.wait()
+                self._notify.clear()
+                await self._apply_current()
+        except LogBridgeError as exc:
+            _log.error("the logging bridge stopped: %s", exc)
+            raise
         finally:
             await self.aclose()
 
@@ -212,10 +214,6 @@ class LogBridge(AsyncResource):
         if self._remove is not None:
             self._remove()
             self._remove = None
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
 
 
 class _Registers(Protocol):
@@ -227,8 +225,9 @@ class _Registers(Protocol):
 
 async def open_log_bridge(owner: _Registers, *, root: str = "") -> LogBridge:
     """Register the ``log`` namespace with ``owner`` (a `PropsService` or
-    `PropsHandler`) and start a bridge on its store. Failures raise
-    `LogBridgeError`; run the bridge's `run` under a supervisor or `aclose` it."""
+    `PropsHandler`) and start a bridge on its store (the current record is
+    applied). Failures raise `LogBridgeError`. Changes are applied by the
+    bridge's `run`: run it under a supervisor, or `aclose` the bridge."""
     try:
         await owner.register(log_namespace())
     except Exception as exc:

@@ -10,6 +10,7 @@ from .errors import PropsError
 from .records import (
     Actor,
     Commit,
+    History,
     Record,
     RecordState,
     Snapshot,
@@ -108,9 +109,14 @@ class MemoryStore(CommitVerbs):
     async def events(self, namespace: str, after: int, through: int) -> list[StoredEvent]:
         return [e for e in self._space(namespace).events if after < e.nseq <= through]
 
-    async def oldest_nseq(self, namespace: str) -> int | None:
-        events = self._space(namespace).events
-        return events[0].nseq if events else None
+    async def history(self, namespace: str, after: int) -> History:
+        # Synchronous on the event loop: no commit can interleave.
+        space = self._space(namespace)
+        return History(
+            space.nseq,
+            space.events[0].nseq if space.events else None,
+            tuple(e for e in space.events if e.nseq > after),
+        )
 
     async def aclose(self) -> None:
         self._listeners.clear()

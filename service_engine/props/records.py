@@ -77,6 +77,17 @@ class StoredEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class History:
+    """What a replay reads in one snapshot: the namespace's cursor ``nseq``,
+    the oldest retained event's nseq (None when none is retained) and the
+    retained events with ``after < nseq <= cursor``, in nseq order."""
+
+    nseq: int
+    oldest: int | None
+    events: tuple[StoredEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Commit:
     """What one commit did: the reply facts and its event."""
 
@@ -203,7 +214,7 @@ def plan_delete(
 
 
 def plan_reconcile(
-    ns: Namespace, key: str, current: RecordState | None, fields: Mapping[str, Any]
+    ns: Namespace, current: RecordState | None, fields: Mapping[str, Any]
 ) -> Planned:
     """The owner's reconciliation: replace the record's fields; bumps the audit epoch."""
     check_fields(ns, fields)

@@ -7,6 +7,7 @@ written values are checked by `check_fields` (``validation_error``).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -139,9 +140,21 @@ _TYPES: Mapping[str, Callable[[Any], bool]] = {
 }
 
 
+def _finite(value: Any) -> bool:
+    """No NaN or infinity anywhere in ``value``: JSON has no such numbers."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
 def check_fields(ns: Namespace, fields: Mapping[str, Any]) -> list[str]:
-    """Refuse unknown, reserved or ill-typed fields and failed validators;
-    return the write's warnings (deprecated fields). ``None`` clears a field."""
+    """Refuse unknown, reserved or ill-typed fields, non-finite numbers and
+    failed validators; return the write's warnings (deprecated fields).
+    ``None`` clears a field."""
     warnings: list[str] = []
     for name, value in fields.items():
         if name == LIFECYCLE_FIELD:
@@ -153,6 +166,11 @@ def check_fields(ns: Namespace, fields: Mapping[str, Any]) -> list[str]:
             continue
         if not _TYPES[spec.type](value):
             raise PropsError("validation_error", f"field {name!r} must be of type {spec.type}")
+        if not _finite(value):
+            raise PropsError(
+                "validation_error",
+                f"field {name!r} holds a non-finite number (NaN or infinity is not JSON)",
+            )
         for validator in spec.validators:
             problem = validator.check(value)
             if problem is not None:
@@ -217,6 +235,8 @@ def describe(ns: Namespace, view: Literal["public", "full"]) -> dict[str, Any]:
         "cardinality": ns.cardinality,
         "fields": fields,
     }
-    if ns.primary_key_field is not None:
-        body["primary_key_field"] = ns.primary_key_field
+    key_field = ns.primary_key_field
+    if key_field is not None and not (view == "public" and key_field in ns.secret_fields):
+        # Public describe omits secret fields: it never names one here either.
+        body["primary_key_field"] = key_field
     return body

@@ -42,12 +42,15 @@ from .capabilities import Policy, attested_peer
 from .events import audit_body, records_changed_body
 from .handler import (
     GRANT_SUBJECT,
+    REVOKE_SUBJECT,
     Granted,
     GranterMissing,
     GrantOutcome,
     GrantRefused,
     PropsHandler,
     Reply,
+    encode_body,
+    reply_limit,
 )
 from .schema import Namespace
 from .store import Store
@@ -62,18 +65,38 @@ def encode_reply(reply: Reply) -> tuple[bytes, dict[str, str]]:
     headers = {H_RC: str(reply.rc)}
     if reply.error is not None:
         headers[H_ERROR] = reply.error
-    return json.dumps(reply.body, separators=(",", ":")).encode(), headers
+    return encode_body(reply.body), headers
 
 
 class NatsGranter:
-    """Calls the broker's ``noded.props.subscribe_grant`` over ``client``."""
+    """Calls the broker's ``noded.props.subscribe_grant`` (and
+    ``noded.props.unsubscribe_grant``) over ``client``."""
 
     def __init__(
-        self, client: Client, *, subject: str = GRANT_SUBJECT, timeout: float = 2.0
+        self,
+        client: Client,
+        *,
+        subject: str = GRANT_SUBJECT,
+        revoke_subject: str = REVOKE_SUBJECT,
+        timeout: float = 2.0,
     ) -> None:
         self._client = client
         self._subject = subject
+        self._revoke_subject = revoke_subject
         self._timeout = timeout
+
+    async def unsubscribe_grant(self, subscription_id: str) -> bool:
+        try:
+            msg = await self._client.request(
+                self._revoke_subject,
+                b"",
+                timeout=self._timeout,
+                headers={"subscription_id": subscription_id},
+            )
+        except (TimeoutError, nats.errors.Error) as exc:
+            _log.warning("removing grant %s: %s", subscription_id, type(exc).__name__)
+            return False
+        return (msg.headers or {}).get(H_RC) == "0"
 
     async def subscribe_grant(self, topic: str, target_peer: str, namespace: str) -> GrantOutcome:
         headers = {"topic": topic, "target_peer": target_peer, "namespace": namespace}
@@ -190,14 +213,23 @@ class PropsService(AsyncResource):
     async def _answer(self, msg: Msg) -> None:
         headers: Mapping[str, str] = msg.headers or {}
         peer = attested_peer(headers, self._service_account)
-        reply = await self.handler.handle(msg.subject, headers, msg.data or b"", peer)
-        if not msg.reply:
-            return
-        data, reply_headers = encode_reply(reply)
-        try:
-            await self._client.publish(msg.reply, data, headers=reply_headers)
-        except nats.errors.Error as exc:
-            _log.warning("props reply to %s failed: %s", msg.subject, exc)
+        # Every reply fits the broker's max payload (headers included): a
+        # larger one is refused with the limit instead of never arriving.
+        limit = reply_limit(self._client.max_payload)
+        reply = await self.handler.handle(
+            msg.subject, headers, msg.data or b"", peer, limit=limit
+        )
+        delivered = False
+        if msg.reply:
+            data, reply_headers = encode_reply(reply)
+            try:
+                await self._client.publish(msg.reply, data, headers=reply_headers)
+                delivered = True
+            except nats.errors.Error as exc:
+                _log.warning("props reply to %s failed: %s", msg.subject, exc)
+        if reply.grant is not None and not delivered:
+            # Nobody learns of this watch: its live delivery must not stay.
+            await self.handler.revoke(reply.grant)
 
     async def _dispatch(self) -> None:
         changed = records_changed_topic(self.service)

@@ -25,6 +25,7 @@ from .records import (
     Actor,
     Commit,
     EventKind,
+    History,
     Record,
     RecordState,
     Snapshot,
@@ -393,14 +394,29 @@ class SqliteStore(CommitVerbs):
 
         return await self._run(events)
 
-    async def oldest_nseq(self, namespace: str) -> int | None:
-        def oldest(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(
-                "SELECT MIN(nseq) FROM __props_events WHERE namespace = ?", (namespace,)
-            ).fetchone()
-            return None if row is None or row[0] is None else int(row[0])
+    async def history(self, namespace: str, after: int) -> History:
+        mapping = self._mapping(namespace)
 
-        return await self._run(oldest)
+        def history(conn: sqlite3.Connection) -> History:
+            # One read transaction: one snapshot of the file, so no commit or
+            # prune (of this process or another) lands between the reads.
+            conn.execute("BEGIN")
+            try:
+                nseq, _ = _SqliteTxn(conn, mapping).meta(namespace)
+                row = conn.execute(
+                    "SELECT MIN(nseq) FROM __props_events WHERE namespace = ?", (namespace,)
+                ).fetchone()
+                rows = conn.execute(
+                    f"SELECT {_EVENT_COLUMNS} FROM __props_events WHERE namespace = ? "
+                    "AND nseq > ? AND nseq <= ? ORDER BY nseq",
+                    (namespace, after, nseq),
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            oldest = None if row is None or row[0] is None else int(row[0])
+            return History(nseq, oldest, tuple(_event(tuple(r)) for r in rows))
+
+        return await self._run(history)
 
     async def aclose(self) -> None:
         if self._closed:

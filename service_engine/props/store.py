@@ -18,6 +18,7 @@ from .digests import event_digest
 from .records import (
     Actor,
     Commit,
+    History,
     Planned,
     Record,
     RecordState,
@@ -78,8 +79,10 @@ class Store(Protocol):
     async def events(self, namespace: str, after: int, through: int) -> list[StoredEvent]:
         """The retained events with ``after < nseq <= through``, in nseq order."""
 
-    async def oldest_nseq(self, namespace: str) -> int | None:
-        """The oldest retained event's nseq (None when none is retained)."""
+    async def history(self, namespace: str, after: int) -> History:
+        """The cursor, the oldest retained nseq and the retained events past
+        ``after``, read in one snapshot: a commit or a prune cannot fall
+        between the retention check and the events a replay returns."""
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener`` after every commit; returns its remover."""
@@ -111,7 +114,7 @@ Plan = Callable[[RecordState | None], Planned]
 
 
 def apply_commit(
-    txn: Txn, ns: Namespace, key: str, plan: Plan, actor: Actor, *, bump_epoch: bool = False
+    txn: Txn, ns: Namespace, key: str, plan: Plan, actor: Actor, *, bump_epoch: bool
 ) -> Commit:
     """One commit: plan against the current state, then write everything.
 
@@ -191,7 +194,7 @@ class CommitVerbs:
         self, ns: Namespace, key: str, fields: Mapping[str, Any], *, actor: Actor
     ) -> Commit:
         return await self._commit(
-            ns, key, lambda cur: plan_reconcile(ns, key, cur, fields), actor, True
+            ns, key, lambda cur: plan_reconcile(ns, cur, fields), actor, True
         )
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
