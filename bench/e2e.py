@@ -42,7 +42,7 @@ up at once, each cell run on each in turn); ``--pods 1,2`` runs every variant wi
 and with 2 pods behind the one port (``cpu/deliv`` sums the pods); ``--py-spy``
 records the service (its first pod). ``--loop-watch MS`` switches the pod's
 debug loop watch on (``SERVICE_ENGINE_DEBUG_LOOP_WATCH``,
-`service_engine.loopwatch`) and prints, per cell, what held the loop for MS
+`bench/loopwatch.py`) and prints, per cell, what held the loop for MS
 or more (long iterations by kind, collections by generation) and the
 delivery timeline (COMMIT -> NOTIFY -> render pass -> last frame written).
 """
@@ -168,7 +168,11 @@ async def service(env: dict[str, str], pods: int = 1, *, command: list[str] | No
     }
     log = (data / "service.log").open("wb")
     if command is None:
-        command = ["-m", "example_service"] + (["--pods", str(pods)] if pods > 1 else [])
+        # The loop watch is a diagnostic of bench/ (it patches the loop): the
+        # service runs under it when asked for.
+        runner = (["bench/loopwatch.py", "example_service"]
+                  if environ.get("SERVICE_ENGINE_DEBUG_LOOP_WATCH") else ["-m", "example_service"])
+        command = runner + (["--pods", str(pods)] if pods > 1 else [])
     proc = subprocess.Popen([sys.executable, *command], cwd=REPO,  # noqa: ASYNC220
                             env=environ, stdout=log, stderr=subprocess.STDOUT)
     procs = [proc]
@@ -293,7 +297,7 @@ async def open_many(addr: str, count: int, orgs: list[str], prefix: str,
 
 
 def watch_file(pid: int) -> Path:
-    """`service_engine.loopwatch.dump_path` (the bench runs older trees too)."""
+    """`bench/loopwatch.py`'s ``dump_path`` (the bench runs older trees too)."""
     return Path(tempfile.gettempdir()) / f"service-engine-loopwatch-{pid}.json"
 
 

@@ -1,12 +1,13 @@
-"""Planned HTTP operations and the lean POST path (`graphql/http_ops.py`,
-``graphql_http_ops``): the reference service answers every request of its
-HTTP surface byte for byte the same with the switch on and off.
+"""Planned HTTP operations and the lean POST path (`graphql/http_ops.py`):
+the reference service answers every request of its HTTP surface byte for
+byte as Strawberry's view answers it.
 
 Two pods of the reference service, each over its own copy of the example
-database (the same state), one with ``graphql_http_ops`` off, one with it on,
+database (the same state), one whose planned operations never know a
+document (every request goes through Strawberry's view), one as shipped,
 receive the same requests in the same order; every document is sent at
 least twice, so the second and later sends of a known document take the
-planned path on the "on" pod."""
+planned path on the shipped pod."""
 
 from __future__ import annotations
 
@@ -134,15 +135,26 @@ NAMED_SCRIPT: list[tuple[str, str | None, Passport | None]] = [
 
 
 @pytest.fixture
-async def pods(pg_server: EmbeddedPostgres) -> AsyncIterator[tuple[Running, Running]]:
+async def pods(pg_server: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch
+               ) -> AsyncIterator[tuple[Running, Running]]:
+    built: list[HttpOps] = []
+    init = HttpOps.__init__
+
+    def recorded(self: HttpOps, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(HttpOps, "__init__", recorded)
     async with (
         example_database(pg_server) as off_store,
         example_database(pg_server) as on_store,
-        running(off_store, ["board", "ledger"],
-                config=example_config(graphql_http_ops=False)) as off,
-        running(on_store, ["board", "ledger"], config=example_config()) as on,
+        running(off_store, ["board", "ledger"], config=example_config()) as off,
     ):
-        yield off, on
+        # The first pod's planned operations know nothing: Strawberry's view answers all.
+        (reference,) = built
+        reference.enabled = False
+        async with running(on_store, ["board", "ledger"], config=example_config()) as on:
+            yield off, on
 
 
 def _headers(passport: Passport | None, content_type: str = "application/json") -> dict[str, str]:

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from service_engine import EngineConfig
 from service_engine.embedded import EmbeddedPostgres, ProvisionedDatabase
 from service_engine.graphql.live_ops import LiveOp, LiveOps
 
@@ -30,16 +29,11 @@ from .harness import wait_until
 
 BOUND = 10.0
 
-SOCKETS = ["asgi", "wire"] if "graphql_wire" in EngineConfig.model_fields else ["asgi"]
-"""Strawberry's handler under ASGI, and the engine's own socket (``graphql_wire``)."""
-
-
-@pytest.fixture(params=SOCKETS)
-def socket_kind(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """The config overrides serving the socket one way or the other."""
-    if "graphql_wire" not in EngineConfig.model_fields:
-        return {}
-    return {"graphql_wire": request.param == "wire"}
+@pytest.fixture
+def socket_kind() -> dict[str, Any]:
+    """The config overrides of the served socket: none (the engine's own
+    socket is the one socket path)."""
+    return {}
 
 
 @pytest.fixture

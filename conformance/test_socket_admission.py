@@ -161,4 +161,4 @@ async def test_closed_sockets_leave_no_task_slot_or_count_behind(db: Database) -
             await wait_until(lambda: view.open_sockets == 0, what="every socket closed on the pod")
             await wait_until(lambda: len(asyncio.all_tasks()) <= before,
                              what="no task of a closed socket left")
-            assert view._handshakes._value == 16
+            assert view.handshakes.free == 16

@@ -70,7 +70,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
                "service_engine.mirrors.worker", "service_engine.ops",
                "service_engine.lanes", "service_engine.blobs.reaper",
                "service_engine.blobs.runtime", "service_engine.scopes",
-               "service_engine.erasure", "service_engine.loopwatch")),
+               "service_engine.erasure")),
     ("engine", ("service_engine.engine",)),
     ("surface", (
         "service_engine.graphql",

@@ -60,21 +60,21 @@ import enum
 import json
 import logging
 import re
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from cross_web import AsyncHTTPRequestAdapter, HTTPException
 from graphql import GraphQLError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
-from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket
 from strawberry import Schema
-from strawberry.asgi import ASGIWebSocketAdapter, GraphQL
+from strawberry.asgi import GraphQL
 from strawberry.exceptions import MissingQueryError
 from strawberry.extensions import (
     AddValidationRules,
@@ -87,22 +87,10 @@ from strawberry.extensions import (
     ValidationCache,
 )
 from strawberry.http import GraphQLRequestData
-from strawberry.http.exceptions import (
-    NonJsonMessageReceived,
-    NonTextMessageReceived,
-    WebSocketDisconnected,
-)
+from strawberry.http.websocket_origin import is_same_origin
 from strawberry.schema import BaseSchema
 from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
-from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
-    BaseGraphQLTransportWSHandler,
-    Operation,
-)
-from strawberry.subscriptions.protocols.graphql_transport_ws.types import (
-    ConnectionInitMessage,
-    SubscribeMessage,
-)
 from strawberry.types import ExecutionContext, ExecutionResult
 from strawberry.types.graphql import OperationType
 
@@ -112,7 +100,7 @@ from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
 from . import delivery, frames
 from .http_ops import HttpOps, validated
-from .live_ops import LiveOp, LiveOps, per_operation_extensions
+from .live_ops import LiveOps, per_operation_extensions
 from .ops import DEFAULT_OPS_ROLE, ops_routes
 from .passport import (
     PASSPORT_HEADER,
@@ -347,7 +335,7 @@ def limited_schema(schema: BaseSchema, config: EngineConfig) -> Schema:
         limits.append(DisableIntrospection)
     limited = copy.copy(schema)
     limited.extensions = (*schema.extensions, *limits, _RefusalCodes, *delivery.document_caches())
-    if config.graphql_delivery_plan and not delivery.resolves_fields(limited):
+    if not delivery.resolves_fields(limited):
         limited.execution_context_class = delivery.live_executor_class(
             schema.execution_context_class
         )
@@ -480,256 +468,24 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-class _WebSocketAdapter(ASGIWebSocketAdapter):
-    # The socket can be closed by the session bound while an operation is
-    # about to send: both paths must see a closed socket, not Starlette's
-    # RuntimeError for a send or close after the close frame.
-    async def iter_json(
-        self, *, ignore_parsing_errors: bool = False
-    ) -> AsyncGenerator[object, None]:
-        # Strawberry's own loop plus the message bound.
-        limit = cast(_EngineGraphQL, self.view).config.ws_max_message_bytes
-        try:
-            while self.ws.application_state != WebSocketState.DISCONNECTED:
-                try:
-                    text = await self.ws.receive_text()
-                    if len(text) > limit or len(text.encode()) > limit:
-                        await self.close(
-                            MESSAGE_TOO_BIG_CLOSE_CODE,
-                            f"{EdgeRefusal.MESSAGE_TOO_BIG}: over ws_max_message_bytes ({limit})",
-                        )
-                        return
-                    yield self.view.decode_json(text)
-                except json.JSONDecodeError as e:
-                    if not ignore_parsing_errors:
-                        raise NonJsonMessageReceived from e
-        except KeyError as e:
-            raise NonTextMessageReceived from e
-        except WebSocketDisconnect:
-            pass
+class HandshakeSlots:
+    """The ``ws_max_handshakes`` slots of one app: a socket holds one from
+    its upgrade until its ``connection_init`` arrives or it ends."""
 
-    async def send_json(self, message: Mapping[str, object]) -> None:
-        if self.ws.application_state is WebSocketState.DISCONNECTED:
-            raise WebSocketDisconnected
-        await super().send_json(message)
+    __slots__ = ("free",)
 
-    async def close(self, code: int, reason: str) -> None:
-        if self.ws.application_state is WebSocketState.DISCONNECTED:
-            return
-        await super().close(code, reason)
+    def __init__(self, limit: int) -> None:
+        self.free = limit
 
+    def full(self) -> bool:
+        """Every slot is taken (a burst of sockets)."""
+        return self.free <= 0
 
-class _TransportWSHandler(BaseGraphQLTransportWSHandler[GraphQLContext[Any], None]):
-    """graphql-transport-ws with the passport checked at connection_init and
-    the socket bounded by session_max_age."""
-
-    # Both socket timers are loop timer handles, not a task each: a socket
-    # costs one task (Strawberry's receive loop) plus its operations', and
-    # a task starts only to close it.
-    _init_timer: asyncio.TimerHandle | None = None
-    _bound_timer: asyncio.TimerHandle | None = None
-    _closing: asyncio.Task[None] | None = None
-    _init_extended = False
-
-    @property
-    def _engine_view(self) -> _EngineGraphQL:
-        return cast(_EngineGraphQL, self.view)
-
-    def on_request_accepted(self) -> None:
-        # Strawberry's own starts a task sleeping out the init timeout.
-        loop = asyncio.get_running_loop()
-        handshake_at = self.context.handshake_at
-        if handshake_at is None:  # get_context always sets it; be safe
-            handshake_at = loop.time()
-        self._init_timer = loop.call_later(
-            self.connection_init_wait_timeout.total_seconds(), self._init_timed_out
-        )
-        max_age = self._engine_view.session_max_age.total_seconds()
-        self._bound_timer = loop.call_at(handshake_at + max_age, self._max_age_reached)
-
-    def _init_timed_out(self) -> None:
-        if self.connection_init_received:
-            return
-        if not self._init_extended and self._engine_view.handshakes_full():
-            # A burst holds every handshake slot: its clients (and this pod)
-            # are busy answering one another. One more period, never two.
-            self._init_extended = True
-            self._init_timer = asyncio.get_running_loop().call_later(
-                self.connection_init_wait_timeout.total_seconds(), self._init_timed_out
-            )
-            return
-        self.connection_timed_out = True
-        self._close_later(
-            self.websocket.close(code=4408, reason="Connection initialisation timeout")
-        )
-
-    def _max_age_reached(self) -> None:
-        self._close_later(self._close_at_session_max_age())
-
-    def _close_later(self, closing: Coroutine[Any, Any, None]) -> None:
-        if self._closing is not None:
-            closing.close()
-            return
-        self._closing = asyncio.get_running_loop().create_task(closing)
-        self._closing.add_done_callback(self._task_done)
-
-    async def shutdown(self) -> None:
-        for timer in (self._init_timer, self._bound_timer):
-            if timer is not None:
-                timer.cancel()
-        closing = self._closing
-        if closing is not None and not closing.done():
-            closing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await closing
-        await super().shutdown()
-
-    async def _close_at_session_max_age(self) -> None:
-        # Stop the operations before the close frame, so none tries to send
-        # a `next` on a closed socket.
-        for operation_id in list(self.operations):
-            await self.cleanup_operation(operation_id)
-        await self.websocket.close(
-            code=SESSION_MAX_AGE_CLOSE_CODE, reason=SESSION_MAX_AGE_CLOSE_REASON
-        )
-
-    async def handle_subscribe(self, message: SubscribeMessage) -> None:
-        limit = self._engine_view.config.ws_max_subscriptions_per_socket
-        if (
-            self.connection_acknowledged
-            and message["id"] not in self.operations
-            and len(self.operations) >= limit
-        ):
-            await self.send_message({
-                "id": message["id"],
-                "type": "error",
-                "payload": [{
-                    "message": f"this socket already carries {limit} live operations "
-                               "(ws_max_subscriptions_per_socket)",
-                    "extensions": {
-                        "code": EdgeRefusal.TOO_MANY_SUBSCRIPTIONS.value, "limit": limit,
-                    },
-                }],
-            })
-            return
-        payload = message.get("payload")
-        if (
-            self.connection_acknowledged
-            and message["id"] not in self.operations
-            and isinstance(payload, dict)
-        ):
-            # A document already run here as a planned live field: served
-            # without Strawberry's operation (live_ops.py).
-            live = self._engine_view.live_ops.open(message["id"], payload, self.context)
-            if live is not None:
-                self._start_live(live)
-                return
-        await super().handle_subscribe(message)
-
-    def _start_live(self, live: LiveOp) -> None:
-        operation = _LiveOperation(self, live)
-        operation.task = asyncio.create_task(self._serve_live(operation))
-        operation.task.add_done_callback(self._task_done)
-        # In the operations table like any: complete, 4409, the socket's
-        # subscription bound, session_max_age and shutdown treat it alike.
-        self.operations[live.id] = operation
-
-    async def _serve_live(self, operation: _LiveOperation) -> None:
-        websocket = cast(_WebSocketAdapter, self.websocket).ws
-        sink = frames.FrameSink(websocket, operation.id)
-
-        def forget(operation_id: str) -> None:
-            # As Strawberry forgets an operation before its complete is sent.
-            operation.completed = True
-            if self.operations.get(operation_id) is operation:
-                del self.operations[operation_id]
-
-        try:
-            await operation.live.run(sink.text, forget)
-        except Exception as error:
-            await self.handle_task_exception(error)
-            forget(operation.id)
-            raise
-
-    async def run_operation(self, operation: Operation[GraphQLContext[Any], None]) -> None:
-        if not self._engine_view.direct_frames:
-            await super().run_operation(operation)
-            return
-        # This task's live field writes its planned frames itself (frames.py);
-        # a planned live field it serves makes its document known (live_ops.py).
-        websocket = cast(_WebSocketAdapter, self.websocket).ws
-        learning = self._engine_view.live_ops.learning(
-            {"query": operation.query, "operationName": operation.operation_name}
-        )
-        with frames.open_sink(websocket, operation.id), learning:
-            await super().run_operation(operation)
-
-    @staticmethod
-    def _get_pre_execution_close_reason(error: GraphQLError) -> str | None:
-        # A document refused by a limiter is the operation's error, not a
-        # protocol violation: the socket and its other operations stay up.
-        if refusal_of(error) is not None:
-            return None
-        return BaseGraphQLTransportWSHandler._get_pre_execution_close_reason(error)
-
-    async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
-        # Received in time: the timeout ends here, not after the principal's
-        # resolve (a busy pod's resolve must not turn into a 4408).
-        if self._init_timer is not None and not self.connection_timed_out:
-            self._init_timer.cancel()
-        # ... and its handshake slot goes to the next socket.
-        slot = self.context.request.scope.get(_HANDSHAKE_SLOT)
-        if isinstance(slot, _HandshakeSlot):
-            slot.release()
-        payload = message.get("payload", {})
-        # Strawberry refuses a repeated init, a non-object payload and an
-        # init after the timeout itself; the passport is checked only on the
-        # one init that would otherwise be acknowledged.
-        if (
-            not self.connection_init_received
-            and not self.connection_timed_out
-            and isinstance(payload, dict)
-        ):
-            refused = await self._engine_view.admit(self.context, payload)
-            if refused is not None:
-                await self.websocket.close(code=refused[0], reason=refused[1])
-                return
-        await super().handle_connection_init(message)
-
-
-class _LiveOperation(Operation[GraphQLContext[Any], None]):
-    """A `LiveOp` in the handler's operations table (no Strawberry run)."""
-
-    __slots__ = ("live",)
-
-    def __init__(self, handler: _TransportWSHandler, live: LiveOp) -> None:
-        super().__init__(handler, live.id, "", None, None)
-        self.live = live
-
-
-_HANDSHAKE_SLOT = "service_engine.handshake"
-"""The scope key of a socket's `_HandshakeSlot`."""
-
-
-class _HandshakeSlot:
-    """One of ``ws_max_handshakes``: held from before the upgrade is answered
-    until the socket's connection_init arrives or the socket ends (idempotent
-    release)."""
-
-    __slots__ = ("_held", "_slots")
-
-    def __init__(self, slots: asyncio.Semaphore) -> None:
-        self._slots = slots
-        self._held = False
-
-    async def acquire(self) -> None:
-        await self._slots.acquire()
-        self._held = True
+    def take(self) -> None:
+        self.free -= 1
 
     def release(self) -> None:
-        if self._held:
-            self._held = False
-            self._slots.release()
+        self.free += 1
 
 
 _LEAN_CONTENT_TYPES = frozenset({
@@ -746,8 +502,6 @@ always has."""
 
 
 class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
-    graphql_transport_ws_handler_class = _TransportWSHandler
-    websocket_adapter_class = _WebSocketAdapter
 
     def __init__(
         self,
@@ -775,18 +529,14 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         self.config: EngineConfig = engine.config
         self.open_sockets = 0
         """Sockets open on this app now (bounded by ws_max_sockets)."""
-        self._handshakes = asyncio.Semaphore(engine.config.ws_max_handshakes)
+        self.handshakes = HandshakeSlots(engine.config.ws_max_handshakes)
         """Sockets not yet acknowledged (bounded by ws_max_handshakes)."""
-        self.handshake_slots = self._handshakes
-        """The same slots, for the wire's socket (`service_engine.graphql.wire`)."""
         self.ws_path = ws_path
         self.resolver = resolver
         self.session_max_age: timedelta = engine.config.session_max_age
         self.passport_from_connection_params = passport_from_connection_params
         self.direct_frames = (
-            self.config.graphql_direct_frames
-            and self.config.graphql_delivery_plan
-            and not delivery.resolves_fields(self.schema)
+            not delivery.resolves_fields(self.schema)
             and frames.direct_frames_allowed(self.schema)
         )
         """Planned live frames are written by their operation's task (frames.py)."""
@@ -794,14 +544,13 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         self.live_ops = LiveOps(
             served,
             encode=self.encode_json,
-            enabled=self.direct_frames and self.config.graphql_live_ops
+            enabled=self.direct_frames
             and not per_operation_extensions(served, _DOCUMENT_FIXED),
         )
         """Known-planned live documents, served without Strawberry per operation."""
         self.http_ops = HttpOps(
             served,
-            enabled=self.config.graphql_http_ops
-            and not per_operation_extensions(served, _DOCUMENT_FIXED),
+            enabled=not per_operation_extensions(served, _DOCUMENT_FIXED),
         )
         """Known query and mutation documents, executed without Strawberry per request."""
         self._subscriptions_here = (
@@ -816,47 +565,21 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
             else ""
         )
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket" and self.engine.shutting_down:
-            # Closing before accepting answers the upgrade with 403: a pod
-            # that is shutting down takes no new session.
-            await WebSocket(scope, receive, send).close()
-            return
-        if scope["type"] != "websocket":
-            await super().__call__(scope, receive, send)
-            return
-        if self.open_sockets >= self.config.ws_max_sockets:
-            await self._refuse_socket(scope, receive, send)
-            return
-        self.open_sockets += 1
-        slot = _HandshakeSlot(self._handshakes)
-        scope[_HANDSHAKE_SLOT] = slot
-        try:
-            # A burst queues here, before the answer starts the init timeout.
-            await slot.acquire()
-            await super().__call__(scope, receive, send)
-        finally:
-            slot.release()
-            self.open_sockets -= 1
-
-    def handshakes_full(self) -> bool:
-        """Every ``ws_max_handshakes`` slot is taken (a burst of sockets)."""
-        return self._handshakes.locked()
-
-    async def _refuse_socket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Accept, then close: a close code reaches the client only on an
-        # accepted socket (a refused handshake is a bare 403).
-        websocket = WebSocket(scope, receive, send)
-        offered = scope.get("subprotocols") or ()
-        protocol = (
-            GRAPHQL_TRANSPORT_WS_PROTOCOL if GRAPHQL_TRANSPORT_WS_PROTOCOL in offered else None
-        )
-        await websocket.accept(subprotocol=protocol)
-        await websocket.close(
-            code=TRY_AGAIN_LATER_CLOSE_CODE,
-            reason=f"{EdgeRefusal.TOO_MANY_SOCKETS}: this pod holds ws_max_sockets "
-                   f"({self.config.ws_max_sockets}); reconnect later",
-        )
+    def origin_allowed(self, headers: Mapping[str, str]) -> bool:
+        """Whether an upgrade with ``headers`` may open the socket: no
+        ``Origin`` (not a browser), a same-origin page, or an origin of
+        ``allowed_origins`` (Strawberry's ``is_websocket_origin_allowed``)."""
+        origin = headers.get("origin")
+        if origin is None:
+            return True
+        host = headers.get("host")
+        if headers.get("sec-fetch-site") == "same-origin" or is_same_origin(origin, host):
+            return True
+        if self.is_websocket_origin_allowed(cast(Any, None), origin):
+            return True
+        _log.warning("refused a WebSocket from origin %r to host %r: add it to "
+                     "allowed_origins if its pages may connect", origin, host)
+        return False
 
     async def get_context(
         self, request: Request | WebSocket, response: Response | WebSocket
@@ -993,7 +716,7 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
     async def execute_single(
         self,
         request: Request,
-        request_adapter: AsyncHTTPRequestAdapter,
+        request_adapter: Any,
         sub_response: Response,
         context: GraphQLContext[Any],
         root_value: None,
@@ -1224,12 +947,12 @@ def graphql_app(
     async def metrics(_request: Request) -> Response:
         return Response(engine.metrics.exposition(), media_type=PROMETHEUS_CONTENT_TYPE)
 
-    # Route + WebSocketRoute, never Mount: a Mount answers POST /graphql with
-    # a 307 to /graphql/ and refuses the WebSocket.
+    # A Route, never a Mount: a Mount answers POST /graphql with a 307 to
+    # /graphql/. The socket on ws_path is served by `service_engine.server.wire`
+    # under `run_with` (host.http_config), not through ASGI.
     app = _EngineApp(
         routes=[
             Route(path, view, methods=["GET", "POST"]),
-            WebSocketRoute(ws_path, view),
             readiness_route(engine.readiness),
             Route("/metrics", metrics, methods=["GET"]),
             *(ops_routes(engine, role=ops_role) if ops_role is not None else ()),
