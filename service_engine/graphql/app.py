@@ -7,13 +7,15 @@
   subscriptions running over ``/graphql/ws``;
 * ``GET /graphql/ws``: the graphql-transport-ws subscription endpoint (the
   protocol of the ``graphql-ws`` client library; the legacy
-  subscriptions-transport-ws protocol is not offered);
+  subscriptions-transport-ws protocol is not offered), served by the
+  engine's own socket (`service_engine.graphql.wire`) under `run_with` /
+  ``host.http_config``, not through ASGI;
 * ``GET /readyz`` and ``GET /metrics``.
 
 A JSON POST of a query or mutation document the app already ran once is
 answered before Starlette's and Strawberry's HTTP layers and executed without
 Strawberry's per-request machinery (`service_engine.graphql.http_ops`; the
-same bytes; ``graphql_http_ops`` False turns it off).
+same bytes).
 
 The principal comes from the trusted ``X-Passport`` header (see
 `service_engine.graphql.passport`): on HTTP once per request, on a WebSocket
@@ -30,7 +32,10 @@ refused with a typed `EdgeRefusal` code:
 
 * a request body past ``http_max_body_bytes``: 413 with a GraphQL error
   ``request_body_too_large``, answered from the Content-Length before any
-  of the body is read, or as soon as a chunked body crosses the bound;
+  of the body is read, or as soon as a chunked body crosses the bound (the
+  rest of it read and dropped while its client keeps sending, so a client
+  that sends its whole body before reading reads the 413);
+* a JSON body that is not UTF-8: 400 with ``request_body_not_utf8``;
 * a document past ``query_max_tokens`` (``query_too_many_tokens``), an
   operation with more than ``query_max_aliases`` aliases
   (``query_too_many_aliases``) or nested deeper than ``query_max_depth``
@@ -64,7 +69,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from graphql import GraphQLError
+from graphql import ASTValidationRule, GraphQLError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -135,6 +140,9 @@ class EdgeRefusal(enum.StrEnum):
     REQUEST_BODY_TOO_LARGE = "request_body_too_large"
     """HTTP 413: the body passed ``http_max_body_bytes``. Send less: bulk
     data belongs in a bulk path, not one GraphQL request."""
+    REQUEST_BODY_NOT_UTF8 = "request_body_not_utf8"
+    """HTTP 400: a JSON body (``application/json`` or ``+json``) that is not
+    UTF-8 (RFC 8259). Encode the request as UTF-8."""
     QUERY_TOO_MANY_TOKENS = "query_too_many_tokens"
     """The document passed ``query_max_tokens``."""
     QUERY_TOO_MANY_ALIASES = "query_too_many_aliases"
@@ -323,7 +331,7 @@ def limited_schema(schema: BaseSchema, config: EngineConfig) -> Schema:
         )
     # The alias and depth rules are built once (not per request), so the
     # validation cache (delivery.document_caches) sees the same rules each time.
-    rules = [
+    rules: list[type[ASTValidationRule]] = [
         *MaxAliasesLimiter(max_alias_count=config.query_max_aliases).validation_rules,
         *QueryDepthLimiter(max_depth=config.query_max_depth).validation_rules,
     ]
@@ -334,6 +342,8 @@ def limited_schema(schema: BaseSchema, config: EngineConfig) -> Schema:
     if not config.graphql_introspection:
         limits.append(DisableIntrospection)
     limited = copy.copy(schema)
+    # The graphql-core schema, seen by the first validation (`delivery.graphql_schema`).
+    rules.append(delivery.schema_seen_rule(limited))
     limited.extensions = (*schema.extensions, *limits, _RefusalCodes, *delivery.document_caches())
     if not delivery.resolves_fields(limited):
         limited.execution_context_class = delivery.live_executor_class(
@@ -380,13 +390,16 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
-        if declared is not None:
-            if declared > self.limit:
-                await self._refuse(receive, send, declared)
-                return
+        if declared is not None and declared > self.limit:
+            await self._refuse(receive, send, declared)
+            return
+        json_body = _is_json(scope)
+        if declared is not None and not json_body:
             # The server holds the body to its Content-Length.
             await self.app(scope, receive, send)
             return
+        # A body without a Content-Length (chunked) is read up to the bound;
+        # a JSON body is read whole (within the bound) to check it is UTF-8.
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -401,13 +414,23 @@ class BodyLimit:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
+        whole = b"".join(chunks)
+        if json_body:
+            try:
+                whole.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                await _answer(send, 400, _refusal_body(
+                    EdgeRefusal.REQUEST_BODY_NOT_UTF8,
+                    f"request body is not UTF-8 (byte {exc.start}); a JSON body must be",
+                ))
+                return
         replayed = False
 
         async def replay() -> Any:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": whole, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)
@@ -438,11 +461,14 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _discard(self, receive: Receive) -> None:
+        # Read and drop the rest of the body while the client keeps sending
+        # (a standard client sends its whole body before it reads the
+        # answer), each read within LINGER_IDLE_SECONDS of the last and all
+        # within LINGER_SECONDS: nothing drained is kept.
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + _LINGER_SECONDS
-        drained = 0
-        while drained < _LINGER_BYTES_FACTOR * self.limit:
-            remaining = deadline - loop.time()
+        deadline = loop.time() + LINGER_SECONDS
+        while True:
+            remaining = min(deadline - loop.time(), LINGER_IDLE_SECONDS)
             if remaining <= 0:
                 return
             try:
@@ -451,11 +477,34 @@ class BodyLimit:
                 return
             if message["type"] != "http.request" or not message.get("more_body", False):
                 return
-            drained += len(message.get("body", b""))
 
 
-_LINGER_SECONDS = 1.0
-_LINGER_BYTES_FACTOR = 16
+LINGER_SECONDS = 30.0
+"""How long a refused body is read and dropped at most, for its client to
+finish sending and read the 413; past it the connection is closed."""
+LINGER_IDLE_SECONDS = 1.0
+"""How long the refused body's client may pause before the connection is closed."""
+
+
+async def _answer(send: Send, status: int, body: bytes) -> None:
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+def _is_json(scope: Scope) -> bool:
+    """Whether the request's (first) Content-Type is a JSON media type."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            return media == b"application/json" or media.endswith(b"+json")
+    return False
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -62,6 +62,7 @@ from strawberry.execution import optimized_is_awaitable
 from strawberry.types import ExecutionContext, ExecutionResult
 from strawberry.types.graphql import OperationType as StrawberryOperationType
 
+from .delivery import graphql_schema, report_errors
 from .delivery_plan import Render, plan_value
 
 if TYPE_CHECKING:
@@ -252,11 +253,19 @@ class HttpOps:
         self, schema: Schema, *, enabled: bool = True, size: int = KNOWN_HTTP_DOCUMENTS
     ) -> None:
         self.schema = schema
-        self._gschema = schema._schema
         self.enabled = enabled and not schema.config.enable_experimental_incremental_execution
         self._size = size
         self._known: OrderedDict[tuple[str, str | None], OperationPlan] = OrderedDict()
         self._executor_class = planned_executor_class(schema.execution_context_class)
+
+    @property
+    def _gschema(self) -> GraphQLSchema:
+        """The graphql-core schema (known once a document was validated,
+        which a known document was)."""
+        found = graphql_schema(self.schema)
+        if found is None:
+            raise RuntimeError("no document was validated against this schema yet")
+        return found
 
     @property
     def count(self) -> int:
@@ -349,10 +358,10 @@ class HttpOps:
             errors = [error if isinstance(error, GraphQLError)
                       else GraphQLError(str(error), original_error=error)]
         if errors:
-            self._process_errors(errors, plan, query, variables, context)
+            self._report(errors, plan, query, variables, context)
         return ExecutionResult(data=data, errors=errors)
 
-    def _process_errors(
+    def _report(
         self,
         errors: list[GraphQLError],
         plan: OperationPlan,
@@ -370,4 +379,4 @@ class HttpOps:
             graphql_document=plan.document,
             pre_execution_errors=errors,
         )
-        self.schema._process_errors(errors, execution_context)
+        report_errors(self.schema, errors, execution_context)

@@ -61,6 +61,7 @@ from graphql import (
     FragmentDefinitionNode,
     GraphQLError,
     GraphQLField,
+    GraphQLSchema,
     OperationDefinitionNode,
 )
 from graphql.execution import execute_subscription_event
@@ -72,7 +73,7 @@ from ..logs import bind_session
 from ..render.deltas import Remove, Upsert, renumbered
 from ..render.stream import SessionEnded, SessionStream
 from . import subscriptions
-from .delivery import SharedPlan, plan_for
+from .delivery import SharedPlan, graphql_schema, plan_for, report_errors
 from .frames import next_frame, next_frame_head
 from .subscriptions import Live, LiveRequest, SubscriptionUnion
 from .wire_protocol import text_frame
@@ -168,11 +169,19 @@ class LiveOps:
         size: int = KNOWN_DOCUMENTS,
     ) -> None:
         self.schema = schema
-        self._gschema = schema._schema
         self._encode = encode
         self.enabled = enabled
         self._size = size
         self._known: OrderedDict[tuple[str, str | None], _Known] = OrderedDict()
+
+    @property
+    def _gschema(self) -> GraphQLSchema:
+        """The graphql-core schema (known once a document was validated,
+        which a known document was)."""
+        found = graphql_schema(self.schema)
+        if found is None:
+            raise RuntimeError("no document was validated against this schema yet")
+        return found
 
     @property
     def known(self) -> int:
@@ -204,7 +213,7 @@ class LiveOps:
         raw = info._raw_info
         operation: OperationDefinitionNode = raw.operation
         nodes = raw.field_nodes
-        if raw.schema is not self._gschema or len(nodes) != 1:
+        if raw.schema is not graphql_schema(self.schema) or len(nodes) != 1:
             return
         node: FieldNode = nodes[0]
         selections = operation.selection_set.selections
@@ -375,7 +384,7 @@ class LiveOp:
         ``complete`` (Strawberry's `_stream` coerces the error)."""
         graphql_error = error if isinstance(error, GraphQLError) else GraphQLError(
             str(error), original_error=error)
-        self._ops.schema._process_errors([graphql_error], None)
+        report_errors(self._ops.schema, [graphql_error])
         return [
             self._ops.encode({"id": self.id, "type": "next", "payload": {
                 "data": None, "errors": [graphql_error.formatted]}}),
@@ -467,7 +476,7 @@ class LiveOp:
             schema = self._ops.schema
             known = self._known
             built = schema.execution_context_class.build(
-                schema._schema, known.document(), None, self._context,
+                self._ops._gschema, known.document(), None, self._context,
                 self._variables if isinstance(self._variables, dict) else None,
                 known.operation_name, operation_extensions=None,
             )
@@ -479,7 +488,7 @@ class LiveOp:
             result = _finish_now(result)
         payload: dict[str, object] = {"data": result.data}
         if result.errors:
-            self._ops.schema._process_errors(result.errors, None)
+            report_errors(self._ops.schema, list(result.errors))
             payload["errors"] = [e.formatted for e in result.errors]
         return self._ops.encode({"id": self.id, "type": "next", "payload": payload})
 

@@ -1,24 +1,27 @@
 """The engine's own graphql-transport-ws socket: a protocol object on the
 connection, not an ASGI app.
 
-Under `run_with` (``host.http_config``) an upgrade on ``graphql_app``'s ws
-path is answered by `WireEndpoint.take` from inside uvicorn's WebSocket
-protocol (`service_engine.host.LeanWebSocketProtocol`), and from then on
-the connection's transport talks to a `WireSocket`: frames in, messages
-decided by `service_engine.graphql.wire_protocol` (Strawberry's handler's
-decisions, close codes and reasons, with the engine's overrides), frames
-out. A socket holds no ASGI task, scope, Starlette ``WebSocket``,
-Strawberry handler or receive-loop task: an idle session is this object,
-its websockets-sansio connection (its frame parser parked between reads),
-its transport, and its soonest deadline in the endpoint's `_Deadlines`
-(no timer handle of its own).
+`WireEndpoint.protocol_class` is the class passed as uvicorn's documented
+``ws`` protocol option (``host.http_config``): on every WebSocket upgrade
+uvicorn's HTTP protocol builds one (its keyword contract: ``config``,
+``server_state``, ``app_state``), sets it on the transport and feeds it the
+upgrade's bytes. The socket parses them with websockets' Sans-I/O
+`ServerProtocol` (``receive_data`` / ``events_received`` /
+``data_to_send``); an upgrade on another path is handed to uvicorn's own
+websockets-sansio protocol, through ASGI (`WireSocket._hand_on`). From the
+upgrade on, frames in, messages decided by
+`service_engine.graphql.wire_protocol` (Strawberry's handler's decisions,
+close codes and reasons, with the engine's overrides), frames out. A socket
+holds no ASGI task, scope, Starlette ``WebSocket``, Strawberry handler or
+receive-loop task: an idle session is this object, its websockets
+connection, its transport, and its soonest deadline in the endpoint's
+`_Deadlines` (no timer handle of its own).
 
 Operations: a query or mutation, and a subscription that is not a
 known-planned live operation, runs Strawberry's ``schema.stream`` in one
-task per operation and sends ``next`` / ``error`` / ``complete`` exactly
-as Strawberry's handler does (its message dicts, the view's encoder, the
-engine's ``_get_pre_execution_close_reason``, `frames.open_sink` so a
-planned live field still writes its own frames).
+task per operation and sends ``next`` / ``error`` / ``complete`` as
+Strawberry's handler does (`frames.open_sink` so a planned live field
+still writes its own frames).
 
 A live operation's frames: a delta the render pass puts into a caught-up
 session (nothing queued for it, no drain pending on this socket, the
@@ -32,8 +35,7 @@ Flow control: while the transport's buffer is past its high-water mark
 backlog for the session collapses as it does for any slow subscriber;
 ``resume_writing`` lets them go on.
 
-ASGI middleware does not see this socket (``EngineConfig.graphql_wire``
-False serves it through ASGI instead).
+ASGI middleware does not see this socket.
 """
 
 from __future__ import annotations
@@ -62,7 +64,6 @@ from strawberry.schema.exceptions import CannotGetOperationTypeError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.types.execution import ExecutionResult, PreExecutionError
 from strawberry.types.unset import UnsetType
-from strawberry.utils.aio import aclosing
 from uvicorn.config import WS_PROTOCOLS
 from uvicorn.importer import import_from_string
 from uvicorn.server import ServerState
@@ -1191,7 +1192,7 @@ class WireSocket(asyncio.Protocol):
                     root_value=None,
                     operation_name=step.operation_name,
                 )
-                async with aclosing(source):
+                async with contextlib.aclosing(source):
                     first = True
                     async for result in source:
                         if first and isinstance(result, PreExecutionError):
