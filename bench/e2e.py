@@ -151,10 +151,12 @@ class Service:
 
 @contextlib.asynccontextmanager
 async def service(env: dict[str, str], pods: int = 1, *, command: list[str] | None = None,
-                  prefix: str = "e2e-") -> AsyncIterator[Service]:
+                  prefix: str = "e2e-", tree: Path = REPO) -> AsyncIterator[Service]:
     """The reference service in a child process on its embedded Postgres and
     NATS (a fresh temporary folder named ``prefix...``), ready; ``command``
-    runs another entry point of it (its arguments after the interpreter)."""
+    runs another entry point of it (its arguments after the interpreter);
+    ``tree`` is the checkout it runs from (another worktree: an older tree).
+    A variable of ``env`` set to "" is left out (the service's default)."""
     data = Path(tempfile.mkdtemp(prefix=prefix))
     addr_file = data / "addr"
     environ = {
@@ -166,6 +168,7 @@ async def service(env: dict[str, str], pods: int = 1, *, command: list[str] | No
         "SERVICE_ENGINE_WS_MAX_SOCKETS": "30000",
         **env,
     }
+    environ = {name: value for name, value in environ.items() if value != ""}
     log = (data / "service.log").open("wb")
     if command is None:
         # The loop watch is a diagnostic of bench/ (it patches the loop): the
@@ -173,7 +176,7 @@ async def service(env: dict[str, str], pods: int = 1, *, command: list[str] | No
         runner = (["bench/loopwatch.py", "example_service"]
                   if environ.get("SERVICE_ENGINE_DEBUG_LOOP_WATCH") else ["-m", "example_service"])
         command = runner + (["--pods", str(pods)] if pods > 1 else [])
-    proc = subprocess.Popen([sys.executable, *command], cwd=REPO,  # noqa: ASYNC220
+    proc = subprocess.Popen([sys.executable, *command], cwd=tree,  # noqa: ASYNC220
                             env=environ, stdout=log, stderr=subprocess.STDOUT)
     procs = [proc]
     try:

@@ -24,7 +24,7 @@ import pytest
 
 from service_engine import Database
 from service_engine.graphql import Passport, graphql_app
-from service_engine.graphql.wire import WireEndpoint
+from service_engine.server.wire import WireEndpoint
 
 from .harness import wait_until
 from .test_graphql_app import (

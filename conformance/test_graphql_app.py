@@ -42,9 +42,9 @@ from service_engine.graphql import (
     graphql_app,
     subscription_union,
 )
-from service_engine.host import bind_listener, http_config
 from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Reset, Upsert
+from service_engine.server.host import bind_listener, http_config
 
 from .harness import engine_running, wait_until
 

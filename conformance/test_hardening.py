@@ -24,7 +24,7 @@ from websockets.asyncio.client import ClientConnection
 
 from service_engine import Database
 from service_engine.graphql import PASSPORT_HEADER, GraphQLContext, graphql_app
-from service_engine.graphql.app import (
+from service_engine.server.app import (
     MESSAGE_TOO_BIG_CLOSE_CODE,
     TRY_AGAIN_LATER_CLOSE_CODE,
     EdgeRefusal,

@@ -23,7 +23,7 @@ from example_service.slices import compose
 from service_engine import Engine, ReadinessHandle, connect_pool
 from service_engine.embedded import EmbeddedPostgres
 from service_engine.graphql import PASSPORT_HEADER, Passport
-from service_engine.graphql.http_ops import HttpOps
+from service_engine.server.http_ops import HttpOps
 
 from .example_support import (
     Running,

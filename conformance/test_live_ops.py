@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from service_engine.embedded import EmbeddedPostgres, ProvisionedDatabase
-from service_engine.graphql.live_ops import LiveOp, LiveOps
+from service_engine.server.live_ops import LiveOp, LiveOps
 
 from .blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME, GqlSocket
 from .example_support import Running, example_config, example_database, running

@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 
 from service_engine import Database
 from service_engine.graphql import PASSPORT_HEADER, Passport, graphql_app
-from service_engine.graphql.wire import WireSocket
+from service_engine.server.wire import WireSocket
 
 from .harness import wait_until
 from .test_graphql_app import (

@@ -1,4 +1,4 @@
-"""The engine's own graphql-transport-ws socket (`service_engine.graphql.wire`),
+"""The engine's own graphql-transport-ws socket (`service_engine.server.wire`),
 served as uvicorn's ``ws`` protocol class: every client script gets the
 messages and closes Strawberry's handler behind ASGI answered before the
 ASGI socket was retired (recorded in ``wire_transcripts.json`` from both
@@ -30,9 +30,9 @@ from websockets.exceptions import ConnectionClosed
 
 from service_engine import Database
 from service_engine.graphql import PASSPORT_HEADER, graphql_app
-from service_engine.graphql.live_ops import LiveOp
-from service_engine.graphql.wire import WireSocket
-from service_engine.host import _Server, bind_listener, http_config
+from service_engine.server.host import _Server, bind_listener, http_config
+from service_engine.server.live_ops import LiveOp
+from service_engine.server.wire import WireSocket
 
 from .harness import wait_until
 from .test_graphql_app import (

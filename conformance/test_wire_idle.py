@@ -1,5 +1,5 @@
 """An idle socket on the wire holds no loop timer of its own
-(`service_engine.graphql.wire`): its deadlines (the init timeout, the
+(`service_engine.server.wire`): its deadlines (the init timeout, the
 session's max age, the keepalive ping and pong, the close echo) wait in the
 endpoint's deadlines as one entry. What the socket does is unchanged: the
 init timeout, keepalive and closes are the ones `test_wire.py` checks."""
@@ -12,7 +12,7 @@ from typing import Any
 
 from service_engine import Database
 from service_engine.graphql import graphql_app
-from service_engine.graphql.wire import WireSocket
+from service_engine.server.wire import WireSocket
 
 from .harness import wait_until
 from .test_graphql_app import (

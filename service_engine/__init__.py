@@ -62,7 +62,6 @@ from .gates import (
     check_gates_match_affordances,
     gated,
 )
-from .host import bind_listener, run_with, run_with_listener
 from .impacts import Cause, Impact
 from .integration import (
     Acked,
@@ -191,6 +190,7 @@ from .scopes.manifest import (
     ScopeRejected,
     ScopeWithoutNats,
 )
+from .server.host import bind_listener, run_with, run_with_listener
 
 __all__ = [
     "ACCUMULATED_LANE",

@@ -101,7 +101,7 @@ class EngineConfig(BaseModel):
     consecutive failure up to ``mirror_restart_backoff_cap``."""
     mirror_restart_backoff_cap: timedelta = _seconds(30)
 
-    # -- the HTTP and WebSocket edge (service_engine.graphql.app) ----------
+    # -- the HTTP and WebSocket edge (service_engine.server.app) ----------
     http_max_body_bytes: int = 1_048_576
     """A request body past this many bytes is refused with 413
     (``request_body_too_large``) before it is read whole: at once from its
@@ -144,7 +144,7 @@ class EngineConfig(BaseModel):
     gc_tuned: bool = True
     """`run_with` freezes the heap built at boot (``gc.freeze()``: the
     collector never scans it again) and raises the collection thresholds
-    (``GC_THRESHOLDS`` in `service_engine.host`), so a long-lived pod does
+    (``GC_THRESHOLDS`` in `service_engine.server.host`), so a long-lived pod does
     fewer, shorter collections. False leaves Python's defaults."""
     graphiql_asset_base_url: str = "https://unpkg.com"
     """Where GraphiQL's page loads React and GraphiQL from: the public CDN,

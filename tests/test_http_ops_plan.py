@@ -1,4 +1,4 @@
-"""Planned HTTP operations (`service_engine.graphql.http_ops`): what is
+"""Planned HTTP operations (`service_engine.server.http_ops`): what is
 planned, and that a known document's answer is the ordinary path's, byte for
 byte (no I/O: a schema in memory, Strawberry's ``execute`` against the
 planned execution)."""
@@ -15,10 +15,10 @@ import strawberry
 from graphql import parse
 
 from service_engine.config import EngineConfig
-from service_engine.graphql.app import limited_schema
 from service_engine.graphql.delivery_plan import dumps
-from service_engine.graphql.http_ops import MAX_KNOWN_DOCUMENT_CHARS, HttpOps, plan_http_operation
 from service_engine.graphql.results import MutationResult
+from service_engine.server.app import limited_schema
+from service_engine.server.http_ops import MAX_KNOWN_DOCUMENT_CHARS, HttpOps, plan_http_operation
 
 
 @strawberry.enum

@@ -12,7 +12,7 @@ import pytest
 from websockets.frames import Close as CloseFrame
 from websockets.frames import Frame, Opcode
 
-from service_engine.graphql.passport import Passport, parse_passport
+from service_engine.server.passport import Passport, parse_passport
 
 
 def _handshake(conn: Any) -> None:
@@ -85,7 +85,7 @@ async def test_the_endpoint_deadlines_call_each_socket_at_its_own_with_one_timer
     them all, a removed socket is not called, a socket that waits again
     from inside a call is called again at its new deadline (also when an
     earlier step is still pending), and once idle the tables are emptied."""
-    from service_engine.graphql.wire import TICK, _Deadlines
+    from service_engine.server.wire import TICK, _Deadlines
 
     loop: Any = asyncio.get_running_loop()
     deadlines = _Deadlines(loop)

@@ -14,10 +14,10 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp
 
-from .config import EngineConfig
-from .engine import Engine
-from .graphql.wire import WireEndpoint
-from .logs import configure_logging
+from ..config import EngineConfig
+from ..engine import Engine
+from ..logs import configure_logging
+from .wire import WireEndpoint
 
 __all__ = [
     "GC_THRESHOLDS",
@@ -91,7 +91,7 @@ def http_config(
 ) -> uvicorn.Config:
     """The HTTP server's configuration for a pod of ``config``: ``app``'s
     subscription socket, when the app is `graphql_app`'s, on the engine's own
-    protocol class (`service_engine.graphql.wire`), passed as uvicorn's
+    protocol class (`service_engine.server.wire`), passed as uvicorn's
     documented ``ws`` protocol option."""
     ws: Any = "websockets-sansio"
     view = getattr(getattr(app, "state", None), "graphql_wire", None)

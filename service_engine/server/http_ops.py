@@ -62,8 +62,8 @@ from strawberry.execution import optimized_is_awaitable
 from strawberry.types import ExecutionContext, ExecutionResult
 from strawberry.types.graphql import OperationType as StrawberryOperationType
 
+from ..graphql.delivery_plan import Render, plan_value
 from .delivery import graphql_schema, report_errors
-from .delivery_plan import Render, plan_value
 
 if TYPE_CHECKING:
     from strawberry import Schema

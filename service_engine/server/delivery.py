@@ -43,7 +43,7 @@ from strawberry.schema import BaseSchema
 from strawberry.types import ExecutionContext
 from strawberry.types.base import StrawberryList
 
-from .delivery_plan import Encoded, NotPlanned, Plan, dumps, plan_operation
+from ..graphql.delivery_plan import Encoded, NotPlanned, Plan, dumps, plan_operation
 
 __all__ = [
     "SharedPlan",
@@ -308,6 +308,12 @@ def schema_seen_rule(schema: BaseSchema) -> type[ValidationRule]:
                 _SEEN[schema] = context.schema
 
     return SchemaSeen
+
+
+def seen_schema(schema: BaseSchema, graphql: GraphQLSchema) -> None:
+    """Record ``graphql`` as ``schema``'s graphql-core schema, as a resolver
+    under ``schema`` saw it (where no `schema_seen_rule` runs)."""
+    _SEEN.setdefault(schema, graphql)
 
 
 def graphql_schema(schema: BaseSchema) -> GraphQLSchema | None:

@@ -8,17 +8,17 @@
 * ``GET /graphql/ws``: the graphql-transport-ws subscription endpoint (the
   protocol of the ``graphql-ws`` client library; the legacy
   subscriptions-transport-ws protocol is not offered), served by the
-  engine's own socket (`service_engine.graphql.wire`) under `run_with` /
+  engine's own socket (`service_engine.server.wire`) under `run_with` /
   ``host.http_config``, not through ASGI;
 * ``GET /readyz`` and ``GET /metrics``.
 
 A JSON POST of a query or mutation document the app already ran once is
 answered before Starlette's and Strawberry's HTTP layers and executed without
-Strawberry's per-request machinery (`service_engine.graphql.http_ops`; the
+Strawberry's per-request machinery (`service_engine.server.http_ops`; the
 same bytes).
 
 The principal comes from the trusted ``X-Passport`` header (see
-`service_engine.graphql.passport`): on HTTP once per request, on a WebSocket
+`service_engine.server.passport`): on HTTP once per request, on a WebSocket
 once per socket, at its ``connection_init``, from the header of the upgrade.
 A socket whose passport is missing, malformed or refused is closed with
 4403 and a reason naming the refusal. Every socket is closed at
@@ -67,7 +67,7 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from graphql import ASTValidationRule, GraphQLError
 from starlette.applications import Starlette
@@ -101,6 +101,7 @@ from strawberry.types.graphql import OperationType
 
 from ..config import EngineConfig
 from ..errors import ConfigError
+from ..graphql.context import GraphQLContext
 from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
 from . import delivery, frames
@@ -118,7 +119,6 @@ from .passport import (
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from .passport import Passport
 
 __all__ = [
     "CONNECTION_REFUSED_CLOSE_CODE",
@@ -187,88 +187,32 @@ P = TypeVar("P")
 _log = logging.getLogger(__name__)
 
 
-class GraphQLContext(Generic[P]):
-    """What a resolver receives as ``info.context``: the engine and the principal.
+async def resolve_context(
+    context: GraphQLContext[Any], resolver: PassportPrincipal[Any], value: str | None
+) -> None:
+    """Resolve ``context``'s principal from an ``X-Passport`` value.
 
-    Annotate resolvers with ``info: strawberry.Info[GraphQLContext[Me], None]``.
-    `principal` is the service's principal for this request (HTTP) or this
-    socket (WebSocket); reading it when the caller has none raises the typed
-    refusal (`PassportMissing`, `PassportMalformed`, `PassportRefused`),
-    which reaches the client as an error with that ``extensions.code``.
+    A `PassportError` is kept as the context's refusal; any other error of
+    the resolver (or of the slices' principal facts) propagates (fail-closed).
     """
+    try:
+        passport = parse_passport(value)
+        principal = await resolve_principal(resolver, passport)
+        # The slices' facts, right after the resolve.
+        principal = await context.engine.load_principal_facts(principal)
+    except PassportError as exc:
+        context.refuse(exc)
+        return
+    context.admit(passport, principal)
 
-    __slots__ = (
-        "_principal",
-        "_refusal",
-        "connection_params",
-        "engine",
-        "handshake_at",
-        "passport",
-        "request",
-        "response",
+
+def new_context(engine: Engine, request: Any, response: Any, *,
+                handshake_at: float | None = None) -> GraphQLContext[Any]:
+    """A request's or socket's context, its principal not resolved yet."""
+    return GraphQLContext(
+        engine, request, response, handshake_at=handshake_at,
+        refusal=PassportMissing("no principal: the passport has not been resolved"),
     )
-
-    def __init__(
-        self,
-        engine: Engine,
-        request: Request | WebSocket,
-        response: Response | WebSocket,
-        *,
-        handshake_at: float | None = None,
-    ) -> None:
-        self.engine = engine
-        self.request = request
-        self.response = response
-        # The event-loop time the WebSocket was accepted (None on HTTP).
-        self.handshake_at = handshake_at
-        # The ``connection_init`` payload (WebSocket only; Strawberry sets it).
-        self.connection_params: dict[str, object] | None = None
-        self.passport: Passport | None = None
-        self._principal: P | None = None
-        self._refusal: PassportError | None = PassportMissing(
-            "no principal: the passport has not been resolved"
-        )
-
-    @property
-    def principal(self) -> P:
-        """The caller's principal; raises the passport refusal when there is none."""
-        refusal = self._refusal
-        if refusal is not None:
-            # A fresh exception per read: one instance raised twice would
-            # grow one traceback across unrelated resolvers.
-            raise type(refusal)(str(refusal))
-        return cast(P, self._principal)
-
-    @property
-    def refusal(self) -> PassportError | None:
-        """Why there is no principal, or None when there is one."""
-        return self._refusal
-
-    @property
-    def is_websocket(self) -> bool:
-        # handshake_at is set for a socket on either path (ASGI or the wire).
-        return self.handshake_at is not None
-
-    async def resolve(self, resolver: PassportPrincipal[Any], value: str | None) -> None:
-        """Resolve the principal from an ``X-Passport`` value, once.
-
-        A `PassportError` is kept as the `refusal`; any other error of the
-        resolver propagates.
-        """
-        try:
-            passport = parse_passport(value)
-            principal = await resolve_principal(resolver, passport)
-            # The slices' facts, right after the resolve; a loader failure
-            # propagates as the resolver's would (fail-closed).
-            principal = await self.engine.load_principal_facts(principal)
-        except PassportError as exc:
-            self.passport = None
-            self._principal = None
-            self._refusal = exc
-            return
-        self.passport = passport
-        self._principal = principal
-        self._refusal = None
 
 
 _REFUSAL_MESSAGES: tuple[tuple[re.Pattern[str], EdgeRefusal], ...] = (
@@ -502,7 +446,7 @@ def _is_json(scope: Scope) -> bool:
     """Whether the request's (first) Content-Type is a JSON media type."""
     for name, value in scope.get("headers", ()):
         if name == b"content-type":
-            media = value.split(b";", 1)[0].strip().lower()
+            media: bytes = value.split(b";", 1)[0].strip().lower()
             return media == b"application/json" or media.endswith(b"+json")
     return False
 
@@ -637,9 +581,9 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
             # Called right after the upgrade is accepted: the session bound
             # counts from here. The principal is resolved at connection_init.
             loop = asyncio.get_running_loop()
-            return GraphQLContext(self.engine, request, response, handshake_at=loop.time())
-        context: GraphQLContext[Any] = GraphQLContext(self.engine, request, response)
-        await context.resolve(self.resolver, request.headers.get(PASSPORT_HEADER))
+            return new_context(self.engine, request, response, handshake_at=loop.time())
+        context = new_context(self.engine, request, response)
+        await resolve_context(context, self.resolver, request.headers.get(PASSPORT_HEADER))
         return context
 
     async def admit(
@@ -650,13 +594,15 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         if value is None and self.passport_from_connection_params:
             value = _connection_param(payload, PASSPORT_HEADER)
         try:
-            await context.resolve(self.resolver, value)
+            await resolve_context(context, self.resolver, value)
         except Exception:
             _log.exception("the principal resolver failed at connection_init")
             return INTERNAL_ERROR_CLOSE_CODE, "internal_error: the principal could not be resolved"
         refusal = context.refusal
         if refusal is None:
             return None
+        if not isinstance(refusal, PassportError):
+            raise TypeError(f"a resolved context refused with {refusal!r}")
         return CONNECTION_REFUSED_CLOSE_CODE, close_reason(refusal)
 
     def encode_json(self, data: object) -> str | bytes:
@@ -890,7 +836,7 @@ def graphiql_html(
         raise RuntimeError(
             "Strawberry's GraphiQL page changed: cannot point its subscriptions at "
             f"{ws_path!r} and its assets at {asset_base!r}; update "
-            "service_engine.graphql.app.graphiql_html"
+            "service_engine.server.app.graphiql_html"
         )
     if ws_path.startswith(http_path.rstrip("/") + "/"):
         target = http_path.rstrip("/").rsplit("/", 1)[-1] + ws_path[len(http_path.rstrip("/")):]
@@ -975,7 +921,7 @@ def graphql_app(
     socket (same-origin pages and non-browser clients always may);
     ``routes`` are appended to the app's routes.
 
-    ``/ops`` serves the ops page (`service_engine.graphql.ops`) to passports with
+    ``/ops`` serves the ops page (`service_engine.server.ops`) to passports with
     ``ops_role``; None leaves it out.
 
     The edge bounds (body size, query limits, socket bounds) come from

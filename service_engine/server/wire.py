@@ -10,7 +10,7 @@ upgrade's bytes. The socket parses them with websockets' Sans-I/O
 ``data_to_send``); an upgrade on another path is handed to uvicorn's own
 websockets-sansio protocol, through ASGI (`WireSocket._hand_on`). From the
 upgrade on, frames in, messages decided by
-`service_engine.graphql.wire_protocol` (Strawberry's handler's decisions,
+`service_engine.server.wire_protocol` (Strawberry's handler's decisions,
 close codes and reasons, with the engine's overrides), frames out. A socket
 holds no ASGI task, scope, Starlette ``WebSocket``, Strawberry handler or
 receive-loop task: an idle session is this object, its websockets
@@ -85,6 +85,7 @@ from .app import (
     GraphQLContext,
     HandshakeSlots,
     _EngineGraphQL,
+    new_context,
     refusal_of,
 )
 from .live_ops import LiveOp, LiveOps
@@ -627,7 +628,7 @@ class WireSocket(asyncio.Protocol):
             self._ended()
             return
         self._accept(self.subprotocol)
-        self.context = GraphQLContext(
+        self.context = new_context(
             view.engine, cast(Any, self.request), cast(Any, self), handshake_at=self.loop.time()
         )
         if self.subprotocol is None:

@@ -11,7 +11,7 @@ of that document is a `LiveOp`: its variables coerced by graphql-core
 (`get_variable_values`), the field's arguments computed and converted
 exactly as Strawberry's resolver wrapper does, the slice's `LiveRequest`
 called, the session attached (`engine.attach`) and its deltas turned into
-frames the way the direct path (`SubscriptionUnion._frames`) does: no
+frames the way the direct path (`frames.planned_frames`) does: no
 Strawberry `Operation`, no graphql-core execution context, no result
 generator chain. A projector watching NATS lanes has their notices merged
 in as the ordinary path merges them (callback mode reads them in one task
@@ -69,13 +69,14 @@ from graphql.execution.values import get_argument_values, get_variable_values
 from strawberry.extensions import SchemaExtension
 from strawberry.schema.schema_converter import get_arguments
 
+from ..graphql import subscriptions
+from ..graphql.subscriptions import Live, LiveRequest, SubscriptionUnion
 from ..logs import bind_session
 from ..render.deltas import Remove, Upsert, renumbered
 from ..render.stream import SessionEnded, SessionStream
-from . import subscriptions
-from .delivery import SharedPlan, graphql_schema, plan_for, report_errors
+from . import frames
+from .delivery import SharedPlan, graphql_schema, plan_for, report_errors, seen_schema
 from .frames import next_frame, next_frame_head
-from .subscriptions import Live, LiveRequest, SubscriptionUnion
 from .wire_protocol import text_frame
 
 if TYPE_CHECKING:
@@ -202,7 +203,7 @@ class LiveOps:
         key = _key(payload)
         if not self.enabled or key is None or key in self._known:
             return contextlib.nullcontext()
-        return subscriptions.reporting(
+        return frames.reporting(
             lambda union, request, info: self._learn(key, union, request, info)
         )
 
@@ -213,6 +214,10 @@ class LiveOps:
         raw = info._raw_info
         operation: OperationDefinitionNode = raw.operation
         nodes = raw.field_nodes
+        if graphql_schema(self.schema) is None:
+            # A schema without the limits' rule (`delivery.schema_seen_rule`):
+            # its operations are the only ones learning here.
+            seen_schema(self.schema, raw.schema)
         if raw.schema is not graphql_schema(self.schema) or len(nodes) != 1:
             return
         node: FieldNode = nodes[0]
@@ -421,7 +426,7 @@ class LiveOp:
                                   delta.revision if revision is None else revision)
         if revision is not None and delta.revision != revision:
             delta = renumbered(delta, revision)
-        data = union._planned(shared, delta)
+        data = frames.planned(union, shared, delta)
         return None if data is None else next_frame(self._head, data)
 
     def frame_bytes(self, delta: Any, revision: int) -> bytes | None:
@@ -511,7 +516,7 @@ class LiveOp:
                 texts = self._failed(error)
             else:
                 if self._lanes:
-                    # As the ordinary path merges them (`SubscriptionUnion._frames`).
+                    # As the ordinary path merges them (`frames.planned_frames`).
                     notices = self._notices = self._context.engine.lane_notices(self._lanes)
                     async with contextlib.aclosing(
                         subscriptions.merge_streams(stream, notices)
