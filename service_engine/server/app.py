@@ -12,11 +12,6 @@
   ``host.http_config``, not through ASGI;
 * ``GET /readyz`` and ``GET /metrics``.
 
-A JSON POST of a query or mutation document the app already ran once is
-answered before Starlette's and Strawberry's HTTP layers and executed without
-Strawberry's per-request machinery (`service_engine.server.http_ops`; the
-same bytes).
-
 The principal comes from the trusted ``X-Passport`` header (see
 `service_engine.server.passport`): on HTTP once per request, on a WebSocket
 once per socket, at its ``connection_init``, from the header of the upgrade.
@@ -59,7 +54,6 @@ a committed write or an acknowledged delta is never undone by a refusal.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import enum
 import json
@@ -74,9 +68,9 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 from strawberry import Schema
 from strawberry.asgi import GraphQL
@@ -105,7 +99,6 @@ from ..graphql.context import GraphQLContext
 from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
 from . import delivery, frames
-from .http_ops import HttpOps, validated
 from .live_ops import LiveOps, per_operation_extensions
 from .ops import DEFAULT_OPS_ROLE, ops_routes
 from .passport import (
@@ -243,8 +236,6 @@ class _RefusalCodes(SchemaExtension):
     def on_validate(self) -> Iterator[None]:
         yield
         self._tag()
-        # A document that passed may be served without Strawberry next time.
-        validated(self.execution_context)
 
     def _tag(self) -> None:
         for error in self.execution_context.pre_execution_errors or ():
@@ -481,19 +472,6 @@ class HandshakeSlots:
         self.free += 1
 
 
-_LEAN_CONTENT_TYPES = frozenset({
-    b"application/json",
-    b"application/json; charset=utf-8",
-    b"application/json;charset=utf-8",
-    b"application/json; charset=UTF-8",
-    b"application/json;charset=UTF-8",
-})
-"""The Content-Type values the lean POST answers itself: exactly those
-Strawberry's view reads as a UTF-8 JSON body. Any other spelling (case,
-parameters, a similar media type) goes to the view, which decides as it
-always has."""
-
-
 class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
 
     def __init__(
@@ -541,11 +519,6 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
             and not per_operation_extensions(served, _DOCUMENT_FIXED),
         )
         """Known-planned live documents, served without Strawberry per operation."""
-        self.http_ops = HttpOps(
-            served,
-            enabled=not per_operation_extensions(served, _DOCUMENT_FIXED),
-        )
-        """Known query and mutation documents, executed without Strawberry per request."""
         self._subscriptions_here = (
             f"subscriptions are served over graphql-transport-ws on {ws_path}, not over HTTP"
         )
@@ -613,101 +586,6 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
     async def render_graphql_ide(self, request: Request) -> Response:
         return HTMLResponse(self._ide_html)
 
-    @property
-    def lean_http(self) -> bool:
-        """JSON POSTs of known documents are answered by `serve_post`."""
-        return self.http_ops.enabled
-
-    async def serve_post(
-        self, scope: Scope, receive: Receive, send: Send, ordinary: ASGIApp
-    ) -> None:
-        """A POST on the GraphQL path, before Starlette's and Strawberry's
-        HTTP layers: a JSON body (within ``http_max_body_bytes`` by its
-        Content-Length) of a known document (`http_ops`) is answered here,
-        with the principal resolved as `get_context` resolves it and the
-        response Strawberry's view would build; anything else goes to
-        ``ordinary`` (the Starlette app: the body limit, Strawberry's view),
-        with what was read of the body replayed."""
-        declared: int | None = None
-        content_type = b""
-        accept = ""
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = None
-                    break
-            elif name == b"content-type" and not content_type:
-                content_type = value  # the first, as Starlette's request reads it
-            elif name == b"accept":
-                accept = value.decode("latin-1")
-        if (
-            declared is None
-            or declared > self.config.http_max_body_bytes
-            or content_type not in _LEAN_CONTENT_TYPES
-            or (accept and self._get_stream_transport_from_headers({"accept": accept}))
-        ):
-            await ordinary(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        plan = None
-        try:
-            data = self.decode_json(body)
-        except ValueError:
-            data = None
-        query: object = None
-        variables: object = None
-        if isinstance(data, dict) and data.get("extensions") is None:
-            query, variables = data.get("query"), data.get("variables")
-            if isinstance(query, str) and (variables is None or isinstance(variables, dict)):
-                plan = self.http_ops.known(query, data.get("operationName"))
-        if plan is None or not isinstance(query, str):
-            await ordinary(scope, replay, send)
-            return
-        known_variables = cast(dict[str, Any] | None, variables)
-        started = False
-
-        async def sending(message: Message) -> None:
-            nonlocal started
-            started = True
-            await send(message)
-
-        try:
-            request = Request(scope, replay)
-            sub_response = await self.get_sub_response(request)
-            context = await self.get_context(request, sub_response)
-            result = await self.http_ops.execute(plan, query, known_variables, context)
-            response_data = await self.process_result(request=request, result=result)
-            if result.errors:
-                self._handle_errors(result.errors, response_data)
-            response = self.create_response(response_data=response_data, sub_response=sub_response)
-            await response(scope, replay, sending)
-        except Exception:
-            # As Starlette's ServerErrorMiddleware answers the ordinary path.
-            if not started:
-                await PlainTextResponse("Internal Server Error", status_code=500)(
-                    scope, replay, send
-                )
-            raise
-
     async def execute_single(
         self,
         request: Request,
@@ -722,27 +600,16 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         # it would be executed as a query against the Subscription root).
         allowed = OperationType.from_http(request_adapter.method) - {OperationType.SUBSCRIPTION}
         query, name = request_data.query, request_data.operation_name
-        learning: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-        if request_data.extensions is None and root_value is None:
-            # A document this app already ran is executed without
-            # Strawberry's per-request machinery (http_ops.py).
-            plan = self.http_ops.known(query, name) if isinstance(query, str) else None
-            if plan is not None and plan.operation_type in allowed and isinstance(query, str):
-                return await self.http_ops.execute(
-                    plan, query, request_data.variables, context
-                )
-            learning = self.http_ops.learning(query, name)
         try:
-            with learning:
-                return await self.schema.execute(
-                    query,
-                    root_value=root_value,
-                    variable_values=request_data.variables,
-                    context_value=context,
-                    operation_name=name,
-                    allowed_operation_types=allowed,
-                    operation_extensions=request_data.extensions,
-                )
+            return await self.schema.execute(
+                query,
+                root_value=root_value,
+                variable_values=request_data.variables,
+                context_value=context,
+                operation_name=name,
+                allowed_operation_types=allowed,
+                operation_extensions=request_data.extensions,
+            )
         except CannotGetOperationTypeError as e:
             raise HTTPException(400, e.as_http_error_reason()) from e
         except InvalidOperationTypeError as e:
@@ -857,36 +724,6 @@ def graphiql_html(
     return page.replace("<head>", "<head>\n    " + status, 1)
 
 
-class _EngineApp(Starlette):
-    """The service's Starlette app; a POST on the GraphQL path goes to the
-    view's lean path first (`_EngineGraphQL.serve_post`) unless the service
-    added middleware of its own (``add_middleware``), which must see every
-    request."""
-
-    graphql_path = ""
-    graphql_post: _EngineGraphQL | None = None
-    engine_middleware = 0
-    """How many of ``user_middleware`` are the engine's own (the body limit)."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        view = self.graphql_post
-        if (
-            view is not None
-            and scope["type"] == "http"
-            and len(self.user_middleware) == self.engine_middleware
-            and scope["method"] == "POST"
-            and scope["path"] == self.graphql_path
-            and not scope.get("root_path")
-        ):
-            scope["app"] = self
-            await view.serve_post(scope, receive, send, self._ordinary)
-            return
-        await super().__call__(scope, receive, send)
-
-    async def _ordinary(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await super().__call__(scope, receive, send)
-
-
 def graphql_app(
     engine: Engine,
     schema: BaseSchema,
@@ -945,7 +782,7 @@ def graphql_app(
     # A Route, never a Mount: a Mount answers POST /graphql with a 307 to
     # /graphql/. The socket on ws_path is served by `service_engine.server.wire`
     # under `run_with` (host.http_config), not through ASGI.
-    app = _EngineApp(
+    app = Starlette(
         routes=[
             Route(path, view, methods=["GET", "POST"]),
             readiness_route(engine.readiness),
@@ -956,10 +793,6 @@ def graphql_app(
         middleware=[Middleware(BodyLimit, limit=engine.config.http_max_body_bytes)],
     )
     app.state.graphql_view = view
-    if view.lean_http:
-        app.graphql_path = path
-        app.graphql_post = view
-        app.engine_middleware = len(app.user_middleware)
     # What the engine's own socket serves (host.http_config finds it).
     app.state.graphql_wire = view
     return app
