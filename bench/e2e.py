@@ -653,7 +653,7 @@ def main() -> None:
                              "a list (1,2) runs each side by side")
     parser.add_argument("--compare-env", action="append", default=[], metavar="NAME=VALUE",
                         help="also run with this SERVICE_ENGINE_* setting, side by side "
-                             "(e.g. SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES=false)")
+                             "(e.g. SERVICE_ENGINE_GC_TUNED=false)")
     parser.add_argument("--env", action="append", default=[])
     parser.add_argument("--subscriber", default="lean", choices=("lean", "websockets"),
                         help="the subscribers' client: lean (bench/lean_ws.py, websockets' own "

@@ -88,7 +88,7 @@ class Subscription:
             async for message in BOARDS.subscribe(stream, None):
                 yield message
             return
-        async for member in BOARDS._frames(stream, None, shared, sink):
+        async for member in frames.planned_frames(BOARDS, stream, None, shared, sink):
             yield member
 
 
