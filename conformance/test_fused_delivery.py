@@ -2,7 +2,7 @@
 put straight to its transport, a paused one's wait in its session's stream.
 
 The reference service over real Postgres, served by the engine's own socket
-(`service_engine.graphql.wire`); its known-planned live subscription is a
+(`service_engine.server.wire`); its known-planned live subscription is a
 `LiveOp` in callback mode on each socket. A reader that keeps up is written
 as each delta is put (`WireSocket._fused`); a reader that stops reading
 pauses its transport, takes the ordinary path (queued, collapsed or Reset)
@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from service_engine.graphql.live_ops import LiveOp
-from service_engine.graphql.wire import WireSocket
+from service_engine.server.live_ops import LiveOp
+from service_engine.server.wire import WireSocket
 
 from .blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME
 from .example_support import BOUND, example_config, example_database, running

@@ -42,9 +42,9 @@ from service_engine.graphql import (
     graphql_app,
     subscription_union,
 )
-from service_engine.host import bind_listener, http_config
 from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Reset, Upsert
+from service_engine.server.host import bind_listener, http_config
 
 from .harness import engine_running, wait_until
 
@@ -147,16 +147,14 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serving(app: ASGIApp, *, wire: bool | None = None) -> AsyncIterator[str]:
+async def serving(app: ASGIApp) -> AsyncIterator[str]:
     """Serve ``app`` on a free loopback port as a pod serves it
     (`host.http_config` of the app's engine config: its subscription socket
-    on the wire unless the config or ``wire`` says otherwise); yield ``host:port``."""
+    on the engine's own protocol class); yield ``host:port``."""
     sock = bind_listener("127.0.0.1:0")
     port = sock.getsockname()[1]
     view = getattr(getattr(app, "state", None), "graphql_view", None)
     config = view.config if view is not None else EngineConfig()
-    if wire is not None:
-        config = config.model_copy(update={"graphql_wire": wire})
     server = _Server(http_config(app, config))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from websockets.asyncio.client import ClientConnection
 
 from service_engine import Database
 from service_engine.graphql import PASSPORT_HEADER, GraphQLContext, graphql_app
-from service_engine.graphql.app import (
+from service_engine.server.app import (
     MESSAGE_TOO_BIG_CLOSE_CODE,
     TRY_AGAIN_LATER_CLOSE_CODE,
     EdgeRefusal,
@@ -437,3 +438,60 @@ async def test_the_subscriber_socket_itself_counts_toward_the_pod_bound(db: Data
                 close = await closed(extra)
                 assert close.rcvd is not None and close.rcvd.code == TRY_AGAIN_LATER_CLOSE_CODE
             await live.tick()
+
+
+async def test_invalid_utf8_body_is_400(db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    """A JSON body that is not UTF-8, declared or chunked, on the lean POST
+    path's content type and on another JSON spelling, is answered 400
+    request_body_not_utf8, and nothing is logged at error; a UTF-8 body is
+    served after it."""
+    bad = b'{"query": "{ whoami }", "x": "\xff\xfe"}'
+    async with pod(db) as addr, httpx.AsyncClient(base_url=f"http://{addr}") as http:
+        with caplog.at_level(logging.WARNING):
+            for content_type in ("application/json", "application/json; charset=utf-8",
+                                 "application/graphql-response+json"):
+                response = await http.post("/graphql", content=bad, headers={
+                    **HEADERS, "content-type": content_type})
+                assert response.status_code == 400, (content_type, response.text)
+                assert _codes(response.json()) == [EdgeRefusal.REQUEST_BODY_NOT_UTF8]
+
+            async def chunked() -> AsyncIterator[bytes]:
+                yield bad[:10]
+                yield bad[10:]
+
+            status, body, _ = await post_chunked(addr, chunked())
+            assert status == 400 and _codes(body) == [EdgeRefusal.REQUEST_BODY_NOT_UTF8]
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.records
+        response = await http.post("/graphql", json={"query": "{ whoami }"}, headers=HEADERS)
+        assert response.json() == {"data": {"whoami": "alice"}}
+
+
+CHUNKS_PAST = 400
+"""Half-bound chunks the client streams: 200 times the bound, past any
+bytes the server would read and drop before it gives up on the client."""
+
+
+async def test_chunked_body_past_the_bound_is_413(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A standard client (httpx) streaming a chunked body past
+    ``http_max_body_bytes`` (it sends the whole body before it reads the
+    answer) reads 413 request_body_too_large, not a dropped connection, and
+    nothing is logged at error."""
+    limit = 64 * 1024
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b'{"query": "{ whoami }", "pad": "'
+        for _ in range(CHUNKS_PAST):
+            yield b" " * (limit // 2)
+        yield b'"}'
+
+    async with pod(db, http_max_body_bytes=limit) as addr, \
+            httpx.AsyncClient(base_url=f"http://{addr}") as http:
+        with caplog.at_level(logging.WARNING):
+            response = await http.post("/graphql", content=body(), headers={
+                **HEADERS, "content-type": "application/json"})
+        assert response.status_code == 413, response.text
+        assert _codes(response.json()) == [EdgeRefusal.REQUEST_BODY_TOO_LARGE]
+        assert response.json()["errors"][0]["extensions"]["limit"] == limit
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.records

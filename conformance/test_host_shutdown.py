@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from service_engine.config import EngineConfig
-from service_engine.host import _Server, http_config
+from service_engine.server.host import _Server, http_config
 
 from .harness import wait_until
 

@@ -13,6 +13,8 @@ disconnect detach it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -20,9 +22,12 @@ from typing import Any
 
 import pytest
 
-from service_engine import EngineConfig
 from service_engine.embedded import EmbeddedPostgres, ProvisionedDatabase
-from service_engine.graphql.live_ops import LiveOp, LiveOps
+from service_engine.graphql import GraphQLContext
+from service_engine.render.session import Session
+from service_engine.render.stream import SessionStream
+from service_engine.server.live_ops import LiveOp, LiveOps
+from service_engine.server.wire import WireSocket
 
 from .blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME, GqlSocket
 from .example_support import Running, example_config, example_database, running
@@ -30,16 +35,11 @@ from .harness import wait_until
 
 BOUND = 10.0
 
-SOCKETS = ["asgi", "wire"] if "graphql_wire" in EngineConfig.model_fields else ["asgi"]
-"""Strawberry's handler under ASGI, and the engine's own socket (``graphql_wire``)."""
-
-
-@pytest.fixture(params=SOCKETS)
-def socket_kind(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """The config overrides serving the socket one way or the other."""
-    if "graphql_wire" not in EngineConfig.model_fields:
-        return {}
-    return {"graphql_wire": request.param == "wire"}
+@pytest.fixture
+def socket_kind() -> dict[str, Any]:
+    """The config overrides of the served socket: none (the engine's own
+    socket is the one socket path)."""
+    return {}
 
 
 @pytest.fixture
@@ -210,3 +210,43 @@ async def test_a_live_op_whose_frame_fails_ends_alone_with_its_error(
             got = await _frames(a, {"learn": 1, "good": 1})
             assert set(got) == {"learn", "good"}
         assert revisions["good"] == revisions["learn"] == [2, 3, 4]
+
+
+def _held(kinds: tuple[type, ...]) -> dict[str, int]:
+    """How many objects of each of ``kinds`` the process holds after a full collection."""
+    gc.collect()
+    counts = dict.fromkeys((kind.__name__ for kind in kinds), 0)
+    for obj in gc.get_objects():
+        for kind in kinds:
+            if isinstance(obj, kind):
+                counts[kind.__name__] += 1
+    return counts
+
+
+async def test_a_closed_session_leaves_no_engine_held_object_behind(
+    store: ProvisionedDatabase, opened: list[str]
+) -> None:
+    """Sockets with live subscriptions (an ordinary operation through Strawberry
+    and a task-free live op each), some closed by the client and some by a
+    ``complete`` first: once they are gone and the pod holds no session,
+    none of the objects a session was made of is left (the socket, its
+    context, its operations, its session streams and render sessions), nor
+    an entry for it in the endpoint's deadlines or attach gate."""
+    kinds = (WireSocket, GraphQLContext, LiveOp, SessionStream, Session)
+    async with running(store, ["board"], config=example_config()) as run:
+        before = _held(kinds)
+        for round_ in range(3):
+            async with contextlib.AsyncExitStack() as stack:
+                sockets = [await stack.enter_async_context(run.socket(ADMIN)) for _ in range(4)]
+                for n, ws in enumerate(sockets):
+                    await ws.subscribe("ordinary", BOARDS_SUBSCRIPTION)
+                    await _frames(ws, {"ordinary": 1})
+                    await ws.subscribe("live", BOARDS_SUBSCRIPTION)
+                    await _frames(ws, {"live": 1})
+                    if n % 2:
+                        await ws.send({"id": "live", "type": "complete"})
+                assert _sessions(run) > 0
+            await wait_until(lambda: _sessions(run) == 0, timeout=BOUND, what="all detached")
+            assert "live" in opened, round_
+        await wait_until(lambda: _held(kinds) == before, timeout=BOUND,
+                         what=f"nothing of a closed session held (before: {before})")

@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 
 from service_engine import Database
 from service_engine.graphql import PASSPORT_HEADER, Passport, graphql_app
-from service_engine.graphql.wire import WireSocket
+from service_engine.server.wire import WireSocket
 
 from .harness import wait_until
 from .test_graphql_app import (
@@ -161,4 +161,4 @@ async def test_closed_sockets_leave_no_task_slot_or_count_behind(db: Database) -
             await wait_until(lambda: view.open_sockets == 0, what="every socket closed on the pod")
             await wait_until(lambda: len(asyncio.all_tasks()) <= before,
                              what="no task of a closed socket left")
-            assert view._handshakes._value == 16
+            assert view.handshakes.free == 16

@@ -1,9 +1,10 @@
-"""The engine's own graphql-transport-ws socket (`service_engine.graphql.wire`)
-against the ASGI path it replaces: the same app served both ways side by
-side (``host.http_config`` with ``graphql_wire`` on and off), the same
-client scripts, the same messages and closes. Plus what only the wire
-does: who serves which path, WebSocket-level pings both ways, flow control
-under a reader that stops, the server's shutdown.
+"""The engine's own graphql-transport-ws socket (`service_engine.server.wire`),
+served as uvicorn's ``ws`` protocol class: every client script gets the
+messages and closes Strawberry's handler behind ASGI answered before the
+ASGI socket was retired (recorded in ``wire_transcripts.json`` from both
+paths side by side, where they agreed), who serves which path,
+WebSocket-level pings both ways, flow control under a reader that stops,
+the server's shutdown.
 """
 
 from __future__ import annotations
@@ -11,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import gc
 import json
 import os
 import socket
 import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import httptools
 import pytest
 import uvicorn
 from starlette.routing import WebSocketRoute
@@ -30,15 +30,9 @@ from websockets.exceptions import ConnectionClosed
 
 from service_engine import Database
 from service_engine.graphql import PASSPORT_HEADER, graphql_app
-from service_engine.graphql.live_ops import LiveOp
-from service_engine.graphql.wire import WireSocket
-from service_engine.host import (
-    LeanHttpProtocol,
-    LeanWebSocketProtocol,
-    _Server,
-    bind_listener,
-    http_config,
-)
+from service_engine.server.host import _Server, bind_listener, http_config
+from service_engine.server.live_ops import LiveOp
+from service_engine.server.wire import WireSocket
 
 from .harness import wait_until
 from .test_graphql_app import (
@@ -65,10 +59,10 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve(app: Any, *, wire: bool, **uvicorn_options: Any) -> AsyncIterator[Served]:
-    """``app`` on a free port as a pod serves it, the wire on or off."""
+async def serve(app: Any, **uvicorn_options: Any) -> AsyncIterator[Served]:
+    """``app`` on a free port as a pod serves it."""
     view = app.state.graphql_view
-    config = http_config(app, view.config.model_copy(update={"graphql_wire": wire}))
+    config = http_config(app, view.config)
     for name, value in uvicorn_options.items():
         setattr(config, name, value)
     sock = bind_listener("127.0.0.1:0")
@@ -85,12 +79,18 @@ async def serve(app: Any, *, wire: bool, **uvicorn_options: Any) -> AsyncIterato
 
 
 @contextlib.asynccontextmanager
-async def both_paths(db: Database, **config: Any) -> AsyncIterator[dict[bool, str]]:
-    """One engine and app, served on the wire and through ASGI at once."""
+async def serving(db: Database, **config: Any) -> AsyncIterator[str]:
+    """One engine and app on a free port; its ``host:port``."""
     async with running_engine(db, **config) as engine:
         app = graphql_app(engine, SCHEMA, resolve_me)
-        async with serve(app, wire=True) as on, serve(app, wire=False) as off:
-            yield {True: on.addr, False: off.addr}
+        async with serve(app) as served:
+            yield served.addr
+
+
+TRANSCRIPTS: dict[str, Any] = json.loads(
+    (Path(__file__).with_name("wire_transcripts.json")).read_text())
+"""Per script, the messages and close both paths answered on 6265370 (the
+ASGI socket and the wire side by side): JSON, so tuples are lists."""
 
 
 Step = dict[str, Any] | str | bytes
@@ -170,50 +170,42 @@ SCRIPTS: dict[str, tuple[list[Step], int]] = {
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
-async def test_the_wire_answers_every_script_as_the_asgi_socket_does(
+async def test_the_wire_answers_every_script_as_the_asgi_socket_did(
     db: Database, script: str
 ) -> None:
     """The same client script gets the same messages, in order, and the
-    same close (code and reason) from the wire as from Strawberry's handler
-    behind ASGI: ack, pong, 4400 / 4401 / 4429 refusals with their reasons,
-    queries, variables, validation and syntax errors, streamed subscriptions,
-    the typed live union."""
+    same close (code and reason) as Strawberry's handler behind ASGI gave:
+    ack, pong, 4400 / 4401 / 4429 refusals with their reasons, queries,
+    variables, validation and syntax errors, streamed subscriptions, the
+    typed live union. (A JSON message that is not an object dropped the
+    ASGI socket; the wire closes it 4400.)"""
     steps, expect = SCRIPTS[script]
-    async with both_paths(db) as addrs:
-        wire = await transcript(addrs[True], steps, expect=expect)
-        asgi = await transcript(addrs[False], steps, expect=expect)
-    if script == "not_an_object":
-        # Strawberry's handler raises on a JSON message that is not an
-        # object and drops the socket; the wire closes it 4400.
-        assert wire == ([{"type": "connection_ack"}], (4400, "Failed to parse message"))
-        assert asgi[1] == DROPPED
-        return
-    assert wire == asgi
+    async with serving(db) as addr:
+        received, close = await transcript(addr, steps, expect=expect)
+    assert json.loads(json.dumps([received, close])) == TRANSCRIPTS[script]
 
 
-async def test_refusals_at_the_upgrade_and_the_init_are_the_same(db: Database) -> None:
+async def test_refusals_at_the_upgrade_and_the_init_are_as_they_were(db: Database) -> None:
     """No passport (4403 passport_missing), a refused passport (4403
     passport_refused), no graphql-transport-ws subprotocol (accepted, closed
     4406), a duplicate operation id (4409), the socket's subscription bound
-    (a typed error, the socket stays): the same on both paths."""
-    async with both_paths(db, ws_max_subscriptions_per_socket=1) as addrs:
-        results: dict[bool, list[Any]] = {}
-        for wire, addr in addrs.items():
-            results[wire] = [
-                await transcript(addr, [INIT], expect=0, passport=None),
-                await transcript(addr, [INIT], expect=0, passport=BANNED.to_header()),
-                await transcript(addr, [INIT], expect=0, subprotocols=[]),
-                await _duplicate(addr),
-                await _past_the_bound(addr),
-            ]
-        assert results[True] == results[False]
-        no_passport, banned, no_protocol, duplicate, bound = results[True]
-        assert no_passport[1][0] == 4403 and no_passport[1][1].startswith("passport_missing")
-        assert banned[1][0] == 4403 and banned[1][1].startswith("passport_refused")
-        assert no_protocol == ([], (4406, "Subprotocol not acceptable"))
-        assert duplicate == (4409, "Subscriber for w already exists")
-        assert bound["type"] == "error"
-        assert bound["payload"][0]["extensions"]["code"] == "too_many_subscriptions"
+    (a typed error, the socket stays): as both paths answered them."""
+    async with serving(db, ws_max_subscriptions_per_socket=1) as addr:
+        results: list[Any] = [
+            await transcript(addr, [INIT], expect=0, passport=None),
+            await transcript(addr, [INIT], expect=0, passport=BANNED.to_header()),
+            await transcript(addr, [INIT], expect=0, subprotocols=[]),
+            await _duplicate(addr),
+            await _past_the_bound(addr),
+        ]
+    assert json.loads(json.dumps(results)) == TRANSCRIPTS["_refusals"]
+    no_passport, banned, no_protocol, duplicate, bound = results
+    assert no_passport[1][0] == 4403 and no_passport[1][1].startswith("passport_missing")
+    assert banned[1][0] == 4403 and banned[1][1].startswith("passport_refused")
+    assert no_protocol == ([], (4406, "Subprotocol not acceptable"))
+    assert duplicate == (4409, "Subscriber for w already exists")
+    assert bound["type"] == "error"
+    assert bound["payload"][0]["extensions"]["code"] == "too_many_subscriptions"
 
 
 async def _duplicate(addr: str) -> tuple[int, str]:
@@ -253,9 +245,9 @@ async def _socket(addr: str) -> AsyncIterator[ClientConnection]:
 async def test_the_ws_path_is_a_wire_socket_and_every_other_upgrade_stays_asgi(
     db: Database,
 ) -> None:
-    """With the wire on, the app's ws path is served by a `WireSocket` (no
-    ASGI task for it); another WebSocket route of the same app still goes
-    through ASGI; with the wire off the ws path is uvicorn's protocol."""
+    """The app's ws path is served by a `WireSocket` (no ASGI task for it);
+    another WebSocket route of the same app still goes through ASGI (the
+    wire hands that connection to uvicorn's own WebSocket protocol)."""
 
     async def echo(websocket: WebSocket) -> None:
         await websocket.accept()
@@ -264,18 +256,17 @@ async def test_the_ws_path_is_a_wire_socket_and_every_other_upgrade_stays_asgi(
 
     async with running_engine(db) as engine:
         app = graphql_app(engine, SCHEMA, resolve_me, routes=[WebSocketRoute("/echo", echo)])
-        for wire in (True, False):
-            async with serve(app, wire=wire) as served, _socket(served.addr) as ws:
-                await send(ws, {"type": "ping"})
-                assert await receive(ws) == {"type": "pong"}
-                kinds = {type(c) for c in served.server.server_state.connections}
-                expected = WireSocket if wire else LeanWebSocketProtocol
-                assert kinds == {expected}, kinds
-                if wire:
-                    assert not served.server.server_state.tasks
-                async with connect(f"ws://{served.addr}/echo", open_timeout=BOUND) as other:
-                    await other.send("hello")
-                    assert await asyncio.wait_for(other.recv(), BOUND) == "hello"
+        async with serve(app) as served, _socket(served.addr) as ws:
+            await send(ws, {"type": "ping"})
+            assert await receive(ws) == {"type": "pong"}
+            connections = served.server.server_state.connections
+            assert all(isinstance(c, WireSocket) for c in connections), connections
+            assert not served.server.server_state.tasks
+            async with connect(f"ws://{served.addr}/echo", open_timeout=BOUND) as other:
+                await other.send("hello")
+                assert await asyncio.wait_for(other.recv(), BOUND) == "hello"
+            await send(ws, {"type": "ping"})
+            assert await receive(ws) == {"type": "pong"}
 
 
 async def test_websocket_pings_are_answered_and_keepalive_closes_a_silent_peer(
@@ -286,13 +277,13 @@ async def test_websocket_pings_are_answered_and_keepalive_closes_a_silent_peer(
     open and close one that never answers with 1011."""
     async with running_engine(db) as engine:
         app = graphql_app(engine, SCHEMA, resolve_me)
-        async with serve(app, wire=True, ws_ping_interval=0.1, ws_ping_timeout=0.3) as served:
+        async with serve(app, ws_ping_interval=0.1, ws_ping_timeout=0.3) as served:
             async with _socket(served.addr) as ws:
                 pong = await ws.ping()
                 await asyncio.wait_for(pong, BOUND)
                 # Several keepalive rounds later the answering client is open.
-                (wire,) = [c for c in served.server.server_state.connections
-                           if isinstance(c, WireSocket)]
+                connections: set[Any] = served.server.server_state.connections
+                (wire,) = [c for c in connections if isinstance(c, WireSocket)]
                 first = wire._ping_sent_at
                 await wait_until(lambda: wire._ping_sent_at - first >= 0.25,
                                  what="three more keepalive pings answered")
@@ -357,7 +348,7 @@ async def test_shutdown_closes_wire_sockets_1012_and_stops_their_operations(
     async with running_engine(db) as engine:
         app = graphql_app(engine, SCHEMA, resolve_me)
         view = app.state.graphql_view
-        async with serve(app, wire=True) as served, _socket(served.addr) as ws:
+        async with serve(app) as served, _socket(served.addr) as ws:
             await send(ws, {"id": "w", "type": "subscribe",
                             "payload": {"query": "subscription { whoamiLive }"}})
             assert (await receive(ws))["type"] == "next"
@@ -376,7 +367,7 @@ async def test_a_reader_that_stops_pauses_its_operation_and_shutdown_aborts_it_p
     socket past its grace instead of waiting on it forever."""
     async with running_engine(db) as engine:
         app = graphql_app(engine, SCHEMA, resolve_me)
-        async with serve(app, wire=True, timeout_graceful_shutdown=1) as served:
+        async with serve(app, timeout_graceful_shutdown=1) as served:
             raw = await _raw_upgrade(served.addr, rcvbuf=4096)
             loop = asyncio.get_running_loop()
             try:
@@ -429,7 +420,7 @@ async def test_closed_wire_sockets_leave_no_count_slot_or_connection(db: Databas
     async with running_engine(db, ws_max_handshakes=8) as engine:
         app = graphql_app(engine, SCHEMA, resolve_me)
         view = app.state.graphql_view
-        async with serve(app, wire=True) as served:
+        async with serve(app) as served:
 
             async def one(i: int) -> None:
                 async with connect(f"ws://{served.addr}/graphql/ws", subprotocols=[PROTOCOL],
@@ -446,33 +437,8 @@ async def test_closed_wire_sockets_leave_no_count_slot_or_connection(db: Databas
             await wait_until(lambda: not served.server.server_state.connections,
                              what="every connection gone")
             assert view.open_sockets == 0
-            assert not view.handshakes_full()
-            assert view.handshake_slots._value == 8
-
-
-async def test_an_upgraded_connection_leaves_no_http_protocol_for_the_collector(
-    db: Database,
-) -> None:
-    """A connection upgraded to a WebSocket (on the wire and through ASGI)
-    keeps no HTTP protocol alive: with the collector off, once the sockets
-    are open no `LeanHttpProtocol` or its parser is left, so the upgrade's
-    state goes by reference counting, not by waiting for a full collection."""
-    async with running_engine(db) as engine:
-        app = graphql_app(engine, SCHEMA, resolve_me)
-        for wire in (True, False):
-            async with serve(app, wire=wire) as served:
-                gc.collect()
-                gc.disable()
-                try:
-                    async with _socket(served.addr) as first, _socket(served.addr) as second:
-                        for ws in (first, second):
-                            await send(ws, {"type": "ping"})
-                            assert await receive(ws) == {"type": "pong"}
-                        kinds = (LeanHttpProtocol, httptools.HttpRequestParser)
-                        left = [o for o in gc.get_objects() if type(o) in kinds]
-                        assert left == [], (wire, left)
-                finally:
-                    gc.enable()
+            assert not view.handshakes.full()
+            assert view.handshakes.free == 8
 
 
 @pytest.fixture
@@ -612,37 +578,35 @@ async def test_a_live_op_whose_reader_stops_is_paused_and_converges_when_it_read
             raw.close()
 
 
-async def test_origins_and_a_stopping_pod_are_refused_403_on_both_paths(db: Database) -> None:
+async def test_origins_and_a_stopping_pod_are_refused_403(db: Database) -> None:
     """A cross-origin page not in allowed_origins is refused at the upgrade
-    (HTTP 403) and an allowed or same-origin one is served, on the wire as
-    through ASGI; a pod shutting down refuses every upgrade with 403."""
+    (HTTP 403) and an allowed or same-origin one is served; a pod shutting
+    down refuses every upgrade with 403."""
     from websockets.exceptions import InvalidStatus
     from websockets.typing import Origin
 
     async with running_engine(db) as engine:
         app = graphql_app(engine, SCHEMA, resolve_me, allowed_origins=["https://ok.example"])
-        for wire in (True, False):
-            async with serve(app, wire=wire) as served:
-                url = f"ws://{served.addr}/graphql/ws"
-                headers = {PASSPORT_HEADER: ALICE.to_header()}
-                with pytest.raises(InvalidStatus) as refused:
-                    async with connect(url, subprotocols=[PROTOCOL], additional_headers=headers,
-                                       origin=Origin("https://evil.example"), open_timeout=BOUND):
-                        pass
-                assert refused.value.response.status_code == 403
-                for origin in ("https://ok.example", f"http://{served.addr}"):
-                    async with connect(url, subprotocols=[PROTOCOL], additional_headers=headers,
-                                       origin=Origin(origin), open_timeout=BOUND) as ws:
-                        await initialise(ws)
+        async with serve(app) as served:
+            url = f"ws://{served.addr}/graphql/ws"
+            headers = {PASSPORT_HEADER: ALICE.to_header()}
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(url, subprotocols=[PROTOCOL], additional_headers=headers,
+                                   origin=Origin("https://evil.example"), open_timeout=BOUND):
+                    pass
+            assert refused.value.response.status_code == 403
+            for origin in ("https://ok.example", f"http://{served.addr}"):
+                async with connect(url, subprotocols=[PROTOCOL], additional_headers=headers,
+                                   origin=Origin(origin), open_timeout=BOUND) as ws:
+                    await initialise(ws)
         engine.shutdown()
         await wait_until(lambda: engine.shutting_down, what="the engine stopping")
-        for wire in (True, False):
-            async with serve(app, wire=wire) as served:
-                with pytest.raises(InvalidStatus) as refused:
-                    async with connect(f"ws://{served.addr}/graphql/ws", subprotocols=[PROTOCOL],
-                                       open_timeout=BOUND):
-                        pass
-                assert refused.value.response.status_code == 403
+        async with serve(app) as served:
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(f"ws://{served.addr}/graphql/ws", subprotocols=[PROTOCOL],
+                                   open_timeout=BOUND):
+                    pass
+            assert refused.value.response.status_code == 403
 
 
 async def _ack_frame_head(addr: str) -> tuple[bytes, int]:
@@ -677,13 +641,12 @@ async def _ack_frame_head(addr: str) -> tuple[bytes, int]:
         raw.close()
 
 
-async def test_per_message_deflate_compresses_on_both_paths(db: Database) -> None:
+async def test_per_message_deflate_compresses(db: Database) -> None:
     """With ws_per_message_deflate on, a client offering permessage-deflate gets it
-    negotiated and compressed frames (RSV1 set) from the wire as from the ASGI socket."""
+    negotiated and compressed frames (RSV1 set)."""
     async with running_engine(db, ws_per_message_deflate=True) as engine:
         app = graphql_app(engine, SCHEMA, resolve_me)
-        for wire in (True, False):
-            async with serve(app, wire=wire) as served:
-                head, first = await _ack_frame_head(served.addr)
-            assert b"sec-websocket-extensions: permessage-deflate" in head.lower(), head
-            assert first == 0xC1, (wire, hex(first))
+        async with serve(app) as served:
+            head, first = await _ack_frame_head(served.addr)
+        assert b"sec-websocket-extensions: permessage-deflate" in head.lower(), head
+        assert first == 0xC1, hex(first)

@@ -1,10 +1,8 @@
-"""An idle socket on the wire holds no loop timer and no parser of its own
-(`service_engine.graphql.wire`): its deadlines (the init timeout, the
+"""An idle socket on the wire holds no loop timer of its own
+(`service_engine.server.wire`): its deadlines (the init timeout, the
 session's max age, the keepalive ping and pong, the close echo) wait in the
-endpoint's deadlines as one entry, and websockets' frame parser is dropped
-between reads. What the socket does is unchanged: the init timeout,
-keepalive and closes are the ones `test_wire.py` compares with the ASGI
-path."""
+endpoint's deadlines as one entry. What the socket does is unchanged: the
+init timeout, keepalive and closes are the ones `test_wire.py` checks."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from typing import Any
 
 from service_engine import Database
 from service_engine.graphql import graphql_app
-from service_engine.graphql.wire import WireSocket
+from service_engine.server.wire import WireSocket
 
 from .harness import wait_until
 from .test_graphql_app import (
@@ -50,23 +48,21 @@ def _wire(served: Any) -> WireSocket:
     return wire
 
 
-async def test_an_idle_socket_holds_no_timer_nor_parser_and_still_keeps_alive(
+async def test_an_idle_socket_holds_no_timer_and_still_keeps_alive(
     db: Database,
 ) -> None:
     """Initialised, subscribed and idle, with keepalive pings on: the socket
-    has no pending loop timer of its own, waits in one step of its
-    endpoint's deadlines, and holds no frame parser between reads;
-    keepalive rounds go on, messages are answered, and once the socket is
-    gone it waits nowhere."""
+    has no pending loop timer of its own and waits in one step of its
+    endpoint's deadlines; keepalive rounds go on, messages are answered,
+    and once the socket is gone it waits nowhere."""
     async with running_engine(db) as engine:
         app = graphql_app(engine, SCHEMA, resolve_me)
-        async with serve(app, wire=True, ws_ping_interval=0.1, ws_ping_timeout=0.3) as served:
+        async with serve(app, ws_ping_interval=0.1, ws_ping_timeout=0.3) as served:
             async with _socket(served.addr) as ws:
                 await send(ws, {"id": "live", "type": "subscribe",
                                 "payload": {"query": "subscription { whoamiLive }"}})
                 assert (await receive(ws))["type"] == "next"
                 wire = _wire(served)
-                assert wire.conn.parser is None
                 assert _timers(wire) == [] and _waits(wire) == 1
                 first = wire._ping_sent_at
                 await wait_until(lambda: wire._ping_sent_at - first >= 0.25,
@@ -74,7 +70,6 @@ async def test_an_idle_socket_holds_no_timer_nor_parser_and_still_keeps_alive(
                 assert _timers(wire) == [] and _waits(wire) == 1
                 await send(ws, {"type": "ping"})
                 assert await receive(ws) == {"type": "pong"}
-                assert wire.conn.parser is None
             await wait_until(lambda: not served.server.server_state.connections,
                              what="the socket gone")
             assert _timers(wire) == [] and _waits(wire) == 0
@@ -91,7 +86,7 @@ async def test_the_deadlines_still_close_at_the_init_timeout_and_the_max_age(
                               session_ttl=timedelta(seconds=0.5)) as engine:
         app = graphql_app(engine, SCHEMA, resolve_me,
                           connection_init_wait_timeout=timedelta(seconds=0.3))
-        async with serve(app, wire=True) as served:
+        async with serve(app) as served:
             loop = asyncio.get_running_loop()
             async with ws_connect(served.addr, ALICE.to_header()) as silent:
                 started = loop.time()

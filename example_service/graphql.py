@@ -5,7 +5,8 @@ from __future__ import annotations
 from starlette.applications import Starlette
 
 from service_engine import Engine
-from service_engine.graphql import ComposedService, graphql_app
+from service_engine.graphql import ComposedService
+from service_engine.server import graphql_app
 
 from .kernel import principal_of
 from .slices import SERVICE

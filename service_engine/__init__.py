@@ -9,10 +9,12 @@ the engine's own and may move between releases.
 * ``service_engine``: everything a service authors against (the engine and
   its configuration, stores, commands and reactions, projectors and windows,
   gates, the integration envelope and subjects, the host functions, errors);
-* ``service_engine.graphql``: the GraphQL surface kit (`compose_service`,
+* ``service_engine.graphql``: the GraphQL author's kit (`compose_service`,
   `subscription_union` and its live fields, `MutationResult` / `Refusal`,
-  `graphql_app`, the passport), kept apart so the engine imports no
-  Strawberry until a service serves GraphQL;
+  `GraphQLContext`), kept apart so the engine imports no Strawberry until a
+  service serves GraphQL;
+* ``service_engine.server``: what serves it (`graphql_app`, the passport,
+  the subscription socket, the ops page, `run_with`);
 * ``service_engine.persistence``: the persistence kit's helpers beyond the
   styles exported here (the full-EDA log's ``keys``, ``erase``, ``Redactor``);
 * ``service_engine.commands``: the declarative command layer on the write
@@ -71,7 +73,6 @@ from .gates import (
     check_gates_match_affordances,
     gated,
 )
-from .host import bind_listener, run_with, run_with_listener
 from .impacts import Cause, Impact
 from .integration import (
     Acked,
@@ -202,6 +203,7 @@ from .scopes.manifest import (
     ScopeRejected,
     ScopeWithoutNats,
 )
+from .server.host import bind_listener, run_with, run_with_listener
 
 __all__ = [
     "ACCUMULATED_LANE",

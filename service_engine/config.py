@@ -113,7 +113,7 @@ class EngineConfig(BaseModel):
     consecutive failure up to ``mirror_restart_backoff_cap``."""
     mirror_restart_backoff_cap: timedelta = _seconds(30)
 
-    # -- the HTTP and WebSocket edge (service_engine.graphql.app) ----------
+    # -- the HTTP and WebSocket edge (service_engine.server.app) ----------
     http_max_body_bytes: int = 1_048_576
     """A request body past this many bytes is refused with 413
     (``request_body_too_large``) before it is read whole: at once from its
@@ -132,38 +132,17 @@ class EngineConfig(BaseModel):
     graphql_introspection: bool = True
     """False refuses introspection (``introspection_disabled``): schema
     queries and GraphiQL's documentation stop working."""
-    graphql_delivery_plan: bool = True
-    """Live subscription events are rendered by their planned payload shape
-    and serialised once per cohort (`service_engine.graphql.delivery`);
-    False executes every event through graphql-core for every subscriber
-    (the same messages, at many times the CPU)."""
-    graphql_direct_frames: bool = True
-    """A planned live subscription's frames go from its operation's task
-    straight to the socket (`service_engine.graphql.frames`); False sends
-    each through Strawberry's per-event path (the same bytes, more CPU)."""
-    graphql_live_ops: bool = True
-    """A live subscribe of a document this pod already ran as a planned
-    live field is served without Strawberry's operation or graphql-core's
-    execution context (`service_engine.graphql.live_ops`; needs direct
-    frames); False runs every subscribe through Strawberry (the same bytes,
-    more memory and CPU a session)."""
-    graphql_http_ops: bool = True
-    """A POST of a query or mutation document this pod already ran is
-    executed without Strawberry's per-request machinery, its result rendered
-    by plan, and a JSON POST on the GraphQL path is answered before
-    Starlette's and Strawberry's HTTP layers (`service_engine.graphql.http_ops`);
-    False runs every request through Strawberry's view (the same bytes, more
-    CPU a request)."""
     ws_max_message_bytes: int = 262_144
     """A graphql-transport-ws message past this many bytes closes its socket
     with 1009 (message too big) and reason ``message_too_big``."""
     ws_max_subscriptions_per_socket: int = 100
     """Operations live at once on one socket; the next ``subscribe`` gets an
     ``error`` message (``too_many_subscriptions``) and the socket stays up."""
-    ws_max_sockets: int = 2000
+    ws_max_sockets: int = Field(default_factory=lambda: default_ws_max_sockets())
     """Sockets open at once on this pod; past it a new upgrade is accepted
     and closed with 1013 (try again later) and reason ``too_many_sockets``,
-    and existing sockets are untouched."""
+    and existing sockets are untouched. By default what the process's
+    open-file limit holds (`default_ws_max_sockets`), at least 10,000."""
     ws_max_handshakes: int = 512
     """Sockets answered but not yet sent their ``connection_init``, at once.
     Past it a new upgrade waits, unanswered, for one of them: the init
@@ -174,20 +153,10 @@ class EngineConfig(BaseModel):
     """Offer per-message deflate (RFC 7692) on the subscription socket.
     Off by default: each compressed socket keeps zlib state (~64 KB or more
     a connection) and deflates every frame, for frames that are small JSON."""
-    graphql_wire: bool = True
-    """The subscription socket (``graphql_app``'s ws path) is served by the
-    engine's own graphql-transport-ws protocol handler
-    (`service_engine.graphql.wire`) when the app runs under `run_with` /
-    ``host.http_config``: no ASGI task, scope or Starlette WebSocket per
-    socket, and a planned live operation's frames written in one
-    ``transport.write`` per render pass. ASGI middleware does not see that
-    socket. False serves it through ASGI (Starlette and Strawberry's
-    handler: the same messages, more memory and CPU a session), for
-    comparison or for an app whose middleware must see the socket."""
     gc_tuned: bool = True
     """`run_with` freezes the heap built at boot (``gc.freeze()``: the
     collector never scans it again) and raises the collection thresholds
-    (``GC_THRESHOLDS`` in `service_engine.host`), so a long-lived pod does
+    (``GC_THRESHOLDS`` in `service_engine.server.host`), so a long-lived pod does
     fewer, shorter collections. False leaves Python's defaults."""
     graphiql_asset_base_url: str = "https://unpkg.com"
     """Where GraphiQL's page loads React and GraphiQL from: the public CDN,
@@ -195,8 +164,7 @@ class EngineConfig(BaseModel):
     page checks their integrity hashes). An ``http(s)://`` URL or a path
     on this host starting with ``/``."""
     ws_max_attaching: int = 64
-    """Sockets being attached at once on the engine's own socket
-    (``graphql_wire``): a turn runs from the arrival of ``connection_init``
+    """Sockets being attached at once: a turn runs from the arrival of ``connection_init``
     (the principal's resolve, the acknowledgement) to the first answer of
     the socket's first operation (a live subscription's Reset: its attach),
     or ends two seconds (at most the init timeout) after the
@@ -323,9 +291,37 @@ def _describe(exc: ValidationError) -> str:
     return "invalid EngineConfig: " + " | ".join(_problems(exc))
 
 
+MIN_WS_MAX_SOCKETS = 10_000
+"""The least default socket bound: a pod holds 10,000 idle sessions in
+well under 200 MB (bench/README.md)."""
+
+FILES_KEPT_FOR_THE_REST = 1_024
+"""Open files a pod keeps for everything but its sockets (Postgres and NATS
+connections, HTTP requests, logs, blobs)."""
+
+
+def default_ws_max_sockets(limits: tuple[int, int] | None = None) -> int:
+    """The default ``ws_max_sockets``: what the process's open-file limit
+    (``limits``: soft and hard, the process's own when None) holds, less
+    `FILES_KEPT_FOR_THE_REST`, at least `MIN_WS_MAX_SOCKETS` and at most ten
+    times it. The hard limit counts: `run_with` raises the soft one to it."""
+    import resource
+
+    if limits is None:
+        try:
+            limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+        except (OSError, ValueError):
+            return MIN_WS_MAX_SOCKETS
+    soft, hard = limits
+    limit = soft if hard == resource.RLIM_INFINITY else hard
+    if limit == resource.RLIM_INFINITY:
+        return 10 * MIN_WS_MAX_SOCKETS
+    return max(MIN_WS_MAX_SOCKETS, min(limit, 10 * MIN_WS_MAX_SOCKETS) - FILES_KEPT_FOR_THE_REST)
+
+
 NON_FIELD_VARIABLES = frozenset({
     "LOG_FORMAT",  # service_engine.logs
-    "DEBUG_LOOP_WATCH", "DEBUG_GC_THRESHOLDS",  # service_engine.loopwatch (debug only)
+    "DEBUG_LOOP_WATCH", "DEBUG_GC_THRESHOLDS",  # bench/loopwatch.py (debug only)
     "ALLOCATOR",  # service_engine.memory.run_on_allocator (read before the engine starts)
 })
 """``SERVICE_ENGINE_*`` variables that are not `EngineConfig` fields."""

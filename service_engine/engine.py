@@ -55,13 +55,9 @@ from .lanes.presence import (
 )
 from .lanes.presence_lane import PresenceHandle, PresenceLanes
 from .leader import LeaderLease
-from .loopwatch import LoopWatch
 from .memory import (
     RELEASE_FOLLOW_UP,
-    PeakTable,
     ReleaseAfterClose,
-    compact_tables,
-    loop_tables,
     release_free_memory,
 )
 from .messaging.dead_letters import DeadLetters, DeadLetterSource
@@ -148,7 +144,6 @@ class Engine:
             "cron": self.crons.beat,
         }
         self._release = ReleaseAfterClose(follow_up=RELEASE_FOLLOW_UP)
-        self._peak_tables: list[PeakTable] = []
         self._idle_connections = IdleConnections()
         self.nats_health: NatsHealth | None = None
         self.outbox: OutboxRelay | None = None
@@ -718,7 +713,6 @@ class Engine:
         if self._running:
             raise EngineError("Engine.run() was already started")
         self._running = True
-        watch: LoopWatch | None = None
         try:
             if self._reactions:
                 await self._start_inbound()
@@ -732,9 +726,6 @@ class Engine:
             self._start_scope_handshake()
             if self.lanes.registered:
                 await self._start_lanes()
-            watch = LoopWatch.from_env()  # debug only: off unless switched on
-            if watch is not None:
-                watch.start(asyncio.get_running_loop())
             self.readiness.clear(REASON_NOT_RUNNING)
             try:
                 await self._supervisor.run()
@@ -743,8 +734,6 @@ class Engine:
                     raise exc.__cause__ from None  # Identity's refusal is the failure
                 raise
         finally:
-            if watch is not None:
-                watch.stop()
             if self.outbox is not None:
                 # Hand the relay's lease over now rather than at its expiry.
                 await self.outbox.aclose()
@@ -831,13 +820,6 @@ class Engine:
         )
         self._supervisor.add("lane_flush", self.lanes.flusher.run)
         self._supervisor.add("lane_ingress", self.lane_ingress.run)
-
-    def compact_on_release(self, table: PeakTable) -> None:
-        """Shrink ``table`` (a dict or set whose size follows the pod's
-        connections, such as the HTTP server's set of them) in place each
-        time the pod hands memory back after many sessions closed
-        (`memory.compact_tables`); the loop's own tables are always shrunk."""
-        self._peak_tables.append(table)
 
     def shutdown(self) -> None:
         """Begin graceful shutdown; new attaches are refused from now on."""
@@ -938,7 +920,6 @@ class Engine:
             if self._release.due_in:  # a fall, not its follow-up (the pool has its floor again)
                 closed = self.db.close_idle_connections()  # the burst's, and its statements
                 await asyncio.sleep(0)  # their transports are let go in the next loop turn
-            compact_tables([*loop_tables(asyncio.get_running_loop()), *self._peak_tables])
             released = release_free_memory()
             if released:
                 self.metrics.add_memory_release()

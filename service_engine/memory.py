@@ -33,17 +33,16 @@ the C library and the process.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import functools
 import gc
 import importlib.metadata
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Literal, NoReturn
 
 from .errors import ConfigError
 
@@ -55,8 +54,6 @@ __all__ = [
     "ReleaseAfterClose",
     "active_allocator",
     "allocator_environment",
-    "compact_tables",
-    "loop_tables",
     "mimalloc_library",
     "on_pymalloc",
     "release_free_memory",
@@ -239,49 +236,6 @@ def run_on_allocator(environ: MutableMapping[str, str] | None = None,
     sys.stdout.flush()
     sys.stderr.flush()
     execv(sys.executable, [sys.executable, *sys.orig_argv[1:]], allocator_environment(env, library))
-
-
-PeakTable = dict[Any, Any] | set[Any]
-"""A dict or set whose size follows the live sessions."""
-
-
-def compact_tables(tables: Iterable[PeakTable]) -> int:
-    """Shrink each table to what it holds now, in place; how many shrank.
-
-    A dict or set never shrinks as entries leave: one that held 10,000
-    connections keeps a table of that size (~0.3-1 MB) after they closed,
-    however few it holds. Emptied (which frees the table) and refilled with
-    what it held, it is the same object, so every reference to it stays
-    valid; nothing runs in between (no await), so nothing sees it empty."""
-    shrunk = 0
-    for table in tables:
-        if isinstance(table, dict):
-            held: Any = dict(table)
-        elif isinstance(table, set):
-            held = set(table)
-        else:
-            continue
-        table.clear()
-        table.update(held)
-        shrunk += 1
-    return shrunk
-
-
-def loop_tables(loop: asyncio.AbstractEventLoop) -> list[PeakTable]:
-    """The tables of the running asyncio machinery that grow with the open
-    connections and tasks: the selector's file descriptors, the loop's
-    transports and async generators, asyncio's set of tasks. Those an event
-    loop implementation does not have are left out."""
-    found: list[PeakTable] = []
-    fds = getattr(getattr(loop, "_selector", None), "_fd_to_key", None)
-    if isinstance(fds, dict):
-        found.append(fds)
-    for weak in (getattr(loop, "_transports", None), getattr(loop, "_asyncgens", None),
-                 getattr(asyncio.tasks, "_all_tasks", None)):
-        data = getattr(weak, "data", None)  # a WeakValueDictionary's or WeakSet's
-        if isinstance(data, (dict, set)):
-            found.append(data)
-    return found
 
 
 def release_free_memory() -> bool:

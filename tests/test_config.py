@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from service_engine import ConfigError, EngineConfig
+from service_engine.config import default_ws_max_sockets
 
 S = timedelta(seconds=1)
 
@@ -106,7 +107,7 @@ def test_edge_bounds_have_sane_defaults() -> None:
     assert config.graphql_introspection is True
     assert config.ws_max_message_bytes == 256 * 1024
     assert config.ws_max_subscriptions_per_socket == 100
-    assert config.ws_max_sockets == 2000
+    assert config.ws_max_sockets == default_ws_max_sockets() >= 10_000
     assert config.graphiql_asset_base_url == "https://unpkg.com"
 
 
@@ -183,3 +184,16 @@ def test_check_environment_lists_every_problem_without_booting() -> None:
     )
     typed = check_environment({"SERVICE_ENGINE_MAX_ACK_PENDING": "many"})
     assert len(typed.problems) == 1 and typed.problems[0].startswith("max_ack_pending: ")
+
+
+def test_the_default_socket_bound_follows_the_open_file_limit() -> None:
+    """The default ``ws_max_sockets`` is what the hard open-file limit holds
+    less the files kept for the rest, never under 10,000 nor over 100,000."""
+    import resource
+
+    assert default_ws_max_sockets((1024, 1024)) == 10_000
+    assert default_ws_max_sockets((1024, 20_000)) == 20_000 - 1024
+    assert default_ws_max_sockets((1024, 1_048_576)) == 100_000 - 1024
+    infinite = resource.RLIM_INFINITY
+    assert default_ws_max_sockets((infinite, infinite)) == 100_000
+    assert default_ws_max_sockets((50_000, infinite)) == 50_000 - 1024

@@ -21,12 +21,13 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from strawberry.extensions import SchemaExtension
 from strawberry.http.exceptions import WebSocketDisconnected
 
-from service_engine.graphql import delivery, frames
 from service_engine.graphql.delivery_plan import Encoded, dumps
-from service_engine.graphql.subscriptions import LanesPaused, LanesResumed, _shared_plan
+from service_engine.graphql.subscriptions import LanesPaused, LanesResumed
 from service_engine.render.deltas import Remove, Reset, Upsert
 from service_engine.render.session import SessionId
 from service_engine.render.stream import SessionStream
+from service_engine.server import delivery, frames
+from service_engine.server.frames import _shared_plan, planned_frames
 
 from .test_delivery_plan import (
     ALPHA,
@@ -83,7 +84,7 @@ class DirectSubscription:
             async for message in THINGS.subscribe(_events(deltas), notices):
                 yield message
             return
-        async for member in THINGS._frames(_stream(deltas), notices, shared, sink):
+        async for member in planned_frames(THINGS, _stream(deltas), notices, shared, sink):
             yield member
 
 

@@ -19,11 +19,11 @@ from graphql import FragmentDefinitionNode, OperationDefinitionNode, parse
 from graphql.execution.values import get_variable_values
 from strawberry.scalars import JSON
 
-from service_engine.graphql import delivery
 from service_engine.graphql.delivery_plan import Encoded, dumps, plan_operation
 from service_engine.graphql.subscriptions import LanesPaused, subscription_union
 from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Remove, Reset, Upsert
+from service_engine.server import delivery
 
 
 @strawberry.enum
@@ -259,7 +259,7 @@ async def test_http_documents_are_parsed_and_validated_once() -> None:
     from strawberry.extensions.validation_cache import _get_validate_cache
 
     from service_engine.config import EngineConfig
-    from service_engine.graphql.app import limited_schema
+    from service_engine.server.app import limited_schema
 
     served = limited_schema(
         strawberry.Schema(query=Query), EngineConfig(service="delivery-test", query_max_depth=3))

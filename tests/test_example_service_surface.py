@@ -27,9 +27,10 @@ PUBLIC = frozenset({
     "service_engine.graphql",
     "service_engine.persistence",
     "service_engine.props",
+    "service_engine.server",
 })
 """The engine modules a service may import: the root re-exports, the GraphQL
-kit, the persistence kit's helpers and the development infrastructure (the
+kit and its server, the persistence kit's helpers and the development infrastructure (the
 list `service_engine`'s docstring gives)."""
 
 TEST_ONLY = frozenset({"conformance", "tests", "bench"})

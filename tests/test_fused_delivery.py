@@ -22,11 +22,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service_engine.graphql import wire_protocol as wp
-from service_engine.graphql.live_ops import LiveOp, LiveOps
 from service_engine.render.deltas import Remove, Reset, Upsert
 from service_engine.render.session import SessionId
 from service_engine.render.stream import SessionStream
+from service_engine.server import wire_protocol as wp
+from service_engine.server.live_ops import LiveOp, LiveOps
 
 from .test_delivery_frames import DELTAS as LEARNED
 from .test_delivery_plan import ALPHA, BETA, CAUSE, FULL

@@ -18,8 +18,8 @@ from service_engine.graphql import (
     Refusal,
     Views,
 )
-from service_engine.graphql.app import close_reason, graphiql_html
-from service_engine.graphql.passport import PassportMalformed
+from service_engine.server.app import close_reason, graphiql_html, new_context, resolve_context
+from service_engine.server.passport import PassportMalformed
 
 
 def test_graphiql_opens_subscriptions_on_the_ws_path() -> None:
@@ -51,15 +51,15 @@ class _NoFacts:
 
 
 async def test_the_context_refuses_a_principal_it_does_not_have() -> None:
-    context: GraphQLContext[str] = GraphQLContext(
+    context: GraphQLContext[str] = new_context(
         cast(Any, _NoFacts()), cast(Any, None), cast(Any, None)
     )
     with pytest.raises(PassportMissing):
         _ = context.principal
-    await context.resolve(lambda p: p.sub.upper(), '{"sub": "u"}')
+    await resolve_context(context, lambda p: p.sub.upper(), '{"sub": "u"}')
     assert context.principal == "U"
     assert context.refusal is None and context.passport is not None
-    await context.resolve(lambda p: p.sub, "%%")
+    await resolve_context(context, lambda p: p.sub, "%%")
     with pytest.raises(PassportMalformed) as first:
         _ = context.principal
     with pytest.raises(PassportMalformed) as second:

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from service_engine.host import bind_listener, parse_addr
+from service_engine.server.host import bind_listener, parse_addr
 
 
 def test_an_address_parses_to_host_and_port() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from service_engine.config import EngineConfig
-from service_engine.host import GC_THRESHOLDS, tune_gc
+from service_engine.server.host import GC_THRESHOLDS, tune_gc
 
 
 @pytest.fixture

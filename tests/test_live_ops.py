@@ -22,14 +22,14 @@ import pytest
 import strawberry
 from strawberry.types import ExecutionResult
 
-from service_engine.graphql import delivery, frames
 from service_engine.graphql.delivery_plan import dumps
-from service_engine.graphql.live_ops import LiveOp, LiveOps, per_operation_extensions
 from service_engine.graphql.subscriptions import Live
 from service_engine.render.deltas import Remove, Reset, Upsert
 from service_engine.render.session import SessionId
 from service_engine.render.stream import SessionStream
 from service_engine.render.windows import Keys, WindowSpec
+from service_engine.server import delivery, frames
+from service_engine.server.live_ops import LiveOp, LiveOps, per_operation_extensions
 
 from .test_delivery_frames import DELTAS, _Socket
 from .test_delivery_plan import (

@@ -1,4 +1,4 @@
-"""The debug loop watch (`service_engine.loopwatch`): off unless asked for;
+"""The debug loop watch (`bench/loopwatch.py`): off unless asked for;
 once installed it names what held the loop, counts collections by
 generation and how late timers ran; uninstalled, asyncio is as it was."""
 
@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from service_engine.errors import ConfigError
-from service_engine.loopwatch import ENV_GC_THRESHOLDS, ENV_LOOP_WATCH, LoopWatch, await_chain
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+_watch: Any = importlib.import_module("loopwatch")  # a diagnostic of bench/, not the library
+ENV_GC_THRESHOLDS, ENV_LOOP_WATCH = _watch.ENV_GC_THRESHOLDS, _watch.ENV_LOOP_WATCH
+LoopWatch, await_chain = _watch.LoopWatch, _watch.await_chain
 
 
 def test_off_unless_a_threshold_is_given() -> None:

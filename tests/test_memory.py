@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -16,8 +15,6 @@ from service_engine.memory import (
     RELEASE_MIN_CLOSED,
     ReleaseAfterClose,
     allocator_environment,
-    compact_tables,
-    loop_tables,
     mimalloc_library,
     on_pymalloc,
     release_free_memory,
@@ -76,46 +73,6 @@ def test_a_release_is_followed_by_one_more() -> None:
     policy = ReleaseAfterClose(100, follow_up=2)
     moved = [policy.observe(live) for live in (10_000, 4_000, 4_000, 9_000, 12_000, 12_000)]
     assert moved == [False, False, True, False, True, False]
-
-
-def test_a_table_shrinks_in_place_to_what_it_holds() -> None:
-    """A dict and a set that held 10,000 entries and hold 3 give their table
-    back: the same objects, the same entries in the same order, far smaller."""
-    table = {n: str(n) for n in range(10_000)}
-    members = set(range(10_000))
-    for n in range(3, 10_000):
-        del table[n]
-        members.discard(n)
-    before = sys.getsizeof(table), sys.getsizeof(members)
-    same = table, members
-    assert compact_tables([table, members, "not a table"]) == 2  # type: ignore[list-item]
-    assert (table, members) == ({0: "0", 1: "1", 2: "2"}, {0, 1, 2})
-    assert same[0] is table and same[1] is members
-    assert sys.getsizeof(table) * 20 < before[0] and sys.getsizeof(members) * 20 < before[1]
-
-
-async def test_the_loops_tables_are_found_and_stay_usable() -> None:
-    """The running loop's selector map, transports and asyncio's task set
-    are found; shrunk, the loop still serves a connection and runs tasks."""
-    loop = asyncio.get_running_loop()
-    tables = loop_tables(loop)
-    assert loop._selector._fd_to_key in tables  # type: ignore[attr-defined]
-    assert compact_tables(tables) == len(tables) >= 3
-
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(await reader.readline())
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(echo, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    compact_tables(loop_tables(loop))  # with a connection and a task open
-    writer.write(b"ping\n")
-    assert await asyncio.wait_for(reader.readline(), 5) == b"ping\n"
-    writer.close()
-    server.close()
-    await server.wait_closed()
 
 
 def test_release_free_memory_answers_without_raising() -> None:

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from service_engine.errors import EngineError
-from service_engine.graphql.passport import (
+from service_engine.server.passport import (
     MAX_PASSPORT_BYTES,
     Passport,
     PassportError,

@@ -8,8 +8,8 @@ import json
 import tracemalloc
 from pathlib import Path
 
-from service_engine.graphql import passport as passport_module
-from service_engine.graphql.passport import Passport, parse_passport
+from service_engine.server import passport as passport_module
+from service_engine.server.passport import Passport, parse_passport
 
 
 def test_parsed_passports_leave_no_block_alive_once_dropped() -> None:

@@ -1,22 +1,18 @@
-"""What an idle session keeps, held small without changing what it does:
-websockets' frame parser parked between reads (`wire._park_parser`), a
-passport's shared strings and empty claims (`passport.parse_passport`)."""
+"""What an idle session keeps, held small without changing what it does: a
+passport's shared strings and empty claims (`passport.parse_passport`), the
+endpoint's deadlines in one timer."""
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
-import weakref
 from typing import Any
 
 import pytest
 from websockets.frames import Close as CloseFrame
 from websockets.frames import Frame, Opcode
-from websockets.server import ServerProtocol
 
-from service_engine.graphql.passport import Passport, parse_passport
-from service_engine.graphql.wire import _park_parser, _unpark_parser
+from service_engine.server.passport import Passport, parse_passport
 
 
 def _handshake(conn: Any) -> None:
@@ -40,79 +36,6 @@ def _frames() -> bytes:
     messages.insert(5, Frame(Opcode.CONT, b"-end"))
     messages.append(Frame(Opcode.CLOSE, CloseFrame(1000, "bye").serialize()))
     return b"".join(frame.serialize(mask=True) for frame in messages)
-
-
-@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64, 100_000])
-def test_a_parked_parser_parses_what_the_untouched_one_would(chunk: int) -> None:
-    """Dropping websockets' parser whenever it waits at a frame boundary and
-    starting a fresh one before the next read (as `WireSocket.data_received`
-    does) yields the same frames as the untouched parser, whatever the read
-    sizes; between reads at a boundary the connection holds no parser."""
-    wire = _frames()
-
-    def parse(park: bool) -> tuple[list[tuple[Any, bytes, bool]], int]:
-        conn = ServerProtocol()
-        _handshake(conn)
-        parked = 0
-        if park:
-            _park_parser(conn)
-        got: list[tuple[Any, bytes, bool]] = []
-        for start in range(0, len(wire), chunk):
-            if park and conn.parser is None:
-                _unpark_parser(conn)
-            conn.receive_data(wire[start:start + chunk])
-            got.extend((e.opcode, bytes(e.data), e.fin) for e in conn.events_received()
-                       if isinstance(e, Frame))
-            if park:
-                _park_parser(conn)
-                parked += conn.parser is None
-        return got, parked
-
-    untouched, _ = parse(park=False)
-    parked, times = parse(park=True)
-    assert parked == untouched
-    assert len(parked) == 10
-    if chunk == 1:
-        # Parked at every boundary before the close frame (nine frames), and
-        # never once the close was read.
-        assert times == 9
-
-
-def test_a_parked_parser_keeps_neither_the_upgrade_nor_the_last_frame() -> None:
-    """The suspended parser keeps the last frame read (its payload) alive;
-    parked, nothing of it stays; a frame split across reads is not parked."""
-    conn = ServerProtocol()
-    _handshake(conn)
-    conn.receive_data(Frame(Opcode.TEXT, b"x" * 1000).serialize(mask=True))
-    [event] = conn.events_received()
-    held = weakref.ref(event)
-    del event
-    gc.collect()
-    assert held() is not None
-    _park_parser(conn)
-    assert conn.parser is None
-    gc.collect()
-    assert held() is None
-    _park_parser(conn)  # parked twice: still parked, nothing raised
-    assert conn.parser is None
-
-    _unpark_parser(conn)
-    raw = Frame(Opcode.TEXT, b"y" * 300).serialize(mask=True)
-    conn.receive_data(raw[:100])
-    _park_parser(conn)
-    assert conn.parser is not None  # mid-frame: kept
-    conn.receive_data(raw[100:])
-    [event] = conn.events_received()
-    assert isinstance(event, Frame) and bytes(event.data) == b"y" * 300
-
-
-def test_a_parked_parser_is_not_parked_once_the_connection_closes() -> None:
-    """Past the open state (a close sent) the parser is left as it is."""
-    conn = ServerProtocol()
-    _handshake(conn)
-    conn.send_close(1000, "bye")
-    _park_parser(conn)
-    assert conn.parser is not None
 
 
 def _header(**document: Any) -> str:
@@ -162,7 +85,7 @@ async def test_the_endpoint_deadlines_call_each_socket_at_its_own_with_one_timer
     them all, a removed socket is not called, a socket that waits again
     from inside a call is called again at its new deadline (also when an
     earlier step is still pending), and once idle the tables are emptied."""
-    from service_engine.graphql.wire import TICK, _Deadlines
+    from service_engine.server.wire import TICK, _Deadlines
 
     loop: Any = asyncio.get_running_loop()
     deadlines = _Deadlines(loop)

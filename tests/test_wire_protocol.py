@@ -1,4 +1,4 @@
-"""The wire's pure graphql-transport-ws decisions (`service_engine.graphql.wire_protocol`):
+"""The wire's pure graphql-transport-ws decisions (`service_engine.server.wire_protocol`):
 each message to its step, each refusal to Strawberry's close code and reason,
 the server's text frame to websockets' bytes."""
 
@@ -14,8 +14,8 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
 )
 from websockets.frames import Frame, Opcode
 
-from service_engine.graphql import wire_protocol as wp
-from service_engine.graphql.app import EdgeRefusal
+from service_engine.server import wire_protocol as wp
+from service_engine.server.app import EdgeRefusal
 
 
 def _step(message: object, *, acknowledged: bool = True, received: bool = True,

@@ -1,23 +1,19 @@
-"""Neither the delivery plan nor direct frames change a byte a standard client receives.
+"""A standard client receives, byte for byte, what graphql-core's own
+execution of every event sent before the delivery plan became the one path.
 
-Three pods of the reference service on one store: one as served (the
-delivery plan, its frames written by the operation's task:
-``graphql_direct_frames``), one with the plan but every event sent through
-Strawberry's per-event path (``SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES=false``),
-one executing every event through graphql-core
-(``SERVICE_ENGINE_GRAPHQL_DELIVERY_PLAN=false``). A standard
-graphql-transport-ws client (the ``websockets`` library) subscribes on each
-with the same documents (``__typename``, aliases, inline and named
+The reference service (one pod, as served: the delivery plan, a document's
+second subscribe a task-free live operation, `service_engine.server.live_ops`)
+and a standard graphql-transport-ws client (the ``websockets`` library)
+subscribe with the same documents (``__typename``, aliases, inline and named
 fragments, variables in ``@include`` / ``@skip``, the RLS-read projector, a
 window of one that drops a key, a document that fails validation, one past
-the socket's subscription bound, one the client completes, a presence lane's
-notices); after each step, every operation's frames must be the same text on
-every socket. Each document is subscribed twice on every socket: the first
-runs through Strawberry, the second, on the served pod, is a task-free live
-operation (`service_engine.graphql.live_ops`), completed by the client too;
-where the engine's own socket serves by default (``graphql_wire``), a fourth
-pod serves the socket through ASGI and Strawberry's handler, live
-operations included.
+the socket's subscription bound, one the client completes, a presence
+lane's notices); after each step, every operation's frames must be the same
+text the pod executing every event through graphql-core sent for that step
+on 6265370, when three delivery paths ran side by side and agreed
+(``delivery_transcripts.json``). Each document is subscribed twice: the
+first runs through Strawberry, the second is a live operation, and both
+receive the same frames.
 """
 
 from __future__ import annotations
@@ -28,11 +24,11 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 
-from service_engine import EngineConfig
 from service_engine.embedded import EmbeddedNats
 
 from .harness import (
@@ -106,16 +102,13 @@ MAX_SUBSCRIPTIONS = 2 * len(DOCUMENTS) + 3
 the completed one twice fit (the invalid one is refused, never live); one
 more does not."""
 
-VARIANTS = {
-    "direct": {},
-    "strawberry": {"SERVICE_ENGINE_GRAPHQL_DIRECT_FRAMES": "false"},
-    "executed": {"SERVICE_ENGINE_GRAPHQL_DELIVERY_PLAN": "false"},
-}
-"""The served default (direct frames, known documents as live operations),
-the plan through Strawberry's per-event path, and graphql-core's execution
-per subscriber per event."""
-if "graphql_wire" in EngineConfig.model_fields:
-    VARIANTS["asgi"] = {"SERVICE_ENGINE_GRAPHQL_WIRE": "false"}
+VARIANTS: dict[str, dict[str, str]] = {"served": {}}
+"""The pods compared (each step's frames the same on every one): the one as served."""
+
+TRANSCRIPTS: dict[str, list[dict[str, list[str]]]] = json.loads(
+    Path(__file__).with_name("delivery_transcripts.json").read_text())
+"""Per test, each step's frames by operation from graphql-core's execution of
+every event (6265370, where it agreed with the planned paths)."""
 
 QUIET = 0.5
 """How long a socket must stay quiet for a write's frames to count as all in."""
@@ -139,6 +132,8 @@ class _Sockets:
         self.sockets = sockets
         self.frames: dict[str, dict[str, list[str]]] = {
             name: defaultdict(list) for name in sockets}
+        self.steps: list[dict[str, list[str]]] = []
+        """Each settled step's frames by operation (as ``seen`` read them)."""
 
     async def send(self, message: dict[str, Any]) -> None:
         for ws in self.sockets.values():
@@ -174,7 +169,15 @@ class _Sockets:
             assert other == first, "\n".join(
                 f"{name} {op}: {frame}" for name, ops in self.frames.items()
                 for op, got in ops.items() for frame in got)
+        self.steps.append({op: list(got) for op, got in first.items()})
         return next(iter(self.frames.values()))
+
+    def assert_as_executed(self, test: str) -> None:
+        """Every settled step's frames are what graphql-core's execution sent."""
+        expected = TRANSCRIPTS[test]
+        assert len(self.steps) == len(expected)
+        for n, (got, want) in enumerate(zip(self.steps, expected, strict=True)):
+            assert got == want, (n, got, want)
 
 
 @contextlib.asynccontextmanager
@@ -188,14 +191,13 @@ async def _variants(pods: Pods, env: dict[str, str]) -> AsyncIterator[tuple[list
         yield spawned, _Sockets(sockets)
 
 
-async def test_planned_direct_and_executed_delivery_send_the_same_bytes(pods: Pods) -> None:
-    """Each step's frames, per operation, are the same text from the pod writing planned frames
-    directly (a document's second subscribe a live operation), the pod sending them through
-    Strawberry and the pod executing every event: Resets, Upserts, a Remove from a delete
-    and one from a window of one, a validation error, the socket bound's refusal, and
-    nothing more for an operation the client completed (the live one too)."""
+async def test_planned_delivery_sends_the_bytes_graphql_core_executed(pods: Pods) -> None:
+    """Each step's frames, per operation, are the text graphql-core's execution of every
+    event sent (a document's second subscribe a live operation): Resets, Upserts, a Remove
+    from a delete and one from a window of one, a validation error, the socket bound's
+    refusal, and nothing more for an operation the client completed (the live one too)."""
     env = {"SERVICE_ENGINE_WS_MAX_SUBSCRIPTIONS_PER_SOCKET": str(MAX_SUBSCRIPTIONS)}
-    async with _variants(pods, env) as ((direct, _strawberry, executed, *_asgi), on):
+    async with _variants(pods, env) as ((direct,), on):
         for op_id, (query, variables) in DOCUMENTS.items():
             await on.subscribe(op_id, query, variables)
         await on.subscribe("one", WINDOW_OF_ONE, None)
@@ -219,12 +221,13 @@ async def test_planned_direct_and_executed_delivery_send_the_same_bytes(pods: Po
         await on.settle()
         await on.send({"id": "completed", "type": "complete"})
         await on.send({"id": "completed" + AGAIN, "type": "complete"})
-        await executed.gql(ARCHIVE, {"id": "b-interop"}, ADMIN)
+        await direct.gql(ARCHIVE, {"id": "b-interop"}, ADMIN)
         await on.settle()
-        await create_board(executed, "b-interop-2", "second")
+        await create_board(direct, "b-interop-2", "second")
         await on.settle()
         await direct.gql(DELETE, {"id": "b-interop"}, ADMIN)
         frames = await on.settle()
+        on.assert_as_executed("planned")
     # Every live operation received its Reset and at least one change; the completed ones
     # nothing after their complete; both windows saw a Remove; a document's second
     # subscribe (no change came between the two) received what its first did.
@@ -240,15 +243,15 @@ async def test_planned_direct_and_executed_delivery_send_the_same_bytes(pods: Po
     assert any('"BoardsRemove"' in f for f in frames["full"]), frames["full"]
 
 
-async def test_lane_notices_are_the_same_bytes_on_every_path(
+async def test_lane_notices_are_the_bytes_graphql_core_executed(
     pods: Pods, nats_server: EmbeddedNats
 ) -> None:
-    """A presence lane's subscription (subscribed twice: the second a live operation where
-    served so): its Reset, a typist's Upsert, the LanesPaused past nats_grace while NATS is
-    away and the LanesResumed and Reset on its return are the same text from every pod. Across the outage each pod's watcher re-seeds on its own
-    clock (one may send one more Reset of the same state, so its later revisions are one
-    higher): there the frames are compared with the revision read out and a repeated
-    frame once."""
+    """A presence lane's subscription (subscribed twice: the second a live operation):
+    its Reset, a typist's Upsert, the LanesPaused past nats_grace while NATS is away and
+    the LanesResumed and Reset on its return are the text graphql-core's execution sent.
+    Across the outage the watcher re-seeds on its own clock (it may send one more Reset of
+    the same state, so its later revisions are one higher): there the frames are compared
+    with the revision read out and a repeated frame once."""
     env = {"SERVICE_ENGINE_NATS_GRACE": "0.5"}
     async with _variants(pods, env) as ((direct, *_others), on):
         started = await direct.gql(START_REPLY, {"id": "r-interop"}, ADMIN)
@@ -271,6 +274,7 @@ async def test_lane_notices_are_the_same_bytes_on_every_path(
             until=lambda got: all(
                 _after(got[op], "LanesResumed", "ReplyTypingReset") for op in TYPING_OPS),
             seen=_once_without_revision)
+        on.assert_as_executed("lanes")
     for op in TYPING_OPS:
         kinds = _kinds(frames[op])
         assert kinds[0] == "ReplyTypingReset" and "ReplyTypingUpsert" in kinds, kinds

@@ -23,7 +23,7 @@ from service_engine import Engine, EngineConfig, ReadinessHandle, WorkerStopped,
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import ComposedService
 from service_engine.graphql.compose import ROOT_KINDS
-from service_engine.host import bind_listener, run_with_listener
+from service_engine.server.host import bind_listener, run_with_listener
 
 from ..harness import wait_until
 from ..nats_support import engine_nats

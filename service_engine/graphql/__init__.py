@@ -1,5 +1,8 @@
-"""The GraphQL surface kit: compose a service's schema from its slices, type
-its subscriptions, and serve it (HTTP, GraphiQL, graphql-transport-ws).
+"""The GraphQL author's kit: compose a service's schema from its slices and
+type its subscriptions. The server that serves it (HTTP, GraphiQL,
+graphql-transport-ws, the passport, the ops page) is `service_engine.server`;
+the kit never imports it. Its public names (`graphql_app`, the passport,
+the close codes) are also importable from here, loaded on first use.
 
 * `compose_service` / `SliceFragment`: each slice named once, its root
   fields and types merged and checked at assembly;
@@ -11,17 +14,14 @@ its subscriptions, and serve it (HTTP, GraphiQL, graphql-transport-ws).
   retryable action } }`` shape every mutation's result type extends;
 * `Views`: a query field's read of one projector's views for the caller,
   exactly as a session renders them;
-* `graphql_app`: the Starlette app, the principal from the trusted
-  ``X-Passport`` header, sockets bounded by ``session_max_age``.
+* `GraphQLContext`: what a resolver receives as ``info.context``;
+* `graphql_app` (`service_engine.server`): the Starlette app, the principal
+  from the trusted ``X-Passport`` header, sockets bounded by
+  ``session_max_age``.
 """
 
-from .app import (
-    CONNECTION_REFUSED_CLOSE_CODE,
-    SESSION_MAX_AGE_CLOSE_CODE,
-    SESSION_MAX_AGE_CLOSE_REASON,
-    GraphQLContext,
-    graphql_app,
-)
+from typing import Any
+
 from .compose import (
     ComposedService,
     DuplicateSchemaMember,
@@ -29,17 +29,7 @@ from .compose import (
     UndeclaredSchemaMember,
     compose_service,
 )
-from .ops import DEFAULT_OPS_ROLE
-from .passport import (
-    PASSPORT_HEADER,
-    Passport,
-    PassportError,
-    PassportMalformed,
-    PassportMissing,
-    PassportPrincipal,
-    PassportRefused,
-    parse_passport,
-)
+from .context import GraphQLContext
 from .reads import ProjectorViewMismatch, Views
 from .results import MutationResult, Refusal
 from .subscriptions import (
@@ -90,3 +80,29 @@ __all__ = [
     "presence_subscription_union",
     "subscription_union",
 ]
+
+_SERVED = {
+    "CONNECTION_REFUSED_CLOSE_CODE": "app",
+    "SESSION_MAX_AGE_CLOSE_CODE": "app",
+    "SESSION_MAX_AGE_CLOSE_REASON": "app",
+    "graphql_app": "app",
+    "DEFAULT_OPS_ROLE": "ops",
+    "PASSPORT_HEADER": "passport",
+    "Passport": "passport",
+    "PassportError": "passport",
+    "PassportMalformed": "passport",
+    "PassportMissing": "passport",
+    "PassportPrincipal": "passport",
+    "PassportRefused": "passport",
+    "parse_passport": "passport",
+}
+"""The server's public names importable from here (`service_engine.server`)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _SERVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"service_engine.server.{module}"), name)

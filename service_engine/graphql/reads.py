@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..blobs.model import DownloadUrl
     from ..impacts.model import JsonValue
     from ..render.projector import RlsApplier
-    from .app import GraphQLContext
+    from .context import GraphQLContext
 
 __all__ = ["ProjectorViewMismatch", "Views"]
 

@@ -62,11 +62,8 @@ from ..errors import ConfigError
 from ..lanes import notices as lane_notices
 from ..logs import bind_session
 from ..render.deltas import Delta, Remove, Reset, Upsert
-from ..render.stream import SessionEnded, SessionStream
+from ..render.stream import SessionStream
 from ..render.windows import WindowSpec
-from . import frames
-from .delivery import SharedPlan, plan_for
-from .delivery_plan import Encoded, NotPlanned
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -148,25 +145,29 @@ _FieldDecorator: TypeAlias = Callable[[LiveRequest], Any]
 _INFO = "info"
 
 
-LiveFieldReport: TypeAlias = Callable[["SubscriptionUnion[Any]", LiveRequest, Any], None]
-"""Told by a live field's resolver, as it starts, which union and request it
-serves and with which ``info`` (see `reporting`)."""
+LiveDelivery: TypeAlias = Callable[
+    ["SubscriptionUnion[Any]", "LiveRequest", "Live", Any, bool],
+    "AsyncGenerator[Any, None] | None",
+]
+"""How a server delivers a live field's members itself: called with the
+union, the field's request function, its `Live`, the resolver's ``info`` and
+whether the function declares ``info``; the members it leaves to the
+ordinary path (an async generator), or None to leave it all ordinary."""
 
-_REPORT: contextvars.ContextVar[LiveFieldReport | None] = contextvars.ContextVar(
-    "service_engine_live_field_report", default=None
+_DELIVERY: contextvars.ContextVar[LiveDelivery | None] = contextvars.ContextVar(
+    "service_engine_live_delivery", default=None
 )
 
 
 @contextlib.contextmanager
-def reporting(report: LiveFieldReport) -> Iterator[None]:
-    """Within this task, a live field served by direct frames that takes
-    no ``info`` calls ``report(union, request, info)`` when it starts
-    (`service_engine.graphql.live_ops` learns its documents so)."""
-    token = _REPORT.set(report)
+def delivered_by(delivery: LiveDelivery) -> Iterator[None]:
+    """Within this task, live fields are delivered by ``delivery`` (the
+    server's direct frames; the kit knows no server)."""
+    token = _DELIVERY.set(delivery)
     try:
         yield
     finally:
-        _REPORT.reset(token)
+        _DELIVERY.reset(token)
 
 
 @dataclass(frozen=True, eq=False)
@@ -243,14 +244,14 @@ class SubscriptionUnion(Generic[V]):
         ``projector`` for ``principal``, stream its members (with the lane
         notices merged in when the projector watches a NATS lane), and
         detach when the client completes or disconnects."""
-        async with self._attached(
+        async with self.attached(
             engine, principal, projector, window, applier=applier, session_id=session_id
         ) as (stream, notices), contextlib.aclosing(self.subscribe(stream, notices)) as messages:
             async for message in messages:
                 yield message
 
     @contextlib.asynccontextmanager
-    async def _attached(
+    async def attached(
         self,
         engine: Engine,
         principal: Any,
@@ -274,52 +275,6 @@ class SubscriptionUnion(Generic[V]):
             await stream.aclose()
             if notices is not None:
                 await notices.aclose()
-
-    async def _frames(
-        self,
-        stream: SessionStream[Any],
-        notices: lane_notices.LaneNoticeStream | None,
-        shared: SharedPlan,
-        sink: frames.FrameSink,
-    ) -> AsyncGenerator[Any, None]:
-        """Write each planned member's frame through ``sink``; yield only the
-        members the plan refuses (Strawberry sends each before the next is
-        read, so the order holds)."""
-        send = sink.next
-        upsert, remove = self.upsert, self.remove
-        if notices is None:
-            # The hot path: the session's deltas, one loop, no merge; a
-            # cohort's shared Upsert / Remove found without building its member.
-            while True:
-                try:
-                    delta = await stream.next()
-                except SessionEnded:
-                    return
-                kind = type(delta)
-                if kind is Upsert or kind is Remove:
-                    hit = shared.shared(upsert if kind is Upsert else remove, delta)
-                    if hit is not None:
-                        await send(hit, delta.revision)
-                        continue
-                data = self._planned(shared, delta)
-                if data is None:
-                    yield self.message(delta)
-                else:
-                    await send(data)
-        async with contextlib.aclosing(merge_streams(stream, notices)) as items:
-            async for item in items:
-                data = self._planned(shared, item)
-                if data is None:
-                    yield self.message(item)
-                else:
-                    await send(data)
-
-    def _planned(self, shared: SharedPlan, item: Any) -> Encoded | None:
-        """``item``'s member serialised by the plan, or None (it refuses it)."""
-        try:
-            return shared.encode(self.message(item))
-        except NotPlanned:
-            return None
 
     @overload
     def field(self, request: LiveRequest, /) -> Any: ...
@@ -396,19 +351,14 @@ def _live_resolver(union: SubscriptionUnion[Any], request: LiveRequest) -> Calla
                 f"live field {request.__qualname__} returned {type(live).__name__}, not Live"
             )
         context = info.context
-        sink = frames.current_sink()
-        shared = _shared_plan(info) if sink is not None else None
-        if sink is not None and shared is not None and not declares_info:
-            report = _REPORT.get()
-            if report is not None:
-                report(union, request, info)
-        if sink is None or shared is None:
+        delivery = _DELIVERY.get()
+        messages = (delivery(union, request, live, info, declares_info)
+                    if delivery is not None else None)
+        if messages is None:
             messages = union.live(
                 context.engine, context.principal, live.projector, live.window,
                 applier=live.applier, session_id=live.session_id,
             )
-        else:
-            messages = _direct(union, context, live, shared, sink)
         async with contextlib.aclosing(messages):
             async for message in messages:
                 yield message
@@ -423,30 +373,6 @@ def _live_resolver(union: SubscriptionUnion[Any], request: LiveRequest) -> Calla
     resolve.__qualname__ = request.__qualname__
     resolve.__doc__ = request.__doc__
     return resolve
-
-
-async def _direct(
-    union: SubscriptionUnion[Any],
-    context: Any,
-    live: Live,
-    shared: SharedPlan,
-    sink: frames.FrameSink,
-) -> AsyncGenerator[Any, None]:
-    """`SubscriptionUnion.live`, its planned frames written by this task."""
-    async with union._attached(
-        context.engine, context.principal, live.projector, live.window,
-        applier=live.applier, session_id=live.session_id,
-    ) as (stream, notices), contextlib.aclosing(
-        union._frames(stream, notices, shared, sink)
-    ) as refused:
-        async for member in refused:
-            yield member
-
-
-def _shared_plan(info: Any) -> SharedPlan | None:
-    """The delivery plan of the operation ``info`` resolves the root of."""
-    raw = info._raw_info
-    return plan_for(raw.schema, raw.operation, raw.fragments, raw.variable_values)
 
 
 async def _mapped(

@@ -1,10 +1,10 @@
 """graphql-transport-ws as pure decisions: what a message asks for, which
 close ends a socket, and the bytes of a server's text frame. No I/O.
 
-The engine's own socket (`service_engine.graphql.wire`) drives these; the
+The engine's own socket (`service_engine.server.wire`) drives these; the
 decisions and every close code and reason are Strawberry's handler's
 (``strawberry/subscriptions/protocols/graphql_transport_ws/handlers.py``)
-with the engine's overrides (`service_engine.graphql.app`'s
+with the engine's overrides (`service_engine.server.app`'s
 ``_TransportWSHandler``: the passport at ``connection_init``, the typed
 socket bounds), so a client cannot tell the two apart. The deliberate
 differences are where Strawberry's handler raised and dropped the socket

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import operator
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -33,12 +34,16 @@ from graphql import (
     GraphQLSchema,
     OperationDefinitionNode,
     OperationType,
+    ValidationContext,
+    ValidationRule,
 )
 from graphql.execution.values import VariableValues
 from strawberry.extensions import ParserCache, SchemaExtension, ValidationCache
+from strawberry.schema import BaseSchema
+from strawberry.types import ExecutionContext
 from strawberry.types.base import StrawberryList
 
-from .delivery_plan import Encoded, NotPlanned, Plan, dumps, plan_operation
+from ..graphql.delivery_plan import Encoded, NotPlanned, Plan, dumps, plan_operation
 
 __all__ = [
     "SharedPlan",
@@ -285,3 +290,44 @@ def encode_frame(message: object) -> str | None:
         return dumps(message)
     head = f'{{"id":{dumps(message["id"])},"type":{dumps(message["type"])}'
     return f'{head},"payload":{{"data":{data.text()}}}}}'
+
+
+_SEEN: weakref.WeakKeyDictionary[BaseSchema, GraphQLSchema] = weakref.WeakKeyDictionary()
+
+
+def schema_seen_rule(schema: BaseSchema) -> type[ValidationRule]:
+    """A validation rule (for Strawberry's ``AddValidationRules``) that
+    records the graphql-core schema a document of ``schema`` is validated
+    against (graphql-core's ``ValidationContext.schema``), read back by
+    `graphql_schema`: Strawberry keeps its graphql-core schema private."""
+
+    class SchemaSeen(ValidationRule):
+        def __init__(self, context: ValidationContext) -> None:
+            super().__init__(context)
+            if schema not in _SEEN:
+                _SEEN[schema] = context.schema
+
+    return SchemaSeen
+
+
+def seen_schema(schema: BaseSchema, graphql: GraphQLSchema) -> None:
+    """Record ``graphql`` as ``schema``'s graphql-core schema, as a resolver
+    under ``schema`` saw it (where no `schema_seen_rule` runs)."""
+    _SEEN.setdefault(schema, graphql)
+
+
+def graphql_schema(schema: BaseSchema) -> GraphQLSchema | None:
+    """The graphql-core schema behind ``schema`` once a document was
+    validated against it (`schema_seen_rule`), else None."""
+    return _SEEN.get(schema)
+
+
+def report_errors(schema: BaseSchema, errors: list[GraphQLError],
+                  execution_context: ExecutionContext | None = None) -> None:
+    """Report ``errors`` as ``schema.execute`` does: field suggestions
+    removed when the schema's config disables them, then the schema's
+    ``process_errors`` (Strawberry's logger, or the service's override)."""
+    if schema.config.disable_field_suggestions:
+        for error in errors:
+            schema.remove_field_suggestion(error)
+    schema.process_errors(errors, execution_context)

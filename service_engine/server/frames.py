@@ -4,7 +4,7 @@ Ordinary delivery hands every live event to graphql-core (a per-event
 executor, `map_async_iterable`), then to Strawberry (its result processing,
 the extensions' per-result hooks, a ``next`` message dict, ``send_json``).
 For an operation whose payload the delivery plan expresses
-(`service_engine.graphql.delivery.plan_for`), none of that changes a byte:
+(`service_engine.server.delivery.plan_for`), none of that changes a byte:
 the frame is the plan's shared serialisation with this session's revision
 and this operation's id spliced in. So the operation's task writes it
 itself.
@@ -30,14 +30,20 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 from strawberry.extensions import SchemaExtension
 from strawberry.http.exceptions import WebSocketDisconnected
 
-from .delivery_plan import Encoded, dumps
+from ..graphql import subscriptions
+from ..graphql.delivery_plan import Encoded, NotPlanned, dumps
+from ..graphql.subscriptions import Live, LiveRequest, SubscriptionUnion
+from ..lanes.notices import LaneNoticeStream
+from ..render.deltas import Remove, Upsert
+from ..render.stream import SessionEnded, SessionStream
+from .delivery import SharedPlan, plan_for
 
 if TYPE_CHECKING:
     from starlette.websockets import WebSocket
@@ -45,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FrameSink",
     "current_sink",
+    "deliver",
     "direct_frames_allowed",
     "next_frame",
     "next_frame_head",
@@ -114,13 +121,126 @@ def current_sink() -> FrameSink | None:
 
 @contextlib.contextmanager
 def open_sink(websocket: WebSocket, operation_id: str) -> Iterator[FrameSink]:
-    """Serve this task's operation ``operation_id`` with direct frames."""
+    """Serve this task's operation ``operation_id`` with direct frames: the
+    kit's live fields deliver through `deliver` within it."""
     sink = FrameSink(websocket, operation_id)
     token = _SINK.set(sink)
     try:
-        yield sink
+        with subscriptions.delivered_by(deliver):
+            yield sink
     finally:
         _SINK.reset(token)
+
+
+LiveFieldReport: TypeAlias = Callable[[SubscriptionUnion[Any], LiveRequest, Any], None]
+"""Told by a live field delivered by direct frames, as it starts, which
+union and request it serves and with which ``info`` (see `reporting`)."""
+
+_REPORT: contextvars.ContextVar[LiveFieldReport | None] = contextvars.ContextVar(
+    "service_engine_live_field_report", default=None
+)
+
+
+@contextlib.contextmanager
+def reporting(report: LiveFieldReport) -> Iterator[None]:
+    """Within this task, a live field served by direct frames that takes
+    no ``info`` calls ``report(union, request, info)`` when it starts
+    (`service_engine.server.live_ops` learns its documents so)."""
+    token = _REPORT.set(report)
+    try:
+        yield
+    finally:
+        _REPORT.reset(token)
+
+
+def deliver(union: SubscriptionUnion[Any], request: LiveRequest, live: Live, info: Any,
+            declares_info: bool) -> AsyncGenerator[Any, None] | None:
+    """A live field's delivery under an open sink (`subscriptions.delivered_by`):
+    its planned members written as frames by this task, the rest yielded to
+    the ordinary path; None (all ordinary) when there is no sink or plan."""
+    sink = _SINK.get()
+    if sink is None:
+        return None
+    shared = _shared_plan(info)
+    if shared is None:
+        return None
+    if not declares_info:
+        report = _REPORT.get()
+        if report is not None:
+            report(union, request, info)
+    return _direct(union, info.context, live, shared, sink)
+
+
+async def _direct(
+    union: SubscriptionUnion[Any],
+    context: Any,
+    live: Live,
+    shared: SharedPlan,
+    sink: FrameSink,
+) -> AsyncGenerator[Any, None]:
+    """`SubscriptionUnion.live`, its planned frames written by this task."""
+    async with union.attached(
+        context.engine, context.principal, live.projector, live.window,
+        applier=live.applier, session_id=live.session_id,
+    ) as (stream, notices), contextlib.aclosing(
+        planned_frames(union, stream, notices, shared, sink)
+    ) as refused:
+        async for member in refused:
+            yield member
+
+
+def _shared_plan(info: Any) -> SharedPlan | None:
+    """The delivery plan of the operation ``info`` resolves the root of."""
+    raw = info._raw_info
+    return plan_for(raw.schema, raw.operation, raw.fragments, raw.variable_values)
+
+
+async def planned_frames(
+    union: SubscriptionUnion[Any],
+    stream: SessionStream[Any],
+    notices: LaneNoticeStream | None,
+    shared: SharedPlan,
+    sink: FrameSink,
+) -> AsyncGenerator[Any, None]:
+    """Write each planned member's frame through ``sink``; yield only the
+    members the plan refuses (Strawberry sends each before the next is
+    read, so the order holds)."""
+    send = sink.next
+    upsert, remove = union.upsert, union.remove
+    if notices is None:
+        # The hot path: the session's deltas, one loop, no merge; a
+        # cohort's shared Upsert / Remove found without building its member.
+        while True:
+            try:
+                delta = await stream.next()
+            except SessionEnded:
+                return
+            kind = type(delta)
+            if kind is Upsert or kind is Remove:
+                hit = shared.shared(upsert if kind is Upsert else remove, delta)
+                if hit is not None:
+                    await send(hit, delta.revision)
+                    continue
+            data = planned(union, shared, delta)
+            if data is None:
+                yield union.message(delta)
+            else:
+                await send(data)
+    async with contextlib.aclosing(subscriptions.merge_streams(stream, notices)) as items:
+        async for item in items:
+            data = planned(union, shared, item)
+            if data is None:
+                yield union.message(item)
+            else:
+                await send(data)
+
+
+def planned(union: SubscriptionUnion[Any], shared: SharedPlan, item: Any) -> Encoded | None:
+    """``item``'s member serialised by the plan, or None (it refuses it)."""
+    try:
+        return shared.encode(union.message(item))
+    except NotPlanned:
+        return None
 
 
 _PER_RESULT_HOOKS = ("get_results", "on_stream_result")

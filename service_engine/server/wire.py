@@ -1,24 +1,27 @@
 """The engine's own graphql-transport-ws socket: a protocol object on the
 connection, not an ASGI app.
 
-Under `run_with` (``host.http_config``) an upgrade on ``graphql_app``'s ws
-path is answered by `WireEndpoint.take` from inside uvicorn's WebSocket
-protocol (`service_engine.host.LeanWebSocketProtocol`), and from then on
-the connection's transport talks to a `WireSocket`: frames in, messages
-decided by `service_engine.graphql.wire_protocol` (Strawberry's handler's
-decisions, close codes and reasons, with the engine's overrides), frames
-out. A socket holds no ASGI task, scope, Starlette ``WebSocket``,
-Strawberry handler or receive-loop task: an idle session is this object,
-its websockets-sansio connection (its frame parser parked between reads),
-its transport, and its soonest deadline in the endpoint's `_Deadlines`
-(no timer handle of its own).
+`WireEndpoint.protocol_class` is the class passed as uvicorn's documented
+``ws`` protocol option (``host.http_config``): on every WebSocket upgrade
+uvicorn's HTTP protocol builds one (its keyword contract: ``config``,
+``server_state``, ``app_state``), sets it on the transport and feeds it the
+upgrade's bytes. The socket parses them with websockets' Sans-I/O
+`ServerProtocol` (``receive_data`` / ``events_received`` /
+``data_to_send``); an upgrade on another path is handed to uvicorn's own
+websockets-sansio protocol, through ASGI (`WireSocket._hand_on`). From the
+upgrade on, frames in, messages decided by
+`service_engine.server.wire_protocol` (Strawberry's handler's decisions,
+close codes and reasons, with the engine's overrides), frames out. A socket
+holds no ASGI task, scope, Starlette ``WebSocket``, Strawberry handler or
+receive-loop task: an idle session is this object, its websockets
+connection, its transport, and its soonest deadline in the endpoint's
+`_Deadlines` (no timer handle of its own).
 
 Operations: a query or mutation, and a subscription that is not a
 known-planned live operation, runs Strawberry's ``schema.stream`` in one
-task per operation and sends ``next`` / ``error`` / ``complete`` exactly
-as Strawberry's handler does (its message dicts, the view's encoder, the
-engine's ``_get_pre_execution_close_reason``, `frames.open_sink` so a
-planned live field still writes its own frames).
+task per operation and sends ``next`` / ``error`` / ``complete`` as
+Strawberry's handler does (`frames.open_sink` so a planned live field
+still writes its own frames).
 
 A live operation's frames: a delta the render pass puts into a caught-up
 session (nothing queued for it, no drain pending on this socket, the
@@ -32,14 +35,14 @@ Flow control: while the transport's buffer is past its high-water mark
 backlog for the session collapses as it does for any slow subscriber;
 ``resume_writing`` lets them go on.
 
-ASGI middleware does not see this socket (``EngineConfig.graphql_wire``
-False serves it through ASGI instead).
+ASGI middleware does not see this socket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import logging
 import math
@@ -51,23 +54,26 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 from urllib.parse import unquote
 
-from graphql import GraphQLError
+import uvicorn
+from graphql import GraphQLError, GraphQLSyntaxError
 from starlette.datastructures import Headers
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.http.exceptions import WebSocketDisconnected
+from strawberry.schema.exceptions import CannotGetOperationTypeError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.types.execution import ExecutionResult, PreExecutionError
 from strawberry.types.unset import UnsetType
-from strawberry.utils.aio import aclosing
+from uvicorn.config import WS_PROTOCOLS
+from uvicorn.importer import import_from_string
+from uvicorn.server import ServerState
 from websockets.datastructures import Headers as WsHeaders
 from websockets.exceptions import InvalidState, PayloadTooBig
+from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.frames import Close as CloseFrame
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
-from websockets.protocol import Protocol, State
 from websockets.server import ServerProtocol
-from websockets.streams import StreamReader
 
 from . import frames
 from . import wire_protocol as wp
@@ -77,8 +83,10 @@ from .app import (
     TRY_AGAIN_LATER_CLOSE_CODE,
     EdgeRefusal,
     GraphQLContext,
+    HandshakeSlots,
     _EngineGraphQL,
-    _TransportWSHandler,
+    new_context,
+    refusal_of,
 )
 from .live_ops import LiveOp, LiveOps
 
@@ -181,10 +189,10 @@ class WireEndpoint:
         """Whether the upgrade ``request`` is for this endpoint."""
         return unquote(request.path.partition("?")[0]) == self.path
 
-    def take(self, protocol: Any, request: Request) -> WireSocket:
-        """Serve the upgrade ``request`` that uvicorn's ``protocol`` parsed
-        (its transport, parser and server state) on a `WireSocket`."""
-        return WireSocket(self, protocol, request)
+    def protocol_class(self) -> type[WireSocket]:
+        """The protocol class uvicorn builds on every WebSocket upgrade
+        (``uvicorn.Config(ws=...)``), serving this endpoint."""
+        return type("EndpointSocket", (WireSocket,), {"endpoint": self, "__slots__": ()})
 
 
 class _Drains:
@@ -236,13 +244,13 @@ class _AttachGate:
         self.unanswered: deque[WireSocket] = deque()
         """Upgrades waiting, unanswered, for a handshake slot (``ws_max_handshakes``)."""
 
-    def answer_next(self, slots: asyncio.Semaphore) -> None:
+    def answer_next(self, slots: HandshakeSlots) -> None:
         """Give free handshake slots to the upgrades waiting longest."""
         unanswered = self.unanswered
-        while unanswered and not slots.locked():
+        while unanswered and not slots.full():
             socket = unanswered.popleft()
             if socket._unanswered and not socket._lost:
-                _take_now(slots)
+                slots.take()
                 try:
                     socket._slot_taken()
                 except Exception:
@@ -423,9 +431,11 @@ class WireSocket(asyncio.Protocol):
         "_pong_at",
         "_read_paused",
         "_rtt",
+        "_server",
         "_slot",
         "_text",
         "_unanswered",
+        "_upgraded",
         "_waiters",
         "_woken",
         "conn",
@@ -440,16 +450,34 @@ class WireSocket(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, endpoint: WireEndpoint, protocol: Any, request: Request) -> None:
-        self._endpoint = endpoint
-        self.loop: asyncio.AbstractEventLoop = protocol.loop
-        self.transport: asyncio.Transport = protocol.transport
-        self.conn: ServerProtocol = protocol.conn
-        self.connections: set[Any] = protocol.connections
-        self.ping_interval: float | None = protocol.ping_interval
-        self.ping_timeout: float | None = protocol.ping_timeout
-        self._deflate = False  # known once the upgrade is accepted (below)
-        self._headers_out: list[tuple[bytes, bytes]] | None = protocol.default_headers
+    endpoint: WireEndpoint
+    """The endpoint served (set on the class `WireEndpoint.protocol_class` builds)."""
+
+    def __init__(self, config: uvicorn.Config, server_state: ServerState,
+                 app_state: dict[str, Any], _loop: asyncio.AbstractEventLoop | None = None
+                 ) -> None:
+        # uvicorn's keyword contract for a ``ws`` protocol class (its HTTP
+        # protocol builds one on every upgrade, calls ``connection_made``,
+        # sets it on the transport and feeds it the upgrade's bytes).
+        self._endpoint = type(self).endpoint
+        self.loop = _loop or asyncio.get_running_loop()
+        self.transport: asyncio.Transport = cast(asyncio.Transport, None)
+        extensions: list[Any] = []
+        if config.ws_per_message_deflate:
+            extensions.append(ServerPerMessageDeflateFactory(
+                server_max_window_bits=12, client_max_window_bits=12,
+                compress_settings={"memLevel": 5},
+            ))
+        self.conn = ServerProtocol(
+            extensions=extensions, max_size=config.ws_max_size,
+            logger=logging.getLogger("uvicorn.error"),
+        )
+        self.connections: set[Any] = server_state.connections
+        self.ping_interval: float | None = config.ws_ping_interval
+        self.ping_timeout: float | None = config.ws_ping_timeout
+        self._deflate = False  # known once the upgrade is accepted
+        self._headers_out: list[tuple[bytes, bytes]] | None = [
+            *server_state.default_headers, *config.encoded_headers]
         self._counted = False
         self._init = wp.InitState()
         self._init_extended = False
@@ -479,22 +507,54 @@ class WireSocket(asyncio.Protocol):
         self._unanswered = False
         self._closed = False
         self._lost = False
+        self._upgraded = False
+        # Until the upgrade is parsed: what another path's socket is handed
+        # (`_hand_on`), the bytes read so far and the server's arguments.
+        self._server: tuple[bytes, uvicorn.Config, ServerState, dict[str, Any]] | None = (
+            b"", config, server_state, app_state)
         self.context: GraphQLContext[Any] | None = None
         self.subprotocol: str | None = None
-        # The path is the endpoint's (`WireEndpoint.serves`), and the peer's
-        # host one string per host: shared, not one copy per socket.
-        client = protocol.client
-        if client is not None:
-            client = (sys.intern(client[0]), client[1])
-        self.request: WireRequest | None = WireRequest(
-            request.headers.raw_items(), endpoint.path, client
-        )
-        self.response: Response | None = self.conn.accept(request)
+        self.request: WireRequest | None = None
+        self.response: Response | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.connections.add(self)
+
+    def _hand_on(self, head: bytes, config: uvicorn.Config, server_state: ServerState,
+                 app_state: dict[str, Any]) -> None:
+        """An upgrade on another path: served through ASGI by uvicorn's own
+        websockets-sansio protocol, handed the connection as uvicorn's HTTP
+        protocol hands it (built with the same arguments, the transport set
+        to it, the bytes read so far fed to it)."""
+        self._closed = self._lost = True
+        self.connections.discard(self)
+        other = _asgi_socket_class()(config=config, server_state=server_state,
+                                     app_state=app_state)
+        other.connection_made(self.transport)
+        self.transport.set_protocol(other)
+        other.data_received(head)
+
+    def _upgrade(self, request: Request) -> None:
+        """The upgrade request parsed: answer it (`_answer`) or refuse it."""
+        self._upgraded = True
+        server, self._server = self._server, None
+        if not self._endpoint.serves(request):
+            assert server is not None
+            self._hand_on(*server)
+            return
+        # The path is the endpoint's, and the peer's host one string per
+        # host: shared, not one copy per socket.
+        client = self.transport.get_extra_info("peername")
+        if isinstance(client, tuple) and len(client) >= 2:
+            client = (sys.intern(str(client[0])), int(client[1]))
+        else:
+            client = None
+        self.request = WireRequest(request.headers.raw_items(), self._endpoint.path, client)
+        self.response = self.conn.accept(request)
         # websockets negotiates the extensions in accept: only now is it known
         # whether this socket's frames are compressed.
         self._deflate = bool(self.conn.extensions)
-        self.connections.discard(protocol)
-        self.connections.add(self)
         self._answer(request)
 
     # -- the upgrade -----------------------------------------------------------
@@ -528,10 +588,9 @@ class WireSocket(asyncio.Protocol):
         self._counted = True
         self.subprotocol = (GRAPHQL_TRANSPORT_WS_PROTOCOL
                             if GRAPHQL_TRANSPORT_WS_PROTOCOL in offered else None)
-        slots = view.handshake_slots
-        if not slots.locked() and not self._endpoint.gate(self.loop).unanswered:
-            # Free: take it now (Semaphore.acquire returns at once), no task.
-            _take_now(slots)
+        slots = view.handshakes
+        if not slots.full() and not self._endpoint.gate(self.loop).unanswered:
+            slots.take()
             self._slot = True
             self._admitted()
             return
@@ -545,7 +604,6 @@ class WireSocket(asyncio.Protocol):
         self.response = None
         # Nor a task: it waits in the endpoint's queue (`_release_slot`).
         self._unanswered = True
-        _park_parser(self.conn)
         self._endpoint.gate(self.loop).unanswered.append(self)
 
     def _slot_taken(self) -> None:
@@ -565,12 +623,12 @@ class WireSocket(asyncio.Protocol):
     def _admitted(self) -> None:
         view = self._endpoint.view
         assert self.request is not None
-        if not view._check_websocket_origin(cast(Any, self.request)):
+        if not view.origin_allowed(self.request.headers):
             self._reject()
             self._ended()
             return
         self._accept(self.subprotocol)
-        self.context = GraphQLContext(
+        self.context = new_context(
             view.engine, cast(Any, self.request), cast(Any, self), handshake_at=self.loop.time()
         )
         if self.subprotocol is None:
@@ -597,7 +655,6 @@ class WireSocket(asyncio.Protocol):
             return
         self.conn.send_response(response)
         self.transport.write(b"".join(self.conn.data_to_send()))
-        _park_parser(self.conn)
         self._start_keepalive()
 
     def _default_headers(self) -> list[tuple[bytes, bytes]]:
@@ -618,20 +675,30 @@ class WireSocket(asyncio.Protocol):
     # -- transport callbacks -----------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        server = self._server
+        if server is not None:
+            self._server = (server[0] + data, *server[1:])
         conn = self.conn
-        if conn.parser is None:
-            _unpark_parser(conn)
         conn.receive_data(data)
+        if not self._upgraded and conn.handshake_exc is not None:
+            # Not an upgrade websockets can parse: its own answer, if any.
+            self._closed = True
+            self._flush()
+            self.transport.close()
+            return
         if conn.parser_exc is not None:
             self._parser_failed(conn.parser_exc)
             return
         for event in conn.events_received():
+            if self._lost:
+                return  # handed on (`_hand_on`) or gone
             self.handle_event(event)
-        _park_parser(conn)
 
     def handle_event(self, event: Any) -> None:
-        """One event of the parser (uvicorn's ``handle_events`` dispatch)."""
+        """One event of the parser: the upgrade, then frames."""
         if not isinstance(event, Frame):
+            if isinstance(event, Request) and not self._upgraded:
+                self._upgrade(event)
             return
         opcode = event.opcode
         payload = cast(bytes, event.data)
@@ -933,7 +1000,7 @@ class WireSocket(asyncio.Protocol):
         if self._init.received or self._closed:
             return
         view = self._endpoint.view
-        if not self._init_extended and view.handshakes_full():
+        if not self._init_extended and view.handshakes.full():
             # A burst holds every handshake slot: one more period, never two.
             self._init_extended = True
             self._init_at = self.loop.time() + self._endpoint.init_timeout
@@ -1126,7 +1193,7 @@ class WireSocket(asyncio.Protocol):
                     root_value=None,
                     operation_name=step.operation_name,
                 )
-                async with aclosing(source):
+                async with contextlib.aclosing(source):
                     first = True
                     async for result in source:
                         if first and isinstance(result, PreExecutionError):
@@ -1158,7 +1225,7 @@ class WireSocket(asyncio.Protocol):
     async def _pre_execution_error(self, operation: _Operation, result: PreExecutionError
                                    ) -> None:
         assert result.errors
-        reason = _TransportWSHandler._get_pre_execution_close_reason(result.errors[0])
+        reason = _pre_execution_close_reason(result.errors[0])
         if reason:
             self.close(4400, reason)
             self._forget(operation.id, operation)
@@ -1315,7 +1382,7 @@ class WireSocket(asyncio.Protocol):
     def _release_slot(self) -> None:
         if self._slot:
             self._slot = False
-            slots = self._endpoint.view.handshake_slots
+            slots = self._endpoint.view.handshakes
             slots.release()
             self._endpoint.gate(self.loop).answer_next(slots)
 
@@ -1324,63 +1391,28 @@ _BINARY = b"\0binary"
 """Stands for a binary message in the socket's queue (`WireSocket._message`)."""
 
 
-def _at_boundary(conn: ServerProtocol) -> bool:
-    """websockets' frame parser waits at a frame boundary: nothing buffered,
-    no failure, the connection open, the innermost generator waiting in
-    ``StreamReader.at_eof``."""
-    if conn.reader.buffer or conn.parser_exc is not None or conn.state not in _PARKABLE:
-        return False
-    inner: Any = conn.parser
-    if inner is None:
-        return False
-    while inner.gi_yieldfrom is not None:
-        inner = inner.gi_yieldfrom
-    return inner.gi_code is _AT_EOF
-
-
-def _park_parser(conn: ServerProtocol) -> None:
-    """Drop websockets' frame parser while it waits at a frame boundary
-    (`_at_boundary`); `_unpark_parser` starts a fresh one before the next
-    read.
-
-    The suspended generators (``Protocol.parse`` and the reader's, ~440 bytes
-    a socket) would otherwise be kept between reads for the socket's life,
-    and the first one keeps its locals: the parsed upgrade request
-    (``ServerProtocol.parse``'s ``request``, ~2.7 KB of headers) and the last
-    frame read with its payload (``Protocol.parse``'s ``frame``). A fresh
-    ``Protocol.parse`` started on the same connection at a boundary parses
-    exactly what the old one would. Any other state is left alone: only
-    `WireSocket.data_received` feeds the connection, and it unparks first
-    (``Protocol.fail`` sets a parser of its own)."""
-    if _at_boundary(conn):
-        conn.parser = None  # type: ignore[assignment]
-
-
-def _unpark_parser(conn: ServerProtocol) -> None:
-    """A fresh frame parser for a connection `_park_parser` parked."""
-    parser = Protocol.parse(conn)
-    next(parser)
-    conn.parser = parser
-
-
-_AT_EOF = StreamReader.at_eof.__code__
-_PARKABLE = (State.OPEN, State.CONNECTING)
-"""While CONNECTING, the parser waits at ``at_eof`` only once the upgrade
-request is parsed: it then parses frames, as a fresh one does."""
-
-
 def _close_args(close: wp.Close) -> tuple[int, str]:
     return close.code, close.reason
 
 
-def _take_now(slots: asyncio.Semaphore) -> None:
-    # Semaphore.acquire on a free semaphore returns without suspending.
-    acquiring = slots.acquire()
-    try:
-        acquiring.send(None)
-    except StopIteration:
-        return
-    raise RuntimeError("a free handshake slot did not take at once")
+def _pre_execution_close_reason(error: GraphQLError) -> str | None:
+    """The 4400 reason of an error before execution (graphql-transport-ws: a
+    document that does not parse, or names no operation), or None when it
+    is the operation's ``error`` message (a refusal of the limiters among
+    them: the socket and its other operations stay up)."""
+    if refusal_of(error) is not None:
+        return None
+    if isinstance(error, GraphQLSyntaxError):
+        return error.message
+    if isinstance(error.original_error, CannotGetOperationTypeError):
+        return error.original_error.as_http_error_reason()
+    return None
+
+
+@functools.cache
+def _asgi_socket_class() -> Any:
+    """uvicorn's websockets-sansio protocol class, as ``ws="websockets-sansio"`` names it."""
+    return import_from_string(WS_PROTOCOLS["websockets-sansio"])
 
 
 def _task_done(task: asyncio.Task[None]) -> None:

@@ -1,7 +1,9 @@
 """Where the event loop's time goes: a debug-only watch of one pod's loop.
 
-Off unless `install` is called (`Engine.run` starts one when
-``SERVICE_ENGINE_DEBUG_LOOP_WATCH`` names a threshold in milliseconds). It
+Off unless the service runs under `main` (``python bench/loopwatch.py
+example_service``; ``bench/e2e.py --loop-watch MS``), whose `Engine.run`
+starts one when ``SERVICE_ENGINE_DEBUG_LOOP_WATCH`` names a threshold in
+milliseconds. It
 patches the process's asyncio ``Handle._run`` and the loop's ``_run_once``
 and selector, so it costs ~1 µs per callback: never on in production.
 
@@ -184,7 +186,7 @@ class LoopWatch:
         try:
             threshold = float(raw)
         except ValueError:
-            from .errors import ConfigError
+            from service_engine.errors import ConfigError
 
             raise ConfigError(
                 f"{ENV_LOOP_WATCH}={raw!r}: give a threshold in milliseconds, e.g. 5"
@@ -195,7 +197,7 @@ class LoopWatch:
             try:
                 t0, t1, t2 = (int(x) for x in thresholds.split(","))
             except ValueError:
-                from .errors import ConfigError
+                from service_engine.errors import ConfigError
 
                 raise ConfigError(f"{ENV_GC_THRESHOLDS}={thresholds!r}: give T0,T1,T2") from None
             watch.gc_thresholds = (t0, t1, t2)
@@ -514,3 +516,36 @@ class LoopWatch:
         tmp.replace(path)
 
 
+
+
+def main() -> None:
+    """``python bench/loopwatch.py MODULE [ARGS...]``: run MODULE as
+    ``__main__`` (e.g. ``example_service``) with `Engine.run` starting the
+    watch `ENV_LOOP_WATCH` asks for. Diagnostics only: it patches the
+    engine's run and the loop, which the library never does."""
+    import runpy
+    import sys
+
+    from service_engine.engine import Engine
+
+    original = Engine.run
+
+    async def run(self: Engine) -> None:
+        watch = LoopWatch.from_env()
+        if watch is not None:
+            watch.start(asyncio.get_running_loop())
+        try:
+            await original(self)
+        finally:
+            if watch is not None:
+                watch.stop()
+
+    Engine.run = run  # type: ignore[method-assign]
+    sys.path.insert(0, os.getcwd())  # the tree the service runs from
+    module = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -11,7 +11,7 @@ of that document is a `LiveOp`: its variables coerced by graphql-core
 (`get_variable_values`), the field's arguments computed and converted
 exactly as Strawberry's resolver wrapper does, the slice's `LiveRequest`
 called, the session attached (`engine.attach`) and its deltas turned into
-frames the way the direct path (`SubscriptionUnion._frames`) does: no
+frames the way the direct path (`frames.planned_frames`) does: no
 Strawberry `Operation`, no graphql-core execution context, no result
 generator chain. A projector watching NATS lanes has their notices merged
 in as the ordinary path merges them (callback mode reads them in one task
@@ -61,6 +61,7 @@ from graphql import (
     FragmentDefinitionNode,
     GraphQLError,
     GraphQLField,
+    GraphQLSchema,
     OperationDefinitionNode,
 )
 from graphql.execution import execute_subscription_event
@@ -68,13 +69,14 @@ from graphql.execution.values import get_argument_values, get_variable_values
 from strawberry.extensions import SchemaExtension
 from strawberry.schema.schema_converter import get_arguments
 
+from ..graphql import subscriptions
+from ..graphql.subscriptions import Live, LiveRequest, SubscriptionUnion
 from ..logs import bind_session
 from ..render.deltas import Remove, Upsert, renumbered
 from ..render.stream import SessionEnded, SessionStream
-from . import subscriptions
-from .delivery import SharedPlan, plan_for
+from . import frames
+from .delivery import SharedPlan, graphql_schema, plan_for, report_errors, seen_schema
 from .frames import next_frame, next_frame_head
-from .subscriptions import Live, LiveRequest, SubscriptionUnion
 from .wire_protocol import text_frame
 
 if TYPE_CHECKING:
@@ -168,11 +170,19 @@ class LiveOps:
         size: int = KNOWN_DOCUMENTS,
     ) -> None:
         self.schema = schema
-        self._gschema = schema._schema
         self._encode = encode
         self.enabled = enabled
         self._size = size
         self._known: OrderedDict[tuple[str, str | None], _Known] = OrderedDict()
+
+    @property
+    def _gschema(self) -> GraphQLSchema:
+        """The graphql-core schema (known once a document was validated,
+        which a known document was)."""
+        found = graphql_schema(self.schema)
+        if found is None:
+            raise RuntimeError("no document was validated against this schema yet")
+        return found
 
     @property
     def known(self) -> int:
@@ -193,7 +203,7 @@ class LiveOps:
         key = _key(payload)
         if not self.enabled or key is None or key in self._known:
             return contextlib.nullcontext()
-        return subscriptions.reporting(
+        return frames.reporting(
             lambda union, request, info: self._learn(key, union, request, info)
         )
 
@@ -204,7 +214,11 @@ class LiveOps:
         raw = info._raw_info
         operation: OperationDefinitionNode = raw.operation
         nodes = raw.field_nodes
-        if raw.schema is not self._gschema or len(nodes) != 1:
+        if graphql_schema(self.schema) is None:
+            # A schema without the limits' rule (`delivery.schema_seen_rule`):
+            # its operations are the only ones learning here.
+            seen_schema(self.schema, raw.schema)
+        if raw.schema is not graphql_schema(self.schema) or len(nodes) != 1:
             return
         node: FieldNode = nodes[0]
         selections = operation.selection_set.selections
@@ -375,7 +389,7 @@ class LiveOp:
         ``complete`` (Strawberry's `_stream` coerces the error)."""
         graphql_error = error if isinstance(error, GraphQLError) else GraphQLError(
             str(error), original_error=error)
-        self._ops.schema._process_errors([graphql_error], None)
+        report_errors(self._ops.schema, [graphql_error])
         return [
             self._ops.encode({"id": self.id, "type": "next", "payload": {
                 "data": None, "errors": [graphql_error.formatted]}}),
@@ -412,7 +426,7 @@ class LiveOp:
                                   delta.revision if revision is None else revision)
         if revision is not None and delta.revision != revision:
             delta = renumbered(delta, revision)
-        data = union._planned(shared, delta)
+        data = frames.planned(union, shared, delta)
         return None if data is None else next_frame(self._head, data)
 
     def frame_bytes(self, delta: Any, revision: int) -> bytes | None:
@@ -467,7 +481,7 @@ class LiveOp:
             schema = self._ops.schema
             known = self._known
             built = schema.execution_context_class.build(
-                schema._schema, known.document(), None, self._context,
+                self._ops._gschema, known.document(), None, self._context,
                 self._variables if isinstance(self._variables, dict) else None,
                 known.operation_name, operation_extensions=None,
             )
@@ -479,7 +493,7 @@ class LiveOp:
             result = _finish_now(result)
         payload: dict[str, object] = {"data": result.data}
         if result.errors:
-            self._ops.schema._process_errors(result.errors, None)
+            report_errors(self._ops.schema, list(result.errors))
             payload["errors"] = [e.formatted for e in result.errors]
         return self._ops.encode({"id": self.id, "type": "next", "payload": payload})
 
@@ -502,7 +516,7 @@ class LiveOp:
                 texts = self._failed(error)
             else:
                 if self._lanes:
-                    # As the ordinary path merges them (`SubscriptionUnion._frames`).
+                    # As the ordinary path merges them (`frames.planned_frames`).
                     notices = self._notices = self._context.engine.lane_notices(self._lanes)
                     async with contextlib.aclosing(
                         subscriptions.merge_streams(stream, notices)

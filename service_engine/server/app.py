@@ -1,0 +1,798 @@
+"""The service's HTTP surface: GraphQL over HTTP and graphql-transport-ws.
+
+`graphql_app` serves, on one Starlette app:
+
+* ``POST /graphql`` (and ``GET`` queries): GraphQL over HTTP;
+* ``GET /graphql`` from a browser (``Accept: text/html``): GraphiQL, with
+  subscriptions running over ``/graphql/ws``;
+* ``GET /graphql/ws``: the graphql-transport-ws subscription endpoint (the
+  protocol of the ``graphql-ws`` client library; the legacy
+  subscriptions-transport-ws protocol is not offered), served by the
+  engine's own socket (`service_engine.server.wire`) under `run_with` /
+  ``host.http_config``, not through ASGI;
+* ``GET /readyz`` and ``GET /metrics``.
+
+The principal comes from the trusted ``X-Passport`` header (see
+`service_engine.server.passport`): on HTTP once per request, on a WebSocket
+once per socket, at its ``connection_init``, from the header of the upgrade.
+A socket whose passport is missing, malformed or refused is closed with
+4403 and a reason naming the refusal. Every socket is closed at
+``config.session_max_age`` measured from the handshake, with
+`SESSION_MAX_AGE_CLOSE_CODE` (1001, going away) and
+`SESSION_MAX_AGE_CLOSE_REASON`: the client reconnects, and the gateway hands
+it a fresh passport.
+
+Hostile input meets a bound at the edge, each an `EngineConfig` field, each
+refused with a typed `EdgeRefusal` code:
+
+* a request body past ``http_max_body_bytes``: 413 with a GraphQL error
+  ``request_body_too_large``, answered from the Content-Length before any
+  of the body is read, or as soon as a chunked body crosses the bound (the
+  rest of it read and dropped while its client keeps sending, so a client
+  that sends its whole body before reading reads the 413);
+* a JSON body that is not UTF-8: 400 with ``request_body_not_utf8``;
+* a document past ``query_max_tokens`` (``query_too_many_tokens``), an
+  operation with more than ``query_max_aliases`` aliases
+  (``query_too_many_aliases``) or nested deeper than ``query_max_depth``
+  (``query_too_deep``), introspection while ``graphql_introspection`` is off
+  (``introspection_disabled``): Strawberry's own limiter extensions, their
+  errors carrying the code in ``extensions.code``; over the socket the
+  operation gets an ``error`` message and the socket stays up;
+* a socket message past ``ws_max_message_bytes``: the socket is closed
+  with 1009 and a reason starting ``message_too_big``;
+* a ``subscribe`` past ``ws_max_subscriptions_per_socket`` live operations:
+  an ``error`` message (``too_many_subscriptions``); the socket and its
+  other operations stay up;
+* an upgrade past ``ws_max_sockets`` open sockets on the pod: accepted and
+  closed at once with 1013 (try again later) and a reason starting
+  ``too_many_sockets``; existing sockets are untouched.
+
+None of these reads past its bound, and none touches work already admitted:
+a committed write or an acknowledged delta is never undone by a refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import enum
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from graphql import ASTValidationRule, GraphQLError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
+from strawberry import Schema
+from strawberry.asgi import GraphQL
+from strawberry.exceptions import MissingQueryError
+from strawberry.extensions import (
+    AddValidationRules,
+    DisableIntrospection,
+    MaxAliasesLimiter,
+    MaxTokensLimiter,
+    ParserCache,
+    QueryDepthLimiter,
+    SchemaExtension,
+    ValidationCache,
+)
+from strawberry.http import GraphQLRequestData
+from strawberry.http.websocket_origin import is_same_origin
+from strawberry.schema import BaseSchema
+from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
+from strawberry.types import ExecutionContext, ExecutionResult
+from strawberry.types.graphql import OperationType
+
+from ..config import EngineConfig
+from ..errors import ConfigError
+from ..graphql.context import GraphQLContext
+from ..metrics import PROMETHEUS_CONTENT_TYPE
+from ..readiness import readiness_route
+from . import delivery, frames
+from .live_ops import LiveOps, per_operation_extensions
+from .ops import DEFAULT_OPS_ROLE, ops_routes
+from .passport import (
+    PASSPORT_HEADER,
+    PassportError,
+    PassportMissing,
+    PassportPrincipal,
+    parse_passport,
+    resolve_principal,
+)
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+__all__ = [
+    "CONNECTION_REFUSED_CLOSE_CODE",
+    "MESSAGE_TOO_BIG_CLOSE_CODE",
+    "SESSION_MAX_AGE_CLOSE_CODE",
+    "SESSION_MAX_AGE_CLOSE_REASON",
+    "TRY_AGAIN_LATER_CLOSE_CODE",
+    "EdgeRefusal",
+    "GraphQLContext",
+    "graphql_app",
+]
+
+
+class EdgeRefusal(enum.StrEnum):
+    """Why the edge refused hostile input: the ``extensions.code`` of the
+    GraphQL error, or the start of the WebSocket close reason. Each names
+    the `EngineConfig` bound that refused it."""
+
+    REQUEST_BODY_TOO_LARGE = "request_body_too_large"
+    """HTTP 413: the body passed ``http_max_body_bytes``. Send less: bulk
+    data belongs in a bulk path, not one GraphQL request."""
+    REQUEST_BODY_NOT_UTF8 = "request_body_not_utf8"
+    """HTTP 400: a JSON body (``application/json`` or ``+json``) that is not
+    UTF-8 (RFC 8259). Encode the request as UTF-8."""
+    QUERY_TOO_MANY_TOKENS = "query_too_many_tokens"
+    """The document passed ``query_max_tokens``."""
+    QUERY_TOO_MANY_ALIASES = "query_too_many_aliases"
+    """The operation passed ``query_max_aliases``: ask once, page instead."""
+    QUERY_TOO_DEEP = "query_too_deep"
+    """The operation nested deeper than ``query_max_depth``."""
+    INTROSPECTION_DISABLED = "introspection_disabled"
+    """``graphql_introspection`` is off on this service."""
+    MESSAGE_TOO_BIG = "message_too_big"
+    """Close 1009: a socket message passed ``ws_max_message_bytes``."""
+    TOO_MANY_SUBSCRIPTIONS = "too_many_subscriptions"
+    """An ``error`` for one ``subscribe``: the socket already carries
+    ``ws_max_subscriptions_per_socket`` live operations. Complete one first."""
+    TOO_MANY_SOCKETS = "too_many_sockets"
+    """Close 1013: the pod holds ``ws_max_sockets`` sockets. Reconnect with
+    backoff (another pod may take it)."""
+
+
+MESSAGE_TOO_BIG_CLOSE_CODE = 1009
+"""RFC 6455 "message too big": a socket message passed ws_max_message_bytes."""
+
+TRY_AGAIN_LATER_CLOSE_CODE = 1013
+"""RFC 6455 "try again later": the pod is at ws_max_sockets."""
+
+SESSION_MAX_AGE_CLOSE_CODE = 1001
+"""The close code ending a socket at session_max_age (RFC 6455 "going away")."""
+
+SESSION_MAX_AGE_CLOSE_REASON = "session_max_age"
+"""The close reason ending a socket at session_max_age: reconnect."""
+
+CONNECTION_REFUSED_CLOSE_CODE = 4403
+"""graphql-transport-ws "Forbidden": the passport was missing, malformed or
+refused. The reason starts with the refusal's code (``passport_missing: ...``)."""
+
+INTERNAL_ERROR_CLOSE_CODE = 4500
+"""graphql-transport-ws internal error: the principal resolver failed."""
+
+_MAX_CLOSE_REASON_BYTES = 123  # RFC 6455: a close frame's payload is at most 125 bytes
+
+P = TypeVar("P")
+
+_log = logging.getLogger(__name__)
+
+
+async def resolve_context(
+    context: GraphQLContext[Any], resolver: PassportPrincipal[Any], value: str | None
+) -> None:
+    """Resolve ``context``'s principal from an ``X-Passport`` value.
+
+    A `PassportError` is kept as the context's refusal; any other error of
+    the resolver (or of the slices' principal facts) propagates (fail-closed).
+    """
+    try:
+        passport = parse_passport(value)
+        principal = await resolve_principal(resolver, passport)
+        # The slices' facts, right after the resolve.
+        principal = await context.engine.load_principal_facts(principal)
+    except PassportError as exc:
+        context.refuse(exc)
+        return
+    context.admit(passport, principal)
+
+
+def new_context(engine: Engine, request: Any, response: Any, *,
+                handshake_at: float | None = None) -> GraphQLContext[Any]:
+    """A request's or socket's context, its principal not resolved yet."""
+    return GraphQLContext(
+        engine, request, response, handshake_at=handshake_at,
+        refusal=PassportMissing("no principal: the passport has not been resolved"),
+    )
+
+
+_REFUSAL_MESSAGES: tuple[tuple[re.Pattern[str], EdgeRefusal], ...] = (
+    # The wording of Strawberry's limiters and graphql-core's rule; a test
+    # pins each, so an upgrade that changes one fails loudly.
+    (re.compile(r"Document contains more than \d+ tokens"), EdgeRefusal.QUERY_TOO_MANY_TOKENS),
+    (re.compile(r"^\d+ aliases found\. Allowed: \d+"), EdgeRefusal.QUERY_TOO_MANY_ALIASES),
+    (re.compile(r"exceeds maximum operation depth of \d+"), EdgeRefusal.QUERY_TOO_DEEP),
+    (re.compile(r"^GraphQL introspection has been disabled"), EdgeRefusal.INTROSPECTION_DISABLED),
+)
+
+
+def refusal_of(error: GraphQLError) -> EdgeRefusal | None:
+    """The `EdgeRefusal` a limiter's error stands for, or None."""
+    for pattern, refusal in _REFUSAL_MESSAGES:
+        if pattern.search(error.message):
+            return refusal
+    return None
+
+
+class _RefusalCodes(SchemaExtension):
+    """Tags the limiters' errors with their `EdgeRefusal` code."""
+
+    def on_parse(self) -> Iterator[None]:
+        yield
+        self._tag()
+
+    def on_validate(self) -> Iterator[None]:
+        yield
+        self._tag()
+
+    def _tag(self) -> None:
+        for error in self.execution_context.pre_execution_errors or ():
+            refusal = refusal_of(error)
+            if refusal is not None:
+                error.extensions = {**(error.extensions or {}), "code": refusal.value}
+
+
+_DOCUMENT_FIXED: tuple[type[SchemaExtension], ...] = (
+    MaxTokensLimiter, AddValidationRules, DisableIntrospection, _RefusalCodes,
+    ParserCache, ValidationCache,
+)
+"""The extensions `limited_schema` adds: what they do is fixed by the
+document text, so a document they passed once passes again (live_ops.py)."""
+
+
+def limited_schema(schema: BaseSchema, config: EngineConfig) -> Schema:
+    """A copy of ``schema`` running Strawberry's limiters at ``config``'s
+    bounds (tokens, aliases, depth; introspection off when configured).
+
+    The service's schema object is left as it was: one schema may serve
+    several apps under different bounds.
+    """
+    if not isinstance(schema, Schema):
+        raise ConfigError(
+            f"graphql_app needs a strawberry.Schema to enforce the query limits, got "
+            f"{type(schema).__name__}"
+        )
+    # The alias and depth rules are built once (not per request), so the
+    # validation cache (delivery.document_caches) sees the same rules each time.
+    rules: list[type[ASTValidationRule]] = [
+        *MaxAliasesLimiter(max_alias_count=config.query_max_aliases).validation_rules,
+        *QueryDepthLimiter(max_depth=config.query_max_depth).validation_rules,
+    ]
+    limits: list[Callable[[], SchemaExtension]] = [
+        lambda: MaxTokensLimiter(max_token_count=config.query_max_tokens),
+        lambda: AddValidationRules(rules),
+    ]
+    if not config.graphql_introspection:
+        limits.append(DisableIntrospection)
+    limited = copy.copy(schema)
+    # The graphql-core schema, seen by the first validation (`delivery.graphql_schema`).
+    rules.append(delivery.schema_seen_rule(limited))
+    limited.extensions = (*schema.extensions, *limits, _RefusalCodes, *delivery.document_caches())
+    if not delivery.resolves_fields(limited):
+        limited.execution_context_class = delivery.live_executor_class(
+            schema.execution_context_class
+        )
+    log_errors = schema.process_errors
+
+    def process_errors(
+        errors: list[GraphQLError], execution_context: ExecutionContext | None = None
+    ) -> None:
+        # A refusal is the client's fault and cheap to provoke: one line,
+        # without the document, instead of Strawberry's error with it.
+        refused = sorted({r.value for e in errors if (r := refusal_of(e)) is not None})
+        if refused:
+            _log.info("refused at the edge: %s", ", ".join(refused))
+        rest = [e for e in errors if refusal_of(e) is None]
+        if rest:
+            log_errors(rest, execution_context)
+
+    limited.process_errors = process_errors  # type: ignore[method-assign]
+    return limited
+
+
+def _refusal_body(refusal: EdgeRefusal, message: str, **extensions: object) -> bytes:
+    error = {"message": message, "extensions": {"code": refusal.value, **extensions}}
+    return json.dumps({"data": None, "errors": [error]}).encode()
+
+
+class BodyLimit:
+    """ASGI middleware refusing request bodies past ``limit`` bytes with 413.
+
+    A declared Content-Length past the bound is refused before any of the
+    body is read. A body without one (chunked) is read up to the bound and
+    refused the moment it crosses it; a body within the bound is handed on
+    whole, so at most ``limit`` bytes are ever held for a request.
+    """
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Any], limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.limit:
+            await self._refuse(receive, send, declared)
+            return
+        json_body = _is_json(scope)
+        if declared is not None and not json_body:
+            # The server holds the body to its Content-Length.
+            await self.app(scope, receive, send)
+            return
+        # A body without a Content-Length (chunked) is read up to the bound;
+        # a JSON body is read whole (within the bound) to check it is UTF-8.
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body: bytes = message.get("body", b"")
+            total += len(body)
+            if total > self.limit:
+                await self._refuse(receive, send, None)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        whole = b"".join(chunks)
+        if json_body:
+            try:
+                whole.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                await _answer(send, 400, _refusal_body(
+                    EdgeRefusal.REQUEST_BODY_NOT_UTF8,
+                    f"request body is not UTF-8 (byte {exc.start}); a JSON body must be",
+                ))
+                return
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": whole, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, receive: Receive, send: Send, declared: int | None) -> None:
+        detail = f"{declared} bytes declared" if declared is not None else "chunked body"
+        body = _refusal_body(
+            EdgeRefusal.REQUEST_BODY_TOO_LARGE,
+            f"request body exceeds http_max_body_bytes ({self.limit} bytes; {detail})",
+            limit=self.limit,
+        )
+        await send({
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        })
+        # The whole answer is on the wire (its Content-Length says so), but
+        # the response is held open while what the client is still sending
+        # is read and dropped, within a bound: closing a socket with unread
+        # input resets it, and the reset can destroy the 413 before the
+        # client has read it. Nothing drained is kept.
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        await self._discard(receive)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _discard(self, receive: Receive) -> None:
+        # Read and drop the rest of the body while the client keeps sending
+        # (a standard client sends its whole body before it reads the
+        # answer), each read within LINGER_IDLE_SECONDS of the last and all
+        # within LINGER_SECONDS: nothing drained is kept.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LINGER_SECONDS
+        while True:
+            remaining = min(deadline - loop.time(), LINGER_IDLE_SECONDS)
+            if remaining <= 0:
+                return
+            try:
+                message = await asyncio.wait_for(receive(), remaining)
+            except TimeoutError:
+                return
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+
+
+LINGER_SECONDS = 30.0
+"""How long a refused body is read and dropped at most, for its client to
+finish sending and read the 413; past it the connection is closed."""
+LINGER_IDLE_SECONDS = 1.0
+"""How long the refused body's client may pause before the connection is closed."""
+
+
+async def _answer(send: Send, status: int, body: bytes) -> None:
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+def _is_json(scope: Scope) -> bool:
+    """Whether the request's (first) Content-Type is a JSON media type."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            media: bytes = value.split(b";", 1)[0].strip().lower()
+            return media == b"application/json" or media.endswith(b"+json")
+    return False
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+class HandshakeSlots:
+    """The ``ws_max_handshakes`` slots of one app: a socket holds one from
+    its upgrade until its ``connection_init`` arrives or it ends."""
+
+    __slots__ = ("free",)
+
+    def __init__(self, limit: int) -> None:
+        self.free = limit
+
+    def full(self) -> bool:
+        """Every slot is taken (a burst of sockets)."""
+        return self.free <= 0
+
+    def take(self) -> None:
+        self.free -= 1
+
+    def release(self) -> None:
+        self.free += 1
+
+
+class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
+
+    def __init__(
+        self,
+        engine: Engine,
+        schema: BaseSchema,
+        resolver: PassportPrincipal[Any],
+        *,
+        graphiql: bool,
+        http_path: str,
+        ws_path: str,
+        passport_from_connection_params: bool,
+        connection_init_wait_timeout: timedelta,
+        allowed_origins: Sequence[str],
+    ) -> None:
+        super().__init__(
+            limited_schema(schema, engine.config),
+            graphql_ide="graphiql" if graphiql else None,
+            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
+            connection_init_wait_timeout=connection_init_wait_timeout,
+            # The handler enforces ws_max_subscriptions_per_socket with a typed code.
+            max_subscriptions_per_connection=None,
+            allowed_origins=allowed_origins,
+        )
+        self.engine = engine
+        self.config: EngineConfig = engine.config
+        self.open_sockets = 0
+        """Sockets open on this app now (bounded by ws_max_sockets)."""
+        self.handshakes = HandshakeSlots(engine.config.ws_max_handshakes)
+        """Sockets not yet acknowledged (bounded by ws_max_handshakes)."""
+        self.ws_path = ws_path
+        self.resolver = resolver
+        self.session_max_age: timedelta = engine.config.session_max_age
+        self.passport_from_connection_params = passport_from_connection_params
+        self.direct_frames = (
+            not delivery.resolves_fields(self.schema)
+            and frames.direct_frames_allowed(self.schema)
+        )
+        """Planned live frames are written by their operation's task (frames.py)."""
+        served = cast(Schema, self.schema)  # limited_schema's
+        self.live_ops = LiveOps(
+            served,
+            encode=self.encode_json,
+            enabled=self.direct_frames
+            and not per_operation_extensions(served, _DOCUMENT_FIXED),
+        )
+        """Known-planned live documents, served without Strawberry per operation."""
+        self._subscriptions_here = (
+            f"subscriptions are served over graphql-transport-ws on {ws_path}, not over HTTP"
+        )
+        self._ide_html = (
+            graphiql_html(
+                self.graphql_ide_html, http_path, ws_path,
+                asset_base=engine.config.graphiql_asset_base_url,
+            )
+            if graphiql
+            else ""
+        )
+
+    def origin_allowed(self, headers: Mapping[str, str]) -> bool:
+        """Whether an upgrade with ``headers`` may open the socket: no
+        ``Origin`` (not a browser), a same-origin page, or an origin of
+        ``allowed_origins`` (Strawberry's ``is_websocket_origin_allowed``)."""
+        origin = headers.get("origin")
+        if origin is None:
+            return True
+        host = headers.get("host")
+        if headers.get("sec-fetch-site") == "same-origin" or is_same_origin(origin, host):
+            return True
+        if self.is_websocket_origin_allowed(cast(Any, None), origin):
+            return True
+        _log.warning("refused a WebSocket from origin %r to host %r: add it to "
+                     "allowed_origins if its pages may connect", origin, host)
+        return False
+
+    async def get_context(
+        self, request: Request | WebSocket, response: Response | WebSocket
+    ) -> GraphQLContext[Any]:
+        if isinstance(request, WebSocket):
+            # Called right after the upgrade is accepted: the session bound
+            # counts from here. The principal is resolved at connection_init.
+            loop = asyncio.get_running_loop()
+            return new_context(self.engine, request, response, handshake_at=loop.time())
+        context = new_context(self.engine, request, response)
+        await resolve_context(context, self.resolver, request.headers.get(PASSPORT_HEADER))
+        return context
+
+    async def admit(
+        self, context: GraphQLContext[Any], payload: Mapping[str, object]
+    ) -> tuple[int, str] | None:
+        """Resolve the socket's principal; the close (code, reason) refusing it, or None."""
+        value = context.request.headers.get(PASSPORT_HEADER)
+        if value is None and self.passport_from_connection_params:
+            value = _connection_param(payload, PASSPORT_HEADER)
+        try:
+            await resolve_context(context, self.resolver, value)
+        except Exception:
+            _log.exception("the principal resolver failed at connection_init")
+            return INTERNAL_ERROR_CLOSE_CODE, "internal_error: the principal could not be resolved"
+        refusal = context.refusal
+        if refusal is None:
+            return None
+        if not isinstance(refusal, PassportError):
+            raise TypeError(f"a resolved context refused with {refusal!r}")
+        return CONNECTION_REFUSED_CLOSE_CODE, close_reason(refusal)
+
+    def encode_json(self, data: object) -> str | bytes:
+        # A live event the delivery plan serialised once for its cohort.
+        frame = delivery.encode_frame(data)
+        return frame if frame is not None else super().encode_json(data)
+
+    async def render_graphql_ide(self, request: Request) -> Response:
+        return HTMLResponse(self._ide_html)
+
+    async def execute_single(
+        self,
+        request: Request,
+        request_adapter: Any,
+        sub_response: Response,
+        context: GraphQLContext[Any],
+        root_value: None,
+        request_data: GraphQLRequestData,
+    ) -> ExecutionResult:
+        # Strawberry's own, minus subscriptions: over HTTP one would run
+        # outside the socket's session bound (and without a stream transport
+        # it would be executed as a query against the Subscription root).
+        allowed = OperationType.from_http(request_adapter.method) - {OperationType.SUBSCRIPTION}
+        query, name = request_data.query, request_data.operation_name
+        try:
+            return await self.schema.execute(
+                query,
+                root_value=root_value,
+                variable_values=request_data.variables,
+                context_value=context,
+                operation_name=name,
+                allowed_operation_types=allowed,
+                operation_extensions=request_data.extensions,
+            )
+        except CannotGetOperationTypeError as e:
+            raise HTTPException(400, e.as_http_error_reason()) from e
+        except InvalidOperationTypeError as e:
+            if e.operation_type is OperationType.SUBSCRIPTION:
+                raise HTTPException(400, self._subscriptions_here) from e
+            raise HTTPException(400, e.as_http_error_reason(request_adapter.method)) from e
+        except MissingQueryError as e:
+            raise HTTPException(400, "No GraphQL query found in the request") from e
+
+
+def _connection_param(payload: Mapping[str, object], name: str) -> str | None:
+    wanted = name.lower()
+    for key, value in payload.items():
+        if key.lower() == wanted:
+            return value if isinstance(value, str) else ""
+    return None
+
+
+def close_reason(refusal: PassportError) -> str:
+    """``<code>: <message>``, cut to fit a WebSocket close frame."""
+    text = f"{refusal.code}: {refusal}"
+    raw = text.encode()
+    if len(raw) <= _MAX_CLOSE_REASON_BYTES:
+        return text
+    return raw[:_MAX_CLOSE_REASON_BYTES].decode("utf-8", errors="ignore")
+
+
+_SUBSCRIPTION_URL_LINE = "const subscriptionUrl = httpUrlToWebSockeUrl(fetchURL);"
+_CDN = "https://unpkg.com/"
+_ASSET_TAG = re.compile(r"<(script|link)(\s+)crossorigin")
+
+GRAPHIQL_ASSET_TIMEOUT_SECONDS = 15
+"""Past this, a GraphiQL page whose assets have not loaded says so."""
+
+_ASSET_STATUS = """<script>
+      (function () {
+        var base = %(base)s;
+        var failed = [];
+        function show(text) {
+          var box = document.getElementById("graphiql-asset-status");
+          if (!box) {
+            box = document.createElement("div");
+            box.id = "graphiql-asset-status";
+            box.setAttribute("role", "alert");
+            box.style.cssText = "font: 16px/1.5 sans-serif; padding: 2em; max-width: 50em;";
+            (document.body || document.documentElement).appendChild(box);
+          }
+          box.textContent = text;
+          var root = document.getElementById("graphiql");
+          if (root && root.textContent === "Loading...") { root.textContent = ""; }
+        }
+        var advice = " GraphiQL's scripts and styles come from " + base +
+          ", which this browser cannot reach. An operator can serve a mirror of the same " +
+          "files and point SERVICE_ENGINE_GRAPHIQL_ASSET_BASE_URL at it. The GraphQL " +
+          "endpoint itself is not affected.";
+        window.graphiqlAssetFailed = function (element) {
+          failed.push(element.src || element.href);
+          show("GraphiQL could not load its assets (" + failed.join(", ") + ")." + advice);
+        };
+        setTimeout(function () {
+          if (typeof window.GraphiQL === "undefined" && !failed.length) {
+            show("GraphiQL's assets have not loaded after %(timeout)d seconds." + advice);
+          }
+        }, %(timeout)d * 1000);
+      })();
+    </script>"""
+
+
+def graphiql_html(
+    template: str, http_path: str, ws_path: str, *, asset_base: str = "https://unpkg.com"
+) -> str:
+    """Strawberry's GraphiQL page, its subscriptions pointed at ``ws_path``
+    and its assets loaded from ``asset_base``.
+
+    Strawberry's page opens subscriptions on the page's own URL; this app
+    serves them on ``ws_path``. The URL is resolved against the page's, so
+    a service behind a path prefix keeps working when ``ws_path`` extends
+    ``http_path``.
+
+    The page loads React and GraphiQL from the public CDN; ``asset_base``
+    replaces it (an operator's mirror serving the same paths and bytes: the
+    integrity hashes stay). A script or stylesheet that fails to load, or
+    assets still missing after `GRAPHIQL_ASSET_TIMEOUT_SECONDS`, replace the
+    page's "Loading..." with a message saying so and what to do.
+
+    Raises `RuntimeError` if the page no longer has what this rewrites (a
+    Strawberry upgrade changed it): fail at startup rather than serve a
+    GraphiQL whose subscriptions silently go nowhere.
+    """
+    if _SUBSCRIPTION_URL_LINE not in template or _CDN not in template or "<head>" not in template:
+        raise RuntimeError(
+            "Strawberry's GraphiQL page changed: cannot point its subscriptions at "
+            f"{ws_path!r} and its assets at {asset_base!r}; update "
+            "service_engine.server.app.graphiql_html"
+        )
+    if ws_path.startswith(http_path.rstrip("/") + "/"):
+        target = http_path.rstrip("/").rsplit("/", 1)[-1] + ws_path[len(http_path.rstrip("/")):]
+    else:
+        target = ws_path
+    line = (
+        "const subscriptionUrl = httpUrlToWebSockeUrl("
+        f"new URL({json.dumps(target)}, fetchURL).toString());"
+    )
+    page = template.replace(_SUBSCRIPTION_URL_LINE, line)
+    page = page.replace(_CDN, asset_base.rstrip("/") + "/")
+    page = _ASSET_TAG.sub(r'<\1\2onerror="graphiqlAssetFailed(this)"\2crossorigin', page)
+    status = _ASSET_STATUS % {
+        # </script> cannot appear inside the inline script.
+        "base": json.dumps(asset_base).replace("</", "<\\/"),
+        "timeout": GRAPHIQL_ASSET_TIMEOUT_SECONDS,
+    }
+    return page.replace("<head>", "<head>\n    " + status, 1)
+
+
+def graphql_app(
+    engine: Engine,
+    schema: BaseSchema,
+    principal_resolver: PassportPrincipal[Any],
+    *,
+    path: str = "/graphql",
+    ws_path: str = "/graphql/ws",
+    graphiql: bool = True,
+    passport_from_connection_params: bool = False,
+    connection_init_wait_timeout: timedelta = timedelta(seconds=10),
+    allowed_origins: Sequence[str] = (),
+    routes: Sequence[BaseRoute] = (),
+    ops_role: str | None = DEFAULT_OPS_ROLE,
+) -> Starlette:
+    """The service's Starlette app: GraphQL, GraphiQL, the subscription
+    socket, ``/readyz`` and ``/metrics``. Serve it with `run_with`.
+
+    ``principal_resolver`` maps each passport to the service's principal
+    (see `PassportPrincipal`); resolvers read it as ``info.context.principal``.
+    Sockets are closed at ``engine.config.session_max_age`` from the
+    handshake.
+
+    ``passport_from_connection_params`` also accepts the passport from the
+    ``connection_init`` payload (``{"X-Passport": ...}``) when the upgrade
+    carries no header. Browsers cannot set headers on a WebSocket, so this
+    is what makes GraphiQL's subscriptions work on a developer's machine
+    (GraphiQL sends its Headers tab as that payload). The payload is not
+    covered by the gateway's header stripping: enable it only where no
+    gateway is expected (local development), never in production.
+
+    ``allowed_origins`` lists the cross-origin pages allowed to open the
+    socket (same-origin pages and non-browser clients always may);
+    ``routes`` are appended to the app's routes.
+
+    ``/ops`` serves the ops page (`service_engine.server.ops`) to passports with
+    ``ops_role``; None leaves it out.
+
+    The edge bounds (body size, query limits, socket bounds) come from
+    ``engine.config``; see the module docstring.
+    """
+    view = _EngineGraphQL(
+        engine,
+        schema,
+        principal_resolver,
+        graphiql=graphiql,
+        http_path=path,
+        ws_path=ws_path,
+        passport_from_connection_params=passport_from_connection_params,
+        connection_init_wait_timeout=connection_init_wait_timeout,
+        allowed_origins=allowed_origins,
+    )
+
+    async def metrics(_request: Request) -> Response:
+        return Response(engine.metrics.exposition(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    # A Route, never a Mount: a Mount answers POST /graphql with a 307 to
+    # /graphql/. The socket on ws_path is served by `service_engine.server.wire`
+    # under `run_with` (host.http_config), not through ASGI.
+    app = Starlette(
+        routes=[
+            Route(path, view, methods=["GET", "POST"]),
+            readiness_route(engine.readiness),
+            Route("/metrics", metrics, methods=["GET"]),
+            *(ops_routes(engine, role=ops_role) if ops_role is not None else ()),
+            *routes,
+        ],
+        middleware=[Middleware(BodyLimit, limit=engine.config.http_max_body_bytes)],
+    )
+    app.state.graphql_view = view
+    # What the engine's own socket serves (host.http_config finds it).
+    app.state.graphql_wire = view
+    return app

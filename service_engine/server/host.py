@@ -1,0 +1,208 @@
+"""Run an engine and its HTTP surface in one call (`run_with`, `run_with_listener`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import signal
+import socket
+from collections.abc import Generator
+from typing import Any
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from ..config import EngineConfig
+from ..engine import Engine
+from ..logs import configure_logging
+from .wire import WireEndpoint
+
+__all__ = [
+    "GC_THRESHOLDS",
+    "HTTP_SHUTDOWN_GRACE",
+    "LISTEN_BACKLOG",
+    "bind_listener",
+    "http_config",
+    "parse_addr",
+    "raise_open_file_limit",
+    "run_with",
+    "run_with_listener",
+    "tune_gc",
+]
+
+_log = logging.getLogger(__name__)
+
+GC_THRESHOLDS = (1_000, 10, 100)
+"""The collector's thresholds on a tuned pod (Python's are 700, 10, 10): a
+full collection (the whole live heap, every session's window: 100-150 ms
+of CPU at 1,000 sessions) at most every 100 middle ones instead of 10. The
+young thresholds stay small because a collection's cost is the objects it
+walks (~1 µs each, measured by `bench/loopwatch.py`), and the count
+is of *net* allocations, i.e. young objects still alive: at 50,000 one young
+collection took 41-53 ms of CPU, and every middle one (20 of those, ~1M
+objects) would take a second. At 1,000 / 10 a young one costs ~1 ms and a
+middle one ~5 ms (bench/README.md, "Tails")."""
+
+
+def tune_gc() -> None:
+    """Freeze what boot built (the schema, the registries, the modules: the
+    collector never walks it again) and set `GC_THRESHOLDS`. Call once,
+    after boot, before serving."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+LISTEN_BACKLOG = 4096
+"""The listener's accept queue (uvicorn's default is 2048; the kernel caps it
+at ``net.core.somaxconn``): a burst of sockets waits there rather than
+having its SYNs dropped and retried a second or more later."""
+
+
+HTTP_SHUTDOWN_GRACE = 10
+"""Seconds a stopping pod waits for its connections to finish (uvicorn's
+``timeout_graceful_shutdown``) before it cancels their tasks and aborts
+what is still open."""
+
+
+class _Server(uvicorn.Server):
+    # The host owns SIGINT/SIGTERM: uvicorn's handlers would re-raise the
+    # signal after serving and kill the process before the engine and the
+    # embedded servers it stands on are stopped.
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        # A connection still open past the grace is one whose peer stopped
+        # reading: closing its transport would wait forever for the unsent
+        # bytes to drain (and the serve loop with it). Abort it instead.
+        for connection in list(self.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if transport is not None:
+                transport.abort()
+
+
+def http_config(
+    app: ASGIApp, config: EngineConfig, *, shutdown_grace: int = HTTP_SHUTDOWN_GRACE
+) -> uvicorn.Config:
+    """The HTTP server's configuration for a pod of ``config``: ``app``'s
+    subscription socket, when the app is `graphql_app`'s, on the engine's own
+    protocol class (`service_engine.server.wire`), passed as uvicorn's
+    documented ``ws`` protocol option."""
+    ws: Any = "websockets-sansio"
+    view = getattr(getattr(app, "state", None), "graphql_wire", None)
+    if view is not None:
+        ws = WireEndpoint(view).protocol_class()
+    return uvicorn.Config(
+        app, lifespan="off", log_level="warning",
+        # The server's own frame bound backs the app's typed
+        # ws_max_message_bytes refusal: nothing much larger is ever buffered.
+        ws_max_size=config.ws_max_message_bytes + 1,
+        ws_per_message_deflate=config.ws_per_message_deflate,
+        ws=ws,
+        # The C parser (h11's pure-Python one was ~6% of a mutation).
+        http="httptools",
+        backlog=LISTEN_BACKLOG,
+        timeout_graceful_shutdown=shutdown_grace,
+    )
+
+
+def raise_open_file_limit() -> None:
+    """Raise the process's soft open-file limit to its hard one (each socket
+    is a file; a soft limit of 1,024 would refuse sockets far below
+    ``ws_max_sockets``). Where it cannot be raised it stays as it was."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, OSError, ValueError):
+        _log.info("the open-file limit could not be raised")
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``; an empty host is 127.0.0.1) as a pair."""
+    host, _, port = addr.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"an address is host:port, got {addr!r}")
+    host = host.removeprefix("[").removesuffix("]")
+    return (host or "127.0.0.1"), int(port)
+
+
+def bind_listener(addr: str, *, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to ``addr`` (port 0: a free one), ready for
+    `run_with_listener`; read the port back with ``getsockname()``.
+
+    ``reuse_port`` sets SO_REUSEPORT: several processes of one user bind the
+    same ``host:port`` and the kernel spreads new connections over those
+    listening (N pods on one host behind one port, each its own engine)."""
+    host, port = parse_addr(addr)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections
+    # only when the listener's proto says TCP. Without it every keep-alive
+    # response waits out the client's delayed ACK (~40 ms a request).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def run_with(
+    engine: Engine, app: ASGIApp, addr: str, *, handle_signals: bool = True,
+    reuse_port: bool = False,
+) -> None:
+    """Serve ``app`` on ``addr`` while ``engine.run()`` supervises its workers.
+
+    Returns after SIGINT/SIGTERM (or `Engine.shutdown`) once both stopped;
+    raises the engine's `WorkerStopped` if a worker died. ``reuse_port``:
+    share ``addr`` with other pods of this host (see `bind_listener`).
+    """
+    sock = bind_listener(addr, reuse_port=reuse_port)
+    try:
+        await run_with_listener(engine, app, sock, handle_signals=handle_signals)
+    finally:
+        sock.close()
+
+
+async def run_with_listener(
+    engine: Engine, app: ASGIApp, sock: socket.socket, *, handle_signals: bool = True
+) -> None:
+    """`run_with` on a socket the caller already bound (a port chosen by the
+    system, a socket handed over by a supervisor). The caller closes it."""
+    configure_logging(engine.config.service, engine.config.pod_id)
+    raise_open_file_limit()
+    server = _Server(http_config(app, engine.config))
+    if engine.config.gc_tuned:
+        tune_gc()
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        engine.shutdown()
+        server.should_exit = True
+
+    if handle_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop)
+    engine_task = asyncio.create_task(engine.run(), name="service_engine:run")
+    server_task = asyncio.create_task(server.serve(sockets=[sock]), name="service_engine:http")
+    try:
+        await asyncio.wait({engine_task, server_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop()
+        await asyncio.gather(engine_task, server_task, return_exceptions=True)
+        if handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+    engine_task.result()
+    server_task.result()
