@@ -184,7 +184,7 @@ async def run_pipeline(
         db.unhold(held)  # after_commit hooks run free to take a connection
         # The pool discards a lost connection it could not reset.
         with contextlib.suppress(*DRIVER_ERRORS):
-            await db.pool.release(conn)
+            await db.release(conn)
     if metrics is not None:
         metrics.add_impacts_committed(committed)
     for after_commit in staged.after_commit:
