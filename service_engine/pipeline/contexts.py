@@ -128,7 +128,11 @@ def _check_fits(impact: Impact) -> Impact:
 class Ops:
     """The operations every context shares, bound to one open transaction.
 
-    Built by the pipeline, never by a slice.
+    A layer over the pipeline's `Transaction` (``_tx``), which owns the
+    connection and decides what rides in which round trip: `Ops` stages
+    (impacts, messages, offer marks, blob rows) and turns aggregates into
+    the transaction's locks, loads and writes. Built by the pipeline, never
+    by a slice.
     """
 
     _bulk = False
