@@ -13,7 +13,7 @@
 The connection is held by a `Transaction` (`pipeline.transaction`), which
 batches: BEGIN and ``SET LOCAL lock_timeout`` travel in the same round trip
 as the transaction's first advisory locks (for a handler that sent
-nothing, in COMMIT's round trip); COMMIT carries the reset the pool
+nothing, just before the flush); COMMIT carries the reset the pool
 would otherwise send on release (`Database.commit`), and every staged row
 that can be written without parameters rides in front of COMMIT in that
 same round trip, its values inlined: the reaction's confirmation, the
@@ -157,10 +157,10 @@ async def run_pipeline(
 
         result = await handler(cx)
         staged = cx._staged()
-        if hook is not None or cx._claim_pending:
-            # The hook's BEGIN stage, a claim's answer: BEGIN's own round
-            # trip. Otherwise a handler that sent nothing begins in COMMIT's.
-            await cx._ensure_begun()
+        # A handler that sent nothing: BEGIN (and a reaction's claim) now, in
+        # a round trip of its own, hooked or not (the hook's BEGIN stage runs
+        # once BEGIN returned; a claim's answer decides what commits).
+        await cx._ensure_begun()
 
         try:
             stage = Stage.FLUSH

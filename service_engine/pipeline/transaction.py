@@ -259,14 +259,8 @@ class Transaction:
     async def commit(self, db: Database, riders: str = "") -> None:
         """COMMIT with ``riders`` (statements without parameters) before it
         and the pool's release reset after it, in one round trip
-        (`Database.commit`); a BEGIN still deferred (nothing was sent: no
-        claim may be pending) leads that round trip. Raises the driver error
-        untranslated: the pipeline names its stage."""
-        if self._claim is not None:
-            raise RuntimeError("a deferred claim must be answered before the commit")
-        if self._begin is not None:
-            begin, self._begin = self._begin, None
-            riders = f"{begin}; {riders}" if riders else begin
+        (`Database.commit`), once BEGIN was sent (`ensure_begun`). Raises
+        the driver error untranslated: the pipeline names its stage."""
         await db.commit(self.conn, before=riders)
 
     async def abandon(self) -> None:
