@@ -3,6 +3,8 @@
     python bench/mutation.py [--count 400] [--rounds 3] [--subscribers 1] [--board]
                              [--variant NAME=REPO[:EXTRA_PATH...]] ... [--py-spy FILE]
                              [--in-process] [--profile FILE]
+    python bench/mutation.py --writers 4,16,64 [--mutations create,rename] [--seconds 10]
+                             [--rounds 2] [--variant NAME=REPO...] ... [--py-spy FILE]
 
 The reference service (``python -m example_service`` on its embedded
 Postgres + NATS) runs in a child process per variant, from ``REPO`` (its
@@ -22,6 +24,18 @@ request to its response), the service process's CPU per mutation (user +
 sys, and the sys part alone) and the CPU of the whole tree (the service with its Postgres and
 nats-server children) per mutation. Variants run round-robin, so a load
 change on the machine hits them alike; compare the columns of one run.
+
+``--writers K[,K...]``: closed-loop writers instead of the one sequential
+writer. Each of K writers holds its own keep-alive connection and sends its
+next mutation as soon as the previous one answered, for ``--seconds`` per
+cell; a cell is one (variant, mutation, K), and the cells run round-robin
+over the variants, ``--rounds`` times. ``create`` sends ``createBoard``
+(a new id and title each time), ``rename`` sends ``renameBoard`` on the
+writer's own board (no two writers contend for one board's lock), both
+with their values as variables. Per cell: mutations/s, the answer p50 /
+p99, and the CPU per mutation of the service process and of its Postgres
+(the postmaster and its backends), their sum, and the mutations that
+failed (answered an error: not counted in mutations/s, their CPU is).
 """
 
 from __future__ import annotations
@@ -105,12 +119,14 @@ class Variant:
     proc: subprocess.Popen[bytes] | None = None
     addr: str = ""
     rows: list[dict[str, float]] | None = None
+    data: Path | None = None
 
 
 @contextlib.asynccontextmanager
 async def started(variant: Variant) -> AsyncIterator[Variant]:
     data = Path(tempfile.mkdtemp(prefix=f"mutation-{variant.name}-"))
     addr_file = data / "addr"
+    variant.data = data
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(variant.repo), *variant.path]),
@@ -175,6 +191,118 @@ async def round_of(variant: Variant, http: LeanClient, count: int, document: str
 
 
 HERE = Path(__file__).resolve().parents[1]
+
+
+def postmaster(data: Path) -> int | None:
+    """The pid of the embedded Postgres under the service's data directory
+    (``pg_ctl`` starts it in a session of its own: not the service's child)."""
+    for pidfile in data.rglob("postmaster.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            return int(pidfile.read_text().split()[0])
+    return None
+
+
+def postgres_cpu(variant: Variant) -> float:
+    """CPU seconds of the variant's Postgres: the postmaster and every
+    backend under it (the pool's backends live as long as its connections:
+    the cells reopen none)."""
+    assert variant.data is not None
+    root = postmaster(variant.data)
+    return 0.0 if root is None else sum(cpu_seconds(pid) for pid in tree(root))
+
+
+async def writers_cell(variant: Variant, mutation: str, writers: int, seconds: float,
+                       seq: list[int]) -> dict[str, float]:
+    """K closed-loop writers for ``seconds``: mutations/s, answers, CPU."""
+    assert variant.proc is not None
+    svc = variant.proc.pid
+    answers: list[float] = []
+    failed: list[str] = []
+    stop = time.monotonic() + seconds
+    clients = [LeanClient(variant.addr, max_connections=1) for _ in range(writers)]
+
+    async def writer(w: int, client: LeanClient) -> None:
+        while time.monotonic() < stop:
+            seq[0] += 1
+            n = seq[0]
+            if mutation == "create":
+                document, field = CREATE, "createBoard"
+                variables = {"id": f"c-{variant.name}-{n}", "title": f"c{n}"}
+            else:
+                document, field = RENAME, "renameBoard"
+                variables = {"id": f"w-{w}", "title": f"r{n}"}
+            began = time.perf_counter()
+            _status, answer = await client.post_json("/graphql", {"query": document,
+                                                                  "variables": variables}, WRITER)
+            outcome = answer["data"][field]
+            if outcome["success"]:
+                answers.append(time.perf_counter() - began)
+            else:  # counted, not timed: mutations/s counts the committed ones
+                failed.append(outcome["error"]["code"])
+
+    own0, pg0 = cpu_seconds(svc), postgres_cpu(variant)
+    began = time.monotonic()
+    try:
+        await asyncio.gather(*(writer(w, c) for w, c in enumerate(clients)))
+    finally:
+        for client in clients:
+            await client.aclose()
+    elapsed = time.monotonic() - began
+    own1, pg1 = cpu_seconds(svc), postgres_cpu(variant)
+    count = max(1, len(answers))
+    return {
+        "per_s": len(answers) / elapsed,
+        "p50": pct(answers, 0.5) * 1000, "p99": pct(answers, 0.99) * 1000,
+        "svc_us": (own1 - own0) / count * 1e6, "pg_us": (pg1 - pg0) / count * 1e6,
+        "sum_us": (own1 - own0 + pg1 - pg0) / count * 1e6,
+        "failed": len(failed),
+    }
+
+
+async def writers_main(args: argparse.Namespace, variants: list[Variant]) -> None:
+    ks = [int(k) for k in args.writers.split(",")]
+    mutations = args.mutations.split(",")
+    rows: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+    loads: list[float] = []
+    async with contextlib.AsyncExitStack() as stack:
+        for variant in variants:
+            await stack.enter_async_context(started(variant))
+            async with LeanClient(variant.addr, max_connections=8) as lean:
+                for w in range(max(ks)):  # each rename writer's own board
+                    _s, got = await lean.post_json("/graphql", {"query": CREATE, "variables": {
+                        "id": f"w-{w}", "title": f"start {w}"}}, WRITER)
+                    assert got["data"]["createBoard"]["success"], got
+            for mutation in mutations:  # warm-up
+                await writers_cell(variant, mutation, 4, 2.0, [10**6])
+        seq = [10**7]
+        for _ in range(args.rounds):
+            for mutation in mutations:
+                for k in ks:
+                    for variant in variants:
+                        spy = None
+                        if args.py_spy:
+                            spy = subprocess.Popen(  # noqa: ASYNC220
+                                [str(Path(sys.executable).parent / "py-spy"), "record",
+                                 "--format", "raw", "-r", "200", "-o",
+                                 f"{args.py_spy}.{variant.name}.{mutation}.{k}.txt",
+                                 "-p", str(variant.proc.pid if variant.proc else 0)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            await asyncio.sleep(1)
+                        row = await writers_cell(variant, mutation, k, args.seconds, seq)
+                        loads.append(os.getloadavg()[0])
+                        rows.setdefault((variant.name, mutation, k), []).append(row)
+                        if spy is not None:
+                            spy.send_signal(2)
+                            await asyncio.to_thread(spy.wait, 30)
+    print(f"load average over the cells {min(loads):.2f}-{max(loads):.2f}; "
+          f"{args.seconds:g} s per cell x {args.rounds} rounds; 0 subscribers; values as variables")
+    print(f"{'variant':<10} {'mutation':<8} {'K':>3} {'mut/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'svc us':>7} {'pg us':>7} {'sum us':>7} {'failed':>6}")
+    for (name, mutation, k), got in rows.items():
+        for row in got:
+            print(f"{name:<10} {mutation:<8} {k:>3} {row['per_s']:>7.0f} {row['p50']:>8.1f} "
+                  f"{row['p99']:>8.1f} {row['svc_us']:>7.0f} {row['pg_us']:>7.0f} "
+                  f"{row['sum_us']:>7.0f} {row['failed']:>6.0f}")
 
 
 async def pipeline_child(count: int, rounds: int, profile: str) -> None:
@@ -276,6 +404,12 @@ def parse() -> tuple[argparse.Namespace, list[Variant]]:
                         help="the write pipeline alone, in a child process per variant")
     parser.add_argument("--profile", default="",
                         help="with --in-process: cProfile of the last round to FILE.<variant>.prof")
+    parser.add_argument("--writers", default="",
+                        help="K[,K...]: closed-loop writers, one keep-alive connection each")
+    parser.add_argument("--mutations", default="create,rename",
+                        help="with --writers: create and/or rename")
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="with --writers: the length of each cell")
     parser.add_argument("--pipeline-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     variants = []
@@ -347,6 +481,8 @@ if __name__ == "__main__":
     parsed, chosen = parse()
     if parsed.pipeline_child:
         asyncio.run(pipeline_child(parsed.count, parsed.rounds, parsed.profile))
+    elif parsed.writers:
+        asyncio.run(writers_main(parsed, chosen))
     elif parsed.in_process:
         in_process(parsed, chosen)
     else:

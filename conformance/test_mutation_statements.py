@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
@@ -29,13 +30,29 @@ from example_service.slices.board.offer import BOARD_BUCKET, BoardOffer
 from service_engine import (
     Database,
     Engine,
+    Mutation,
     MutationExecutor,
     ReadinessHandle,
     Success,
     connect_pool,
 )
+from service_engine.blobs.staging import BlobStaging, NewBlob, blob_statement, stage_blobs
+from service_engine.clock import Timestamp
 from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
 from service_engine.graphql import PASSPORT_HEADER, Passport
+from service_engine.impacts.model import Impact
+from service_engine.impacts.transport import schedule_in, schedule_statement
+from service_engine.messaging.envelope import (
+    Actor,
+    EventMetadata,
+    OutboundMessage,
+    build_event,
+)
+from service_engine.messaging.outbox import OutboxRow, outbox_statement, write_outbox
+from service_engine.messaging.scheduled import (
+    scheduled_message_statement,
+    stage_scheduled_message,
+)
 from service_engine.offers.drain import OfferDrain, OfferDrainBounds
 from service_engine.offers.model import register_offer_type
 from service_engine.offers.staging import DirtyMark, dollar_quoted, offer_dirty_statement
@@ -44,6 +61,8 @@ from .blackbox.harness import provision_kv
 from .example_support import example_config, example_database, person, serving_engine
 from .harness import Statements, wait_until
 from .nats_support import engine_nats
+from .sample_counter import WRITER, CrudCounter, create_counter, executor_for, increment
+from .sample_orders import SERVICE, OrderPlaced
 
 ADMIN = Passport(sub="root", org="acme", roles=("board:archive",))
 CREATE = ("mutation($id: ID, $title: String!) { createBoard(id: $id, title: $title) "
@@ -311,3 +330,145 @@ async def test_the_commits_of_one_coalescing_window_ride_one_drain_pass(
             await _gql(http, RENAME, {"id": board, "title": f"r {board}"})
         await wait_until(lambda: published("r"), timeout=BOUND, what="the renames offered")
         assert batches == [10]
+
+
+CRUD_CREATE_ROUND_TRIPS = 3
+"""A CRUD handler creating one aggregate: BEGIN + lock bound + its advisory
+lock; the INSERT; the impact's NOTIFY + COMMIT + the release reset."""
+
+CRUD_WRITE_ROUND_TRIPS = 4
+"""A CRUD handler loading, saving and emitting: BEGIN + lock bound + the
+advisory lock; the load pinning its row (``SELECT ... FOR UPDATE``); the
+UPDATE; the impact's NOTIFY, the outbox row and its wake-up + COMMIT + the
+release reset (5 before the staged rows rode with COMMIT). The load and the
+save take parameters: asyncpg sends such a statement alone in its round
+trip (no pipelining in its public API), so neither can share BEGIN's or
+COMMIT's."""
+
+
+async def test_a_crud_handlers_mutation_takes_its_pinned_round_trips(
+    logged: tuple[Database, Statements],
+) -> None:
+    """A CRUD create takes three round trips and a load + save + emit four;
+    every staged row (the impact's NOTIFY, the outbox row) rides in COMMIT's
+    round trip, after the writes and before COMMIT; nothing after COMMIT."""
+    db, statements = logged
+    executor = executor_for(db, service=SERVICE)
+
+    async def bump(cx: Mutation[Any], key: str) -> None:
+        await increment(cx, CrudCounter, key)
+        cx.emit(OrderPlaced(order_id=key, qty=1))
+
+    assert await executor.ack(WRITER, create_counter, CrudCounter, "warm") == Success()
+    assert await executor.ack(WRITER, bump, "warm") == Success()
+    statements.take()
+    assert await executor.ack(WRITER, create_counter, CrudCounter, "k1") == Success()
+    created = _without_introspection(statements.take())
+    assert await executor.ack(WRITER, bump, "k1") == Success()
+    written = _without_introspection(statements.take())
+    assert len(created) == CRUD_CREATE_ROUND_TRIPS, created
+    assert len(written) == CRUD_WRITE_ROUND_TRIPS, written
+    for sent in (created, written):
+        assert sent[0].startswith("BEGIN; SET LOCAL lock_timeout")
+        assert "pg_advisory_xact_lock" in sent[0]
+        assert "; COMMIT; " in sent[-1] and "RESET ALL" in sent[-1]
+        assert sent[-1].index("pg_notify('service_engine_impacts'") < sent[-1].index("COMMIT")
+    assert written[1].endswith("FOR UPDATE") and written[2].startswith("UPDATE")
+    last = written[-1]
+    assert last.index("integration_outbox") < last.index("; COMMIT; ")
+    [row] = await db.pool.fetch(
+        "SELECT payload->'payload'->>'order_id' AS order_id FROM service_engine.integration_outbox"
+        " WHERE payload->'payload'->>'order_id' = 'k1'"
+    )
+    assert row["order_id"] == "k1"
+
+
+async def test_a_handler_that_sends_nothing_commits_in_two_round_trips(
+    logged: tuple[Database, Statements],
+) -> None:
+    """A handler that only stages (an impact, an emitted event) is BEGIN,
+    then its staged rows with COMMIT in one round trip, and they commit."""
+    db, statements = logged
+    executor = executor_for(db, service=SERVICE)
+
+    async def announce(cx: Mutation[Any]) -> None:
+        cx.impact("sample_counter", "k9")
+        cx.emit(OrderPlaced(order_id="announced", qty=3))
+
+    assert await executor.ack(WRITER, announce) == Success()
+    statements.take()
+    assert await executor.ack(WRITER, announce) == Success()
+    begin, commit = _without_introspection(statements.take())
+    assert begin.startswith("BEGIN; SET LOCAL lock_timeout") and "COMMIT" not in begin
+    assert "integration_outbox" in commit and "; COMMIT; " in commit
+    assert await db.pool.fetchval(
+        "SELECT count(*) FROM service_engine.integration_outbox"
+        " WHERE payload->'payload'->>'order_id' = 'announced'"
+    ) == 2
+
+
+async def test_the_inlined_staged_rows_equal_the_parameterised_ones(db: Database) -> None:
+    """Every staged row the pipeline sends inlined in COMMIT's round trip
+    (outbox row with its confirmation, scheduled impact, scheduled message,
+    blob row and its release) reads back exactly as the same row written
+    through its parameterised staging entry point, tricky texts included."""
+    now = Timestamp.now()
+    tricky = [*TRICKY, "NUL-free but\nmulti-line", "'; DROP TABLE x; --"]
+
+    def message(n: int, text: str) -> OutboundMessage:
+        return build_event(OrderPlaced(order_id=text, qty=n), service=SERVICE,
+                           metadata=EventMetadata.originating(Actor.service("bench")),
+                           occurred_at=now.value)
+
+    async def write(conn: Any, inline: bool, tag: str) -> None:
+        rows = [OutboxRow.of(message(n, f"{tag}{t}")) for n, t in enumerate(tricky)]
+        impacts = [Impact.entity("sample_counter", f"{tag}{t}") for t in tricky]
+        blobs = BlobStaging()
+        for n, t in enumerate(tricky):
+            blobs.mint(NewBlob(uuid.uuid4(), "doc", f"{tag}/{n}", t or None, 1000 + n,
+                               timedelta(days=1, seconds=n, microseconds=7),
+                               "store" if n % 2 else None, json.dumps([t]) if n % 2 else None))
+        due = Timestamp(now.value + timedelta(minutes=5, microseconds=123))
+        if inline:
+            sql = "; ".join(s for s in (
+                outbox_statement(rows), schedule_statement(due, impacts),
+                scheduled_message_statement(message(99, f"{tag}late"), due),
+                blob_statement(blobs)) if s)
+            await conn.execute(sql)
+        else:
+            await write_outbox(conn, rows)
+            await schedule_in(conn, due, impacts)
+            await stage_scheduled_message(conn, message(99, f"{tag}late"), due)
+            await stage_blobs(conn, blobs)
+
+    async def read(conn: Any, tag: str) -> list[Any]:
+        outbox = await conn.fetch(
+            "SELECT subject, payload - 'event_id' - 'payload' AS p, payload->'payload' AS body,"
+            " headers, producer, seq_key, seq FROM service_engine.integration_outbox"
+            " WHERE payload->'payload'->>'order_id' LIKE $1 || '%' ORDER BY id", tag)
+        scheduled = await conn.fetch(
+            "SELECT due_at, payload->'payload' AS body FROM service_engine.scheduled_message"
+            " WHERE payload->'payload'->>'order_id' = $1 || 'late'", tag)
+        impacts = await conn.fetch(
+            "SELECT due_at, impacts::text FROM service_engine.scheduled_impact"
+            " WHERE impacts::text LIKE '%' || $1 || '%' ORDER BY id", tag)
+        blobs = await conn.fetch(
+            "SELECT kind, substr(object_key, 3) AS k, content_type, max_bytes, owner_store,"
+            " owner_key, orphan_after, state FROM service_engine.blob"
+            " WHERE object_key LIKE $1 || '/%' ORDER BY object_key", tag)
+        return [
+            [(r["subject"], r["body"], r["headers"], r["producer"], r["seq_key"], r["seq"])
+             for r in outbox],
+            [tuple(r) for r in scheduled],
+            [(r["due_at"], r["impacts"].replace(tag, "")) for r in impacts],
+            [tuple(r) for r in blobs],
+        ]
+
+    async with db.pool.acquire() as conn, conn.transaction():
+        await write(conn, False, "p:")
+        await write(conn, True, "i:")
+        parameterised, inlined = await read(conn, "p:"), await read(conn, "i:")
+    strip = [[tuple(str(v).replace("p:", "").replace("i:", "") for v in row) for row in part]
+             for part in (parameterised, inlined)]
+    assert strip[0] == strip[1]
+    assert len(parameterised[0]) == len(tricky) and len(parameterised[3]) == len(tricky)

@@ -15,11 +15,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from ..db.literals import dollar_quoted, sql_bigint, sql_interval, sql_json, sql_uuid, sql_uuids
 from ..db.types import Conn
 from ..errors import DeclarationError
 from .model import parse_reference
 
-__all__ = ["BlobStaging", "NewBlob", "blob_refs_of", "released_refs", "stage_blobs"]
+__all__ = [
+    "BlobStaging", "NewBlob", "blob_refs_of", "blob_statement", "released_refs", "stage_blobs",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,32 @@ class BlobStaging:
 
     def __bool__(self) -> bool:
         return bool(self.minted or self.released)
+
+
+def blob_statement(staging: BlobStaging) -> str:
+    """`stage_blobs`'s writes with their values inlined (`db.literals`), to
+    ride in another round trip of the caller's transaction; ``""`` when
+    nothing was minted or released."""
+    statements = []
+    if staging.minted:
+        values = ", ".join(
+            f"({sql_uuid(b.id)}, {dollar_quoted(b.kind)}, {dollar_quoted(b.object_key)},"
+            f" {dollar_quoted(b.content_type)}, {sql_bigint(b.max_bytes)},"
+            f" {dollar_quoted(b.owner_store)},"
+            f" {'NULL::jsonb' if b.owner_key is None else sql_json(b.owner_key)},"
+            f" {sql_interval(b.orphan_after)})"
+            for b in staging.minted
+        )
+        statements.append(
+            "INSERT INTO service_engine.blob (id, kind, object_key, content_type, max_bytes,"
+            f" owner_store, owner_key, orphan_after) VALUES {values}"
+        )
+    if staging.released:
+        statements.append(
+            "UPDATE service_engine.blob SET state = 'released', released_at = clock_timestamp()"
+            f" WHERE id = ANY({sql_uuids(sorted(staging.released))}) AND state <> 'released'"
+        )
+    return "; ".join(statements)
 
 
 async def stage_blobs(conn: Conn, staging: BlobStaging) -> None:

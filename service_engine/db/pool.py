@@ -26,11 +26,24 @@ the handshake itself queues (``ws_max_handshakes``): with a
 ``lock_timeout`` bound a 10,000-socket burst was refused most of its
 facts reads and some attaches. `plain` and `fetch` take a ``bound`` when
 given one.
+
+Every connection the engine takes through `Database` (the pipeline's,
+`connection`, `plain`, `fetch`) first passes its `ConnectionQueue`: one
+slot per pool connection, waiters served strictly first come, first
+served, a released slot handed to the oldest waiter directly. A burst of
+writers past what the pool serves waits there, parked on one future each,
+instead of racing for every released connection behind the pool (a newly
+arrived request taking the connection a woken waiter was about to get,
+that waiter sent to the back: the tail of the answer times grows with the
+writers). The queue is bounded (``max_queue`` waiters): past it a request
+is refused at once with `PoolQueueFull` (a retryable `TimeoutError`),
+so the time a request waits is bounded by the queue in front of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 from collections.abc import AsyncIterator, Collection
@@ -100,6 +113,76 @@ async def _reset_on_release(conn: asyncpg.Connection) -> None:
         await conn.execute(query)
 
 
+DEFAULT_MAX_QUEUE = 1024
+"""Waiters `ConnectionQueue` holds before it refuses (`PoolQueueFull`)."""
+
+
+class PoolQueueFull(TimeoutError):
+    """The pool's queue holds ``max_queue`` waiters already: refused at once,
+    retryable (a mutation answers the retryable ``database`` error)."""
+
+
+class ConnectionQueue:
+    """The first-come, first-served queue in front of a pool's connections.
+
+    ``slots`` requests hold a slot at once (the pool's ``max_size``); a
+    request past them waits, in arrival order, for one to be released
+    (`leave`), which hands the slot to the oldest live waiter without
+    freeing it in between (no newcomer takes it first). At most
+    ``max_queue`` wait; one more is refused with `PoolQueueFull`. A wait
+    bounded by ``bound`` seconds raises `TimeoutError` once it passes.
+    """
+
+    __slots__ = ("_free", "_max_queue", "_waiters")
+
+    def __init__(self, slots: int, max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+        self._free = slots
+        self._max_queue = max_queue
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting now (a cancelled one is dropped as it is met)."""
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
+    async def enter(self, bound: float | None) -> None:
+        """Take a slot (at once when one is free and nobody waits)."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        if len(self._waiters) >= self._max_queue and self.waiting >= self._max_queue:
+            raise PoolQueueFull(
+                f"the pool's queue holds max_queue={self._max_queue} waiters; retry later"
+            )
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        timer = None if bound is None else loop.call_later(bound, _expire, waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self.leave()  # handed a slot as it was cancelled: pass it on
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def leave(self) -> None:
+        """Release a slot: to the oldest waiter still waiting, else free."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError("no pool connection within the bound"))
+
+
 class Database(AsyncResource):
     """A connection pool plus the URL to open dedicated connections.
 
@@ -108,9 +191,20 @@ class Database(AsyncResource):
     such as the LISTEN connection.
     """
 
-    def __init__(self, pool: asyncpg.Pool, url: str) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, url: str, *, max_queue: int = DEFAULT_MAX_QUEUE
+    ) -> None:
         self.pool = pool
         self._url = url
+        self._max_queue = max_queue
+        self._queue: ConnectionQueue | None = None
+
+    @property
+    def queue(self) -> ConnectionQueue:
+        """The `ConnectionQueue` in front of the pool (one slot per connection)."""
+        if self._queue is None:
+            self._queue = ConnectionQueue(self.pool.get_max_size(), self._max_queue)
+        return self._queue
 
     def refuse_nested(self, entry: str) -> None:
         """Raise `NestedConnectionError` (naming ``entry``) when the current
@@ -137,7 +231,8 @@ class Database(AsyncResource):
 
     async def acquire(self, bound: float) -> Any:
         """A pooled connection within ``bound`` seconds (release it with
-        ``pool.release``). With a connection idle the pool hands it over at
+        `release`), after its turn in the `ConnectionQueue` (the bound
+        covers both). With a connection idle the pool hands it over at
         once, so it is taken without the bound's task and timer; the pool
         keeps ``bound`` as the bound of that connection's release reset.
         Raises `NestedConnectionError` for a task holding one of this pool."""
@@ -145,13 +240,30 @@ class Database(AsyncResource):
         return await self._take(bound)
 
     async def _take(self, bound: float | None) -> Any:
-        """`acquire` without the check (``bound`` None: wait as long as it takes)."""
-        pool = self.pool
-        if not _hands_over_at_once(pool):
-            return await pool.acquire(timeout=bound)
-        conn: Any = await pool.acquire()
-        conn._holder._timeout = bound  # what acquire(timeout=...) records
-        return conn
+        """`acquire` without the check (``bound`` None: wait as long as it
+        takes): the queue's turn, then the pool's connection."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await self.queue.enter(bound)
+        try:
+            pool = self.pool
+            if not _hands_over_at_once(pool):
+                left = None if bound is None else max(0.001, bound - (loop.time() - began))
+                return await pool.acquire(timeout=left)
+            conn: Any = await pool.acquire()
+            conn._holder._timeout = bound  # what acquire(timeout=...) records
+            return conn
+        except BaseException:
+            self.queue.leave()
+            raise
+
+    async def release(self, conn: Any) -> None:
+        """Hand back a connection `acquire` gave (the pool resets it) and
+        its queue slot (to the oldest waiter)."""
+        try:
+            await self.pool.release(conn)
+        finally:
+            self.queue.leave()
 
     async def commit(self, conn: Any, *, before: str = "") -> None:
         """COMMIT ``conn``'s open transaction with the pool's release reset
@@ -186,7 +298,7 @@ class Database(AsyncResource):
             yield conn
         finally:
             _HOLDER.reset(token)
-            await self.pool.release(conn)
+            await self.release(conn)
 
     @contextlib.asynccontextmanager
     async def plain(self, bound: float | None = None) -> AsyncIterator[Any]:
@@ -212,7 +324,7 @@ class Database(AsyncResource):
                 mark()
         finally:
             _HOLDER.reset(token)
-            await self.pool.release(conn)
+            await self.release(conn)
 
     async def fetch(self, query: str, *args: Any, bound: float | None = None) -> list[Any]:
         """One statement's rows on a `plain` connection (no release reset),
@@ -303,9 +415,11 @@ async def connect_pool(
     trusted_hosts: Collection[str] | None = None,
     min_size: int = 1,
     max_size: int = 10,
+    max_queue: int = DEFAULT_MAX_QUEUE,
     **pool_options: Any,
 ) -> Database:
-    """Validate ``url`` (`validate_database_tls`) and open a pool over it.
+    """Validate ``url`` (`validate_database_tls`) and open a pool over it,
+    with a `ConnectionQueue` of ``max_queue`` waiters in front of it.
 
     ``trusted_hosts`` defaults to ``TRUSTED_NETWORK_HOSTS`` from the
     environment: the explicit per-host opt-out of the TLS requirement.
@@ -330,7 +444,7 @@ async def connect_pool(
     pool = await asyncpg.create_pool(
         url, min_size=min_size, max_size=max_size, init=_init_connection, **pool_options
     )
-    return Database(pool, url)
+    return Database(pool, url, max_queue=max_queue)
 
 
 def _hands_over_at_once(pool: Any) -> bool:

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from ..clock import Timestamp
 from ..config import EngineConfig
+from ..db.literals import sql_json, sql_timestamptz
 from ..db.pool import Database
 from ..db.types import Conn
 from ..errors import ConfigError, FrameError, TornGroup
@@ -58,6 +59,19 @@ async def stage_in(conn: Conn, impacts: Sequence[Impact]) -> int:
     else:
         await conn.executemany("SELECT pg_notify($1, $2)", [(CHANNEL, f) for f in frames])
     return len(impacts)
+
+
+def schedule_statement(at: Timestamp, impacts: Sequence[Impact]) -> str:
+    """`schedule_in`'s insert with its values inlined (`db.literals`), to
+    ride in another round trip of the caller's transaction; ``""`` for no
+    impacts. Refuses now (`CauseTooLarge`) what could never be sent."""
+    if not impacts:
+        return ""
+    encode_group(new_group_id(), impacts)
+    return (
+        "INSERT INTO service_engine.scheduled_impact (due_at, impacts) VALUES "
+        f"({sql_timestamptz(at.value)}, {sql_json([encode_impact(i) for i in impacts])})"
+    )
 
 
 async def schedule_in(conn: Conn, at: Timestamp, impacts: Sequence[Impact]) -> None:

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..db.literals import dollar_quoted, sql_bigint, sql_uuid
 from ..db.types import Conn
 from ..errors import ConfigError, DeclarationError
 from ..impacts.model import JsonValue, canonical_json
@@ -28,7 +29,9 @@ from .envelope import (
     outbound_message,
 )
 
-__all__ = ["OutboxRow", "stage_outbound", "stage_outbox_row", "write_outbox"]
+__all__ = [
+    "OutboxRow", "outbox_statement", "stage_outbound", "stage_outbox_row", "write_outbox",
+]
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -179,6 +182,46 @@ async def write_outbox(
     else:
         claim = (confirmation.message_id, confirmation.reaction, confirmation.json)
     await conn.execute(_FLUSH, *_columns(rows), *claim, list(frames))
+
+
+def outbox_statement(
+    rows: Sequence[OutboxRow],
+    *,
+    frames: Sequence[str] = (),
+    confirmation: Confirmation | None = None,
+) -> str:
+    """`write_outbox`'s writes with every value inlined (text dollar-quoted,
+    ids and sequence numbers formatted from their own types): statements
+    without parameters, to ride in another round trip of the caller's
+    transaction (the pipeline sends them with COMMIT). ``""`` when there
+    is nothing to write. The confirmation first, then the impact frames'
+    NOTIFYs in order, then the rows (in order) with the outbox wake-up."""
+    statements: list[str] = []
+    if confirmation is not None:
+        statements.append(
+            "UPDATE service_engine.message_claim"
+            f" SET confirmations = {dollar_quoted(confirmation.json)}::jsonb"
+            f" WHERE message_id = {sql_uuid(confirmation.message_id)}"
+            f" AND reaction = {dollar_quoted(confirmation.reaction)}"
+        )
+    statements.extend(
+        f"SELECT pg_notify('{CHANNEL}', {dollar_quoted(frame)})" for frame in frames
+    )
+    if rows:
+        values = ", ".join(
+            f"({sql_uuid(r.message_id)}, {dollar_quoted(r.subject)},"
+            f" {dollar_quoted(r.payload_json)}::jsonb, {dollar_quoted(r.headers_json)}::jsonb,"
+            f" {dollar_quoted(r.producer)}, {dollar_quoted(r.seq_key)},"
+            f" {sql_bigint(r.seq)})"
+            for r in rows
+        )
+        statements.append(
+            "WITH inserted AS (INSERT INTO service_engine.integration_outbox"
+            " (message_id, subject, payload, headers, producer, seq_key, seq)"
+            f" VALUES {values} RETURNING 1)"
+            f" SELECT pg_notify('{OUTBOX_CHANNEL}', '') WHERE EXISTS (SELECT 1 FROM inserted)"
+        )
+    return "; ".join(statements)
 
 
 def _columns(rows: Sequence[OutboxRow]) -> tuple[list[object], ...]:

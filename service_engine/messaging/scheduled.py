@@ -7,16 +7,33 @@ them (`integration.scheduled.ScheduledPublisher`) runs above the pipeline.
 from __future__ import annotations
 
 from ..clock import Timestamp
+from ..db.literals import dollar_quoted, sql_bigint, sql_timestamptz, sql_uuid
 from ..db.types import Conn
 from .envelope import DeclaredSequence, Envelope, OutboundMessage, outbound_message
 
-__all__ = ["stage_scheduled", "stage_scheduled_message"]
+__all__ = ["scheduled_message_statement", "stage_scheduled", "stage_scheduled_message"]
 
 _INSERT = """
 INSERT INTO service_engine.scheduled_message
        (message_id, subject, payload, producer, seq_key, seq, due_at)
 VALUES ($1, $2, $3::text::jsonb, $4, $5, $6, $7)
 """
+
+
+def scheduled_message_statement(message: OutboundMessage, at: Timestamp) -> str:
+    """`stage_scheduled_message`'s insert with its values inlined
+    (`db.literals`), to ride in another round trip of the caller's
+    transaction."""
+    seq = message.sequence
+    return (
+        "INSERT INTO service_engine.scheduled_message"
+        " (message_id, subject, payload, producer, seq_key, seq, due_at) VALUES ("
+        f"{sql_uuid(message.message_id)}, {dollar_quoted(message.subject)},"
+        f" {dollar_quoted(message.body_json())}::jsonb,"
+        f" {dollar_quoted(None if seq is None else seq.producer)},"
+        f" {dollar_quoted(None if seq is None else seq.seq_key)},"
+        f" {sql_bigint(None if seq is None else seq.seq)}, {sql_timestamptz(at.value)})"
+    )
 
 
 async def stage_scheduled_message(conn: Conn, message: OutboundMessage, at: Timestamp) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..db.literals import dollar_quoted
 from ..db.types import Conn
 from .model import Offer, offers_of
 
@@ -23,6 +24,7 @@ __all__ = [
     "OFFER_CHANNEL",
     "DirtyMark",
     "DirtyMarks",
+    "dollar_quoted",
     "offer_dirty_statement",
     "stage_offer_dirty",
 ]
@@ -95,20 +97,6 @@ WITH staged AS (
 )
 SELECT pg_notify('service_engine_offer', '') WHERE EXISTS (SELECT 1 FROM staged)
 """
-
-
-def dollar_quoted(value: str | None) -> str:
-    """``value`` as a dollar-quoted SQL literal (``NULL`` for None): no
-    escape processing whatever the server's settings, under a tag the value
-    does not contain."""
-    if value is None:
-        return "NULL"
-    if "\x00" in value:
-        raise ValueError("a text value cannot hold NUL")
-    n = 0
-    while (tag := f"$m{n}$") in value or value.endswith(tag[:-1]):
-        n += 1
-    return f"{tag}{value}{tag}"
 
 
 def _array(values: list[str | None]) -> str:

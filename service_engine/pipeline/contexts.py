@@ -40,7 +40,7 @@ from ..blobs.model import BlobKind, UploadUrl, object_key
 from ..blobs.staging import BlobStaging, NewBlob, blob_refs_of, released_refs
 from ..clock import Timestamp
 from ..config import EngineConfig
-from ..db.errors import DRIVER_ERRORS, DatabaseError, Stage, is_lock_refusal, translate_db_error
+from ..db.errors import DatabaseError, Stage
 from ..db.locks import aggregate_lock_key
 from ..db.types import Conn
 from ..errors import DeclarationError, TooManyImpacts
@@ -61,9 +61,6 @@ from ..lanes.chunks import Gesture, SealPlan
 from ..lanes.seal import seal_in
 from ..messaging.claims import (
     Confirmation,
-    claim_and_lock_statement,
-    claim_statement,
-    claim_taken,
 )
 from ..messaging.envelope import (
     Actor,
@@ -84,8 +81,12 @@ from ..persistence.base import Aggregate, NotFound, Persistence, load_pinned, st
 from ..persistence.crud import CrudStore
 from ..persistence.full_eda import EventSourced, Redactor
 from ..persistence.full_eda import erase as erase_events
+from .transaction import ClaimedBefore, Transaction
 
-__all__ = ["Bulk", "Mutation", "Ops", "OutboxRow", "Reaction", "Staged", "principal_actor"]
+__all__ = [
+    "Bulk", "ClaimedBefore", "Mutation", "Ops", "OutboxRow", "Reaction", "Staged",
+    "principal_actor",
+]
 
 AggT = TypeVar("AggT", bound=Aggregate)
 P = TypeVar("P")
@@ -137,7 +138,11 @@ def _check_fits(impact: Impact) -> Impact:
 class Ops:
     """The operations every context shares, bound to one open transaction.
 
-    Built by the pipeline, never by a slice.
+    A layer over the pipeline's `Transaction` (``_tx``), which owns the
+    connection and decides what rides in which round trip: `Ops` stages
+    (impacts, messages, offer marks, blob rows) and turns aggregates into
+    the transaction's locks, loads and writes. Built by the pipeline, never
+    by a slice.
     """
 
     _bulk = False
@@ -148,6 +153,7 @@ class Ops:
 
     def __init__(self, conn: Conn, config: EngineConfig, now: Timestamp) -> None:
         self._conn = conn
+        self._tx = Transaction(conn)
         self._config = config
         self._now = now
         self._impacts: dict[Impact, None] = {}
@@ -157,17 +163,11 @@ class Ops:
         self._messages: list[OutboundMessage] = []
         self._scheduled_messages: list[tuple[Timestamp, OutboundMessage]] = []
         self._metadata: EventMetadata | None = None
-        self._locked: set[tuple[str, str]] = set()
-        self._failed: DatabaseError | None = None
-        self._begin: str | None = None
-        self._on_begun: Callable[[], Awaitable[None]] | None = None
         self._offers = DirtyMarks()
         self._after_commit: list[Callable[[], Awaitable[None]]] = []
         self._blobs = BlobStaging()
         self._blob_seen: dict[tuple[str, str], frozenset[str]] = {}
         self._confirmation: Confirmation | None = None
-        self._claim: tuple[uuid.UUID, str] | None = None
-        self._claimed_before = False
         # The image of each row loaded (and pinned) since this transaction's
         # last write: a second load of it answers a copy, no round trip.
         self._images: dict[tuple[Persistence[Any, Any], str], Any] = {}
@@ -251,8 +251,7 @@ class Ops:
         identity = self._identity(store, key)
         if (
             isinstance(store, CrudStore) and store.creates_locked
-            and identity not in self._locked and self._begin is None and self._claim is None
-            and not self._claimed_before and self._failed is None
+            and not self._tx.holds_lock(identity) and self._tx.settled
         ):
             # The lock rides with the insert (granted before the row is
             # written); a refused lock is LockTimeout at stage create.
@@ -261,7 +260,7 @@ class Ops:
             await self._db(
                 Stage.CREATE, lambda: crud.create_locked(self._conn, aggregate, lock_key)
             )
-            self._locked.add(identity)
+            self._tx.note_locked(identity)
         else:
             await self._lock(store, key, pin=False)
             await self._db(Stage.CREATE, lambda: store.create(self._conn, aggregate))
@@ -601,38 +600,11 @@ class Ops:
             raise DeclarationError(
                 f"an aggregate key must be JSON (or a UUID), got {key!r}"
             ) from exc
-        if identity in self._locked:
+        if self._tx.holds_lock(identity):
             return
-        lock_key = aggregate_lock_key(store_type, lockable)
-        if self._begin is not None and self._failed is None and not self._claimed_before:
-            # The transaction's first statement rides with BEGIN (and a
-            # deferred claim): one round trip. The key is an int we
-            # computed, safe to inline.
-            begin, self._begin = self._begin, None
-            claim, self._claim = self._claim, None
-            if claim is None:
-                await self._db(
-                    Stage.BEGIN,
-                    lambda: self._conn.execute(
-                        f"{begin}; SELECT pg_advisory_xact_lock({lock_key:d})"
-                    ),
-                    writes=False,
-                )
-            else:
-                sql = f"{begin}; {claim_and_lock_statement(*claim, lock_key)}"
-                status = await self._db(Stage.BEGIN, lambda: self._conn.execute(sql))
-                if not claim_taken(status):
-                    self._claimed_before = True
-                    raise ClaimedBefore(claim[0])
-        else:
-            await self._db(
-                Stage.LOCK,
-                lambda: self._conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key),
-                writes=False,
-            )
+        await self._tx.lock_one(identity, aggregate_lock_key(store_type, lockable))
         if pin:
             await self._db(Stage.LOCK, lambda: store.lock(self._conn, key), writes=False)
-        self._locked.add(identity)
 
     async def _lock_all(
         self, targets: Iterable[tuple[Persistence[Any, Any], object]], then: str = "",
@@ -645,90 +617,51 @@ class Ops:
         ``then`` (one write without parameters, every value a literal) runs
         after the locks in that same round trip (alone, as ``then_stage``,
         when no lock is left to take); answers its command status."""
-        pending: list[tuple[tuple[str, str], Persistence[Any, Any], object]] = []
-        seen: set[tuple[str, str]] = set(self._locked)
+        pending: list[tuple[tuple[str, str], int]] = []
         for store, key in targets:
             identity = self._identity(store, key)
-            if identity not in seen:
-                seen.add(identity)
-                pending.append((identity, store, key))
-        if pending and (
-            self._claim is not None or self._claimed_before or self._failed is not None
-        ):
-            # A deferred claim rides with the first lock as `_lock` sends it.
-            (_, store, first), pending = pending[0], pending[1:]
-            await self._lock(store, first, pin=False)
-        if not pending:
-            if not then:
-                return ""
-            return await self._db(then_stage, lambda: self._conn.execute(then))
-        # Ints we computed, safe to inline: one statement per lock, run in order.
-        sql = "; ".join(
-            f"SELECT pg_advisory_xact_lock({aggregate_lock_key(i[0], _lockable(k)):d})"
-            for i, _, k in pending
-        )
+            pending.append((identity, aggregate_lock_key(identity[0], _lockable(key))))
         if then:
-            sql = f"{sql}; {then}"
-        stage = Stage.LOCK
-        if self._begin is not None:
-            begin, self._begin = self._begin, None
-            sql, stage = f"{begin}; {sql}", Stage.BEGIN
-        status = await self._db(stage, lambda: self._conn.execute(sql), writes=bool(then))
-        self._locked.update(i for i, _, _ in pending)
-        return status
+            self._images.clear()
+        return await self._tx.lock_keys(pending, then, then_stage)
 
     async def _execute_first(self, stage: Stage, sql: str) -> str:
         """Run ``sql`` (no parameters: every value inlined and safe) as the
         transaction's first statement, in BEGIN's round trip when BEGIN is
         still deferred; returns the command status of ``sql``."""
-        if self._claim is not None:
-            # A deferred claim goes first (with BEGIN): never skip it.
-            await self._ensure_begun()
-        if self._begin is not None and self._failed is None:
-            begin, self._begin = self._begin, None
-            sql = f"{begin}; {sql}"
-        return await self._db(stage, lambda: self._conn.execute(sql))
+        self._images.clear()
+        return await self._tx.execute_first(stage, sql)
 
     def _defer_begin(
         self, begin_sql: str, on_begun: Callable[[], Awaitable[None]] | None = None
     ) -> None:
-        """The pipeline's BEGIN is sent with the first statement (`_ensure_begun`).
-        ``on_begun`` (the fault hook's BEGIN stage) runs once that round trip
-        returned, inside the transaction; a driver error it raises is BEGIN's."""
-        self._begin = begin_sql
-        self._on_begun = on_begun
+        """`Transaction.defer_begin`."""
+        self._tx.defer_begin(begin_sql, on_begun)
 
     async def _ensure_begun(self) -> None:
-        """Send a deferred BEGIN now (before the flush, or a non-lock
-        statement), with a deferred claim; raises `ClaimedBefore` when that
-        claim was taken before."""
-        if self._begin is not None:
-            begin, self._begin = self._begin, None
-            claim, self._claim = self._claim, None
-            if claim is None:
-                await self._db(Stage.BEGIN, lambda: self._conn.execute(begin))
-                return
-            sql = f"{begin}; {claim_statement(*claim)}"
-            status = await self._db(Stage.CLAIM, lambda: self._conn.execute(sql))
-            if not claim_taken(status):
-                self._claimed_before = True
-                raise ClaimedBefore(claim[0])
+        """`Transaction.ensure_begun`."""
+        await self._tx.ensure_begun()
 
     def _defer_claim(self, message_id: uuid.UUID, reaction: str) -> None:
-        """Take the claim ``(message_id, reaction)`` with the transaction's
-        first statement (with BEGIN, and with the first advisory lock only
-        when the claim is taken): the statement raises `ClaimedBefore`, and
-        so does every later database call, when the claim was taken before."""
-        self._claim = (message_id, reaction)
+        """`Transaction.defer_claim`."""
+        self._tx.defer_claim(message_id, reaction)
 
     @property
     def _claim_pending(self) -> bool:
-        return self._claim is not None
+        return self._tx.claim_pending
+
+    @property
+    def _claimed_before(self) -> bool:
+        return self._tx.claimed_before
+
+    @property
+    def _failed(self) -> DatabaseError | None:
+        return self._tx.failed
 
     def _discard_staged(self) -> None:
         """Forget everything staged so far (a reaction whose claim was
         taken before replays instead); the transaction stays usable."""
-        self._claimed_before = False
+        self._tx.forget_claim_taken()
         self._impacts.clear()
         self._resets.clear()
         self._scheduled.clear()
@@ -748,28 +681,9 @@ class Ops:
         """Run one database call of ``stage``, translating driver errors.
         A call that may write (any but the context's own locks and loads,
         ``writes=False``) forgets the loaded images first."""
-        if self._failed is not None:
-            raise self._failed
-        if self._claimed_before:
-            raise ClaimedBefore(None)
-        if writes:
+        if writes and self._tx.failed is None and not self._tx.claimed_before:
             self._images.clear()
-        await self._ensure_begun()
-        try:
-            result = await call()
-        except DRIVER_ERRORS as exc:
-            if stage is Stage.BEGIN and is_lock_refusal(exc):
-                # The statement that began the transaction also took the
-                # first lock: a refused lock is the lock's, not BEGIN's.
-                stage = Stage.LOCK
-            error = translate_db_error(exc, stage)
-            self._failed = error
-            raise error from exc
-        if self._on_begun is not None and self._begin is None:
-            # The call that just returned sent BEGIN: the hook's BEGIN stage.
-            on_begun, self._on_begun = self._on_begun, None
-            await self._db(Stage.BEGIN, on_begun)
-        return result
+        return await self._tx.run(stage, call)
 
 
 def _pins_on_load(store: Persistence[Any, Any]) -> bool:
@@ -779,17 +693,6 @@ def _pins_on_load(store: Persistence[Any, Any]) -> bool:
         isinstance(store, CrudStore) and store.lock_rows
         and type(store).lock is CrudStore.lock and type(store).load is CrudStore.load
     )
-
-
-class ClaimedBefore(Exception):
-    """A reaction's deferred claim was taken before (a redelivery, a
-    re-sent command): the pipeline replays the stored confirmations instead
-    of the handler's work. Raised into the handler from its first database
-    call and from every later one; never escapes `run_reaction`."""
-
-    def __init__(self, message_id: uuid.UUID | None) -> None:
-        super().__init__(f"message {message_id} was claimed before" if message_id else
-                         "the message was claimed before")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,25 +1,28 @@
 """The write pipeline: one transaction around one handler.
 
-    BEGIN; SET LOCAL lock_timeout            (sent with the first lock)
+    BEGIN; SET LOCAL lock_timeout [; a reaction's claim]; the first locks
+                                                  (one round trip)
       handler(cx): per aggregate advisory lock -> Persistence.lock -> load
                    (a create: the advisory lock only), gate (deny mode),
                    domain command, save
-      flush: the impacts' NOTIFYs, the outbox rows (and a reaction's
-             confirmation on its claim) in ONE statement; scheduled
-             impacts, scheduled messages, blob rows
-    [the NOTIFYs]; offer marks; COMMIT; the pool's release reset  (one round trip)
+    [a reaction's confirmation]; [the impacts' NOTIFYs]; [the outbox rows
+    and their wake-up]; [scheduled impacts]; [scheduled messages]; [blob
+    rows]; [offer marks]; COMMIT; the pool's release reset (one round trip)
     record the committed impacts; respond
 
-BEGIN and ``SET LOCAL lock_timeout`` travel in the same round trip as the
-transaction's first advisory lock (or, for a handler that touches no
-aggregate, just before the flush); COMMIT carries the reset the pool would
-otherwise send on release (`Database.commit`), and the offer marks (their
-values inlined, `offer_dirty_statement`) ride in front of COMMIT in that
-same round trip; so do the impacts' NOTIFYs when no outbox row or claim
-confirmation shares their statement (`notify_statement`). A `StageHook` observes the
-stages without changing that sequence: it is called once BEGIN's round trip
-returned, before the flush and before COMMIT, and sends nothing unless it
-means to (a fault).
+The connection is held by a `Transaction` (`pipeline.transaction`), which
+batches: BEGIN and ``SET LOCAL lock_timeout`` travel in the same round trip
+as the transaction's first advisory locks (for a handler that sent
+nothing, just before the flush); COMMIT carries the reset the pool
+would otherwise send on release (`Database.commit`), and every staged row
+that can be written without parameters rides in front of COMMIT in that
+same round trip, its values inlined: the reaction's confirmation, the
+impacts' NOTIFYs and the outbox rows (`outbox_statement`), the offer marks
+(`offer_dirty_statement`), the scheduled impacts and messages and the blob
+rows. A `StageHook` observes the stages without
+changing that sequence: it is called once BEGIN's round trip returned,
+before the flush and before COMMIT, and sends nothing unless it means to
+(a fault).
 
 `run_pipeline` is shared by every entry point (the mutation executor, the
 NATS reaction loop); each builds its own context over `Ops`. It returns the
@@ -34,23 +37,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection
 from datetime import timedelta
 from typing import Protocol, TypeVar
 
-from ..blobs.staging import stage_blobs
+from ..blobs.staging import blob_statement
 from ..clock import Clock, Timestamp
 from ..config import EngineConfig
 from ..db.errors import DRIVER_ERRORS, Stage, translate_db_error
 from ..db.pool import Database
 from ..db.types import Conn
 from ..impacts.framing import encode_group, new_group_id
-from ..impacts.transport import CHANNEL, schedule_in
-from ..messaging.outbox import write_outbox
-from ..messaging.scheduled import stage_scheduled_message
+from ..impacts.transport import schedule_statement
+from ..messaging.outbox import outbox_statement
+from ..messaging.scheduled import scheduled_message_statement
 from ..metrics import Metrics
-from ..offers.staging import dollar_quoted, offer_dirty_statement, stage_offer_dirty
+from ..offers.staging import offer_dirty_statement
 from .contexts import Ops, Staged
+from .transaction import Transaction
 
 __all__ = ["StageHook", "flush", "run_pipeline"]
 
@@ -78,39 +82,29 @@ async def flush(conn: Conn, staged: Staged) -> int:
 
     The impacts travel as one framed group (`encode_group` raises
     `CauseTooLarge` for one that cannot fit) in the outbox's statement."""
-    committed, _ = await _flush_but_riders(conn, staged, inline_notify=False)
-    await stage_offer_dirty(conn, staged.offers)
+    committed, riders = _flush_but_riders(staged)
+    if riders:
+        await conn.execute(riders)
     return committed
 
 
-async def _flush_but_riders(
-    conn: Conn, staged: Staged, *, inline_notify: bool = True
-) -> tuple[int, str]:
-    """The flush but what may ride in COMMIT's round trip: answers the
-    impacts staged and, when no outbox row or confirmation shares their
-    statement, the impacts' NOTIFYs as a statement with every frame
-    inlined (``""`` otherwise: they went with the outbox statement)."""
+def _flush_but_riders(staged: Staged) -> tuple[int, str]:
+    """What a handler staged, as statements with every value inlined
+    (`db.literals`), to ride in COMMIT's round trip: the reaction's
+    confirmation, the impacts' NOTIFYs and the outbox rows
+    (`outbox_statement`), the scheduled impacts and messages, the blob
+    rows, the offer marks (`offer_dirty_statement`). Answers the impacts
+    staged for NOTIFY and those statements. Sends nothing."""
     frames = encode_group(new_group_id(), staged.impacts) if staged.impacts else []
-    notify = ""
-    if inline_notify and frames and not staged.outbox and staged.confirmation is None:
-        notify = notify_statement(frames)
-    else:
-        await write_outbox(conn, staged.outbox, frames=frames, confirmation=staged.confirmation)
-    for at, impacts in staged.scheduled.items():
-        await schedule_in(conn, at, impacts)
-    for due, message in staged.scheduled_messages:
-        await stage_scheduled_message(conn, message, due)
-    if staged.blobs:
-        await stage_blobs(conn, staged.blobs)
-    return len(staged.impacts), notify
-
-
-def notify_statement(frames: Sequence[str]) -> str:
-    """The impacts' NOTIFYs on their channel, in order, every frame a
-    dollar-quoted literal: statements without parameters, to ride in another
-    round trip of the same transaction (delivered, as any NOTIFY, only once
-    it committed)."""
-    return "; ".join(f"SELECT pg_notify('{CHANNEL}', {dollar_quoted(f)})" for f in frames)
+    riders = [
+        outbox_statement(staged.outbox, frames=frames, confirmation=staged.confirmation),
+        *(schedule_statement(at, impacts) for at, impacts in staged.scheduled.items()),
+        *(scheduled_message_statement(message, due)
+          for due, message in staged.scheduled_messages),
+        blob_statement(staged.blobs) if staged.blobs else "",
+        offer_dirty_statement(staged.offers),
+    ]
+    return len(staged.impacts), "; ".join(r for r in riders if r)
 
 
 def _begin_sql(config: EngineConfig) -> str:
@@ -168,18 +162,20 @@ async def run_pipeline(
 
         result = await handler(cx)
         staged = cx._staged()
+        # A handler that sent nothing: BEGIN (and a reaction's claim) now, in
+        # a round trip of its own, hooked or not (the hook's BEGIN stage runs
+        # once BEGIN returned; a claim's answer decides what commits).
         await cx._ensure_begun()
 
         try:
             stage = Stage.FLUSH
             if hook is not None:
                 await hook(stage, conn)
-            committed, notify = await _flush_but_riders(conn, staged)
-            riders = "; ".join(s for s in (notify, offer_dirty_statement(staged.offers)) if s)
+            committed, riders = _flush_but_riders(staged)
             stage = Stage.COMMIT
             if hook is not None:
                 await hook(stage, conn)
-            await db.commit(conn, before=riders)
+            await cx._tx.commit(db, riders)
         except DRIVER_ERRORS as exc:
             raise translate_db_error(exc, stage) from exc
     except BaseException:
@@ -189,7 +185,7 @@ async def run_pipeline(
         db.unhold(held)  # after_commit hooks run free to take a connection
         # The pool discards a lost connection it could not reset.
         with contextlib.suppress(*DRIVER_ERRORS):
-            await db.pool.release(conn)
+            await db.release(conn)
     if metrics is not None:
         metrics.add_impacts_committed(committed)
     for after_commit in staged.after_commit:
@@ -199,17 +195,4 @@ async def run_pipeline(
 
 async def _abandon(conn: Conn) -> None:
     """Roll back whatever is open; a connection that cannot is closed."""
-    try:
-        if conn.is_closed() or not conn.is_in_transaction():
-            return
-    except DRIVER_ERRORS:
-        return  # a lost connection the driver already detached: nothing to roll back
-    # A connection in an unknown state (cancelled mid-statement, lost) is
-    # closed, never handed back to the pool as if it were clean.
-    try:
-        await conn.execute("ROLLBACK")
-    except Exception:
-        conn.terminate()
-    except BaseException:
-        conn.terminate()
-        raise
+    await Transaction(conn).abandon()
