@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from ..db.literals import dollar_quoted, sql_bigint, sql_interval, sql_json, sql_uuid, sql_uuids
+from ..db.literals import dollar_quoted, sql_bigint, sql_interval, sql_uuid, sql_uuids
 from ..db.types import Conn
 from ..errors import DeclarationError
 from .model import parse_reference
@@ -86,7 +86,7 @@ def blob_statement(staging: BlobStaging) -> str:
             f"({sql_uuid(b.id)}, {dollar_quoted(b.kind)}, {dollar_quoted(b.object_key)},"
             f" {dollar_quoted(b.content_type)}, {sql_bigint(b.max_bytes)},"
             f" {dollar_quoted(b.owner_store)},"
-            f" {'NULL::jsonb' if b.owner_key is None else sql_json(b.owner_key)},"
+            f" {'NULL' if b.owner_key is None else dollar_quoted(b.owner_key)}::jsonb,"
             f" {sql_interval(b.orphan_after)})"
             for b in staging.minted
         )
