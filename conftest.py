@@ -53,6 +53,14 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["SERVICE_ENGINE_PORT_RANGE"] = f"{low}-{low + span - 1}"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The scenarios marked ``slow`` or ``soak`` first (each worker collects
+    the same order): started early, the longest tests do not leave one
+    worker running alone at the end of the run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None
+               and item.get_closest_marker("soak") is None)
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: several workers per core, bounded."""
     return min(MAX_WORKERS, WORKERS_PER_CORE * (os.cpu_count() or 1))

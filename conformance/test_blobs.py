@@ -36,7 +36,8 @@ from service_engine.render.projector import Populate, Projector, Visibility
 
 from .harness import fast_engine_config, wait_until
 
-pytestmark = pytest.mark.slow
+# One worker runs this module: its SeaweedFS server (module-scoped) starts once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("blobs")]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from .blackbox.harness import provision_kv, provision_lanes
 from .example_support import Running, example_database, person, running
 from .nats_support import engine_nats
 
-pytestmark = pytest.mark.slow
+# One worker runs this module: its SeaweedFS server (module-scoped) starts once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("reply_attachment")]
 
 ALICE = Passport(sub="alice", org="acme")
 BOB = Passport(sub="bob", org="acme")
