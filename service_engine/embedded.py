@@ -802,6 +802,10 @@ class EmbeddedSeaweed:
         args = [
             self.binary(), "mini", f"-dir={self.data_dir / 'data'}", "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1", f"-s3.config={config}",
+            # Off: the Iceberg catalog and the Lance namespace listen on
+            # fixed ports (8181, 9101), so two servers at once collided and
+            # one's S3 died; telemetry would call out of the machine.
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
             *(f"-{name}={port}" for name, port in ports.items()),
         ]
         self._process.start(args, log=self.data_dir / "weed.log", port=self.s3_port, within=30)
