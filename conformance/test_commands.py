@@ -41,6 +41,7 @@ from .sample_commands import (
     MAX_STEPS,
     ROOT,
     Principal,
+    Step,
     Task,
     executor_for,
     runner_for,
@@ -305,7 +306,7 @@ async def test_row_policy_checks_both_rows_and_affordance_equals_gate(db: Databa
     assert (proposed.name, proposed.data["reason"]) == (REFUSED, "task.update_denied")
     await ok(runner, "LockTask", ROOT, org="acme", task_id="t1", locked=True)
     async with db.pool.acquire() as conn:
-        task = await Task.Store.load(conn, "t1")
+        task = await Task.Store.load(conn, ["acme", "t1"])
     assert task is not None
     for principal in (ALICE, ROOT, Principal("typo", admin="yes"), Principal("none", org=None)):
         offered = affordances(task, principal)["update"]  # type: ignore[index]
@@ -358,7 +359,7 @@ async def test_different_conflict_keys_never_contend(db: Database) -> None:
     await seed(runner, "a", "A")
     await seed(runner, "b", "B")
     short = CommandRunner(executor_for(db, lock_timeout=timedelta(milliseconds=200)))
-    async with holding(db, Task.Store.store_type, "a"):
+    async with holding(db, Task.Store.store_type, ["acme", "a"]):
         assert (await run(short, "RenameTask", org="acme", task_id="b", title="B2")).ok
         blocked = await run(short, "RenameTask", org="acme", task_id="a", title="A2")
         assert isinstance(blocked, MutationError)
@@ -440,18 +441,75 @@ async def test_record_writes_sweep_expired_records(db: Database) -> None:
     assert sorted(r["key"] for r in keys) == ["new0", "new1"]
 
 
-async def test_a_create_under_a_store_key_held_in_another_partition_exists(
-    db: Database,
-) -> None:
-    """The conflict key is the store key: a create under one another
-    partition holds answers the existence outcome, never a constraint error."""
+async def test_two_tenants_hold_the_same_id(db: Database) -> None:
+    """The store key is the complete key (org + id): two orgs each create a
+    project and a task with the same ids, each sees and changes only its
+    own, and a writer holding one org's row never blocks the other's."""
     runner = runner_for(db)
     await seed(runner)
-    await run(runner, "CreateProject", EVE, request_key="p", org="umbrella", project_id="u1",
-              name="U")
-    exists = await run(runner, "CreateTask", EVE, request_key="k", org="umbrella",
-                       task_id="t1", project_id="u1", title="x")
-    assert isinstance(exists, CommandOutcome) and exists.name == "TaskExists"
+    await ok(runner, "CreateProject", EVE, request_key="p", org="umbrella", project_id="p1",
+             name="U")
+    await ok(runner, "CreateTask", EVE, request_key="k", org="umbrella", task_id="t1",
+             project_id="p1", title="first")
+    await ok(runner, "RenameTask", EVE, org="umbrella", task_id="t1", title="theirs")
+    rows = await db.pool.fetch("SELECT org, title, version FROM cmd_task WHERE id = 't1'")
+    assert sorted((r["org"], r["title"], r["version"]) for r in rows) == [
+        ("acme", "first", 1), ("umbrella", "theirs", 2)]
+    # Neither observes the other's: another org's row is absent under its route.
+    assert (await run(runner, "StartTask", EVE, request_key="s", org="umbrella", task_id="t1",
+                      expected_revision=1)).name == "StaleRevision"
+    short = CommandRunner(executor_for(db, lock_timeout=timedelta(milliseconds=200)))
+    async with holding(db, Task.Store.store_type, ["acme", "t1"]):
+        assert (await run(short, "RenameTask", EVE, org="umbrella", task_id="t1",
+                          title="again")).ok
+        blocked = await run(short, "RenameTask", org="acme", task_id="t1", title="mine")
+        assert isinstance(blocked, MutationError) and blocked.code == "lock_timeout"
+    await ok(runner, "DeleteTask", EVE, org="umbrella", task_id="t1")
+    assert await task_row(db, "t1") is not None  # acme's t1 stays
+
+
+async def test_cross_tenant_delete_is_refused(db: Database) -> None:
+    """A delete checks the current row against the entity's delete row
+    policy (the task's update policy by default): another org's principal
+    gets Refused and nothing is deleted; every row a cascade takes is
+    checked too (a pinned step needs an admin); the delete affordance says
+    denied exactly when the command answers Refused."""
+    runner = runner_for(db)
+    await seed(runner)
+    await ok(runner, "AddStep", org="acme", task_id="t1", step_id="s1", label="x")
+    refused = await run(runner, "DeleteTask", EVE, org="acme", task_id="t1")
+    assert (refused.name, refused.data) == (
+        REFUSED, {"reason": "task.update_denied", "action": "delete"})
+    assert (await run(runner, "DeleteProject", EVE, org="acme", project_id="p1")).data == {
+        "reason": "project.other_org", "action": "delete"}
+    assert await task_row(db, "t1") is not None
+    assert await count(db, "SELECT count(*) FROM cmd_step") == 1
+    assert await count(db, "SELECT count(*) FROM cmd_project") == 1
+    # A locked task is deleted only by an admin (the current row's policy).
+    await ok(runner, "LockTask", ROOT, org="acme", task_id="t1", locked=True)
+    assert (await run(runner, "DeleteTask", org="acme", task_id="t1")).name == REFUSED
+    await ok(runner, "LockTask", ROOT, org="acme", task_id="t1", locked=False)
+    # A pinned step refuses the cascade that would take it.
+    pinned = await ok(runner, "PinStep", org="acme", step_id="s1", expected_revision=1)
+    assert pinned.data == {"revision": 2}
+    cascade = await run(runner, "DeleteTask", org="acme", task_id="t1")
+    assert (cascade.name, cascade.data) == (
+        REFUSED, {"reason": "step.delete_denied", "action": "delete"})
+    assert await task_row(db, "t1") is not None
+    assert await count(db, "SELECT count(*) FROM cmd_step") == 1
+    async with db.pool.acquire() as conn:
+        task = await Task.Store.load(conn, ["acme", "t1"])
+        step = await Step.Store.load(conn, ["acme", "s1"])
+    for principal in (ALICE, ROOT, EVE, Principal("none", org=None)):
+        offered = affordances(task, principal)["delete"]  # type: ignore[index]
+        step_offered = affordances(step, principal)["delete"]  # type: ignore[index]
+        if principal is EVE or principal.org is None:
+            assert not offered.allowed and not step_offered.allowed
+        assert offered.allowed == (principal is not EVE and principal.org is not None)
+        assert step_offered.allowed == (principal is ROOT)
+    await ok(runner, "DeleteTask", ROOT, org="acme", task_id="t1")
+    assert await task_row(db, "t1") is None
+    assert await count(db, "SELECT count(*) FROM cmd_step") == 0
 
 
 async def test_impacts_are_staged_with_the_effect_and_only_then(db: Database) -> None:
@@ -463,7 +521,7 @@ async def test_impacts_are_staged_with_the_effect_and_only_then(db: Database) ->
     async with listen_impacts(db) as probe:
         await ok(runner, "RenameTask", org="acme", task_id="t1", title="c")
         [impact] = await probe.next()
-        assert (impact.noun, impact.key) == ("cmd_task", "t1")
+        assert (impact.noun, impact.key) == ("cmd_task", ("acme", "t1"))
         assert impact.cause is not None and impact.cause.name == "task.renamed"
         assert impact.cause.data == {"title": "c"}
         assert (await run(runner, "RenameTask", org="acme", task_id="t1",
@@ -538,5 +596,5 @@ async def test_a_swap_moves_both_occupancies_in_one_commit(db: Database) -> None
     assert rows == {"a": "right", "b": "left"}
     held = await db.pool.fetch("SELECT value, owner FROM service_engine.command_occupancy")
     assert sorted((r["value"], r["owner"]) for r in held) == [
-        ('["left"]', '"b"'), ('["right"]', '"a"')]
+        ('["left"]', '["acme","b"]'), ('["right"]', '["acme","a"]')]
 

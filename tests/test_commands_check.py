@@ -95,13 +95,13 @@ class Comment:
 
 POST = Entity(
     "Post", Post, key=("site", "id"), partition_by=("site",), conflict_key=("id",),
-    fields={"state": str, "title": str}, revision="version",
+    revision="version",
     unique=(Unique("by_title", ("site", "title")),),
     delete_policy=Restrict((IndexRef("Comment", "by_post"),)),
 )
 COMMENT = Entity(
     "Comment", Comment, key=("site", "id"), partition_by=("site",), conflict_key=("id",),
-    fields={"post_id": str, "body": str}, revision="version",
+    revision="version",
     relationships=(Relationship("post", "Post", ("site", "post_id")),),
     indexes=(ReverseIndex("by_post", ("site", "post_id"), table="comment"),),
     delete_policy=NoInbound(),
@@ -146,9 +146,10 @@ def test_declaration_errors_are_config_errors() -> None:
 @pytest.mark.parametrize("clauses", [
     (READ_POST, SITE, Return("X")),
     (SITE, Return("X"), READ_POST),
-    (KEY, SITE, POST_ID, MUTATE_POST, IdempotencyKey("key"), Set("post", "title", Var("key")),
+    (KEY, SITE, POST_ID, MUTATE_POST, IdempotencyKey("key"),
+     Set("post", "title", Var("key"), overwrite=True),
      Return("X")),
-    (SITE, POST_ID, MUTATE_POST, Set("post", "title", Var("site")),
+    (SITE, POST_ID, MUTATE_POST, Set("post", "title", Var("site"), overwrite=True),
      Require("R", Const(True), Outcome("No")), Return("X")),
     (SITE, Return("X"), Return("Y")),
     (SITE,),
@@ -233,7 +234,7 @@ def test_every_outcome_is_declared_and_pascal_case() -> None:
         CATALOG.command(Command(
             "Bad", SITE, POST_ID, Input("title", str),
             Mutate("Post", (Var("site"), Var("post_id")), as_="post", else_=Outcome("Missing")),
-            Set("post", "title", Var("title")), Return("X"),
+            Set("post", "title", Var("title"), overwrite=True), Return("X"),
         ))
 
 
@@ -256,7 +257,7 @@ def test_service_values_need_a_durably_idempotent_mutation() -> None:
     with pytest.raises(ServiceValueError):
         CATALOG.command(Command(
             "Bad", SITE, POST_ID, Input("title", str), Service("id", UUID_V7), MUTATE_POST,
-            Set("post", "title", Var("title")), Return("X"),
+            Set("post", "title", Var("title"), overwrite=True), Return("X"),
         ))
 
 
@@ -267,7 +268,7 @@ def test_writes_derive_one_partition_route() -> None:
             Input("body", str), MUTATE_POST,
             Create("Comment", (Var("other_site"), Var("comment_id")), as_="comment",
                    else_=Outcome("Exists")),
-            Set("post", "title", Var("body")),
+            Set("post", "title", Var("body"), overwrite=True),
             Set("comment", "post_id", Var("post_id")), Set("comment", "body", Var("body")),
             Return("X"),
         ))

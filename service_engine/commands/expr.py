@@ -22,6 +22,7 @@ from typing import Any, TypeAlias
 
 __all__ = [
     "INVALID",
+    "Add",
     "And",
     "Const",
     "Contains",
@@ -38,6 +39,7 @@ __all__ = [
     "Not",
     "Or",
     "Row",
+    "Sub",
     "Var",
     "evaluate",
     "references",
@@ -147,6 +149,22 @@ class Ge:
 
 
 @dataclass(frozen=True, slots=True)
+class Add:
+    """``left + right`` over numbers (a same-field arithmetic `Set` proof)."""
+
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Sub:
+    """``left - right`` over numbers (a same-field arithmetic `Set` proof)."""
+
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True, slots=True)
 class Contains:
     """``item`` is a member of ``collection`` (a set, frozenset, tuple or list)."""
 
@@ -156,10 +174,11 @@ class Contains:
 
 Expr: TypeAlias = (
     Const | Var | Field | Row | Fact | Not | And | Or | Eq | Ne | Lt | Le | Gt | Ge | Contains
+    | Add | Sub
 )
 
 _LEAVES = (Const, Var, Field, Row, Fact)
-_BINARY = (And, Or, Eq, Ne, Lt, Le, Gt, Ge)
+_BINARY = (And, Or, Eq, Ne, Lt, Le, Gt, Ge, Add, Sub)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +273,10 @@ def evaluate(expr: Expr, env: Env) -> Any:
     left, right = evaluate(expr.left, env), evaluate(expr.right, env)
     if left is INVALID or right is INVALID:
         return INVALID
+    if isinstance(expr, Add | Sub):
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (left, right)):
+            return INVALID
+        return left + right if isinstance(expr, Add) else left - right
     if isinstance(expr, Eq | Ne):
         # A null compares as unknown (as in SQL): a fact or field that is
         # None never proves an equality.
