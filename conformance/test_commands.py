@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -21,28 +22,62 @@ from service_engine.commands import (
     IDEMPOTENCY_CONFLICT,
     INVALID_INPUT,
     REFUSED,
+    BindingError,
+    Catalog,
+    Command,
     CommandConfig,
     CommandOutcome,
     CommandRunner,
+    Const,
+    Delete,
+    DuplicateName,
+    Eq,
+    Fact,
+    Field,
+    Input,
+    Lt,
+    Mutate,
+    Ne,
+    Not,
+    Outcome,
+    Require,
+    Return,
+    RowPolicy,
+    Set,
+    TypeMismatch,
+    UnknownName,
+    UnprovenSet,
+    Var,
+    WorkflowError,
     run_in,
     sweep_idempotency,
 )
 from service_engine.db.errors import Stage
 from service_engine.db.locks import aggregate_lock_key
 from service_engine.db.types import Conn
-from service_engine.gates import affordances
+from service_engine.gates import Reason, affordances
 from service_engine.pipeline import Mutation, MutationError
 
 from .harness import wait_until
 from .sample_commands import (
     ALICE,
+    CATALOG,
     COMMANDS,
     EVE,
+    FACTS,
+    LIFECYCLE,
     MAX_STEPS,
+    ORG,
+    PROJECT,
     ROOT,
+    START_TASK,
+    STEP,
+    SWAP_TITLES,
+    TASK,
     Principal,
     Step,
     Task,
+    TaskStore,
     executor_for,
     runner_for,
 )
@@ -598,3 +633,192 @@ async def test_a_swap_moves_both_occupancies_in_one_commit(db: Database) -> None
     assert sorted((r["value"], r["owner"]) for r in held) == [
         ('["left"]', '["acme","b"]'), ('["right"]', '["acme","a"]')]
 
+
+
+def _mutate_task(*extra: Any) -> Command:
+    return Command(
+        "Probe", ORG, Input("task_id", str), Input("title", str),
+        Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing"),
+               taken={"by_title": Outcome("TitleTaken")}),
+        *extra, Return("Done"),
+    )
+
+
+def test_set_without_a_proof_is_refused_at_registration() -> None:
+    """A Set on an existing row with no proof that it loses nothing (no
+    initialisation, same-field arithmetic, checked_by, version fence or
+    overwrite) is refused at registration with UnprovenSet naming the
+    command and the clause; each proof is accepted."""
+    swap = Command("SwapTitles", *(
+        replace(c, overwrite=False) if isinstance(c, Set) else c for c in SWAP_TITLES.clauses
+    ))
+    with pytest.raises(UnprovenSet, match=r"command SwapTitles: set a\.title \(clause 6"):
+        CATALOG.command(swap)
+    with pytest.raises(UnprovenSet, match=r"command Probe: set task\.title \(clause 5"):
+        CATALOG.command(_mutate_task(Set("task", "title", Var("title"))))
+    # Reading another field of the binding is no proof.
+    with pytest.raises(UnprovenSet):
+        CATALOG.command(_mutate_task(
+            Require("Unlocked", Not(Field("task", "locked")), Outcome("Locked")),
+            Set("task", "title", Var("title")),
+        ))
+    # checked_by names a requirement of the command that observes the binding.
+    with pytest.raises(UnknownName, match="checked_by 'Nope'"):
+        CATALOG.command(_mutate_task(Set("task", "title", Var("title"), checked_by="Nope")))
+    with pytest.raises(UnprovenSet, match="does not observe task"):
+        CATALOG.command(_mutate_task(
+            Require("Named", Ne(Var("title"), Const("")), Outcome("Unnamed")),
+            Set("task", "title", Var("title"), checked_by="Named"),
+        ))
+    CATALOG.command(_mutate_task(
+        Require("Unlocked", Not(Field("task", "locked")), Outcome("Locked")),
+        Set("task", "title", Var("title"), checked_by="Unlocked"),
+    ))
+    CATALOG.command(_mutate_task(Set("task", "title", Var("title"), overwrite=True)))
+    # The caller's revision compared with the row's fences the binding.
+    fenced = Command(
+        "Fenced", ORG, Input("task_id", str), Input("title", str), Input("rev", int),
+        Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing"),
+               taken={"by_title": Outcome("TitleTaken")}),
+        Require("Current", Eq(Var("rev"), Field("task", "version")), Outcome("Stale")),
+        Set("task", "title", Var("title")), Return("Done"),
+    )
+    CATALOG.command(fenced)
+    with pytest.raises(UnprovenSet):  # a constant is no caller's revision
+        CATALOG.command(Command("Fenced", *(
+            Require("Current", Eq(Const(1), Field("task", "version")), Outcome("Stale"))
+            if isinstance(c, Require) else c for c in fenced.clauses
+        )))
+    assert C["StartTask"].effects  # a Transition fences its binding's sets
+    assert C["PinStep"].effects
+
+
+def test_mistyped_declarations_are_refused_at_registration() -> None:
+    """Each mistyped declaration is refused at registration (not at run
+    time) with a named error whose message names the command and the clause:
+    an enum-like field compared with a number or a value outside its states,
+    an undeclared principal fact, a Set value the field's type cannot hold,
+    a Set after the binding's Delete, two requirements with one name (the
+    first's clause named)."""
+    cases: list[tuple[Command, type[Exception], str]] = [
+        (_mutate_task(Require("Queued", Eq(Field("task", "state"), Const(5)), Outcome("No"))),
+         TypeMismatch, r"clause 5 \(Require Queued\).*task\.state == 5"),
+        (_mutate_task(Require("Queued", Eq(Field("task", "state"), Const("queud")),
+                              Outcome("No"))),
+         TypeMismatch, r"clause 5 \(Require Queued\).*'queud' is not one of"),
+        (_mutate_task(Require("Admin", Fact("admn"), Outcome("No"))),
+         UnknownName, r"clause 5 \(Require Admin\).*Fact\('admn'\) is not a declared"),
+        (_mutate_task(Set("task", "title", Const(5), overwrite=True)),
+         TypeMismatch, r"set task\.title \(clause 5 .*5 \(int\), the field is str"),
+        (_mutate_task(Set("task", "locked", Var("title"), overwrite=True)),
+         TypeMismatch, r"set task\.locked .*the field is bool"),
+        (_mutate_task(Set("task", "started_at", Const(None), overwrite=True),
+                      Set("task", "title", Const(None), overwrite=True)),
+         TypeMismatch, r"set task\.title \(clause 6 .*may be None"),
+        (Command("Probe", ORG, Input("task_id", str),
+                 Mutate("Task", (Var("org"), Var("task_id")), as_="task",
+                        else_=Outcome("Missing")),
+                 Delete("task", too_many=Outcome("TooMany")),
+                 Set("task", "locked", Const(True), overwrite=True), Return("Done")),
+         BindingError, r"set task\.locked \(clause 5 .*deleted before it"),
+        (_mutate_task(Require("Open", Not(Field("task", "locked")), Outcome("Locked")),
+                      Require("Open", Eq(Field("task", "title"), Var("title")), Outcome("No"))),
+         DuplicateName, r"clause 6 \(Require Open\).*first declared at clause 5 \(Require Open\)"),
+        (_mutate_task(Require("Titled", Field("task", "title"), Outcome("No"))),
+         TypeMismatch, r"require Titled .*is str, not a bool"),
+        (_mutate_task(Require("Older", Lt(Field("task", "version"), Var("title")),
+                              Outcome("No"))),
+         TypeMismatch, r"compares int with str"),
+    ]
+    for declaration, error, message in cases:
+        with pytest.raises(error, match=f"command Probe: .*{message}"):
+            CATALOG.command(declaration)
+    # A workflow's states must be values of its field; a row policy is typed too.
+    with pytest.raises(WorkflowError, match=r"not values of Task\.state"):
+        Catalog([PROJECT, TASK, STEP], [replace(LIFECYCLE, states=("queued", "running", "gone"),
+                                                transitions=())], FACTS)
+    with pytest.raises(UnknownName, match=r"entity Task: the update row policy.*'admn'"):
+        Catalog([PROJECT, replace(TASK, update_policy=RowPolicy(Fact("admn"), Reason("x"))),
+                 STEP], [LIFECYCLE], FACTS)
+    with pytest.raises(DuplicateName, match=r"entity Project \(entity #2\): the name is first declared by entity #1"):
+        Catalog([PROJECT, PROJECT])
+
+
+async def test_a_requirement_refuses_with_zero_mutation(db: Database) -> None:
+    """A Require whose predicate is false answers its declared outcome and
+    changes nothing; true, the command runs."""
+    runner = runner_for(db)
+    await seed(runner)
+    await ok(runner, "StartTask", request_key="s", org="acme", task_id="t1", expected_revision=1)
+    await ok(runner, "LockTask", ROOT, org="acme", task_id="t1", locked=True)
+    before = await task_row(db, "t1")
+    locked = await run(runner, "FinishTask", ROOT, org="acme", task_id="t1", expected_revision=3)
+    assert (locked.name, locked.ok) == ("Locked", False)
+    assert await task_row(db, "t1") == before
+    await ok(runner, "LockTask", ROOT, org="acme", task_id="t1", locked=False)
+    assert (await run(runner, "FinishTask", ROOT, org="acme", task_id="t1",
+                      expected_revision=4)).name == "Finished"
+
+
+async def test_an_update_is_refused_when_the_current_row_fails_its_policy(db: Database) -> None:
+    """The update policy judges the current row too: unlocking a locked
+    task (a proposed row the policy admits) is refused to a non-admin."""
+    runner = runner_for(db)
+    await seed(runner)
+    await ok(runner, "LockTask", ROOT, org="acme", task_id="t1", locked=True)
+    refused = await run(runner, "LockTask", org="acme", task_id="t1", locked=False)
+    assert (refused.name, refused.data) == (
+        REFUSED, {"reason": "task.update_denied", "action": "update"})
+    row = await task_row(db, "t1")
+    assert row is not None and row["locked"] and row["version"] == 2
+
+
+@dataclass
+class RacingTask(Task):
+    """A task whose store pins no row and lets a write in right after its
+    load: a writer outside the pipeline between a check and the commit."""
+
+    Store: ClassVar[RacingStore]
+
+
+class RacingStore(TaskStore):
+    def __init__(self) -> None:
+        super().__init__(lock_rows=False, store_type=Task.Store.store_type)
+        self.writer: Conn | None = None
+
+    def from_row(self, row: Mapping[str, Any]) -> RacingTask:
+        return RacingTask(**vars(super().from_row(row)))
+
+    async def load_locked(self, conn: Conn, key: Sequence[str]) -> Any:
+        found = await super().load_locked(conn, key)
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            await writer.execute("UPDATE cmd_task SET title = 'renamed', version = version + 1"
+                                 " WHERE org = $1 AND id = $2", key[0], key[1])
+        return found
+
+
+RacingTask.Store = RacingStore()
+
+
+async def test_a_write_past_the_lock_fails_the_checked_transition(db: Database) -> None:
+    """A checked transition keeps the entity's version as a read dependency:
+    a write that slips in between the check and the commit (a store without
+    row locks, a writer outside the pipeline) is never lost; the transition
+    does not commit over it."""
+    racing = Catalog([PROJECT, replace(TASK, aggregate=RacingTask), STEP], [LIFECYCLE], FACTS)
+    start = racing.command(START_TASK)
+    runner = runner_for(db)
+    await seed(runner)
+    writer = await db.connect_dedicated()
+    try:
+        RacingTask.Store.writer = writer
+        outcome = await runner.run(start, ALICE, {"request_key": "k", "org": "acme",
+                                                  "task_id": "t1", "expected_revision": 1})
+    finally:
+        RacingTask.Store.writer = None
+        await writer.close()
+    assert not (isinstance(outcome, CommandOutcome) and outcome.ok), outcome
+    row = await task_row(db, "t1")
+    assert row is not None
+    assert (row["title"], row["state"], row["version"]) == ("renamed", "queued", 2)

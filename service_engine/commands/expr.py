@@ -43,6 +43,7 @@ __all__ = [
     "Var",
     "evaluate",
     "references",
+    "show",
     "truth",
 ]
 
@@ -317,3 +318,30 @@ def references(expr: Expr) -> Iterator[Const | Var | Field | Row | Fact]:
 def is_expr(value: object) -> bool:
     """Whether ``value`` is an expression node."""
     return isinstance(value, (*_LEAVES, Not, Contains, *_BINARY))
+
+
+_OPERATORS: dict[type, str] = {
+    And: "and", Or: "or", Eq: "==", Ne: "!=", Lt: "<", Le: "<=", Gt: ">", Ge: ">=", Add: "+",
+    Sub: "-",
+}
+
+
+def show(expr: object) -> str:
+    """``expr`` as a reader writes it (``task.state == 'queued'``), for diagnostics."""
+    if isinstance(expr, Const):
+        return repr(expr.value)
+    if isinstance(expr, Var):
+        return expr.name
+    if isinstance(expr, Field):
+        return f"{expr.binding}.{expr.name}"
+    if isinstance(expr, Row):
+        return f"row.{expr.name}"
+    if isinstance(expr, Fact):
+        return f"Fact({expr.name!r})"
+    if isinstance(expr, Not):
+        return f"not {show(expr.operand)}"
+    if isinstance(expr, Contains):
+        return f"{show(expr.item)} in {show(expr.collection)}"
+    if isinstance(expr, _BINARY):
+        return f"({show(expr.left)} {_OPERATORS[type(expr)]} {show(expr.right)})"
+    return repr(expr)

@@ -41,6 +41,7 @@ from .expr import (
     Row,
     Sub,
     Var,
+    show,
 )
 
 __all__ = [
@@ -71,12 +72,18 @@ class ValueType:
         if self.base is None:
             return "any"
         name = "None" if self.base is type(None) else self.base.__name__
-        if self.domain is not None:
-            name = f"{name} in {sorted(map(repr, self.domain))}"
+        if self.domain is not None and len(self.domain) == 1:
+            name = f"{_listed(self.domain)[1:-1]} ({name})"
+        elif self.domain is not None:
+            name = f"{name} in {_listed(self.domain)}"
         return f"{name} | None" if self.optional and self.base is not type(None) else name
 
     def with_domain(self, domain: frozenset[Any]) -> ValueType:
         return ValueType(self.base, self.optional, domain)
+
+
+def _listed(values: frozenset[Any]) -> str:
+    return "{" + ", ".join(sorted(map(repr, values))) + "}"
 
 
 UNKNOWN = ValueType(None)
@@ -159,7 +166,7 @@ def assignable(target: ValueType, value: ValueType) -> str | None:
     ):
         return f"is {value.describe()}, the field is {target.describe()}"
     if target.domain is not None and (value.domain is None or not value.domain <= target.domain):
-        return (f"is {value.describe()}, the field holds only {sorted(map(repr, target.domain))}"
+        return (f"is {value.describe()}, the field holds only {_listed(target.domain)}"
                 " (assign a declared constant)")
     return None
 
@@ -235,23 +242,23 @@ class TypeScope:
             collection = self.type_of(expr.collection)
             self.type_of(expr.item)
             if collection.base is not None and not issubclass(collection.base, _COLLECTIONS):
-                raise TypeError(f"{expr!r}: {collection.describe()} is not a collection")
+                raise TypeError(f"{show(expr)}: {collection.describe()} is not a collection")
             return BOOL
         if isinstance(expr, Add | Sub):
             left, right = self.type_of(expr.left), self.type_of(expr.right)
             for side in (left, right):
                 if side.base is not None and not _numeric(side):
-                    raise TypeError(f"{expr!r}: arithmetic on {side.describe()}")
+                    raise TypeError(f"{show(expr)}: arithmetic on {side.describe()}")
             if left.optional or right.optional:
-                raise TypeError(f"{expr!r}: arithmetic on a value that may be None")
+                raise TypeError(f"{show(expr)}: arithmetic on a value that may be None")
             if left.base is int and right.base is int:
                 return ValueType(int)
             return ValueType(float) if _numeric(left) and _numeric(right) else UNKNOWN
         left, right = self.type_of(expr.left), self.type_of(expr.right)
         if not comparable(left, right):
-            raise TypeError(f"{expr!r} compares {left.describe()} with {right.describe()}")
+            raise TypeError(f"{show(expr)} compares {left.describe()} with {right.describe()}")
         if isinstance(expr, Lt | Le | Gt | Ge) and BOOL.base in (left.base, right.base):
-            raise TypeError(f"{expr!r} orders booleans")
+            raise TypeError(f"{show(expr)} orders booleans")
         if isinstance(expr, Eq | Ne | Lt | Le | Gt | Ge):
             for one, other in ((left, right), (right, left)):
                 if (
@@ -260,15 +267,15 @@ class TypeScope:
                     and len(other.domain) == 1
                 ):
                     raise TypeError(
-                        f"{expr!r}: {sorted(map(repr, other.domain))[0]} is not one of "
-                        f"{sorted(map(repr, one.domain))}"
+                        f"{show(expr)}: {_listed(other.domain)[1:-1]} is not one of "
+                        f"{_listed(one.domain)}"
                     )
         return BOOL
 
     def _boolean(self, operand: Expr, parent: Expr) -> None:
         found = self.type_of(operand)
         if found.base is not None and (found.base is not bool or found.optional):
-            raise TypeError(f"{parent!r}: {operand!r} is {found.describe()}, not a bool")
+            raise TypeError(f"{show(parent)}: {show(operand)} is {found.describe()}, not a bool")
 
 
 def input_type(kind: type, optional: bool) -> ValueType:
