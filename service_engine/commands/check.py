@@ -450,6 +450,17 @@ class Catalog:
         return _CommandChecker(self, declaration).check()
 
 
+def _init_fields(entity: Entity) -> dict[str, bool]:
+    """The fields a command may set (the dataclass's init fields outside
+    the key and the revision), each with whether it has a default."""
+    return {
+        f.name: f.default is not dataclasses.MISSING
+        or f.default_factory is not dataclasses.MISSING
+        for f in dataclasses.fields(entity.aggregate)
+        if f.init and f.name in entity.fields
+    }
+
+
 def _label(clause: Clause) -> str:
     kind = type(clause).__name__
     for attr in ("name", "as_", "binding", "transition", "input"):
@@ -667,7 +678,7 @@ class _CommandChecker:
                 if clause.binding in deleted:
                     raise self.fail(BindingError, f"set {clause.binding}.{clause.field} "
                                     f"({self.at}): {clause.binding} is deleted before it")
-                if clause.field not in entity.fields:
+                if clause.field not in _init_fields(entity):
                     raise self.fail(UnknownName, f"set {clause.binding}.{clause.field}: "
                                     f"{entity.name} declares no such field")
                 if clause.field in entity.key:
@@ -983,13 +994,8 @@ class _CommandChecker:
             if not isinstance(binding, Create):
                 continue
             entity = self.bound[binding.as_]
-            defaulted = {
-                f.name for f in dataclasses.fields(entity.aggregate)
-                if f.default is not dataclasses.MISSING
-                or f.default_factory is not dataclasses.MISSING
-            }
-            for name in entity.fields:
-                if name in defaulted:
+            for name, defaulted in _init_fields(entity).items():
+                if defaulted or name in entity.key:
                     continue
                 if self._field_expr(binding, set_fields, name) is None:
                     raise self.fail(

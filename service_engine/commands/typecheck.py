@@ -107,6 +107,8 @@ def value_type(annotation: Any) -> ValueType:
         return ValueType(base, domain=frozenset(values))
     if origin is not None:
         return ValueType(origin) if isinstance(origin, type) else UNKNOWN
+    if annotation is Any or annotation is object:
+        return UNKNOWN
     if annotation is None or annotation is type(None):
         return NULL
     if isinstance(annotation, type):
