@@ -251,3 +251,32 @@ def test_a_create_initialises_and_needs_no_other_proof() -> None:
                                        else_=Outcome("Exists")),
                                 Set("acct", "owner", Fact("org")),
                                 Set("acct", "balance", Const(0)), Return("Opened")))
+
+
+@dataclass
+class Flagged:
+    org: str
+    id: str
+    flag: bool | None = None
+    title: str = ""
+    Store: ClassVar[Any] = _Store()
+
+
+def test_a_row_policy_is_a_typed_boolean() -> None:
+    from service_engine.commands import Row, RowPolicy
+    from service_engine.gates import Reason
+
+    def entity(predicate: Any) -> Entity:
+        return Entity("F", Flagged, key=("org", "id"), partition_by=("org",),
+                      update_policy=RowPolicy(predicate, Reason("no")))
+
+    Catalog([entity(Eq(Row("title"), Const("x")))])
+    Catalog([entity(Const(True))])
+    for predicate in (Row("title"), Row("flag"), Not(Row("flag")), Const(1)):
+        with pytest.raises(TypeMismatch, match="update row policy"):
+            Catalog([entity(predicate)])
+    with pytest.raises(CommandDeclarationError, match="not an expression"):
+        Catalog([entity("org == 'acme'")])
+    with pytest.raises(UnknownName, match="admn"):
+        Catalog([Entity("F", Flagged, key=("org", "id"), partition_by=("org",),
+                        delete_row_policy=RowPolicy(Fact("admn"), Reason("no")))])

@@ -230,6 +230,8 @@ class Entity:
     types: Mapping[str, ValueType] = field(init=False, repr=False, compare=False)
     """Every field's type, derived from ``aggregate`` (empty when it is not
     a dataclass: registration refuses it)."""
+    fields: Mapping[str, ValueType] = field(init=False, repr=False, compare=False)
+    """The fields outside the key and the revision, typed."""
 
     def __post_init__(self) -> None:
         try:
@@ -237,14 +239,10 @@ class Entity:
         except (TypeError, NameError):
             derived = {}
         object.__setattr__(self, "types", MappingProxyType(derived))
-
-    @property
-    def fields(self) -> Mapping[str, ValueType]:
-        """The fields outside the key and the revision, typed."""
-        return {
-            name: t for name, t in self.types.items()
+        object.__setattr__(self, "fields", MappingProxyType({
+            name: t for name, t in derived.items()
             if name not in self.key and name != self.revision
-        }
+        }))
 
     @property
     def conflict_fields(self) -> tuple[str, ...]:
