@@ -51,6 +51,7 @@ from service_engine.commands import (
     ServiceValueError,
     Set,
     Transition,
+    TypeMismatch,
     UnboundReference,
     Unique,
     UniqueKeyOutsidePartition,
@@ -405,3 +406,196 @@ def test_a_gate_judges_an_existing_row() -> None:
             "Bad", *add_comment().clauses[:9], RequireGate("comment", "can_edit"),
             *add_comment().clauses[9:],
         ))
+
+
+# -- every refusal names its declaration ----------------------------------------------
+
+
+def refused(error: type[Exception], message: str, make: Any) -> None:
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_catalog_duplicates_name_the_first_declaration() -> None:
+    refused(DuplicateName, r"^entity Post \(entity #2\): the name is first declared by entity #1$",
+            lambda: Catalog([POST, POST, COMMENT]))
+    refused(DuplicateName, r"^entity Post \(entity #3\): the name is first declared by entity #2$",
+            lambda: Catalog([COMMENT, POST, POST]))
+    refused(DuplicateName,
+            r"^workflow Life \(workflow #2\): the name is first declared by workflow #1$",
+            lambda: Catalog([POST, COMMENT], [FLOW, FLOW]))
+    two = (Unique("by_title", ("site", "title")), Unique("by_title", ("site", "state")))
+    refused(DuplicateName, r"unique key by_title \(unique #2\): the name is first declared by "
+            r"unique #1$", lambda: Catalog([replace(POST, unique=two), COMMENT]))
+    index = ReverseIndex("by_title", ("site", "title"), table="post")
+    refused(DuplicateName, r"index by_title \(index #1\): the name is first declared by "
+            r"unique #1$", lambda: Catalog([replace(POST, indexes=(index,)), COMMENT]))
+    rels = (Relationship("post", "Post", ("site", "post_id")),) * 2
+    refused(DuplicateName, r"relationship post \(relationship #2\): the name is first declared "
+            r"by relationship #1$", lambda: Catalog([POST, replace(COMMENT, relationships=rels)]))
+    moves = (WorkflowTransition("Publish", ("draft",), "published"),) * 2
+    refused(DuplicateName, r"transition Publish \(transition #2\): the name is first declared "
+            r"by transition #1$",
+            lambda: Catalog([POST, COMMENT], [replace(FLOW, transitions=moves)]))
+    refused(DuplicateName, r"command Bad: site at clause 2 \(Input site\): name 'site' is first "
+            r"declared at clause 1 \(Input site\)$",
+            lambda: CATALOG.command(Command("Bad", SITE, SITE, Return("X"))))
+    refused(DuplicateName, r"command Bad: return X at clause 4 \(Return X\): outcome 'X' is "
+            r"first declared at clause 3 \(Read post\)$",
+            lambda: CATALOG.command(Command("Bad", SITE, POST_ID, replace(
+                READ_POST, else_=Outcome("X")), Return("X"))))
+
+
+def test_entities_are_checked_field_by_field() -> None:
+    class NoStore:
+        pass
+
+    refused(CommandDeclarationError, "aggregate must be a class naming a Store",
+            lambda: Catalog([Entity("X", NoStore, key=("id",))]))
+    refused(CommandDeclarationError, "aggregate must be a class naming a Store",
+            lambda: Catalog([Entity("X", "Post", key=("id",))]))  # type: ignore[arg-type]
+    refused(UnknownName, r"entity Post: Post has no typed field \['colour'\]",
+            lambda: Catalog([replace(POST, revision="colour"), COMMENT]))
+    refused(BindingError, r"conflict_key \(\) must be key fields",
+            lambda: Catalog([replace(POST, conflict_key=()), COMMENT]))
+    Catalog([replace(POST, conflict_key=("site", "id")), COMMENT])  # the whole key is fine
+    refused(CommandDeclarationError, "the revision 'id' cannot be a key field",
+            lambda: Catalog([replace(POST, revision="id"), COMMENT]))
+    Catalog([replace(POST, revision=None), replace(COMMENT, revision=None)])
+    refused(UnknownName, r"unique by_x names unknown fields \['x'\]",
+            lambda: Catalog([replace(POST, unique=(Unique("by_x", ("site", "x")),)), COMMENT]))
+    refused(UnknownName, r"index by_x names unknown fields \['x'\]", lambda: Catalog([
+        POST, replace(COMMENT, indexes=(ReverseIndex("by_x", ("site", "x"), table="c"),))]))
+    refused(CommandDeclarationError, "index by_post columns do not match", lambda: Catalog([
+        POST, replace(COMMENT, indexes=(ReverseIndex("by_post", ("site", "post_id"), table="c",
+                                                     columns=("site",)),))]))
+    refused(CommandDeclarationError, r"index by_post key_columns must hold the key", lambda: (
+        Catalog([POST, replace(COMMENT, indexes=(ReverseIndex(
+            "by_post", ("site", "post_id"), table="c", key_columns=("id",)),))])))
+    Catalog([POST, replace(COMMENT, indexes=(ReverseIndex(
+        "by_post", ("site", "post_id"), table="c", key_columns=("site", "comment_id")),))])
+    refused(UnknownName, r"relationship post names unknown fields \['x'\]", lambda: Catalog([
+        POST, replace(COMMENT, relationships=(Relationship("post", "Post", ("site", "x")),))]))
+    refused(BindingError, "must reference the complete key", lambda: Catalog([
+        POST, replace(COMMENT, relationships=(Relationship("post", "Post", ("post_id",)),))]))
+    refused(TypeMismatch, r"the update row policy: \(row.title == 5\) compares str with 5",
+            lambda: Catalog([replace(POST, update_policy=RowPolicy(
+                Eq(Row("title"), Const(5)), Reason("no"))), COMMENT]))
+    refused(TypeMismatch, r"'publishd' is not one of \{'draft', 'published'\}",
+            lambda: Catalog([replace(POST, create_policy=RowPolicy(
+                Eq(Row("state"), Const("publishd")), Reason("no"))), COMMENT], [FLOW]))
+    # A workflow closes only its own entity's field.
+    Catalog([POST, replace(COMMENT, update_policy=RowPolicy(
+        Eq(Row("body"), Const("publishd")), Reason("no")))],
+        [replace(FLOW, state="title", states=("publishd",), transitions=())])
+
+
+def test_delete_policies_are_checked_edge_by_edge() -> None:
+    refused(UnknownName, r"restrict names unknown index Nope\.by_post", lambda: Catalog([
+        replace(POST, delete_policy=Restrict((IndexRef("Nope", "by_post"),))), COMMENT]))
+    other = ReverseIndex("by_body", ("site", "body"), table="comment")
+    refused(DeletePolicyError, r"restrict Comment\.by_body is not a reverse index", lambda: (
+        Catalog([replace(POST, delete_policy=Restrict((IndexRef("Comment", "by_body"),))),
+                 replace(COMMENT, indexes=(*COMMENT.indexes, other))])))
+    refused(DeletePolicyError, r"restrict, but nothing targets Post: declare no_inbound",
+            lambda: Catalog([replace(POST, delete_policy=Restrict(())),
+                             replace(COMMENT, relationships=())]))
+    edge = CascadeEdge("Comment", "post", "by_post", 1)
+    Catalog([replace(POST, delete_policy=Cascade((edge,))), COMMENT])
+    Catalog([replace(POST, delete_policy=Cascade((replace(edge, maximum=MAX_CASCADE),))),
+             COMMENT])
+    for maximum in (0, -1, MAX_CASCADE + 1, 1.0, True):
+        refused(DeletePolicyError, "cascade maximum must be", lambda m=maximum: Catalog([
+            replace(POST, delete_policy=Cascade((replace(edge, maximum=m),))), COMMENT]))
+    refused(DeletePolicyError, r"cascade names Nope\.post", lambda: Catalog([
+        replace(POST, delete_policy=Cascade((replace(edge, entity="Nope"),))), COMMENT]))
+    refused(DeletePolicyError, r"cascade names Comment\.nope", lambda: Catalog([
+        replace(POST, delete_policy=Cascade((replace(edge, relationship="nope"),))), COMMENT]))
+    refused(DeletePolicyError, r"needs a reverse index of Comment starting with", lambda: (
+        Catalog([replace(POST, delete_policy=Cascade((replace(edge, index="nope"),))),
+                 COMMENT])))
+    refused(DuplicateName, r"cascade lists Comment\.post twice", lambda: Catalog([
+        replace(POST, delete_policy=Cascade((edge, edge))), COMMENT]))
+    # A relationship of a child towards another entity is not an edge of this one.
+    refused(DeletePolicyError, r"cascade names Comment\.post, which is not a relationship "
+            r"targeting Comment", lambda: Catalog([
+                POST, replace(COMMENT, delete_policy=Cascade((edge,)))]))
+
+
+def test_workflows_are_checked_state_by_state() -> None:
+    refused(UnknownName, r"workflow Life: unknown entity 'Nope'",
+            lambda: Catalog([POST, COMMENT], [replace(FLOW, entity="Nope")]))
+    refused(UnknownName, r"workflow Life: Post declares no field 'colour'",
+            lambda: Catalog([POST, COMMENT], [replace(FLOW, state="colour")]))
+    refused(WorkflowError, "declare each state once",
+            lambda: Catalog([POST, COMMENT], [replace(FLOW, states=())]))
+    refused(WorkflowError, "declare each state once",
+            lambda: Catalog([POST, COMMENT], [replace(FLOW, states=("draft", "draft"))]))
+    refused(WorkflowError, "no source state", lambda: Catalog([POST, COMMENT], [replace(
+        FLOW, transitions=(WorkflowTransition("Publish", (), "published"),))]))
+    refused(WorkflowError, r"Post\.state has two workflows", lambda: Catalog(
+        [POST, COMMENT], [FLOW, replace(FLOW, name="Other")]))
+    Catalog([POST, COMMENT], [FLOW, replace(FLOW, name="Titles", state="title",
+                                                 transitions=())])
+    refused(WorkflowError, r"states \[5\] are not values of Post\.state",
+            lambda: Catalog([POST, COMMENT], [replace(FLOW, states=("draft", 5))]))  # type: ignore[arg-type]
+
+
+def post_command(*clauses: Any) -> Command:
+    return Command("Bad", SITE, POST_ID, Input("rev", int), Input("text", str), *clauses,
+                   Return("X"))
+
+
+def test_command_clauses_are_checked_one_by_one() -> None:
+    transition = Transition("Life.Publish", on="post", revision=Var("rev"),
+                            stale=Outcome("Stale"), illegal=Outcome("Illegal"))
+    cases: list[tuple[type[Exception], str, Command]] = [
+        (MissingOutcome, r"read post declares no Outcome, got 'Missing'",
+         post_command(replace(READ_POST, else_="Missing"))),  # type: ignore[arg-type]
+        (UnboundReference, r"set 'other': no binding of that name",
+         post_command(READ_POST, Set("other", "title", Var("text")))),
+        (BindingError, r"set 'post': a read binding is not written; declare it mutate",
+         post_command(READ_POST, Set("post", "title", Var("text"), overwrite=True))),
+        (BindingError, r"delete 'post': a read binding is not written", post_command(
+            READ_POST, Delete("post", referenced=Outcome("Referenced")))),
+        (DeletePolicyError, r"delete 'post': name a mutate binding", post_command(
+            Create("Post", (Var("site"), Var("post_id")), as_="post", else_=Outcome("Exists"),
+                   taken={"by_title": Outcome("Taken")}),
+            Set("post", "title", Var("text")), Set("post", "state", Const("draft")),
+            Delete("post", referenced=Outcome("Referenced")))),
+        (DeletePolicyError, r"delete 'post' twice", post_command(
+            MUTATE_POST, Delete("post", referenced=Outcome("Referenced")),
+            Delete("post", referenced=Outcome("Referenced2")))),
+        (UnknownName, r"transition 'Life': not a declared Workflow\.Transition",
+         post_command(MUTATE_POST, replace(transition, transition="Life"))),
+        (UnknownName, r"transition 'Nope\.Publish': not a declared",
+         post_command(MUTATE_POST, replace(transition, transition="Nope.Publish"))),
+        (UnknownName, r"transition 'Life\.Publish\.x': not a declared",
+         post_command(MUTATE_POST, replace(transition, transition="Life.Publish.x"))),
+        (WorkflowError, r"two transitions on 'post'",
+         post_command(MUTATE_POST, transition, replace(transition, stale=Outcome("S2"),
+                                                       illegal=Outcome("I2")))),
+        (BindingError, r"may not read the binding 'post'",
+         post_command(MUTATE_POST, replace(transition, revision=Field("post", "version")))),
+        (TypeMismatch, r"the revision is str, not an int",
+         post_command(MUTATE_POST, replace(transition, revision=Var("text")))),
+        (CommandDeclarationError, r"not a command clause", post_command(READ_POST, "Set")),
+        (CommandDeclarationError, r"require R is not an expression", post_command(
+            READ_POST, Require("R", True, Outcome("No")))),  # type: ignore[arg-type]
+    ]
+    for error, message, declaration in cases:
+        with pytest.raises(error, match=f"^command Bad: .*{message}"):
+            CATALOG.command(declaration)
+    optional_rev = Command(
+        "Bad", SITE, POST_ID, Input("rev", int, optional=True), MUTATE_POST,
+        replace(transition, revision=Var("rev")), Return("X"))
+    refused(TypeMismatch, "the revision is int | None", lambda: CATALOG.command(optional_rev))
+    other = Workflow("Notes", "Comment", "body", ("a", "b"),
+                     (WorkflowTransition("Go", ("a",), "b"),))
+    two = Catalog([POST, COMMENT], [FLOW, other])
+    refused(WorkflowError, r"transition Notes\.Go: workflow of Comment, binding post is a Post",
+            lambda: two.command(post_command(MUTATE_POST, replace(transition,
+                                                                  transition="Notes.Go"))))
+    checked = CATALOG.command(post_command(MUTATE_POST, transition))
+    step = checked.transitions["post"]
+    assert (step.clause, step.workflow, step.move.name) == (transition, FLOW, "Publish")

@@ -229,6 +229,16 @@ def test_set_proofs() -> None:
         with pytest.raises(UnprovenSet):
             CATALOG.command(command(Require("F", fence, Outcome("Stale")),
                                     Set("acct", "owner", Const("x"))))
+    # Each Set carries its own proof: a proven one does not cover the next.
+    for first in (Set("acct", "owner", Const("x"), overwrite=True),
+                  Set("acct", "limit", Add(Field("acct", "limit"), Var("amount")))):
+        with pytest.raises(UnprovenSet, match=r"set acct\.balance \(clause 7"):
+            CATALOG.command(command(first, Set("acct", "balance", Var("amount"))))
+    with pytest.raises(UnprovenSet, match=r"set acct\.balance \(clause 8"):
+        CATALOG.command(command(
+            Require("Open", Eq(Field("acct", "owner"), Const("x")), Outcome("Closed")),
+            Set("acct", "owner", Const("y"), checked_by="Open"),
+            Set("acct", "balance", Var("amount"))))
     with pytest.raises(CommandDeclarationError, match="overwrite is a bool"):
         CATALOG.command(command(Set("acct", "owner", Const("x"), overwrite=1)))  # type: ignore[arg-type]
 

@@ -105,7 +105,7 @@ def _section(clause: Clause) -> int:
         return 4
     if isinstance(clause, Return):
         return 5
-    raise CommandDeclarationError(f"not a command clause: {clause!r}")
+    return -1
 
 
 def _identifier(what: str, name: object) -> str:
@@ -587,8 +587,11 @@ class _CommandChecker:
         if not decl.clauses:
             raise self.fail(CommandDeclarationError, "declares no clauses")
         section = 0
-        for clause in decl.clauses:
+        for position, clause in enumerate(decl.clauses, start=1):
             now = _section(clause)
+            if now < 0:
+                raise self.fail(CommandDeclarationError,
+                                f"clause {position} is not a command clause: {clause!r}")
             if now < section:
                 raise self.fail(
                     ClauseOrderError,
