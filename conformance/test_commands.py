@@ -822,3 +822,23 @@ async def test_a_write_past_the_lock_fails_the_checked_transition(db: Database) 
     row = await task_row(db, "t1")
     assert row is not None
     assert (row["title"], row["state"], row["version"]) == ("renamed", "queued", 2)
+
+
+async def test_run_in_answers_a_keyed_retry_from_its_record(db: Database) -> None:
+    """A keyed command run inside a handler's transaction stores its outcome
+    with the handler's commit (under the default retention): a retry
+    through `run_in` answers it again and runs nothing."""
+    runner = runner_for(db)
+    await seed(runner)
+    executor = executor_for(db)
+    inputs = {"request_key": "k", "org": "acme", "task_id": "t1", "expected_revision": 1}
+
+    async def start(cx: Mutation[Any]) -> CommandOutcome:
+        return await run_in(cx, C["StartTask"], inputs)
+
+    first = await executor.execute(ALICE, start)
+    again = await executor.execute(ALICE, start)
+    assert isinstance(first, CommandOutcome) and first.name == "Started" and not first.replayed
+    assert again == first and isinstance(again, CommandOutcome) and again.replayed
+    row = await task_row(db, "t1")
+    assert row is not None and (row["state"], row["version"]) == ("running", 2)

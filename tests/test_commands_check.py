@@ -20,12 +20,14 @@ from service_engine.commands import (
     Command,
     CommandDeclarationError,
     Const,
+    Contains,
     Create,
     Delete,
     DeletePolicyError,
     DuplicateName,
     Entity,
     Eq,
+    Fact,
     Field,
     IdempotencyDeclarationError,
     IdempotencyKey,
@@ -599,3 +601,13 @@ def test_command_clauses_are_checked_one_by_one() -> None:
     checked = CATALOG.command(post_command(MUTATE_POST, transition))
     step = checked.transitions["post"]
     assert (step.clause, step.workflow, step.move.name) == (transition, FLOW, "Publish")
+
+
+def test_a_membership_observes_what_is_declared() -> None:
+    catalog = Catalog([POST, COMMENT], [FLOW], facts={"tags": frozenset[str]})
+    catalog.command(post_command(READ_POST, Require(
+        "Tagged", Contains(Fact("tags"), Field("post", "title")), Outcome("No"))))
+    for contains in (Contains(Fact("tags"), Var("later")), Contains(Var("later"), Var("text")),
+                     Contains(Fact("tags"), Field("other", "title"))):
+        with pytest.raises(UnboundReference, match="command Bad: require Tagged"):
+            catalog.command(post_command(READ_POST, Require("Tagged", contains, Outcome("No"))))
