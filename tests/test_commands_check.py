@@ -12,6 +12,7 @@ from service_engine.commands import (
     MAX_CASCADE,
     TRANSACTION_TIME,
     UUID_V7,
+    And,
     BindingError,
     Cascade,
     CascadeEdge,
@@ -58,6 +59,7 @@ from service_engine.commands import (
     Unique,
     UniqueKeyOutsidePartition,
     UnknownName,
+    UnprovenSet,
     Var,
     Workflow,
     WorkflowError,
@@ -611,3 +613,52 @@ def test_a_membership_observes_what_is_declared() -> None:
                      Contains(Fact("tags"), Field("other", "title"))):
         with pytest.raises(UnboundReference, match="command Bad: require Tagged"):
             catalog.command(post_command(READ_POST, Require("Tagged", contains, Outcome("No"))))
+
+
+def test_further_refusals_name_their_declaration() -> None:
+    refused(DuplicateName, r"entity Post key: 'id' appears twice",
+            lambda: Catalog([replace(POST, key=("site", "id", "id")), COMMENT]))
+    refused(UnknownName, r"mutate post: Post has no unique key 'by_nope'", lambda: (
+        CATALOG.command(post_command(replace(MUTATE_POST, taken={
+            "by_title": Outcome("Taken"), "by_nope": Outcome("Nope")}),
+            Set("post", "title", Var("text"), overwrite=True)))))
+    cascade = Catalog([replace(POST, delete_policy=Cascade(
+        (CascadeEdge("Comment", "post", "by_post", 10),))), COMMENT], [FLOW])
+    refused(MissingOutcome, r"command Bad: delete post: cascade needs the too_many outcome",
+            lambda: cascade.command(post_command(MUTATE_POST, Delete("post"))))
+    refused(CommandDeclarationError, r"command Bad: require R: Row is for row policies only",
+            lambda: CATALOG.command(post_command(READ_POST, Require(
+                "R", Eq(Row("title"), Var("text")), Outcome("No")))))
+    # A fence on the left of a conjunction fences the binding too.
+    CATALOG.command(post_command(
+        MUTATE_POST,
+        Require("Current", And(Eq(Field("post", "version"), Var("rev")),
+                               Eq(Var("text"), Const("x"))), Outcome("Stale")),
+        Set("post", "title", Var("text"))))
+    # Each Set after a fenced one is still checked.
+    refused(UnprovenSet, r"set comment\.body", lambda: CATALOG.command(Command(
+        "Bad", SITE, POST_ID, Input("rev", int), Input("text", str), Input("cid", str),
+        MUTATE_POST,
+        Mutate("Comment", (Var("site"), Var("cid")), as_="comment", else_=Outcome("NoComment")),
+        Require("Current", Eq(Field("post", "version"), Var("rev")), Outcome("Stale")),
+        Set("post", "title", Var("text")), Set("comment", "body", Var("text")),
+        Return("X"))))
+    # A mutation that moves a required relationship proves its new target.
+    refused(MissingRelationshipProof, r"comment affects Comment\.post", lambda: CATALOG.command(
+        Command("Bad", SITE, Input("cid", str), Input("other", str),
+                Mutate("Comment", (Var("site"), Var("cid")), as_="comment",
+                       else_=Outcome("Missing")),
+                Set("comment", "post_id", Var("other"), overwrite=True), Return("X"))))
+    CATALOG.command(Command(
+        "Move", SITE, Input("cid", str), Input("other", str),
+        Read("Post", (Var("site"), Var("other")), as_="post", else_=Outcome("NoPost")),
+        Mutate("Comment", (Var("site"), Var("cid")), as_="comment", else_=Outcome("Missing")),
+        Set("comment", "post_id", Var("other"), overwrite=True), Return("Moved")))
+    # Every create initialises every field without a default.
+    refused(BindingError, r"create second: field Comment\.body is never set", lambda: (
+        CATALOG.command(Command(
+            "Bad", SITE, POST_ID, Input("a", str), Input("b", str), READ_POST,
+            Create("Comment", (Var("site"), Var("a")), as_="first", else_=Outcome("E1")),
+            Create("Comment", (Var("site"), Var("b")), as_="second", else_=Outcome("E2")),
+            Set("first", "post_id", Var("post_id")), Set("first", "body", Var("a")),
+            Set("second", "post_id", Var("post_id")), Return("X")))))
