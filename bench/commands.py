@@ -71,26 +71,26 @@ LOCK_KEYED = CATALOG.command(Command(
     Input("request_key", str), Input("org", str), Input("task_id", str), Input("locked", bool),
     IdempotencyKey("request_key"),
     Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing")),
-    Set("task", "locked", Var("locked")),
+    Set("task", "locked", Var("locked"), overwrite=True),
     Return("Locked"),
 ))
 _counter = itertools.count()
 
 
 async def _lock(cx: Mutation[Any], task_id: str, locked: bool) -> None:
-    task = await cx.load(Task, task_id)
+    task = await cx.load(Task, ["acme", task_id])
     task.locked = locked
     task.version += 1
     await cx.save(task)
-    cx.impact("cmd_task", task_id)
+    cx.impact("cmd_task", ["acme", task_id])
 
 
 async def _rename(cx: Mutation[Any], task_id: str, title: str) -> None:
-    task = await cx.load(Task, task_id)
+    task = await cx.load(Task, ["acme", task_id])
     task.title = title
     task.version += 1
     await cx.save(task)
-    cx.impact("cmd_task", task_id)
+    cx.impact("cmd_task", ["acme", task_id])
 
 
 def ops(db: Database) -> dict[str, Op]:

@@ -8,7 +8,10 @@ test asks for it.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import os
 import secrets
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -31,15 +34,39 @@ SAMPLE_MIGRATIONS = Path(__file__).parent / "migrations"
 """The conformance samples' own tables, numbered above the engine's range."""
 
 
-@pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"), durable=False)
+REUSE_SERVER = "SERVICE_ENGINE_TEST_REUSE_PG"
+"""Set (by ``dev/mutate``) to keep one embedded PostgreSQL for every test
+session of the process and its forks (a mutation tester runs a session per
+mutant); it stops when the process that started it exits."""
+_reused: list[EmbeddedPostgres] = []
+
+
+def _start_server(directory: Path) -> EmbeddedPostgres:
+    server = EmbeddedPostgres(directory, durable=False)
     server.start()
     try:
         extra = service_migrations(SAMPLE_MIGRATIONS) if SAMPLE_MIGRATIONS.is_dir() else []
         asyncio.run(
             provision_database(server, TEMPLATE, is_template=True, extra_migrations=extra)
         )
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    if os.environ.get(REUSE_SERVER):
+        if not _reused:
+            owner = os.getpid()
+            server = _start_server(Path(tempfile.mkdtemp(prefix="service-engine-pg-")))
+            atexit.register(lambda: server.stop() if os.getpid() == owner else None)
+            _reused.append(server)
+        yield _reused[0]
+        return
+    server = _start_server(tmp_path_factory.mktemp("pg"))
+    try:
         yield server
     finally:
         server.stop()

@@ -1,23 +1,28 @@
 """The command-layer sample: projects, tasks and steps, declared once.
 
-* `Project` (``cmd_project``): partition ``org``, deletable while no task
-  references it (``restrict`` through ``Task.by_project``);
-* `Task` (``cmd_task``): partition ``org``, conflict key ``id``, a
-  workflow (``queued`` → ``running`` → ``done``), a unique title per org,
-  a required relationship to its project, an update row policy (the
-  caller's org; a locked task only for an admin), deletable with a
-  ``cascade`` of at most `MAX_STEPS` steps;
-* `Step` (``cmd_step``): references its task, ``no_inbound``.
+Every entity is partitioned by ``org`` with the conflict key ``id``: its
+store key (and table primary key) is the complete key ``[org, id]``, so
+two orgs may hold the same id and never contend.
+
+* `Project` (``cmd_project``): deletable while no task references it
+  (``restrict`` through ``Task.by_project``) by a member of its org;
+* `Task` (``cmd_task``): a workflow (``queued`` → ``running`` → ``done``),
+  a unique title per org, a required relationship to its project, an update
+  row policy (the caller's org; a locked task only for an admin) that its
+  delete obeys too, deletable with a ``cascade`` of at most `MAX_STEPS`
+  steps;
+* `Step` (``cmd_step``): references its task, ``no_inbound``; a ``pinned``
+  step is deleted (by its task's cascade) only by an admin.
 
 `COMMANDS` holds the checked commands; `runner_for` a `CommandRunner`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 from uuid import UUID
 
 from service_engine import Database, EngineConfig
@@ -50,6 +55,7 @@ from service_engine.commands import (
     Outcome,
     Read,
     Relationship,
+    Require,
     Restrict,
     Return,
     ReverseIndex,
@@ -64,9 +70,10 @@ from service_engine.commands import (
     WorkflowTransition,
     row_policy_gate,
 )
+from service_engine.db.types import Conn
 from service_engine.gates import Reason
 from service_engine.metrics import Metrics
-from service_engine.persistence import Aggregate, CrudStore
+from service_engine.persistence import Aggregate, Style
 from service_engine.pipeline import MutationExecutor
 
 MAX_STEPS = 3
@@ -77,6 +84,15 @@ TASK_UPDATE = RowPolicy(
     Reason("task.update_denied", "a task of your org; a locked one only for an admin"),
 )
 TASK_FIELDS = ("org", "id", "project_id", "title", "state", "locked", "version")
+STEP_DELETE = RowPolicy(
+    And(Eq(Row("org"), Fact("org")), Or(Not(Row("pinned")), Fact("admin"))),
+    Reason("step.delete_denied", "a step of your org; a pinned one only for an admin"),
+)
+PROJECT_DELETE = RowPolicy(Eq(Row("org"), Fact("org")),
+                           Reason("project.other_org", "a project of your org"))
+FACTS: Mapping[str, object] = {"org": str | None, "admin": bool, "id": str}
+"""The principal facts the sample's commands and policies read."""
+TaskState = Literal["queued", "running", "done"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,76 @@ ROOT = Principal("root", admin=True)
 EVE = Principal("eve", org="umbrella")
 
 
+class OrgStore:
+    """A table keyed by the complete key ``(org, id)``: the store key is
+    ``[org, id]``. ``lock_rows=False`` loads without pinning the row (a
+    store without row locks; the command layer's read dependency still
+    keeps a checked transition from losing a write)."""
+
+    STYLE: ClassVar[Style] = Style.CRUD
+    TABLE: ClassVar[str]
+    COLUMNS: ClassVar[tuple[str, ...]]
+
+    def __init__(self, *, lock_rows: bool = True, store_type: str | None = None) -> None:
+        self.lock_rows = lock_rows
+        self._store_type = store_type or f"sample.{self.TABLE}"
+        cols = ", ".join(self.COLUMNS)
+        self._select = f"SELECT {cols} FROM {self.TABLE} WHERE org = $1 AND id = $2"
+        others = [c for c in self.COLUMNS if c not in ("org", "id")]
+        self._update = (
+            f"UPDATE {self.TABLE} SET "
+            + ", ".join(f"{c} = ${n}" for n, c in enumerate(others, start=3))
+            + " WHERE org = $1 AND id = $2"
+        )
+        self._others = others
+
+    @property
+    def store_type(self) -> str:
+        return self._store_type
+
+    def to_row(self, aggregate: Any) -> Mapping[str, object]:
+        return {c: getattr(aggregate, c) for c in self.COLUMNS}
+
+    def from_row(self, row: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def key_of(self, aggregate: Any) -> list[str]:
+        return [aggregate.org, aggregate.id]
+
+    async def load(self, conn: Conn, key: Sequence[str]) -> Any:
+        row = await conn.fetchrow(self._select, key[0], key[1])
+        return None if row is None else self.from_row(dict(row))
+
+    async def load_locked(self, conn: Conn, key: Sequence[str]) -> Any:
+        sql = self._select + (" FOR UPDATE" if self.lock_rows else "")
+        row = await conn.fetchrow(sql, key[0], key[1])
+        return None if row is None else self.from_row(dict(row))
+
+    async def read_many(self, conn: Conn, keys: Sequence[Sequence[str]]) -> list[Any]:
+        found = [await self.load(conn, key) for key in keys]
+        return [a for a in found if a is not None]
+
+    async def lock(self, conn: Conn, key: Sequence[str]) -> None:
+        if self.lock_rows:
+            await conn.execute(f"SELECT 1 FROM {self.TABLE} WHERE org = $1 AND id = $2"
+                               " FOR UPDATE", key[0], key[1])
+
+    async def create(self, conn: Conn, aggregate: Any) -> None:
+        row = self.to_row(aggregate)
+        cols = ", ".join(self.COLUMNS)
+        values = ", ".join(f"${n}" for n in range(1, len(self.COLUMNS) + 1))
+        await conn.execute(f"INSERT INTO {self.TABLE} ({cols}) VALUES ({values})",
+                           *(row[c] for c in self.COLUMNS))
+
+    async def save(self, conn: Conn, aggregate: Any) -> None:
+        row = self.to_row(aggregate)
+        await conn.execute(self._update, row["org"], row["id"], *(row[c] for c in self._others))
+
+    async def delete(self, conn: Conn, aggregate: Any) -> None:
+        await conn.execute(f"DELETE FROM {self.TABLE} WHERE org = $1 AND id = $2",
+                           aggregate.org, aggregate.id)
+
+
 @dataclass
 class Project(Aggregate):
     org: str
@@ -100,13 +186,12 @@ class Project(Aggregate):
 
     Store: ClassVar[ProjectStore]
 
+    can_delete = row_policy_gate("delete", PROJECT_DELETE, ("org", "id", "name", "version"))
 
-class ProjectStore(CrudStore[Project, str]):
+
+class ProjectStore(OrgStore):
     TABLE = "cmd_project"
     COLUMNS = ("id", "org", "name", "version")
-
-    def to_row(self, p: Project) -> Mapping[str, object]:
-        return {"id": p.id, "org": p.org, "name": p.name, "version": p.version}
 
     def from_row(self, row: Mapping[str, Any]) -> Project:
         return Project(row["org"], row["id"], row["name"], row["version"])
@@ -121,7 +206,7 @@ class Task(Aggregate):
     id: str
     project_id: str
     title: str
-    state: str
+    state: TaskState
     locked: bool = False
     execution_id: UUID | None = None
     started_at: datetime | None = None
@@ -130,21 +215,15 @@ class Task(Aggregate):
     Store: ClassVar[TaskStore]
 
     can_update = row_policy_gate("update", TASK_UPDATE, TASK_FIELDS)
+    can_delete = row_policy_gate("delete", TASK_UPDATE, TASK_FIELDS)
 
 
-class TaskStore(CrudStore[Task, str]):
+class TaskStore(OrgStore):
     TABLE = "cmd_task"
     COLUMNS = (
         "id", "org", "project_id", "title", "state", "locked", "execution_id", "started_at",
         "version",
     )
-
-    def to_row(self, t: Task) -> Mapping[str, object]:
-        return {
-            "id": t.id, "org": t.org, "project_id": t.project_id, "title": t.title,
-            "state": t.state, "locked": t.locked, "execution_id": t.execution_id,
-            "started_at": t.started_at, "version": t.version,
-        }
 
     def from_row(self, row: Mapping[str, Any]) -> Task:
         return Task(
@@ -162,21 +241,21 @@ class Step(Aggregate):
     id: str
     task_id: str
     label: str
+    pinned: bool = False
     version: int = 1
 
     Store: ClassVar[StepStore]
 
+    can_delete = row_policy_gate("delete", STEP_DELETE, ("org", "id", "pinned"))
 
-class StepStore(CrudStore[Step, str]):
+
+class StepStore(OrgStore):
     TABLE = "cmd_step"
-    COLUMNS = ("id", "org", "task_id", "label", "version")
-
-    def to_row(self, s: Step) -> Mapping[str, object]:
-        return {"id": s.id, "org": s.org, "task_id": s.task_id, "label": s.label,
-                "version": s.version}
+    COLUMNS = ("id", "org", "task_id", "label", "pinned", "version")
 
     def from_row(self, row: Mapping[str, Any]) -> Step:
-        return Step(row["org"], row["id"], row["task_id"], row["label"], row["version"])
+        return Step(row["org"], row["id"], row["task_id"], row["label"], row["pinned"],
+                    row["version"])
 
 
 Step.Store = StepStore()
@@ -184,16 +263,15 @@ Step.Store = StepStore()
 
 PROJECT = Entity(
     "Project", Project, key=("org", "id"), partition_by=("org",), conflict_key=("id",),
-    fields={"name": str}, revision="version",
+    revision="version",
     delete_policy=Restrict((IndexRef("Task", "by_project"),)),
     create_policy=RowPolicy(Eq(Row("org"), Fact("org")),
                             Reason("project.other_org", "a project is created in your org")),
+    delete_row_policy=PROJECT_DELETE,
     nouns=("cmd_project",),
 )
 TASK = Entity(
     "Task", Task, key=("org", "id"), partition_by=("org",), conflict_key=("id",),
-    fields={"project_id": str, "title": str, "state": str, "locked": bool,
-            "execution_id": UUID, "started_at": datetime},
     revision="version",
     unique=(Unique("by_title", ("org", "title")),),
     relationships=(Relationship("project", "Project", ("org", "project_id")),),
@@ -204,17 +282,18 @@ TASK = Entity(
 )
 STEP = Entity(
     "Step", Step, key=("org", "id"), partition_by=("org",), conflict_key=("id",),
-    fields={"task_id": str, "label": str}, revision="version",
+    revision="version",
     relationships=(Relationship("task", "Task", ("org", "task_id")),),
     indexes=(ReverseIndex("by_task", ("org", "task_id"), table="cmd_step"),),
     delete_policy=NoInbound(),
+    delete_row_policy=STEP_DELETE,
 )
 LIFECYCLE = Workflow(
     "TaskLifecycle", "Task", "state", ("queued", "running", "done"),
     (WorkflowTransition("Start", ("queued",), "running"),
      WorkflowTransition("Finish", ("running",), "done")),
 )
-CATALOG = Catalog([PROJECT, TASK, STEP], [LIFECYCLE])
+CATALOG = Catalog([PROJECT, TASK, STEP], [LIFECYCLE], FACTS)
 
 KEY = Input("request_key", str, max_length=128)
 ORG = Input("org", str)
@@ -264,6 +343,7 @@ FINISH_TASK = Command(
     "FinishTask",
     ORG, Input("task_id", str), Input("expected_revision", int),
     Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing")),
+    Require("Unlocked", Not(Field("task", "locked")), else_=Outcome("Locked")),
     Transition("TaskLifecycle.Finish", on="task", revision=Var("expected_revision"),
                stale=Outcome("StaleRevision"), illegal=Outcome("IllegalState")),
     Return("Finished", revision=Field("task", "version")),
@@ -273,7 +353,8 @@ RENAME_TASK = Command(
     ORG, Input("task_id", str), Input("title", str),
     Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing"),
            taken={"by_title": Outcome("TitleTaken")}),
-    Set("task", "title", Var("title")),
+    # A rename replaces the title whatever it was: a deliberate overwrite.
+    Set("task", "title", Var("title"), overwrite=True),
     Caused("task", "cmd_task", "task.renamed", {"title": Var("title")}),
     Return("Renamed", revision=Field("task", "version")),
 )
@@ -281,7 +362,7 @@ LOCK_TASK = Command(
     "LockTask",
     ORG, Input("task_id", str), Input("locked", bool),
     Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing")),
-    Set("task", "locked", Var("locked")),
+    Set("task", "locked", Var("locked"), overwrite=True),
     Return("Locked"),
 )
 LOCK_PAIR = Command(
@@ -289,8 +370,8 @@ LOCK_PAIR = Command(
     ORG, Input("first", str), Input("second", str),
     Mutate("Task", (Var("org"), Var("first")), as_="a", else_=Outcome("FirstMissing")),
     Mutate("Task", (Var("org"), Var("second")), as_="b", else_=Outcome("SecondMissing")),
-    Set("a", "locked", Const(True)),
-    Set("b", "locked", Const(True)),
+    Set("a", "locked", Const(True), overwrite=True),
+    Set("b", "locked", Const(True), overwrite=True),
     Return("Locked"),
 )
 SWAP_TITLES = Command(
@@ -300,8 +381,11 @@ SWAP_TITLES = Command(
            taken={"by_title": Outcome("FirstTaken")}),
     Mutate("Task", (Var("org"), Var("second")), as_="b", else_=Outcome("SecondMissing"),
            taken={"by_title": Outcome("SecondTaken")}),
-    Set("a", "title", Field("b", "title")),
-    Set("b", "title", Field("a", "title")),
+    # Each takes the other's title as read under both locks in this
+    # transaction: a deliberate replacement of both (the unique claims keep
+    # the titles distinct), not a lost update.
+    Set("a", "title", Field("b", "title"), overwrite=True),
+    Set("b", "title", Field("a", "title"), overwrite=True),
     Return("Swapped"),
 )
 ADD_STEP = Command(
@@ -312,6 +396,16 @@ ADD_STEP = Command(
     Set("step", "task_id", Var("task_id")),
     Set("step", "label", Var("label")),
     Return("Added"),
+)
+PIN_STEP = Command(
+    "PinStep",
+    ORG, Input("step_id", str), Input("expected_revision", int),
+    Mutate("Step", (Var("org"), Var("step_id")), as_="step", else_=Outcome("Missing")),
+    Require("Current", Eq(Field("step", "version"), Var("expected_revision")),
+            else_=Outcome("StaleRevision")),
+    # Fenced: the caller's revision was compared with the row's.
+    Set("step", "pinned", Const(True)),
+    Return("Pinned", revision=Field("step", "version")),
 )
 DELETE_PROJECT = Command(
     "DeleteProject",
@@ -333,7 +427,7 @@ COMMANDS: dict[str, CheckedCommand] = {
     decl.name: CATALOG.command(decl)
     for decl in (
         CREATE_PROJECT, CREATE_TASK, START_TASK, FINISH_TASK, RENAME_TASK, LOCK_TASK,
-        LOCK_PAIR, SWAP_TITLES, ADD_STEP, DELETE_PROJECT, DELETE_TASK,
+        LOCK_PAIR, SWAP_TITLES, ADD_STEP, PIN_STEP, DELETE_PROJECT, DELETE_TASK,
     )
 }
 

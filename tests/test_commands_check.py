@@ -12,6 +12,7 @@ from service_engine.commands import (
     MAX_CASCADE,
     TRANSACTION_TIME,
     UUID_V7,
+    And,
     BindingError,
     Cascade,
     CascadeEdge,
@@ -20,12 +21,14 @@ from service_engine.commands import (
     Command,
     CommandDeclarationError,
     Const,
+    Contains,
     Create,
     Delete,
     DeletePolicyError,
     DuplicateName,
     Entity,
     Eq,
+    Fact,
     Field,
     IdempotencyDeclarationError,
     IdempotencyKey,
@@ -51,10 +54,12 @@ from service_engine.commands import (
     ServiceValueError,
     Set,
     Transition,
+    TypeMismatch,
     UnboundReference,
     Unique,
     UniqueKeyOutsidePartition,
     UnknownName,
+    UnprovenSet,
     Var,
     Workflow,
     WorkflowError,
@@ -95,13 +100,13 @@ class Comment:
 
 POST = Entity(
     "Post", Post, key=("site", "id"), partition_by=("site",), conflict_key=("id",),
-    fields={"state": str, "title": str}, revision="version",
+    revision="version",
     unique=(Unique("by_title", ("site", "title")),),
     delete_policy=Restrict((IndexRef("Comment", "by_post"),)),
 )
 COMMENT = Entity(
     "Comment", Comment, key=("site", "id"), partition_by=("site",), conflict_key=("id",),
-    fields={"post_id": str, "body": str}, revision="version",
+    revision="version",
     relationships=(Relationship("post", "Post", ("site", "post_id")),),
     indexes=(ReverseIndex("by_post", ("site", "post_id"), table="comment"),),
     delete_policy=NoInbound(),
@@ -146,9 +151,10 @@ def test_declaration_errors_are_config_errors() -> None:
 @pytest.mark.parametrize("clauses", [
     (READ_POST, SITE, Return("X")),
     (SITE, Return("X"), READ_POST),
-    (KEY, SITE, POST_ID, MUTATE_POST, IdempotencyKey("key"), Set("post", "title", Var("key")),
+    (KEY, SITE, POST_ID, MUTATE_POST, IdempotencyKey("key"),
+     Set("post", "title", Var("key"), overwrite=True),
      Return("X")),
-    (SITE, POST_ID, MUTATE_POST, Set("post", "title", Var("site")),
+    (SITE, POST_ID, MUTATE_POST, Set("post", "title", Var("site"), overwrite=True),
      Require("R", Const(True), Outcome("No")), Return("X")),
     (SITE, Return("X"), Return("Y")),
     (SITE,),
@@ -233,7 +239,7 @@ def test_every_outcome_is_declared_and_pascal_case() -> None:
         CATALOG.command(Command(
             "Bad", SITE, POST_ID, Input("title", str),
             Mutate("Post", (Var("site"), Var("post_id")), as_="post", else_=Outcome("Missing")),
-            Set("post", "title", Var("title")), Return("X"),
+            Set("post", "title", Var("title"), overwrite=True), Return("X"),
         ))
 
 
@@ -256,7 +262,7 @@ def test_service_values_need_a_durably_idempotent_mutation() -> None:
     with pytest.raises(ServiceValueError):
         CATALOG.command(Command(
             "Bad", SITE, POST_ID, Input("title", str), Service("id", UUID_V7), MUTATE_POST,
-            Set("post", "title", Var("title")), Return("X"),
+            Set("post", "title", Var("title"), overwrite=True), Return("X"),
         ))
 
 
@@ -267,7 +273,7 @@ def test_writes_derive_one_partition_route() -> None:
             Input("body", str), MUTATE_POST,
             Create("Comment", (Var("other_site"), Var("comment_id")), as_="comment",
                    else_=Outcome("Exists")),
-            Set("post", "title", Var("body")),
+            Set("post", "title", Var("body"), overwrite=True),
             Set("comment", "post_id", Var("post_id")), Set("comment", "body", Var("body")),
             Return("X"),
         ))
@@ -404,3 +410,255 @@ def test_a_gate_judges_an_existing_row() -> None:
             "Bad", *add_comment().clauses[:9], RequireGate("comment", "can_edit"),
             *add_comment().clauses[9:],
         ))
+
+
+# -- every refusal names its declaration ----------------------------------------------
+
+
+def refused(error: type[Exception], message: str, make: Any) -> None:
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_catalog_duplicates_name_the_first_declaration() -> None:
+    refused(DuplicateName, r"^entity Post \(entity #2\): the name is first declared by entity #1$",
+            lambda: Catalog([POST, POST, COMMENT]))
+    refused(DuplicateName, r"^entity Post \(entity #3\): the name is first declared by entity #2$",
+            lambda: Catalog([COMMENT, POST, POST]))
+    refused(DuplicateName,
+            r"^workflow Life \(workflow #2\): the name is first declared by workflow #1$",
+            lambda: Catalog([POST, COMMENT], [FLOW, FLOW]))
+    two = (Unique("by_title", ("site", "title")), Unique("by_title", ("site", "state")))
+    refused(DuplicateName, r"unique key by_title \(unique #2\): the name is first declared by "
+            r"unique #1$", lambda: Catalog([replace(POST, unique=two), COMMENT]))
+    index = ReverseIndex("by_title", ("site", "title"), table="post")
+    refused(DuplicateName, r"index by_title \(index #1\): the name is first declared by "
+            r"unique #1$", lambda: Catalog([replace(POST, indexes=(index,)), COMMENT]))
+    rels = (Relationship("post", "Post", ("site", "post_id")),) * 2
+    refused(DuplicateName, r"relationship post \(relationship #2\): the name is first declared "
+            r"by relationship #1$", lambda: Catalog([POST, replace(COMMENT, relationships=rels)]))
+    moves = (WorkflowTransition("Publish", ("draft",), "published"),) * 2
+    refused(DuplicateName, r"transition Publish \(transition #2\): the name is first declared "
+            r"by transition #1$",
+            lambda: Catalog([POST, COMMENT], [replace(FLOW, transitions=moves)]))
+    refused(DuplicateName, r"command Bad: site at clause 2 \(Input site\): name 'site' is first "
+            r"declared at clause 1 \(Input site\)$",
+            lambda: CATALOG.command(Command("Bad", SITE, SITE, Return("X"))))
+    refused(DuplicateName, r"command Bad: return X at clause 4 \(Return X\): outcome 'X' is "
+            r"first declared at clause 3 \(Read post\)$",
+            lambda: CATALOG.command(Command("Bad", SITE, POST_ID, replace(
+                READ_POST, else_=Outcome("X")), Return("X"))))
+
+
+def test_entities_are_checked_field_by_field() -> None:
+    class NoStore:
+        pass
+
+    refused(CommandDeclarationError, "aggregate must be a class naming a Store",
+            lambda: Catalog([Entity("X", NoStore, key=("id",))]))
+    refused(CommandDeclarationError, "aggregate must be a class naming a Store",
+            lambda: Catalog([Entity("X", "Post", key=("id",))]))  # type: ignore[arg-type]
+    refused(UnknownName, r"entity Post: Post has no typed field \['colour'\]",
+            lambda: Catalog([replace(POST, revision="colour"), COMMENT]))
+    refused(BindingError, r"conflict_key \(\) must be key fields",
+            lambda: Catalog([replace(POST, conflict_key=()), COMMENT]))
+    Catalog([replace(POST, conflict_key=("site", "id")), COMMENT])  # the whole key is fine
+    refused(CommandDeclarationError, "the revision 'id' cannot be a key field",
+            lambda: Catalog([replace(POST, revision="id"), COMMENT]))
+    Catalog([replace(POST, revision=None), replace(COMMENT, revision=None)])
+    refused(UnknownName, r"unique by_x names unknown fields \['x'\]",
+            lambda: Catalog([replace(POST, unique=(Unique("by_x", ("site", "x")),)), COMMENT]))
+    refused(UnknownName, r"index by_x names unknown fields \['x'\]", lambda: Catalog([
+        POST, replace(COMMENT, indexes=(ReverseIndex("by_x", ("site", "x"), table="c"),))]))
+    refused(CommandDeclarationError, "index by_post columns do not match", lambda: Catalog([
+        POST, replace(COMMENT, indexes=(ReverseIndex("by_post", ("site", "post_id"), table="c",
+                                                     columns=("site",)),))]))
+    refused(CommandDeclarationError, r"index by_post key_columns must hold the key", lambda: (
+        Catalog([POST, replace(COMMENT, indexes=(ReverseIndex(
+            "by_post", ("site", "post_id"), table="c", key_columns=("id",)),))])))
+    Catalog([POST, replace(COMMENT, indexes=(ReverseIndex(
+        "by_post", ("site", "post_id"), table="c", key_columns=("site", "comment_id")),))])
+    refused(UnknownName, r"relationship post names unknown fields \['x'\]", lambda: Catalog([
+        POST, replace(COMMENT, relationships=(Relationship("post", "Post", ("site", "x")),))]))
+    refused(BindingError, "must reference the complete key", lambda: Catalog([
+        POST, replace(COMMENT, relationships=(Relationship("post", "Post", ("post_id",)),))]))
+    refused(TypeMismatch, r"the update row policy: \(row.title == 5\) compares str with 5",
+            lambda: Catalog([replace(POST, update_policy=RowPolicy(
+                Eq(Row("title"), Const(5)), Reason("no"))), COMMENT]))
+    refused(TypeMismatch, r"'publishd' is not one of \{'draft', 'published'\}",
+            lambda: Catalog([replace(POST, create_policy=RowPolicy(
+                Eq(Row("state"), Const("publishd")), Reason("no"))), COMMENT], [FLOW]))
+    # A workflow closes only its own entity's field.
+    Catalog([POST, replace(COMMENT, update_policy=RowPolicy(
+        Eq(Row("body"), Const("publishd")), Reason("no")))],
+        [replace(FLOW, state="title", states=("publishd",), transitions=())])
+
+
+def test_delete_policies_are_checked_edge_by_edge() -> None:
+    refused(UnknownName, r"restrict names unknown index Nope\.by_post", lambda: Catalog([
+        replace(POST, delete_policy=Restrict((IndexRef("Nope", "by_post"),))), COMMENT]))
+    other = ReverseIndex("by_body", ("site", "body"), table="comment")
+    refused(DeletePolicyError, r"restrict Comment\.by_body is not a reverse index", lambda: (
+        Catalog([replace(POST, delete_policy=Restrict((IndexRef("Comment", "by_body"),))),
+                 replace(COMMENT, indexes=(*COMMENT.indexes, other))])))
+    refused(DeletePolicyError, r"restrict, but nothing targets Post: declare no_inbound",
+            lambda: Catalog([replace(POST, delete_policy=Restrict(())),
+                             replace(COMMENT, relationships=())]))
+    edge = CascadeEdge("Comment", "post", "by_post", 1)
+    Catalog([replace(POST, delete_policy=Cascade((edge,))), COMMENT])
+    Catalog([replace(POST, delete_policy=Cascade((replace(edge, maximum=MAX_CASCADE),))),
+             COMMENT])
+    for maximum in (0, -1, MAX_CASCADE + 1, 1.0, True):
+        refused(DeletePolicyError, "cascade maximum must be", lambda m=maximum: Catalog([
+            replace(POST, delete_policy=Cascade((replace(edge, maximum=m),))), COMMENT]))
+    refused(DeletePolicyError, r"cascade names Nope\.post", lambda: Catalog([
+        replace(POST, delete_policy=Cascade((replace(edge, entity="Nope"),))), COMMENT]))
+    refused(DeletePolicyError, r"cascade names Comment\.nope", lambda: Catalog([
+        replace(POST, delete_policy=Cascade((replace(edge, relationship="nope"),))), COMMENT]))
+    refused(DeletePolicyError, r"needs a reverse index of Comment starting with", lambda: (
+        Catalog([replace(POST, delete_policy=Cascade((replace(edge, index="nope"),))),
+                 COMMENT])))
+    refused(DuplicateName, r"cascade lists Comment\.post twice", lambda: Catalog([
+        replace(POST, delete_policy=Cascade((edge, edge))), COMMENT]))
+    # A relationship of a child towards another entity is not an edge of this one.
+    refused(DeletePolicyError, r"cascade names Comment\.post, which is not a relationship "
+            r"targeting Comment", lambda: Catalog([
+                POST, replace(COMMENT, delete_policy=Cascade((edge,)))]))
+
+
+def test_workflows_are_checked_state_by_state() -> None:
+    refused(UnknownName, r"workflow Life: unknown entity 'Nope'",
+            lambda: Catalog([POST, COMMENT], [replace(FLOW, entity="Nope")]))
+    refused(UnknownName, r"workflow Life: Post declares no field 'colour'",
+            lambda: Catalog([POST, COMMENT], [replace(FLOW, state="colour")]))
+    refused(WorkflowError, "declare each state once",
+            lambda: Catalog([POST, COMMENT], [replace(FLOW, states=())]))
+    refused(WorkflowError, "declare each state once",
+            lambda: Catalog([POST, COMMENT], [replace(FLOW, states=("draft", "draft"))]))
+    refused(WorkflowError, "no source state", lambda: Catalog([POST, COMMENT], [replace(
+        FLOW, transitions=(WorkflowTransition("Publish", (), "published"),))]))
+    refused(WorkflowError, r"Post\.state has two workflows", lambda: Catalog(
+        [POST, COMMENT], [FLOW, replace(FLOW, name="Other")]))
+    Catalog([POST, COMMENT], [FLOW, replace(FLOW, name="Titles", state="title",
+                                                 transitions=())])
+    refused(WorkflowError, r"states \[5\] are not values of Post\.state",
+            lambda: Catalog([POST, COMMENT], [replace(FLOW, states=("draft", 5))]))  # type: ignore[arg-type]
+
+
+def post_command(*clauses: Any) -> Command:
+    return Command("Bad", SITE, POST_ID, Input("rev", int), Input("text", str), *clauses,
+                   Return("X"))
+
+
+def test_command_clauses_are_checked_one_by_one() -> None:
+    transition = Transition("Life.Publish", on="post", revision=Var("rev"),
+                            stale=Outcome("Stale"), illegal=Outcome("Illegal"))
+    cases: list[tuple[type[Exception], str, Command]] = [
+        (MissingOutcome, r"read post declares no Outcome, got 'Missing'",
+         post_command(replace(READ_POST, else_="Missing"))),  # type: ignore[arg-type]
+        (UnboundReference, r"set 'other': no binding of that name",
+         post_command(READ_POST, Set("other", "title", Var("text")))),
+        (BindingError, r"set 'post': a read binding is not written; declare it mutate",
+         post_command(READ_POST, Set("post", "title", Var("text"), overwrite=True))),
+        (BindingError, r"delete 'post': a read binding is not written", post_command(
+            READ_POST, Delete("post", referenced=Outcome("Referenced")))),
+        (DeletePolicyError, r"delete 'post': name a mutate binding", post_command(
+            Create("Post", (Var("site"), Var("post_id")), as_="post", else_=Outcome("Exists"),
+                   taken={"by_title": Outcome("Taken")}),
+            Set("post", "title", Var("text")), Set("post", "state", Const("draft")),
+            Delete("post", referenced=Outcome("Referenced")))),
+        (DeletePolicyError, r"delete 'post' twice", post_command(
+            MUTATE_POST, Delete("post", referenced=Outcome("Referenced")),
+            Delete("post", referenced=Outcome("Referenced2")))),
+        (UnknownName, r"transition 'Life': not a declared Workflow\.Transition",
+         post_command(MUTATE_POST, replace(transition, transition="Life"))),
+        (UnknownName, r"transition 'Nope\.Publish': not a declared",
+         post_command(MUTATE_POST, replace(transition, transition="Nope.Publish"))),
+        (UnknownName, r"transition 'Life\.Publish\.x': not a declared",
+         post_command(MUTATE_POST, replace(transition, transition="Life.Publish.x"))),
+        (WorkflowError, r"two transitions on 'post'",
+         post_command(MUTATE_POST, transition, replace(transition, stale=Outcome("S2"),
+                                                       illegal=Outcome("I2")))),
+        (BindingError, r"may not read the binding 'post'",
+         post_command(MUTATE_POST, replace(transition, revision=Field("post", "version")))),
+        (TypeMismatch, r"the revision is str, not an int",
+         post_command(MUTATE_POST, replace(transition, revision=Var("text")))),
+        (CommandDeclarationError, r"not a command clause", post_command(READ_POST, "Set")),
+        (CommandDeclarationError, r"require R is not an expression", post_command(
+            READ_POST, Require("R", True, Outcome("No")))),  # type: ignore[arg-type]
+    ]
+    for error, message, declaration in cases:
+        with pytest.raises(error, match=f"^command Bad: .*{message}"):
+            CATALOG.command(declaration)
+    optional_rev = Command(
+        "Bad", SITE, POST_ID, Input("rev", int, optional=True), MUTATE_POST,
+        replace(transition, revision=Var("rev")), Return("X"))
+    refused(TypeMismatch, "the revision is int | None", lambda: CATALOG.command(optional_rev))
+    other = Workflow("Notes", "Comment", "body", ("a", "b"),
+                     (WorkflowTransition("Go", ("a",), "b"),))
+    two = Catalog([POST, COMMENT], [FLOW, other])
+    refused(WorkflowError, r"transition Notes\.Go: workflow of Comment, binding post is a Post",
+            lambda: two.command(post_command(MUTATE_POST, replace(transition,
+                                                                  transition="Notes.Go"))))
+    checked = CATALOG.command(post_command(MUTATE_POST, transition))
+    step = checked.transitions["post"]
+    assert (step.clause, step.workflow, step.move.name) == (transition, FLOW, "Publish")
+
+
+def test_a_membership_observes_what_is_declared() -> None:
+    catalog = Catalog([POST, COMMENT], [FLOW], facts={"tags": frozenset[str]})
+    catalog.command(post_command(READ_POST, Require(
+        "Tagged", Contains(Fact("tags"), Field("post", "title")), Outcome("No"))))
+    for contains in (Contains(Fact("tags"), Var("later")), Contains(Var("later"), Var("text")),
+                     Contains(Fact("tags"), Field("other", "title"))):
+        with pytest.raises(UnboundReference, match="command Bad: require Tagged"):
+            catalog.command(post_command(READ_POST, Require("Tagged", contains, Outcome("No"))))
+
+
+def test_further_refusals_name_their_declaration() -> None:
+    refused(DuplicateName, r"entity Post key: 'id' appears twice",
+            lambda: Catalog([replace(POST, key=("site", "id", "id")), COMMENT]))
+    refused(UnknownName, r"mutate post: Post has no unique key 'by_nope'", lambda: (
+        CATALOG.command(post_command(replace(MUTATE_POST, taken={
+            "by_title": Outcome("Taken"), "by_nope": Outcome("Nope")}),
+            Set("post", "title", Var("text"), overwrite=True)))))
+    cascade = Catalog([replace(POST, delete_policy=Cascade(
+        (CascadeEdge("Comment", "post", "by_post", 10),))), COMMENT], [FLOW])
+    refused(MissingOutcome, r"command Bad: delete post: cascade needs the too_many outcome",
+            lambda: cascade.command(post_command(MUTATE_POST, Delete("post"))))
+    refused(CommandDeclarationError, r"command Bad: require R: Row is for row policies only",
+            lambda: CATALOG.command(post_command(READ_POST, Require(
+                "R", Eq(Row("title"), Var("text")), Outcome("No")))))
+    # A fence on the left of a conjunction fences the binding too.
+    CATALOG.command(post_command(
+        MUTATE_POST,
+        Require("Current", And(Eq(Field("post", "version"), Var("rev")),
+                               Eq(Var("text"), Const("x"))), Outcome("Stale")),
+        Set("post", "title", Var("text"))))
+    # Each Set after a fenced one is still checked.
+    refused(UnprovenSet, r"set comment\.body", lambda: CATALOG.command(Command(
+        "Bad", SITE, POST_ID, Input("rev", int), Input("text", str), Input("cid", str),
+        MUTATE_POST,
+        Mutate("Comment", (Var("site"), Var("cid")), as_="comment", else_=Outcome("NoComment")),
+        Require("Current", Eq(Field("post", "version"), Var("rev")), Outcome("Stale")),
+        Set("post", "title", Var("text")), Set("comment", "body", Var("text")),
+        Return("X"))))
+    # A mutation that moves a required relationship proves its new target.
+    refused(MissingRelationshipProof, r"comment affects Comment\.post", lambda: CATALOG.command(
+        Command("Bad", SITE, Input("cid", str), Input("other", str),
+                Mutate("Comment", (Var("site"), Var("cid")), as_="comment",
+                       else_=Outcome("Missing")),
+                Set("comment", "post_id", Var("other"), overwrite=True), Return("X"))))
+    CATALOG.command(Command(
+        "Move", SITE, Input("cid", str), Input("other", str),
+        Read("Post", (Var("site"), Var("other")), as_="post", else_=Outcome("NoPost")),
+        Mutate("Comment", (Var("site"), Var("cid")), as_="comment", else_=Outcome("Missing")),
+        Set("comment", "post_id", Var("other"), overwrite=True), Return("Moved")))
+    # Every create initialises every field without a default.
+    refused(BindingError, r"create second: field Comment\.body is never set", lambda: (
+        CATALOG.command(Command(
+            "Bad", SITE, POST_ID, Input("a", str), Input("b", str), READ_POST,
+            Create("Comment", (Var("site"), Var("a")), as_="first", else_=Outcome("E1")),
+            Create("Comment", (Var("site"), Var("b")), as_="second", else_=Outcome("E2")),
+            Set("first", "post_id", Var("post_id")), Set("first", "body", Var("a")),
+            Set("second", "post_id", Var("post_id")), Return("X")))))

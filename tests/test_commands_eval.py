@@ -134,3 +134,40 @@ def test_the_affordance_is_the_policy_check(row: dict[str, Any], who: Who) -> No
     if offered.allowed:
         assert row.get("org") == who.org and type(row.get("org")) is str
         assert row.get("locked") is False or who.admin is True
+
+
+def test_a_policy_gate_built_at_run_time_is_the_check() -> None:
+    """row_policy_gate's gate (built here, not at import) judges the named
+    fields of the aggregate with the policy, for its action."""
+    gate = row_policy_gate("archive", POLICY, ["org", "locked"])
+
+    @dataclass
+    class Box:
+        org: str
+        locked: bool
+        colour: str = "red"
+
+        can_archive = gate
+
+    assert gate.__name__ == "can_archive"
+    cases: list[tuple[dict[str, Any], Who]] = [
+        ({"org": "acme", "locked": False}, Who("a")),
+        ({"org": "acme", "locked": True}, Who("a")),
+        ({"org": "acme", "locked": True}, Who("a", admin=True)),
+        ({"org": "umbrella", "locked": False}, Who("a")),
+    ]
+    for row, who in cases:
+        offered = affordances(Box(**row), who)["archive"]  # type: ignore[index]
+        assert offered == check_row(POLICY, row, who)
+    assert affordances(Box("acme", False), Who("a"))["archive"].allowed  # type: ignore[index]
+    assert not affordances(Box("acme", True), Who("a"))["archive"].allowed  # type: ignore[index]
+
+
+def test_orderings_refuse_a_boolean_against_a_number() -> None:
+    for op in (Lt, Le, Gt, Ge):
+        assert ev(op(Const(True), Const(2))) is INVALID
+        assert ev(op(Const(2), Const(False))) is INVALID
+        assert ev(op(Const(None), Const(None))) is INVALID
+        assert ev(op(Const(1), Const(None))) is INVALID
+    assert ev(Lt(Const(1), Const(2.5))) is True
+    assert ev(Gt(Const("b"), Const("a"))) is True

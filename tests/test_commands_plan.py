@@ -61,7 +61,7 @@ class Item:
 
 
 ITEM = Entity("Item", Item, key=("org", "id"), partition_by=("org",), conflict_key=("id",),
-              fields={"name": str}, revision="version",
+              revision="version",
               unique=(Unique("by_name", ("org", "name")),))
 CATALOG = Catalog([ITEM])
 CREATE = CATALOG.command(Command(

@@ -9,7 +9,8 @@ pipeline transaction and answers a typed `CommandOutcome` (or the
 pipeline's `MutationError` for a failure of the pipeline itself).
 
 Modules: `declaration` (the clauses and entity declarations), `expr`
-(expressions, strict evaluation), `check` (registration), `policy` (row
+(expressions, strict evaluation), `typecheck` (field types derived from
+the aggregate dataclass, expression types), `check` (registration), `policy` (row
 policies as gates), `plan` (the runner's pure steps), `outcomes`, `config`,
 `rows` (the engine rows of migration 0010), `runner`, `errors`.
 """
@@ -64,13 +65,16 @@ from .errors import (
     PartitionRouteMismatch,
     RouteIdentifiesRow,
     ServiceValueError,
+    TypeMismatch,
     UnboundReference,
     UniqueKeyOutsidePartition,
     UnknownName,
+    UnprovenSet,
     WorkflowError,
 )
 from .expr import (
     INVALID,
+    Add,
     And,
     Const,
     Contains,
@@ -85,6 +89,7 @@ from .expr import (
     Not,
     Or,
     Row,
+    Sub,
     Var,
 )
 from .outcomes import IDEMPOTENCY_CONFLICT, REFUSED, CommandOutcome
@@ -101,6 +106,7 @@ __all__ = [
     "REFUSED",
     "TRANSACTION_TIME",
     "UUID_V7",
+    "Add",
     "And",
     "BindingError",
     "Cascade",
@@ -157,11 +163,14 @@ __all__ = [
     "Service",
     "ServiceValueError",
     "Set",
+    "Sub",
     "Transition",
+    "TypeMismatch",
     "UnboundReference",
     "Unique",
     "UniqueKeyOutsidePartition",
     "UnknownName",
+    "UnprovenSet",
     "Var",
     "Workflow",
     "WorkflowError",

@@ -10,6 +10,7 @@ Every refusal is a named `CommandDeclarationError`.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -62,12 +63,23 @@ from .errors import (
     PartitionRouteMismatch,
     RouteIdentifiesRow,
     ServiceValueError,
+    TypeMismatch,
     UnboundReference,
     UniqueKeyOutsidePartition,
     UnknownName,
+    UnprovenSet,
     WorkflowError,
 )
-from .expr import Const, Expr, Field, Row, Var, is_expr, references
+from .expr import Add, And, Const, Eq, Expr, Field, Row, Sub, Var, is_expr, references
+from .typecheck import (
+    SERVICE_TYPES,
+    TypeScope,
+    ValueType,
+    admits,
+    assignable,
+    input_type,
+    value_type,
+)
 
 __all__ = ["Catalog", "CheckedCommand", "DeleteStep", "TransitionStep"]
 
@@ -93,7 +105,7 @@ def _section(clause: Clause) -> int:
         return 4
     if isinstance(clause, Return):
         return 5
-    raise CommandDeclarationError(f"not a command clause: {clause!r}")
+    return -1
 
 
 def _identifier(what: str, name: object) -> str:
@@ -145,25 +157,42 @@ class CheckedCommand:
 
 
 class Catalog:
-    """The entities and workflows commands are declared over, checked once."""
+    """The entities and workflows commands are declared over, checked once.
 
-    def __init__(self, entities: Iterable[Entity], workflows: Iterable[Workflow] = ()) -> None:
+    ``facts`` declares the principal facts a `Fact` may read, with their
+    types (``{"org": str | None, "admin": bool}``): an undeclared or
+    mistyped fact is refused at registration.
+    """
+
+    def __init__(
+        self, entities: Iterable[Entity], workflows: Iterable[Workflow] = (),
+        facts: Mapping[str, object] | None = None,
+    ) -> None:
         by_name: dict[str, Entity] = {}
-        for entity in entities:
+        for n, entity in enumerate(entities, start=1):
             if not isinstance(entity, Entity):
                 raise CommandDeclarationError(f"not an Entity: {entity!r}")
             _identifier("an entity name", entity.name)
             if entity.name in by_name:
-                raise DuplicateName(f"two entities named {entity.name!r}")
+                first = list(by_name).index(entity.name) + 1
+                raise DuplicateName(f"entity {entity.name} (entity #{n}): the name is first "
+                                    f"declared by entity #{first}")
             by_name[entity.name] = entity
         self.entities: Mapping[str, Entity] = MappingProxyType(by_name)
         flows: dict[str, Workflow] = {}
-        for workflow in workflows:
+        for n, workflow in enumerate(workflows, start=1):
             _identifier("a workflow name", workflow.name)
             if workflow.name in flows:
-                raise DuplicateName(f"two workflows named {workflow.name!r}")
+                first = list(flows).index(workflow.name) + 1
+                raise DuplicateName(f"workflow {workflow.name} (workflow #{n}): the name is "
+                                    f"first declared by workflow #{first}")
             flows[workflow.name] = workflow
         self.workflows: Mapping[str, Workflow] = MappingProxyType(flows)
+        declared: dict[str, ValueType] = {}
+        for name, annotation in (facts or {}).items():
+            _identifier("a principal fact", name)
+            declared[name] = value_type(annotation)
+        self.facts: Mapping[str, ValueType] = MappingProxyType(declared)
         for entity in by_name.values():
             self._check_entity(entity)
         for entity in by_name.values():
@@ -177,30 +206,46 @@ class Catalog:
         where = f"entity {e.name}"
         if not isinstance(e.aggregate, type) or getattr(e.aggregate, "Store", None) is None:
             raise CommandDeclarationError(f"{where}: aggregate must be a class naming a Store")
+        if not dataclasses.is_dataclass(e.aggregate) or not e.types:
+            raise CommandDeclarationError(
+                f"{where}: aggregate {e.aggregate.__qualname__} must be a dataclass with "
+                "annotated fields (its fields and their types are the entity's)"
+            )
         if not e.key:
             raise BindingError(f"{where}: declares no key")
         _unique_names(where + " key", e.key)
-        for name in (*e.key, *e.fields):
-            _identifier(f"{where}: a field", name)
+        missing = [name for name in (*e.key, *(() if e.revision is None else (e.revision,)))
+                   if name not in e.types]
+        if missing:
+            raise UnknownName(f"{where}: {e.aggregate.__qualname__} has no typed field "
+                              f"{missing} (fields {sorted(e.types)})")
         if tuple(e.key[: len(e.partition_by)]) != tuple(e.partition_by):
             raise BindingError(f"{where}: partition_by {e.partition_by} is not a prefix of the "
                                f"key {e.key}")
         if not e.conflict_fields or not set(e.conflict_fields) <= set(e.key):
             raise BindingError(f"{where}: conflict_key {e.conflict_fields} must be key fields")
-        for kind, typ in e.fields.items():
-            if not isinstance(typ, type):
-                raise CommandDeclarationError(f"{where}: field {kind} has no type")
+        uncovered = [f for f in e.key if f not in e.partition_by and f not in e.conflict_fields]
+        if uncovered:
+            raise BindingError(
+                f"{where}: key fields {uncovered} are in neither partition_by "
+                f"{e.partition_by} nor conflict_key {e.conflict_fields}: the store key is the "
+                "complete key (route + conflict key)"
+            )
         known = set(e.all_fields)
         if e.revision is not None and e.revision in e.key:
             raise CommandDeclarationError(
                 f"{where}: the revision {e.revision!r} cannot be a key field"
             )
-        seen: set[str] = set()
-        for unique in e.unique:
+        if e.revision is not None and e.types[e.revision].base is not int:
+            raise CommandDeclarationError(f"{where}: the revision {e.revision!r} must be an int "
+                                          f"field, is {e.types[e.revision].describe()}")
+        seen: dict[str, str] = {}
+        for n, unique in enumerate(e.unique, start=1):
             _identifier(f"{where}: a unique key name", unique.name)
             if unique.name in seen:
-                raise DuplicateName(f"{where}: two unique keys named {unique.name!r}")
-            seen.add(unique.name)
+                raise DuplicateName(f"{where}: unique key {unique.name} (unique #{n}): the name "
+                                    f"is first declared by {seen[unique.name]}")
+            seen[unique.name] = f"unique #{n}"
             missing = [f for f in unique.fields if f not in known]
             if missing:
                 raise UnknownName(f"{where}: unique {unique.name} names unknown fields {missing}")
@@ -211,11 +256,12 @@ class Catalog:
                     f"{where}: unique {unique.name} {unique.fields} must begin with the "
                     f"partition route {e.partition_by} (and add a field to it)"
                 )
-        for index in e.indexes:
+        for n, index in enumerate(e.indexes, start=1):
             _identifier(f"{where}: an index name", index.name)
             if index.name in seen:
-                raise DuplicateName(f"{where}: index {index.name!r} reuses a name")
-            seen.add(index.name)
+                raise DuplicateName(f"{where}: index {index.name} (index #{n}): the name is "
+                                    f"first declared by {seen[index.name]}")
+            seen[index.name] = f"index #{n}"
             missing = [f for f in index.fields if f not in known]
             if missing:
                 raise UnknownName(f"{where}: index {index.name} names unknown fields {missing}")
@@ -223,18 +269,23 @@ class Catalog:
                 raise CommandDeclarationError(
                     f"{where}: index {index.name} columns do not match fields"
                 )
+            if index.key_columns is not None and len(index.key_columns) != len(e.key):
+                raise CommandDeclarationError(
+                    f"{where}: index {index.name} key_columns must hold the key {e.key}"
+                )
         if (e.unique or e.indexes) and set(e.partition_by) == set(e.key):
             raise RouteIdentifiesRow(
                 f"{where}: partition_by {e.partition_by} is the whole key, so each partition "
                 "holds one row and its unique keys and indexes are vacuous; partition by the "
                 "scope it is searched within and keep the row id in the conflict key"
             )
-        rels: set[str] = set()
-        for rel in e.relationships:
+        rels: dict[str, int] = {}
+        for n, rel in enumerate(e.relationships, start=1):
             _identifier(f"{where}: a relationship name", rel.name)
             if rel.name in rels:
-                raise DuplicateName(f"{where}: two relationships named {rel.name!r}")
-            rels.add(rel.name)
+                raise DuplicateName(f"{where}: relationship {rel.name} (relationship #{n}): the "
+                                    f"name is first declared by relationship #{rels[rel.name]}")
+            rels[rel.name] = n
             target = self.entities.get(rel.target)
             if target is None:
                 raise UnknownName(f"{where}: relationship {rel.name} targets unknown entity "
@@ -248,9 +299,13 @@ class Catalog:
             if missing:
                 raise UnknownName(f"{where}: relationship {rel.name} names unknown fields "
                                   f"{missing}")
-        for policy in (e.create_policy, e.update_policy):
+        for kind, policy in (("create", e.create_policy), ("update", e.update_policy),
+                             ("delete", e.delete_row_policy)):
             if policy is None:
                 continue
+            if not is_expr(policy.predicate):
+                raise CommandDeclarationError(f"{where}: the {kind} row policy is not an "
+                                              f"expression: {policy.predicate!r}")
             for leaf in references(policy.predicate):
                 if isinstance(leaf, Var | Field):
                     raise CommandDeclarationError(
@@ -259,6 +314,16 @@ class Catalog:
                     )
                 if isinstance(leaf, Row) and leaf.name not in known:
                     raise UnknownName(f"{where}: a row policy reads unknown field {leaf.name!r}")
+            scope = TypeScope({}, {}, self.facts, row=self._row_types(e))
+            _typed_bool(scope, policy.predicate, f"{where}: the {kind} row policy")
+
+    def _row_types(self, e: Entity) -> dict[str, ValueType]:
+        """The entity's field types, a workflow state's closed to its states."""
+        found = dict(e.types)
+        for w in self.workflows.values():
+            if w.entity == e.name and w.state in found:
+                found[w.state] = found[w.state].with_domain(frozenset(w.states))
+        return found
 
     def inbound(self, target: str) -> list[tuple[Entity, Relationship]]:
         """Every declared relationship that targets ``target``."""
@@ -344,16 +409,22 @@ class Catalog:
             raise UnknownName(f"{where}: unknown entity {w.entity!r}")
         if w.state not in entity.fields:
             raise UnknownName(f"{where}: {w.entity} declares no field {w.state!r}")
+        state_type = entity.fields[w.state]
+        wrong = [s for s in w.states if not admits(state_type, s)]
+        if wrong:
+            raise WorkflowError(f"{where}: states {wrong} are not values of {w.entity}.{w.state} "
+                                f"({state_type.describe()})")
         if entity.revision is None:
             raise WorkflowError(f"{where}: {w.entity} declares no revision to check transitions on")
         if not w.states or len(set(w.states)) != len(w.states):
             raise WorkflowError(f"{where}: declare each state once")
-        names: set[str] = set()
-        for move in w.transitions:
+        names: dict[str, int] = {}
+        for n, move in enumerate(w.transitions, start=1):
             _identifier(f"{where}: a transition name", move.name)
             if move.name in names:
-                raise DuplicateName(f"{where}: two transitions named {move.name!r}")
-            names.add(move.name)
+                raise DuplicateName(f"{where}: transition {move.name} (transition #{n}): the "
+                                    f"name is first declared by transition #{names[move.name]}")
+            names[move.name] = n
             outside = [s for s in (*move.sources, move.to) if s not in w.states]
             if outside or not move.sources:
                 raise WorkflowError(
@@ -379,6 +450,64 @@ class Catalog:
         return _CommandChecker(self, declaration).check()
 
 
+def _init_fields(entity: Entity) -> dict[str, bool]:
+    """The fields a command may set (the dataclass's init fields outside
+    the key and the revision), each with whether it has a default."""
+    return {
+        f.name: f.default is not dataclasses.MISSING
+        or f.default_factory is not dataclasses.MISSING
+        for f in dataclasses.fields(entity.aggregate)
+        if f.init and f.name in entity.fields
+    }
+
+
+def _label(clause: Clause) -> str:
+    kind = type(clause).__name__
+    for attr in ("name", "as_", "binding", "transition", "input"):
+        value = getattr(clause, attr, None)
+        if isinstance(value, str):
+            extra = f".{clause.field}" if isinstance(clause, Set) else ""
+            return f"{kind} {value}{extra}"
+    return kind
+
+
+def _same_field_arithmetic(clause: Set) -> bool:
+    """``b.f = b.f + x`` / ``b.f - x`` (``x`` observing no binding)."""
+    value = clause.value
+    if not isinstance(value, Add | Sub):
+        return False
+    if value.left != Field(clause.binding, clause.field):
+        return False
+    return not any(isinstance(leaf, Field) for leaf in references(value.right))
+
+
+def _fences(predicate: Expr, binding: str, revision: str) -> bool:
+    """``Eq(Field(binding, revision), Var(...))`` (either side), alone or in a conjunction."""
+    if isinstance(predicate, And):
+        return _fences(predicate.left, binding, revision) or _fences(
+            predicate.right, binding, revision
+        )
+    if not isinstance(predicate, Eq):
+        return False
+    sides = (predicate.left, predicate.right)
+    return Field(binding, revision) in sides and any(isinstance(s, Var) for s in sides)
+
+
+def _typed_bool(scope: TypeScope, expr: Expr, what: str) -> None:
+    found = _typed(scope, expr, what)
+    if found.base is not None and (found.base is not bool or found.optional):
+        raise TypeMismatch(f"{what} is {found.describe()}, not a bool")
+
+
+def _typed(scope: TypeScope, expr: Expr, what: str) -> ValueType:
+    try:
+        return scope.type_of(expr)
+    except LookupError as exc:
+        raise UnknownName(f"{what}: {exc.args[0]}") from None
+    except TypeError as exc:
+        raise TypeMismatch(f"{what}: {exc}") from None
+
+
 def _unique_names(where: str, names: Iterable[str]) -> None:
     seen: set[str] = set()
     for name in names:
@@ -396,9 +525,27 @@ class _CommandChecker:
         self.bound: dict[str, Entity] = {}
         self.binding_of: dict[str, Binding] = {}
         self.outcomes: set[str] = set()
+        self.at = ""
+        """Where the clause being checked is: ``clause 4 (Require Published)``."""
+        self.first: dict[tuple[str, str], str] = {}
+        """Where each name was first declared, by (namespace, name)."""
+        self.value_types: dict[str, ValueType] = {}
+        self.binding_types: dict[str, dict[str, ValueType]] = {}
 
     def fail(self, error: type[CommandDeclarationError], message: str) -> CommandDeclarationError:
         return error(f"{self.where}: {message}")
+
+    def declare(self, namespace: str, name: str, what: str) -> None:
+        """Record ``name`` in ``namespace`` (refused when it is there already,
+        naming where it was first declared)."""
+        first = self.first.get((namespace, name))
+        if first is not None:
+            raise self.fail(DuplicateName, f"{what} at {self.at}: {namespace} {name!r} is first "
+                            f"declared at {first}")
+        self.first[(namespace, name)] = self.at
+
+    def scope(self) -> TypeScope:
+        return TypeScope(self.value_types, self.binding_types, self.catalog.facts)
 
     def outcome(self, outcome: object, what: str) -> None:
         if not isinstance(outcome, Outcome):
@@ -409,11 +556,10 @@ class _CommandChecker:
                 f"{what}: outcome {outcome.name!r} must be PascalCase and not one of the "
                 f"engine's own {sorted(_ENGINE_OUTCOMES)}",
             )
-        if outcome.name in self.outcomes:
-            raise self.fail(DuplicateName, f"{what}: outcome {outcome.name!r} is declared twice")
+        self.declare("outcome", outcome.name, what)
         self.outcomes.add(outcome.name)
 
-    def observe(self, expr: object, what: str, *, allow_bindings: bool = True) -> None:
+    def observe(self, expr: object, what: str, *, allow_bindings: bool = True) -> ValueType:
         if not is_expr(expr):
             raise self.fail(CommandDeclarationError, f"{what} is not an expression: {expr!r}")
         for leaf in references(expr):  # type: ignore[arg-type]
@@ -433,6 +579,7 @@ class _CommandChecker:
                                     f"{entity.name}.{leaf.name}")
             if isinstance(leaf, Row):
                 raise self.fail(CommandDeclarationError, f"{what}: Row is for row policies only")
+        return _typed(self.scope(), expr, f"{self.where}: {what} ({self.at})")  # type: ignore[arg-type]
 
     def check(self) -> CheckedCommand:
         decl = self.decl
@@ -440,8 +587,11 @@ class _CommandChecker:
         if not decl.clauses:
             raise self.fail(CommandDeclarationError, "declares no clauses")
         section = 0
-        for clause in decl.clauses:
+        for position, clause in enumerate(decl.clauses, start=1):
             now = _section(clause)
+            if now < 0:
+                raise self.fail(CommandDeclarationError,
+                                f"clause {position} is not a command clause: {clause!r}")
             if now < section:
                 raise self.fail(
                     ClauseOrderError,
@@ -467,8 +617,11 @@ class _CommandChecker:
         deletes: dict[str, DeleteStep] = {}
         returns: Return | None = None
         set_fields: dict[str, dict[str, Expr]] = {}
+        sets: list[tuple[Set, str]] = []
+        deleted: set[str] = set()
 
-        for clause in decl.clauses:
+        for position, clause in enumerate(decl.clauses, start=1):
+            self.at = f"clause {position} ({_label(clause)})"
             if isinstance(clause, Input):
                 self._name(clause.name)
                 if clause.type not in _INPUT_TYPES:
@@ -485,6 +638,7 @@ class _CommandChecker:
                         f"input {clause.name}: max_length bounds a str input by a positive int",
                     )
                 self.values[clause.name] = clause
+                self.value_types[clause.name] = input_type(clause.type, clause.optional)
                 inputs.append(clause)
             elif isinstance(clause, Service):
                 self._name(clause.name)
@@ -492,6 +646,7 @@ class _CommandChecker:
                     raise self.fail(ServiceValueError, f"service {clause.name}: unknown kind "
                                     f"{clause.kind!r} (transaction_time or uuid_v7)")
                 self.values[clause.name] = clause
+                self.value_types[clause.name] = SERVICE_TYPES[clause.kind]
                 services.append(clause)
             elif isinstance(clause, IdempotencyKey):
                 declared = self.values.get(clause.input)
@@ -505,7 +660,11 @@ class _CommandChecker:
                 bindings.append(clause)
             elif isinstance(clause, Require):
                 _identifier(f"{self.where}: a requirement name", clause.name)
-                self.observe(clause.predicate, f"require {clause.name}")
+                self.declare("requirement", clause.name, f"require {clause.name}")
+                found = self.observe(clause.predicate, f"require {clause.name}")
+                if found.base is not None and (found.base is not bool or found.optional):
+                    raise self.fail(TypeMismatch, f"require {clause.name} ({self.at}) is "
+                                    f"{found.describe()}, not a bool")
                 self.outcome(clause.else_, f"require {clause.name}")
                 requirements.append(clause)
             elif isinstance(clause, RequireGate):
@@ -519,7 +678,10 @@ class _CommandChecker:
                 requirements.append(clause)
             elif isinstance(clause, Set):
                 entity = self._written(clause.binding, "set")
-                if clause.field not in entity.fields:
+                if clause.binding in deleted:
+                    raise self.fail(BindingError, f"set {clause.binding}.{clause.field} "
+                                    f"({self.at}): {clause.binding} is deleted before it")
+                if clause.field not in _init_fields(entity):
                     raise self.fail(UnknownName, f"set {clause.binding}.{clause.field}: "
                                     f"{entity.name} declares no such field")
                 if clause.field in entity.key:
@@ -536,16 +698,26 @@ class _CommandChecker:
                         "by a create (to a declared state) and changes only by a "
                         "revision-checked Transition",
                     )
-                if clause.field in set_fields.setdefault(clause.binding, {}):
-                    raise self.fail(DuplicateName, f"set {clause.binding}.{clause.field} twice")
-                self.observe(clause.value, f"set {clause.binding}.{clause.field}")
-                set_fields[clause.binding][clause.field] = clause.value
+                self.declare("set", f"{clause.binding}.{clause.field}",
+                             f"set {clause.binding}.{clause.field}")
+                found = self.observe(clause.value, f"set {clause.binding}.{clause.field}")
+                target = self.binding_types[clause.binding][clause.field]
+                why = assignable(target, found)
+                if why is not None:
+                    raise self.fail(TypeMismatch, f"set {clause.binding}.{clause.field} "
+                                    f"({self.at}): the value {why}")
+                set_fields.setdefault(clause.binding, {})[clause.field] = clause.value
+                sets.append((clause, self.at))
                 effects.append(clause)
             elif isinstance(clause, Transition):
+                if clause.on in deleted:
+                    raise self.fail(BindingError, f"transition on {clause.on} ({self.at}): "
+                                    f"{clause.on} is deleted before it")
                 transitions[clause.on] = self._transition(clause, transitions)
                 effects.append(clause)
             elif isinstance(clause, Delete):
                 deletes[clause.binding] = self._delete(clause, deletes)
+                deleted.add(clause.binding)
                 effects.append(clause)
             elif isinstance(clause, Record):
                 self._written(clause.binding, "record")
@@ -569,8 +741,9 @@ class _CommandChecker:
             elif isinstance(clause, Return):
                 if not OUTCOME_NAME.fullmatch(clause.name):
                     raise self.fail(MissingOutcome, f"return {clause.name!r} must be PascalCase")
-                if clause.name in self.outcomes or clause.name in _ENGINE_OUTCOMES:
+                if clause.name in _ENGINE_OUTCOMES:
                     raise self.fail(DuplicateName, f"return {clause.name!r} reuses an outcome")
+                self.declare("outcome", clause.name, f"return {clause.name}")
                 self.outcomes.add(clause.name)
                 for name, value in clause.fields.items():
                     _identifier(f"{self.where}: a return field", name)
@@ -591,6 +764,7 @@ class _CommandChecker:
                 "idempotency_key and a create or mutate binding",
             )
         self._routes(written)
+        self._set_proofs(sets, requirements, transitions)
         self._proofs(bindings, set_fields)
         self._unique_outcomes(written, set_fields)
         self._creates_initialised(written, set_fields)
@@ -613,8 +787,46 @@ class _CommandChecker:
 
     def _name(self, name: str) -> None:
         _identifier(f"{self.where}: a name", name)
-        if name in self.values or name in self.bound:
-            raise self.fail(DuplicateName, f"{name!r} is declared twice")
+        self.declare("name", name, name)
+
+    def _set_proofs(
+        self, sets: Sequence[tuple[Set, str]], requirements: Sequence[Require | RequireGate],
+        transitions: Mapping[str, TransitionStep],
+    ) -> None:
+        """Every `Set` on an existing row carries a proof (seeds/003)."""
+        checks = {r.name: r for r in requirements if isinstance(r, Require)}
+        for clause, at in sets:
+            what = f"set {clause.binding}.{clause.field} ({at})"
+            if clause.checked_by is not None:
+                requirement = checks.get(clause.checked_by)
+                if requirement is None:
+                    raise self.fail(UnknownName, f"{what}: checked_by {clause.checked_by!r} "
+                                    "names no requirement of the command")
+                if not any(isinstance(leaf, Field) and leaf.binding == clause.binding
+                           for leaf in references(requirement.predicate)):
+                    raise self.fail(UnprovenSet, f"{what}: checked_by {clause.checked_by} does "
+                                    f"not observe {clause.binding}")
+            if type(clause.overwrite) is not bool:
+                raise self.fail(CommandDeclarationError, f"{what}: overwrite is a bool")
+            if isinstance(self.binding_of[clause.binding], Create) or clause.overwrite:
+                continue
+            if clause.checked_by is not None or clause.binding in transitions:
+                continue
+            if _same_field_arithmetic(clause):
+                continue
+            revision = self.bound[clause.binding].revision
+            if revision is not None and any(
+                isinstance(r, Require) and _fences(r.predicate, clause.binding, revision)
+                for r in requirements
+            ):
+                continue
+            raise self.fail(
+                UnprovenSet,
+                f"{what} has no proof that it loses nothing: a set on an existing row needs a "
+                "same-field arithmetic update, checked_by a requirement, a caller-version "
+                "fence (a Transition, or a requirement comparing the revision with an input), "
+                "or overwrite=True for a deliberate replacement",
+            )
 
     def _bound(self, name: str, what: str) -> Entity:
         entity = self.bound.get(name)
@@ -638,8 +850,12 @@ class _CommandChecker:
         if len(clause.key) != len(entity.key):
             raise self.fail(BindingError, f"{kind} {clause.as_}: the key of {entity.name} is "
                             f"{entity.key}, got {len(clause.key)} values")
-        for part in clause.key:
-            self.observe(part, f"{kind} {clause.as_} key", allow_bindings=False)
+        for name, part in zip(entity.key, clause.key, strict=True):
+            found = self.observe(part, f"{kind} {clause.as_} key", allow_bindings=False)
+            why = assignable(entity.types[name], found)
+            if why is not None and found.base is not type(None):
+                raise self.fail(TypeMismatch, f"{kind} {clause.as_} ({self.at}): the key "
+                                f"{entity.name}.{name} {why}")
         self.outcome(clause.else_, f"{kind} {clause.as_}")
         if isinstance(clause, Mutate | Create):
             names = {u.name for u in entity.unique}
@@ -650,6 +866,7 @@ class _CommandChecker:
                 self.outcome(outcome, f"{kind} {clause.as_} taken {index}")
         self.bound[clause.as_] = entity
         self.binding_of[clause.as_] = clause
+        self.binding_types[clause.as_] = self.catalog._row_types(entity)
 
     def _transition(
         self, clause: Transition, seen: Mapping[str, TransitionStep]
@@ -669,8 +886,11 @@ class _CommandChecker:
                             f"{workflow.entity}, binding {clause.on} is a {entity.name}")
         if clause.on in seen:
             raise self.fail(WorkflowError, f"two transitions on {clause.on!r}")
-        self.observe(clause.revision, f"transition {clause.transition} revision",
-                     allow_bindings=False)
+        revision = self.observe(clause.revision, f"transition {clause.transition} revision",
+                                allow_bindings=False)
+        if revision.base not in (None, int) or revision.optional:
+            raise self.fail(TypeMismatch, f"transition {clause.transition} ({self.at}): the "
+                            f"revision is {revision.describe()}, not an int")
         if not any(isinstance(leaf, Var) for leaf in references(clause.revision)):
             raise self.fail(WorkflowError, f"transition {clause.transition}: the revision is "
                             "supplied by the caller (an input)")
@@ -777,8 +997,8 @@ class _CommandChecker:
             if not isinstance(binding, Create):
                 continue
             entity = self.bound[binding.as_]
-            for name in entity.fields:
-                if name == entity.revision:
+            for name, defaulted in _init_fields(entity).items():
+                if defaulted or name in entity.key:
                     continue
                 if self._field_expr(binding, set_fields, name) is None:
                     raise self.fail(

@@ -1,10 +1,11 @@
 """What a service declares: entities, workflows and commands (pure values).
 
-An **entity** names an aggregate class (its ``Store`` is the pipeline's),
-its complete key, the partition route (a prefix of the key: the locality
-unit a command writes in) and the conflict key (what the pipeline's
-advisory lock serialises on: the store key is derived from it), plus its
-unique keys, relationships, reverse indexes, delete policy and row policies.
+An **entity** names an aggregate dataclass (its ``Store`` is the
+pipeline's; its annotated fields are the entity's typed fields), its
+complete key (the store key and the pipeline's lock), the partition route
+(a prefix of the key: the locality unit a command writes in) and the
+conflict key (what writers contend on), plus its unique keys,
+relationships, reverse indexes, delete policy and row policies.
 
 A **command** is a sequence of clauses in one visible order::
 
@@ -32,10 +33,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
 from ..gates import Reason
 from .expr import Expr
+from .typecheck import ValueType, field_types
 
 __all__ = [
     "TRANSACTION_TIME",
@@ -117,14 +120,15 @@ class Relationship:
 class ReverseIndex:
     """A partition-local index over ``fields`` of this entity's table, used
     to prove there are no referencing rows (restrict) or to enumerate them
-    (cascade). ``table``/``columns``/``key_column`` say where it lives:
-    ``columns`` default to ``fields``, ``key_column`` holds the store key."""
+    (cascade). ``table``/``columns`` say where it lives: ``columns`` default
+    to ``fields``; ``key_columns`` (default: the entity's key fields) hold
+    the complete key of each row it finds."""
 
     name: str
     fields: tuple[str, ...]
     table: str
-    key_column: str = "id"
     columns: tuple[str, ...] | None = None
+    key_columns: tuple[str, ...] | None = None
 
     @property
     def sql_columns(self) -> tuple[str, ...]:
@@ -189,15 +193,23 @@ class RowPolicy:
 class Entity:
     """An aggregate-owned entity the command layer reads and writes.
 
-    ``key`` lists the attributes forming the complete key; ``partition_by``
-    is a prefix of it; ``conflict_key`` (default: the key) lists the
-    attributes the store key is made of, by ``store_key`` (default: the
-    single value, or a list of the values). ``fields`` declares the other
-    attributes commands may observe or set, with their types. ``revision``
-    names the attribute counting the entity's changes (the layer bumps it on
-    every write). ``construct`` builds a new aggregate from its fields
-    (default: the class called with them as keywords). ``nouns`` are the
-    render nouns every write impacts, keyed by the store key.
+    ``aggregate`` is a dataclass naming its ``Store``: its annotated fields
+    (and typed properties) are the entity's fields and their types, never
+    listed a second time. ``key`` lists the fields forming the complete key;
+    ``partition_by`` is a prefix of it (the locality and visibility unit);
+    ``conflict_key`` (default: the key) lists what writers contend on, and
+    together with the route it covers the complete key: the store key (and
+    the pipeline's lock) is the complete key, so two partitions may hold
+    the same id and never contend. ``revision`` names the field counting
+    the entity's changes (the layer bumps it on every write).
+    ``construct`` builds a new aggregate from its fields (default: the
+    class called with them as keywords). ``nouns`` are the render nouns
+    every write impacts, keyed by the store key.
+
+    Row policies: ``create_policy`` judges a created row, ``update_policy``
+    the current and the proposed row of an update, ``delete_row_policy``
+    the current row of a delete and of every row a cascade takes (default:
+    the entity's ``update_policy``).
     """
 
     name: str
@@ -205,7 +217,6 @@ class Entity:
     key: tuple[str, ...]
     partition_by: tuple[str, ...] = ()
     conflict_key: tuple[str, ...] | None = None
-    fields: Mapping[str, type] = field(default_factory=dict)
     revision: str | None = None
     unique: tuple[Unique, ...] = ()
     relationships: tuple[Relationship, ...] = ()
@@ -213,9 +224,25 @@ class Entity:
     delete_policy: DeletePolicy | None = None
     create_policy: RowPolicy | None = None
     update_policy: RowPolicy | None = None
+    delete_row_policy: RowPolicy | None = None
     nouns: tuple[str, ...] = ()
-    store_key: Callable[[tuple[Any, ...]], Any] | None = None
     construct: Callable[[Mapping[str, Any]], object] | None = None
+    types: Mapping[str, ValueType] = field(init=False, repr=False, compare=False)
+    """Every field's type, derived from ``aggregate`` (empty when it is not
+    a dataclass: registration refuses it)."""
+    fields: Mapping[str, ValueType] = field(init=False, repr=False, compare=False)
+    """The fields outside the key and the revision, typed."""
+
+    def __post_init__(self) -> None:
+        try:
+            derived = field_types(self.aggregate)
+        except (TypeError, NameError):
+            derived = {}
+        object.__setattr__(self, "types", MappingProxyType(derived))
+        object.__setattr__(self, "fields", MappingProxyType({
+            name: t for name, t in derived.items()
+            if name not in self.key and name != self.revision
+        }))
 
     @property
     def conflict_fields(self) -> tuple[str, ...]:
@@ -223,17 +250,23 @@ class Entity:
 
     @property
     def all_fields(self) -> tuple[str, ...]:
-        extra = [name for name in self.fields if name not in self.key]
+        extra = list(self.fields)
         if self.revision is not None and self.revision not in self.key:
-            extra = [n for n in extra if n != self.revision] + [self.revision]
+            extra.append(self.revision)
         return (*self.key, *extra)
 
+    @property
+    def delete_check(self) -> RowPolicy | None:
+        """The row policy a delete of this entity satisfies."""
+        return self.delete_row_policy if self.delete_row_policy is not None else (
+            self.update_policy
+        )
+
     def key_of_values(self, values: Mapping[str, Any]) -> Any:
-        """The store key of the row with these key values."""
-        parts = tuple(values[name] for name in self.conflict_fields)
-        if self.store_key is not None:
-            return self.store_key(parts)
-        return parts[0] if len(parts) == 1 else list(parts)
+        """The store key of the row with these key values: the complete key
+        (its single value, or a list of the values in key order)."""
+        parts = [values[name] for name in self.key]
+        return parts[0] if len(parts) == 1 else parts
 
     def relationship(self, name: str) -> Relationship | None:
         return next((r for r in self.relationships if r.name == name), None)
@@ -360,11 +393,20 @@ class RequireGate:
 
 @dataclass(frozen=True, slots=True)
 class Set:
-    """Assign ``binding.field = value``."""
+    """Assign ``binding.field = value``, with a proof that the write loses
+    nothing (seeds/003): a created binding is initialised; ``value`` may be
+    a same-field arithmetic update (``Add(Field(b, f), x)``); ``checked_by``
+    names the requirement (declared before it, observing the binding) that
+    checked the row; a binding whose caller-supplied revision is compared
+    (a `Transition`, or a requirement ``Eq(Field(b, revision), Var(...))``)
+    is fenced; ``overwrite=True`` declares a deliberate replacement. A `Set`
+    with none of these is refused at registration."""
 
     binding: str
     field: str
     value: Expr
+    checked_by: str | None = None
+    overwrite: bool = False
 
 
 @dataclass(frozen=True, slots=True)

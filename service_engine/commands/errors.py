@@ -23,9 +23,11 @@ __all__ = [
     "PartitionRouteMismatch",
     "RouteIdentifiesRow",
     "ServiceValueError",
+    "TypeMismatch",
     "UnboundReference",
     "UniqueKeyOutsidePartition",
     "UnknownName",
+    "UnprovenSet",
     "WorkflowError",
 ]
 
@@ -42,7 +44,20 @@ class ClauseOrderError(CommandDeclarationError):
 
 class DuplicateName(CommandDeclarationError):
     """Two declarations share a name in one namespace (an input and a
-    binding of one command, two outcomes of one command, two entities)."""
+    binding of one command, two outcomes or requirements of one command,
+    two entities); the message names both, the first by its position."""
+
+
+class TypeMismatch(CommandDeclarationError):
+    """An expression the declared types cannot hold: a comparison of
+    unlike types, a constant outside an enum-like field's values, a `Set`
+    value the field cannot store, a non-boolean requirement or policy."""
+
+
+class UnprovenSet(CommandDeclarationError):
+    """A `Set` on an existing row without a proof that it loses nothing:
+    declare initialisation, a same-field arithmetic update, ``checked_by``,
+    a caller-version fence, or ``overwrite=True`` (seeds/003)."""
 
 
 class UnknownName(CommandDeclarationError):

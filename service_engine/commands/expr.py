@@ -22,6 +22,7 @@ from typing import Any, TypeAlias
 
 __all__ = [
     "INVALID",
+    "Add",
     "And",
     "Const",
     "Contains",
@@ -38,9 +39,11 @@ __all__ = [
     "Not",
     "Or",
     "Row",
+    "Sub",
     "Var",
     "evaluate",
     "references",
+    "show",
     "truth",
 ]
 
@@ -147,6 +150,22 @@ class Ge:
 
 
 @dataclass(frozen=True, slots=True)
+class Add:
+    """``left + right`` over numbers (a same-field arithmetic `Set` proof)."""
+
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Sub:
+    """``left - right`` over numbers (a same-field arithmetic `Set` proof)."""
+
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True, slots=True)
 class Contains:
     """``item`` is a member of ``collection`` (a set, frozenset, tuple or list)."""
 
@@ -156,10 +175,11 @@ class Contains:
 
 Expr: TypeAlias = (
     Const | Var | Field | Row | Fact | Not | And | Or | Eq | Ne | Lt | Le | Gt | Ge | Contains
+    | Add | Sub
 )
 
 _LEAVES = (Const, Var, Field, Row, Fact)
-_BINARY = (And, Or, Eq, Ne, Lt, Le, Gt, Ge)
+_BINARY = (And, Or, Eq, Ne, Lt, Le, Gt, Ge, Add, Sub)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +274,10 @@ def evaluate(expr: Expr, env: Env) -> Any:
     left, right = evaluate(expr.left, env), evaluate(expr.right, env)
     if left is INVALID or right is INVALID:
         return INVALID
+    if isinstance(expr, Add | Sub):
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (left, right)):
+            return INVALID
+        return left + right if isinstance(expr, Add) else left - right
     if isinstance(expr, Eq | Ne):
         # A null compares as unknown (as in SQL): a fact or field that is
         # None never proves an equality.
@@ -294,3 +318,30 @@ def references(expr: Expr) -> Iterator[Const | Var | Field | Row | Fact]:
 def is_expr(value: object) -> bool:
     """Whether ``value`` is an expression node."""
     return isinstance(value, (*_LEAVES, Not, Contains, *_BINARY))
+
+
+_OPERATORS: dict[type, str] = {
+    And: "and", Or: "or", Eq: "==", Ne: "!=", Lt: "<", Le: "<=", Gt: ">", Ge: ">=", Add: "+",
+    Sub: "-",
+}
+
+
+def show(expr: object) -> str:
+    """``expr`` as a reader writes it (``task.state == 'queued'``), for diagnostics."""
+    if isinstance(expr, Const):
+        return repr(expr.value)
+    if isinstance(expr, Var):
+        return expr.name
+    if isinstance(expr, Field):
+        return f"{expr.binding}.{expr.name}"
+    if isinstance(expr, Row):
+        return f"row.{expr.name}"
+    if isinstance(expr, Fact):
+        return f"Fact({expr.name!r})"
+    if isinstance(expr, Not):
+        return f"not {show(expr.operand)}"
+    if isinstance(expr, Contains):
+        return f"{show(expr.item)} in {show(expr.collection)}"
+    if isinstance(expr, _BINARY):
+        return f"({show(expr.left)} {_OPERATORS[type(expr)]} {show(expr.right)})"
+    return repr(expr)

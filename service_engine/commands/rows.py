@@ -247,7 +247,8 @@ def claimed(status: str) -> bool:
 
 @dataclass
 class ReverseScan(Aggregate):
-    """The store keys of the rows a reverse index holds under one prefix."""
+    """The complete keys (each a list of the key columns' values) of the
+    rows a reverse index holds under one prefix."""
 
     query: list[Any]
     keys: list[Any] = field(default_factory=list)
@@ -256,10 +257,12 @@ class ReverseScan(Aggregate):
 
 
 def scan_key(
-    table: str, key_column: str, columns: Sequence[str], values: Sequence[Any], limit: int
+    table: str, key_columns: Sequence[str], columns: Sequence[str], values: Sequence[Any],
+    limit: int,
 ) -> list[Any]:
-    """The scan's store key: which index, which prefix, how many at most."""
-    return [table, key_column, list(columns), list(values), limit]
+    """The scan's store key: which index, which prefix, which key columns,
+    how many at most."""
+    return [table, list(key_columns), list(columns), list(values), limit]
 
 
 class _ReverseScanStore:
@@ -270,15 +273,15 @@ class _ReverseScanStore:
         return scan.query
 
     async def load(self, conn: Conn, key: Sequence[Any]) -> ReverseScan:
-        table, key_column, columns, values, limit = key
+        table, key_columns, columns, values, limit = key
         where = " AND ".join(f"{quote_ident(c)} = ${i}" for i, c in enumerate(columns, start=1))
-        k = quote_ident(key_column)
+        k = ", ".join(quote_ident(c) for c in key_columns)
         rows = await conn.fetch(
             f"SELECT {k} FROM {quote_ident(table)} WHERE {where} ORDER BY {k}"
             f" LIMIT {int(limit):d}",
             *values,
         )
-        return ReverseScan(list(key), [row[0] for row in rows])
+        return ReverseScan(list(key), [list(row) for row in rows])
 
     async def read_many(self, conn: Conn, keys: Sequence[Sequence[Any]]) -> list[ReverseScan]:
         return [await self.load(conn, key) for key in keys]

@@ -62,6 +62,7 @@ from .plan import (
 )
 from .policy import check_row, row_of
 from .rows import IdempotencyRecord, Occupancy, ReverseScan, claim_statement, claimed, scan_key
+from .typecheck import admits
 
 __all__ = ["INVALID_INPUT", "CommandRunner", "run_in"]
 
@@ -287,14 +288,12 @@ class _Run:
             b = by_name[binding.as_]
             found = loaded[b.identity]
             if isinstance(binding, Create):
-                # A row under the store key exists, in this partition or
-                # another: the key is taken either way.
                 if found is not None:
                     raise _Answer(binding.else_.name)
                 b.fields = dict(b.key_values)
             else:
-                if found is None or not _same_key(found, b.key_values):
-                    raise _Answer(binding.else_.name)  # absent here (maybe elsewhere)
+                if found is None:
+                    raise _Answer(binding.else_.name)
                 b.aggregate = found
                 b.current = row_of(found, _plan(b.entity).all_fields)
                 if b.entity.revision is not None:
@@ -339,8 +338,9 @@ class _Run:
                 b = self.bound[clause.binding]
                 value = _valued(evaluate(clause.value, env), f"set {clause.field}")
                 declared = b.entity.fields[clause.field]
-                if value is not None and not _is_type(value, declared):
-                    raise InvalidInputOutcome(clause.field, declared, value)
+                if not admits(declared, value):
+                    raise InvalidInput(f"set {clause.binding}.{clause.field}: {value!r} is not "
+                                       f"a {declared.describe()}")
                 if b.aggregate is None:
                     b.fields[clause.field] = value
                 else:
@@ -371,12 +371,16 @@ class _Run:
 
     def _policies(self) -> None:
         for b in self.bound.values():
-            if isinstance(b.binding, Create) and b.entity.create_policy is not None:
+            if b.deleted:
+                # The row as it is (what the delete affordance judged).
+                policy = b.entity.delete_check
+                if policy is not None:
+                    self._allow(check_row(policy, b.current, self.principal), "delete")
+            elif isinstance(b.binding, Create) and b.entity.create_policy is not None:
                 proposed = row_of(b.aggregate, _plan(b.entity).all_fields)
                 self._allow(check_row(b.entity.create_policy, proposed, self.principal), "create")
             elif (
-                isinstance(b.binding, Mutate) and b.changed and not b.deleted
-                and b.entity.update_policy is not None
+                isinstance(b.binding, Mutate) and b.changed and b.entity.update_policy is not None
             ):
                 policy = b.entity.update_policy
                 # Both rows: the one the affordance judged and the one written.
@@ -396,34 +400,46 @@ class _Run:
             target_key = [b.key_values[f] for f in step.entity.key]
             if isinstance(policy, Restrict):
                 for ref in policy.indexes:
-                    child = catalog.entities[ref.entity]
-                    index = child.index(ref.index)
-                    assert index is not None
-                    scan = await self._scan(index.table, index.key_column,
-                                            index.sql_columns[: len(target_key)], target_key, 1)
+                    scan = await self._scan(catalog.entities[ref.entity], ref.index, target_key, 1)
                     if scan:
                         assert step.clause.referenced is not None
                         raise _Answer(step.clause.referenced.name)
             elif isinstance(policy, Cascade):
                 for edge in policy.edges:
                     child = catalog.entities[edge.entity]
-                    index = child.index(edge.index)
-                    assert index is not None
-                    keys = await self._scan(index.table, index.key_column,
-                                            index.sql_columns[: len(target_key)], target_key,
-                                            edge.maximum + 1)
+                    keys = await self._scan(child, edge.index, target_key, edge.maximum + 1)
                     if len(keys) > edge.maximum:
                         assert step.clause.too_many is not None
                         raise _Answer(step.clause.too_many.name, {"maximum": edge.maximum})
                     b.children.extend((child, k) for k in keys)
+        # Every row a cascade takes, locked in the one fixed order and
+        # judged by its own delete row policy, as its affordance is.
+        children = [c for b in self.bound.values() for c in b.children]
+        for entity, key in order_by_lock(
+            children, lambda c: lock_identity(store_of(c[0].aggregate).store_type, c[1])
+        ):
+            child = await _load(self.cx, entity, key)
+            if child is None:
+                continue
+            check = entity.delete_check
+            if check is not None:
+                row = row_of(child, _plan(entity).all_fields)
+                self._allow(check_row(check, row, self.principal), "delete")
+            self.children.append((entity, child))
 
     async def _scan(
-        self, table: str, key_column: str, columns: tuple[str, ...], values: list[Any], limit: int
+        self, child: Entity, index_name: str, prefix: list[Any], limit: int
     ) -> list[Any]:
-        scan = await self.cx.load_optional(
-            ReverseScan, scan_key(table, key_column, columns, values, limit)
-        )
-        return [] if scan is None else list(scan.keys)
+        """The store keys of ``child``'s rows under ``prefix`` in one of its
+        reverse indexes (at most ``limit``)."""
+        index = child.index(index_name)
+        assert index is not None
+        key_columns = index.key_columns if index.key_columns is not None else child.key
+        scan = await self.cx.load_optional(ReverseScan, scan_key(
+            index.table, key_columns, index.sql_columns[: len(prefix)], prefix, limit
+        ))
+        rows = [] if scan is None else scan.keys
+        return [child.key_of_values(dict(zip(child.key, row, strict=True))) for row in rows]
 
     async def _occupancy(self) -> None:
         for b in self.bound.values():
@@ -444,16 +460,7 @@ class _Run:
                 if index in before:
                     self.release.append(before[index])
         # Children a cascade removes give up their unique values too.
-        children: list[tuple[Entity, Any]] = [
-            c for b in self.bound.values() for c in b.children
-        ]
-        for entity, key in order_by_lock(
-            children, lambda c: lock_identity(store_of(c[0].aggregate).store_type, c[1])
-        ):
-            child = await _load(self.cx, entity, key)
-            if child is None:
-                continue
-            self.children.append((entity, child))
+        for entity, child in self.children:
             self.release.extend(occupancy_keys(entity, row_of(child, entity.all_fields)).values())
         # The claims in the one fixed order, each under its value's lock: a
         # conditional insert takes a free value; a value another row holds
@@ -565,21 +572,6 @@ class _Run:
                 cx.emit(clause.build(env_values))
 
 
-class InvalidInputOutcome(InvalidInput):
-    def __init__(self, field_name: str, declared: type, value: object) -> None:
-        super().__init__(
-            f"{field_name} must be a {declared.__name__}, got {type(value).__name__}"
-        )
-
-
-def _is_type(value: object, declared: type) -> bool:
-    if declared is bool or isinstance(value, bool):
-        return type(value) is declared
-    if declared is float:
-        return isinstance(value, int | float)
-    return isinstance(value, declared)
-
-
 def _valued(value: Any, what: str) -> Any:
     if value is INVALID:
         raise TypeError(f"{what} evaluated to nothing (a missing field or mistyped value)")
@@ -589,8 +581,4 @@ def _valued(value: Any, what: str) -> Any:
 async def _load(cx: Ops, entity: Entity, key: Any) -> Any:
     aggregate_type = cast(type[Aggregate], entity.aggregate)
     return await cx.load_optional(aggregate_type, key)
-
-
-def _same_key(found: object, values: Mapping[str, Any]) -> bool:
-    return all(getattr(found, name, INVALID) == value for name, value in values.items())
 

@@ -58,7 +58,6 @@ MAX_INVITES = 100
 
 BOARD = Entity(
     "Board", Board, key=("id",), conflict_key=("id",),
-    fields={"org": str, "title": str, "owner": str, "archived": bool},
     unique=(Unique("by_title", ("org", "title")),),
     delete_policy=Cascade((
         CascadeEdge("BoardMember", "board", "by_board", MAX_MEMBERS),
@@ -67,20 +66,20 @@ BOARD = Entity(
     nouns=(NOUN, ORG_NOUN),
 )
 MEMBER = Entity(
-    "BoardMember", BoardMember, key=("id",), fields={"board_id": str, "person": str},
+    "BoardMember", BoardMember, key=("id",),
     relationships=(Relationship("board", "Board", ("board_id",)),),
     indexes=(ReverseIndex("by_board", ("board_id",), table="board_member"),),
     delete_policy=NoInbound(),
 )
 INVITE = Entity(
     "Invite", Invite, key=("token_hash",),
-    fields={"board_id": str, "created_by": str, "redeemed_by": str},
     relationships=(Relationship("board", "Board", ("board_id",)),),
-    indexes=(ReverseIndex("by_board", ("board_id",), table="board_invite",
-                          key_column="token_hash"),),
+    indexes=(ReverseIndex("by_board", ("board_id",), table="board_invite"),),
     delete_policy=NoInbound(),
 )
-CATALOG = Catalog([BOARD, MEMBER, INVITE])
+CATALOG = Catalog([BOARD, MEMBER, INVITE], facts={"org": str, "id": str})
+"""The principal facts the board's commands read: the caller's org (the
+handlers refuse a caller without one before they run) and id."""
 
 CREATE_BOARD = CATALOG.command(Command(
     "CreateBoard",
@@ -101,7 +100,9 @@ RENAME_BOARD = CATALOG.command(Command(
     Mutate("Board", (Var("board_id"),), as_="board", else_=Outcome("BoardMissing"),
            taken={"by_title": Outcome("TitleTaken")}),
     RequireGate("board", "can_rename"),
-    Set("board", "title", Var("title")),
+    # A rename replaces the title (its gate judged the row, the title's
+    # uniqueness is claimed in the same commit): a deliberate overwrite.
+    Set("board", "title", Var("title"), overwrite=True),
     Caused("board", NOUN, "board.renamed",
            {"board": Var("board_id"), "by": Fact("id"), "title": Var("title")}),
     Return("Renamed"),

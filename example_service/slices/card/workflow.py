@@ -22,7 +22,6 @@ An unknown card is ``CardMissing``; a card of another org is the gate's
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from service_engine.commands import (
@@ -57,18 +56,13 @@ __all__ = ["CARD", "CARD_STAGES", "CATALOG", "FINISH_CARD", "START_CARD"]
 # alone, and who may change it is its gates' business, so the refusal of a
 # card of another org is the gate's ``card.forbidden``, as its affordance
 # says); writers contend only on the card id, the conflict key.
-CARD = Entity(
-    "Card", Card, key=("id",), conflict_key=("id",),
-    fields={"org": str, "title": str, "stage": str, "owner": str, "created_at": datetime,
-            "due_at": datetime, "overdue": bool, "reviewed_by": str},
-    revision="version", nouns=(NOUN,),
-)
+CARD = Entity("Card", Card, key=("id",), conflict_key=("id",), revision="version", nouns=(NOUN,))
 CARD_STAGES = Workflow(
     "CardStages", "Card", "stage", STAGES,
     (WorkflowTransition("Start", ("todo",), "doing"),
      WorkflowTransition("Finish", ("doing",), "done")),
 )
-CATALOG = Catalog([CARD], [CARD_STAGES])
+CATALOG = Catalog([CARD], [CARD_STAGES], facts={"id": str})
 
 
 def _advanced(values: Any) -> CardAdvanced:
