@@ -36,7 +36,7 @@ UNDOCUMENTED: dict[str, str] = {
     ),
     "beat_interval": "The period of the housekeeping beat.",
     "lease": (
-        "How long a leader lease (outbox relay, offer drain, mirror projection, cron) holds "
+        "How long a leader lease (outbox relay, offer drain, mirror projection) holds "
         "without renewal. Must exceed `beat_interval`."
     ),
     "nats_grace": (
