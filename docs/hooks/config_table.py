@@ -92,7 +92,7 @@ def _type_name(annotation: Any) -> str:
         return "seconds"
     args = [a for a in get_args(annotation) if a is not type(None)]
     if isinstance(annotation, types.UnionType) and len(args) == 1:
-        return f"{_type_name(args[0])} or unset"
+        return _type_name(args[0])  # the default says "unset"
     return getattr(annotation, "__name__", str(annotation))
 
 
@@ -121,8 +121,8 @@ def config_table() -> str:
     module = griffe.load("service_engine.config")
     members = module["EngineConfig"].members
     rows = [
-        "| Field | Environment variable | Type | Default | Description |",
-        "| --- | --- | --- | --- | --- |",
+        "| Field, variable, type and default | Description |",
+        "| --- | --- |",
     ]
     missing = []
     for name, field in EngineConfig.model_fields.items():
@@ -132,15 +132,16 @@ def config_table() -> str:
             missing.append(name)
             continue
         rows.append(
-            f"| `{name}` | `{ENV_PREFIX}{name.upper()}` | {_type_name(field.annotation)} "
-            f"| {_default(field)} | {_one_line(description)} |"
+            f"| `{name}`<br>`{ENV_PREFIX}{name.upper()}`<br>"
+            f"{_type_name(field.annotation)}, default {_default(field)} "
+            f"| {_one_line(description)} |"
         )
     if missing:
         raise ValueError(
             "EngineConfig fields without a description (add a docstring in "
             f"service_engine/config.py or a line in docs/hooks/config_table.py): {missing}"
         )
-    return "\n".join(rows)
+    return '<div class="config-table" markdown>\n\n' + "\n".join(rows) + "\n\n</div>"
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
