@@ -50,8 +50,10 @@ BUCKETS = ("PUBLISHED_example", "PUBLISHED_twin")
 
 BOUND = 10.0
 """The bound on any single wait for the service."""
-START_BOUND = 30.0
-"""The bound on a spawn reaching readiness UP."""
+START_BOUND = 90.0
+"""The bound on a spawn reaching readiness UP: generous, since the battery's
+parallel workers share the cores, and a pod's start (the allocator's
+re-execution, the imports, a multi-pod supervisor's children) is CPU."""
 PROTOCOL = Subprotocol("graphql-transport-ws")
 SERVICE = "example"
 IDENTITY_SCOPES = ("board:archive", "card:advance", "ledger:erase")
@@ -285,10 +287,13 @@ class Pods:
         def tail() -> str:
             return log.read_text(errors="replace")[-4000:]
 
-        await wait_until(
-            lambda: addr_file.exists() or process.poll() is not None,
-            timeout=START_BOUND, what=f"pod {name} to listen",
-        )
+        try:
+            await wait_until(
+                lambda: addr_file.exists() or process.poll() is not None,
+                timeout=START_BOUND, what=f"pod {name} to listen",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its log:\n{tail()}") from None
         if process.poll() is not None:
             raise AssertionError(f"pod {name} exited with {process.returncode}:\n{tail()}")
         addr = addr_file.read_text().strip()
