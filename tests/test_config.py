@@ -197,3 +197,21 @@ def test_the_default_socket_bound_follows_the_open_file_limit() -> None:
     infinite = resource.RLIM_INFINITY
     assert default_ws_max_sockets((infinite, infinite)) == 100_000
     assert default_ws_max_sockets((50_000, infinite)) == 50_000 - 1024
+
+
+def test_check_environment_accepts_the_blob_store_variables() -> None:
+    """``SERVICE_ENGINE_S3_*`` configure the blob store (not `EngineConfig`):
+    a correct blob-store setup passes the check."""
+    from service_engine.blobs.store import BlobStoreConfig
+    from service_engine.config import check_environment
+
+    environ = {
+        "SERVICE_ENGINE_S3_ENDPOINT": "http://127.0.0.1:9000",
+        "SERVICE_ENGINE_S3_BUCKET": "blobs",
+        "SERVICE_ENGINE_S3_REGION": "us-east-1",
+        "SERVICE_ENGINE_S3_ACCESS_KEY": "engine",
+        "SERVICE_ENGINE_S3_SECRET_KEY": "secret",
+    }
+    assert BlobStoreConfig.from_env(environ) is not None
+    checked = check_environment(environ)
+    assert not checked.problems and checked.config is not None
