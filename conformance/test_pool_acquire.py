@@ -1,5 +1,7 @@
 """`Database.acquire(bound)`: an idle connection is handed over at once, and
-the bound holds whenever the pool would make the caller wait."""
+the bound holds whenever the pool would make the caller wait. What
+`acquire` takes, `Database.release` gives back (the connection and its turn
+in the pool's queue)."""
 
 from __future__ import annotations
 
@@ -45,10 +47,10 @@ async def test_an_idle_connection_is_handed_over_and_a_busy_pool_bounds_the_wait
         conn = await db.acquire(1.0)
         assert await conn.fetchval("SELECT 1") == 1
         await _times_out(db.acquire(0.1))
-        await db.pool.release(conn)
+        await db.release(conn)
         again = await db.acquire(1.0)
         assert await again.fetchval("SELECT 2") == 2
-        await db.pool.release(again)
+        await db.release(again)
     finally:
         await db.aclose()
 
@@ -72,19 +74,19 @@ async def test_closing_unneeded_connections_keeps_the_count_asked_and_those_in_u
     held = [await db.acquire(1.0) for _ in range(4)]
     try:
         for conn in held[1:]:
-            await db.pool.release(conn)
+            await db.release(conn)
         assert db.in_use() == 1
         assert db.close_idle_above(2) == 2  # four open, two kept
         assert db.close_idle_above(0) == 1  # down to the floor: the one in use
         assert not held[0].is_closed()
         assert await held[0].fetchval("SELECT 1") == 1
-        await db.pool.release(held[0])
+        await db.release(held[0])
         held.clear()
         assert db.close_idle_above(0) == 0  # the floor stays
         conn = await db.acquire(1.0)
         assert await conn.fetchval("SELECT 3") == 3
-        await db.pool.release(conn)
+        await db.release(conn)
     finally:
         if held:
-            await db.pool.release(held[0])
+            await db.release(held[0])
         await db.aclose()
