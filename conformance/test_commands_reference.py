@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -22,7 +23,7 @@ from example_service.slices.card.domain import CARD_ADVANCE
 from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
 from service_engine.graphql import Passport
 
-from .example_support import Running, example_database, running
+from .example_support import Running, example_config, example_database, running
 from .nats_support import engine_nats
 
 ALICE = Passport(sub="alice", org="acme", roles=(CARD_ADVANCE,))
@@ -187,9 +188,13 @@ async def test_a_board_title_is_unique_per_org(board: Running, store: Provisione
     assert await org_boards(store, "globex") == [{"id": "g-1", "title": "roadmap"}]
 
 
-async def test_concurrent_creates_of_one_board_title_one_wins(board: Running) -> None:
+async def test_concurrent_creates_of_one_board_title_one_wins(store: ProvisionedDatabase) -> None:
     """Twenty concurrent createBoard calls with one title in one org: one succeeds."""
-    results = await asyncio.gather(*(_create(board, f"b-{n}", "same") for n in range(20)))
+    # They queue on the title's lock one after another: a lock timeout no
+    # loaded machine reaches, so every loser answers the title, not the wait.
+    config = example_config(lock_timeout=timedelta(seconds=10), ack_wait=timedelta(seconds=30))
+    async with running(store, ["board"], config=config) as board:
+        results = await asyncio.gather(*(_create(board, f"b-{n}", "same") for n in range(20)))
     codes = sorted("ok" if r["success"] else r["error"]["code"] for r in results)
     assert codes == ["board.title_taken"] * 19 + ["ok"], codes
 
