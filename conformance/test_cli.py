@@ -37,6 +37,9 @@ from service_engine.graphql import graphql_app
 from .conftest import SAMPLE_MIGRATIONS
 from .test_graphql_app import SCHEMA, resolve_me, running_engine, serving
 
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
+
 CLI_TIMEOUT = 60.0
 
 

@@ -23,6 +23,9 @@ from service_engine.metrics import Metrics
 from .harness import wait_until
 from .nats_support import engine_nats, stream_messages
 
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
+
 SUBJECT = "integration.evt.cards.card.created"
 BURST = 2000
 

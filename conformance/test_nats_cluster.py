@@ -33,6 +33,9 @@ from .harness import wait_until
 from .inbound_support import fast_config
 from .sample_orders import PlaceOrder, place_order
 
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
+
 COMMANDS = 600
 KILL_AFTER = 200
 

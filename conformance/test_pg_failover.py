@@ -34,6 +34,9 @@ from .harness import wait_until
 from .nats_support import engine_nats, stream_messages
 from .sample_cards import Card, CardStore, CardsView, Principal, RankQuery
 
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
+
 SERVICE = "cards"
 MIGRATIONS = Path(__file__).parent / "migrations"
 PRINCIPALS = (Principal("alice", frozenset({"acme"})), Principal("carol", frozenset({"globex"})))

@@ -6,7 +6,12 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
+import pytest
+
 from example_service import memory_pins
+
+# Walks the whole heap for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
 
 
 class _Marker:

@@ -25,6 +25,9 @@ from .harness import (
     key,
 )
 
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
+
 
 async def test_bb01_readiness_and_a_second_pod_converges(
     pods: Pods, store: ProvisionedDatabase

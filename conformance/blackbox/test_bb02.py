@@ -16,6 +16,7 @@ import itertools
 from typing import Any
 
 import asyncpg
+import pytest
 
 from service_engine.embedded import ProvisionedDatabase
 from service_engine.graphql import Passport
@@ -37,6 +38,9 @@ from .harness import (
     Pods,
     create_board,
 )
+
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
 
 ACTIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
     # action -> (mutation, its root field, extra variables)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
+import pytest
 
 from service_engine.embedded import ProvisionedDatabase
 
@@ -28,6 +29,9 @@ from .harness import (
     create_board,
     key,
 )
+
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
 
 
 async def committed(store: ProvisionedDatabase) -> dict[str, dict[str, Any]]:

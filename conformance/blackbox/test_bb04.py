@@ -19,11 +19,15 @@ import sys
 from typing import Any
 
 import asyncpg
+import pytest
 
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import Passport
 
 from .harness import REPO, Pods
+
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
 
 CYCLES = 3
 TWIN_BOUND = 30.0

@@ -16,12 +16,16 @@ import json
 from typing import Any
 
 import asyncpg
+import pytest
 
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import Passport
 
 from .harness import Pods
 from .test_bb04 import run_twin
+
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
 
 ACME = Passport(sub="erin", org="acme")
 TEXT = "A reply streamed over NATS, chunk by chunk — and sealed: ✓"

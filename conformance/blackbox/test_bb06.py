@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from service_engine.graphql import Passport
 
 from .harness import ADMIN, BOARDS_SUBSCRIPTION, RENAME, Pods, create_board, key
+
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
 
 MAX_AGE = 2.0
 INIT_DELAY = 1.0

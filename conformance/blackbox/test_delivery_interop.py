@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from websockets.asyncio.client import ClientConnection
 
 from service_engine.embedded import EmbeddedNats
@@ -43,6 +44,9 @@ from .harness import (
     Pods,
     create_board,
 )
+
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
 
 ALIASED = """subscription { mine: boards(limit: 50) {
   kind: __typename

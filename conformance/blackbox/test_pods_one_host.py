@@ -21,6 +21,9 @@ from service_engine.graphql import PASSPORT_HEADER
 
 from .harness import ADMIN, BOARDS_SUBSCRIPTION, RENAME, Pod, Pods, create_board, key
 
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
+
 SOCKETS = 16
 """Sockets opened: the kernel hashes each connection to one of the two
 listeners, so all 16 landing on one pod has probability 2**-15."""

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from example_service.graphql import build_app
 from example_service.register import register
@@ -28,6 +29,9 @@ from service_engine.server.host import bind_listener, run_with_listener
 from ..harness import wait_until
 from ..nats_support import engine_nats
 from .harness import BOUND, REPO, Pods, provision_kv, provision_lanes
+
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
 
 ROOT_FIELDS = "{ __schema { queryType { fields { name } } } }"
 ALL_ROOT_FIELDS = """{ __schema { queryType { fields { name } } mutationType { fields { name } }

@@ -3,11 +3,15 @@ zlib state per connection and deflates every small JSON frame."""
 
 from __future__ import annotations
 
+import pytest
 from websockets.asyncio.client import connect
 
 from service_engine.graphql import PASSPORT_HEADER
 
 from .harness import ADMIN, BOUND, PROTOCOL, Pods
+
+# Spawns processes or servers for seconds: started first in a parallel run.
+pytestmark = pytest.mark.slow
 
 EXTENSIONS = "Sec-WebSocket-Extensions"
 
