@@ -69,8 +69,9 @@ SERVER_FAULTS = frozenset({"nats_kill", "listener_kill", "pod_kill"})
 """Faults that need every pod up before they start."""
 BOARDS_PER_COHORT = 8
 CARDS_PER_COHORT = 3
-RECOVERY_BOUND = 45.0
-"""Bound on a pod coming back UP (and the sessions live) after a fault."""
+RECOVERY_BOUND = 90.0
+"""Bound on a pod coming back UP (and the sessions live) after a fault: the
+soak shares the cores with the parallel battery, so the bound is generous."""
 SETTLE = 1.0
 """Seconds after a fault window still counted as inside it (latency samples)."""
 NATS_REASON = "nats_unreachable"
