@@ -91,50 +91,56 @@ async def served_fields(addr: str) -> dict[str, set[str]]:
     }
 
 
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "kernel only": (), "every slice": SLICES,
+    **{f"without {removed}": tuple(s for s in SLICES if s != removed) for removed in SLICES},
+}
+"""The compositions that must boot, by name (one test each, so a parallel
+run spreads them over its workers)."""
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 async def test_the_kernel_alone_and_the_service_without_each_slice_boot(
-    store: ProvisionedDatabase, nats_server: EmbeddedNats
+    store: ProvisionedDatabase, nats_server: EmbeddedNats, variant: str
 ) -> None:
     """The kernel alone, every slice, and the service without each one slice compose and
     serve exactly the root fields of the slices they hold."""
-    variants: dict[str, tuple[str, ...]] = {"kernel only": (), "every slice": SLICES}
-    for removed in SLICES:
-        variants[f"without {removed}"] = tuple(s for s in SLICES if s != removed)
-    for variant, names in variants.items():
-        service = compose(names)
-        assert service.slice_names == names, variant
-        async with serving(store, nats_server, service) as addr:
-            assert await served_fields(addr) == root_fields(service), variant
+    names = VARIANTS[variant]
+    service = compose(names)
+    assert service.slice_names == names, variant
+    async with serving(store, nats_server, service) as addr:
+        assert await served_fields(addr) == root_fields(service), variant
     assert query_fields(compose(())) == {"engineVersion"}
 
 
+@pytest.mark.parametrize("removed", SLICES)
 async def test_deleting_a_slice_folder_and_its_line_leaves_a_bootable_service(
-    pods: Pods, tmp_path: Path,
+    pods: Pods, tmp_path: Path, removed: str,
 ) -> None:
     """Deleting a slice's folder and its one line in the slice list (no slice-agnostic file
     names it) leaves a service that boots and serves the other slices' fields."""
-    for n, removed in enumerate(SLICES):
-        root = tmp_path / f"without_{removed}"
-        package = root / "example_service"
-        shutil.copytree(REPO / "example_service", package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        # No slice-agnostic file names the slice.
-        for name in SLICE_AGNOSTIC:
-            target = package / name
-            for path in [target] if target.is_file() else sorted(target.rglob("*.py")):
-                assert f'"{removed}"' not in path.read_text(), path
-                assert f"slices.{removed}" not in path.read_text(), path
-        # Its folder, and its one line in the list.
-        listing = package / "slices" / "__init__.py"
-        lines = listing.read_text().splitlines(keepends=True)
-        naming = [line for line in lines if f'"{removed}"' in line]
-        assert len(naming) == 1, naming
-        listing.write_text("".join(line for line in lines if line not in naming))
-        shutil.rmtree(package / "slices" / removed)
+    root = tmp_path / f"without_{removed}"
+    package = root / "example_service"
+    shutil.copytree(REPO / "example_service", package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    # No slice-agnostic file names the slice.
+    for name in SLICE_AGNOSTIC:
+        target = package / name
+        for path in [target] if target.is_file() else sorted(target.rglob("*.py")):
+            assert f'"{removed}"' not in path.read_text(), path
+            assert f"slices.{removed}" not in path.read_text(), path
+    # Its folder, and its one line in the list.
+    listing = package / "slices" / "__init__.py"
+    lines = listing.read_text().splitlines(keepends=True)
+    naming = [line for line in lines if f'"{removed}"' in line]
+    assert len(naming) == 1, naming
+    listing.write_text("".join(line for line in lines if line not in naming))
+    shutil.rmtree(package / "slices" / removed)
 
-        pod = await pods.spawn(f"r{n}", command=[sys.executable, "-m", "example_service"],
-                               cwd=root)
-        remaining = compose(tuple(s for s in SLICES if s != removed))
-        data = await pod.gql(ROOT_FIELDS)
-        assert {f["name"] for f in data["__schema"]["queryType"]["fields"]} == query_fields(
-            remaining)
-        await pods.stop(pod)
+    pod = await pods.spawn(f"r-{removed}", command=[sys.executable, "-m", "example_service"],
+                           cwd=root)
+    remaining = compose(tuple(s for s in SLICES if s != removed))
+    data = await pod.gql(ROOT_FIELDS)
+    assert {f["name"] for f in data["__schema"]["queryType"]["fields"]} == query_fields(
+        remaining)
+    await pods.stop(pod)
