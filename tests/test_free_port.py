@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 
 import pytest
@@ -27,7 +28,7 @@ def test_a_port_comes_from_the_range_and_in_turn(monkeypatch: pytest.MonkeyPatch
         monkeypatch.setenv(PORT_RANGE_ENV, f"{low}-{low + 5}")
         ports = [free_port() for _ in range(5)]
     assert all(low <= p <= low + 5 and p != port for p in ports)
-    assert all(a != b for a, b in zip(ports, ports[1:], strict=False))
+    assert all(a != b for a, b in itertools.pairwise(ports))
 
 
 def test_a_bound_port_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
