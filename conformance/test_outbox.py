@@ -502,7 +502,7 @@ async def test_s178_a_row_the_broker_keeps_rejecting_is_dead_lettered_and_failed
 ) -> None:
     """s178: through the running engine's relay, a row the reachable broker
     refuses (too large for the stream) is tried once per attempt up to the
-    bound (the broker sees exactly that many publishes of it), then marked
+    bound (the broker sees at least that many publishes of it), then marked
     FAILED and dead-lettered (source Outbox) in the same transaction and never
     tried again; the other rows publish meanwhile."""
     await set_stream(nats_server.url, "INTEGRATION_EVT", max_msg_size=1024)
@@ -513,11 +513,14 @@ async def test_s178_a_row_the_broker_keeps_rejecting_is_dead_lettered_and_failed
         fine = await commit_events(db, [event("c1"), event("c2")])
         await wait_until(lambda: _status_of(db, poison, "FAILED"), what="the poison row FAILED")
         await wait_until(lambda: _no_pending(db), what="the other rows published")
+        # A publish whose answer came late (Unanswered, not an attempt) may
+        # reach the broker too: the broker sees at least the three attempts.
+        seen = tap.count(str(poison))
+        assert seen >= 3
         await _beats_pass(db, 3)
         await assert_never(  # FAILED is final: no further attempt
-            lambda: tap.count(str(poison)) > 3, within=0.5, what="a fourth attempt"
+            lambda: tap.count(str(poison)) > seen, within=0.5, what="an attempt after FAILED"
         )
-        assert tap.count(str(poison)) == 3
         assert engine.metrics.sample("service_engine_dead_letters_total", source="Outbox") == 1
     failed = await db.pool.fetchrow(
         """SELECT status, attempts, last_error, xmin::text AS tx
