@@ -61,6 +61,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                and item.get_closest_marker("soak") is None)
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: several workers per core, bounded."""
     return min(MAX_WORKERS, WORKERS_PER_CORE * (os.cpu_count() or 1))

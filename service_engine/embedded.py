@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import secrets
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -399,6 +401,7 @@ class EmbeddedNatsCluster:
         self.size = size
         self.ports = [free_port() for _ in range(size)]
         self.route_ports = [free_port() for _ in range(size)]
+        self.monitor_ports = [free_port() for _ in range(size)]
         self._processes = [
             ServerProcess(f"nats-server node {self.server_name(i)}") for i in range(size)
         ]
@@ -439,6 +442,7 @@ class EmbeddedNatsCluster:
         config.write_text(
             f'server_name: "{self.server_name(i)}"\n'
             f'listen: "127.0.0.1:{self.ports[i]}"\n'
+            f'http: "127.0.0.1:{self.monitor_ports[i]}"\n'
             f'jetstream {{\n  store_dir: "{folder / "jetstream"}"\n  sync_interval: always\n}}\n'
             f'cluster {{\n  name: "{self.NAME}"\n  listen: "127.0.0.1:{self.route_ports[i]}"\n'
             f"  routes: [{routes}]\n}}\n"
@@ -460,25 +464,37 @@ class EmbeddedNatsCluster:
         return self._processes[i].running
 
     async def wait_ready(self, within: float = 30.0) -> None:
-        """Wait until JetStream answers through the cluster (a meta leader
-        is elected); `RuntimeError` past ``within`` seconds."""
-        import nats
-
+        """Wait until the cluster can place a stream on every node: the
+        JetStream meta leader (read from its monitoring endpoint, ``/jsz``)
+        counts every other node as a current peer. A meta leader alone
+        answers JetStream requests earlier, but refuses an R3 stream with "no
+        suitable peers for placement" until its peers have caught up.
+        `RuntimeError` past ``within`` seconds."""
         deadline = time.monotonic() + within
+        seen = "no node answered"
         while True:
-            try:
-                client = await nats.connect(
-                    self.urls, connect_timeout=2, max_reconnect_attempts=0
-                )
-                try:
-                    await client.jetstream().account_info()
+            for i in range(self.size):
+                meta = await asyncio.to_thread(self._meta_cluster, i)
+                if meta is None:
+                    continue
+                seen = f"node {self.server_name(i)} sees {meta}"
+                current = [peer for peer in meta.get("replicas") or () if peer.get("current")]
+                if meta.get("leader") == self.server_name(i) and len(current) >= self.size - 1:
                     return
-                finally:
-                    await client.close()
-            except Exception as exc:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the NATS cluster's JetStream is not ready: {exc}") from exc
-                await asyncio.sleep(0.1)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the NATS cluster's meta group did not form: {seen}")
+            await asyncio.sleep(0.1)
+
+    def _meta_cluster(self, i: int) -> dict[str, Any] | None:
+        """Node ``i``'s view of the JetStream meta group, or None while it
+        does not answer."""
+        url = f"http://127.0.0.1:{self.monitor_ports[i]}/jsz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                meta = json.load(answer).get("meta_cluster")
+        except (OSError, ValueError):
+            return None
+        return meta if isinstance(meta, dict) else None
 
     async def provision(
         self, streams: dict[str, list[str]] | None = None, buckets: Iterable[str] = (),

@@ -18,7 +18,8 @@ fails the test, so a new room has to be placed on purpose.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Mapping, Set
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 
@@ -112,10 +114,12 @@ def _target(candidates: Iterable[str], modules: Iterable[str]) -> str | None:
     return next((name for name in candidates if name in known), None)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the service_engine modules it imports (itself excluded)."""
+@functools.cache
+def import_graph() -> dict[str, frozenset[str]]:
+    """Module -> the service_engine modules it imports (itself excluded);
+    parsed once per run."""
     modules = _modules()
-    graph: dict[str, set[str]] = {}
+    graph: dict[str, frozenset[str]] = {}
     for module, path in modules.items():
         is_package = path.name == "__init__.py"
         edges: set[str] = set()
@@ -132,7 +136,7 @@ def import_graph() -> dict[str, set[str]]:
                 target = _target(candidates, modules)
                 if target is not None and target != module:
                     edges.add(target)
-        graph[module] = edges
+        graph[module] = frozenset(edges)
     return graph
 
 
@@ -156,7 +160,7 @@ def folder_of(module: str) -> str:
     return module if path.name == "__init__.py" else module.rpartition(".")[0]
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+def find_cycle(graph: Mapping[str, Set[str]]) -> list[str] | None:
     """One cycle of ``graph`` as a path (first == last), or None."""
     state: dict[str, int] = {}
     stack: list[str] = []
