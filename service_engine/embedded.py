@@ -307,7 +307,13 @@ class EmbeddedPostgres:
         os.chmod(self._socket_dir, 0o777)
         options = f"-h 127.0.0.1 -p {self.port} -k {self._socket_dir} -c max_connections=300"
         if not self.durable:
-            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+            # A throwaway cluster also hashes its role passwords with fewer
+            # SCRAM iterations: every login is still a real SCRAM exchange,
+            # at a fraction of the CPU on both sides.
+            options += (
+                " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+                " -c scram_iterations=64"
+            )
         pg_ctl(
             ["-w", "-t", "30", "-o", options, "-l", str(self.data_dir / "postgres.log"), "start"],
             pgdata=self.pgdata,
@@ -554,7 +560,8 @@ async def provision_database(
     With ``template`` the database is a copy of an already provisioned one
     (cheap: the per-test path), so nothing is migrated again.
     """
-    await provision_roles(pg.admin_url, roles)
+    if template is None:  # a template's copy: its roles exist already
+        await provision_roles(pg.admin_url, roles)
     admin = await asyncpg.connect(pg.admin_url)
     try:
         exists = await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
