@@ -73,9 +73,9 @@ def test_principal_and_declared_cohorts_never_meet(principal: Any, parts: tuple[
 @settings(max_examples=200)
 @given(st.lists(_text, min_size=1, max_size=4))
 def test_concatenations_never_collide(pieces: list[str]) -> None:
-    # Every way of cutting one string into parts is a different cohort.
     """Cutting one string into parts differently, or adding an empty part, gives a different cohort
     (property test)."""
+    # Every way of cutting one string into parts is a different cohort.
     whole = "".join(pieces)
     assert CohortKey.of_parts(*pieces) != CohortKey.of_parts(whole) or len(pieces) == 1
     assert CohortKey.of_parts(*pieces) != CohortKey.of_parts(*pieces, "")

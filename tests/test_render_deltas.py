@@ -252,10 +252,10 @@ def test_caused_impacts_outside_the_scope_are_ignored() -> None:
 def test_session_render_is_diff_window_applied(
     last: dict[str, object], rendered: dict[str, object], scope: list[str]
 ) -> None:
-    # Session.render fuses the diff and its application for speed; it must
-    # send exactly what the reference diff says, and end where it leads.
     """Session.render sends exactly the reference diff's deltas and ends at the window that diff
     leads to (property test)."""
+    # Session.render fuses the diff and its application for speed; it must
+    # send exactly what the reference diff says, and end where it leads.
     session = _live_session(last)
     expected = diff_window(last, rendered, revision=1, scope=scope)
     deltas = session.render(RenderPlan(dict.fromkeys(scope)), rendered, threshold=100)

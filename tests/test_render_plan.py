@@ -221,11 +221,11 @@ def test_an_indexed_projector_names_only_keyed_authoritative_and_refreshed_sessi
 
 
 def test_a_replaying_session_on_an_indexed_projector_also_renders_the_frames_change() -> None:
+    """A discovering session named for its replay on an indexed projector also carries the frame's
+    change (the discovery step skips it), in a copy."""
     # The pass's discovery step skips every session the plan names, so a
     # discovering session named for its replay must carry the frame's change
     # itself, or a key it holds that changed in this frame is never rendered.
-    """A discovering session named for its replay on an indexed projector also carries the frame's
-    change (the discovery step skips it), in a copy."""
     interest = _interest("cards")
     index = CohortIndex()
     replaying = _session(interest, "replaying")

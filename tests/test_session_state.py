@@ -339,9 +339,9 @@ def test_expiry() -> None:
 
 
 def test_principal_facts_impact_is_holdable_as_a_dirty_set() -> None:
-    # A sanity check of the runtime's path: route, then hold per session.
     """A routed principal-facts impact can be held by a session and marks the held set as a
     principal refresh."""
+    # A sanity check of the runtime's path: route, then hold per session.
     model = Model()
     model.principals["alice"] = Principal("alice", frozenset({"red"}))
     session = model.new_session("s", "alice", Keys([1]))
