@@ -27,6 +27,7 @@ from service_engine.embedded import (
     provision_streams,
 )
 
+from .example_support import example_database
 from .harness import Statements, logged_pool
 
 TEMPLATE = "service_engine_template"
@@ -80,6 +81,14 @@ async def database(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedData
         yield provisioned
     finally:
         await drop_database(pg_server, name)
+
+
+@pytest.fixture
+async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
+    """A fresh database with the engine's and the reference service's
+    migrations (copied from the example template, built on first use)."""
+    async with example_database(pg_server) as provisioned:
+        yield provisioned
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ from .blackbox.harness import EXAMPLE_MIGRATIONS, PROTOCOL, GqlSocket, GraphQLFa
 from .harness import fast_engine_config, wait_until
 
 EXAMPLE_TEMPLATE = "example_inprocess_template"
-"""Built on first use (the black-box battery builds its own, unconditionally)."""
+"""Built on first use (by the ``store`` fixture or `example_database`)."""
 BOUND = 10.0
 
 

@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
+import asyncpg
+
 from service_engine import (
     Database,
     Engine,
@@ -17,6 +19,8 @@ from service_engine import (
     WorkerStopped,
     connect_pool,
 )
+from service_engine.embedded import ProvisionedDatabase
+from service_engine.impacts.transport import PgListenNotify
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -142,3 +146,31 @@ async def logged_pool(url: str, *, max_size: int = 1) -> AsyncIterator[tuple[Dat
         yield db, statements
     finally:
         await db.aclose()
+
+
+@contextlib.asynccontextmanager
+async def owner_connection(database: ProvisionedDatabase) -> AsyncIterator[asyncpg.Connection[Any]]:
+    """One plain connection to ``database`` as its owner (past RLS and the app
+    role's grants: to seed rows, read what was committed, or change the
+    schema under a test), closed on exit."""
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(database.owner_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def listener_running(
+    listener: PgListenNotify, *, started_within: float = 10.0
+) -> AsyncIterator[PgListenNotify]:
+    """``listener`` run in a task of its own, entered once it listens (within
+    ``started_within`` seconds); the task is cancelled and awaited on exit."""
+    task = asyncio.create_task(listener.run())
+    try:
+        await asyncio.wait_for(listener.started.wait(), started_within)
+        yield listener
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

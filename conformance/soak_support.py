@@ -61,6 +61,7 @@ from service_engine.embedded import EmbeddedNats, ProvisionedDatabase, provision
 from service_engine.graphql import PASSPORT_HEADER, Passport
 
 from .blackbox.harness import PROTOCOL, Pod, Pods
+from .harness import owner_connection
 
 __all__ = ["FAULT_KINDS", "SoakConfig", "SoakReport", "run_soak"]
 
@@ -926,8 +927,7 @@ class Soak:
 
     async def check(self) -> None:
         self.say("checking")
-        owner = await asyncpg.connect(self.store.owner_url)
-        try:
+        async with owner_connection(self.store) as owner:
             self.say("  check_outbox_drained")
             await self.check_outbox_drained(owner)
             self.say("  check_windows")
@@ -942,8 +942,6 @@ class Soak:
             await self.check_outbox_stream(owner)
             self.say("  check_offers")
             await self.check_offers(owner)
-        finally:
-            await owner.close()
         for s in self.sessions:
             self.violations += [f"session {s.index}: {v}" for v in s.violations]
         self.check_steady_readiness()

@@ -32,7 +32,7 @@ from service_engine.messaging.envelope import (
 from service_engine.messaging.nats import Acked
 from service_engine.metrics import Metrics
 
-from .harness import assert_nothing
+from .harness import assert_nothing, listener_running
 from .nats_support import engine_nats, stream_messages
 
 COUNTER = "service_engine_dead_letters_total"
@@ -40,15 +40,8 @@ COUNTER = "service_engine_dead_letters_total"
 
 @contextlib.asynccontextmanager
 async def listening(db: Database) -> AsyncIterator[PgListenNotify]:
-    listener = PgListenNotify(db, EngineConfig(), ReadinessHandle())
-    task = asyncio.create_task(listener.run())
-    try:
-        await asyncio.wait_for(listener.started.wait(), 10)
+    async with listener_running(PgListenNotify(db, EngineConfig(), ReadinessHandle())) as listener:
         yield listener
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def reaction_letter(message_id: uuid.UUID, reaction: str = "create_card") -> DeadLetter:

@@ -31,7 +31,7 @@ from service_engine.render import Query, Reset
 from service_engine.render.runtime import RenderRuntime
 from service_engine.render.windows import WindowSpec
 
-from .harness import engine_running, wait_until
+from .harness import engine_running, listener_running, wait_until
 from .sample_cards import Card, CardsView, Principal, RankQuery, write_card
 
 ALICE = Principal("alice", frozenset({"acme"}))
@@ -186,14 +186,8 @@ async def frames(db: Database, metrics: Metrics, **config: Any) -> AsyncIterator
     listener = PgListenNotify(db, cfg, ReadinessHandle(), metrics=metrics)
     runtime = RenderRuntime(db, cfg, listener.channel, metrics=metrics)
     runtime.register_projector(CardsView())
-    task = asyncio.create_task(listener.run())
-    try:
-        await asyncio.wait_for(listener.started.wait(), 10)
+    async with listener_running(listener):
         yield listener, runtime
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_resets_are_counted_by_cause_overflow_and_threshold(db: Database) -> None:

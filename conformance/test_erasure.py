@@ -10,7 +10,6 @@ import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
-import asyncpg
 import pytest
 
 from service_engine import Database, Engine, ReadinessHandle
@@ -26,7 +25,7 @@ from .accumulator_support import (
     seal_row,
     text_accumulator,
 )
-from .harness import assert_never, fast_engine_config, wait_until
+from .harness import assert_never, fast_engine_config, owner_connection, wait_until
 
 STREAM = "notes_stream"
 
@@ -58,8 +57,7 @@ class Audit:
 
 
 async def seed(store: ProvisionedDatabase, person: str) -> None:
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         await conn.execute("SET app.erasing = 'on'")
         await conn.executemany(
             "INSERT INTO sample_person_note (id, person, body) VALUES ($1, $2, $3)",
@@ -71,17 +69,12 @@ async def seed(store: ProvisionedDatabase, person: str) -> None:
             " VALUES ($1, $2, $3, $4)",
             [(STREAM, f"{person}.draft", seq, b"chunk") for seq in range(3)],
         )
-    finally:
-        await conn.close()
 
 
 async def notes_of(store: ProvisionedDatabase) -> list[str]:
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         await conn.execute("SET app.erasing = 'on'")
         return sorted(r["id"] for r in await conn.fetch("SELECT id FROM sample_person_note"))
-    finally:
-        await conn.close()
 
 
 @contextlib.asynccontextmanager

@@ -8,9 +8,8 @@ slice (their replies, lane-A chunks and typing marks)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
-import asyncpg
 import nats
 import pytest
 from nats.js.errors import KeyNotFoundError
@@ -25,36 +24,28 @@ from example_service.slices.reply.commands import start_reply
 from example_service.slices.reply.domain import REPLY_TEXT
 from example_service.slices.reply.views import TYPING
 from service_engine import KeySealed
-from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
+from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import Passport
 
 from .blackbox.harness import provision_kv, provision_lanes
-from .example_support import example_database, person, running
-from .harness import wait_until
+from .example_support import person, running
+from .harness import owner_connection, wait_until
 from .nats_support import engine_nats
 
 BOUND = 10.0
 
-
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
 
 
 async def test_the_board_slice_erases_a_persons_memberships(store: ProvisionedDatabase) -> None:
     """Erasing a person removes their board memberships only; their
     principal facts, reloaded by the engine's loader, no longer list the
     board; a second erase is a no-op that answers not fresh."""
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         await conn.execute("INSERT INTO board (id, org, title, owner) VALUES ('b1', 'acme', 'Plans', 'ann')")
         await conn.executemany(
             "INSERT INTO board_member (id, board_id, person) VALUES ($1, 'b1', $2)",
             [("m1", "zoe"), ("m2", "yan")],
         )
-    finally:
-        await conn.close()
     async with running(store, ["board"]) as run:
         zoe = person("zoe", "other")
         assert (await run.engine.load_principal_facts(zoe)).fact("board_memberships") == {"b1"}
@@ -69,8 +60,7 @@ async def test_the_board_slice_erases_a_persons_memberships(store: ProvisionedDa
 
 async def _residue(store: ProvisionedDatabase, needle: str) -> list[str]:
     """Where ``needle`` still appears in the ledgers' event log or snapshots."""
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         rows = await conn.fetch(
             """SELECT 'log ' || key || ' #' || seq AS at FROM service_engine.event_log
                 WHERE noun = 'ledger' AND payload::text LIKE '%' || $1 || '%'
@@ -79,8 +69,6 @@ async def _residue(store: ProvisionedDatabase, needle: str) -> list[str]:
                 WHERE noun = 'ledger' AND state::text LIKE '%' || $1 || '%'""",
             needle,
         )
-    finally:
-        await conn.close()
     return [r["at"] for r in rows]
 
 
@@ -96,13 +84,10 @@ async def test_the_ledger_slice_erases_a_person_from_the_log_and_the_snapshot(
         for i in range(Ledger.SNAPSHOT_EVERY + 3):
             author = alice if i % 2 == 0 else bob
             await run.executor.execute(author, post_to_ledger, "shared", 10, f"{author.id} #{i}")
-        conn = await asyncpg.connect(store.owner_url)
-        try:
+        async with owner_connection(store) as conn:
             assert await conn.fetchval(
                 "SELECT count(*) FROM service_engine.event_snapshot WHERE noun = 'ledger'"
             ) == 1
-        finally:
-            await conn.close()
         assert await _residue(store, "alice")
         before = await run.engine.fetch(LEDGERS, ["acme", "shared"], bob)
         assert before is not None
@@ -130,8 +115,7 @@ async def test_the_card_slice_erases_a_persons_name_from_cards_and_facts(
         await run.executor.execute(bob, rename_card, "c-1", "renamed by bob")
         await run.executor.execute(ann, rename_card, "c-2", "renamed by ann")
         await run.engine.erase("ann")
-        pg = await asyncpg.connect(store.owner_url)
-        try:
+        async with owner_connection(store) as pg:
             cards = {r["id"]: r["owner"] for r in await pg.fetch("SELECT id, owner FROM card")}
             leaks = await pg.fetchval(
                 "SELECT count(*) FROM card_fact WHERE payload::text LIKE '%\"ann\"%'"
@@ -140,8 +124,6 @@ async def test_the_card_slice_erases_a_persons_name_from_cards_and_facts(
             leak_rows = await pg.fetchval(
                 "SELECT count(*) FROM card WHERE owner = 'ann' OR reviewed_by = 'ann'"
             )
-        finally:
-            await pg.close()
         assert cards == {"c-1": "erased", "c-2": "bob"}
         assert (leaks, leak_rows) == (0, 0)
         assert bobs == 2
@@ -212,14 +194,11 @@ async def test_the_reply_slice_erases_replies_chunks_and_typing_marks(
             assert result.manifest.presence == {TYPING: {"r-z.zoe", "r-a.zoe"}}
             removed = (await ws.next("typing"))["replyTyping"]
             assert removed == {"__typename": "ReplyTypingRemove", "key": json.dumps("r-a.zoe")}
-        db = await asyncpg.connect(store.owner_url)
-        try:
+        async with owner_connection(store) as db:
             replies = {r["id"] for r in await db.fetch("SELECT id FROM reply")}
             chunks = await db.fetchval(
                 "SELECT count(*) FROM service_engine.accumulator_chunk WHERE key = 'r-z'"
             )
-        finally:
-            await db.close()
         assert (replies, chunks) == ({"r-a"}, 0)
         with pytest.raises(KeySealed):
             await run.engine.push_chunk(REPLY_TEXT, "r-z", 1, b"late")
@@ -237,12 +216,9 @@ async def test_the_operator_erases_a_person_over_graphql_with_the_ops_role_only(
     role, the role ``/ops`` gates on; with it the person is erased across
     the Erasable slices and the typed result says fresh and purged; sent
     again, it succeeds not fresh."""
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         await conn.execute("INSERT INTO board (id, org, title, owner) VALUES ('b1', 'acme', 'Plans', 'ann')")
         await conn.execute("INSERT INTO board_member (id, board_id, person) VALUES ('m1', 'b1', 'zoe')")
-    finally:
-        await conn.close()
     async with running(store, ["board", "operator"]) as run:
         member = Passport(sub="mia", org="acme", roles=("member",))
         refused = (await run.gql(ERASE_PERSON, {"p": "zoe"}, member))["erasePerson"]
@@ -251,12 +227,9 @@ async def test_the_operator_erases_a_person_over_graphql_with_the_ops_role_only(
         anonymous = await run.post(ERASE_PERSON, {"p": "zoe"})
         assert anonymous["data"] is None
         assert [e["extensions"]["code"] for e in anonymous["errors"]] == ["passport_missing"]
-        conn = await asyncpg.connect(store.owner_url)
-        try:
+        async with owner_connection(store) as conn:
             assert await conn.fetchval("SELECT count(*) FROM board_member") == 1
             assert await conn.fetchval("SELECT count(*) FROM service_engine.person_erasure") == 0
-        finally:
-            await conn.close()
 
         operator = Passport(sub="olga", org="acme", roles=("ops",))
         done = (await run.gql(ERASE_PERSON, {"p": "zoe"}, operator))["erasePerson"]
@@ -266,11 +239,8 @@ async def test_the_operator_erases_a_person_over_graphql_with_the_ops_role_only(
         assert (again["success"], again["fresh"]) == (True, False)
         bad = (await run.gql(ERASE_PERSON, {"p": ""}, operator))["erasePerson"]
         assert bad["error"]["code"] == "operator.person_invalid"
-        conn = await asyncpg.connect(store.owner_url)
-        try:
+        async with owner_connection(store) as conn:
             assert await conn.fetchval("SELECT count(*) FROM board_member") == 0
             assert await conn.fetchval(
                 "SELECT purged_at IS NOT NULL FROM service_engine.person_erasure WHERE person = 'zoe'"
             )
-        finally:
-            await conn.close()

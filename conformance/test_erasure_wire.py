@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
-import asyncpg
 import nats
 import pytest
 from nats.aio.msg import Msg
@@ -26,15 +24,15 @@ from service_engine import (
     WorkerStopped,
     person_erased_subject,
 )
-from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
+from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.erasure import Erase
 from service_engine.graphql import Passport
 from service_engine.impacts import UnknownFactDependency
 from service_engine.pipeline import Mutation
 
 from .blackbox.harness import BOARDS_SUBSCRIPTION
-from .example_support import example_database, person, running
-from .harness import fast_engine_config, wait_until
+from .example_support import person, running
+from .harness import fast_engine_config, owner_connection, wait_until
 from .nats_support import engine_nats, stream_messages
 
 BOUND = 10.0
@@ -106,11 +104,6 @@ async def _all_published(db: Database) -> bool:
     return bool(pending == 0)
 
 
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
-
 
 async def test_erasure_regates_live_windows(store: ProvisionedDatabase) -> None:
     """An erased member's live sessions lose the boards they had joined:
@@ -118,8 +111,7 @@ async def test_erasure_regates_live_windows(store: ProvisionedDatabase) -> None:
     ``board`` noun, so the running engine re-resolves the person and their
     open window receives a Remove of the cross-org board (another member's
     window keeps it)."""
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         await conn.execute(
             "INSERT INTO board (id, org, title, owner) VALUES ('b1', 'acme', 'Plans', 'ann')"
         )
@@ -127,8 +119,6 @@ async def test_erasure_regates_live_windows(store: ProvisionedDatabase) -> None:
             "INSERT INTO board_member (id, board_id, person) VALUES ($1, 'b1', $2)",
             [("m1", "zoe"), ("m2", "yan")],
         )
-    finally:
-        await conn.close()
     async with (
         running(store, ["board"]) as run,
         run.socket(Passport(sub="zoe", org="other")) as zoe,

@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-import asyncpg
 import pytest
 from pydantic import BaseModel
 
@@ -52,13 +51,13 @@ from service_engine import (
     check_gates_match_affordances,
 )
 from service_engine.commands import CommandRunner
-from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
+from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import Passport
 from service_engine.impacts import ImpactKind
 from service_engine.integration import Tick
 
-from .example_support import Running, example_database, person, running
-from .harness import wait_until
+from .example_support import Running, person, running
+from .harness import owner_connection, wait_until
 from .inbound_support import consumer_state, producer
 from .nats_support import StoredMessage, engine_nats, stream_messages
 from .sample_counter import listen_impacts
@@ -69,11 +68,6 @@ GLOBEX = person("gina", "globex")
 BOUND = 5.0
 
 
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
-
 
 @pytest.fixture
 async def card(store: ProvisionedDatabase, nats_server: EmbeddedNats) -> AsyncIterator[Running]:
@@ -82,11 +76,8 @@ async def card(store: ProvisionedDatabase, nats_server: EmbeddedNats) -> AsyncIt
 
 
 async def owner_fetch(store: ProvisionedDatabase, query: str, *args: Any) -> list[dict[str, Any]]:
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         return [dict(r) for r in await conn.fetch(query, *args)]
-    finally:
-        await conn.close()
 
 
 async def facts(store: ProvisionedDatabase, card_id: str) -> list[str]:

@@ -15,7 +15,6 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import pytest
 
 from example_service.slices.ledger.commands import (
@@ -34,10 +33,11 @@ from service_engine import (
     Upsert,
     WindowSpec,
 )
-from service_engine.embedded import EmbeddedPostgres, ProvisionedDatabase
+from service_engine.embedded import ProvisionedDatabase
 from service_engine.graphql import Passport
 
-from .example_support import Running, example_database, person, running
+from .example_support import Running, person, running
+from .harness import owner_connection
 
 ALICE = person("alice")
 BOB = person("bob")
@@ -45,11 +45,6 @@ CAROL = person("carol", "acme", LEDGER_ERASE)
 GLOBEX = person("gina", "globex")
 BOUND = 5.0
 
-
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
 
 
 @pytest.fixture
@@ -66,8 +61,7 @@ async def append_raw(store: ProvisionedDatabase, org: str, name: str,
                      events: list[tuple[int, str, int, dict[str, Any]]]) -> None:
     """Write ``(seq, type, version, payload)`` rows straight into the log, as
     an older build (or a corruption) left them."""
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         await conn.executemany(
             """INSERT INTO service_engine.event_log (noun, key, seq, event_type, event_version,
                                                      payload)
@@ -75,19 +69,14 @@ async def append_raw(store: ProvisionedDatabase, org: str, name: str,
             [(key_text(org, name), seq, kind, version, json.dumps(payload))
              for seq, kind, version, payload in events],
         )
-    finally:
-        await conn.close()
 
 
 async def log_of(store: ProvisionedDatabase, org: str, name: str) -> list[tuple[int, str, int]]:
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         rows = await conn.fetch(
             "SELECT seq, event_type, event_version FROM service_engine.event_log"
             " WHERE noun = 'ledger' AND key = $1 ORDER BY seq", key_text(org, name),
         )
-    finally:
-        await conn.close()
     return [(r["seq"], r["event_type"], r["event_version"]) for r in rows]
 
 
@@ -178,8 +167,7 @@ async def test_the_gates_hold_what_the_generic_log_cannot_declare(ledger: Runnin
 
 async def residue(store: ProvisionedDatabase, needle: str) -> list[str]:
     """Where ``needle`` still appears in the ledgers' log or snapshots."""
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         rows = await conn.fetch(
             """SELECT 'log ' || key || ' #' || seq AS at FROM service_engine.event_log
                 WHERE noun = 'ledger' AND payload::text LIKE '%' || $1 || '%'
@@ -188,8 +176,6 @@ async def residue(store: ProvisionedDatabase, needle: str) -> list[str]:
                 WHERE noun = 'ledger' AND state::text LIKE '%' || $1 || '%'""",
             needle,
         )
-    finally:
-        await conn.close()
     return [r["at"] for r in rows]
 
 

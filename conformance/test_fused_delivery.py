@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,15 +22,9 @@ from service_engine.server.live_ops import LiveOp
 from service_engine.server.wire import WireSocket
 
 from .blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME
-from .example_support import BOUND, example_config, example_database, running
+from .example_support import BOUND, example_config, running
 from .harness import wait_until
 from .test_wire import _raw_upgrade, _read_frames, raw_live_subscription, tiny_send_buffer
-
-
-@pytest.fixture
-async def store(pg_server: Any) -> AsyncIterator[Any]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
 
 
 class _Reader:

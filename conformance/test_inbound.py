@@ -43,7 +43,7 @@ from service_engine.pipeline import Reaction
 from service_engine.pipeline.inbound import EVENT_STREAM, InboundReaction
 from service_engine.readiness import REASON_INBOUND_STOPPED
 
-from .harness import assert_never, assert_nothing, wait_until
+from .harness import assert_never, assert_nothing, owner_connection, wait_until
 from .inbound_support import (
     TWIN,
     claim_confirmations,
@@ -565,30 +565,29 @@ async def test_an_envelope_less_frame_is_one_dead_letter_across_redeliveries(
     letter cannot be written (the table refuses the app role) the frame is
     nak'ed, not terminated; once it can, one row is written, whose id
     derives from the frame's Nats-Msg-Id, and the frame is terminated."""
-    owner = await asyncpg.connect(database.owner_url)
-    try:
-        await owner.execute("REVOKE INSERT ON service_engine.dead_letter FROM service_engine_app")
-        reaction = place_order("a", budget=fast_budget())
-        async with pod(db, streams, [reaction]), producer(streams) as twin:
-            await twin.raw(
-                "integration.cmd.orders.order.place", b"plain text, no envelope",
-                {HEADER_NATS_MSG_ID: "foreign-123"},
-            )
+    async with owner_connection(database) as owner:
+        try:
+            await owner.execute("REVOKE INSERT ON service_engine.dead_letter FROM service_engine_app")
+            reaction = place_order("a", budget=fast_budget())
+            async with pod(db, streams, [reaction]), producer(streams) as twin:
+                await twin.raw(
+                    "integration.cmd.orders.order.place", b"plain text, no envelope",
+                    {HEADER_NATS_MSG_ID: "foreign-123"},
+                )
 
-            async def redelivered() -> bool:
-                info = await consumer_state(streams.url, CMD, DURABLE)
-                return bool(info.delivered.consumer_seq >= 3)
+                async def redelivered() -> bool:
+                    info = await consumer_state(streams.url, CMD, DURABLE)
+                    return bool(info.delivered.consumer_seq >= 3)
 
-            await wait_until(redelivered, what="redeliveries while the write fails")
-            assert await place_settled(streams) is False
-            await owner.execute(
-                "GRANT INSERT ON service_engine.dead_letter TO service_engine_app"
-            )
-            await wait_until(lambda: _count(dead_letter_rows(db), 1), what="the dead letter")
-            await wait_until(lambda: place_settled(streams), what="the frame terminated")
-    finally:
-        await owner.execute("GRANT INSERT ON service_engine.dead_letter TO service_engine_app")
-        await owner.close()
+                await wait_until(redelivered, what="redeliveries while the write fails")
+                assert await place_settled(streams) is False
+                await owner.execute(
+                    "GRANT INSERT ON service_engine.dead_letter TO service_engine_app"
+                )
+                await wait_until(lambda: _count(dead_letter_rows(db), 1), what="the dead letter")
+                await wait_until(lambda: place_settled(streams), what="the frame terminated")
+        finally:
+            await owner.execute("GRANT INSERT ON service_engine.dead_letter TO service_engine_app")
     [letter] = await dead_letter_rows(db)
     assert letter["reason"] == "no_envelope"
     assert letter["id"] == derive_dead_letter_id("Reaction", "place_order", "frame", "foreign-123")

@@ -6,23 +6,19 @@ one transaction) so a live window re-renders without the person."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
-
 from example_service.graphql import build_app
 from example_service.register import register
 from example_service.slices import compose
 from example_service.slices.ledger.commands import open_ledger, post_to_ledger
 from example_service.slices.ledger.domain import LEDGER_ERASE, NOUN
 from service_engine import Engine, ReadinessHandle, connect_pool
-from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
+from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import Passport
 from service_engine.impacts import ImpactKind
 from service_engine.messaging.nats import open_nats
 from service_engine.scopes.identity import ScopeIdentity, known_scopes
 
-from .example_support import Running, example_config, example_database, person, serving_engine
+from .example_support import Running, example_config, person, serving_engine
 from .nats_support import engine_nats
 from .sample_counter import listen_impacts
 
@@ -32,11 +28,6 @@ VIEW = "name owner recent { memo by }"
 LEDGERS = (f"subscription {{ ledgers {{ __typename ... on LedgersReset {{ revision "
            f"views {{ {VIEW} }} }} ... on LedgersUpsert {{ revision view {{ {VIEW} }} }} }} }}")
 
-
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
 
 
 async def test_ledger_contributes_its_erase_scope(

@@ -16,13 +16,12 @@ import asyncio
 import contextlib
 import gc
 import json
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from service_engine.embedded import EmbeddedPostgres, ProvisionedDatabase
+from service_engine.embedded import ProvisionedDatabase
 from service_engine.graphql import GraphQLContext
 from service_engine.render.session import Session
 from service_engine.render.stream import SessionStream
@@ -30,7 +29,7 @@ from service_engine.server.live_ops import LiveOp, LiveOps
 from service_engine.server.wire import WireSocket
 
 from .blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME, GqlSocket
-from .example_support import Running, example_config, example_database, running
+from .example_support import Running, example_config, running
 from .harness import wait_until
 
 BOUND = 10.0
@@ -41,11 +40,6 @@ def socket_kind() -> dict[str, Any]:
     socket is the one socket path)."""
     return {}
 
-
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
 
-import asyncpg
 import pytest
 
 from service_engine import Database, Engine, ReadinessHandle, WorkerStopped
@@ -25,7 +24,7 @@ from service_engine.mirrors.declaration import Merged, Mirror
 from service_engine.mirrors.projection import Known, KnownScope, Projection
 from service_engine.offers.model import Published
 
-from .harness import assert_never, fast_engine_config, wait_until
+from .harness import assert_never, fast_engine_config, owner_connection, wait_until
 from .nats_support import engine_nats
 
 BUCKET = "twin_published"
@@ -60,14 +59,11 @@ def people_mirror(name: str = "sample_people") -> Mirror:
 
 @pytest.fixture
 async def known_table(database: ProvisionedDatabase) -> None:
-    conn = await asyncpg.connect(database.owner_url)
-    try:
+    async with owner_connection(database) as conn:
         await conn.execute(
             f"CREATE TABLE {TABLE} (id text PRIMARY KEY, name text NOT NULL);"
             f"GRANT SELECT, INSERT, UPDATE, DELETE ON {TABLE} TO service_engine_app"
         )
-    finally:
-        await conn.close()
 
 
 @contextlib.asynccontextmanager
@@ -391,14 +387,11 @@ async def project_roles(projection: Projection, key: Any, merged: Merged) -> Non
 
 @pytest.fixture
 async def roles_table(database: ProvisionedDatabase) -> None:
-    conn = await asyncpg.connect(database.owner_url)
-    try:
+    async with owner_connection(database) as conn:
         await conn.execute(
             f"CREATE TABLE {ROLES_TABLE} (id text PRIMARY KEY, name text NOT NULL, role text);"
             f"GRANT SELECT, INSERT, UPDATE, DELETE ON {ROLES_TABLE} TO service_engine_app"
         )
-    finally:
-        await conn.close()
 
 
 async def known_roles(db: Database) -> dict[str, tuple[str, str | None]]:

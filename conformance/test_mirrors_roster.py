@@ -14,21 +14,16 @@ from example_service.slices.roster.views import PEOPLE, PeopleQuery
 from example_twin.contract import Person
 from example_twin.roster import DEFAULT_ROSTER, publish_roster, read_boards, retract_person
 from service_engine import Query, Remove, Reset, Success, Upsert, WindowSpec
-from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
+from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 
 from .blackbox.harness import provision_kv
-from .example_support import Running, example_database, person, running
+from .example_support import Running, person, running
 from .harness import wait_until
 from .nats_support import engine_nats
 
 ALICE = person("alice", "acme")
 BOUND = 10.0
 
-
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
-import pytest
 
 from example_service.graphql import build_app
 from example_service.register import register
@@ -38,7 +37,7 @@ from service_engine import (
 )
 from service_engine.blobs.staging import BlobStaging, NewBlob, blob_statement, stage_blobs
 from service_engine.clock import Timestamp
-from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
+from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import PASSPORT_HEADER, Passport
 from service_engine.impacts.model import Impact
 from service_engine.impacts.transport import schedule_in, schedule_statement
@@ -58,7 +57,7 @@ from service_engine.offers.model import register_offer_type
 from service_engine.offers.staging import DirtyMark, dollar_quoted, offer_dirty_statement
 
 from .blackbox.harness import provision_kv
-from .example_support import example_config, example_database, person, serving_engine
+from .example_support import example_config, person, serving_engine
 from .harness import Statements, wait_until
 from .nats_support import engine_nats
 from .sample_counter import WRITER, CrudCounter, create_counter, executor_for, increment
@@ -113,11 +112,6 @@ class RequestStatements(Statements):
         if _REQUEST.get() is not None:
             super().__call__(record)
 
-
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
 
 
 @contextlib.asynccontextmanager

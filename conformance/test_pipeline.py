@@ -39,6 +39,7 @@ from service_engine.pipeline import (
 )
 from service_engine.testing.faults import InjectFault
 
+from .harness import owner_connection
 from .sample_counter import (
     ACTIONS,
     ADMIN,
@@ -546,15 +547,12 @@ async def test_s134_impacts_are_counted_only_after_commit_returned(
     assert at_commit == [after_create]
     assert metrics.sample(IMPACTS_METRIC) == after_create + 2
 
-    owner = await asyncpg.connect(database.owner_url)
-    try:
+    async with owner_connection(database) as owner:
         await owner.execute(
             """CREATE CONSTRAINT TRIGGER refuse_large AFTER UPDATE ON sample_counter_crud
                    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.value >= 100)
                    EXECUTE FUNCTION sample_fail_at_commit()"""
         )
-    finally:
-        await owner.close()
     with caplog.at_level(logging.ERROR, logger="service_engine.pipeline"):
         async with listen_impacts(db) as probe:
             outcome = await executor.ack(WRITER, two, 100)

@@ -22,7 +22,7 @@ from service_engine.render.runtime import RenderRuntime
 from service_engine.render.stream import SessionEnded, SessionStream
 from service_engine.render.windows import WindowSpec
 
-from .harness import engine_running, wait_until
+from .harness import engine_running, listener_running, wait_until
 from .sample_cards import (
     Card,
     CardStore,
@@ -108,14 +108,8 @@ async def frames(db: Database, *projectors: Any, **config: Any) -> AsyncIterator
     f = Frames(db, **config)
     for projector in projectors:
         f.runtime.register_projector(projector)
-    task = asyncio.create_task(f.listener.run())
-    try:
-        await asyncio.wait_for(f.listener.started.wait(), 10)
+    async with listener_running(f.listener):
         yield f
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def take(stream: SessionStream[Any], n: int) -> list[Any]:

@@ -21,6 +21,7 @@ from service_engine.render.projector import Populate
 from service_engine.render.runtime import RenderRuntime
 from service_engine.render.windows import Query, WindowSpec
 
+from .harness import owner_connection
 from .sample_cards import Card, CardsView, Principal, RankQuery, write_card
 
 ALICE = Principal("alice", frozenset({"acme"}))
@@ -66,11 +67,8 @@ async def test_a_dropped_table_reaches_no_reader_as_a_driver_error(
     window = WindowSpec(Query(RankQuery(10)))
     async with runtime(db, CardsView()) as rt:
         live = await rt.attach(ALICE, "cards", window)
-        owner = await asyncpg.connect(database.owner_url)
-        try:
+        async with owner_connection(database) as owner:
             await owner.execute("DROP TABLE sample_card")
-        finally:
-            await owner.close()
         reads: dict[str, Callable[[], Awaitable[Any]]] = {
             "attach": lambda: rt.attach(ALICE, "cards", window),
             "fetch": lambda: rt.fetch("cards", "c1", ALICE),

@@ -8,10 +8,9 @@ blob store the service runs and refuses attachments."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
@@ -19,14 +18,14 @@ from example_service.slices.reply.commands import start_reply
 from service_engine import BlobStoreConfig
 from service_engine.embedded import (
     EmbeddedNats,
-    EmbeddedPostgres,
     EmbeddedSeaweed,
     ProvisionedDatabase,
 )
 from service_engine.graphql import Passport
 
 from .blackbox.harness import provision_kv, provision_lanes
-from .example_support import Running, example_database, person, running
+from .example_support import Running, person, running
+from .harness import owner_connection
 from .nats_support import engine_nats
 
 # One worker runs this module: its SeaweedFS server (module-scoped) starts once.
@@ -63,11 +62,6 @@ def blob_store(seaweed: EmbeddedSeaweed) -> BlobStoreConfig:
     )
 
 
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
-
 
 async def _upload(upload: dict[str, Any], body: bytes) -> httpx.Response:
     fields = {f["name"]: f["value"] for f in upload["fields"]}
@@ -84,13 +78,10 @@ async def _download(run: Running, reply_id: str, reference: str, who: Passport) 
 
 
 async def _blob_state(store: ProvisionedDatabase, reference: str) -> str | None:
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         state = await conn.fetchval(
             "SELECT state FROM service_engine.blob WHERE id = $1::uuid", reference
         )
-    finally:
-        await conn.close()
     return None if state is None else str(state)
 
 

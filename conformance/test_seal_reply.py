@@ -28,11 +28,11 @@ from example_service.slices.reply.reactions import FINISH_ATTEMPTS, reactions
 from example_twin import Twin
 from example_twin.reply import finish_reply, reply_cycle
 from service_engine import EventMetadata, KeySealed, MutationError, seal_hash
-from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
+from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import Passport
 
 from .blackbox.harness import provision_kv, provision_lanes
-from .example_support import Running, example_database, person, running
+from .example_support import Running, person, running
 from .harness import wait_until
 from .inbound_support import consumer_state
 from .nats_support import engine_nats
@@ -40,11 +40,6 @@ from .nats_support import engine_nats
 ALICE = person("alice")
 SLICES = ("reply",)
 
-
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
 
 
 @contextlib.asynccontextmanager

@@ -5,21 +5,14 @@ fail, each kind of fault more than once (`conformance.soak_support`;
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from service_engine.db import service_migrations
 from service_engine.embedded import (
-    EmbeddedPostgres,
     ProvisionedDatabase,
-    drop_database,
-    provision_database,
 )
 
-from .blackbox.harness import EXAMPLE_MIGRATIONS
 from .soak_support import FAULT_KINDS, SoakConfig, run_soak
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(170)]
@@ -27,19 +20,6 @@ pytestmark = [pytest.mark.soak, pytest.mark.timeout(170)]
 CONFIG = SoakConfig(pods=2, sessions=60, cohorts=6, rate=20, seconds=30, faults=2, burst=40,
                     verbose=True)
 
-
-
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    """A database of its own with the engine's and the example service's migrations."""
-    name = f"soak_{secrets.token_hex(6)}"
-    provisioned = await provision_database(
-        pg_server, name, extra_migrations=service_migrations(EXAMPLE_MIGRATIONS)
-    )
-    try:
-        yield provisioned
-    finally:
-        await drop_database(pg_server, name)
 
 
 async def test_soak_every_promise_holds_under_repeated_faults(

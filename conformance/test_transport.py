@@ -30,22 +30,23 @@ from service_engine.render import Query, Reset, Upsert
 from service_engine.render.stream import SessionStream
 from service_engine.render.windows import WindowSpec
 
-from .harness import assert_never, assert_nothing, engine_running, fast_engine_config, wait_until
+from .harness import (
+    assert_never,
+    assert_nothing,
+    engine_running,
+    fast_engine_config,
+    listener_running,
+    owner_connection,
+    wait_until,
+)
 from .sample_cards import Card, CardsView, Principal, RankQuery, write_card
 
 
 @contextlib.asynccontextmanager
 async def listening(db: Database, **config: object) -> AsyncIterator[PgListenNotify]:
-    readiness = ReadinessHandle()
-    listener = PgListenNotify(db, EngineConfig(**config), readiness)
-    task = asyncio.create_task(listener.run())
-    try:
-        await asyncio.wait_for(listener.started.wait(), 10)
+    listener = PgListenNotify(db, EngineConfig(**config), ReadinessHandle())
+    async with listener_running(listener):
         yield listener
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def commit(db: Database, impacts: list[Impact]) -> None:
@@ -235,8 +236,8 @@ async def test_s134_only_committed_impacts_are_counted_after_commit(
     assert await fire_due(db, metrics) == 0
     assert (metrics.sample(series) or 0) == 0
 
-    owner = await asyncpg.connect(database.owner_url)
-    try:  # the firing's DELETE of its claimed rows fails the COMMIT, and only the COMMIT
+    # The firing's DELETE of its claimed rows fails the COMMIT, and only the COMMIT.
+    async with owner_connection(database) as owner:
         await owner.execute(
             """CREATE FUNCTION public.fail_at_commit() RETURNS trigger LANGUAGE plpgsql AS
                $$ BEGIN RAISE EXCEPTION 'commit refused'; END $$;
@@ -254,8 +255,6 @@ async def test_s134_only_committed_impacts_are_counted_after_commit(
             assert await fire_due(db, metrics) == 3  # the rows survived the failed COMMIT
             assert await next_delivery(listener) == cards(1, 2, 3)
             await assert_nothing(listener.channel)  # the failed firing delivered nothing
-    finally:
-        await owner.close()
     assert metrics.sample(series) == 3
     assert "service_engine_impacts_committed_total" in metrics.exposition().decode()
 

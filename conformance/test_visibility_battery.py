@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import pytest
 
 from example_service.kernel import Principal
@@ -47,13 +46,13 @@ from service_engine import (
     WindowSpec,
     check_window_matches_visibility,
 )
-from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
+from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.impacts.model import canonical_json
 from service_engine.persistence import keys as event_keys
 
 from .blackbox.harness import provision_kv, provision_lanes
-from .example_support import Running, example_database, person, running
-from .harness import wait_until
+from .example_support import Running, person, running
+from .harness import owner_connection, wait_until
 from .nats_support import engine_nats
 
 BOUND = 10.0
@@ -145,11 +144,6 @@ def reference_projectors() -> set[str]:
     return names
 
 
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
-
 
 async def _seed(run: Running, store: ProvisionedDatabase, nats_url: str) -> None:
     alice, gina = person("alice", "acme"), person("gina", "globex")
@@ -159,13 +153,11 @@ async def _seed(run: Running, store: ProvisionedDatabase, nats_url: str) -> None
         await executor.execute(who, create_card, f"card {suffix}", f"c-{suffix}")
         await executor.execute(who, open_ledger, f"l-{suffix}")
         await executor.execute(who, start_reply, f"r-{suffix}")
-    owner = await asyncpg.connect(store.owner_url)
-    try:  # zoe, of another org, accepted an invite onto acme's board
+    # zoe, of another org, accepted an invite onto acme's board
+    async with owner_connection(store) as owner:
         await owner.execute(
             "INSERT INTO board_member (id, board_id, person) VALUES ('m-zoe', 'b-acme', 'zoe')"
         )
-    finally:
-        await owner.close()
     for key, value in TYPED.items():
         assert await run.engine.present(TYPING, key, value)
 

@@ -81,6 +81,7 @@ def _run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_rule_is_a_prometheus_rule_with_the_five_alerts() -> None:
+    """The alerts file is a named PrometheusRule holding exactly the five alerts."""
     resource = _resource()
     assert resource["apiVersion"] == "monitoring.coreos.com/v1"
     assert resource["kind"] == "PrometheusRule"
@@ -89,6 +90,8 @@ def test_the_rule_is_a_prometheus_rule_with_the_five_alerts() -> None:
 
 
 def test_every_alert_carries_a_runbook() -> None:
+    """Every alert has a summary, a runbook saying what it means and what to do, a severity and a
+    for duration."""
     for rule in _rules(_resource()):
         annotations = rule["annotations"]
         assert annotations["summary"], rule["alert"]
@@ -116,6 +119,7 @@ def test_alerts_read_only_series_the_engine_exposes() -> None:
 
 
 def test_promtool_checks_the_rules(tmp_path: Path) -> None:
+    """promtool check rules accepts the extracted rules, all five."""
     promtool = _promtool()
     rules = tmp_path / RULES_FILE
     rules.write_text(yaml.safe_dump(extract_rules(_resource()), sort_keys=False))
@@ -125,6 +129,7 @@ def test_promtool_checks_the_rules(tmp_path: Path) -> None:
 
 
 def test_promtool_unit_tests_fire_each_alert_and_stay_silent_when_healthy(tmp_path: Path) -> None:
+    """promtool's unit tests pass, and each of the five alerts fires in at least one of them."""
     promtool = _promtool()
     assert UNIT_TESTS, "no promtool unit tests in observability/tests/"
     (tmp_path / RULES_FILE).write_text(

@@ -32,6 +32,8 @@ from service_engine.lanes.chunks import (
 
 
 def test_chunk_seq_is_bounded_to_the_bigint_range() -> None:
+    """A ChunkSeq is an int in 0 .. 2**63-1 (not a bool, float or string), and parses only plain
+    ASCII decimal text in that range."""
     assert ChunkSeq(0) == 0
     assert ChunkSeq(MAX_CHUNK_SEQ) == 2**63 - 1
     for bad in (2**63, -1, 2**64):
@@ -47,6 +49,8 @@ def test_chunk_seq_is_bounded_to_the_bigint_range() -> None:
 
 
 def test_a_key_is_one_subject_token() -> None:
+    """A chunk key is one subject token of at most 256 characters; the lane's subjects are
+    stream.<service>.<key> and stream.<service>.>."""
     assert check_key("reply-1_ok") == "reply-1_ok"
     for bad in ("", "a.b", "a*", ">", "a b", "tab\t", 7, "x" * 257):
         with pytest.raises(InvalidChunkKey):
@@ -56,6 +60,8 @@ def test_a_key_is_one_subject_token() -> None:
 
 
 def test_a_frame_round_trips() -> None:
+    """A chunk frame encodes to its subject, its sequence header and a dedup id, and parses back to
+    the same frame."""
     frame = ChunkFrame("r1", ChunkSeq(3), b"\x00bytes", "reply")
     subject, headers, payload = encode_frame("example", frame)
     assert subject == "stream.example.r1"
@@ -74,16 +80,20 @@ def test_a_frame_round_trips() -> None:
     ],
 )
 def test_a_frame_that_is_no_lane_frame_is_refused(subject: str, headers: dict[str, str]) -> None:
+    """A frame of another service, without or with a bad sequence header, or with a key of two
+    tokens is refused."""
     with pytest.raises((InvalidChunkKey, ChunkSeqOutOfRange)):
         parse_frame("example", subject, headers, b"")
 
 
 def test_the_seal_hash_is_sha256_of_the_concatenation() -> None:
+    """The seal hash is the SHA-256 of the chunks concatenated in order."""
     assert seal_hash([b"ab", b"c"]) == hashlib.sha256(b"abc").hexdigest()
     assert seal_hash([]) == hashlib.sha256(b"").hexdigest()
 
 
 def test_the_contiguous_prefix_stops_at_the_first_gap() -> None:
+    """The contiguous prefix counts sequences up to the first gap from the start given."""
     assert contiguous_prefix([]) == 0
     assert contiguous_prefix([0, 1, 2]) == 3
     assert contiguous_prefix([0, 2, 3]) == 1
@@ -95,6 +105,9 @@ ROWS = [(0, b"a"), (1, b"b"), (2, b"c")]
 
 
 def test_plan_seal_full() -> None:
+    """A full seal plans every chunk with its high water; a gap is SealTruncated naming the durable
+    prefix, a wrong hash SealHashMismatch, a chunk past the last seq SealChunkBeyondLastSeq, a
+    last seq out of range refused."""
     plan = plan_seal("acc", "k", ROWS, "seal", 2, seal_hash([b"a", b"b", b"c"]))
     assert plan.chunks == (b"a", b"b", b"c")
     assert plan.high_water == 3
@@ -111,6 +124,8 @@ def test_plan_seal_full() -> None:
 
 
 def test_plan_seal_partial_and_current() -> None:
+    """A partial seal takes the contiguous prefix up to its last seq (refusing chunks beyond it); a
+    current seal takes the contiguous prefix as it stands."""
     gap = [(0, b"a"), (2, b"c")]
     partial = plan_seal("acc", "k", gap, "partial", 5)
     assert (partial.chunks, partial.high_water) == ((b"a",), 6)
@@ -134,6 +149,8 @@ def test_a_cancel_gesture_names_the_chunks_it_drops_beyond_a_gap() -> None:
 
 
 def test_the_fold_cache_is_a_bounded_lru() -> None:
+    """The fold cache is a bounded LRU handing out copies of its digests, ignores an entry shorter
+    than the one held, forgets on invalidate, and refuses a size of 0."""
     cache: FoldCache[str] = FoldCache(2)
     digest = hashlib.sha256(b"a")
     cache.put("acc", "a", 1, "a", digest, b"a")

@@ -77,6 +77,8 @@ def invite_slice(register: Any = None) -> SliceFragment:
 
 
 def test_slices_merge_into_one_schema_and_register_in_order() -> None:
+    """Slices merge into one schema (their fields, the engine's lane notices in each union, no
+    placeholder) and register in the order given."""
     calls: list[tuple[str, object]] = []
     engine = object()
     service = compose_service([
@@ -98,6 +100,8 @@ def test_slices_merge_into_one_schema_and_register_in_order() -> None:
 
 
 def test_a_service_with_no_slice_has_the_engine_query_only() -> None:
+    """A service with no slice has only the engine's query field, no mutation or subscription, and
+    registers nothing."""
     service = compose_service([])
     schema = service.schema()
     assert service.mutation is None and service.subscription is None
@@ -109,6 +113,7 @@ def test_a_service_with_no_slice_has_the_engine_query_only() -> None:
 
 
 def test_removing_a_slice_removes_exactly_its_members() -> None:
+    """Removing a slice removes exactly its fields and types from the schema."""
     full = compose_service([board_slice(), invite_slice()]).schema().as_str()
     without = compose_service([board_slice()]).schema().as_str()
     assert "inviteCount" in full and "inviteCount" not in without
@@ -121,6 +126,8 @@ def _fragment(name: str, **roots: Any) -> SliceFragment:
 
 
 def test_two_slices_claiming_one_query_field_are_refused() -> None:
+    """Two slices declaring one query field are refused with DuplicateSchemaMember naming the kind,
+    the field and both owners."""
     @strawberry.type
     class OtherQuery:
         @strawberry.field
@@ -136,6 +143,7 @@ def test_two_slices_claiming_one_query_field_are_refused() -> None:
 
 
 def test_one_graphql_name_from_two_python_names_is_refused() -> None:
+    """Two Python names mapping to one GraphQL field name are refused."""
     @strawberry.type
     class Renamed:
         @strawberry.field(name="boardCount")
@@ -147,6 +155,7 @@ def test_one_graphql_name_from_two_python_names_is_refused() -> None:
 
 
 def test_two_slices_claiming_one_mutation_or_subscription_field_are_refused() -> None:
+    """Two slices declaring one mutation or one subscription field are refused, naming it."""
     @strawberry.type
     class OtherMutation:
         @strawberry.mutation
@@ -168,6 +177,7 @@ def test_two_slices_claiming_one_mutation_or_subscription_field_are_refused() ->
 
 
 def test_two_slices_declaring_one_type_are_refused() -> None:
+    """Two slices declaring one GraphQL type name are refused, naming the type and both owners."""
     @strawberry.type(name="Board")
     class AnotherBoard:
         id: str
@@ -179,6 +189,7 @@ def test_two_slices_declaring_one_type_are_refused() -> None:
 
 
 def test_one_projector_union_in_two_slices_is_refused() -> None:
+    """One projector's subscription union declared by two slices is refused."""
     again = subscription_union("Boards", Board)
     with pytest.raises(DuplicateSchemaMember) as refused:
         compose_service([board_slice(), SliceFragment("other", types=again.types)])
@@ -186,6 +197,8 @@ def test_one_projector_union_in_two_slices_is_refused() -> None:
 
 
 def test_a_slice_may_not_declare_an_engine_type() -> None:
+    """A slice declaring a type named as one of the engine's (LanesPaused, Refusal) is refused,
+    naming the engine as owner."""
     for name in ("LanesPaused", "Refusal"):
         @strawberry.type(name=name)
         class Mine:
@@ -197,12 +210,15 @@ def test_a_slice_may_not_declare_an_engine_type() -> None:
 
 
 def test_a_slice_listed_twice_is_refused() -> None:
+    """A slice listed twice is refused."""
     with pytest.raises(DuplicateSchemaMember) as refused:
         compose_service([SliceFragment("board"), SliceFragment("board")])
     assert refused.value.kind == "slice"
 
 
 def test_a_schema_with_an_undeclared_root_field_is_refused() -> None:
+    """verify refuses a schema with a root field no slice declared, from the schema or its SDL; the
+    composed schema passes."""
     service = compose_service([board_slice(), invite_slice()])
 
     @strawberry.type
@@ -226,6 +242,7 @@ def test_a_schema_with_an_undeclared_root_field_is_refused() -> None:
 
 
 def test_an_undeclared_mutation_field_is_refused() -> None:
+    """verify refuses an undeclared mutation field, naming it."""
     service = compose_service([invite_slice()])
 
     @strawberry.type
@@ -241,12 +258,16 @@ def test_an_undeclared_mutation_field_is_refused() -> None:
 
 
 def test_verification_follows_the_schema_naming_config() -> None:
+    """The composed schema follows the naming config it is built with (snake case without auto camel
+    case)."""
     service = compose_service([board_slice()])
     schema = service.schema(config=StrawberryConfig(auto_camel_case=False))
     assert "board_count: Int!" in schema.as_str()
 
 
 def test_fragments_refuse_what_is_not_a_strawberry_type() -> None:
+    """A fragment refuses a root or type that is not a Strawberry type, a bad slice name, and
+    composition refuses anything but fragments."""
     class Plain:
         pass
 

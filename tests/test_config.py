@@ -13,6 +13,8 @@ S = timedelta(seconds=1)
 
 
 def test_defaults_are_valid() -> None:
+    """EngineConfig's defaults construct and hold the documented values (ack wait, ack pending,
+    publish timeout, liveness; no service)."""
     config = EngineConfig()
     assert config.ack_wait == 30 * S
     assert config.max_ack_pending == 256
@@ -42,6 +44,7 @@ def test_defaults_are_valid() -> None:
     ],
 )
 def test_each_relation_is_refused_by_name(fields: dict[str, object], relation: str) -> None:
+    """Each bound relation broken is a ConfigError (a ValueError) naming the relation."""
     with pytest.raises(ConfigError) as refused:
         EngineConfig(**fields)
     assert relation in str(refused.value)
@@ -49,6 +52,7 @@ def test_each_relation_is_refused_by_name(fields: dict[str, object], relation: s
 
 
 def test_several_violations_are_named_together() -> None:
+    """Several broken relations are named in one refusal."""
     with pytest.raises(ConfigError) as refused:
         EngineConfig(lock_timeout=40 * S, window_capacity=0)
     assert "lock_timeout < ack_wait" in str(refused.value)
@@ -56,6 +60,7 @@ def test_several_violations_are_named_together() -> None:
 
 
 def test_unknown_and_mistyped_fields_are_refused() -> None:
+    """An unknown field and a mistyped value are refused naming the field."""
     with pytest.raises(ConfigError, match="ack_wiat"):
         EngineConfig(ack_wiat=S)
     with pytest.raises(ConfigError, match="max_ack_pending"):
@@ -63,6 +68,8 @@ def test_unknown_and_mistyped_fields_are_refused() -> None:
 
 
 def test_from_environment_in_seconds() -> None:
+    """from_env reads SERVICE_ENGINE_* variables (durations in seconds), ignores others, and
+    validates the result."""
     config = EngineConfig.from_env(
         {
             "SERVICE_ENGINE_ACK_WAIT": "45",
@@ -79,6 +86,8 @@ def test_from_environment_in_seconds() -> None:
 
 
 def test_with_service_version_revalidates_and_copies() -> None:
+    """with_service_version returns a copy with the version (and the same pod id), leaving the
+    original unchanged."""
     base = EngineConfig(service="svc")
     versioned = base.with_service_version("2.0.0")
     assert versioned.service_version == "2.0.0" and base.service_version is None
@@ -86,6 +95,8 @@ def test_with_service_version_revalidates_and_copies() -> None:
 
 
 def test_inbound_supervision_bounds() -> None:
+    """The inbound supervision bounds have their defaults and refuse a zero threshold, a zero
+    backoff and a cap below the backoff."""
     config = EngineConfig()
     assert config.inbound_failure_threshold == 3
     assert config.inbound_restart_backoff == timedelta(milliseconds=500)
@@ -99,6 +110,8 @@ def test_inbound_supervision_bounds() -> None:
 
 
 def test_edge_bounds_have_sane_defaults() -> None:
+    """The edge bounds default to the documented sizes, ws_max_sockets to what the open-file limit
+    holds (at least 10,000)."""
     config = EngineConfig()
     assert config.http_max_body_bytes == 1024 * 1024
     assert config.query_max_tokens == 2000
@@ -119,6 +132,7 @@ def test_edge_bounds_have_sane_defaults() -> None:
     ],
 )
 def test_each_edge_bound_must_be_positive(name: str) -> None:
+    """Each edge bound refuses 0 and negatives, naming itself."""
     for bad in (0, -1):
         with pytest.raises(ConfigError, match=f"{name} > 0"):
             EngineConfig(**{name: bad})
@@ -138,6 +152,8 @@ def test_each_edge_bound_must_be_positive(name: str) -> None:
     ],
 )
 def test_graphiql_asset_base_is_a_url_or_an_absolute_path(base: str, ok: bool) -> None:
+    """The GraphiQL asset base is an http(s) URL with a host or an absolute path; anything else is
+    refused."""
     if ok:
         assert EngineConfig(graphiql_asset_base_url=base).graphiql_asset_base_url == base
     else:
@@ -146,6 +162,8 @@ def test_graphiql_asset_base_is_a_url_or_an_absolute_path(base: str, ok: bool) -
 
 
 def test_edge_bounds_from_the_environment() -> None:
+    """Edge bounds and the introspection switch are read from the environment; a non-integer is
+    refused naming the field."""
     config = EngineConfig.from_env({
         "SERVICE_ENGINE_HTTP_MAX_BODY_BYTES": "2048",
         "SERVICE_ENGINE_GRAPHQL_INTROSPECTION": "false",
@@ -161,11 +179,14 @@ def test_edge_bounds_from_the_environment() -> None:
 
 
 def test_a_duration_that_is_not_a_number_is_a_config_error() -> None:
+    """A duration variable that is not a number is a ConfigError naming the variable and its value."""
     with pytest.raises(ConfigError, match="SERVICE_ENGINE_ACK_WAIT='soon' is not a number"):
         EngineConfig.from_env({"SERVICE_ENGINE_ACK_WAIT": "soon"})
 
 
 def test_check_environment_lists_every_problem_without_booting() -> None:
+    """check_environment reports a good environment's config, and every problem of a bad one
+    (unknown variables, broken relations, mistyped values) without raising."""
     from service_engine.config import check_environment, describe_config
 
     good = check_environment({"SERVICE_ENGINE_ACK_WAIT": "45", "SERVICE_ENGINE_LOG_FORMAT": "json"})

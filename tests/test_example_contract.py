@@ -43,6 +43,8 @@ SAMPLES: dict[type[BaseModel], BaseModel] = {
 def test_what_one_side_writes_the_other_reads_unchanged(
     writer: type[BaseModel], reader: type[BaseModel]
 ) -> None:
+    """For each message the twin and the service exchange, what the writer writes the reader reads
+    unchanged, and the reader expects no field the writer does not write."""
     wire = SAMPLES[writer].model_dump(mode="json")
     read = reader.model_validate(wire)
     shared = set(reader.model_fields) & set(writer.model_fields)
@@ -51,6 +53,8 @@ def test_what_one_side_writes_the_other_reads_unchanged(
 
 
 def test_the_twins_coordinates_are_the_reactions_coordinates() -> None:
+    """The twin's aggregates, verbs and facts are the reference service's reactions' coordinates and
+    subjects."""
     by_name = {r.name: r for r in reactions("example")}
     assert (by_name["create_card"].aggregate, by_name["create_card"].action) == (
         twin.CARD, twin.CreateCard.VERB)

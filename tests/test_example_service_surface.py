@@ -115,6 +115,8 @@ def _is_module(name: str) -> bool:
 
 
 def test_the_service_and_the_twin_import_only_the_public_surface() -> None:
+    """The reference service and the twin import no test-only package and only the engine's public
+    modules."""
     files = [*sorted(PACKAGE.rglob("*.py")), *sorted(TWIN.rglob("*.py"))]
     assert len(files) > 20
     outside: list[str] = []
@@ -127,6 +129,8 @@ def test_the_service_and_the_twin_import_only_the_public_surface() -> None:
 
 
 def test_the_check_sees_a_private_import(tmp_path: Path) -> None:
+    """The import check catches a private engine module imported plainly, by from-import or under
+    TYPE_CHECKING."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "from typing import TYPE_CHECKING\n"
@@ -141,6 +145,7 @@ def test_the_check_sees_a_private_import(tmp_path: Path) -> None:
 
 
 def test_the_service_and_the_twin_touch_only_the_engines_public_surface() -> None:
+    """The reference service and the twin use only the Engine attributes of its public surface."""
     allowed = engine_surface()
     files = [*sorted(PACKAGE.rglob("*.py")), *sorted(TWIN.rglob("*.py"))]
     internal = [
@@ -153,6 +158,8 @@ def test_the_service_and_the_twin_touch_only_the_engines_public_surface() -> Non
 
 
 def test_the_check_sees_an_engine_internal(tmp_path: Path) -> None:
+    """The attribute check finds every Engine attribute used (through a parameter, a context or an
+    alias) and flags the internal ones."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "def register(engine):\n"
@@ -174,6 +181,7 @@ def test_the_check_sees_an_engine_internal(tmp_path: Path) -> None:
 
 
 def test_the_public_list_is_the_packages_documented_list() -> None:
+    """Each public module the check allows is named in the package's docstring and imports."""
     doc = service_engine.__doc__ or ""
     for module in PUBLIC - {"service_engine"}:
         assert f"``{module}``" in doc, module
@@ -181,6 +189,8 @@ def test_the_public_list_is_the_packages_documented_list() -> None:
 
 
 def test_the_kernel_register_and_graphql_name_no_slice() -> None:
+    """The reference service's kernel, register and graphql modules name no slice: slices plug in
+    only through the slices package."""
     agnostic = [*sorted((PACKAGE / "kernel").rglob("*.py")),
                 PACKAGE / "register.py", PACKAGE / "graphql.py"]
     for path in agnostic:

@@ -100,6 +100,8 @@ def _fits(impact: Impact, limit: int) -> bool:
 
 
 def test_one_small_impact_is_one_small_frame() -> None:
+    """One small impact encodes to one frame of under 200 bytes in the 1|group|index|count|[...]
+    layout."""
     payloads = encode_group(new_group_id(), [Impact.entity("card", 42, Cause("card.moved"))])
     assert len(payloads) == 1
     assert _size(payloads[0]) < 200
@@ -107,10 +109,13 @@ def test_one_small_impact_is_one_small_frame() -> None:
 
 
 def test_no_impacts_no_frames() -> None:
+    """An empty group encodes to no frames."""
     assert encode_group(new_group_id(), []) == []
 
 
 def test_hundreds_of_impacts_span_several_frames() -> None:
+    """500 wide impacts span several frames, each under the NOTIFY payload limit, and reassemble to
+    the group in order."""
     group = [Impact.entity("card", f"card-{i:04}-" + "é" * 40) for i in range(500)]
     payloads = encode_group(new_group_id(), group)
     assert len(payloads) > 3
@@ -121,6 +126,8 @@ def test_hundreds_of_impacts_span_several_frames() -> None:
 @settings(suppress_health_check=[HealthCheck.too_slow])
 @given(groups, limits)
 def test_every_payload_is_below_the_limit_and_round_trips(group: list[Impact], limit: int) -> None:
+    """For any group and limit, every payload is below the limit, an empty group gives no payload,
+    and the payloads reassemble to the group (property test)."""
     group = [impact for impact in group if _fits(impact, limit)]
     payloads = encode_group("g", group, limit=limit)
     assert all(_size(payload) < limit for payload in payloads)
@@ -132,6 +139,7 @@ def test_every_payload_is_below_the_limit_and_round_trips(group: list[Impact], l
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 @given(many_impacts())
 def test_many_impacts_stay_below_8000_bytes(group: list[Impact]) -> None:
+    """Large groups stay below 8,000 bytes a payload and reassemble exactly (property test)."""
     payloads = encode_group(new_group_id(), group)
     assert all(_size(payload) < MAX_PAYLOAD_BYTES for payload in payloads)
     assert _reassemble(payloads) == group
@@ -149,6 +157,8 @@ def test_packing_is_greedy(group: list[Impact], limit: int) -> None:
 
 
 def test_the_largest_admitted_impact_fits_with_the_longest_group_id() -> None:
+    """An impact of exactly the largest admitted size fits a frame beside the longest group id; one
+    byte more raises CauseTooLarge."""
     overhead = len(impact_json(Impact.entity("n", "")))
     exact = Impact.entity("n", "a" * (MAX_IMPACT_BYTES - overhead))
     assert _size(impact_json(exact)) == MAX_IMPACT_BYTES
@@ -199,6 +209,8 @@ def test_frames_fill_to_exactly_one_byte_below_the_limit(limit: int, frames: int
 
 @pytest.mark.parametrize("data", ["x" * 8000, "é" * 4000, {"rows": list(range(3000))}])
 def test_oversize_cause_raises(data: object) -> None:
+    """An impact too large for a frame raises CauseTooLarge naming the cause, the limit, its size
+    and the advice that bulk data rides the view."""
     impact = Impact.entity("card", 1, Cause("card.imported", data))  # type: ignore[arg-type]
     with pytest.raises(CauseTooLarge) as caught:
         encode_group(new_group_id(), [Impact.entity("card", 0), impact])
@@ -210,11 +222,14 @@ def test_oversize_cause_raises(data: object) -> None:
 
 
 def test_oversize_key_without_cause_raises_the_same_error() -> None:
+    """An oversize key with no cause raises the same CauseTooLarge, naming the key."""
     with pytest.raises(CauseTooLarge, match="key"):
         encode_group(new_group_id(), [Impact.entity("card", "k" * 9000)])
 
 
 def test_bad_arguments_raise_value_error() -> None:
+    """An empty, separator-holding, over-long or non-ASCII group id, a limit out of range, or a lone
+    surrogate in a key raises ValueError."""
     impact = Impact.entity("card", 1)
     for group_id in ["", "a|b", "x" * 33, "é"]:
         with pytest.raises(ValueError):
@@ -230,6 +245,7 @@ def test_bad_arguments_raise_value_error() -> None:
 
 
 def test_same_impacts_same_bytes() -> None:
+    """Equal impacts encode to the same bytes whatever their dict order or list/tuple spelling."""
     one = [Impact.entity("card", {"a": 1, "b": "é"}, Cause("c", {"x": [1], "y": None}))]
     two = [Impact.entity("card", {"b": "é", "a": 1}, Cause("c", {"y": None, "x": (1,)}))]
     assert encode_group("g1", one) == encode_group("g1", two)
@@ -237,6 +253,7 @@ def test_same_impacts_same_bytes() -> None:
 
 @given(groups)
 def test_encoding_is_deterministic(group: list[Impact]) -> None:
+    """Re-encoding the impacts parsed from a group's frames gives the same payloads (property test)."""
     group = [impact for impact in group if _fits(impact, MAX_PAYLOAD_BYTES)]
     payloads = encode_group("g", group)
     rebuilt = [impact for payload in payloads for impact in parse_frame(payload).impacts]
@@ -271,12 +288,15 @@ def test_encoding_is_deterministic(group: list[Impact]) -> None:
     ],
 )
 def test_malformed_payload_raises_frame_error(payload: str) -> None:
+    """Every malformed payload (bad version, group id, index, count, body, nesting) raises
+    FrameError."""
     with pytest.raises(FrameError):
         parse_frame(payload)
 
 
 @given(st.text())
 def test_parse_frame_raises_only_frame_error(payload: str) -> None:
+    """parse_frame raises nothing but FrameError on any text (property test)."""
     with contextlib.suppress(FrameError):
         parse_frame(payload)
 
@@ -285,6 +305,7 @@ def test_parse_frame_raises_only_frame_error(payload: str) -> None:
 def test_every_proper_prefix_of_a_frame_is_rejected(
     group: list[Impact], data: st.DataObject
 ) -> None:
+    """Every proper prefix of a frame is rejected with FrameError (property test)."""
     (payload,) = encode_group("g", group)
     cut = data.draw(st.integers(0, len(payload) - 1))
     with pytest.raises(FrameError):
@@ -292,6 +313,7 @@ def test_every_proper_prefix_of_a_frame_is_rejected(
 
 
 def test_new_group_ids_are_short_and_unique() -> None:
+    """New group ids are 16 hex digits and 1,000 of them are distinct."""
     ids = {new_group_id() for _ in range(1000)}
     assert len(ids) == 1000
     assert all(re.fullmatch(r"[0-9a-f]{16}", group_id) for group_id in ids)
@@ -311,6 +333,8 @@ def _group(size: int, noun: str = "card") -> list[Impact]:
 @settings(suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(impacts, min_size=1, max_size=25), min_size=1, max_size=6), st.data())
 def test_interleaved_groups_reassemble(groups_: list[list[Impact]], data: st.DataObject) -> None:
+    """Frames of several groups interleaved in any order reassemble each group once, whole, leaving
+    nothing pending (property test)."""
     groups_ = [[impact for impact in group if _fits(impact, 256)] for group in groups_]
     groups_ = [group for group in groups_ if group]
     frames = {f"g{i}": _frames(f"g{i}", group) for i, group in enumerate(groups_)}
@@ -333,6 +357,8 @@ def test_interleaved_groups_reassemble(groups_: list[list[Impact]], data: st.Dat
 
 @given(st.integers(2, 60), st.data())
 def test_a_dropped_frame_is_detected(size: int, data: st.DataObject) -> None:
+    """A dropped frame raises TornGroup once, the torn group's tail is dropped quietly, and the next
+    group reassembles (property test)."""
     frames = _frames("torn", _group(size))
     if len(frames) < 2:
         return
@@ -358,6 +384,7 @@ def _feed_all(reassembler: Reassembler, frames: list[NotifyFrame]) -> list[Impac
 
 
 def test_duplicate_frame_is_torn() -> None:
+    """A frame fed twice is a TornGroup naming the frame expected."""
     frames = _frames("g", _group(20))
     assert len(frames) > 2
     reassembler = Reassembler()
@@ -367,6 +394,7 @@ def test_duplicate_frame_is_torn() -> None:
 
 
 def test_count_mismatch_is_torn() -> None:
+    """A frame whose count disagrees with its group's is a TornGroup."""
     frames = _frames("g", _group(20))
     reassembler = Reassembler()
     reassembler.feed(frames[0])
@@ -377,6 +405,8 @@ def test_count_mismatch_is_torn() -> None:
 
 
 def test_reset_reports_an_incomplete_group() -> None:
+    """reset reports whether a group was pending and forgets it; the discarded group's tail releases
+    nothing."""
     frames = _frames("g", _group(20))
     reassembler = Reassembler()
     assert reassembler.reset() is False
@@ -390,6 +420,8 @@ def test_reset_reports_an_incomplete_group() -> None:
 
 
 def test_pending_groups_are_bounded() -> None:
+    """Past max_pending groups in flight the oldest is torn (named) and dropped; the others
+    complete; max_pending 0 is refused."""
     frames = {name: _frames(name, _group(10, name)) for name in ("a", "b", "c")}
     reassembler = Reassembler(max_pending=2)
     reassembler.feed(frames["a"][0])
@@ -405,6 +437,7 @@ def test_pending_groups_are_bounded() -> None:
 
 
 def test_single_frame_groups_pass_straight_through() -> None:
+    """A one-frame group is released at once and leaves nothing pending."""
     reassembler = Reassembler(max_pending=1)
     for i in range(5):
         impact = Impact.entity("card", i)

@@ -61,6 +61,7 @@ class StrongDoor(Door):
 
 
 def test_reason_codes_are_stable_lowercase_words() -> None:
+    """A reason code is dotted lowercase words, compared by code alone; anything else is refused."""
     assert Reason("counter.frozen").to_wire() == "counter.frozen"
     assert Reason("a_b.c2") == Reason("a_b.c2", "message is not identity")
     for bad in ("", "Frozen", "a..b", ".a", "a.", "a-b", "1a", "a b"):
@@ -70,11 +71,14 @@ def test_reason_codes_are_stable_lowercase_words() -> None:
 
 @given(st.from_regex(r"[a-z][a-z0-9_]{0,8}(\.[a-z][a-z0-9_]{0,8}){0,3}", fullmatch=True))
 def test_every_valid_code_round_trips_through_json(code: str) -> None:
+    """Every valid reason code round-trips through its JSON wire form (property test)."""
     reason = Reason(code)
     assert Reason(json.loads(json.dumps(reason.to_wire()))) == reason
 
 
 def test_gate_allow_and_deny() -> None:
+    """An allowing gate passes require; a denying one carries its reason and message, and require
+    raises Refused naming the action and the code."""
     assert Gate.allow().allowed and Gate.allow().reason is None
     denied = Gate.deny("door.locked", "why")
     assert not denied.allowed
@@ -88,6 +92,8 @@ def test_gate_allow_and_deny() -> None:
 
 
 def test_gated_declares_once_for_class_and_instance() -> None:
+    """A gated method is declared once: the deny check and the affordance both call the one
+    function, bound or not."""
     assert isinstance(Door.can_open, GateFn)
     assert Door.can_open.action == "open"
     door = Door(locked=True)
@@ -101,6 +107,8 @@ def test_gated_declares_once_for_class_and_instance() -> None:
 
 
 def test_gates_of_walks_the_hierarchy() -> None:
+    """gates_of lists a class's gates by action, inherited ones included and overrides winning, as a
+    read-only mapping."""
     assert list(gates_of(Door)) == ["lock", "open"]
     assert list(gates_of(StrongDoor)) == ["break_in", "lock", "open"]
     assert gates_of(StrongDoor)[ActionName("open")] is StrongDoor.__dict__["can_open"]
@@ -109,6 +117,7 @@ def test_gates_of_walks_the_hierarchy() -> None:
 
 
 def test_one_action_declared_twice_is_refused() -> None:
+    """Two gates declaring one action are refused."""
     class Twice:
         @gated("go")
         def first(self, user: User) -> Gate:
@@ -123,12 +132,14 @@ def test_one_action_declared_twice_is_refused() -> None:
 
 
 def test_action_names_are_identifiers() -> None:
+    """An action name that is not an identifier is refused."""
     for bad in ("", "two words", "a-b", "1st"):
         with pytest.raises(ValueError):
             gated(bad)
 
 
 def test_a_gate_must_answer_a_gate() -> None:
+    """A gated method answering anything but a Gate raises TypeError."""
     class Sloppy:
         @gated("go")
         def can_go(self, user: User) -> Gate:
@@ -139,6 +150,7 @@ def test_a_gate_must_answer_a_gate() -> None:
 
 
 def test_affordances_serialise_to_the_client_wire() -> None:
+    """Affordances serialise to the client's wire form (allowed and reason per action), JSON-stable."""
     offered = affordances(Door(locked=True), User("root", admin=True))
     assert isinstance(offered, Affordances)
     assert offered.to_wire() == {
@@ -154,6 +166,8 @@ def test_affordances_serialise_to_the_client_wire() -> None:
 
 
 def test_check_gates_match_affordances() -> None:
+    """check_gates_match_affordances lists every disagreement between the affordances offered and
+    the mutations' outcomes, and actions offered but never attempted or attempted but undeclared."""
     offered = affordances(Door(locked=True), User("ann"))
     agree = {ActionName("open"): LOCKED, ActionName("lock"): FORBIDDEN}
     assert check_gates_match_affordances(offered, agree) == []

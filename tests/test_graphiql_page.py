@@ -17,6 +17,8 @@ def _assets(page: str) -> list[str]:
 
 
 def test_the_default_page_loads_from_the_public_cdn_as_before() -> None:
+    """By default the GraphiQL page loads the same CDN assets as Strawberry's, integrity hashes
+    kept."""
     page = graphiql_html(TEMPLATE, "/graphql", "/graphql/ws")
     before = [a for a in _assets(TEMPLATE) if a.startswith("https://unpkg.com/")]
     assert before and [a for a in _assets(page) if a.startswith("https://unpkg.com/")] == before
@@ -25,6 +27,7 @@ def test_the_default_page_loads_from_the_public_cdn_as_before() -> None:
 
 
 def test_an_operator_mirror_replaces_the_cdn() -> None:
+    """An asset base (a URL or a path) replaces the CDN for every asset."""
     for base, prefix in (("https://npm.mirror.internal/", "https://npm.mirror.internal/"),
                          ("/static/npm", "/static/npm/")):
         page = graphiql_html(TEMPLATE, "/graphql", "/graphql/ws", asset_base=base)
@@ -35,6 +38,8 @@ def test_an_operator_mirror_replaces_the_cdn() -> None:
 
 
 def test_every_asset_reports_its_failure_and_a_stall_is_timed_out() -> None:
+    """Every asset tag reports its failure to a handler defined before them, and a stall past the
+    timeout shows a message naming the setting."""
     page = graphiql_html(TEMPLATE, "/graphql", "/graphql/ws", asset_base="/mirror")
     tags = re.findall(r"<(?:script|link)\s[^>]*crossorigin[^>]*>", page)
     assert len(tags) == len(re.findall(r"<(?:script|link)\s+crossorigin", TEMPLATE)) > 0
@@ -48,6 +53,7 @@ def test_every_asset_reports_its_failure_and_a_stall_is_timed_out() -> None:
 
 
 def test_the_asset_base_cannot_break_out_of_the_script() -> None:
+    """An asset base holding </script> cannot break out of the inline script."""
     page = graphiql_html(TEMPLATE, "/graphql", "/graphql/ws",
                          asset_base="https://x.example/</script><script>alert(1)")
     status = page[page.index("<script>"):page.index("</script>")]

@@ -23,6 +23,8 @@ from service_engine.server.passport import PassportMalformed
 
 
 def test_graphiql_opens_subscriptions_on_the_ws_path() -> None:
+    """The GraphiQL page opens subscriptions on the WebSocket path, relative to the page when it
+    sits under the GraphQL path."""
     page = graphiql_html(get_graphql_ide_html("graphiql"), "/graphql", "/graphql/ws")
     # Relative to the page, so a path prefix in front of the service keeps working.
     assert 'httpUrlToWebSockeUrl(new URL("graphql/ws", fetchURL).toString())' in page
@@ -32,11 +34,14 @@ def test_graphiql_opens_subscriptions_on_the_ws_path() -> None:
 
 
 def test_a_changed_graphiql_page_fails_loud() -> None:
+    """A GraphiQL page without the line the engine rewrites fails loud instead of serving a broken
+    page."""
     with pytest.raises(RuntimeError, match="GraphiQL page changed"):
         graphiql_html("<html>no subscription line</html>", "/graphql", "/graphql/ws")
 
 
 def test_a_close_reason_names_the_refusal_and_fits_a_close_frame() -> None:
+    """A socket's close reason names the refusal code and fits the 123 bytes of a close frame."""
     assert close_reason(PassportMissing("no header")) == "passport_missing: no header"
     long = close_reason(PassportMalformed("é" * 200))
     assert long.startswith("passport_malformed: ")
@@ -51,6 +56,8 @@ class _NoFacts:
 
 
 async def test_the_context_refuses_a_principal_it_does_not_have() -> None:
+    """The GraphQL context raises the passport's refusal (a fresh error per read) until a principal
+    is resolved, and holds it once resolved."""
     context: GraphQLContext[str] = new_context(
         cast(Any, _NoFacts()), cast(Any, None), cast(Any, None)
     )
@@ -87,6 +94,8 @@ class ResultQuery:
 
 
 def test_a_result_type_extends_the_kits_success_and_refusal() -> None:
+    """A slice's result type extends the kit's success and refusal fields, and answers both shapes
+    over GraphQL."""
     schema = strawberry.Schema(query=ResultQuery)
     sdl = schema.as_str()
     result = sdl.split("type RenameResult {", 1)[1].split("}", 1)[0].split()
@@ -108,6 +117,7 @@ def test_a_result_type_extends_the_kits_success_and_refusal() -> None:
 
 
 def test_a_refusal_carries_the_errors_wire_form() -> None:
+    """Refusal.of carries a MutationError's wire form."""
     error = MutationError.database(retryable=True)
     assert Refusal.of(error) == Refusal(code="database", message=error.message, retryable=True)
     assert {**error.to_wire(), "action": None} == vars(Refusal.of(error))
@@ -119,6 +129,8 @@ class Board:
 
 
 def test_views_serve_only_the_bound_view_type() -> None:
+    """A projector's views hand out only its bound view type; another is ProjectorViewMismatch
+    naming both."""
     views = Views("boards", Board)
     board = Board(id="b-1")
     assert views.typed(board) is board

@@ -10,6 +10,8 @@ from service_engine.server.host import bind_listener, parse_addr
 
 
 def test_an_address_parses_to_host_and_port() -> None:
+    """An address parses to host and port (an empty host is loopback, IPv6 in brackets); a malformed
+    one is refused."""
     assert parse_addr("0.0.0.0:8000") == ("0.0.0.0", 8000)
     assert parse_addr(":9000") == ("127.0.0.1", 9000)
     assert parse_addr("[::1]:0") == ("::1", 0)
@@ -19,6 +21,8 @@ def test_an_address_parses_to_host_and_port() -> None:
 
 
 def test_a_listener_binds_a_free_port_as_tcp() -> None:
+    """bind_listener binds a free port on a socket declared TCP, so accepted connections get
+    TCP_NODELAY."""
     sock = bind_listener("127.0.0.1:0")
     try:
         host, port = sock.getsockname()

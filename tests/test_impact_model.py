@@ -67,6 +67,8 @@ def _thaw(value: JsonValue) -> Any:
 
 
 def test_entity_constructor() -> None:
+    """Impact.entity builds an entity impact with its noun, key, cause, no deps and the key's
+    canonical JSON."""
     cause = Cause("card.moved", {"from": "todo", "to": "done"})
     impact = Impact.entity("card", 42, cause)
     assert impact.kind is ImpactKind.ENTITY
@@ -75,6 +77,8 @@ def test_entity_constructor() -> None:
 
 
 def test_special_kinds() -> None:
+    """principal_facts sorts and dedupes its nouns under the reserved noun; reset carries no key or
+    cause; foreign carries its noun and key."""
     facts = Impact.principal_facts("user-1", ["board", "card", "board"])
     assert facts.kind is ImpactKind.PRINCIPAL_FACTS
     assert facts.noun == PRINCIPAL_FACTS_NOUN
@@ -92,6 +96,7 @@ def test_special_kinds() -> None:
 
 
 def test_deps_are_a_set() -> None:
+    """A principal-facts impact's nouns compare as a set (order and repeats do not matter)."""
     assert Impact.principal_facts(1, ["b", "a"]) == Impact.principal_facts(1, ("a", "b", "a"))
 
 
@@ -114,11 +119,14 @@ def test_deps_are_a_set() -> None:
     ],
 )
 def test_invalid_fields_raise_invalid_impact(build: Any) -> None:
+    """An empty or non-string noun, a field a kind does not take, a wrong kind, a non-finite key or
+    cause value, or an empty cause name raises InvalidImpact."""
     with pytest.raises(InvalidImpact):
         build()
 
 
 def test_unencodable_key_raises_invalid_impact() -> None:
+    """A key or cause data JSON cannot encode raises InvalidImpact naming which."""
     with pytest.raises(InvalidImpact, match="impact key"):
         Impact.entity("x", object())  # type: ignore[arg-type]
     with pytest.raises(InvalidImpact, match="cause data"):
@@ -126,6 +134,7 @@ def test_unencodable_key_raises_invalid_impact() -> None:
 
 
 def test_values_are_frozen() -> None:
+    """Impacts and causes are frozen."""
     impact = Impact.entity("card", 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         impact.noun = "other"  # type: ignore[misc]
@@ -137,6 +146,7 @@ def test_values_are_frozen() -> None:
 
 
 def test_dict_key_order_is_irrelevant() -> None:
+    """Impacts differing only in dict order are equal, hash alike, encode alike and dedupe in a set."""
     one = Impact.entity("card", {"a": 1, "b": [1, 2]}, Cause("c", {"x": 1, "y": 2}))
     two = Impact.entity("card", {"b": [1, 2], "a": 1}, Cause("c", {"y": 2, "x": 1}))
     assert one == two
@@ -146,16 +156,19 @@ def test_dict_key_order_is_irrelevant() -> None:
 
 
 def test_lists_and_tuples_are_one_key() -> None:
+    """A list key and the equal tuple key are one key, kept as tuples."""
     assert Impact.entity("n", [1, [2, 3]]) == Impact.entity("n", (1, (2, 3)))
     assert Impact.entity("n", [1, [2, 3]]).key == (1, (2, 3))
 
 
 def test_json_distinct_values_are_distinct_keys() -> None:
+    """1, 1.0, True, "1" and None are five distinct keys."""
     keys = [Impact.entity("n", value) for value in (1, 1.0, True, "1", None)]
     assert len(set(keys)) == 5
 
 
 def test_subclassed_scalars_decode_to_plain_values() -> None:
+    """A key holding an IntEnum equals the key with the plain int, and keeps a plain int."""
     class Color(enum.IntEnum):
         RED = 3
 
@@ -165,12 +178,14 @@ def test_subclassed_scalars_decode_to_plain_values() -> None:
 
 
 def test_cause_hashes_with_unhashable_data() -> None:
+    """A cause with list data is hashable, equal to its tuple spelling, and unequal for other data."""
     assert hash(Cause("c", {"a": [1]})) == hash(Cause("c", {"a": (1,)}))
     assert Cause("c", {"a": 1}) != Cause("c", {"a": 2})
 
 
 @given(impacts)
 def test_impact_json_is_the_canonical_text_of_encode_impact(impact: Impact) -> None:
+    """impact_json is the canonical (sorted, compact) JSON of encode_impact (property test)."""
     text = impact_json(impact)
     assert text == canonical_json(encode_impact(impact))
     assert text == json.dumps(
@@ -180,6 +195,8 @@ def test_impact_json_is_the_canonical_text_of_encode_impact(impact: Impact) -> N
 
 @given(impacts)
 def test_wire_round_trip(impact: Impact) -> None:
+    """Decoding an impact's wire form gives an equal impact with the same hash, key, cause, deps and
+    text (property test)."""
     decoded = decode_impact(json.loads(impact_json(impact)))
     assert decoded == impact
     assert hash(decoded) == hash(impact)
@@ -192,11 +209,13 @@ def test_wire_round_trip(impact: Impact) -> None:
 
 @given(nouns, json_values)
 def test_key_survives_as_decoded_json(noun: str, key: JsonValue) -> None:
+    """An impact's key, thawed, equals its canonical JSON decoded (property test)."""
     impact = Impact.entity(noun, key)
     assert _thaw(impact.key) == json.loads(canonical_json(key))
 
 
 def test_encoding_is_compact() -> None:
+    """The wire form uses one-letter fields and omits defaults."""
     assert impact_json(Impact.entity("card", 42)) == '{"k":42,"n":"card"}'
     assert impact_json(Impact.reset("card")) == '{"n":"card","t":"r"}'
     assert impact_json(Impact.entity("card", "é", Cause("card.moved"))) == (
@@ -233,6 +252,8 @@ def test_encoding_is_compact() -> None:
     ],
 )
 def test_decode_malformed_raises_frame_error(obj: object) -> None:
+    """Every malformed wire impact (wrong type, missing or extra field, a field its kind does not
+    take, bad deps, a non-finite key) raises FrameError."""
     with pytest.raises(FrameError):
         decode_impact(obj)
 

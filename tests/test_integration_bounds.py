@@ -33,6 +33,8 @@ from service_engine.messaging.nats import Rejected, Unanswered, classify_publish
     ],
 )
 def test_a_broker_that_cannot_answer_is_unanswered(exc: BaseException) -> None:
+    """A timeout, a lost or reconnecting connection, no responders, an unavailable or failing
+    JetStream, or an unknown NATS error classifies a publish as Unanswered (retry), not Rejected."""
     assert isinstance(classify_publish_failure(exc), Unanswered)
 
 
@@ -46,12 +48,15 @@ def test_a_broker_that_cannot_answer_is_unanswered(exc: BaseException) -> None:
     ],
 )
 def test_a_genuine_refusal_is_rejected(exc: BaseException, err_code: int | None) -> None:
+    """A genuine refusal (message too large, wrong last sequence, payload over the maximum, bad
+    subject) classifies as Rejected with its error code."""
     outcome = classify_publish_failure(exc)
     assert isinstance(outcome, Rejected)
     assert outcome.err_code == err_code
 
 
 def test_grace_tracker_stays_up_through_a_short_outage() -> None:
+    """An outage shorter than the grace never reports down, and a new outage starts its own clock."""
     tracker = GraceTracker(1.0)
     assert not tracker.observe(True, 0.0).down
     assert not tracker.observe(False, 10.0).down
@@ -63,6 +68,8 @@ def test_grace_tracker_stays_up_through_a_short_outage() -> None:
 
 
 def test_grace_tracker_goes_down_past_the_grace_and_up_on_recovery() -> None:
+    """An outage reaching the grace reports down with its length and detail; recovery reports up at
+    once."""
     tracker = GraceTracker(1.0)
     tracker.observe(False, 5.0, "closed")
     verdict = tracker.observe(False, 6.0, "closed")
@@ -72,6 +79,8 @@ def test_grace_tracker_goes_down_past_the_grace_and_up_on_recovery() -> None:
 
 
 def test_outbox_bounds_are_validated() -> None:
+    """The outbox and scheduled bounds refuse a zero drain bound, a backoff above its cap and zero
+    attempts."""
     OutboxBounds()
     with pytest.raises(ConfigError, match="drain_bound > 0"):
         OutboxBounds(drain_bound=0)
@@ -82,6 +91,8 @@ def test_outbox_bounds_are_validated() -> None:
 
 
 def test_retention_must_cover_every_bound_stream() -> None:
+    """The engine's message retention must not be below any bound stream's, nor the stream
+    unlimited; each problem names the stream."""
     week, day = timedelta(days=7), timedelta(days=1)
     assert retention_problems(week, {"INTEGRATION_CMD": day, "INTEGRATION_EVT": week}) == []
     below = retention_problems(day, {"INTEGRATION_EVT": week})

@@ -12,7 +12,9 @@ function or under ``if TYPE_CHECKING:`` alike. The graph holds when
 module is added (lanes/, offers, mirrors, blobs, props/, commands/ ...). A
 module's floor is that of the longest prefix naming it (the bare package
 name names only ``service_engine/__init__.py``); a module no prefix names
-fails the test, so a new room has to be placed on purpose.
+fails the test, so a new room has to be placed on purpose, and a prefix that
+names no module or folder fails it too, so a room moved or removed leaves no
+stale entry behind.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     )),
     ("pipeline", ("service_engine.pipeline",)),
     ("commands", ("service_engine.commands",)),
-    ("render", ("service_engine.render", "service_engine.view")),
+    ("render", ("service_engine.render",)),
     ("loops", ("service_engine.integration", "service_engine.props",
                "service_engine.offers.relay", "service_engine.offers.drain",
                "service_engine.mirrors.worker", "service_engine.ops",
@@ -191,6 +193,37 @@ def test_every_module_is_on_a_floor() -> None:
     """A module no floor names is a room nobody placed."""
     for module in _modules():
         floor_of(module)
+
+
+def names_something(prefix: str, modules: Iterable[str]) -> bool:
+    """Whether a floor entry names a module or a folder of the package (the
+    bare package name names its ``__init__``)."""
+    return any(
+        module == prefix or (prefix != PACKAGE and module.startswith(prefix + "."))
+        for module in modules
+    )
+
+
+def test_every_floor_entry_names_a_module_or_folder() -> None:
+    """Every prefix in `FLOORS` names an existing module or folder, and none
+    is listed twice: a moved or deleted room cannot linger in the table."""
+    modules = set(_modules())
+    entries = [prefix for _, prefixes in FLOORS for prefix in prefixes]
+    stale = [prefix for prefix in entries if not names_something(prefix, modules)]
+    assert not stale, "floor entries naming nothing: " + ", ".join(stale)
+    twice = sorted({prefix for prefix in entries if entries.count(prefix) > 1})
+    assert not twice, "floor entries listed twice: " + ", ".join(twice)
+
+
+def test_a_floor_entry_naming_nothing_is_caught() -> None:
+    """The check itself: a folder and a module are named, a missing module or a
+    bare prefix of a module's name (``service_engine.rend``) is not."""
+    modules = {"service_engine", "service_engine.render.session", "service_engine.clock"}
+    assert names_something("service_engine.render", modules)
+    assert names_something("service_engine.clock", modules)
+    assert names_something("service_engine", modules)
+    assert not names_something("service_engine.view", modules)
+    assert not names_something("service_engine.rend", modules)
 
 
 def test_no_module_cycle() -> None:

@@ -63,10 +63,13 @@ def _unframe(data: bytes) -> list[bytes]:
     ],
 )
 def test_fnv1a_64_vectors(data: bytes, expected: int) -> None:
+    """fnv1a_64 gives the published FNV-1a 64-bit test vectors."""
     assert fnv1a_64(data) == expected
 
 
 def test_concatenation_cannot_collide() -> None:
+    """Moving bytes between the domain and the parts, or between parts, changes the framing and the
+    key."""
     assert lock_key_bytes("d", "ab", "c") != lock_key_bytes("d", "a", "bc")
     assert lock_key_bytes("d", "abc") != lock_key_bytes("d", "ab", "c")
     assert lock_key_bytes("d", "", "x") != lock_key_bytes("d", "x", "")
@@ -76,6 +79,7 @@ def test_concatenation_cannot_collide() -> None:
 
 @given(st.text(), parts_st)
 def test_framing_round_trips(domain: str, parts: list[str | bytes]) -> None:
+    """A lock key's framing unframes back to its domain and parts (property test)."""
     framed = lock_key_bytes(domain, *parts)
     assert _unframe(framed) == [_as_bytes(domain), *map(_as_bytes, parts)]
 
@@ -84,6 +88,7 @@ def test_framing_round_trips(domain: str, parts: list[str | bytes]) -> None:
 def test_framing_is_injective(
     domain_a: str, parts_a: list[str | bytes], domain_b: str, parts_b: list[str | bytes]
 ) -> None:
+    """Two framings are equal exactly when their domains and parts are equal (property test)."""
     fields_a = [_as_bytes(domain_a), *map(_as_bytes, parts_a)]
     fields_b = [_as_bytes(domain_b), *map(_as_bytes, parts_b)]
     same_input = lock_key_bytes(domain_a, *parts_a) == lock_key_bytes(domain_b, *parts_b)
@@ -92,6 +97,7 @@ def test_framing_is_injective(
 
 @given(st.lists(st.text(max_size=4), min_size=1, max_size=4))
 def test_every_split_of_one_string_frames_differently(pieces: list[str]) -> None:
+    """Splitting one string into parts differently never frames the same (property test)."""
     joined = "".join(pieces)
     splits = {tuple(pieces), (joined,)}
     framings = {lock_key_bytes("d", *split) for split in splits}
@@ -100,18 +106,23 @@ def test_every_split_of_one_string_frames_differently(pieces: list[str]) -> None
 
 @given(st.text(), parts_st)
 def test_key_is_a_signed_bigint(domain: str, parts: list[str | bytes]) -> None:
+    """An advisory key is a signed 64-bit integer whose unsigned value is the FNV-1a hash of the
+    framing (property test)."""
     key = advisory_key(domain, *parts)
     assert BIGINT_MIN <= key <= BIGINT_MAX
     assert key % 2**64 == fnv1a_64(lock_key_bytes(domain, *parts))
 
 
 def test_key_reaches_both_signs() -> None:
+    """Advisory keys take negative and non-negative values."""
     keys = [advisory_key("d", str(i)) for i in range(64)]
     assert any(key < 0 for key in keys)
     assert any(key >= 0 for key in keys)
 
 
 def test_corpus_of_store_types_and_keys_never_collides() -> None:
+    """Over 3,000 (store type, key) pairs of varied JSON keys give as many distinct aggregate lock
+    keys."""
     store_types = [f"shop.stores.Store{i}" for i in range(12)] + ["a.B", "a.Bc", "ab.C"]
     keys: list[object] = []
     keys += list(range(-60, 60))
@@ -130,18 +141,22 @@ def test_corpus_of_store_types_and_keys_never_collides() -> None:
 def test_two_store_types_with_one_key_do_not_collide(
     store_a: str, store_b: str, key: object
 ) -> None:
+    """One key under two store types gives two lock keys (property test)."""
     if store_a != store_b:
         assert aggregate_lock_key(store_a, key) != aggregate_lock_key(store_b, key)
 
 
 @given(st.text(min_size=1), json_keys)
 def test_aggregate_key_is_deterministic_and_in_range(store: str, key: object) -> None:
+    """An aggregate lock key is the same on every call and a signed bigint (property test)."""
     lock = aggregate_lock_key(store, key)
     assert lock == aggregate_lock_key(store, key)
     assert BIGINT_MIN <= lock <= BIGINT_MAX
 
 
 def test_aggregate_key_is_canonical_json() -> None:
+    """The aggregate key hashes the key's canonical JSON: dict order does not matter, type and list
+    order do."""
     store = "shop.OrderStore"
     assert aggregate_lock_key(store, {"a": 1, "b": 2}) == aggregate_lock_key(
         store, {"b": 2, "a": 1}
@@ -152,6 +167,7 @@ def test_aggregate_key_is_canonical_json() -> None:
 
 
 def test_aggregate_key_accepts_the_store_class() -> None:
+    """Passing the store class gives the key of its qualified name."""
     class OrderStore:
         pass
 
@@ -160,11 +176,14 @@ def test_aggregate_key_accepts_the_store_class() -> None:
 
 
 def test_aggregate_key_refuses_a_non_json_key() -> None:
+    """A key that is not JSON is refused with TypeError."""
     with pytest.raises(TypeError):
         aggregate_lock_key("shop.OrderStore", object())
 
 
 def test_domains_separate_locks() -> None:
+    """One name under two lock domains gives two keys; a named key is the advisory key of its domain
+    and name."""
     assert named_lock_key(SCHEMA_VERSION_LOCK_DOMAIN, "orders") != named_lock_key(
         AGGREGATE_LOCK_DOMAIN, "orders"
     )
@@ -174,6 +193,7 @@ def test_domains_separate_locks() -> None:
 
 
 def test_lone_surrogates_hash_without_error() -> None:
+    """Lone surrogates hash without error, and distinct ones to distinct keys."""
     assert advisory_key("d", "\ud800") != advisory_key("d", "\udc00")
     aggregate_lock_key("shop.OrderStore", "\ud800")
 
@@ -195,11 +215,14 @@ def test_lone_surrogates_hash_without_error() -> None:
 def test_keys_keep_their_released_values(
     domain: str, parts: tuple[str | bytes, ...], expected: int
 ) -> None:
+    """Advisory keys keep the values released (a changed key would let old and new pods miss each
+    other's locks), cached prefix or not."""
     assert advisory_key(domain, *parts) == expected
     assert advisory_key(domain, *parts) == expected  # the cached prefix gives the same
 
 
 def test_aggregate_and_named_keys_keep_their_released_values() -> None:
+    """Aggregate and named lock keys keep their released values."""
     assert aggregate_lock_key("example_service.cards.CardStore", {"id": 7, "org": "o1"}) == 4035160833349734300
     assert named_lock_key(SCHEMA_VERSION_LOCK_DOMAIN, "cards") == 816059784976448964
 
@@ -212,6 +235,8 @@ def _reference_key(domain: str, *parts: str | bytes) -> int:
 
 @given(st.text(max_size=20), parts_st)
 def test_key_equals_the_hash_of_the_whole_framing(domain: str, parts: list[str | bytes]) -> None:
+    """The advisory key (cached prefix, folded four bytes a step) equals the byte-by-byte hash of
+    the whole framing (property test)."""
     assert advisory_key(domain, *parts) == _reference_key(domain, *parts)
 
 

@@ -34,6 +34,8 @@ def _read(out: io.StringIO) -> list[dict[str, Any]]:
 
 
 def test_each_line_is_json_with_service_and_pod(lines: tuple[io.StringIO, logging.Handler]) -> None:
+    """In JSON format each log line is one JSON object with the message, level, service, pod, logger
+    and a UTC timestamp, and no session or message id outside a scope."""
     out, _ = lines
     logging.getLogger("service_engine.test").warning("relay %s behind", "orders")
     [entry] = _read(out)
@@ -46,6 +48,8 @@ def test_each_line_is_json_with_service_and_pod(lines: tuple[io.StringIO, loggin
 async def test_the_session_or_message_in_scope_is_on_the_line(
     lines: tuple[io.StringIO, logging.Handler],
 ) -> None:
+    """A line logged inside in_session or in_message carries that id (tasks started inside inherit
+    it, tasks started outside do not), and an exception's traceback rides in exc."""
     out, _ = lines
     log = logging.getLogger("service_engine.test")
 
@@ -79,6 +83,7 @@ async def _log_in_task(log: logging.Logger) -> None:
 
 
 def test_configuring_twice_keeps_one_json_handler(lines: tuple[io.StringIO, logging.Handler]) -> None:
+    """Configuring JSON logging twice leaves one JSON handler on the root logger."""
     again = configure_logging("orders", "pod-1", environ={"SERVICE_ENGINE_LOG_FORMAT": "JSON"},
                               stream=io.StringIO())
     assert again is not None
@@ -90,6 +95,8 @@ def test_configuring_twice_keeps_one_json_handler(lines: tuple[io.StringIO, logg
 
 
 def test_text_is_the_default_and_an_unknown_format_is_refused() -> None:
+    """Text is the default format (no handler installed); an unknown format is a ConfigError, and
+    check_environment names it."""
     assert configure_logging("orders", "pod-1", environ={}) is None
     assert configure_logging("orders", "pod-1", environ={"SERVICE_ENGINE_LOG_FORMAT": "text"}) is None
     with pytest.raises(ConfigError, match="SERVICE_ENGINE_LOG_FORMAT='xml'"):

@@ -38,6 +38,8 @@ async def project(projection: Any, key: Any, merged: Merged) -> None:
 
 
 def test_a_complete_mirror_validates() -> None:
+    """A mirror consuming published types, keyed and projected, validates, with its lease slot and
+    consumed types in order."""
     mirror = (
         Mirror("people").consume(PersonPublished).consume(BadgePublished)
         .keyed_by(lambda v: getattr(v, "id", None) or v.person).project(project)
@@ -56,11 +58,15 @@ def test_a_complete_mirror_validates() -> None:
     ],
 )
 def test_an_incomplete_mirror_is_refused(mirror: Mirror, message: str) -> None:
+    """A mirror consuming nothing, or without keyed_by or project, is refused naming what is
+    missing."""
     with pytest.raises(DeclarationError, match=message):
         mirror.validate()
 
 
 def test_bad_declarations_are_refused_where_they_are_written() -> None:
+    """A bad mirror name, a consumed type that is not Published, one consumed twice or without a
+    PREFIX is refused where it is written."""
     with pytest.raises(DeclarationError):
         Mirror("bad name")
     with pytest.raises(DeclarationError, match="Published"):
@@ -76,6 +82,7 @@ def test_bad_declarations_are_refused_where_they_are_written() -> None:
 
 
 def test_a_shadow_holds_typed_values_by_kv_key() -> None:
+    """A shadow holds typed values by KV key, with their revisions."""
     shadow: Shadow[PersonPublished] = Shadow(PersonPublished)
     ann = PersonPublished(id="p1", name="Ann")
     shadow._set(ShadowEntry("unit.person.p1", 3, ann))
@@ -86,6 +93,7 @@ def test_a_shadow_holds_typed_values_by_kv_key() -> None:
 
 
 def test_merged_answers_by_published_type() -> None:
+    """A merged value answers by published type, and is falsy when empty."""
     ann = PersonPublished(id="p1", name="Ann")
     merged = Merged({PersonPublished: ann})
     assert merged.get(PersonPublished) == ann
@@ -94,6 +102,8 @@ def test_merged_answers_by_published_type() -> None:
 
 
 def test_a_known_row_is_its_dataclass_fields_and_a_scope_its_selector() -> None:
+    """A known row's columns are its dataclass fields and its noun known_<name>; a scope is a
+    parameterised selector, and a column that is not an identifier is refused."""
     row = KnownUnitPerson(id="p1", name="Ann")
     assert row.columns() == {"id": "p1", "name": "Ann"}
     assert KnownUnitPerson.noun() == "known_unit_persons"

@@ -36,6 +36,7 @@ def test_any_text_reads_back_whole(value: str) -> None:
 
 
 def test_none_is_null_and_nul_is_refused() -> None:
+    """A dollar-quoted None is NULL, and text holding a NUL byte is refused."""
     assert dollar_quoted(None) == "NULL"
     with pytest.raises(ValueError):
         dollar_quoted("a\x00b")

@@ -58,6 +58,8 @@ class ThingOffer(Offer[Thing, str, ThingPublished]):
 
 
 def test_an_offer_takes_its_bucket_and_prefix_from_its_published_language() -> None:
+    """An offer's bucket, key prefix and lease slot derive from its published language; a key is
+    prefix.key."""
     offer = ThingOffer()
     offer.validate()
     assert (offer.bucket, offer.prefix, offer.slot) == (
@@ -67,12 +69,14 @@ def test_an_offer_takes_its_bucket_and_prefix_from_its_published_language() -> N
 
 
 def test_a_published_value_encodes_canonically() -> None:
+    """A published value encodes as canonical JSON and decodes back equal."""
     a = ThingPublished(id="1", label="x")
     assert a.encode() == b'{"id":"1","label":"x"}'
     assert ThingPublished.decode(a.encode()) == a
 
 
 def test_a_key_that_is_no_kv_token_is_refused_where_it_is_staged() -> None:
+    """A key that is not a KV token is refused when it is staged, naming why."""
     with pytest.raises(DeclarationError, match="not a KV key token"):
         ThingOffer().kv_key("has space")
 
@@ -90,12 +94,15 @@ def test_a_key_that_is_no_kv_token_is_refused_where_it_is_staged() -> None:
 def test_a_malformed_offer_is_refused_with_a_declaration_error(
     attrs: dict[str, Any], message: str
 ) -> None:
+    """A malformed name, row type, published type, prefix or bucket is a DeclarationError naming the
+    attribute."""
     broken = type("Broken", (ThingOffer,), attrs)
     with pytest.raises(DeclarationError, match=message):
         broken().validate()
 
 
 def test_an_offer_must_implement_publish_and_keys() -> None:
+    """An offer that does not implement publish is refused."""
     class NoPublish(Offer[Thing, str, ThingPublished]):
         NAME = "np"
         ROW = Thing
@@ -106,6 +113,8 @@ def test_an_offer_must_implement_publish_and_keys() -> None:
 
 
 def test_registering_marks_the_noun_and_refuses_another_class_under_the_name() -> None:
+    """Registering an offer marks its noun as offered (again is a no-op); another class under the
+    same name is DuplicateRegistration."""
     register_offer_type(ThingOffer())
     register_offer_type(ThingOffer())  # a second pod in one process: a no-op
     assert [o.NAME for o in offers_of(Thing)] == ["unit_things"]
@@ -118,6 +127,7 @@ def test_registering_marks_the_noun_and_refuses_another_class_under_the_name() -
 
 
 def test_dirty_marks_collapse_per_key_and_skip_unoffered_nouns() -> None:
+    """Dirty marks collapse per key, in order, and skip nouns no offer carries."""
     register_offer_type(ThingOffer())
     marks = DirtyMarks()
     marks.aggregate(Thing, "a")
@@ -131,6 +141,8 @@ def test_dirty_marks_collapse_per_key_and_skip_unoffered_nouns() -> None:
 
 
 def test_the_reconcile_and_mirror_bounds_are_validated() -> None:
+    """The offer and mirror bounds default as documented and refuse reconciles not longer than the
+    beat, a backoff above its cap, and a zero drain batch."""
     config = EngineConfig()
     assert config.offer_reconcile == timedelta(minutes=5)
     with pytest.raises(ConfigError, match="offer_reconcile > beat_interval"):

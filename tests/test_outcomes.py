@@ -27,10 +27,13 @@ from service_engine.pipeline import (
 
 
 def test_success_on_the_wire() -> None:
+    """Success reads {"success": true} on the wire."""
     assert Success().to_wire() == {"success": True}
 
 
 def test_mutation_error_carries_the_reason_code() -> None:
+    """A refusal's MutationError carries the reason code, the action, a default or explained
+    message, and is not retryable."""
     refused = MutationError.refused(Reason("counter.frozen"), ActionName("increment"))
     assert refused.code == "counter.frozen" and not refused.retryable
     assert refused.reason == Reason("counter.frozen")
@@ -43,6 +46,7 @@ def test_mutation_error_carries_the_reason_code() -> None:
 
 
 def test_the_database_fault_is_generic() -> None:
+    """A database fault answers the generic code and message, retryable only when said so."""
     fault = MutationError.database()
     assert (fault.code, fault.message) == ("database", "mutation failed: database")
     assert DATABASE_FAULT_MESSAGE == "mutation failed: database"
@@ -50,6 +54,7 @@ def test_the_database_fault_is_generic() -> None:
 
 
 def test_one_shot_reveals_once() -> None:
+    """A OneShot reveals its value once; a second reveal raises SecretSpent."""
     secret = OneShot("s3cr3t")
     assert not secret.spent
     assert secret.reveal() == "s3cr3t"
@@ -59,6 +64,7 @@ def test_one_shot_reveals_once() -> None:
 
 
 def test_one_shot_never_shows_its_value() -> None:
+    """A OneShot's value appears in no repr, str, format or default JSON rendering."""
     secret = OneShot("s3cr3t")
     for text in (repr(secret), str(secret), f"{secret}", f"{secret!r}", f"{secret:>20}"):
         assert "s3cr3t" not in text
@@ -66,17 +72,20 @@ def test_one_shot_never_shows_its_value() -> None:
 
 
 def test_one_shot_is_not_json() -> None:
+    """A OneShot cannot be JSON-encoded."""
     with pytest.raises(TypeError):
         json.dumps({"token": OneShot("s3cr3t")})
 
 
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
 def test_one_shot_cannot_be_pickled(protocol: int) -> None:
+    """A OneShot cannot be pickled under any protocol."""
     with pytest.raises(TypeError, match="OneShot"):
         pickle.dumps(OneShot("s3cr3t"), protocol=protocol)
 
 
 def test_one_shot_cannot_be_copied() -> None:
+    """A OneShot cannot be copied, deep-copied or turned into a dict by dataclasses.asdict."""
     secret = OneShot("s3cr3t")
     with pytest.raises(TypeError):
         copy.copy(secret)
@@ -92,11 +101,13 @@ def test_one_shot_cannot_be_copied() -> None:
 
 
 def test_one_shot_cannot_be_subclassed() -> None:
+    """A OneShot cannot be subclassed (a subclass could leak it)."""
     with pytest.raises(TypeError):
         type("Leaky", (OneShot,), {"__reduce__": lambda self: (str, ("x",))})
 
 
 def test_one_shot_is_refused_by_pydantic() -> None:
+    """pydantic refuses a OneShot field, and cannot serialise one held in an Any field."""
     with pytest.raises(TypeError, match="pydantic"):
         pydantic.create_model("View", token=(OneShot[str], ...))
 

@@ -58,6 +58,8 @@ def _page(model: Model, session: Session[Principal, View], before: int, size: in
 
 
 def test_a_page_appends_older_keys_as_upserts_never_a_reset() -> None:
+    """A page appends the older keys as Upserts on the next revisions, never a Reset (even past the
+    reset threshold), recorded as one page."""
     model = _model(threshold=0)  # even past the reset threshold
     session = _attach(model)
     assert session.revision == 1 and len(session.last_sent) == 10
@@ -70,6 +72,8 @@ def test_a_page_appends_older_keys_as_upserts_never_a_reset() -> None:
 
 
 def test_an_edit_to_an_old_paged_row_reaches_its_holder() -> None:  # s162
+    """An edit to a paged row reaches the session holding it as an Upsert, a delete as a Remove that
+    drops it from the pages (s162)."""
     model = _model()
     session = _attach(model)
     _page(model, session, before=HEAD_FROM, size=5)
@@ -82,6 +86,8 @@ def test_an_edit_to_an_old_paged_row_reaches_its_holder() -> None:  # s162
 
 
 def test_window_capacity_releases_the_oldest_page_silently() -> None:  # s163
+    """Past the window's capacity the oldest page is released without a Remove or Reset, the live
+    head kept, the replica still equal (s163)."""
     model = _model(capacity=18)
     session = _attach(model)  # head: 10 keys
     head = dict(session.membership.head)
@@ -100,6 +106,8 @@ def test_window_capacity_releases_the_oldest_page_silently() -> None:  # s163
 
 
 def test_a_page_larger_than_the_room_behind_the_head_is_truncated() -> None:
+    """A page larger than the room left behind the head is truncated; a later page releases the
+    oldest to make room; no room accepts nothing."""
     pages = Pages()
     appended = pages.append(keyed(range(5)), head_size=8, capacity=10)
     assert appended.accepted == ("0", "1") and appended.truncated == 3
@@ -109,6 +117,8 @@ def test_a_page_larger_than_the_room_behind_the_head_is_truncated() -> None:
 
 
 def test_a_key_delivered_by_a_concurrent_pass_is_skipped() -> None:  # s183
+    """A paged key that a concurrent render pass delivered, deleted or hid meanwhile is skipped, so
+    the committed view wins and no ghost is left (s183)."""
     model = _model()
     session = _attach(model)
     ticket = session.open_page(HEAD_FROM)
@@ -128,6 +138,8 @@ def test_a_key_delivered_by_a_concurrent_pass_is_skipped() -> None:  # s183
 
 
 def test_a_page_interrupted_by_a_resnapshot_must_run_again() -> None:
+    """A page interrupted by a re-snapshot raises PageInterrupted, settles at most once, and cannot
+    open while a snapshot runs."""
     model = _model()
     session = _attach(model)
     ticket = session.open_page(HEAD_FROM)
@@ -142,6 +154,7 @@ def test_a_page_interrupted_by_a_resnapshot_must_run_again() -> None:
 
 
 def test_a_keys_window_has_no_pages() -> None:
+    """A fixed Keys window cannot page: NotPageable."""
     model = _model()
     session = _attach(model, population=Keys([1, 2]))
     with pytest.raises(NotPageable):
@@ -149,6 +162,8 @@ def test_a_keys_window_has_no_pages() -> None:
 
 
 def test_paged_history_survives_a_principal_refresh_and_a_reconnect() -> None:
+    """Paged history survives a principal refresh (losing only what became invisible) and a
+    reconnect Reset."""
     model = _model()
     session = _attach(model)
     _page(model, session, before=HEAD_FROM, size=5)
@@ -163,6 +178,7 @@ def test_paged_history_survives_a_principal_refresh_and_a_reconnect() -> None:
 
 
 def test_a_page_of_an_authoritative_window_survives_repopulation() -> None:
+    """A page of an authoritative window survives its populate running again."""
     model = _model()
     session = _attach(model, population=Query(RankQuery(min_rank=HEAD_FROM)).with_keys())
     _page(model, session, before=HEAD_FROM, size=3)
@@ -172,6 +188,8 @@ def test_a_page_of_an_authoritative_window_survives_repopulation() -> None:
 
 
 def test_paging_is_refused_for_a_session_the_caller_does_not_own() -> None:  # s167
+    """Paging another principal's session, or one that is not live, is refused with the same
+    NoLiveSession as a missing one, and changes nothing (s167)."""
     model = _model()
     victim = _attach(model, "victim", "alice")
     mine = _attach(model, "mine", "bob")
@@ -205,6 +223,9 @@ _actions = st.lists(
 def test_paging_respects_capacity_and_keeps_the_window_true(
     actions: list[tuple[Any, ...]], capacity: int
 ) -> None:
+    """Under any paging, writes and deletes the window keeps its live head, stays within capacity,
+    shows exactly the visible committed views of its members, and its replica equals it (property
+    test)."""
     model = _model(rows=40, capacity=capacity)
     session = _attach(model)
     cursor = HEAD_FROM

@@ -27,6 +27,8 @@ def b64(document: object) -> str:
 
 
 def test_base64url_and_plain_json_read_the_same_passport() -> None:
+    """A passport header reads the same as base64url or plain JSON: subject, actor, org, roles in
+    order, delegation."""
     document = {"sub": "u-1", "actor": "agent-7", "org": "acme", "roles": ["member", "admin"],
                 "kind": "person"}
     from_b64 = parse_passport(b64(document))
@@ -39,12 +41,15 @@ def test_base64url_and_plain_json_read_the_same_passport() -> None:
 
 
 def test_padded_base64url_is_accepted() -> None:
+    """Padded base64url is accepted."""
     padded = base64.urlsafe_b64encode(json.dumps({"sub": "u1"}).encode()).decode()
     assert padded.endswith("=")
     assert parse_passport(padded).sub == "u1"
 
 
 def test_defaults_fill_optional_members() -> None:
+    """Missing members default: the actor to the subject (not delegated), no org, no roles, kind
+    person."""
     passport = parse_passport('{"sub": "svc-billing", "kind": "service"}')
     assert passport.actor == "svc-billing"
     assert not passport.delegated
@@ -55,6 +60,7 @@ def test_defaults_fill_optional_members() -> None:
 
 
 def test_unknown_members_are_kept_as_claims_read_only() -> None:
+    """Unknown members are kept as read-only claims."""
     passport = parse_passport('{"sub": "u", "tier": "gold", "seats": 3}')
     assert dict(passport.claims) == {"tier": "gold", "seats": 3}
     with pytest.raises(TypeError):
@@ -62,11 +68,13 @@ def test_unknown_members_are_kept_as_claims_read_only() -> None:
 
 
 def test_duplicate_roles_are_collapsed_in_order() -> None:
+    """Duplicate roles collapse, first order kept."""
     assert parse_passport('{"sub": "u", "roles": ["a", "b", "a"]}').roles == ("a", "b")
 
 
 @pytest.mark.parametrize("value", [None, "", "   ", "\t"])
 def test_absent_or_blank_header_is_missing(value: str | None) -> None:
+    """An absent or blank header is PassportMissing (code passport_missing) naming X-Passport."""
     with pytest.raises(PassportMissing) as refused:
         parse_passport(value)
     assert refused.value.code == "passport_missing"
@@ -102,6 +110,8 @@ MALFORMED = {
 
 @pytest.mark.parametrize("value", MALFORMED.values(), ids=MALFORMED.keys())
 def test_malformed_values_are_refused_typed(value: str) -> None:
+    """Every malformed value is PassportMalformed (code passport_malformed), a PassportError and an
+    EngineError."""
     with pytest.raises(PassportMalformed) as refused:
         parse_passport(value)
     assert refused.value.code == "passport_malformed"
@@ -110,6 +120,7 @@ def test_malformed_values_are_refused_typed(value: str) -> None:
 
 
 def test_a_refusal_never_echoes_the_value() -> None:
+    """A refusal never echoes the header's value."""
     secret = "s3cr3t-subject-name"
     for value in (
         json.dumps({"sub": secret, "roles": secret}),
@@ -122,6 +133,7 @@ def test_a_refusal_never_echoes_the_value() -> None:
 
 
 def test_refusals_carry_their_code_as_graphql_extensions() -> None:
+    """Each passport refusal carries its code as GraphQL extensions."""
     for error in (PassportMissing("x"), PassportMalformed("x"), PassportRefused("x")):
         assert error.extensions == {"code": error.code}
     assert {PassportMissing.code, PassportMalformed.code, PassportRefused.code} == {
@@ -130,6 +142,8 @@ def test_refusals_carry_their_code_as_graphql_extensions() -> None:
 
 
 def test_a_passport_built_in_code_is_validated() -> None:
+    """A passport built in code is validated like a parsed one: empty subject, unknown kind and
+    reserved claim names are refused."""
     with pytest.raises(PassportMalformed):
         Passport(sub="")
     with pytest.raises(PassportMalformed):
@@ -160,6 +174,8 @@ _names = st.text(
 def test_to_header_round_trips(
     sub: str, actor: str, org: str | None, roles: list[str], kind: str, claims: dict[str, object]
 ) -> None:
+    """to_header gives an ASCII header without padding that parses back to the same passport and
+    claims (property test)."""
     passport = Passport(sub=sub, actor=actor, org=org, roles=tuple(roles), kind=kind,  # type: ignore[arg-type]
                         claims=claims)  # type: ignore[arg-type]
     header = passport.to_header()
@@ -169,6 +185,8 @@ def test_to_header_round_trips(
 
 
 async def test_resolve_principal_accepts_plain_and_coroutine_resolvers() -> None:
+    """resolve_principal awaits coroutine resolvers and calls plain ones alike, and lets a
+    PassportRefused through."""
     passport = parse_passport('{"sub": "u", "org": "acme"}')
 
     def plain(p: Passport) -> tuple[str, str | None]:

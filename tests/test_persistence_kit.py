@@ -67,6 +67,8 @@ def event_row(seq: int, amount: int, version: int = 2) -> Row:
 
 
 def test_domain_events_are_canonical_json() -> None:
+    """A domain event's data is canonical JSON, frozen (lists as tuples) and compared by value; an
+    empty type, data JSON cannot carry and non-object data are refused."""
     a = DomainEvent("moved", {"b": [1, 2], "a": "x"})
     assert a.data_json == '{"a":"x","b":[1,2]}'
     assert a.data == {"a": "x", "b": (1, 2)}
@@ -83,6 +85,8 @@ def test_domain_events_are_canonical_json() -> None:
 
 
 def test_records_events_until_cleared() -> None:
+    """An aggregate records domain events in order until cleared, and refuses anything but a
+    DomainEvent."""
     agg = RecordsEvents()
     agg.record(DomainEvent("one"))
     agg.record(DomainEvent("two"))
@@ -94,6 +98,8 @@ def test_records_events_until_cleared() -> None:
 
 
 def test_store_of_resolves_the_named_store() -> None:
+    """store_of finds an aggregate's declared Store (its style and store type); an aggregate naming
+    none is refused."""
     assert store_of(Tally) is Tally.Store
     assert store_of(Tally).STYLE is Style.FULL_EDA
     assert Tally.Store.store_type == "service_engine.full_eda/tally"
@@ -119,6 +125,8 @@ def define_refused(name: str, bases: tuple[type, ...], body: dict[str, Any]) -> 
 
 
 def test_full_eda_binds_to_its_class_and_checks_it() -> None:
+    """A FullEda store binds to its class and refuses an empty noun, a zero snapshot cadence, a
+    class that is not EventSourced, and serving two classes."""
     assert "NOUN" in define_refused("NoNoun", (Tally,), {"NOUN": "", "Store": FullEda()})
     assert "SNAPSHOT_EVERY" in define_refused(
         "NoCadence", (Tally,), {"SNAPSHOT_EVERY": 0, "Store": FullEda()}
@@ -132,6 +140,8 @@ def test_full_eda_binds_to_its_class_and_checks_it() -> None:
 
 
 def test_start_binds_the_stream() -> None:
+    """start(key) binds a new aggregate to its stream at seq 0; an aggregate built otherwise has no
+    stream key."""
     tally = Tally.start("t1")
     assert (tally.stream_key, tally.stream_seq) == ("t1", 0)
     tally.record(DomainEvent("added", {"amount": 3}))
@@ -141,6 +151,8 @@ def test_start_binds_the_stream() -> None:
 
 
 def test_replay_from_genesis_snapshot_and_upcast() -> None:
+    """Hydration replays from genesis or from the latest snapshot, upcasting old event versions, and
+    leaves nothing pending; no rows is no aggregate."""
     from_genesis = _rebuild(Tally, "t", [event_row(1, 2), event_row(2, 3, version=1)])
     assert from_genesis is not None
     assert (from_genesis.total, from_genesis.stream_seq) == (5, 2)
@@ -165,12 +177,15 @@ def test_replay_from_genesis_snapshot_and_upcast() -> None:
     ids=["gap", "missing_start", "future_version", "check_hydrated", "apply_raises"],
 )
 def test_replay_barriers_refuse(rows: list[Row], problem: str) -> None:
+    """Hydration refuses a sequence gap, a missing start, an event newer than the code, a failed
+    hydrated check and a raising apply, naming the noun and key."""
     with pytest.raises(HydrationFailed, match=problem) as failed:
         _rebuild(Tally, "t", rows)
     assert failed.value.noun == "tally" and failed.value.key == "t"
 
 
 def test_an_old_version_without_an_upcast_refuses() -> None:
+    """An old event version with no upcast refuses hydration, naming the event and version."""
     class Plain(EventSourced):
         NOUN = "plain"
         EVENT_VERSION = 2
@@ -195,6 +210,8 @@ def test_an_old_version_without_an_upcast_refuses() -> None:
 
 
 def test_sql_identifiers_are_plain() -> None:
+    """SQL identifiers are quoted only when plain (optionally schema-qualified); anything else is
+    refused."""
     assert quote_ident("board") == '"board"'
     assert quote_ident("app.board_card") == '"app"."board_card"'
     for bad in ("", "a b", 'x"; DROP TABLE y; --', "a.b.c", "1x", "a-b"):
@@ -203,6 +220,8 @@ def test_sql_identifiers_are_plain() -> None:
 
 
 def test_crud_store_checks_its_declaration() -> None:
+    """A CrudStore whose columns lack its key, or whose table is not a plain identifier, is refused
+    at construction."""
     class Thing(Aggregate):
         Store: ClassVar[Any] = None
 

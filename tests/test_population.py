@@ -40,6 +40,8 @@ def k(key: JsonValue) -> str:
 
 
 def test_keys_dedupe_by_canonical_text_and_keep_order() -> None:
+    """A Keys window dedupes its keys by canonical JSON text keeping first order; a bare string is
+    refused as InvalidWindow."""
     keys = Keys([3, 1, {"b": 1, "a": 2}, 3, {"a": 2, "b": 1}])
     assert list(keys.keys) == ["3", "1", '{"a":2,"b":1}']
     with pytest.raises(InvalidWindow):
@@ -47,6 +49,8 @@ def test_keys_dedupe_by_canonical_text_and_keep_order() -> None:
 
 
 def test_rules_of_the_shapes() -> None:
+    """Keys is a fixed window, Ordered and Query discover, and a Query with keys is authoritative
+    and keeps its query."""
     assert Keys([1]).rule is MembershipRule.FIXED
     assert Ordered("q").rule is MembershipRule.DISCOVERY
     assert Query("q").rule is MembershipRule.DISCOVERY
@@ -55,6 +59,7 @@ def test_rules_of_the_shapes() -> None:
 
 
 def test_keyed_keeps_first_position() -> None:
+    """keyed maps canonical key text to the key, first occurrence first, telling 2 and "2" apart."""
     assert keyed([2, 1, 2, "2"]) == {"2": 2, "1": 1, '"2"': "2"}
 
 
@@ -70,6 +75,8 @@ def _interest(**emission: Any) -> Interest[str]:
 
 
 def test_duplicate_and_unknown_projectors_are_refused() -> None:
+    """Registering a projector twice, watching an unknown one or registering a route with no noun is
+    refused."""
     interest = _interest()
     with pytest.raises(DuplicateRegistration):
         interest.register(Route("cards", {"card": None}))
@@ -80,6 +87,8 @@ def test_duplicate_and_unknown_projectors_are_refused() -> None:
 
 
 def test_entity_impacts_reach_the_projectors_reading_the_noun() -> None:
+    """Entity impacts dirty their keys (deduplicated) on the projectors reading the noun, through a
+    route's inverse where one is declared, and on no other."""
     interest = _interest()
     for name in ("cards", "boards", "people"):
         interest.watch(f"s-{name}", name, '"u"', None)
@@ -92,6 +101,7 @@ def test_entity_impacts_reach_the_projectors_reading_the_noun() -> None:
 
 
 def test_an_inverse_answering_none_dirties_everything() -> None:
+    """A route inverse answering None dirties every key of the projector."""
     interest = _interest()
     interest.watch("s", "people", '"u"', None)
     frame = interest.route([[Impact.entity("board", 1)]])
@@ -99,6 +109,7 @@ def test_an_inverse_answering_none_dirties_everything() -> None:
 
 
 def test_foreign_impacts_route_like_entities_without_a_cause() -> None:
+    """A foreign impact dirties its key like an entity impact, with no cause."""
     interest = _interest()
     interest.watch("s", "people", '"u"', None)
     frame = interest.route([[Impact.foreign("known_person", "p-1")]])
@@ -107,6 +118,7 @@ def test_foreign_impacts_route_like_entities_without_a_cause() -> None:
 
 
 def test_projector_reset_dirties_every_key_of_the_noun() -> None:
+    """A projector-reset impact dirties everything on every projector reading the noun."""
     interest = _interest()
     interest.watch("s1", "cards", '"u"', None)
     interest.watch("s2", "boards", '"u"', None)
@@ -116,6 +128,8 @@ def test_projector_reset_dirties_every_key_of_the_noun() -> None:
 
 
 def test_principal_facts_reach_that_principals_sessions_on_dependent_projectors() -> None:
+    """A principal-facts impact reaches only that principal's sessions on projectors reading its
+    nouns; with no nouns, every watched projector re-gates."""
     interest = _interest()
     interest.watch("alice-cards", "cards", '"alice"', None)
     interest.watch("bob-cards", "cards", '"bob"', None)
@@ -131,6 +145,8 @@ def test_principal_facts_reach_that_principals_sessions_on_dependent_projectors(
 
 
 def test_per_impact_lists_caused_impacts_and_folds_causeless_ones() -> None:
+    """A per-impact projector gets each caused impact in order and causeless ones folded into the
+    dirty keys; its emission is asked only about caused impacts."""
     asked: list[Impact] = []
 
     def emission(impact: Impact) -> Emission:
@@ -148,6 +164,8 @@ def test_per_impact_lists_caused_impacts_and_folds_causeless_ones() -> None:
 
 
 def test_reconnected_marks_the_frame() -> None:
+    """A Reconnected among the deliveries marks the routed frame, and the impacts around it still
+    route."""
     interest = _interest()
     interest.watch("s", "cards", '"u"', None)
     frame = interest.route([[Impact.entity("card", 1)], Reconnected("lost"), [Impact.entity("card", 2)]])
@@ -156,6 +174,8 @@ def test_reconnected_marks_the_frame() -> None:
 
 
 def test_sessions_for_keys_windows_and_discovering_windows() -> None:
+    """A dirty key reaches discovering sessions and the fixed windows holding it; everything reaches
+    all; principals reach theirs; unwatch is idempotent."""
     interest = _interest()
     interest.watch("wide", "cards", '"u"', None)
     interest.watch("fixed-1", "cards", '"u"', ["1", "2"])
@@ -173,6 +193,7 @@ def test_sessions_for_keys_windows_and_discovering_windows() -> None:
 
 
 def test_unwatched_projectors_cost_nothing_in_routing() -> None:
+    """Impacts for projectors nobody watches route to nothing (principal facts are still noted)."""
     interest = _interest()
     frame = interest.route([[Impact.entity("card", 1), Impact.reset("card"), Impact.principal_facts("u", [])]])
     assert frame.projectors == {}
@@ -183,6 +204,8 @@ def test_unwatched_projectors_cost_nothing_in_routing() -> None:
 
 
 def test_keys_window_renders_only_its_members() -> None:
+    """A fixed window never populates, renders only its members' dirty keys (all of them on a
+    re-gate), and keeps an invisible key as a member."""
     membership = Membership(Keys([1, 2]))
     pages = Pages()
     assert not membership.needs_populate(Dirty(everything=True), refreshed=True)
@@ -193,6 +216,8 @@ def test_keys_window_renders_only_its_members() -> None:
 
 
 def test_discovery_window_scope_is_every_dirty_key() -> None:
+    """A discovering window's scope is every dirty key (shared, not copied); visible keys join,
+    invisible ones leave; dirtying everything requires a populate."""
     membership = Membership(Query(RankQuery()))
     pages = Pages()
     dirty = Dirty(keys={"1": 1, "2": 2})
@@ -207,6 +232,8 @@ def test_discovery_window_scope_is_every_dirty_key() -> None:
 
 
 def test_authoritative_window_membership_is_populates_result() -> None:
+    """An authoritative window's members are populate's result plus the keys discovered this pass:
+    keys leaving it are removed, entering ones rendered."""
     membership = Membership(Query(RankQuery()).with_keys())
     pages = Pages()
     membership.settle_snapshot(keyed([1, 2, 3]), {"1": "a", "2": "b"}, pages)
@@ -242,6 +269,9 @@ _ops = st.lists(
 def test_every_window_rebuilt_from_its_deltas_equals_committed_state(
     ops: list[tuple[Any, ...]], threshold: int, caused: bool
 ) -> None:
+    """After any sequence of writes, deletes, fact changes and resets, every window rebuilt from its
+    deltas equals committed state seen by its principal, at the session's revision (property
+    test)."""
     model = Model(threshold=threshold, emission=(lambda _i: Emission.PER_IMPACT) if caused else None)
     model.principals["alice"] = Principal("alice", frozenset({"red"}))
     model.principals["bob"] = Principal("bob", frozenset({"blue"}))
@@ -277,6 +307,8 @@ def test_every_window_rebuilt_from_its_deltas_equals_committed_state(
 
 
 def test_a_row_leaving_its_cohort_is_removed_and_one_entering_is_upserted() -> None:
+    """A row moving out of the principal's cohorts is Removed and one moving in Upserted; a facts
+    change re-gates a fixed window both ways (s135)."""
     model = Model()
     model.principals["alice"] = Principal("alice", frozenset({"red"}))
     model.rows[1] = Row(1, "red", 1)

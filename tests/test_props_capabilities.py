@@ -28,6 +28,8 @@ def info(**fields: object) -> dict[str, str]:
 
 
 def test_attested_peer_reads_account_and_user() -> None:
+    """An attested request's peer is the account and user nats-server wrote; the peer id is ACCOUNT
+    or ACCOUNT/user."""
     assert attested_peer(info(acc="A", user="alice", rtt=5), "SVC") == PeerIdentity("A", "alice")
     assert attested_peer(info(acc="B"), "SVC") == PeerIdentity("B", None)
     assert PeerIdentity("B").peer_id == "B" and PeerIdentity("A", "alice").peer_id == "A/alice"
@@ -44,15 +46,19 @@ def test_attested_peer_reads_account_and_user() -> None:
     info(acc="A", user=7),
 ])
 def test_unattested_requests(headers: dict[str, str]) -> None:
+    """A request without valid request info, from the service's own account, or with an invalid
+    account or user is anonymous and unattested."""
     peer = attested_peer(headers, "SVC")
     assert not peer.attested and peer.peer_id == "anonymous"
 
 
 def test_without_a_service_account_nothing_is_attested() -> None:
+    """Without a service account nothing is attested."""
     assert not attested_peer(info(acc="A", user="alice"), None).attested
 
 
 def test_peer_id_round_trip_and_refusal() -> None:
+    """Peer ids parse back to their peers; an invalid one is a validation_error naming it."""
     for peer in (PeerIdentity("A", "alice"), PeerIdentity("B"), PeerIdentity.unattested()):
         assert PeerIdentity.parse_peer_id(peer.peer_id) == peer
     with pytest.raises(PropsError) as refused:
@@ -63,6 +69,8 @@ def test_peer_id_round_trip_and_refusal() -> None:
 
 
 def test_capability_strings() -> None:
+    """Capability strings follow props.<verb>:<service>.<namespace>[:view|:secrets], and all_caps is
+    the six of them."""
     cap = "demo.settings"
     assert read_cap(cap) == "props.read:demo.settings"
     assert write_cap(cap) == "props.write:demo.settings"
@@ -77,6 +85,8 @@ def test_capability_strings() -> None:
 
 
 def test_verb_rules() -> None:
+    """Each verb requires its capability (writes write, reads read, audit audit, describe by view);
+    an unknown verb is a validation_error."""
     cap = "s.n"
     assert {v: required_capability(v, cap) for v in ("set", "delete", "get", "list", "watch", "audit.watch")} == {
         "set": write_cap(cap), "delete": write_cap(cap), "get": read_cap(cap), "list": read_cap(cap),
@@ -90,6 +100,8 @@ def test_verb_rules() -> None:
 
 
 def test_static_policy_unions_account_and_user_grants() -> None:
+    """A static policy grants a peer its account's and its user's capabilities together; the
+    anonymous entry serves unattested peers."""
     policy = StaticPolicy({"A": {"x"}, "A/alice": {"y"}, "anonymous": {"z"}})
     assert policy.capabilities(PeerIdentity("A", "alice")) == {"x", "y"}
     assert policy.capabilities(PeerIdentity("A", "bob")) == {"x"}
@@ -106,6 +118,8 @@ def test_an_unattested_identity_gets_only_the_anonymous_grants() -> None:
 
 
 def test_redaction_nulls_secrets_and_keeps_missing_fields_missing() -> None:
+    """Redaction nulls present secret fields without the secrets capability, adds none that are
+    missing, and keeps them with it."""
     secret = frozenset({"token"})
     assert redact(secret, {"a": 1, "token": "t"}, False) == {"a": 1, "token": None}
     assert redact(secret, {"a": 1}, False) == {"a": 1}
@@ -113,6 +127,7 @@ def test_redaction_nulls_secrets_and_keeps_missing_fields_missing() -> None:
 
 
 def test_public_surface() -> None:
+    """Every name props exports exists, listed once."""
     for name in props.__all__:
         assert getattr(props, name) is not None
     assert sorted(props.__all__) == sorted(set(props.__all__))

@@ -117,6 +117,8 @@ async def call(h: PropsHandler, verb: str, headers: dict[str, str], body: bytes 
 
 
 async def test_set_simple_reply_shape_and_warnings(handler: PropsHandler) -> None:
+    """A first set answers version 1, nseq 1, created; a second set is not created, bumps the
+    version, and warns about a field past its schema version."""
     reply = await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
     assert reply == {"namespace": "settings", "key": "k", "version": 1, "nseq": 1, "created": True}
     warned = await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"legacy": 1}')
@@ -125,6 +127,9 @@ async def test_set_simple_reply_shape_and_warnings(handler: PropsHandler) -> Non
 
 
 async def test_saga_reply_shape(handler: PropsHandler) -> None:
+    """A saga namespace's set answers both the provisioning and the completion versions and nseqs, a
+    failed step answers lifecycle failed with its reason, and replay shows created then completed
+    for each."""
     ok = await call(handler, "set", {"namespace": "machines", "key": "m1"}, b'{"size": "small"}')
     assert ok == {
         "namespace": "machines", "key": "m1", "set_version": 1, "set_nseq": 1,
@@ -139,6 +144,8 @@ async def test_saga_reply_shape(handler: PropsHandler) -> None:
 
 
 async def test_delete_reply_shape_and_collection_only(handler: PropsHandler) -> None:
+    """A delete answers deleted with its tombstone version and nseq; a delete on a singleton
+    namespace is a validation_error."""
     await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
     assert await call(handler, "delete", {"namespace": "settings", "key": "k", "cause": "cleanup"}) == {
         "namespace": "settings", "key": "k", "deleted": True, "tombstone_version": 2, "nseq": 2,
@@ -150,6 +157,8 @@ async def test_delete_reply_shape_and_collection_only(handler: PropsHandler) -> 
 
 
 async def test_get_reply_uses_the_canonical_key_and_observed_cursor(handler: PropsHandler) -> None:
+    """A singleton's get answers the canonical key "current" with version, nseq and fields; a get of
+    a missing key is not_found."""
     await call(handler, "set", {"namespace": "prefs", "key": ""}, b'{"theme": "dark"}')
     await call(handler, "set", {"namespace": "settings", "key": "x"}, b'{"title": "t"}')
     assert await call(handler, "get", {"namespace": "prefs"}) == {
@@ -161,6 +170,8 @@ async def test_get_reply_uses_the_canonical_key_and_observed_cursor(handler: Pro
 
 
 async def test_list_reply_shape(handler: PropsHandler) -> None:
+    """A list answers the namespace's records in key order with the observed nseq and no next
+    cursor."""
     await call(handler, "set", {"namespace": "settings", "key": "b"}, b'{"title": "tb"}')
     await call(handler, "set", {"namespace": "settings", "key": "a"}, b'{"title": "ta"}')
     assert await call(handler, "list", {"namespace": "settings"}) == {
@@ -170,6 +181,8 @@ async def test_list_reply_shape(handler: PropsHandler) -> None:
 
 
 async def test_secret_fields_are_nulled_without_the_secrets_capability(handler: PropsHandler) -> None:
+    """A secret field reads as null in get and list for a peer without the secrets capability, and
+    in clear for one with it."""
     await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t", "api_key": "s3cr3t"}')
     reader = PeerIdentity("P", "reader")
     secrets = PeerIdentity("P", "secrets")
@@ -179,6 +192,8 @@ async def test_secret_fields_are_nulled_without_the_secrets_capability(handler: 
 
 
 async def test_describe_views(handler: PropsHandler) -> None:
+    """The public describe lists the non-secret fields with their metadata (defaults, validators,
+    since/until) and no secret name or validator; the full view adds the secret field."""
     public = await call(handler, "describe", {"namespace": "settings"})
     assert set(public) == {"namespace", "schema_version", "cardinality", "fields", "primary_key_field"}
     assert (public["schema_version"], public["cardinality"], public["primary_key_field"]) == ("3", "collection", "title")
@@ -208,6 +223,8 @@ async def test_public_describe_never_names_a_secret_primary_key_field() -> None:
 
 
 async def test_schema_public_deny_refuses_public_describe(handler: PropsHandler) -> None:
+    """A namespace whose schema denies public describe refuses it with auth_denied and still answers
+    the full view."""
     with pytest.raises(PropsError) as caught:
         await call(handler, "describe", {"namespace": "locked"})
     assert caught.value.error_code == "auth_denied"
@@ -236,6 +253,8 @@ ALLOWED = {
 
 @pytest.mark.parametrize("peer_name", sorted(PEERS))
 async def test_capability_matrix(handler: PropsHandler, peer_name: str) -> None:
+    """Each peer is allowed exactly the verbs its capabilities grant and refused every other with
+    auth_denied."""
     peer = PeerIdentity("P", peer_name)
     for verb, headers, body in VERB_REQUESTS:
         label = "describe:full" if headers.get("view") == "full" else verb
@@ -250,6 +269,7 @@ async def test_capability_matrix(handler: PropsHandler, peer_name: str) -> None:
 
 
 async def test_unattested_and_unknown_peers_hold_nothing(handler: PropsHandler) -> None:
+    """An unattested peer and a peer with no policy entry are refused auth_denied."""
     for peer in (PeerIdentity.unattested(), PeerIdentity("Z", "zed")):
         with pytest.raises(PropsError) as caught:
             await call(handler, "get", {"namespace": "settings", "key": "k"}, peer=peer)
@@ -257,6 +277,8 @@ async def test_unattested_and_unknown_peers_hold_nothing(handler: PropsHandler) 
 
 
 async def test_capability_check_precedes_namespace_lookup(handler: PropsHandler) -> None:
+    """Without the capability a request for an unknown namespace is auth_denied (its existence is
+    not revealed); with it, not_found."""
     with pytest.raises(PropsError) as denied:
         await call(handler, "get", {"namespace": "ghost", "key": "k"}, peer=PeerIdentity("P", "reader"))
     assert denied.value.error_code == "auth_denied"
@@ -267,6 +289,9 @@ async def test_capability_check_precedes_namespace_lookup(handler: PropsHandler)
 
 
 async def test_watch_reply_shapes_and_grant_arguments(handler: PropsHandler) -> None:
+    """A live watch replays events after since_nseq, carries the caught_up marker and asks the
+    granter for the records subject; audit.watch asks for the audit subject and answers events
+    with their audit digest."""
     for n in range(3):
         await call(handler, "set", {"namespace": "settings", "key": f"k{n}"}, b'{"title": "t"}')
     reply = await call(handler, "watch", {"namespace": "settings", "since_nseq": "1"})
@@ -284,12 +309,15 @@ async def test_watch_reply_shapes_and_grant_arguments(handler: PropsHandler) -> 
 
 
 async def test_caller_cursor_above_observed(handler: PropsHandler) -> None:
+    """A since_nseq above the observed cursor replays nothing and reports caught up at the observed
+    nseq."""
     await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
     reply = await call(handler, "watch", {"namespace": "settings", "since_nseq": "99"})
     assert reply["events"] == [] and reply["caught_up"]["nseq"] == 1 and reply["observed_nseq"] == 1
 
 
 async def test_replay_only_is_for_unit_tests(handler: PropsHandler) -> None:
+    """A replay-only watch answers live false and asks the granter for nothing."""
     reply = await call(handler, "watch", {"namespace": "settings"}, live=False)
     assert reply["live"] is False
     granter = handler.granter
@@ -297,6 +325,8 @@ async def test_replay_only_is_for_unit_tests(handler: PropsHandler) -> None:
 
 
 async def test_grant_failures(handler: PropsHandler) -> None:
+    """A refused grant answers grant_failed rc 10 without the broker's route detail; a missing
+    granter or no granter answers unavailable rc 20."""
     handler.granter = FakeGranter(GrantRefused("target_peer_not_connected", "A/alice via route r-17 to leaf x"))
     with pytest.raises(PropsError) as refused:
         await call(handler, "watch", {"namespace": "settings"})
@@ -313,6 +343,8 @@ async def test_grant_failures(handler: PropsHandler) -> None:
 
 
 async def test_replay_window_exceeded() -> None:
+    """A watch from before the retained events is replay_window_exceeded naming since_nseq and
+    oldest_nseq; one from within the window replays what is kept."""
     h = PropsHandler(SVC, MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.tiny")}), FakeGranter(Granted("s", "tiny")))
     await h.register(Namespace("tiny", (FieldSpec("n", "integer"),), retain_events=2))
     for n in range(5):
@@ -326,6 +358,8 @@ async def test_replay_window_exceeded() -> None:
 
 
 async def test_handle_answers_every_failure_with_a_body(handler: PropsHandler) -> None:
+    """A failing request answers its rc and an error body with exactly error_code and message; a
+    successful one rc 0 and no error."""
     reply = await handler.handle("demo.props.get", {"namespace": "settings", "key": "k", "field_path": ""}, b"", ALICE)
     assert (reply.rc, reply.body["error_code"]) == (10, "validation_error")
     assert reply.error == reply.body["message"] and set(reply.body) == {"error_code", "message"}
@@ -334,6 +368,8 @@ async def test_handle_answers_every_failure_with_a_body(handler: PropsHandler) -
 
 
 async def test_validation_of_values(handler: PropsHandler) -> None:
+    """A value over its validator's bound is refused naming the validator, except a secret field's
+    validator, which is never named."""
     with pytest.raises(PropsError) as long_title:
         await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "far too long"}')
     assert "max8" in long_title.value.message
@@ -350,6 +386,7 @@ class BrokenStore(MemoryStore):
 
 
 async def test_storage_failure_is_storage_error_without_detail() -> None:
+    """A store failure answers storage_error rc 20 without the store's path."""
     h = PropsHandler(SVC, BrokenStore(), StaticPolicy({"A/alice": all_caps("demo.settings")}))
     await h.register(SETTINGS)
     reply = await h.handle("demo.props.get", {"namespace": "settings", "key": "k"}, b"", ALICE)
@@ -358,6 +395,8 @@ async def test_storage_failure_is_storage_error_without_detail() -> None:
 
 
 def test_verb_registry_classes() -> None:
+    """The verb registry lists every props verb of the service with its class (intent or query) and
+    the service as owner."""
     from service_engine.props import verb_registry
 
     assert {e["subject"]: e["class"] for e in verb_registry("demo")} == {
@@ -374,6 +413,8 @@ class DefectiveStore(MemoryStore):
 
 
 async def test_a_defect_still_answers_unavailable(caplog: pytest.LogCaptureFixture) -> None:
+    """An unexpected exception in the store still answers, as unavailable rc 20, without the
+    exception's text."""
     h = PropsHandler(SVC, DefectiveStore(), StaticPolicy({"A/alice": all_caps("demo.settings")}))
     await h.register(SETTINGS)
     reply = await h.handle("demo.props.list", {"namespace": "settings"}, b"", ALICE)
@@ -423,6 +464,8 @@ async def test_a_replay_over_the_limit_is_refused_with_where_a_replay_fits(verb:
 
 
 async def test_a_reply_of_exactly_the_limit_is_answered() -> None:
+    """A reply of exactly the payload limit is answered and one byte less of limit refuses it, for
+    watch, list and get."""
     h = await wide_handler(3)
     for verb, headers in (("watch", {"namespace": "wide"}), ("list", {"namespace": "wide"}), ("get", {"namespace": "wide", "key": "k000"})):
         size = (await handled(h, verb, headers, None)).wire_size
@@ -443,6 +486,8 @@ async def test_no_single_event_fits_points_past_the_cursor() -> None:
 
 @pytest.mark.parametrize("verb", ["list", "get"])
 async def test_a_list_or_get_over_the_limit_is_a_validation_error_naming_it(verb: str) -> None:
+    """A list or get reply over the broker's max payload is a validation_error naming the reply's
+    size and the limit."""
     h = await wide_handler(20)
     headers = {"namespace": "wide"} if verb == "list" else {"namespace": "wide", "key": "k000"}
     limit = (await handled(h, verb, headers, None)).wire_size - 1
@@ -487,6 +532,8 @@ class BrokenHistory(MemoryStore):
 
 
 async def test_a_storage_failure_after_the_grant_removes_it() -> None:
+    """A watch whose replay fails after the grant answers storage_error and revokes the grant it
+    obtained."""
     granter = FakeGranter(Granted("sub_b", "settings"))
     h = PropsHandler(SVC, BrokenHistory(), StaticPolicy({"A/alice": all_caps("demo.settings")}), granter)
     await h.register(SETTINGS)
@@ -496,6 +543,8 @@ async def test_a_storage_failure_after_the_grant_removes_it() -> None:
 
 
 async def test_revoke_without_a_granter_or_a_broker_answer_is_quiet(caplog: pytest.LogCaptureFixture) -> None:
+    """Revoking with no granter, a raising granter or an unconfirmed removal never raises; the last
+    two are logged."""
     h = PropsHandler(SVC, MemoryStore(), StaticPolicy({}))
     await h.revoke(Granted("s", "n"))
 
@@ -513,6 +562,7 @@ async def test_revoke_without_a_granter_or_a_broker_answer_is_quiet(caplog: pyte
 
 
 def test_fitting_start_takes_the_longest_suffix_that_fits() -> None:
+    """fitting_start picks the first index whose suffix of items, JSON-framed, fits the byte budget."""
     assert fitting_start([], 0) == 0
     assert fitting_start([5], 5) == 0 and fitting_start([5], 4) == 1
     # [a,b] is 2 + 5 + 1 + 5: two items of 5 need 11 bytes of room.
@@ -560,6 +610,7 @@ async def test_conflict_and_replay_window_answer_rc_10_through_handle() -> None:
 
 @pytest.mark.parametrize("raw", [b"NaN", b"Infinity", b"-Infinity", b"1e400"])
 async def test_non_finite_numbers_answer_validation_error_rc_10(raw: bytes) -> None:
+    """NaN, infinities and out-of-range numbers in a set body answer validation_error rc 10."""
     h = PropsHandler(SVC, MemoryStore(), StaticPolicy({"A/alice": all_caps("demo.nums")}))
     await h.register(Namespace("nums", (FieldSpec("n", "number"),)))
     reply = await h.handle("demo.props.set", {"namespace": "nums", "key": "k"}, b'{"n": ' + raw + b"}", ALICE)
@@ -568,6 +619,7 @@ async def test_non_finite_numbers_answer_validation_error_rc_10(raw: bytes) -> N
 
 @pytest.mark.parametrize("name", ["", "a.b", "a b"])
 def test_a_service_name_is_one_subject_token(name: str) -> None:
+    """A service name that is empty or holds a dot or space is refused as not one subject token."""
     from service_engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match="must be one subject token"):
@@ -575,6 +627,8 @@ def test_a_service_name_is_one_subject_token(name: str) -> None:
 
 
 async def test_registration_and_lookup_name_the_namespace(handler: PropsHandler) -> None:
+    """Registering a namespace twice and looking up an unknown one fail with messages naming the
+    namespace."""
     from service_engine.errors import DuplicateRegistration
 
     with pytest.raises(DuplicateRegistration) as twice:
@@ -586,6 +640,7 @@ async def test_registration_and_lookup_name_the_namespace(handler: PropsHandler)
 
 
 async def test_grant_refusals_keep_detail_in_the_log_only(handler: PropsHandler, caplog: pytest.LogCaptureFixture) -> None:
+    """Grant refusals answer fixed messages; the broker's reason and route appear only in the log."""
     handler.granter = FakeGranter(GrantRefused("target_peer_not_connected", "via route r-17"))
     with pytest.raises(PropsError) as refused:
         await call(handler, "watch", {"namespace": "settings"})
@@ -604,6 +659,8 @@ async def test_grant_refusals_keep_detail_in_the_log_only(handler: PropsHandler,
 
 
 async def test_set_passes_merge_and_fence_through_plain_and_saga_writes(handler: PropsHandler) -> None:
+    """merge=replace replaces every field and a stale if_version is version_mismatch, in plain and
+    saga namespaces alike."""
     for ns, body in (("settings", b'{"title": "t", "color": "red"}'), ("machines", b'{"size": "small"}')):
         await call(handler, "set", {"namespace": ns, "key": "k"}, body)
         replaced = b'{"title": "u"}' if ns == "settings" else b'{"size": "big"}'
@@ -615,6 +672,8 @@ async def test_set_passes_merge_and_fence_through_plain_and_saga_writes(handler:
 
 
 async def test_a_saga_step_sees_its_provisioning_record_and_completion_keeps_actor_and_cause() -> None:
+    """The saga step runs while its record is provisioning, and both the provisioning and the
+    completion events carry the caller's actor and cause."""
     store = MemoryStore()
     seen: list[tuple[str, str | None, dict[str, Any]]] = []
 
@@ -635,6 +694,8 @@ async def test_a_saga_step_sees_its_provisioning_record_and_completion_keeps_act
 
 
 async def test_a_failing_saga_step_completes_the_record_as_failed(caplog: pytest.LogCaptureFixture) -> None:
+    """A saga step that raises completes its record as failed with the exception's type as reason,
+    and the exception is logged."""
     async def broken(key: str, fields: Mapping[str, Any]) -> SagaOutcome:
         raise RuntimeError("the cloud is down")
 
@@ -646,6 +707,8 @@ async def test_a_failing_saga_step_completes_the_record_as_failed(caplog: pytest
 
 
 async def test_reconcile_is_the_owners_commit(handler: PropsHandler) -> None:
+    """reconcile commits a reconciled event as the service itself, with an aware timestamp, visible
+    to get; an unknown namespace is refused."""
     await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
     commit = await handler.reconcile("settings", "k", {"title": "fixed"})
     assert (commit.key, commit.version, commit.event.kind, commit.event.actor, commit.event.audit_epoch) == ("k", 2, "reconciled", "demo", 1)
@@ -668,6 +731,7 @@ def test_the_reply_budget_counts_headers_toward_the_max_payload() -> None:
 
 
 async def test_every_commit_records_the_peer_and_cause(handler: PropsHandler) -> None:
+    """Every set and delete event records the calling peer as actor and the request's cause."""
     await call(handler, "set", {"namespace": "settings", "key": "k", "cause": "c-1"}, b'{"title": "t"}')
     await call(handler, "delete", {"namespace": "settings", "key": "k", "cause": "c-2"})
     events = await handler.store.events("settings", 0, 2)
@@ -675,6 +739,7 @@ async def test_every_commit_records_the_peer_and_cause(handler: PropsHandler) ->
 
 
 async def test_delete_and_get_refusals_name_what_they_refuse(handler: PropsHandler) -> None:
+    """Refusals of delete and get name the versions, namespace and key they refuse."""
     await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"title": "t"}')
     with pytest.raises(PropsError) as stale:
         await call(handler, "delete", {"namespace": "settings", "key": "k", "if_version": "7"})
@@ -694,12 +759,15 @@ async def test_delete_and_get_refusals_name_what_they_refuse(handler: PropsHandl
 
 
 async def test_list_shows_secrets_to_the_secrets_capability(handler: PropsHandler) -> None:
+    """A list shows secret fields in clear to a peer with the secrets capability."""
     await call(handler, "set", {"namespace": "settings", "key": "k"}, b'{"api_key": "s3cr3t"}')
     listed = await call(handler, "list", {"namespace": "settings"}, peer=PeerIdentity("P", "secrets"))
     assert listed["records"][0]["fields"] == {"api_key": "s3cr3t"}
 
 
 async def test_command_is_live_by_default_and_bounded_by_its_limit(handler: PropsHandler) -> None:
+    """A watch command is live unless asked otherwise, and a replay over the reply limit is
+    replay_window_exceeded with its grant revoked."""
     granter = handler.granter
     assert isinstance(granter, FakeGranter)
     cmd = parse_command(SVC, "demo.props.watch", {"namespace": "settings"}, b"")
@@ -711,6 +779,8 @@ async def test_command_is_live_by_default_and_bounded_by_its_limit(handler: Prop
 
 
 async def test_failures_answer_fixed_messages_and_log_the_detail(caplog: pytest.LogCaptureFixture) -> None:
+    """Storage failures and defects answer fixed messages; their detail (path, verb) goes to the log
+    only."""
     broken = PropsHandler(SVC, BrokenStore(), StaticPolicy({"A/alice": all_caps("demo.settings")}))
     await broken.register(SETTINGS)
     stored = await broken.handle("demo.props.get", {"namespace": "settings", "key": "k"}, b"", ALICE)
@@ -725,6 +795,8 @@ async def test_failures_answer_fixed_messages_and_log_the_detail(caplog: pytest.
 
 
 def test_replay_window_refusals() -> None:
+    """replay_window answers nothing when caught up and refuses a cursor before the retained events,
+    naming the oldest retained nseq."""
     from service_engine.props import History
     from service_engine.props.handler import replay_window
 
@@ -741,12 +813,14 @@ def test_replay_window_refusals() -> None:
 
 
 def test_encoding_is_compact_json() -> None:
+    """Reply bodies are encoded as compact JSON (no spaces)."""
     from service_engine.props.handler import encode_body
 
     assert encode_body({"a": [1, 2], "b": {"c": None}}) == b'{"a":[1,2],"b":{"c":null}}'
 
 
 async def test_a_set_merges_by_default_in_plain_and_saga_writes() -> None:
+    """A set without merge merges into the stored fields in plain and saga namespaces alike."""
     async def ok(key: str, fields: Mapping[str, Any]) -> SagaOutcome:
         return SagaOutcome("active")
 
@@ -770,6 +844,7 @@ class DeletedUnderTheSaga(MemoryStore):
 
 
 async def test_a_record_deleted_under_its_saga_completes_as_a_conflict() -> None:
+    """A record deleted while its saga step runs answers conflict rc 10."""
     h = PropsHandler(SVC, DeletedUnderTheSaga(), StaticPolicy({"A/alice": all_caps("demo.machines")}))
     await h.register(SAGA)
     reply = await h.handle("demo.props.set", {"namespace": "machines", "key": "m"}, b'{"size": "s"}', ALICE)

@@ -54,6 +54,8 @@ async def call(h: PropsHandler, verb: str, headers: dict[str, str], body: bytes 
 
 
 def test_parse_filter() -> None:
+    """A log filter parses to per-logger directives (:: as dots, a bare name at debug, off);
+    malformed filters are refused as log_filter_invalid."""
     assert parse_filter("") == []
     assert parse_filter("warn,svc_test::db=debug, other=off") == [
         Directive(None, logging.WARNING), Directive("svc_test.db", logging.DEBUG), Directive("other", OFF),
@@ -65,6 +67,8 @@ def test_parse_filter() -> None:
 
 
 async def test_log_singleton_shape(handler: PropsHandler) -> None:
+    """The log namespace is a singleton with the documented fields and defaults, written under the
+    key current."""
     described = await call(handler, "describe", {"namespace": "log"})
     assert described["cardinality"] == "singleton"
     fields = {f["name"]: f["default"] for f in described["fields"]}  # type: ignore[attr-defined]
@@ -75,6 +79,7 @@ async def test_log_singleton_shape(handler: PropsHandler) -> None:
 
 @pytest.mark.parametrize("body", [b'{"level": "loud"}', b'{"format": "xml"}', b'{"applied_by": "me"}'])
 async def test_hooks_reject_unknown_enum_variants(handler: PropsHandler, body: bytes) -> None:
+    """An unknown level, format or applied_by is refused as log_unknown_enum_variant."""
     with pytest.raises(PropsError) as caught:
         await call(handler, "set", {"namespace": "log"}, body)
     assert caught.value.error_code == "validation_error"
@@ -82,6 +87,7 @@ async def test_hooks_reject_unknown_enum_variants(handler: PropsHandler, body: b
 
 
 async def test_hooks_reject_bad_filters_and_every_delete(handler: PropsHandler) -> None:
+    """A malformed filter is refused, and the log singleton can never be deleted."""
     with pytest.raises(PropsError) as bad:
         await call(handler, "set", {"namespace": "log"}, b'{"filter": "a=loud"}')
     assert bad.value.message.startswith("log_filter_invalid:")
@@ -92,6 +98,8 @@ async def test_hooks_reject_bad_filters_and_every_delete(handler: PropsHandler) 
 
 
 async def test_bridge_changes_real_logger_levels_live(handler: PropsHandler, loggers: None) -> None:
+    """The bridge applies each committed log setting to the real loggers' levels live (filters, off,
+    reset to NOTSET), writes nothing back and rebuilds no handler."""
     logger = logging.getLogger("svc_test_bridge")
     handlers_before = list(logging.getLogger().handlers)
     bridge = LogBridge(handler.store, root="svc_test_bridge")
@@ -153,6 +161,7 @@ async def test_a_read_failure_ends_the_watcher_with_log_bridge_error(loggers: No
 
 
 async def test_start_maps_a_read_failure_to_log_bridge_error() -> None:
+    """A store read failing at start raises LogBridgeError."""
     store = FailingReads()
     await store.register(log_namespace())
     store.failing = True
@@ -161,6 +170,8 @@ async def test_start_maps_a_read_failure_to_log_bridge_error() -> None:
 
 
 async def test_open_log_bridge_maps_registration_failure(handler: PropsHandler) -> None:
+    """open_log_bridge raises LogBridgeError when log is registered already, and registers it on a
+    fresh handler."""
     from service_engine.props import LogBridgeError, open_log_bridge
 
     with pytest.raises(LogBridgeError):

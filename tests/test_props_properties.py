@@ -36,6 +36,8 @@ HEADER_NAMES = st.sampled_from([
     st.binary(max_size=30) | st.sampled_from([b"{}", b'{"a": 1}', b"[]", b"null"]),
 )
 def test_parser_refuses_only_with_props_errors(verb: str, headers: dict[str, str], body: bytes) -> None:
+    """The props parser refuses any request only with a validation PropsError, and an accepted one
+    names its namespace header (property test)."""
     try:
         cmd = parse_command("demo", f"demo.props.{verb}", headers, body)
     except PropsError as exc:
@@ -87,6 +89,8 @@ async def run(store: Store, sequence: list[tuple[str, str, dict[str, Any], bool,
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops)
 def test_both_stores_agree(sequence: list[tuple[str, str, dict[str, Any], bool, int | None]]) -> None:
+    """The in-memory and SQLite stores answer any sequence of sets and deletes identically (property
+    test)."""
     async def both() -> tuple[list[Any], list[Any]]:
         memory = MemoryStore()
         with tempfile.TemporaryDirectory() as folder:

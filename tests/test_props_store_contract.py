@@ -96,11 +96,14 @@ class StoreContract:
             await store.register(ns)
 
     async def test_register_is_idempotent_and_starts_at_zero(self, store: Store) -> None:
+        """A registered namespace starts at cursor 0 with an empty history."""
         await store.register(ITEMS)
         assert await store.cursor("items") == 0
         assert await store.history("items", 0) == History(0, None, ())
 
     async def test_versions_and_nseq_increase_on_commits(self, store: Store) -> None:
+        """Each commit bumps its record's version and the namespace's nseq by one; other namespaces'
+        cursors do not move."""
         first = await store.set(ITEMS, "a", {"title": "x"}, merge=True, if_version=None, actor=actor())
         assert (first.version, first.nseq, first.created) == (1, 1, True)
         second = await store.set(ITEMS, "a", {"count": 2}, merge=True, if_version=None, actor=actor())
@@ -111,6 +114,8 @@ class StoreContract:
         assert await store.cursor("hooked") == 0
 
     async def test_merge_patches_and_replace_replaces(self, store: Store) -> None:
+        """A merge set patches the named fields and keeps the rest; a replace set keeps only the
+        fields given."""
         await store.set(ITEMS, "a", {"title": "x", "count": 1}, merge=True, if_version=None, actor=actor())
         await store.set(ITEMS, "a", {"count": 2}, merge=True, if_version=None, actor=actor())
         assert (await store.get("items", "a")).record.fields == {"title": "x", "count": 2}  # type: ignore[union-attr]
@@ -118,12 +123,15 @@ class StoreContract:
         assert (await store.get("items", "a")).record.fields == {"count": 3}  # type: ignore[union-attr]
 
     async def test_stored_values_are_verbatim_without_defaults(self, store: Store) -> None:
+        """The store keeps the fields as written, without filling schema defaults."""
         await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
         snap = await store.get("items", "a")
         assert snap.record is not None and snap.record.fields == {"count": 1}
         assert snap.nseq == 1
 
     async def test_zero_fences_creation(self, store: Store) -> None:
+        """if_version 0 creates a record only when it does not exist; a second such set is
+        version_mismatch naming both versions and commits nothing."""
         created = await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=0, actor=actor())
         assert created.version == 1
         with pytest.raises(PropsError) as caught:
@@ -136,6 +144,8 @@ class StoreContract:
         assert await store.cursor("items") == 1
 
     async def test_fence_on_update_and_delete(self, store: Store) -> None:
+        """A fenced update or delete succeeds at the current version and is refused at a stale one,
+        naming expected and current."""
         await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
         assert (await store.set(ITEMS, "a", {"count": 2}, merge=True, if_version=1, actor=actor())).version == 2
         with pytest.raises(PropsError) as caught:
@@ -145,6 +155,8 @@ class StoreContract:
         assert deleted.version == 3
 
     async def test_hard_delete_restarts_a_recreated_record_at_version_one(self, store: Store) -> None:
+        """After a hard delete the record is gone and a recreation starts again at version 1 (the
+        nseq keeps counting)."""
         await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
         await store.set(ITEMS, "a", {"count": 2}, merge=True, if_version=None, actor=actor())
         deleted = await store.delete(ITEMS, "a", if_version=None, actor=actor())
@@ -154,16 +166,20 @@ class StoreContract:
         assert (again.version, again.created, again.nseq) == (1, True, 4)
 
     async def test_delete_of_a_missing_record_is_not_found(self, store: Store) -> None:
+        """Deleting a missing record is not_found naming the key and namespace."""
         with pytest.raises(PropsError) as caught:
             await store.delete(ITEMS, "nope", if_version=None, actor=actor())
         assert (caught.value.error_code, caught.value.message) == ("not_found", "no record 'nope' in 'items'")
 
     async def test_a_commit_reports_its_key_and_event(self, store: Store) -> None:
+        """A commit reports its key and the very event stored for it."""
         commit = await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
         (event,) = await store.events("items", 0, 1)
         assert (commit.key, commit.event) == ("a", event)
 
     async def test_hooks_receive_the_key(self, store: Store) -> None:
+        """The namespace's hooks receive the key, and a hook's refusal of a set or a delete answers
+        its message."""
         with pytest.raises(PropsError) as rejected:
             await store.set(KEYED, "bad-key", {"title": "t"}, merge=True, if_version=None, actor=actor())
         assert rejected.value.message == "key bad-key refused"
@@ -173,6 +189,8 @@ class StoreContract:
         assert kept.value.message == "good is kept"
 
     async def test_a_saga_write_keeps_its_lifecycle_until_completion(self, store: Store) -> None:
+        """A saga write stays provisioning until completed; completing a record nothing provisioned
+        is a conflict."""
         await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor(), lifecycle="provisioning")
         snap = await store.get("items", "a")
         assert snap.record is not None and snap.record.lifecycle == "provisioning"
@@ -181,16 +199,19 @@ class StoreContract:
         assert (nothing.value.error_code, nothing.value.message) == ("conflict", "nothing provisioned to complete in 'items'")
 
     async def test_every_reconciliation_increases_the_audit_epoch_by_one(self, store: Store) -> None:
+        """Each reconciliation raises the audit epoch by one."""
         for n in range(3):
             await store.reconcile(ITEMS, "a", {"count": n}, actor=Actor("demo", now()))
         assert [e.audit_epoch for e in await store.events("items", 0, 3)] == [1, 2, 3]
 
     async def test_retention_keeps_exactly_retain_events(self, store: Store) -> None:
+        """Exactly retain_events commits keep the history starting at nseq 1."""
         for n in range(SHORT.retain_events):
             await store.set(SHORT, "k", {"n": n}, merge=True, if_version=None, actor=actor())
         assert (await store.history("short", 0)).oldest == 1
 
     async def test_a_listener_remover_may_run_twice(self, store: Store) -> None:
+        """Removing a listener twice is harmless, and a removed listener hears nothing."""
         heard: list[str] = []
         remove = store.add_listener(heard.append)
         remove()
@@ -199,6 +220,7 @@ class StoreContract:
         assert heard == []
 
     async def test_list_returns_cursor_and_live_records(self, store: Store) -> None:
+        """A list returns the cursor and the live records in key order, without deleted ones."""
         await store.set(ITEMS, "b", {"count": 1}, merge=True, if_version=None, actor=actor())
         await store.set(ITEMS, "a", {"count": 2}, merge=True, if_version=None, actor=actor())
         await store.set(ITEMS, "c", {"count": 3}, merge=True, if_version=None, actor=actor())
@@ -208,6 +230,8 @@ class StoreContract:
         assert [(r.key, r.version, dict(r.fields)) for r in records] == [("a", 1, {"count": 2}), ("b", 1, {"count": 1})]
 
     async def test_events_carry_kind_changes_and_secret_counts(self, store: Store) -> None:
+        """Events record their kind, verb, version, nseq, changed non-secret field names, the count
+        of changed secret fields, actor, cause and epoch; events() pages by nseq."""
         await store.set(ITEMS, "a", {"title": "x", "token": "s1"}, merge=True, if_version=None, actor=actor("c1"))
         await store.set(ITEMS, "a", {"title": "x", "token": "s2", "count": 1}, merge=True, if_version=None, actor=actor())
         await store.delete(ITEMS, "a", if_version=None, actor=actor())
@@ -221,6 +245,8 @@ class StoreContract:
         assert [e.nseq for e in await store.events("items", 1, 2)] == [2]
 
     async def test_digests_recompute_from_the_private_key(self, store: Store) -> None:
+        """Each event's digest is the HMAC-SHA256, under the namespace's 32-byte audit key, of the
+        canonical fields (null for a delete) and the nseq."""
         await store.set(ITEMS, "a", {"title": "x", "token": "s"}, merge=True, if_version=None, actor=actor())
         await store.delete(ITEMS, "a", if_version=None, actor=actor())
         key = self.audit_key(store, "items")
@@ -231,6 +257,8 @@ class StoreContract:
         assert deleted.digest == hmac.new(key, b"null" + (2).to_bytes(8, "big"), hashlib.sha256).hexdigest()
 
     async def test_hook_rejection_and_hook_failure_commit_nothing(self, store: Store) -> None:
+        """A hook's rejection (validation_error) and a hook's failure (hook_error rc 20) commit
+        nothing and move no cursor."""
         with pytest.raises(PropsError) as rejected:
             await store.set(HOOKED, "a", {"title": "bad"}, merge=True, if_version=None, actor=actor())
         assert rejected.value.error_code == "validation_error"
@@ -240,12 +268,15 @@ class StoreContract:
         assert await store.cursor("hooked") == 0 and await store.events("hooked", 0, 10) == []
 
     async def test_field_checks(self, store: Store) -> None:
+        """Unknown fields, wrongly typed values (a bool is not an integer) and reserved names are
+        refused as validation_error."""
         for fields in ({"nope": 1}, {"count": "1"}, {"count": True}, {"_lifecycle": "x"}):
             with pytest.raises(PropsError) as caught:
                 await store.set(ITEMS, "a", fields, merge=True, if_version=None, actor=actor())
             assert caught.value.error_code == "validation_error"
 
     async def test_reconciliation_alone_increases_the_audit_epoch(self, store: Store) -> None:
+        """Only a reconciliation raises the audit epoch; later updates keep it."""
         await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
         rec = await store.reconcile(ITEMS, "a", {"count": 5}, actor=Actor("demo", now()))
         after = await store.set(ITEMS, "a", {"count": 6}, merge=True, if_version=None, actor=actor())
@@ -254,6 +285,8 @@ class StoreContract:
         assert rec.version == 2
 
     async def test_saga_completion_is_its_own_commit(self, store: Store) -> None:
+        """Completing a saga is a commit of its own, a completed event carrying the lifecycle and
+        reason."""
         await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor(), lifecycle="provisioning")
         done = await store.complete(ITEMS, "a", lifecycle="failed", reason="quota", actor=actor())
         last = (await store.events("items", 1, 2))[0]
@@ -262,6 +295,8 @@ class StoreContract:
         assert snap.record is not None and snap.record.lifecycle == "failed"
 
     async def test_history_is_bounded_by_retention(self, store: Store) -> None:
+        """The history keeps the last retain_events events, reports the oldest retained nseq, and
+        replays from a cursor within it."""
         for n in range(5):
             await store.set(SHORT, "k", {"n": n}, merge=True, if_version=None, actor=actor())
         history = await store.history("short", 0)
@@ -288,6 +323,7 @@ class StoreContract:
         await store.set(NUMBERS, "k", {"ratio": 1e308, "meta": {"a": [-0.0]}}, merge=True, if_version=None, actor=actor())
 
     async def test_listeners_hear_every_commit(self, store: Store) -> None:
+        """A listener hears the namespace of each commit until it is removed."""
         heard: list[str] = []
         remove = store.add_listener(heard.append)
         await store.set(ITEMS, "a", {"count": 1}, merge=True, if_version=None, actor=actor())
@@ -296,6 +332,7 @@ class StoreContract:
         assert heard == ["items"]
 
     async def test_unregistered_namespace_is_not_found(self, store: Store) -> None:
+        """An unregistered namespace is not_found."""
         with pytest.raises(PropsError) as caught:
             await store.cursor("ghost")
         assert caught.value.error_code == "not_found"
@@ -313,6 +350,7 @@ class TestMemoryStore(StoreContract):
         return store._audit_key(namespace)
 
     async def test_implements_hard_delete_only(self, store: Store) -> None:
+        """The in-memory store refuses a soft-delete namespace."""
         with pytest.raises(ConfigError):
             await store.register(SOFT)
 
@@ -349,6 +387,8 @@ def master_tables(path: Path) -> dict[str, str]:
 
 
 async def test_sqlite_owns_exactly_the_five_tables_with_frozen_ddl(tmp_path: Path) -> None:
+    """The SQLite store creates exactly its five tables, with the DDL frozen in the test, and its
+    own DDL table equals it."""
     store = await open_sqlite_store(tmp_path / "p.db")
     await store.register(ITEMS)
     await store.aclose()
@@ -357,6 +397,8 @@ async def test_sqlite_owns_exactly_the_five_tables_with_frozen_ddl(tmp_path: Pat
 
 
 async def test_sqlite_existing_database_opens_without_migration(tmp_path: Path) -> None:
+    """Reopening an existing SQLite file keeps its records and cursor, accepts fenced writes, and
+    changes no table."""
     path = tmp_path / "p.db"
     store = await open_sqlite_store(path)
     await store.register(ITEMS)
@@ -375,6 +417,7 @@ async def test_sqlite_existing_database_opens_without_migration(tmp_path: Path) 
 
 
 async def test_sqlite_refuses_a_foreign_props_table(tmp_path: Path) -> None:
+    """A file holding a props table of another shape is refused with PropsSchemaMismatch."""
     path = tmp_path / "p.db"
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE __props_meta (namespace TEXT, nseq INTEGER)")
@@ -383,6 +426,8 @@ async def test_sqlite_refuses_a_foreign_props_table(tmp_path: Path) -> None:
 
 
 async def test_sqlite_soft_delete_keeps_the_tombstone_and_recreates_against_it(tmp_path: Path) -> None:
+    """A soft-delete namespace requires a version fence, keeps the tombstone's version after a
+    delete, and recreates only against that version."""
     store = await open_sqlite_store(tmp_path / "p.db")
     try:
         await store.register(SOFT)
@@ -481,6 +526,8 @@ TICKETS = Namespace("tickets", (FieldSpec("title", "string"),))
 
 
 async def test_sqlite_domain_mapping_shares_the_one_transaction_off_the_loop(tmp_path: Path) -> None:
+    """A domain mapping writes its own table in the store's transaction on a worker thread; a
+    mapping that fails rolls the whole commit back."""
     path = tmp_path / "p.db"
     mapping = Tickets()
     store = await open_sqlite_store(path, {"tickets": mapping})
@@ -503,6 +550,7 @@ async def test_sqlite_domain_mapping_shares_the_one_transaction_off_the_loop(tmp
 
 
 def test_hard_delete_cannot_require_version_fencing() -> None:
+    """A hard-delete namespace that requires version fencing is refused at declaration."""
     with pytest.raises(ConfigError):
         Namespace("x", (FieldSpec("n", "integer"),), require_version=True)
 

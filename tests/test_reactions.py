@@ -65,6 +65,7 @@ async def _noop(cx: Any, payload: Ping) -> None:
 
 
 def test_retry_backoff_grows_and_is_capped() -> None:
+    """The retry backoff doubles per delivery from its base and stops at its cap."""
     delays = [backoff_delay(n, 100 * MS, 500 * MS) for n in range(1, 7)]
     assert delays == [0.1, 0.2, 0.4, 0.5, 0.5, 0.5]
     assert backoff_delay(10_000, 100 * MS, 500 * MS) == 0.5
@@ -72,10 +73,13 @@ def test_retry_backoff_grows_and_is_capped() -> None:
 
 @given(st.integers(min_value=0, max_value=10**9))
 def test_backoff_never_exceeds_its_cap(delivered: int) -> None:
+    """The backoff is positive and never exceeds its cap, for any delivery count (property test)."""
     assert 0 < backoff_delay(delivered, 100 * MS, 500 * MS) <= 0.5
 
 
 def test_a_retry_naks_until_the_delivery_budget_then_dead_letters() -> None:
+    """A Retry naks with growing delays until the delivery budget is spent, then dead-letters as
+    retry_budget_spent."""
     answers = [route(Retry("down"), delivered=n, age=None, budget=BUDGET) for n in (1, 2, 3, 4)]
     assert [type(a) for a in answers] == [Nak, Nak, Nak, DeadLetterIt]
     assert [a.delay for a in answers[:3]] == [0.1, 0.2, 0.4]  # type: ignore[union-attr]
@@ -83,11 +87,14 @@ def test_a_retry_naks_until_the_delivery_budget_then_dead_letters() -> None:
 
 
 def test_a_retry_may_name_its_own_delay() -> None:
+    """A Retry naming its own delay is nak'ed with that delay."""
     answer = route(Retry("down", delay=3 * MS), delivered=1, age=None, budget=BUDGET)
     assert answer == Nak(0.003, "down", "")
 
 
 def test_a_park_naks_with_the_park_delay_until_the_message_is_too_old() -> None:
+    """A Park naks with the park delay whatever the delivery count, until the message is older than
+    park_for, then dead-letters as park_budget_spent."""
     young = route(Park("early"), delivered=40, age=timedelta(minutes=1), budget=BUDGET)
     assert young == Nak(2.0, "early", "")
     old = route(Park("early"), delivered=2, age=timedelta(minutes=10), budget=BUDGET)
@@ -95,6 +102,8 @@ def test_a_park_naks_with_the_park_delay_until_the_message_is_too_old() -> None:
 
 
 def test_terminal_dead_letters_with_its_reason() -> None:
+    """A Terminal dead-letters at once with its reason and detail; an unresolved principal as
+    principal_unresolved."""
     answer = route(Terminal("order.refused", "no stock"), delivered=1, age=None, budget=BUDGET)
     assert answer == DeadLetterIt("order.refused", "no stock")
     unresolved = route(PrincipalUnresolved(), delivered=1, age=None, budget=BUDGET)
@@ -112,6 +121,7 @@ def test_terminal_dead_letters_with_its_reason() -> None:
     ],
 )
 def test_a_budget_refuses_each_bad_bound_by_name(fields: dict[str, Any], relation: str) -> None:
+    """A reaction budget refuses each bound out of range, naming the relation it breaks."""
     with pytest.raises(ConfigError, match=relation):
         ReactionBudget(**fields)
 
@@ -124,6 +134,8 @@ def classify(exc: BaseException, delivered: int = 1) -> Nak | DeadLetterIt:
 
 
 def test_integrity_and_data_violations_are_terminal_whatever_the_delivery() -> None:
+    """Constraint violations and data exceptions are terminal (integrity_violation, data_exception);
+    lock timeouts and unknown SQLSTATEs are not."""
     violation = ConstraintViolation("check", "qty_positive", "order", Stage.CREATE, "23514")
     assert classify(violation).reason == "integrity_violation"
     data = DatabaseFault("bad number", Stage.SAVE, "22003")
@@ -133,6 +145,8 @@ def test_integrity_and_data_violations_are_terminal_whatever_the_delivery() -> N
 
 
 def test_retryable_database_faults_nak_without_a_budget() -> None:
+    """A lock timeout or a lost connection naks at the capped delay whatever the delivery count; a
+    non-retryable database fault dead-letters as database."""
     timeout = LockTimeout("lock", Stage.LOCK, "55P03")
     lost = DatabaseFault("gone", Stage.LOAD, "08006", retryable=True)
     for exc in (timeout, lost):
@@ -142,6 +156,8 @@ def test_retryable_database_faults_nak_without_a_budget() -> None:
 
 
 def test_other_failures_are_terminal_with_a_reason_an_operator_reads() -> None:
+    """Handler bugs, a sequence without service, refusals and not-found dead-letter with reasons an
+    operator reads."""
     assert classify(RuntimeError("bug")) == DeadLetterIt("handler_error", "RuntimeError: bug")
     assert classify(SequenceWithoutService("x")).reason == "sequence_without_service"
     assert classify(Refused(Reason("order.closed"))).reason == "refused:order.closed"
@@ -152,6 +168,8 @@ def test_other_failures_are_terminal_with_a_reason_an_operator_reads() -> None:
 
 
 def test_a_command_reaction_defaults_to_the_engines_service() -> None:
+    """A command reaction binds the command stream and the engine's service's subject and durable;
+    with no service its subject is refused."""
     r = InboundReaction.command("place", aggregate="order", verb="place", payload=Ping, handler=_noop)
     assert r.stream == "INTEGRATION_CMD"
     assert r.subject("orders") == "integration.cmd.orders.order.place"
@@ -161,6 +179,8 @@ def test_a_command_reaction_defaults_to_the_engines_service() -> None:
 
 
 def test_an_event_reaction_binds_the_producers_subject() -> None:
+    """An event reaction binds the event stream and the producer's subject, its durable named for
+    the reaction."""
     r = InboundReaction.event(
         "on_shipped", producer="warehouse", aggregate="order", fact="shipped",
         payload=Ping, handler=_noop,
@@ -172,11 +192,14 @@ def test_an_event_reaction_binds_the_producers_subject() -> None:
 
 @pytest.mark.parametrize("name", ["", "a-b", "a.b", "a b", "a>"])
 def test_a_reaction_name_is_one_durable_safe_token(name: str) -> None:
+    """A reaction name that is empty or holds a dash, dot, space or wildcard is refused."""
     with pytest.raises(ConfigError):
         InboundReaction.command(name, aggregate="order", verb="place", payload=Ping, handler=_noop)
 
 
 def test_a_reaction_refuses_bad_coordinates_and_payloads() -> None:
+    """A reaction with a dotted aggregate, a payload that is not a pydantic model or a concurrency
+    of 0 is refused."""
     with pytest.raises(ConfigError):
         InboundReaction.command("x", aggregate="or.der", verb="place", payload=Ping, handler=_noop)
     with pytest.raises(ConfigError, match="pydantic"):
@@ -194,6 +217,7 @@ def test_a_reaction_refuses_bad_coordinates_and_payloads() -> None:
 
 
 def test_stored_confirmations_round_trip() -> None:
+    """Confirmations stored on a claim parse back to the same outbound messages, sequences included."""
     messages = [
         OutboundMessage(uuid.uuid4(), "integration.evt.a.b.c", {"event_id": "x", "n": [1]}, None),
         OutboundMessage(uuid.uuid4(), "integration.cmd.a.b.c", {"command_id": "y"},
@@ -203,6 +227,8 @@ def test_stored_confirmations_round_trip() -> None:
 
 
 def test_a_replayed_row_keeps_the_logical_id_under_a_fresh_dedup_token() -> None:
+    """A replayed outbox row gets a fresh Nats-Msg-Id and keeps the original message id as its
+    logical id; the first row uses the message id for both."""
     message = OutboundMessage(uuid.uuid4(), "integration.evt.a.b.c", {"event_id": "x"},
                               ProducerSequence("a", "k", 3))
     first, again = OutboxRow.of(message), OutboxRow.of(message, replay=True)
@@ -235,6 +261,8 @@ class Plain:
 
 
 def test_a_principal_exposes_its_passport_actor() -> None:
+    """principal_actor reads a principal's actor (a UUID string, a UUID with a kind, or an Actor); a
+    non-UUID or an absent actor gives None."""
     ident = uuid.uuid4()
     assert principal_actor(WithActor(str(ident))) == Actor.person(ident)
     assert principal_actor(WithActor(ident, "service")) == Actor(kind="service", id=ident)

@@ -41,11 +41,14 @@ def _apply(last: dict[str, object], changes: list[Any]) -> dict[str, object]:
 
 
 def test_equal_windows_diff_to_nothing() -> None:
+    """Two equal windows diff to no delta."""
     window = {"1": "a", "2": "b"}
     assert diff_window(window, dict(window), revision=7) == []
 
 
 def test_changed_added_and_removed_keys() -> None:
+    """The diff sends Removes of vanished keys, then Upserts of changed and new ones, on revisions
+    counting on from the given one."""
     last = {"1": "a", "2": "b", "3": "c"}
     rendered = {"1": "a", "2": "B", "4": "d"}
     assert diff_window(last, rendered, revision=10) == [
@@ -56,6 +59,7 @@ def test_changed_added_and_removed_keys() -> None:
 
 
 def test_views_compare_by_value_not_identity() -> None:
+    """Views are compared by value: an equal view sends nothing, a changed one an Upsert."""
     @dataclass(frozen=True)
     class View:
         title: str
@@ -69,12 +73,15 @@ def test_views_compare_by_value_not_identity() -> None:
 
 
 def test_a_none_view_is_a_view_not_an_absence() -> None:
+    """A None view is a view: appearing is an Upsert, staying None nothing, leaving a Remove."""
     assert diff_window({}, {"1": None}, revision=0) == [Upsert(1, "1", None)]
     assert diff_window({"1": None}, {"1": None}, revision=0) == []
     assert diff_window({"1": None}, {}, revision=0) == [Remove(1, "1")]
 
 
 def test_scope_limits_the_diff_to_the_keys_looked_at() -> None:
+    """A scoped diff touches only the scoped keys; a key outside the scope is left alone though
+    rendered lacks it."""
     last = {"1": "a", "2": "b", "3": "c"}
     # "3" is outside the scope: left alone although rendered lacks it.
     changes = diff_window(last, {"1": "A", "5": "e"}, revision=0, scope=["1", "2", "5"])
@@ -82,10 +89,12 @@ def test_scope_limits_the_diff_to_the_keys_looked_at() -> None:
 
 
 def test_scoped_key_absent_everywhere_sends_nothing() -> None:
+    """A scoped key absent from both windows sends nothing."""
     assert diff_window({"1": "a"}, {}, revision=0, scope=["9"]) == []
 
 
 def test_decode_key_round_trips_canonical_text() -> None:
+    """decode_key reads a key back from its canonical JSON text."""
     for key in [1, "a", [1, "b"], {"z": 1, "a": [2]}]:
         assert decode_key(canonical_json(key)) == key
 
@@ -95,6 +104,8 @@ def test_decode_key_round_trips_canonical_text() -> None:
 def test_full_diff_applied_yields_rendered_exactly(
     last: dict[str, object], rendered: dict[str, object], revision: int
 ) -> None:
+    """Applying a full diff to the last window gives the rendered one, on contiguous revisions, with
+    one delta per differing key and none for the rest (property test)."""
     changes = diff_window(last, rendered, revision=revision)
     assert _apply(last, changes) == rendered
     assert [c.revision for c in changes] == list(range(revision + 1, revision + 1 + len(changes)))
@@ -108,6 +119,8 @@ def test_full_diff_applied_yields_rendered_exactly(
 def test_scoped_diff_moves_exactly_the_scope(
     last: dict[str, object], rendered: dict[str, object], scope: set[str]
 ) -> None:
+    """A scoped diff brings exactly the scoped keys to their rendered state and leaves every other
+    key as it was (property test)."""
     changes = diff_window(last, rendered, revision=0, scope=scope)
     after = _apply(last, changes)
     for key in scope:
@@ -118,6 +131,8 @@ def test_scoped_diff_moves_exactly_the_scope(
 
 
 def test_replica_requires_a_reset_first_and_contiguous_revisions() -> None:
+    """A replica refuses a delta before its first Reset and any revision gap, and applies contiguous
+    Upserts and Removes."""
     replica: WindowReplica[str] = WindowReplica()
     with pytest.raises(RevisionGap):
         replica.apply(Upsert(1, "1", "a"))
@@ -150,6 +165,9 @@ def _live_session(window: dict[str, object]) -> Session[object, object]:
 def test_session_render_keeps_replica_equal_and_revisions_contiguous(
     start: dict[str, object], frames: list[dict[str, object]], threshold: int
 ) -> None:
+    """Over any sequence of renders a replica fed the session's deltas equals what the session sent,
+    revisions stay contiguous, and more changes than the threshold become one Reset of the whole
+    window (property test)."""
     universe = keyed(range(13))
     session: Session[object, object] = Session(
         SessionId("s"), "p", object(), '"u"', CohortKey.of_principal("u"),
@@ -175,6 +193,7 @@ def test_session_render_keeps_replica_equal_and_revisions_contiguous(
 
 
 def test_reset_threshold_sends_one_reset_with_the_whole_window() -> None:
+    """More changes than the threshold send one Reset carrying the whole window; fewer send Upserts."""
     session = _live_session({"1": "a", "2": "b", "3": "c"})
     plan = RenderPlan(keyed([1, 2, 3]))
     deltas = session.render(plan, {"1": "A", "2": "B", "3": "C"}, threshold=2)
@@ -184,6 +203,8 @@ def test_reset_threshold_sends_one_reset_with_the_whole_window() -> None:
 
 
 def test_reset_views_are_not_aliased_to_last_sent() -> None:
+    """A Reset's views are not the session's own window: later renders do not change a Reset already
+    sent."""
     session = _live_session({"1": "a"})
     reset = session.render(RenderPlan(keyed([1, 2])), {"1": "b", "2": "c"}, threshold=0)[0]
     assert isinstance(reset, Reset)
@@ -192,6 +213,8 @@ def test_reset_views_are_not_aliased_to_last_sent() -> None:
 
 
 def test_per_impact_cause_rides_each_caused_delta() -> None:
+    """A per-impact render sends one delta per caused impact, each carrying its cause, even where
+    the view did not change."""
     session = _live_session({"1": "a", "2": "b"})
     moved, renamed = Cause("card.moved", {"to": 2}), Cause("card.renamed")
     plan = RenderPlan(keyed([1, 2]))
@@ -208,6 +231,7 @@ def test_per_impact_cause_rides_each_caused_delta() -> None:
 
 
 def test_per_impact_remove_carries_its_cause_once() -> None:
+    """A key removed under several causes is one Remove carrying the cause."""
     session = _live_session({"1": "a"})
     gone = Cause("card.deleted")
     deltas = session.render(RenderPlan(keyed([1])), {}, threshold=10, caused=[("1", gone), ("1", gone)])
@@ -215,6 +239,7 @@ def test_per_impact_remove_carries_its_cause_once() -> None:
 
 
 def test_caused_impacts_outside_the_scope_are_ignored() -> None:
+    """A caused impact for a key outside the plan's scope sends nothing."""
     session = _live_session({"1": "a"})
     deltas = session.render(
         RenderPlan(keyed([1])), {"1": "a"}, threshold=10, caused=[("2", Cause("x"))]
@@ -227,6 +252,8 @@ def test_caused_impacts_outside_the_scope_are_ignored() -> None:
 def test_session_render_is_diff_window_applied(
     last: dict[str, object], rendered: dict[str, object], scope: list[str]
 ) -> None:
+    """Session.render sends exactly the reference diff's deltas and ends at the window that diff
+    leads to (property test)."""
     # Session.render fuses the diff and its application for speed; it must
     # send exactly what the reference diff says, and end where it leads.
     session = _live_session(last)

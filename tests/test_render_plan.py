@@ -73,6 +73,8 @@ def _keys(*keys: JsonValue) -> list[str]:
 
 
 def test_a_changed_key_reaches_every_discovering_session_and_only_the_keyed_holders() -> None:
+    """A changed key is planned for every discovering session and for the fixed windows holding it,
+    and for no other."""
     interest = _interest("cards")
     wide = _session(interest, "wide")
     holder = _session(interest, "holder", population=Keys([1, 2]))
@@ -90,6 +92,7 @@ def test_a_changed_key_reaches_every_discovering_session_and_only_the_keyed_hold
 
 
 def test_a_session_not_yet_live_holds_the_change_instead_of_rendering() -> None:
+    """A session still attaching gets the change to hold, not to render."""
     interest = _interest("cards")
     attaching = _session(interest, "attaching", live=False)
     live = _session(interest, "live")
@@ -104,6 +107,8 @@ def test_a_session_not_yet_live_holds_the_change_instead_of_rendering() -> None:
 
 
 def test_planning_changes_no_session_and_shares_the_frames_dirty_set() -> None:
+    """Planning changes no session, is repeatable, and hands every session the frame's one dirty set
+    (not a copy each)."""
     interest = _interest("cards")
     first = _session(interest, "first")
     second = _session(interest, "second")
@@ -122,6 +127,8 @@ def test_planning_changes_no_session_and_shares_the_frames_dirty_set() -> None:
 
 
 def test_a_replay_merges_into_a_copy_never_into_the_frames_dirty_set() -> None:
+    """A session's replay merges with the frame's change into a copy; neither the frame's set nor
+    the replay is changed."""
     interest = _interest("cards")
     session = _session(interest, "s")
     frame = _frame(interest, Impact.entity("card", 1))
@@ -137,6 +144,7 @@ def test_a_replay_merges_into_a_copy_never_into_the_frames_dirty_set() -> None:
 
 
 def test_a_replay_renders_only_a_live_session() -> None:
+    """A replay is planned only for a live session, not an ended one."""
     interest = _interest("cards")
     live = _session(interest, "live")
     ended = _session(interest, "ended")
@@ -149,6 +157,7 @@ def test_a_replay_renders_only_a_live_session() -> None:
 
 
 def test_a_frame_that_lost_continuity_plans_nothing() -> None:
+    """A frame that lost continuity (a Reconnected) plans no render and no hold."""
     interest = _interest("cards")
     session = _session(interest, "s")
     _session(interest, "attaching", live=False)
@@ -160,6 +169,8 @@ def test_a_frame_that_lost_continuity_plans_nothing() -> None:
 
 
 def test_principal_facts_reach_only_that_principals_sessions() -> None:
+    """A principal-facts change is planned only for that principal's sessions, marked with its
+    principal."""
     interest = _interest("cards")
     alice = _session(interest, "alice", principal="alice")
     _session(interest, "bob", principal="bob")
@@ -172,6 +183,7 @@ def test_principal_facts_reach_only_that_principals_sessions() -> None:
 
 
 def test_each_projector_plans_apart() -> None:
+    """Each projector's sessions are planned apart."""
     interest = _interest("cards", "titles")
     card = _session(interest, "card", projector="cards")
     title = _session(interest, "title", projector="titles")
@@ -185,6 +197,8 @@ def test_each_projector_plans_apart() -> None:
 
 
 def test_an_indexed_projector_names_only_keyed_authoritative_and_refreshed_sessions() -> None:
+    """On an indexed projector the plan names keyed and authoritative sessions, leaves discovering
+    ones to the pass's discovery, and holds for a snapshotting one."""
     interest = _interest("cards")
     index = CohortIndex()
     discovering = _session(interest, "discovering")
@@ -207,6 +221,8 @@ def test_an_indexed_projector_names_only_keyed_authoritative_and_refreshed_sessi
 
 
 def test_a_replaying_session_on_an_indexed_projector_also_renders_the_frames_change() -> None:
+    """A discovering session named for its replay on an indexed projector also carries the frame's
+    change (the discovery step skips it), in a copy."""
     # The pass's discovery step skips every session the plan names, so a
     # discovering session named for its replay must carry the frame's change
     # itself, or a key it holds that changed in this frame is never rendered.
@@ -235,6 +251,8 @@ def test_a_replaying_session_on_an_indexed_projector_also_renders_the_frames_cha
 
 
 def test_an_indexed_projector_reset_reaches_every_session_as_unindexed() -> None:
+    """A projector reset on an indexed projector reaches every session directly, with no discovery
+    step."""
     interest = _interest("cards")
     index = CohortIndex()
     discovering = _session(interest, "discovering")
@@ -248,6 +266,8 @@ def test_an_indexed_projector_reset_reaches_every_session_as_unindexed() -> None
 
 
 def test_batches_share_one_load_without_rls_and_one_per_cohort_under_rls() -> None:
+    """Without RLS all cohorts share one load (one even with none, for discovery); under RLS each
+    cohort loads apart."""
     groups = {CohortKey.of_parts("a"): ["s1", "s2"], CohortKey.of_parts("b"): ["s3"]}
 
     assert batches(False, groups) == [["s1", "s2", "s3"]]

@@ -101,6 +101,8 @@ _users = st.builds(User, st.sampled_from("abcd"), st.frozensets(st.integers(0, 3
 
 @given(board=_boards, user=_users)
 def test_one_rule_gives_the_filter_the_gate_and_visible(board: Board, user: User) -> None:
+    """One visibility rule gives the same answer as visible, as the gate, as the projector's render
+    gate and as the window's cohort filter (property test)."""
     visibility = BoardCohorts()
     expected = board.org in user.orgs or user.id in board.members
     assert visibility.visible(board, user) is expected
@@ -112,6 +114,8 @@ def test_one_rule_gives_the_filter_the_gate_and_visible(board: Board, user: User
 
 @given(board=_boards, user=_users)
 def test_an_overridden_visible_narrows_the_render_gate(board: Board, user: User) -> None:
+    """A projector overriding visible renders through it, and never shows a row its visibility's
+    cohorts hide (property test)."""
     projector = OwnBoardsOnly()
     assert projector.render_gate(user)(board) is projector.visible(board, user)
     if projector.visible(board, user):
@@ -119,6 +123,7 @@ def test_an_overridden_visible_narrows_the_render_gate(board: Board, user: User)
 
 
 def test_unrestricted_is_an_explicit_open_gate() -> None:
+    """Unrestricted lets every row through and puts no cohort filter on the window."""
     open_gate = Unrestricted()
     assert open_gate.visible(Board(1, 1), User("x", frozenset()))
     assert open_gate.gate(User("x", frozenset()))(Board(1, 1))
@@ -126,6 +131,8 @@ def test_unrestricted_is_an_explicit_open_gate() -> None:
 
 
 def test_route_of_calls_emission_only_when_overridden() -> None:
+    """A projector's route carries an emission only when it overrides it; the default emission
+    coalesces."""
     assert route_of(BoardsView()).emission is None
     assert route_of(BoardsView()).nouns == {"board": None}
     per_impact = route_of(PerImpactBoards())
@@ -135,6 +142,7 @@ def test_route_of_calls_emission_only_when_overridden() -> None:
 
 
 def test_a_per_impact_view_folds_causeless_impacts_coalesced() -> None:  # s166
+    """A per-impact view gets each caused impact apart and folds causeless ones coalesced (s166)."""
     interest: Interest[str] = Interest()
     interest.register(route_of(PerImpactBoards()))
     interest.watch("s", "per_impact_boards", '"a"', None)
@@ -146,11 +154,14 @@ def test_a_per_impact_view_folds_causeless_impacts_coalesced() -> None:  # s166
 
 
 def test_reset_threshold_per_projector_overrides_the_global() -> None:  # s165
+    """A projector's own RESET_THRESHOLD overrides the engine's (s165)."""
     assert reset_threshold_for(BoardsView(), 64) == 64
     assert reset_threshold_for(PerImpactBoards(), 64) == 3
 
 
 def test_window_rls_assertion_is_validated_at_attach() -> None:  # s168
+    """A window's RLS assertion must match its projector's regime, and an RLS projector needs an
+    applier; both refusals are AttachErrors (s168)."""
     applier = object()
     check_window_spec(BoardsView(), WindowSpec(Keys([1])), None)
     check_window_spec(RlsBoards(), WindowSpec(Keys([1]), rls=True), applier)  # type: ignore[arg-type]
@@ -164,6 +175,8 @@ def test_window_rls_assertion_is_validated_at_attach() -> None:  # s168
 
 
 def test_incomplete_declarations_are_refused() -> None:
+    """A projector missing NAME, NOUN, STORE or VISIBILITY, or with a reset threshold of 0, is
+    refused naming them (an InvalidProjector is a ConfigError)."""
     class Bare(Projector[Any, Any, Any, Any]):
         async def populate(self, cx: Any, query: Any) -> list[Any]:
             return []
@@ -187,6 +200,8 @@ def test_incomplete_declarations_are_refused() -> None:
 
 
 def test_check_window_matches_visibility() -> None:
+    """check_window_matches_visibility refuses a window holding an invisible or unknown row, or
+    lacking a visible one, naming the keys."""
     user = User("a", frozenset({1}))
     rows = {canonical_json(b.id): b for b in [Board(1, 1), Board(2, 2), Board(3, 2, frozenset({"a"}))]}
     check_window_matches_visibility(BoardsView(), user, rows, ["1", "3"])

@@ -41,15 +41,20 @@ def problems() -> list[str]:
 
 
 def test_the_check_sees_the_conformance_battery() -> None:
+    """The scenario check reads the whole conformance battery (over 100 tests, black-box ones
+    included)."""
     names = {node.name for _, node in scenario_tests()}
     assert len(names) > 100
     assert any(name.startswith("test_bb") for name in names)
 
 
 def test_every_conformance_test_states_its_property_and_carries_its_scenarios() -> None:
+    """Every conformance test has a docstring, and a test proving a numbered scenario carries its
+    number in its name."""
     assert problems() == []
 
 
 def test_the_check_reads_scenario_numbers_as_whole_words() -> None:
+    """Scenario numbers are read as whole words (s129, bb03), not as parts of longer tokens."""
     assert named_scenarios("s129 (engine level) and bb03; not s12 nor ss1290 nor xbb031") == {"s129", "bb03"}
     assert named_scenarios("s162-s168") == {"s162", "s168"}

@@ -48,6 +48,8 @@ def _live(session: Session[str, str], window: dict[str, str] | None = None) -> S
 
 
 def test_attach_goes_live_with_a_reset_at_revision_one() -> None:
+    """A new session holds changes while attaching, snapshots its window's keys, and goes live with
+    a Reset at revision 1 that becomes its last sent window."""
     session = _session()
     assert session.state is SessionState.ATTACHING and session.holding
     session.begin_snapshot()
@@ -82,6 +84,8 @@ def test_attach_goes_live_with_a_reset_at_revision_one() -> None:
     ],
 )
 def test_illegal_transitions_raise(prepare: str, transition: Any) -> None:
+    """Each transition out of order for the session's state (live before a snapshot, planning while
+    attaching, anything once ended, ...) raises IllegalTransition."""
     session = _session()
     if prepare in ("live", "snapshotting"):
         _live(session)
@@ -96,6 +100,8 @@ def test_illegal_transitions_raise(prepare: str, transition: Any) -> None:
 
 
 def test_resnapshot_keeps_revisions_contiguous() -> None:
+    """A re-snapshot of a live session holds changes meanwhile and sends a Reset on the next
+    revision."""
     session = _live(_session(), {"1": "a"})
     plan = session.plan(Dirty(keys={"1": 1}))
     assert session.render(plan, {"1": "b"}, threshold=5) == [Upsert(2, "1", "b")]
@@ -108,6 +114,8 @@ def test_resnapshot_keeps_revisions_contiguous() -> None:
 
 
 def test_failures_are_retried_then_the_session_ends() -> None:
+    """A failure moves the session to repair with an empty last sent window; after repair_attempts
+    consecutive failures it ends, naming the count."""
     session = _live(_session(attempts=3), {"1": "a"})
     assert session.fail("render failed") is SessionState.REPAIR_PENDING
     assert session.last_sent == {}  # never the base of a later Reset
@@ -120,6 +128,8 @@ def test_failures_are_retried_then_the_session_ends() -> None:
 
 
 def test_a_successful_repair_resets_the_count_and_sends_a_fresh_reset() -> None:
+    """A successful repair sends a Reset of committed state on the next revision and restarts the
+    failure count."""
     session = _live(_session(attempts=2), {"1": "a"})
     session.fail("render failed")
     session.begin_snapshot()
@@ -129,6 +139,8 @@ def test_a_successful_repair_resets_the_count_and_sends_a_fresh_reset() -> None:
 
 
 def test_an_attach_whose_snapshot_fails_goes_to_repair() -> None:
+    """An attach whose snapshot fails goes to repair, and the repair goes live with a Reset at
+    revision 1."""
     session = _session()
     session.begin_snapshot()
     assert session.fail("populate failed") is SessionState.REPAIR_PENDING
@@ -137,6 +149,7 @@ def test_an_attach_whose_snapshot_fails_goes_to_repair() -> None:
 
 
 def test_repair_attempts_must_be_positive() -> None:
+    """A session with repair_attempts 0 is refused with ConfigError."""
     with pytest.raises(ConfigError):
         _session(attempts=0)
 
@@ -145,6 +158,7 @@ def test_repair_attempts_must_be_positive() -> None:
 
 
 def test_changes_during_the_snapshot_are_held_and_replayed_once() -> None:
+    """Changes arriving during the snapshot are merged and handed back once after going live."""
     session = _session(Query("q"))
     session.begin_snapshot()
     session.hold(Dirty(keys={"5": 5}))
@@ -156,6 +170,7 @@ def test_changes_during_the_snapshot_are_held_and_replayed_once() -> None:
 
 
 def test_begin_snapshot_drops_what_the_snapshot_will_cover() -> None:
+    """Changes held before the snapshot begins are dropped: the snapshot's reads cover them."""
     session = _session(attempts=3)
     session.hold(Dirty(keys={"1": 1}))  # before the snapshot's reads
     session.begin_snapshot()
@@ -164,6 +179,7 @@ def test_begin_snapshot_drops_what_the_snapshot_will_cover() -> None:
 
 
 def test_a_barrier_overflow_collapses_to_everything() -> None:
+    """More held keys than the barrier's capacity collapse to dirty everything."""
     session = _session(capacity=3)
     session.begin_snapshot()
     session.hold(Dirty(keys={str(i): i for i in range(5)}))
@@ -173,6 +189,7 @@ def test_a_barrier_overflow_collapses_to_everything() -> None:
 
 
 def test_held_dirty_sets_are_copied_not_aliased() -> None:
+    """A held dirty set is a copy: the frame's later changes to its own set do not reach it."""
     session = _session()
     frame_dirty = Dirty(keys={"1": 1})
     session.hold(frame_dirty)
@@ -254,6 +271,8 @@ def test_a_write_storm_during_attach_loses_nothing_and_sends_nothing_twice(
 
 
 def test_a_principal_change_during_attach_is_applied_after_the_snapshot() -> None:
+    """A principal-facts change arriving during the attach is held and applied after the snapshot,
+    so the window ends at the new cohorts' view."""
     model = Model()
     model.principals["alice"] = Principal("alice", frozenset({"red"}))
     model.rows[1] = Row(1, "red", 1)
@@ -270,6 +289,8 @@ def test_a_principal_change_during_attach_is_applied_after_the_snapshot() -> Non
 
 
 def test_reconnected_resnapshot_resets_from_committed_state() -> None:
+    """A re-snapshot after a lost connection resets the window to committed state, including a
+    commit whose impact was lost."""
     model = Model()
     model.principals["alice"] = Principal("alice", frozenset({"red"}))
     model.rows[1] = Row(1, "red", 1)
@@ -286,6 +307,8 @@ def test_reconnected_resnapshot_resets_from_committed_state() -> None:
 
 
 def test_refresh_principal_keeps_the_id() -> None:
+    """A session may refresh its principal's facts and cohort under the same id; a different id
+    raises PrincipalChanged."""
     session = _live(_session())
     session.refresh_principal("alice v2", '"alice"', CohortKey.of_parts("org", 2))
     assert session.principal == "alice v2" and session.cohort == CohortKey.of_parts("org", 2)
@@ -294,6 +317,8 @@ def test_refresh_principal_keeps_the_id() -> None:
 
 
 def test_session_ids() -> None:
+    """New session ids are distinct; a client's id is accepted when it is 1-128 printable ASCII
+    characters without space, else InvalidSessionId (an AttachError)."""
     assert new_session_id() != new_session_id()
     assert parse_session_id("4f9a-b_c.d:e~f") == "4f9a-b_c.d:e~f"
     for bad in ["", "a" * 129, "a b", "é", None, 7]:
@@ -303,6 +328,8 @@ def test_session_ids() -> None:
 
 
 def test_expiry() -> None:
+    """A session expires past its TTL since the last touch (session_ttl), and past its maximum age
+    whatever the touches (session_max_age)."""
     session = _session()
     assert session.expiry(150.0, ttl=60, max_age=3600) is None
     assert session.expiry(160.0, ttl=60, max_age=3600) == "session_ttl"
@@ -312,6 +339,8 @@ def test_expiry() -> None:
 
 
 def test_principal_facts_impact_is_holdable_as_a_dirty_set() -> None:
+    """A routed principal-facts impact can be held by a session and marks the held set as a
+    principal refresh."""
     # A sanity check of the runtime's path: route, then hold per session.
     model = Model()
     model.principals["alice"] = Principal("alice", frozenset({"red"}))

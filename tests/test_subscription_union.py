@@ -34,6 +34,8 @@ CARDS = subscription_union("Cards", Card)
 
 
 def test_deltas_map_to_their_members() -> None:
+    """Reset, Upsert and Remove map to the union's typed members (the view passed through, not
+    copied), a lane notice passes as itself, and anything else is refused naming the union."""
     a, b = Card(title="a", done=False), Card(title="b", done=True)
     reset = CARDS.message(Reset(1, {'"a"': a, '"b"': b}))
     assert isinstance(reset, CARDS.reset)
@@ -53,6 +55,7 @@ def test_deltas_map_to_their_members() -> None:
 
 
 def test_projector_names_are_graphql_names() -> None:
+    """A projector name that is not a GraphQL name is refused."""
     for bad in ("", "1Cards", "Cards-View", "__Cards"):
         with pytest.raises(ValueError, match="GraphQL name"):
             subscription_union(bad, Card)
@@ -93,6 +96,9 @@ SELECTION = """subscription { cards {
 
 
 async def test_a_subscription_serves_typed_members_over_graphql() -> None:
+    """Over GraphQL the subscription serves Reset, Upsert and Remove as typed members with
+    contiguous revisions, lane notices in between without breaking contiguity, and ends when the
+    session's stream ends."""
     deltas: asyncio.Queue[Any] = asyncio.Queue()
     notices: asyncio.Queue[Any] = asyncio.Queue()
     schema = _schema(deltas, notices)
@@ -142,6 +148,7 @@ async def test_a_subscription_serves_typed_members_over_graphql() -> None:
 
 
 def test_lane_notices_carry_no_revision() -> None:
+    """The lane notice types carry their lanes and no revision."""
     sdl = _schema(asyncio.Queue(), asyncio.Queue()).as_str()
     assert "type LanesPaused {\n" in sdl
     paused = sdl.split("type LanesPaused {", 1)[1].split("}", 1)[0]
@@ -171,6 +178,8 @@ class Source:
 
 
 async def test_merge_keeps_each_order_and_ends_with_the_primary() -> None:
+    """Merging deltas with notices keeps each source's order, outlives the notices' end, and ends
+    with the deltas', closing both."""
     primary, secondary = Source(), Source()
     merged = merge_streams(primary.stream(), secondary.stream())
     for item in ("d1", "d2"):
@@ -186,6 +195,7 @@ async def test_merge_keeps_each_order_and_ends_with_the_primary() -> None:
 
 
 async def test_merge_yields_a_ready_notice_before_a_ready_delta() -> None:
+    """When a notice and a delta are both ready, the notice comes first."""
     primary, secondary = Source(), Source()
     primary.queue.put_nowait("reset")
     secondary.queue.put_nowait("resumed")
@@ -198,6 +208,7 @@ async def test_merge_yields_a_ready_notice_before_a_ready_delta() -> None:
 
 
 async def test_closing_the_merge_closes_both_sources() -> None:
+    """Closing the merged stream while both reads are pending closes both sources."""
     primary, secondary = Source(), Source()
     merged = merge_streams(primary.stream(), secondary.stream())
     primary.queue.put_nowait("d1")
@@ -207,6 +218,7 @@ async def test_closing_the_merge_closes_both_sources() -> None:
 
 
 async def test_an_error_of_either_source_is_raised() -> None:
+    """An error in either source is raised from the merged stream, and both sources are closed."""
     for failing in ("primary", "secondary"):
         primary, secondary = Source(), Source()
         merged = merge_streams(primary.stream(), secondary.stream())
@@ -218,6 +230,7 @@ async def test_an_error_of_either_source_is_raised() -> None:
 
 
 async def test_without_notices_the_deltas_pass_straight_through() -> None:
+    """Without a notice stream the deltas pass straight through as typed members."""
     async def deltas() -> AsyncGenerator[Any, None]:
         yield Reset(1, {})
         yield Upsert(2, '"k"', Card(title="k", done=False))
@@ -227,6 +240,7 @@ async def test_without_notices_the_deltas_pass_straight_through() -> None:
 
 
 async def test_closing_a_stream_without_notices_closes_the_deltas() -> None:
+    """Closing a subscription without notices closes its delta source."""
     primary = Source()
     stream = CARDS.subscribe(primary.stream())
     primary.queue.put_nowait(Reset(1, {}))
@@ -254,6 +268,8 @@ class LiveSubscription:
 
 
 def test_a_live_field_takes_its_functions_arguments_and_serves_the_union() -> None:
+    """A live field's GraphQL arguments are its function's (defaults and docstring kept, no info),
+    and it serves the union."""
     schema = strawberry.Schema(query=RootQuery, subscription=LiveSubscription, types=CARDS.types)
     sdl = schema.as_str()
     subscription = sdl.split("type LiveSubscription {", 1)[1].split("}", 1)[0]
@@ -265,6 +281,8 @@ def test_a_live_field_takes_its_functions_arguments_and_serves_the_union() -> No
 
 
 def test_a_live_field_needs_named_arguments() -> None:
+    """A live field refuses a function taking **kwargs, and anything that is not a function
+    returning Live."""
     def loose(self: object, **arguments: Any) -> Live:
         return Live("cards", WindowSpec(Query(None)))
 
@@ -275,6 +293,8 @@ def test_a_live_field_needs_named_arguments() -> None:
 
 
 async def test_a_live_field_that_does_not_return_live_fails_its_subscription() -> None:
+    """A live field whose function returns something other than Live fails its subscription with an
+    error naming the type returned."""
     @strawberry.type
     class Wrong:
         @CARDS.field

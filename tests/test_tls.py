@@ -102,17 +102,20 @@ REFUSED = [
 
 @pytest.mark.parametrize("url", ACCEPTED)
 def test_accepted(url: str) -> None:
+    """Each URL in ACCEPTED (TLS to remote hosts, local sockets and loopback) passes the TLS rules."""
     validate_database_tls(url)
 
 
 @pytest.mark.parametrize(("url", "rule"), REFUSED)
 def test_refused(url: str, rule: str) -> None:
+    """Each URL in REFUSED is refused under the rule it breaks."""
     with pytest.raises(DatabaseUrlRefused) as info:
         validate_database_tls(url)
     assert info.value.rule == rule
 
 
 def test_refusal_is_a_config_error_and_a_value_error() -> None:
+    """A refused database URL is a ConfigError and a ValueError."""
     with pytest.raises(ConfigError):
         validate_database_tls("postgresql://db.example.com/app")
     with pytest.raises(ValueError):
@@ -120,6 +123,7 @@ def test_refusal_is_a_config_error_and_a_value_error() -> None:
 
 
 def test_tls_refusal_names_every_exposed_host() -> None:
+    """A TLS refusal names every non-local host exposed and the weak sslmode, and not the local one."""
     url = "postgresql://localhost,db1.example.com,db2.example.com:5433/app?sslmode=prefer"
     with pytest.raises(DatabaseUrlRefused) as info:
         validate_database_tls(url)
@@ -131,6 +135,7 @@ def test_tls_refusal_names_every_exposed_host() -> None:
 
 
 def test_trusted_host_opts_out_of_tls() -> None:
+    """A host listed as trusted (case-insensitive, exact match only) may be reached without TLS."""
     url = "postgresql://app:pw@db.internal:5432/app"
     validate_database_tls(url, trusted_hosts={"db.internal"})
     validate_database_tls(url, trusted_hosts=["DB.Internal"])
@@ -142,6 +147,7 @@ def test_trusted_host_opts_out_of_tls() -> None:
 
 
 def test_trusted_host_covers_only_itself_in_a_multi_host_url() -> None:
+    """In a multi-host URL a trusted host covers only itself; the refusal names the untrusted one."""
     url = "postgresql://db.internal,db.example.com/app"
     with pytest.raises(DatabaseUrlRefused) as info:
         validate_database_tls(url, trusted_hosts={"db.internal"})
@@ -151,12 +157,14 @@ def test_trusted_host_covers_only_itself_in_a_multi_host_url() -> None:
 
 
 def test_trusted_ipv6_literal_with_or_without_brackets() -> None:
+    """A trusted IPv6 literal matches with or without brackets."""
     url = "postgresql://[fd00::7]:5432/app"
     validate_database_tls(url, trusted_hosts={"fd00::7"})
     validate_database_tls(url, trusted_hosts={"[fd00::7]"})
 
 
 def test_trusted_host_does_not_excuse_a_host_override() -> None:
+    """A trusted host does not excuse a host override in the query string."""
     with pytest.raises(DatabaseUrlRefused) as info:
         validate_database_tls(
             "postgresql://db.internal/app?host=db.internal", trusted_hosts={"db.internal"}
@@ -183,6 +191,8 @@ def test_trusted_host_does_not_excuse_a_host_override() -> None:
     ],
 )
 def test_refusals_never_echo_the_password(url: str) -> None:
+    """No refusal, however malformed the URL, echoes the password, in its text, repr, args or
+    chained cause."""
     with pytest.raises(DatabaseUrlRefused) as info:
         validate_database_tls(url)
     rendered = f"{info.value}\n{info.value!r}\n{info.value.args}"
@@ -192,6 +202,7 @@ def test_refusals_never_echo_the_password(url: str) -> None:
 
 
 def test_trusted_hosts_from_env() -> None:
+    """TRUSTED_NETWORK_HOSTS parses as a comma list, spaces and empty entries ignored."""
     env = {"TRUSTED_NETWORK_HOSTS": " db.internal , ,10.0.0.7,,[fd00::7] "}
     assert trusted_hosts_from_env(env) == frozenset({"db.internal", "10.0.0.7", "[fd00::7]"})
     assert trusted_hosts_from_env({}) == frozenset()
@@ -202,6 +213,7 @@ def test_trusted_hosts_from_env() -> None:
 def test_trusted_hosts_from_env_defaults_to_os_environ(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Without an argument the trusted hosts are read from the process environment."""
     monkeypatch.setenv("TRUSTED_NETWORK_HOSTS", "db.internal")
     assert trusted_hosts_from_env() == frozenset({"db.internal"})
     monkeypatch.delenv("TRUSTED_NETWORK_HOSTS")
@@ -209,6 +221,7 @@ def test_trusted_hosts_from_env_defaults_to_os_environ(
 
 
 async def test_connect_pool_refuses_keyword_host_overrides() -> None:
+    """connect_pool refuses a host keyword that would override the URL's host."""
     from service_engine.db import connect_pool
 
     with pytest.raises(DatabaseUrlRefused) as refused:

@@ -10,11 +10,11 @@ other, and a pod stopped with SIGTERM exits cleanly while the other stays UP.
 
 from __future__ import annotations
 
-import asyncpg
 import pytest
 
 from service_engine.embedded import ProvisionedDatabase
 
+from ..harness import owner_connection
 from .harness import (
     ADMIN,
     BOARDS_SUBSCRIPTION,
@@ -76,11 +76,8 @@ async def test_bb01_readiness_and_a_second_pod_converges(
             }
 
     # Both pods read the one committed state.
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         title = await conn.fetchval("SELECT title FROM board WHERE id = 'b-bb01'")
-    finally:
-        await conn.close()
     assert title == "renamed on b"
     for pod in (a, b):
         board = (await pod.gql('{ board(id: "b-bb01") { title } }', passport=ADMIN))["board"]

@@ -15,12 +15,12 @@ import hashlib
 import itertools
 from typing import Any
 
-import asyncpg
 import pytest
 
 from service_engine.embedded import ProvisionedDatabase
 from service_engine.graphql import Passport
 
+from ..harness import owner_connection
 from .harness import (
     ACCEPT,
     ADMIN,
@@ -116,11 +116,8 @@ async def test_bb02_every_affordance_is_true_exactly_when_its_mutation_succeeds(
 
     # The invite's one-shot secret reached its caller only: the store keeps
     # a hash of each token and never the token.
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         stored = [dict(r) for r in await conn.fetch("SELECT * FROM board_invite")]
-    finally:
-        await conn.close()
     assert tokens and len(stored) >= len(tokens)
     assert {hashlib.sha256(t.encode()).hexdigest() for t in tokens} <= {r["token_hash"] for r in stored}
     assert not any(t in str(r) for t in tokens for r in stored)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import asyncpg
 import pytest
 
 from service_engine.embedded import ProvisionedDatabase
 
+from ..harness import owner_connection
 from .harness import (
     ADMIN,
     ARCHIVE,
@@ -36,11 +36,8 @@ pytestmark = pytest.mark.slow
 
 async def committed(store: ProvisionedDatabase) -> dict[str, dict[str, Any]]:
     """The board table, read from Postgres directly (as its owner)."""
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         rows = await conn.fetch("SELECT id, title, archived FROM board ORDER BY id")
-    finally:
-        await conn.close()
     return {key(r["id"]): {"title": r["title"], "archived": r["archived"]} for r in rows}
 
 

@@ -18,12 +18,12 @@ import shlex
 import sys
 from typing import Any
 
-import asyncpg
 import pytest
 
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import Passport
 
+from ..harness import owner_connection
 from .harness import REPO, Pods
 
 # Spawns processes or servers for seconds: started first in a parallel run.
@@ -68,13 +68,10 @@ async def run_twin(nats_url: str, *args: str) -> tuple[int, str, str]:
 
 async def committed(store: ProvisionedDatabase) -> tuple[dict[str, Any], dict[str, list[str]]]:
     """The cards and their facts, read from Postgres directly (as its owner)."""
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         cards = await conn.fetch(
             "SELECT id, org, stage, reviewed_by, overdue, owner, version FROM card ORDER BY id")
         facts = await conn.fetch("SELECT card_id, fact_type FROM card_fact ORDER BY id")
-    finally:
-        await conn.close()
     by_card: dict[str, list[str]] = {}
     for row in facts:
         by_card.setdefault(row["card_id"], []).append(row["fact_type"])

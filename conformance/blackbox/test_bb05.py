@@ -15,12 +15,12 @@ import hashlib
 import json
 from typing import Any
 
-import asyncpg
 import pytest
 
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import Passport
 
+from ..harness import owner_connection
 from .harness import Pods
 from .test_bb04 import run_twin
 
@@ -51,8 +51,7 @@ async def _until_finished(ws: Any, revision: int, key: str) -> dict[str, Any]:
 
 
 async def _lane_rows(store: ProvisionedDatabase, reply_id: str) -> tuple[int, Any]:
-    conn = await asyncpg.connect(store.owner_url)
-    try:
+    async with owner_connection(store) as conn:
         chunks = await conn.fetchval(
             "SELECT count(*) FROM service_engine.accumulator_chunk WHERE key = $1", reply_id
         )
@@ -60,8 +59,6 @@ async def _lane_rows(store: ProvisionedDatabase, reply_id: str) -> tuple[int, An
             "SELECT high_water, hash FROM service_engine.accumulator_seal WHERE key = $1",
             reply_id,
         )
-    finally:
-        await conn.close()
     return int(chunks), marker
 
 

@@ -1,0 +1,77 @@
+"""The conformance battery's shared fixtures are written once, in its conftest.
+
+A module that needs the database a fixture gives takes the fixture; it does
+not define its own copy (which drifts: one scope, one template, one set of
+migrations changed and not the others).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFORMANCE = ROOT / "conformance"
+SHARED = ("store", "database", "db", "pg_server", "nats_server")
+"""The fixtures `conformance/conftest.py` defines for the whole battery."""
+
+KNOWN_COPIES = frozenset({"conformance/test_commands_reference.py::store"})
+"""Copies in files being written elsewhere while this check lands; each must
+still exist, so the list only shrinks."""
+
+
+def fixture_definitions(source: str) -> list[str]:
+    """The names of the functions decorated as pytest fixtures in ``source``."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for decorator in node.decorator_list:
+            target = decorator.func if isinstance(decorator, ast.Call) else decorator
+            if ast.unparse(target) in {"pytest.fixture", "fixture"}:
+                names.append(node.name)
+    return names
+
+
+def shared_copies() -> set[str]:
+    """Every definition of a shared fixture outside conformance/conftest.py."""
+    copies = set()
+    for path in sorted(CONFORMANCE.rglob("*.py")):
+        if path == CONFORMANCE / "conftest.py":
+            continue
+        for name in fixture_definitions(path.read_text()):
+            if name in SHARED:
+                copies.add(f"{path.relative_to(ROOT)}::{name}")
+    return copies
+
+
+def test_the_shared_fixtures_are_defined_in_the_conftest() -> None:
+    """conformance/conftest.py defines every shared fixture."""
+    defined = set(fixture_definitions((CONFORMANCE / "conftest.py").read_text()))
+    assert set(SHARED) <= defined, sorted(set(SHARED) - defined)
+
+
+def test_no_module_defines_its_own_copy_of_a_shared_fixture() -> None:
+    """No other conformance module (the black-box conftest included) defines
+    a fixture of a shared name, apart from the known copies, each of which
+    must still be there."""
+    copies = shared_copies()
+    assert copies <= KNOWN_COPIES, "define these once, in conformance/conftest.py: " + ", ".join(
+        sorted(copies - KNOWN_COPIES)
+    )
+    assert copies >= KNOWN_COPIES, "remove from KNOWN_COPIES: " + ", ".join(
+        sorted(KNOWN_COPIES - copies)
+    )
+
+
+def test_the_scan_reads_plain_and_called_fixture_decorators() -> None:
+    """The scan itself: ``@pytest.fixture`` and ``@pytest.fixture(...)`` mark a
+    fixture, other decorators and plain functions do not."""
+    source = (
+        "import pytest\n"
+        "@pytest.fixture\nasync def store(pg_server): ...\n"
+        "@pytest.fixture(scope='session')\ndef pg_server(): ...\n"
+        "@pytest.mark.slow\ndef test_x(): ...\n"
+        "def db(): ...\n"
+    )
+    assert fixture_definitions(source) == ["store", "pg_server"]
