@@ -9,14 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
-from service_engine import (
-    Database,
-    Engine,
-    EngineConfig,
-    ReadinessHandle,
-    WorkerStopped,
-    connect_pool,
-)
+from service_engine import Database, Engine, EngineConfig, ReadinessHandle, connect_pool
+from service_engine.errors import WorkerStopped
 
 T_co = TypeVar("T_co", covariant=True)
 

@@ -16,16 +16,10 @@ from typing import Any, ClassVar
 import nats
 import pytest
 
-from service_engine import (
-    ConfigError,
-    Database,
-    DuplicateRegistration,
-    Engine,
-    ReadinessHandle,
-    WorkerStopped,
-)
+from service_engine import Database, Engine, ReadinessHandle
 from service_engine.db.types import Conn
 from service_engine.embedded import EmbeddedNats, provision_buckets
+from service_engine.errors import ConfigError, DuplicateRegistration, WorkerStopped
 from service_engine.leader import LeaseLost
 from service_engine.messaging.nats import BucketMissing, KvBucket, Nats
 from service_engine.metrics import Metrics

@@ -57,17 +57,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from service_engine import (
-    ConfigError,
     Engine,
     EngineConfig,
     ReadinessHandle,
-    bind_listener,
     connect_pool,
     open_nats,
     run_on_allocator,
-    run_with_listener,
     service_migrations,
 )
+from service_engine.errors import ConfigError
+from service_engine.server import bind_listener, run_with_listener
 
 from .graphql import build_app
 from .kernel import ConfigurationError

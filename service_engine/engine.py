@@ -20,7 +20,7 @@ from .db.pool import Database, IdleConnections
 from .db.posture import assert_posture
 from .db.schema_version import Claim, VersionIdentity, claim_at_boot, claim_schema_version
 from .erasure import Erasable, Eraser, ErasureResult
-from .errors import (
+from .failures import (
     ConfigError,
     DuplicateRegistration,
     EngineError,
