@@ -56,9 +56,10 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from example_twin.contract import CreateCard
 from example_twin.reply import finish_reply, split_text, stream_reply
 from example_twin.runner import HEADER_MESSAGE_ID, HEADER_NATS_MSG_ID, Twin
-from service_engine import EventMetadata, seal_hash
+from service_engine import EventMetadata
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase, provision_streams
 from service_engine.graphql import PASSPORT_HEADER, Passport
+from service_engine.lanes import seal_hash
 
 from .blackbox.harness import PROTOCOL, Pod, Pods
 from .harness import owner_connection
