@@ -277,9 +277,12 @@ async def test_post_without_a_usable_passport_is_refused_typed(db: Database) -> 
         assert body == {"data": {"__schema": {"queryType": {"name": "Query"}}}}
 
 
-async def test_subscriptions_are_not_served_over_http(db: Database) -> None:
+async def test_subscriptions_are_not_served_over_http(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
     """Over HTTP a subscription would outlive session_max_age unbounded: it
-    is refused and pointed at the socket, whatever streaming Accept is sent."""
+    is refused (400, typed ``subscription_over_http``) and pointed at the
+    socket, whatever streaming Accept is sent, and nothing is logged at error."""
     async with service(db) as (_, addr), httpx.AsyncClient(base_url=f"http://{addr}") as http:
         headers = {PASSPORT_HEADER: ALICE.to_header()}
         for accept in ("application/json", "multipart/mixed;subscriptionSpec=1.0", "text/event-stream"):
@@ -287,6 +290,10 @@ async def test_subscriptions_are_not_served_over_http(db: Database) -> None:
                                        headers={**headers, "Accept": accept})
             assert response.status_code == 400
             assert "graphql-transport-ws on /graphql/ws" in response.text
+            if accept == "application/json":
+                (error,) = response.json()["errors"]
+                assert error["extensions"] == {"code": "subscription_over_http"}
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 async def test_graphiql_is_served_to_a_browser_with_subscriptions_on_the_ws_path(db: Database) -> None:

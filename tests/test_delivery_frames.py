@@ -17,16 +17,17 @@ from typing import Any
 import pytest
 import strawberry
 from graphql import OperationDefinitionNode, parse
-from starlette.websockets import WebSocketDisconnect, WebSocketState
 from strawberry.extensions import SchemaExtension
 from strawberry.http.exceptions import WebSocketDisconnected
 
+from service_engine.config import EngineConfig
 from service_engine.graphql.delivery_plan import Encoded, dumps
 from service_engine.graphql.subscriptions import LanesPaused, LanesResumed
 from service_engine.render.deltas import Remove, Reset, Upsert
 from service_engine.render.session import SessionId
 from service_engine.render.stream import SessionStream
 from service_engine.server import delivery, frames
+from service_engine.server.app import limited_schema
 from service_engine.server.frames import _shared_plan, planned_frames
 
 from .test_delivery_plan import (
@@ -35,6 +36,7 @@ from .test_delivery_plan import (
     CAUSE,
     DOCUMENTS,
     FULL,
+    GRAPHQL_SCHEMA,
     SERVED,
     THINGS,
     Kind,
@@ -45,18 +47,17 @@ from .test_delivery_plan import Query as _Query
 
 
 class _Socket:
-    """Starlette's WebSocket as the sink uses it: its state and its ASGI send."""
+    """A socket as the sink writes to it: one message's text at a time, refused (as the
+    engine's socket refuses it) once closed."""
 
     def __init__(self) -> None:
-        self.application_state = WebSocketState.CONNECTED
         self.sent: list[str] = []
-        self.fail: bool = False
+        self.closed = False
 
-    async def send(self, message: dict[str, Any]) -> None:
-        if self.fail:
-            raise WebSocketDisconnect(1006)
-        assert message["type"] == "websocket.send"
-        self.sent.append(message["text"])
+    async def send_text(self, text: str) -> None:
+        if self.closed:
+            raise WebSocketDisconnected
+        self.sent.append(text)
 
 
 def _stream(items: list[Any]) -> SessionStream[Any]:
@@ -78,7 +79,7 @@ class DirectSubscription:
     async def things(self, info: strawberry.Info, limit: int = 10) -> AsyncGenerator[Any, None]:
         # What the kit's live resolver does once the session is attached.
         sink = frames.current_sink()
-        shared = _shared_plan(info) if sink is not None else None
+        shared = _shared_plan(sink.schema, info) if sink is not None else None
         deltas, notices = info.context["deltas"], info.context["notices"]
         if sink is None or shared is None:
             async for message in THINGS.subscribe(_events(deltas), notices):
@@ -91,10 +92,8 @@ class DirectSubscription:
 DIRECT_ORDINARY = strawberry.Schema(
     query=_Query, subscription=DirectSubscription, types=THINGS.types)
 """Every event executed by graphql-core (no sink: the ordinary path)."""
-DIRECT = copy.copy(DIRECT_ORDINARY)
-"""As served: direct frames, refused members through the plan's executor."""
-DIRECT.execution_context_class = delivery.live_executor_class(
-    DIRECT_ORDINARY.execution_context_class)
+DIRECT = limited_schema(DIRECT_ORDINARY, EngineConfig(service="frames-test"))
+"""As served: its documents seen by their validation (the plan's input)."""
 
 
 async def _wire(schema: strawberry.Schema, query: str, variables: dict[str, Any] | None,
@@ -109,12 +108,10 @@ async def _wire(schema: strawberry.Schema, query: str, variables: dict[str, Any]
             payload: dict[str, Any] = {"data": result.data}
             if result.errors:
                 payload["errors"] = [e.formatted for e in result.errors]
-            message = {"id": "op-1", "type": "next", "payload": payload}
-            frame = delivery.encode_frame(message)
-            socket.sent.append(frame if frame is not None else dumps(message))
+            socket.sent.append(dumps({"id": "op-1", "type": "next", "payload": payload}))
 
     if direct:
-        with frames.open_sink(socket, "op-1"):  # type: ignore[arg-type]
+        with frames.open_sink(socket.send_text, "op-1", schema):
             await run()
     else:
         await run()
@@ -168,16 +165,13 @@ async def test_a_member_the_plan_refuses_goes_through_strawberry_in_order() -> N
 
 async def test_a_closed_socket_ends_the_operation_as_strawberry_would() -> None:
     """Writing to a socket already closed raises Strawberry's WebSocketDisconnected, as its
-    own send does; a send the server refuses (the client went away) raises it too."""
+    own send does, so the operation ends the same way."""
     socket = _Socket()
-    sink = frames.FrameSink(socket, "op-1")  # type: ignore[arg-type]
+    sink = frames.FrameSink(socket.send_text, "op-1", DIRECT)
     data = Encoded(('{"x":',  "}"), 3)
     await sink.next(data)
     assert socket.sent == ['{"id":"op-1","type":"next","payload":{"data":{"x":3}}}']
-    socket.fail = True
-    with pytest.raises(WebSocketDisconnected):
-        await sink.next(data)
-    socket.application_state = WebSocketState.DISCONNECTED
+    socket.closed = True
     with pytest.raises(WebSocketDisconnected):
         await sink.next(data)
 
@@ -207,7 +201,7 @@ def test_a_cohorts_delta_is_found_without_building_its_member() -> None:
     document = parse(FULL)
     operation = document.definitions[0]
     assert isinstance(operation, OperationDefinitionNode)
-    shared = delivery.plan_for(SERVED._schema, operation, {}, {})
+    shared = delivery.plan_for(GRAPHQL_SCHEMA, operation, {}, {})
     assert shared is not None
     first = shared.encode(THINGS.message(Upsert(2, '"t1"', ALPHA, CAUSE)))
     later = Upsert(9, '"t1"', copy.deepcopy(ALPHA), CAUSE)

@@ -184,7 +184,7 @@ def graphql_type_name(declared: Any) -> str:
         name: str = declared.__strawberry_definition__.name
         return name
     if isinstance(declared, ScalarWrapper):
-        return declared._scalar_definition.name
+        return NameConverter().get_name_from_type(declared)
     if isinstance(declared, ScalarDefinition):
         return declared.name
     if isinstance(declared, StrawberryUnion) and declared.graphql_name:

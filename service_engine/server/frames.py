@@ -1,28 +1,15 @@
 """Planned frames straight from the session stream to the socket.
 
-Ordinary delivery hands every live event to graphql-core (a per-event
-executor, `map_async_iterable`), then to Strawberry (its result processing,
-the extensions' per-result hooks, a ``next`` message dict, ``send_json``).
 For an operation whose payload the delivery plan expresses
-(`service_engine.server.delivery.plan_for`), none of that changes a byte:
-the frame is the plan's shared serialisation with this session's revision
-and this operation's id spliced in. So the operation's task writes it
-itself.
-
-The graphql-transport-ws handler opens a `FrameSink` for each ``subscribe``
-it runs (`open_sink`, around Strawberry's own operation), when direct frames
-are enabled and nothing of the schema acts per event (`direct_frames_allowed`).
-Everything before the first event stays Strawberry's: parse and validation
-(cached), the context, the errors, the live field's resolver that attaches
-the session. The kit's live resolver finds the sink (`current_sink`) and
-writes each planned member's frame through it; a member the plan refuses
-(`NotPlanned`), and every member of an operation it cannot plan, is yielded
-to Strawberry as before. The end of the stream, a ``complete`` from the
-client, a disconnect and the session bound behave exactly as on the
-ordinary path: the same generator ends, is cancelled or closed.
-
-The frame text is `next_frame`'s, which is what Strawberry's encoder gives
-for ``{"id": id, "type": "next", "payload": {"data": data}}``.
+(`service_engine.server.delivery.plan_for`), the frame is the plan's shared
+serialisation with this session's revision and this operation's id spliced
+in (`next_frame`): what Strawberry's encoder gives for ``{"id": id, "type":
+"next", "payload": {"data": data}}``. The socket opens a `FrameSink` for
+each ``subscribe`` it runs through Strawberry (`open_sink`) when nothing of
+the schema acts per event (`direct_frames_allowed`): parse and validation
+(cached), the context, the errors and the live field's resolver stay
+Strawberry's; the kit's live resolver writes each planned member through
+the sink, and yields to Strawberry only what the plan refuses (`NotPlanned`).
 """
 
 from __future__ import annotations
@@ -30,12 +17,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
-from collections.abc import AsyncGenerator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from typing import Any, TypeAlias
 
-from starlette.websockets import WebSocketDisconnect, WebSocketState
 from strawberry.extensions import SchemaExtension
-from strawberry.http.exceptions import WebSocketDisconnected
+from strawberry.schema import BaseSchema
 
 from ..graphql import subscriptions
 from ..graphql.delivery_plan import Encoded, NotPlanned, dumps
@@ -43,10 +29,7 @@ from ..graphql.subscriptions import Live, LiveRequest, SubscriptionUnion
 from ..lanes.notices import LaneNoticeStream
 from ..render.deltas import Remove, Upsert
 from ..render.stream import SessionEnded, SessionStream
-from .delivery import SharedPlan, plan_for
-
-if TYPE_CHECKING:
-    from starlette.websockets import WebSocket
+from .delivery import SharedPlan, plan_for, seen
 
 __all__ = [
     "FrameSink",
@@ -86,32 +69,23 @@ def next_frame(head: str, data: Encoded, revision: int | None = None) -> str:
 
 
 class FrameSink:
-    """Where one operation's planned frames are written: its socket, under its id."""
+    """Where one operation's planned frames are written: its socket, under
+    its id, for the schema the socket serves."""
 
-    __slots__ = ("_head", "_send", "_ws")
+    __slots__ = ("head", "schema", "send_text")
 
-    def __init__(self, websocket: WebSocket, operation_id: str) -> None:
-        self._ws = websocket
-        self._send = websocket.send
-        self._head = next_frame_head(operation_id)
+    def __init__(self, send_text: Callable[[str], Awaitable[None]], operation_id: str,
+                 schema: BaseSchema) -> None:
+        self.send_text = send_text
+        """Writes one whole message (raises once the socket is closed, as the
+        handler's own sends do, so the operation ends the same way)."""
+        self.head = next_frame_head(operation_id)
+        self.schema = schema
 
     async def next(self, data: Encoded, revision: int | None = None) -> None:
         """Write the ``next`` message carrying ``data`` (at ``revision``: a
-        cohort's shared serialisation, this session's revision).
-
-        Raises `WebSocketDisconnected` once the socket is closed, as the
-        handler's own ``send_json`` does, so the operation ends the same way.
-        """
-        await self.text(next_frame(self._head, data, revision))
-
-    async def text(self, text: str) -> None:
-        """Write one whole message's text (raises as `next` does)."""
-        if self._ws.application_state is WebSocketState.DISCONNECTED:
-            raise WebSocketDisconnected
-        try:
-            await self._send({"type": "websocket.send", "text": text})
-        except WebSocketDisconnect as exc:
-            raise WebSocketDisconnected from exc
+        cohort's shared serialisation, this session's revision)."""
+        await self.send_text(next_frame(self.head, data, revision))
 
 
 def current_sink() -> FrameSink | None:
@@ -120,10 +94,11 @@ def current_sink() -> FrameSink | None:
 
 
 @contextlib.contextmanager
-def open_sink(websocket: WebSocket, operation_id: str) -> Iterator[FrameSink]:
+def open_sink(send_text: Callable[[str], Awaitable[None]], operation_id: str,
+              schema: BaseSchema) -> Iterator[FrameSink]:
     """Serve this task's operation ``operation_id`` with direct frames: the
     kit's live fields deliver through `deliver` within it."""
-    sink = FrameSink(websocket, operation_id)
+    sink = FrameSink(send_text, operation_id, schema)
     token = _SINK.set(sink)
     try:
         with subscriptions.delivered_by(deliver):
@@ -161,7 +136,7 @@ def deliver(union: SubscriptionUnion[Any], request: LiveRequest, live: Live, inf
     sink = _SINK.get()
     if sink is None:
         return None
-    shared = _shared_plan(info)
+    shared = _shared_plan(sink.schema, info)
     if shared is None:
         return None
     if not declares_info:
@@ -189,10 +164,14 @@ async def _direct(
             yield member
 
 
-def _shared_plan(info: Any) -> SharedPlan | None:
-    """The delivery plan of the operation ``info`` resolves the root of."""
-    raw = info._raw_info
-    return plan_for(raw.schema, raw.operation, raw.fragments, raw.variable_values)
+def _shared_plan(served: BaseSchema, info: Any) -> SharedPlan | None:
+    """The delivery plan of the operation ``info`` resolves the root of
+    (Strawberry's public ``Info``: its operation and variables)."""
+    operation = seen(served, info.operation)
+    if operation is None:
+        return None
+    return plan_for(operation.schema, operation.operation, operation.fragments,
+                    info.variable_values)
 
 
 async def planned_frames(

@@ -57,7 +57,6 @@ from urllib.parse import unquote
 import uvicorn
 from graphql import GraphQLError, GraphQLSyntaxError
 from starlette.datastructures import Headers
-from starlette.websockets import WebSocketDisconnect, WebSocketState
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.http.exceptions import WebSocketDisconnected
 from strawberry.schema.exceptions import CannotGetOperationTypeError
@@ -1183,7 +1182,8 @@ class WireSocket(asyncio.Protocol):
                 if endpoint.view.direct_frames:
                     # A planned live field writes its own frames (frames.py),
                     # and teaches LiveOps its document (live_ops.py).
-                    scope.enter_context(frames.open_sink(cast(Any, self), operation.id))
+                    scope.enter_context(frames.open_sink(
+                        self.send_text, operation.id, endpoint.schema))
                     scope.enter_context(endpoint.live_ops.learning(
                         {"query": step.query, "operationName": step.operation_name}))
                 source = await endpoint.schema.stream(
@@ -1259,20 +1259,16 @@ class WireSocket(asyncio.Protocol):
         else:
             self._write(data.encode())
 
-    async def send(self, message: Mapping[str, Any]) -> None:
-        """The ASGI ``send`` of a direct frame (`frames.FrameSink`)."""
+    async def send_text(self, text: str) -> None:
+        """Send one whole message's text when the socket is writable (a
+        direct frame, `frames.FrameSink`; raises as `send_json` does)."""
         if self._gate is _GATE_HOLDING:
             self._leave_gate()  # an operation's first answer
         if self._paused and not self._closed:
             await self._writable()
         if self._closed:
-            raise WebSocketDisconnect(1006)
-        self._write(cast(str, message["text"]).encode())
-
-    @property
-    def application_state(self) -> WebSocketState:
-        """`frames.FrameSink` reads it as a Starlette WebSocket's."""
-        return WebSocketState.DISCONNECTED if self._closed else WebSocketState.CONNECTED
+            raise WebSocketDisconnected
+        self._write(text.encode())
 
     async def _writable(self) -> None:
         waiter = self.loop.create_future()
