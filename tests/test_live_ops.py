@@ -27,11 +27,10 @@ from service_engine.render.deltas import Remove, Reset, Upsert
 from service_engine.render.session import SessionId
 from service_engine.render.stream import SessionStream
 from service_engine.render.windows import Keys, WindowSpec
-from service_engine.server import frames
 from service_engine.server.app import _DOCUMENT_FIXED, limited_schema
 from service_engine.server.live_ops import LiveOp, LiveOps, per_operation_extensions
 
-from .test_delivery_frames import DELTAS, _Socket
+from .test_delivery_frames import DELTAS
 from .test_delivery_plan import (
     ALPHA,
     BETA,
@@ -150,9 +149,9 @@ def _payload(query: str, variables: dict[str, Any] | None = None,
 
 async def _ordinary(ops: LiveOps | None, payload: dict[str, Any], engine: _Engine,
                     op_id: str = "op-1") -> list[str]:
-    """What the graphql-transport-ws handler sends for one subscribe the
-    ordinary way (direct frames on), the complete at the stream's end included."""
-    socket = _Socket()
+    """What the socket sends for one subscribe the ordinary way (Strawberry's
+    execution), the complete at the stream's end included."""
+    sent: list[str] = []
     context = _Context(engine)
     schema = SCHEMA
 
@@ -166,17 +165,15 @@ async def _ordinary(ops: LiveOps | None, payload: dict[str, Any], engine: _Engin
             body: dict[str, Any] = {"data": result.data}
             if result.errors:
                 body["errors"] = [e.formatted for e in result.errors]
-            socket.sent.append(dumps({"id": op_id, "type": "next", "payload": body}))
-        socket.sent.append(dumps({"id": op_id, "type": "complete"}))
+            sent.append(dumps({"id": op_id, "type": "next", "payload": body}))
+        sent.append(dumps({"id": op_id, "type": "complete"}))
 
-    learning = ops.learning(payload) if ops is not None else None
-    with frames.open_sink(socket.send_text, op_id, schema):
-        if learning is None:
+    if ops is None:
+        await run()
+    else:
+        with ops.learning(payload):
             await run()
-        else:
-            with learning:
-                await run()
-    return socket.sent
+    return sent
 
 
 async def _callback(op: LiveOp, budget: int = 256) -> tuple[list[str], list[list[str]], list[str]]:
@@ -499,14 +496,13 @@ async def test_lane_notices_are_merged_in_as_the_ordinary_path_merges_them() -> 
     payload = _payload(LANED)
     engine = _Engine([Reset(1, {'"t1"': ALPHA})], end=False)
     expected = _Watched()
-    ordinary_socket = _Socket()
-    ordinary_socket.sent = expected
 
     async def ordinary_run() -> None:
-        with frames.open_sink(ordinary_socket.send_text, "op-1", SCHEMA), ops.learning(payload):
+        with ops.learning(payload):
             stream = await SCHEMA.subscribe(LANED, context_value=_Context(engine))
             async for result in stream:
-                raise AssertionError(result)  # every member is planned
+                body: dict[str, Any] = {"data": result.data}
+                expected.append(dumps({"id": "op-1", "type": "next", "payload": body}))
         expected.append(dumps({"id": "op-1", "type": "complete"}))
 
     await _scripted(ordinary_run(), engine, expected)

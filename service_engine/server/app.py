@@ -93,7 +93,7 @@ from ..errors import ConfigError
 from ..graphql.context import GraphQLContext
 from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
-from . import delivery, frames
+from . import delivery
 from .live_ops import LiveOps, per_operation_extensions
 from .ops import DEFAULT_OPS_ROLE, ops_routes
 from .passport import (
@@ -524,16 +524,12 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         self.resolver = resolver
         self.session_max_age: timedelta = engine.config.session_max_age
         self.passport_from_connection_params = passport_from_connection_params
-        self.direct_frames = (
-            not delivery.resolves_fields(self.schema)
-            and frames.direct_frames_allowed(self.schema)
-        )
-        """Planned live frames are written by their operation's task (frames.py)."""
         served = cast(Schema, self.schema)  # limited_schema's
         self.live_ops = LiveOps(
             served,
             encode=self.encode_json,
-            enabled=self.direct_frames
+            # Nothing of the schema may act per operation or per field.
+            enabled=not served.directives
             and not per_operation_extensions(served, _DOCUMENT_FIXED),
         )
         """Known-planned live documents, served without Strawberry per operation."""

@@ -43,7 +43,6 @@ __all__ = [
     "document_seen_rule",
     "plan_for",
     "report_errors",
-    "resolves_fields",
     "seen",
 ]
 
@@ -210,18 +209,6 @@ def plan_for(
     if len(_PLANS) > PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)
     return shared
-
-
-def resolves_fields(schema: Any) -> bool:
-    """Whether anything of a Strawberry schema hooks field resolution (a
-    schema directive, an extension's ``resolve``): then the plan, which
-    resolves no field, must not serve it."""
-    if getattr(schema, "directives", ()):
-        return True
-    for extension in schema.get_extensions():
-        if type(extension).resolve is not SchemaExtension.resolve:
-            return True
-    return False
 
 
 class Seen(NamedTuple):

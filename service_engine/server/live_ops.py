@@ -9,11 +9,10 @@ it and `LiveOps` keeps the fact per (document text, operationName) in a
 bounded LRU. A later ``subscribe`` of that document is a `LiveOp`: its
 variables coerced by graphql-core (`get_variable_values`), the field's
 arguments computed (`get_argument_values`), the slice's `LiveRequest` called,
-the session attached and its deltas turned into frames as the direct path
-(`frames.planned_frames`) does: no Strawberry operation, no graphql-core
-execution, no task per operation. Anything else (a first subscribe,
-variables that fail coercion, a request that raises) is left to the
-ordinary path, which gives exactly today's messages.
+the session attached and its deltas turned into frames by the plan: no
+Strawberry operation, no graphql-core execution, no task per operation.
+Anything else (a first subscribe, variables that fail coercion, a request
+that raises) is left to the ordinary path, which gives the same messages.
 
 The socket drives a `LiveOp` by callbacks: `LiveOp.start` attaches (one
 short task), then the session stream calls back (`SessionStream.set_waker`)
@@ -29,7 +28,7 @@ notices read in one task per such operation.
 
 Every frame is byte for byte what the ordinary path sends: the plan's
 shared serialisation with this session's revision and this operation's id
-spliced in (`frames.next_frame`); an event the plan refuses (`NotPlanned`)
+spliced in (`next_frame`); an event the plan refuses (`NotPlanned`)
 is executed by graphql-core and formatted as Strawberry formats it.
 """
 
@@ -41,6 +40,7 @@ import enum
 import functools
 import inspect
 import logging
+import sys
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -66,13 +66,13 @@ from graphql.execution import (
 from strawberry.extensions import SchemaExtension
 from strawberry.relay import GlobalID
 
+from ..graphql import subscriptions
+from ..graphql.delivery_plan import Encoded, NotPlanned, dumps
 from ..graphql.subscriptions import Live, LiveRequest, SubscriptionUnion
 from ..logs import bind_session
 from ..render.deltas import Remove, Upsert, renumbered
 from ..render.stream import SessionStream
-from . import frames
 from .delivery import SharedPlan, plan_for, report_errors, seen
-from .frames import next_frame, next_frame_head
 from .wire_protocol import text_frame
 
 if TYPE_CHECKING:
@@ -85,7 +85,10 @@ __all__ = [
     "LiveOp",
     "LiveOps",
     "Write",
+    "next_frame",
+    "next_frame_head",
     "per_operation_extensions",
+    "planned",
 ]
 
 KNOWN_DOCUMENTS = 1024
@@ -124,6 +127,37 @@ def per_operation_extensions(
                for hook in _OPERATION_HOOKS):
             acting.append(cls.__name__)
     return acting
+
+
+_TAIL = "}}"
+
+
+def next_frame_head(operation_id: str) -> str:
+    """The text of a ``next`` message up to its data, for ``operation_id``
+    (interned: operations under one id share the one string, and a frame
+    kept for one of them is found for the others by identity)."""
+    return sys.intern(f'{{"id":{dumps(operation_id)},"type":"next","payload":{{"data":')
+
+
+def next_frame(head: str, data: Encoded, revision: int | None = None) -> str:
+    """The whole ``next`` message: ``head`` (`next_frame_head`), ``data``'s
+    text (cut at its revision: ``revision`` spliced in when given)."""
+    chunks = data.chunks
+    if len(chunks) == 1:
+        return head + chunks[0] + _TAIL
+    if revision is None:
+        revision = data.revision
+    if len(chunks) == 2:
+        return f"{head}{chunks[0]}{revision}{chunks[1]}{_TAIL}"
+    return head + str(revision).join(chunks) + _TAIL
+
+
+def planned(union: SubscriptionUnion[Any], shared: SharedPlan, item: Any) -> Encoded | None:
+    """``item``'s member serialised by the plan, or None (it refuses it)."""
+    try:
+        return shared.encode(union.message(item))
+    except NotPlanned:
+        return None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -186,7 +220,7 @@ class LiveOps:
     ``schema`` is the schema the app serves (the limited copy);
     ``encode`` is the app's JSON encoder for messages the plan does not
     write (Strawberry's ``encode_json``: an executed event, ``complete``).
-    ``enabled`` False (direct frames off, or an extension that acts per
+    ``enabled`` False (a schema directive, or an extension that acts per
     operation, `per_operation_extensions`) makes `open` always answer None.
     """
 
@@ -223,7 +257,7 @@ class LiveOps:
         key = _key(payload)
         if not self.enabled or key is None or key in self._known:
             return contextlib.nullcontext()
-        return frames.reporting(
+        return subscriptions.reporting(
             lambda union, request, info: self._learn(key, union, request, info)
         )
 
@@ -250,7 +284,9 @@ class LiveOps:
         if field_def is None or field is None:
             return
         parameters = _parameters(field, field_def, request, self.schema.config)
-        if parameters is None:
+        if parameters is None or plan_for(
+            found.schema, found.operation, found.fragments, info.variable_values
+        ) is None:
             return
         self._known[key] = _Known(
             found.operation, found.fragments, key[1], found.schema, field_def, node,
@@ -426,7 +462,7 @@ class LiveOp:
     # -- frames -------------------------------------------------------------------
 
     def _frame(self, delta: Any, revision: int | None = None) -> str:
-        """The frame of one delta, as the direct path writes it (`_frames`);
+        """The frame of one delta, as the ordinary path would send it;
         ``revision`` (when given) is the reader's, whatever ``delta`` carries
         (`SessionStream.get_raw_nowait`)."""
         text = self._planned_frame(delta, revision)
@@ -449,7 +485,7 @@ class LiveOp:
                                   delta.revision if revision is None else revision)
         if revision is not None and delta.revision != revision:
             delta = renumbered(delta, revision)
-        data = frames.planned(union, shared, delta)
+        data = planned(union, shared, delta)
         return None if data is None else next_frame(self._head, data)
 
     def frame_bytes(self, delta: Any, revision: int) -> bytes | None:

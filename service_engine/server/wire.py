@@ -20,8 +20,8 @@ connection, its transport, and its soonest deadline in the endpoint's
 Operations: a query or mutation, and a subscription that is not a
 known-planned live operation, runs Strawberry's ``schema.stream`` in one
 task per operation and sends ``next`` / ``error`` / ``complete`` as
-Strawberry's handler does (`frames.open_sink` so a planned live field
-still writes its own frames).
+Strawberry's handler does (under `LiveOps.learning`, so a known-planned
+live document's next subscribe is a `LiveOp`).
 
 A live operation's frames: a delta the render pass puts into a caught-up
 session (nothing queued for it, no drain pending on this socket, the

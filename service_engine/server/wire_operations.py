@@ -12,7 +12,6 @@ from strawberry.http.exceptions import WebSocketDisconnected
 from strawberry.schema.exceptions import CannotGetOperationTypeError
 from strawberry.types.execution import ExecutionResult, PreExecutionError
 
-from . import frames
 from . import wire_protocol as wp
 from .app import refusal_of
 from .live_ops import LiveOp
@@ -205,14 +204,10 @@ class SocketOperations(SocketState):
         # Strawberry's run_operation and _send_result_stream.
         endpoint = self._endpoint
         try:
-            with contextlib.ExitStack() as scope:
-                if endpoint.view.direct_frames:
-                    # A planned live field writes its own frames (frames.py),
-                    # and teaches LiveOps its document (live_ops.py).
-                    scope.enter_context(frames.open_sink(
-                        self.send_text, operation.id, endpoint.schema))
-                    scope.enter_context(endpoint.live_ops.learning(
-                        {"query": step.query, "operationName": step.operation_name}))
+            # A known-planned live field teaches LiveOps its document.
+            with endpoint.live_ops.learning(
+                {"query": step.query, "operationName": step.operation_name}
+            ):
                 source = await endpoint.schema.stream(
                     step.query,
                     variable_values=step.variables,

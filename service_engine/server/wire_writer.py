@@ -65,17 +65,6 @@ class SocketWriter(SocketState):
         else:
             self._write(data.encode())
 
-    async def send_text(self, text: str) -> None:
-        """Send one whole message's text when the socket is writable (a
-        direct frame, `frames.FrameSink`; raises as `send_json` does)."""
-        if self._gate is GATE_HOLDING:
-            self._leave_gate()  # an operation's first answer
-        if self._paused and not self._closed:
-            await self._writable()
-        if self._closed:
-            raise WebSocketDisconnected
-        self._write(text.encode())
-
     async def _writable(self) -> None:
         waiter = self.loop.create_future()
         if self._waiters is None:
