@@ -1,54 +1,20 @@
 """The service's HTTP surface: GraphQL over HTTP and graphql-transport-ws.
 
-`graphql_app` serves, on one Starlette app:
+`graphql_app` serves, on one Starlette app, ``POST /graphql`` (and ``GET``
+queries), GraphiQL to a browser's ``GET /graphql`` (its subscriptions on
+the socket), ``/readyz`` and ``/metrics``; the graphql-transport-ws socket
+on ``ws_path`` is the engine's own (`service_engine.server.wire`, under
+`run_with` / ``host.http_config``), not an ASGI route.
 
-* ``POST /graphql`` (and ``GET`` queries): GraphQL over HTTP;
-* ``GET /graphql`` from a browser (``Accept: text/html``): GraphiQL, with
-  subscriptions running over ``/graphql/ws``;
-* ``GET /graphql/ws``: the graphql-transport-ws subscription endpoint (the
-  protocol of the ``graphql-ws`` client library; the legacy
-  subscriptions-transport-ws protocol is not offered), served by the
-  engine's own socket (`service_engine.server.wire`) under `run_with` /
-  ``host.http_config``, not through ASGI;
-* ``GET /readyz`` and ``GET /metrics``.
-
-The principal comes from the trusted ``X-Passport`` header (see
-`service_engine.server.passport`): on HTTP once per request, on a WebSocket
-once per socket, at its ``connection_init``, from the header of the upgrade.
-A socket whose passport is missing, malformed or refused is closed with
-4403 and a reason naming the refusal. Every socket is closed at
-``config.session_max_age`` measured from the handshake, with
-`SESSION_MAX_AGE_CLOSE_CODE` (1001, going away) and
-`SESSION_MAX_AGE_CLOSE_REASON`: the client reconnects, and the gateway hands
-it a fresh passport.
+The principal comes from the trusted ``X-Passport`` header
+(`service_engine.server.passport`): once per HTTP request, once per socket
+at its ``connection_init``. A socket whose passport is missing, malformed or
+refused is closed with 4403 and a reason naming the refusal; every socket is
+closed at ``session_max_age`` from its handshake (1001, ``session_max_age``).
 
 Hostile input meets a bound at the edge, each an `EngineConfig` field, each
-refused with a typed `EdgeRefusal` code:
-
-* a request body past ``http_max_body_bytes``: 413 with a GraphQL error
-  ``request_body_too_large``, answered from the Content-Length before any
-  of the body is read, or as soon as a chunked body crosses the bound (the
-  rest of it read and dropped while its client keeps sending, so a client
-  that sends its whole body before reading reads the 413);
-* a JSON body that is not UTF-8: 400 with ``request_body_not_utf8``;
-* a document past ``query_max_tokens`` (``query_too_many_tokens``), an
-  operation with more than ``query_max_aliases`` aliases
-  (``query_too_many_aliases``) or nested deeper than ``query_max_depth``
-  (``query_too_deep``), introspection while ``graphql_introspection`` is off
-  (``introspection_disabled``): Strawberry's own limiter extensions, their
-  errors carrying the code in ``extensions.code``; over the socket the
-  operation gets an ``error`` message and the socket stays up;
-* a socket message past ``ws_max_message_bytes``: the socket is closed
-  with 1009 and a reason starting ``message_too_big``;
-* a ``subscribe`` past ``ws_max_subscriptions_per_socket`` live operations:
-  an ``error`` message (``too_many_subscriptions``); the socket and its
-  other operations stay up;
-* an upgrade past ``ws_max_sockets`` open sockets on the pod: accepted and
-  closed at once with 1013 (try again later) and a reason starting
-  ``too_many_sockets``; existing sockets are untouched.
-
-None of these reads past its bound, and none touches work already admitted:
-a committed write or an acknowledged delta is never undone by a refusal.
+refused with a typed `EdgeRefusal` code (its members say which bound and
+how); none reads past its bound, and none touches work already admitted.
 """
 
 from __future__ import annotations

@@ -1,41 +1,21 @@
 """The engine's own graphql-transport-ws socket: a protocol object on the
 connection, not an ASGI app.
 
-`WireEndpoint.protocol_class` is the class passed as uvicorn's documented
-``ws`` protocol option (``host.http_config``): on every WebSocket upgrade
-uvicorn's HTTP protocol builds one (its keyword contract: ``config``,
-``server_state``, ``app_state``), sets it on the transport and feeds it the
-upgrade's bytes. The socket parses them with websockets' Sans-I/O
-`ServerProtocol` (``receive_data`` / ``events_received`` /
-``data_to_send``); an upgrade on another path is handed to uvicorn's own
-websockets-sansio protocol, through ASGI (`WireSocket._hand_on`). From the
-upgrade on, frames in, messages decided by
+`WireEndpoint.protocol_class` is passed as uvicorn's documented ``ws``
+protocol option (``host.http_config``): on every upgrade uvicorn's HTTP
+protocol builds one (keywords ``config``, ``server_state``, ``app_state``),
+sets it on the transport and feeds it the upgrade's bytes. The socket
+parses them with websockets' Sans-I/O `ServerProtocol`; an upgrade on
+another path is handed to uvicorn's own websockets-sansio protocol. From
+then on: frames in, each message's step decided by the pure
 `service_engine.server.wire_protocol` (Strawberry's handler's decisions,
-close codes and reasons, with the engine's overrides), frames out. A socket
-holds no ASGI task, scope, Starlette ``WebSocket``, Strawberry handler or
-receive-loop task: an idle session is this object, its websockets
-connection, its transport, and its soonest deadline in the endpoint's
-`DeadlineWheel` (no timer handle of its own).
-
-Operations: a query or mutation, and a subscription that is not a
-known-planned live operation, runs Strawberry's ``schema.stream`` in one
-task per operation and sends ``next`` / ``error`` / ``complete`` as
-Strawberry's handler does (under `LiveOps.learning`, so a known-planned
-live document's next subscribe is a `LiveOp`).
-
-A live operation's frames: a delta the render pass puts into a caught-up
-session (nothing queued for it, no drain pending on this socket, the
-transport not paused) is written from the put itself (`WireSocket._fused`:
-the plan's frame bytes for that delta, revision and id, built once for the
-cohort); any other goes the ordinary way, woken and drained in one loop
-callback (`Drains`).
-
-Flow control: while the transport's buffer is past its high-water mark
-(``pause_writing``) an operation's send waits, and the render side's
-backlog for the session collapses as it does for any slow subscriber;
-``resume_writing`` lets them go on.
-
-ASGI middleware does not see this socket.
+close codes and reasons, with the engine's overrides), frames out. Its jobs
+are units of their own: handshake and admission (`wire_admission`),
+deadlines and keepalive (`wire_deadlines`), operations (`wire_operations`),
+the writer with its flow control (`wire_writer`). An idle session is this
+object, its websockets connection, its transport and its soonest deadline
+in the endpoint's `DeadlineWheel`: no task, scope or timer handle of its
+own. ASGI middleware does not see this socket.
 """
 
 from __future__ import annotations
