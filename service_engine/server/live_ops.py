@@ -302,16 +302,16 @@ class LiveOps:
         message's payload, ``context`` the socket's `GraphQLContext`, its
         principal resolved), or None: run it the ordinary way.
 
-        Synchronous and cheap: nothing is attached yet (`LiveOp.run` or
-        `LiveOp.start` does). The caller has already checked the protocol
+        Synchronous and cheap: nothing is attached yet (`LiveOp.start`
+        does). The caller has already checked the protocol
         (acknowledged, the id free, the socket's subscription bound)."""
         if not self.enabled:
             return None
         key = _key(payload)
         known = self._known.get(key) if key is not None else None
-        if known is None:
+        if key is None or known is None:
             return None
-        self._known.move_to_end(key)  # type: ignore[arg-type]
+        self._known.move_to_end(key)
         variables = payload.get("variables")
         if variables is None:
             variables = {}
@@ -419,7 +419,7 @@ class LiveOp:
         self._lanes = lanes
         """The NATS lanes the session watches: their notices are merged in."""
         self._notices: Any = None
-        """The lane notice stream (run mode) or the task reading it (callback mode)."""
+        """The task reading the lane notices (`_read_notices`)."""
 
     @property
     def state(self) -> str:
@@ -725,7 +725,7 @@ class LiveOp:
         self._wake = self._waker = self._on_done = self._direct = None
         notices, self._notices = self._notices, None
         if isinstance(notices, asyncio.Task):
-            notices.cancel()  # its finally closes the stream (run mode: merge_streams does)
+            notices.cancel()  # its finally closes the stream
         stream = self._stream
         if stream is not None:
             self._stream = None
