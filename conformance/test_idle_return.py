@@ -150,7 +150,7 @@ async def test_closing_idle_connections_leaves_no_connection_or_statement_of_a_b
                 await conn.fetchval("SELECT 1")
         assert len(loop._scheduled) <= scheduled  # type: ignore[attr-defined]
 
-        closed = db.close_idle_connections()
+        closed = await db.close_idle_connections()
         assert closed == 8
         assert db.pool.get_min_size() == 1 and db.pool.get_size() == 1  # the one in use
         assert await _backends(db) == {held_pid}
@@ -166,7 +166,7 @@ async def test_closing_idle_connections_leaves_no_connection_or_statement_of_a_b
     finally:
         await db.pool.release(held)
     # Both idle now: both close, and the pool reopens its floor with a new session.
-    assert db.pool.get_size() == 2 and db.close_idle_connections() == 2
+    assert db.pool.get_size() == 2 and await db.close_idle_connections() == 2
     await wait_until(lambda: db.pool.get_size() == 1, what="the pool reopening its floor")
     backends = await _backends(db)
     assert len(backends) == 1 and not backends & {held_pid, *burst_pids}, backends
