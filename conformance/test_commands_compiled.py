@@ -75,7 +75,9 @@ from service_engine.impacts.model import canonical_json
 from service_engine.persistence import Aggregate
 from service_engine.pipeline import MutationError, MutationExecutor
 
-from .sample_commands import OrgStore, executor_for
+from .sample_commands import ALICE, COMMANDS, OrgStore, executor_for
+
+_INTROSPECTION = ("WITH RECURSIVE typeinfo_tree", "current_setting('jit')", "set_config('jit'")
 
 TABLE = """
 CREATE TABLE IF NOT EXISTS cmp_item (
@@ -407,3 +409,47 @@ def test_compiled_command_equals_interpreter(database: ProvisionedDatabase) -> N
         asyncio.run(_example(database, seed))
 
     check()
+
+
+async def test_a_compiled_command_takes_begin_the_call_and_commit(
+    database: ProvisionedDatabase, logged: tuple[Any, Any],
+) -> None:
+    """A compiled command's run is three round trips whatever it declares
+    (idempotency key, reads, unique claims, a transition): BEGIN, the one
+    call, the impacts' NOTIFY with COMMIT; it answers as the interpreter."""
+    db, statements = logged
+    tables = {"Project": "cmd_project", "Task": "cmd_task"}
+    compiled = {name: compile_command(COMMANDS[name], tables)
+                for name in ("CreateProject", "CreateTask", "RenameTask", "StartTask")}
+    owner = await asyncpg.connect(database.owner_url)
+    try:
+        await owner.execute(PRELUDE)
+        for c in compiled.values():
+            await owner.execute(c.ddl)
+    finally:
+        await owner.close()
+    executor = executor_for(db)
+
+    async def sent(name: str, inputs: dict[str, Any]) -> list[str]:
+        outcome = await _compiled(executor, compiled[name], ALICE, inputs)
+        assert isinstance(outcome, CommandOutcome) and outcome.ok, outcome
+        return [s for s in statements.take() if not s.startswith(_INTROSPECTION)]
+
+    await sent("CreateProject", {"request_key": "k0", "org": "acme", "project_id": "p",
+                                 "name": "P"})
+    await sent("CreateTask", {"request_key": "k1", "org": "acme", "task_id": "t0",
+                              "project_id": "p", "title": "warm"})
+    runs = [
+        await sent("CreateTask", {"request_key": "k2", "org": "acme", "task_id": "t1",
+                                  "project_id": "p", "title": "a"}),
+        await sent("RenameTask", {"org": "acme", "task_id": "t1", "title": "b"}),
+        await sent("StartTask", {"request_key": "k3", "org": "acme", "task_id": "t1",
+                                 "expected_revision": 2}),
+    ]
+    for run in runs:
+        assert len(run) == 3, run
+        assert run[0].startswith("BEGIN; SET LOCAL lock_timeout")
+        assert run[1].startswith("SELECT service_engine.")
+        assert "; COMMIT; " in run[2] and "pg_notify('service_engine_impacts'" in run[2]
+    rows = await db.pool.fetch("SELECT title, state, version FROM cmd_task WHERE id = 't1'")
+    assert [tuple(r) for r in rows] == [("b", "running", 3)]

@@ -43,7 +43,7 @@ import dataclasses
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -206,6 +206,20 @@ def _lit(value: object) -> str:
 
 def _name_lit(text: str) -> str:
     return dollar_quoted(text)
+
+
+def _canon(value: str) -> str:
+    """The canonical JSON text of the ``jsonb`` ``value`` (`canonical_json`):
+    a scalar's own text, a collection through ``cmd_canon``."""
+    return (f"CASE WHEN jsonb_typeof({value}) IN ('array', 'object')"
+            f" THEN {SCHEMA}.cmd_canon({value}) ELSE ({value})::text END")
+
+
+def _canon_list(values: Sequence[str]) -> str:
+    """The canonical JSON text of the list of the ``jsonb`` ``values``."""
+    if not values:
+        return "'[]'"
+    return "'[' || " + " || ',' || ".join(_canon(v) for v in values) + " || ']'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -658,10 +672,8 @@ class _Generator:
                 continue
             i = self.index[b.as_]
             route = len(entity.partition_by)
-            key_parts = ", ".join(f"k{i} -> {_name_lit(f)}" for f in entity.key)
-            owner = (f"{SCHEMA}.cmd_canon(k{i} -> {_name_lit(entity.key[0])})"
-                     if len(entity.key) == 1 else
-                     f"{SCHEMA}.cmd_canon(jsonb_build_array({key_parts}))")
+            key_values = [f"k{i} -> {_name_lit(f)}" for f in entity.key]
+            owner = (_canon(key_values[0]) if len(entity.key) == 1 else _canon_list(key_values))
             taken = b.taken if isinstance(b, Mutate | Create) else {}
             for unique in entity.unique:
                 def occ(
@@ -670,8 +682,8 @@ class _Generator:
                     values = [f"{row} -> {_name_lit(f)}" for f in unique.fields]
                     present = " AND ".join(f"jsonb_typeof({v}) IS DISTINCT FROM 'null'"
                                            f" AND {v} IS NOT NULL" for v in values)
-                    part = f"{SCHEMA}.cmd_canon(jsonb_build_array({', '.join(values[:route])}))"
-                    val = f"{SCHEMA}.cmd_canon(jsonb_build_array({', '.join(values[route:])}))"
+                    part = f"({_canon_list(values[:route])})"
+                    val = f"({_canon_list(values[route:])})"
                     return present, part, val
 
                 a_present, a_part, a_val = occ(f"n{i}")
@@ -702,7 +714,8 @@ class _Generator:
         s += [
             "    FOR claim IN SELECT x.c FROM (SELECT DISTINCT ON (t.id) t.c, t.id FROM"
             " (SELECT e AS c,"
-            f" {SCHEMA}.cmd_canon(jsonb_build_array(e -> 'e', e -> 'i', e -> 'p', e -> 'v'))"
+            " ('[' || (e -> 'e')::text || ',' || (e -> 'i')::text || ',' || (e -> 'p')::text"
+            " || ',' || (e -> 'v')::text || ']')"
             " COLLATE \"C\" AS id, n FROM jsonb_array_elements(claims) WITH ORDINALITY q(e, n)) t"
             " ORDER BY t.id, t.n) x ORDER BY x.id LOOP",
             "      INSERT INTO service_engine.command_occupancy"
