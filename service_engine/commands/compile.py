@@ -61,6 +61,7 @@ from ..persistence.crud import quote_ident
 from ..pipeline import Ops
 from .check import CheckedCommand
 from .declaration import (
+    Cascade,
     Caused,
     Create,
     Delete,
@@ -71,6 +72,7 @@ from .declaration import (
     Record,
     Require,
     RequireGate,
+    Restrict,
     Set,
     Transition,
 )
@@ -365,17 +367,19 @@ class CompiledCommand:
                               dict(answer.get("data") or {}), dict(sealed))
 
     def impacts(self, answer: Mapping[str, Any]) -> list[tuple[str, JsonValue, Cause | None]]:
-        """``(noun, key, cause)`` of every impact the run stages: each written
-        binding's entity's nouns, keyed by its store key."""
+        """``(noun, key, cause)`` of every impact the run stages: each row a
+        cascade deleted, then each written binding, under its entity's nouns,
+        keyed by its store key."""
         staged: list[tuple[str, JsonValue, Cause | None]] = []
         causes = answer.get("causes") or {}
+        catalog = self.command.catalog
         for written in answer.get("written") or ():
-            name, key_values = written["b"], written["k"]
-            entity = self.command.entities[name]
+            name, key_values = written.get("b"), written["k"]
+            entity = catalog.entities[written["e"]]
             parts = [key_values[f] for f in entity.key]
             store_key: JsonValue = parts[0] if len(parts) == 1 else parts
             for noun in entity.nouns:
-                cause = causes.get(name, {}).get(noun)
+                cause = None if name is None else causes.get(name, {}).get(noun)
                 staged.append((noun, store_key, None if cause is None else
                                Cause(cause["name"], cause["data"])))
         return staged
@@ -417,9 +421,16 @@ def compile_command(command: CheckedCommand, tables: Mapping[str, str]) -> Compi
     the table holding its rows (one column per field, named as the field).
     Raises `NotCompilable` for what the compiler does not translate."""
     for clause in (*command.requirements, *command.effects):
-        if isinstance(clause, RequireGate | Record | Emit | Delete):
+        if isinstance(clause, RequireGate | Record | Emit):
             raise NotCompilable(f"{command.name}: {type(clause).__name__} is not compiled")
-    for entity in command.entities.values():
+    involved = list(command.entities.values())
+    for step in command.deletes.values():
+        policy = step.entity.delete_policy
+        if isinstance(policy, Cascade):
+            involved += [command.catalog.entities[edge.entity] for edge in policy.edges]
+        elif isinstance(policy, Restrict):
+            involved += [command.catalog.entities[ref.entity] for ref in policy.indexes]
+    for entity in involved:
         if entity.construct is not None:
             raise NotCompilable(f"{command.name}: entity {entity.name} has its own construct")
         if entity.name not in tables:
@@ -480,10 +491,12 @@ class _Generator:
                 "  out_name text;", "  out_ok boolean := false;", "  out_data jsonb := '{}';",
                 "  written jsonb := '[]';", "  causes jsonb := '{}';",
                 "  claims jsonb := '[]';", "  releases jsonb := '[]';", "  made jsonb := '[]';",
-                "  transfers jsonb := '[]';", "  claim jsonb;"]
+                "  transfers jsonb := '[]';", "  claim jsonb;", "  children jsonb := '[]';",
+                "  taken jsonb := '[]';"]
         for b in c.bindings:
             i = self.index[b.as_]
             decl += [f"  r{i} jsonb;", f"  n{i} jsonb;", f"  ch{i} boolean := false;",
+                     f"  d{i} boolean := false;",
                      f"  k{i} jsonb := ctl -> 'keys' -> {_name_lit(b.as_)};"]
         s: list[str] = ["BEGIN", "  FOREACH l IN ARRAY locks LOOP",
                         "    PERFORM pg_advisory_xact_lock(l);", "  END LOOP;"]
@@ -507,6 +520,7 @@ class _Generator:
         s += self.effects()
         s += self.construct()
         s += self.policies()
+        s += self.delete_proofs()
         s += self.occupancy()
         s += self.write()
         s += self.returns()
@@ -612,6 +626,8 @@ class _Generator:
                       + self.sync(clause.binding)]
                 if not isinstance(c.bindings[i], Create):
                     s.append(f"    ch{i} := true;")
+            elif isinstance(clause, Delete):
+                s.append(f"    d{self.index[clause.binding]} := true;")
             elif isinstance(clause, Caused):
                 s.append("    v := '{}'::jsonb;")
                 for k, e in clause.data.items():
@@ -644,24 +660,128 @@ class _Generator:
                              f" DETAIL = {_name_lit(f'create {b.as_}: {name} unset')}; END IF;")
         return s
 
+    def refuse(self, policy: Any, row: str, action: str, when: str = "") -> list[str]:
+        pred = self.expr(policy.predicate, _Scope({}, row))
+        data = (f"jsonb_build_object('reason', {_name_lit(policy.reason.code)},"
+                f" 'action', {_name_lit(action)})")
+        return [f"    IF {when}({pred}) IS DISTINCT FROM 'true'::jsonb THEN",
+                *self.answer("Refused", data, indent="      "), "    END IF;"]
+
     def policies(self) -> list[str]:
         s: list[str] = []
         for b in self.command.bindings:
             i = self.index[b.as_]
             entity = self.command.entities[b.as_]
-            checks: list[tuple[str, Any, str, str]] = []
+            checks: list[str] = []
             if isinstance(b, Create) and entity.create_policy is not None:
-                checks.append((f"n{i}", entity.create_policy, "create", ""))
+                checks += self.refuse(entity.create_policy, f"n{i}", "create")
             elif isinstance(b, Mutate) and entity.update_policy is not None:
-                checks.append((f"r{i}", entity.update_policy, "update", f"ch{i} AND "))
-                checks.append((f"n{i}", entity.update_policy, "update", f"ch{i} AND "))
-            for row, policy, action, when in checks:
-                pred = self.expr(policy.predicate, _Scope({}, row))
-                data = (f"jsonb_build_object('reason', {_name_lit(policy.reason.code)},"
-                        f" 'action', {_name_lit(action)})")
-                s += [f"    IF {when}({pred}) IS DISTINCT FROM 'true'::jsonb THEN",
-                      *self.answer("Refused", data, indent="      "), "    END IF;"]
+                checks += self.refuse(entity.update_policy, f"r{i}", "update", f"ch{i} AND ")
+                checks += self.refuse(entity.update_policy, f"n{i}", "update", f"ch{i} AND ")
+            if b.as_ in self.command.deletes:
+                # The row as it is (what the delete affordance judged).
+                check = entity.delete_check
+                s += [f"    IF d{i} THEN",
+                      *(self.refuse(check, f"r{i}", "delete") if check is not None else []),
+                      "    ELSE", *checks, "    END IF;"]
+            else:
+                s += checks
         return s
+
+    def typed(self, table: str, columns: Sequence[str], values: Sequence[str]) -> str:
+        """The ``columns`` of ``table`` holding the ``jsonb`` ``values``, typed
+        as the table types them (a row of ``jsonb_populate_record``)."""
+        pairs = ", ".join(f"{_name_lit(c)}, {v}" for c, v in zip(columns, values, strict=True))
+        cols = ", ".join(f"p.{quote_ident(c)}" for c in columns)
+        return (f"(SELECT {cols} FROM jsonb_populate_record(NULL::{table},"
+                f" jsonb_build_object({pairs})) p)")
+
+    def delete_proofs(self) -> list[str]:
+        c = self.command
+        catalog = c.catalog
+        s: list[str] = []
+        for name, step in c.deletes.items():
+            i = self.index[name]
+            policy = step.entity.delete_policy
+            target = [f"k{i} -> {_name_lit(f)}" for f in step.entity.key]
+            if isinstance(policy, Restrict):
+                for ref in policy.indexes:
+                    child = catalog.entities[ref.entity]
+                    index = child.index(ref.index)
+                    assert index is not None and step.clause.referenced is not None
+                    t = quote_ident(index.table)
+                    cols = index.sql_columns[: len(target)]
+                    match = ", ".join(f"t.{quote_ident(col)}" for col in cols)
+                    s += [f"    IF d{i} AND EXISTS (SELECT 1 FROM {t} t WHERE ({match}) ="
+                          f" {self.typed(t, cols, target)}) THEN",
+                          *self.answer(step.clause.referenced.name, indent="      "),
+                          "    END IF;"]
+            elif isinstance(policy, Cascade):
+                for edge in policy.edges:
+                    child = catalog.entities[edge.entity]
+                    index = child.index(edge.index)
+                    assert index is not None and step.clause.too_many is not None
+                    t = quote_ident(index.table)
+                    cols = index.sql_columns[: len(target)]
+                    match = ", ".join(f"t.{quote_ident(col)}" for col in cols)
+                    key_columns = index.key_columns if index.key_columns is not None else (
+                        child.key)
+                    found = ", ".join(f"{_name_lit(f)}, to_jsonb(t.{quote_ident(col)})"
+                                      for f, col in zip(child.key, key_columns, strict=True))
+                    order = ", ".join(f"t.{quote_ident(col)}" for col in key_columns)
+                    store_type = store_of(child.aggregate).store_type
+                    key_text = (_canon("x -> " + _name_lit(child.key[0])) if len(child.key) == 1
+                                else _canon_list([f"x -> {_name_lit(f)}" for f in child.key]))
+                    data = f"jsonb_build_object('maximum', {edge.maximum:d})"
+                    s += [f"    IF d{i} THEN",
+                          "      SELECT coalesce(jsonb_agg(x), '[]') INTO v FROM (SELECT"
+                          f" jsonb_build_object({found}) x FROM {t} t WHERE ({match}) ="
+                          f" {self.typed(t, cols, target)} ORDER BY {order}"
+                          f" LIMIT {edge.maximum + 1:d}) q;",
+                          f"      IF jsonb_array_length(v) > {edge.maximum:d} THEN",
+                          *self.answer(step.clause.too_many.name, data, indent="        "),
+                          "      END IF;",
+                          "      children := children || (SELECT coalesce(jsonb_agg("
+                          f"jsonb_build_object('e', {_name_lit(child.name)}, 'k', x, 's',"
+                          f" to_jsonb({_name_lit(store_type)} || chr(1) ||"
+                          f" ({key_text})))), '[]') FROM jsonb_array_elements(v) q(x));",
+                          "    END IF;"]
+        s += self.children()
+        return s
+
+    def child_entities(self) -> list[Entity]:
+        found: dict[str, Entity] = {}
+        for step in self.command.deletes.values():
+            policy = step.entity.delete_policy
+            if isinstance(policy, Cascade):
+                for edge in policy.edges:
+                    found.setdefault(edge.entity, self.command.catalog.entities[edge.entity])
+        return list(found.values())
+
+    def children(self) -> list[str]:
+        """Every row a cascade takes, read (locked) in the one fixed order and
+        judged by its own delete row policy; a row gone since is skipped."""
+        entities = self.child_entities()
+        if not entities:
+            return []
+        s = ["    FOR claim IN SELECT y.x FROM (SELECT DISTINCT ON (x ->> 's') x, x ->> 's' AS s"
+             " FROM jsonb_array_elements(children) WITH ORDINALITY q(x, n)"
+             " ORDER BY x ->> 's', n) y ORDER BY y.s COLLATE \"C\" LOOP"]
+        for child in entities:
+            t = quote_ident(self.tables[child.name])
+            match = ", ".join(f"t.{quote_ident(f)}" for f in child.key)
+            keys = ", ".join(f"q.{quote_ident(f)}" for f in child.key)
+            s += [f"      IF claim ->> 'e' = {_name_lit(child.name)} THEN",
+                  f"        SELECT to_jsonb(t) INTO v FROM {t} t WHERE ({match}) = (SELECT {keys}"
+                  f" FROM jsonb_populate_record(NULL::{t}, claim -> 'k') q) FOR UPDATE;",
+                  "        CONTINUE WHEN v IS NULL;"]
+            check = child.delete_check
+            if check is not None:
+                s += ["  " + line for line in self.refuse(check, "v", "delete")]
+            s += ["        taken := taken || jsonb_build_array(claim ||"
+                  " jsonb_build_object('r', v));",
+                  "      END IF;"]
+        return [*s, "    END LOOP;"]
 
     def occupancy(self) -> list[str]:
         c = self.command
@@ -699,13 +819,32 @@ class _Generator:
                 b_present, b_part, b_val = occ(f"r{i}")
                 before = (f"jsonb_build_object('e', {_name_lit(entity.name)}, 'i',"
                           f" {_name_lit(unique.name)}, 'p', {b_part}, 'v', {b_val})")
+                release = (f"IF {b_present} THEN releases := releases ||"
+                           f" jsonb_build_array({before}); END IF;")
+                if b.as_ in c.deletes:
+                    # A deleted row gives up its values, claims none.
+                    s += [f"    IF d{i} THEN {release}", "    ELSE"]
                 s += [f"    IF {a_present} AND NOT (({b_present}) AND {a_part} = {b_part}"
                       f" AND {a_val} = {b_val}) THEN",
                       f"      claims := claims || jsonb_build_array({entry}, 'o',"
                       f" {_name_lit(outcome.name if outcome else '')}, 'w', {owner}));",
-                      f"      IF {b_present} THEN releases := releases ||"
-                      f" jsonb_build_array({before}); END IF;",
+                      f"      {release}",
                       "    END IF;"]
+                if b.as_ in c.deletes:
+                    s.append("    END IF;")
+        # Children a cascade removes give up their unique values too.
+        for child in self.child_entities():
+            route = len(child.partition_by)
+            for unique in child.unique:
+                values = [f"x -> 'r' -> {_name_lit(f)}" for f in unique.fields]
+                present = " AND ".join(f"jsonb_typeof({v}) IS DISTINCT FROM 'null'"
+                                       f" AND {v} IS NOT NULL" for v in values)
+                s.append(
+                    "    releases := releases || (SELECT coalesce(jsonb_agg(jsonb_build_object("
+                    f"'e', {_name_lit(child.name)}, 'i', {_name_lit(unique.name)}, 'p',"
+                    f" ({_canon_list(values[:route])}), 'v', ({_canon_list(values[route:])}))),"
+                    f" '[]') FROM jsonb_array_elements(taken) q(x) WHERE x ->> 'e' ="
+                    f" {_name_lit(child.name)} AND {present});")
         if not s:
             return s
         # Claims in the one fixed order (the canonical text of each value's
@@ -743,6 +882,16 @@ class _Generator:
     def write(self) -> list[str]:
         c = self.command
         s: list[str] = []
+        for child in self.child_entities():
+            t = quote_ident(self.tables[child.name])
+            match = ", ".join(f"t.{quote_ident(f)}" for f in child.key)
+            keys = ", ".join(f"q.{quote_ident(f)}" for f in child.key)
+            s += [f"    DELETE FROM {t} t USING jsonb_array_elements(taken) x WHERE x ->> 'e' ="
+                  f" {_name_lit(child.name)} AND ({match}) = (SELECT {keys} FROM"
+                  f" jsonb_populate_record(NULL::{t}, x -> 'k') q);",
+                  "    written := written || (SELECT coalesce(jsonb_agg(jsonb_build_object("
+                  "'e', x -> 'e', 'k', x -> 'k')), '[]') FROM jsonb_array_elements(taken) x"
+                  f" WHERE x ->> 'e' = {_name_lit(child.name)});"]
         for b in c.bindings:
             if isinstance(b, Read):
                 continue
@@ -752,12 +901,20 @@ class _Generator:
             cols = ", ".join(quote_ident(f) for f in entity.all_fields)
             picked = ", ".join(f"p.{quote_ident(f)}" for f in entity.all_fields)
             mark = ("    written := written || jsonb_build_array(jsonb_build_object('b',"
-                    f" {_name_lit(b.as_)}, 'k', k{i}));")
+                    f" {_name_lit(b.as_)}, 'e', {_name_lit(entity.name)}, 'k', k{i}));")
             if isinstance(b, Create):
                 s += [f"    INSERT INTO {t} ({cols}) SELECT {picked} FROM"
                       f" jsonb_populate_record(NULL::{t}, n{i}) p;", mark]
                 continue
-            s.append(f"    IF ch{i} THEN")
+            if b.as_ in c.deletes:
+                match = ", ".join(f"t.{quote_ident(f)}" for f in entity.key)
+                keys = ", ".join(f"q.{quote_ident(f)}" for f in entity.key)
+                s += [f"    IF d{i} THEN",
+                      f"      DELETE FROM {t} t WHERE ({match}) = (SELECT {keys} FROM"
+                      f" jsonb_populate_record(NULL::{t}, k{i}) q);", "  " + mark,
+                      f"    ELSIF ch{i} THEN"]
+            else:
+                s.append(f"    IF ch{i} THEN")
             if entity.revision is not None:
                 rev = _name_lit(entity.revision)
                 s.append(f"      IF jsonb_typeof(r{i} -> {rev}) = 'number' THEN n{i} := n{i} ||"
@@ -770,7 +927,9 @@ class _Generator:
                   f" WHERE ({match}) = (SELECT {keys} FROM"
                   f" jsonb_populate_record(NULL::{t}, k{i}) q);",
                   "  " + mark, "    END IF;"]
-        if any(c.entities[b.as_].unique for b in c.bindings if not isinstance(b, Read)):
+        if any(c.entities[b.as_].unique for b in c.bindings if not isinstance(b, Read)) or any(
+            child.unique for child in self.child_entities()
+        ):
             s += [
                 "    DELETE FROM service_engine.command_occupancy o USING"
                 " jsonb_array_elements(releases) r WHERE o.entity = r ->> 'e' AND o.index_name ="
