@@ -4,21 +4,36 @@
 ``CREATE OR REPLACE FUNCTION`` of one function in the engine's schema,
 named after the command and a digest of its checked declaration (a changed
 declaration is a new function, never an edit of a running one), and the
-call that runs it. One call decides and writes the whole command in the
-caller's transaction, exactly as the interpreter (`runner`) does::
+call that runs it (`run_compiled`). One call decides and writes the whole
+command in the caller's transaction, exactly as the interpreter (`runner`)
+does, so a command's run is BEGIN, the call, and COMMIT with the impacts'
+NOTIFY (three round trips, whatever it declares)::
 
     advisory locks (the idempotency key's, then every binding's, in the one
     fixed order computed here from the inputs)
     idempotency record read -> a stored outcome answers at once
     bindings' exact reads (FOR UPDATE), absence / existence outcomes
-    requirements, transitions, sets, creates' defaults, row policies
+    requirements, transitions, sets, deletes, creates' defaults
+    row policies (create; update on the current and proposed rows; delete)
+    delete proofs: restrict (one indexed probe), cascade (bounded scan, each
+    child read in the one fixed order and judged by its delete policy)
     unique occupancy claims (in the one fixed order; a held value answers
     its declared outcome and takes back the claims made)
-    inserts, updates (the revision counted), occupancy releases/transfers
+    cascaded deletes, inserts, updates (the revision counted), deletes,
+    occupancy releases and transfers
     the idempotency record (with the outcome, answers included)
 
-and answers the outcome as JSON (with the bindings written and their
-causes, for the impacts the caller stages with the commit).
+and answers the outcome as JSON (with the rows written and their causes,
+for the impacts the caller stages with the commit).
+
+Why a generated function and not one SQL statement: a command decides in
+sequence with early answers that must write nothing (a requirement after a
+read, a held unique value after the claims before it were made), and
+data-modifying CTEs of one statement all run against one snapshot, none
+seeing another's writes, none able to stop the rest; a statement would
+repeat every earlier condition in every later CTE. A function says it in
+order, is planned once per session, and is created by the schema's owner
+(the app role only executes it).
 
 Values are never written into the SQL: the inputs, the principal's facts
 and the run's control values are the call's three parameters (``jsonb``)
@@ -29,11 +44,18 @@ the declaration are dollar-quoted JSON literals.
 Expressions keep the interpreter's strict semantics: a value is ``jsonb``,
 SQL ``NULL`` is `INVALID` (a missing field or fact, a mistyped operand), a
 JSON ``null`` is ``None``; the helper functions (`PRELUDE`) never coerce.
+Two bindings of one row share one image, as the interpreter's one
+aggregate object.
 
 Not compiled (`NotCompilable` names the clause): `RequireGate` (a Python
-gate), `Record` (a domain event on an event-sourced aggregate), `Emit` (a
-Python builder), `Delete` (restrict/cascade proofs), an entity with its own
-``construct``, and an entity without a table mapping.
+gate: the reference service's gates would have to be row policies over the
+row and declared facts), `Record` (a domain event written by an
+event-sourced store), `Emit` (a Python builder over the bound aggregates),
+an entity with its own ``construct``; and every entity needs a table whose
+columns are its fields (``tables``). Known differences outside what
+registration types: a tuple constant compared with a list fact, ``True``
+contained in ``[1]``, an instant's text in a returned field (Postgres's
+ISO form) and a uuid compared with a text are each decided on their JSON.
 """
 
 from __future__ import annotations
