@@ -997,9 +997,11 @@ async def run_compiled(
     retention: timedelta,
 ) -> CommandOutcome:
     """Run ``compiled`` in the transaction ``cx`` holds, as ``principal``:
-    one call (BEGIN rides with it when nothing was sent yet is not possible:
-    the call takes parameters), its impacts staged for the commit. Raises
-    `InvalidInput` for inputs (or a set value) the declaration refuses."""
+    one call (after BEGIN, in a round trip of its own: the call takes
+    parameters, and asyncpg sends such a statement alone), its impacts
+    staged for the commit. Raises `InvalidInput` for inputs (or a set value)
+    the declaration refuses, `TypeError` for a set, cause or return that
+    evaluates to nothing (as the interpreter does)."""
     values = validate_inputs(compiled.command, inputs)
     inputs_json, facts, control, locks = compiled.arguments(
         principal, values, cx.now().value, retention
