@@ -75,6 +75,7 @@ from service_engine.impacts.model import canonical_json
 from service_engine.persistence import Aggregate
 from service_engine.pipeline import MutationError, MutationExecutor
 
+from . import test_commands_properties as properties
 from .sample_commands import ALICE, COMMANDS, OrgStore, executor_for
 from .sample_commands import Principal as SamplePrincipal
 
@@ -587,3 +588,70 @@ def test_the_samples_compiled_commands_equal_the_interpreter(
         asyncio.run(_sample_example(database, seed))
 
     check()
+
+
+class _CompiledRunner:
+    """`CommandRunner.run`'s signature over the compiled functions."""
+
+    def __init__(self, executor: MutationExecutor) -> None:
+        self.executor = executor
+
+    async def run(self, command: CheckedCommand, principal: Any, inputs: Any) -> Any:
+        return await _compiled(self.executor, SAMPLE_COMPILED[command.name], principal, inputs)
+
+
+async def _interleaved(url: str, steps: list[tuple[Any, ...]], sizes: list[int]) -> None:
+    db = await connect_pool(url, max_size=8)
+    try:
+        org = f"o{secrets.token_hex(4)}"
+        who = SamplePrincipal(f"p-{org}", org=org)
+        runner = _CompiledRunner(executor_for(db))
+        await runner.run(COMMANDS["CreateProject"], who, {
+            "request_key": "project", "org": org, "project_id": f"{org}-p", "name": "P"})
+        calls = [properties._call(org, step) for step in steps]
+        outcomes: list[Any] = []
+        at = 0
+        for size in sizes * len(calls):
+            if at >= len(calls):
+                break
+            batch = calls[at:at + size]
+            at += size
+            outcomes += await asyncio.gather(
+                *(runner.run(COMMANDS[name], who, inputs) for name, inputs in batch)
+            )
+        assert all(isinstance(o, CommandOutcome) for o in outcomes), outcomes
+        await properties._check(db, org, calls, outcomes)
+    finally:
+        await db.aclose()
+
+
+def test_compiled_commands_keep_the_invariants_under_random_interleavings(
+    database: ProvisionedDatabase,
+) -> None:
+    """Concurrent batches of compiled keyed commands and their retries keep
+    what the interpreter keeps: one outcome and one set of sealed values per
+    key, titles unique exactly (the occupancy rows' own conflicts serialise
+    two claims of one value), revisions counting exactly the first runs."""
+    async def install() -> None:
+        owner = await asyncpg.connect(database.owner_url)
+        try:
+            await owner.execute(PRELUDE)
+            for c in SAMPLE_COMPILED.values():
+                await owner.execute(c.ddl)
+        finally:
+            await owner.close()
+
+    asyncio.run(install())
+
+    @settings(max_examples=20, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(properties.programs, properties.batches)
+    def interleave(program: list[tuple[tuple[Any, ...], bool]], sizes: list[int]) -> None:
+        steps: list[tuple[Any, ...]] = []
+        for step, retry in program:
+            steps.append(step)
+            if retry:
+                steps.append(step)
+        asyncio.run(_interleaved(database.app_url, steps, sizes))
+
+    interleave()
