@@ -65,6 +65,7 @@ from service_engine.commands import (
     Var,
     Workflow,
     WorkflowTransition,
+    run_in,
 )
 from service_engine.commands.compile import PRELUDE, CompiledCommand, compile_command, run_compiled
 from service_engine.commands.plan import InvalidInput
@@ -509,7 +510,6 @@ async def _sample_example(database: ProvisionedDatabase, seed: int) -> None:
         suffix = secrets.token_hex(3)
         orgs = {"i": f"oi{suffix}", "c": f"oc{suffix}"}
         executor = executor_for(db, lock_timeout=timedelta(seconds=5))
-        runner = CommandRunner(executor)
         names = sorted(COMMANDS)
         for n in range(len(SETUP) + 30):
             fixed: dict[str, Any] | None = None
@@ -524,15 +524,13 @@ async def _sample_example(database: ProvisionedDatabase, seed: int) -> None:
                 who = SamplePrincipal(f"p-{side}{suffix}", org=rnd.choice([org, org, org, "zz"]),
                                       admin=rnd.random() < 0.3)
                 inputs = _sample_call(rnd, org, name, fixed)
-                if side == "i":
-                    call: Any = runner.run(COMMANDS[name], who, inputs)
-                else:
-                    call = _compiled(executor, SAMPLE_COMPILED[name], who, inputs)
+                staged: list[Any] = []
+                call = _staging(executor, name, who, inputs, staged, compiled=side == "c")
                 try:
                     result: Any = await call
                 except Exception as exc:
                     result = exc
-                answers[side] = _answer(result, org)
+                answers[side] = (_answer(result, org), _normal(staged, org))
             assert answers["i"] == answers["c"], (name, seed)
         states = []
         for side, org in orgs.items():
@@ -562,14 +560,37 @@ async def _sample_example(database: ProvisionedDatabase, seed: int) -> None:
 SAMPLE_COMPILED = {name: compile_command(c, SAMPLE_TABLES) for name, c in COMMANDS.items()}
 
 
+async def _staging(
+    executor: MutationExecutor, name: str, principal: Any, inputs: Any, staged: list[Any],
+    *, compiled: bool,
+) -> Any:
+    """Run ``name`` through the interpreter (`run_in`) or its compiled
+    function, keeping the impacts it staged (noun, key, cause) in ``staged``."""
+    async def handler(cx: Any) -> CommandOutcome:
+        if compiled:
+            outcome = await run_compiled(cx, SAMPLE_COMPILED[name], cx.principal, inputs,
+                                         RETENTION)
+        else:
+            outcome = await run_in(cx, COMMANDS[name], inputs, principal=cx.principal)
+        staged.extend((i.noun, i.key, None if i.cause is None else (i.cause.name, i.cause.data))
+                      for i in cx._impacts)
+        return outcome
+
+    try:
+        return await executor.execute(principal, handler)
+    except InvalidInput as exc:
+        return MutationError(INVALID_INPUT, str(exc))
+
+
 def test_the_samples_compiled_commands_equal_the_interpreter(
     database: ProvisionedDatabase,
 ) -> None:
     """Every command of the sample (restrict and cascade deletes, a read
     proving a relationship, workflow transitions, row policies of creates,
     updates and deletes) compiles, and random calls of them on two
-    partitions answer and leave the same rows through the compiled
-    functions as through the interpreter."""
+    partitions answer, stage the same impacts (noun, key, cause) and leave
+    the same rows through the compiled functions as through the
+    interpreter."""
     async def install() -> None:
         owner = await asyncpg.connect(database.owner_url)
         try:
