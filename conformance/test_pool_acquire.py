@@ -76,13 +76,13 @@ async def test_closing_unneeded_connections_keeps_the_count_asked_and_those_in_u
         for conn in held[1:]:
             await db.release(conn)
         assert db.in_use() == 1
-        assert db.close_idle_above(2) == 2  # four open, two kept
-        assert db.close_idle_above(0) == 1  # down to the floor: the one in use
+        assert await db.close_idle_above(2) == 2  # four open, two kept
+        assert await db.close_idle_above(0) == 1  # down to the floor: the one in use
         assert not held[0].is_closed()
         assert await held[0].fetchval("SELECT 1") == 1
         await db.release(held[0])
         held.clear()
-        assert db.close_idle_above(0) == 0  # the floor stays
+        assert await db.close_idle_above(0) == 0  # the floor stays
         conn = await db.acquire(1.0)
         assert await conn.fetchval("SELECT 3") == 3
         await db.release(conn)
