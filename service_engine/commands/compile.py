@@ -76,7 +76,7 @@ from ..clock import Timestamp
 from ..db.errors import Stage
 from ..db.literals import dollar_quoted
 from ..db.locks import aggregate_lock_key
-from ..errors import EngineError
+from ..failures import EngineError
 from ..impacts.model import Cause, JsonValue, canonical_json
 from ..persistence.base import store_of
 from ..persistence.crud import quote_ident
