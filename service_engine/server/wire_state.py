@@ -18,11 +18,6 @@ from .app import (
 )
 from .live_ops import LiveOp
 
-if TYPE_CHECKING:
-    from .wire import WireEndpoint
-    from .wire_admission import WireRequest
-    from .wire_operations import Operation
-
 _log = logging.getLogger(__name__)
 
 
@@ -77,7 +72,7 @@ class SocketState(asyncio.Protocol):
         "transport",
     )
 
-    _endpoint: WireEndpoint
+    _endpoint: Any  # the socket's `wire.WireEndpoint` (the units import this state, not it)
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     conn: ServerProtocol
@@ -98,7 +93,7 @@ class SocketState(asyncio.Protocol):
     _ping_payload: bytes | None
     _ping_sent_at: float
     _rtt: float
-    _ops: dict[Any, Operation | LiveOp]
+    _ops: dict[Any, Any]  # operation id -> `wire_operations.Operation` or `LiveOp`
     _woken: list[LiveOp] | None
     _fragments: list[bytes] | None
     _text: bool
@@ -118,7 +113,7 @@ class SocketState(asyncio.Protocol):
     _server: tuple[bytes, uvicorn.Config, ServerState, dict[str, Any]] | None
     context: GraphQLContext[Any] | None
     subprotocol: str | None
-    request: WireRequest | None
+    request: Any  # the upgrade's `wire_admission.WireRequest`, once admitted
     response: Response | None
 
     if TYPE_CHECKING:
@@ -138,7 +133,7 @@ class SocketState(asyncio.Protocol):
         def _handle(self, data: bytes) -> None: ...
         def _send_response_and_close(self, response: Response) -> None: ...
         def _stop_operations(self) -> None: ...
-        def _forget(self, operation_id: Any, operation: Operation | LiveOp) -> None: ...
+        def _forget(self, operation_id: Any, operation: Any) -> None: ...
         def _stop_keepalive(self) -> None: ...
         def _start_keepalive(self) -> None: ...
         def _drain_live(self) -> None: ...
