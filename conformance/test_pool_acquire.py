@@ -90,3 +90,17 @@ async def test_closing_unneeded_connections_keeps_the_count_asked_and_those_in_u
         if held:
             await db.release(held[0])
         await db.aclose()
+
+
+async def test_a_close_with_a_connection_still_held_ends_within_its_bound(
+    database: ProvisionedDatabase, caplog: Any
+) -> None:
+    """Closing a pool while a task still holds a connection (one it forgot to
+    release) ends within the close's bound: the held connection is
+    terminated, and a warning says how many were held."""
+    pool = await connect_pool(database.app_url, max_size=2)
+    await pool.acquire(5.0)  # never released
+    with caplog.at_level("WARNING", logger="service_engine.db.pool"):
+        async with asyncio.timeout(30):
+            await pool.aclose(within=0.5)
+    assert "1 connection(s) still held" in caplog.text

@@ -46,6 +46,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Collection
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
@@ -57,6 +58,11 @@ from ..failures import DatabaseUrlRefused, NestedConnectionError
 from ..resources import AsyncResource
 from .errors import Stage, translating
 from .tls import trusted_hosts_from_env, validate_database_tls
+
+_log = logging.getLogger(__name__)
+
+CLOSE_WITHIN = 10.0
+"""Seconds `Database.aclose` waits for held connections to be released."""
 
 Holder: TypeAlias = tuple[object, object]
 """Who holds a pooled connection: (the holding task, the asyncpg pool)."""
@@ -382,8 +388,20 @@ class Database(AsyncResource):
         """Pool connections in use now."""
         return self.pool.get_size() - self.pool.get_idle_size()
 
-    async def aclose(self) -> None:
-        await self.pool.close()
+    async def aclose(self, within: float = CLOSE_WITHIN) -> None:
+        """Close every connection once it is released, waiting at most
+        ``within`` seconds; past that, the connections still held are
+        terminated (asyncpg's `Pool.close` bounded by `asyncio.wait_for`, as
+        its documentation advises) and a warning names how many there were:
+        a close never hangs on a connection a task forgot."""
+        held = self.pool.get_size() - self.pool.get_idle_size()
+        try:
+            await asyncio.wait_for(self.pool.close(), within)
+        except TimeoutError:
+            _log.warning(
+                "closing the pool: %d connection(s) still held after %.0fs were terminated",
+                held, within,
+            )
 
 
 IDLE_CONNECTION_WINDOW = 300.0
