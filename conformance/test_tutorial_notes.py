@@ -149,13 +149,13 @@ async def test_a_passport_without_an_org_is_refused_by_name(notes: Running) -> N
 
 # -- the tutorial quotes the finished code ---------------------------------------------
 
-_QUOTE = re.compile(r'^```python title="notes/([\w./]+)"\n(.*?)^```$', re.S | re.M)
+_QUOTE = re.compile(r'^```\w+ title="notes/([\w./]+)"\n(.*?)^```$', re.S | re.M)
 
 
 def test_every_code_block_of_the_tutorial_is_in_the_finished_files() -> None:
-    """Each ``python title="notes/<file>"`` block of ``docs/tutorial/``
+    """Each ``title="notes/<file>"`` code block of ``docs/tutorial/``
     appears verbatim in ``examples/notes/<file>``, and together the blocks
-    quote every line of those files but their imports: the tutorial cannot
+    quote every line of those files: the tutorial cannot
     drift from the code the tests above run."""
     quoted: dict[str, list[str]] = {}
     for page in sorted(TUTORIAL.glob("*.md")):

@@ -123,12 +123,13 @@ async def create_note(cx: Mutation[Principal], body: str) -> str:
     return note.id
 
 
-async def edit_note(cx: Mutation[Principal], note_id: str, body: str) -> None:
+async def edit_note(cx: Mutation[Principal], note_id: str, body: str) -> str:
     note = await cx.load(Note, note_id)
     cx.require(note.can_edit)
     note.body = body
     await cx.save(note)
     cx.impact("note", note.id)
+    return note.id
 
 
 Info: TypeAlias = strawberry.Info[GraphQLContext[Principal], None]
@@ -140,10 +141,10 @@ class NoteResult(MutationResult):
     id: strawberry.ID | None = None
 
 
-def answer(outcome: str | MutationError | None, note_id: str | None = None) -> NoteResult:
+def answer(outcome: str | MutationError) -> NoteResult:
     if isinstance(outcome, MutationError):
         return NoteResult.refused(outcome)
-    return NoteResult(success=True, id=strawberry.ID(outcome or note_id or ""))
+    return NoteResult(success=True, id=strawberry.ID(outcome))
 
 
 @strawberry.type
@@ -156,7 +157,7 @@ class NotesMutation:
     @strawberry.mutation
     async def edit_note(self, info: Info, id: strawberry.ID, body: str) -> NoteResult:
         executor = info.context.engine.mutation_executor()
-        return answer(await executor.execute(info.context.principal, edit_note, id, body), id)
+        return answer(await executor.execute(info.context.principal, edit_note, id, body))
 
 
 @strawberry.type
