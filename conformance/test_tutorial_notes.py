@@ -12,6 +12,7 @@ subscriber of another org is sent nothing of it.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import re
 import secrets
@@ -168,3 +169,20 @@ def test_every_code_block_of_the_tutorial_is_in_the_finished_files() -> None:
         unquoted = [line for line in (CODE / name).read_text(encoding="utf-8").splitlines()
                     if line.strip() and not any(line in block for block in blocks)]
         assert not unquoted, f"the tutorial never shows these lines of {name}: {unquoted}"
+
+
+def test_the_tutorial_service_imports_only_the_public_surface() -> None:
+    """``examples/notes`` imports from the engine only the root package and
+    the public sub-packages the tutorial introduces (`service_engine.graphql`,
+    `service_engine.server`, `service_engine.embedded`)."""
+    public = {"service_engine", "service_engine.graphql", "service_engine.server",
+              "service_engine.embedded"}
+    imported = {
+        alias.name if isinstance(node, ast.Import) else node.module or ""
+        for path in sorted(CODE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Import | ast.ImportFrom) and not getattr(node, "level", 0)
+        for alias in node.names
+    }
+    engine = {name for name in imported if name.split(".")[0] == "service_engine"}
+    assert engine and engine <= public, sorted(engine - public)
