@@ -86,11 +86,12 @@ async def notes(pg_server: EmbeddedPostgres, nats_server: EmbeddedNats) -> Async
 
 async def subscribed(stack: contextlib.AsyncExitStack, run: Running, who: Passport
                      ) -> tuple[GqlSocket, list[dict[str, object]]]:
-    """A socket of ``who`` subscribed to ``notes``, and the views of its Reset."""
+    """A socket of ``who`` subscribed to ``notes``, and the views of its
+    Reset (revision 1, as the tutorial says)."""
     socket = await stack.enter_async_context(run.socket(who))
     await socket.subscribe("notes", SUBSCRIBE)
     reset = (await socket.next("notes"))["notes"]
-    assert reset["__typename"] == "NotesReset", reset
+    assert reset["__typename"] == "NotesReset" and reset["revision"] == 1, reset
     return socket, reset["views"]
 
 
@@ -111,7 +112,8 @@ async def test_a_note_reaches_its_org_live_and_only_its_author_edits_it(notes: R
         note_id = created["id"]
         for socket, can_edit in ((alice, True), (bob, False)):
             upsert = (await socket.next("notes"))["notes"]
-            assert upsert["__typename"] == "NotesUpsert", upsert
+            assert upsert["__typename"] == "NotesUpsert" and upsert["revision"] == 2, upsert
+            assert upsert["key"] == f'"{note_id}"'  # a key is its canonical JSON text
             assert upsert["view"] == {"id": note_id, "author": "alice", "body": "Buy milk",
                                       "canEdit": can_edit}
 
@@ -122,7 +124,7 @@ async def test_a_note_reaches_its_org_live_and_only_its_author_edits_it(notes: R
         edited = (await notes.gql(EDIT, {"id": note_id, "body": "Buy oat milk"}, ALICE))
         assert edited["editNote"]["success"] is True
         upsert = (await bob.next("notes"))["notes"]
-        assert upsert["view"]["body"] == "Buy oat milk", upsert  # not bob's refused edit
+        assert upsert["revision"] == 3 and upsert["view"]["body"] == "Buy oat milk", upsert
         await gina.quiet(QUIET)
 
 
