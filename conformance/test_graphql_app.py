@@ -260,9 +260,12 @@ async def test_post_query_answers_as_the_passport_principal(db: Database) -> Non
             }}
 
 
-async def test_post_without_a_usable_passport_is_refused_typed(db: Database) -> None:
+async def test_post_without_a_usable_passport_is_refused_typed(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
     """A POST without a usable passport is refused with a typed code (missing, malformed,
-    refused); a field that needs no principal still answers."""
+    refused), logged without a traceback and below error level; a field that needs no
+    principal still answers."""
     async with service(db) as (_, addr), httpx.AsyncClient(base_url=f"http://{addr}") as http:
         query = {"query": "{ whoami { sub } }"}
         cases = {
@@ -278,6 +281,7 @@ async def test_post_without_a_usable_passport_is_refused_typed(db: Database) -> 
         # the schema before the user sets a passport).
         body = (await http.post("/graphql", json={"query": "{ __schema { queryType { name } } }"})).json()
         assert body == {"data": {"__schema": {"queryType": {"name": "Query"}}}}
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
 async def test_subscriptions_are_not_served_over_http(

@@ -228,12 +228,18 @@ class _EdgeChecks(SchemaExtension):
 
 class _RefusalsAtInfo(logging.Filter):
     """Strawberry logs an operation's errors on its ``strawberry.execution``
-    logger at error level, with the document. A refusal is the client's fault
-    and cheap to provoke: one info line naming its code instead."""
+    logger at error level, with the document. A refusal (a limiter's, or a
+    passport missing, malformed or refused) is the client's fault and cheap
+    to provoke: one info line naming its code instead."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.msg
-        refusal = refusal_of(error) if isinstance(error, GraphQLError) else None
+        if not isinstance(error, GraphQLError):
+            return True
+        if isinstance(error.original_error, PassportError):
+            _log.info("refused at the edge: %s", error.original_error.code)
+            return False
+        refusal = refusal_of(error)
         if refusal is None:
             return True
         _log.info("refused at the edge: %s", refusal.value)
