@@ -27,8 +27,8 @@ from service_engine.embedded import (
     provision_streams,
 )
 
-from .example_support import example_database
-from .harness import Statements, logged_pool
+from .support.example_support import example_database
+from .support.harness import Statements, logged_pool
 
 TEMPLATE = "service_engine_template"
 SAMPLE_MIGRATIONS = Path(__file__).parent / "migrations"

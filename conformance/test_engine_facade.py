@@ -19,7 +19,7 @@ from service_engine import (
 )
 from service_engine.embedded import EmbeddedNats
 
-from .accumulator_support import (
+from .support.accumulator_support import (
     chunk_rows,
     hash_of,
     lane_pod,
@@ -27,8 +27,8 @@ from .accumulator_support import (
     seal_row,
     text_accumulator,
 )
-from .harness import assert_never, engine_running, fast_engine_config, wait_until
-from .nats_support import engine_nats
+from .support.harness import assert_never, engine_running, fast_engine_config, wait_until
+from .support.nats_support import engine_nats
 
 BOUND = 10.0
 

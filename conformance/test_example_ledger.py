@@ -36,8 +36,8 @@ from service_engine import (
 from service_engine.embedded import ProvisionedDatabase
 from service_engine.graphql import Passport
 
-from .example_support import Running, person, running
-from .harness import owner_connection
+from .support.example_support import Running, person, running
+from .support.harness import owner_connection
 
 ALICE = person("alice")
 BOB = person("bob")

@@ -43,8 +43,8 @@ from service_engine.pipeline import Reaction
 from service_engine.pipeline.inbound import EVENT_STREAM, InboundReaction
 from service_engine.readiness import REASON_INBOUND_STOPPED
 
-from .harness import assert_never, assert_nothing, owner_connection, wait_until
-from .inbound_support import (
+from .support.harness import assert_never, assert_nothing, owner_connection, wait_until
+from .support.inbound_support import (
     TWIN,
     claim_confirmations,
     consumer_state,
@@ -57,8 +57,8 @@ from .inbound_support import (
     producer,
     settled,
 )
-from .nats_support import stream_messages
-from .sample_orders import (
+from .support.nats_support import stream_messages
+from .support.sample_orders import (
     SERVICE,
     WAREHOUSE,
     Fulfil,
@@ -229,7 +229,7 @@ async def _spawn_pod(
     err = await asyncio.to_thread(log.open, "ab")
     try:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "conformance.inbound_pod", database.app_url, server.url,
+            sys.executable, "-m", "conformance.support.inbound_pod", database.app_url, server.url,
             name, kill_at, "2", cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=err,
         )
     finally:

@@ -32,9 +32,9 @@ from .blackbox.harness import (
     OUTSIDER,
     key,
 )
-from .example_support import example_database, running
-from .sample_cards import CardsView
-from .sample_cards import Principal as CardsPrincipal
+from .support.example_support import example_database, running
+from .support.sample_cards import CardsView
+from .support.sample_cards import Principal as CardsPrincipal
 from .test_graphql_app import (
     ALICE,
     SCHEMA,

@@ -22,8 +22,8 @@ from service_engine.render.runtime import RenderRuntime
 from service_engine.render.stream import SessionEnded, SessionStream
 from service_engine.render.windows import WindowSpec
 
-from .harness import engine_running, listener_running, wait_until
-from .sample_cards import (
+from .support.harness import engine_running, listener_running, wait_until
+from .support.sample_cards import (
     Card,
     CardStore,
     CardsView,

@@ -22,8 +22,8 @@ from service_engine.render import Populate, Reset, WindowReplica
 from service_engine.render.cohort import CohortKey
 from service_engine.render.stream import SessionStream
 
-from .harness import wait_until
-from .sample_cards import Card, CardsView, Principal, RankQuery
+from .support.harness import wait_until
+from .support.sample_cards import Card, CardsView, Principal, RankQuery
 from .test_render import CardWriters, frames, running_engine, seed, take, window
 
 

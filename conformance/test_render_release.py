@@ -7,7 +7,7 @@ import asyncio
 
 from service_engine import Database
 
-from .sample_cards import Card, CardsView, Principal, write_card
+from .support.sample_cards import Card, CardsView, Principal, write_card
 from .test_render import frames, take, window
 
 MANY = 300

@@ -11,7 +11,7 @@ from service_engine.impacts.model import Reconnected
 from service_engine.render import Keys, Reset, WindowReplica
 from service_engine.render.windows import WindowSpec
 
-from .sample_cards import Card, CardsView, OrgApplier, OrgCardsRls, Principal, write_card
+from .support.sample_cards import Card, CardsView, OrgApplier, OrgCardsRls, Principal, write_card
 from .test_render import drained, frames, seed, window
 
 

@@ -1,6 +1,6 @@
 """The soak scenario, short: the reference service keeps every promise at
 once under a mixed load while NATS, the listener, a pod and a subscriber
-fail, each kind of fault more than once (`conformance.soak_support`;
+fail, each kind of fault more than once (`conformance.support.soak`;
 ``bench/soak.py`` runs the same harness at scale)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from service_engine.embedded import (
     ProvisionedDatabase,
 )
 
-from .soak_support import FAULT_KINDS, SoakConfig, run_soak
+from .support.soak import FAULT_KINDS, SoakConfig, run_soak
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(170)]
 

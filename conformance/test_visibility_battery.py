@@ -51,9 +51,9 @@ from service_engine.impacts.model import canonical_json
 from service_engine.persistence import keys as event_keys
 
 from .blackbox.harness import provision_kv, provision_lanes
-from .example_support import Running, person, running
-from .harness import owner_connection, wait_until
-from .nats_support import engine_nats
+from .support.example_support import Running, person, running
+from .support.harness import owner_connection, wait_until
+from .support.nats_support import engine_nats
 
 BOUND = 10.0
 
