@@ -23,8 +23,8 @@ from service_engine.render.cohort import CohortKey
 from service_engine.render.stream import SessionStream
 
 from .support.harness import wait_until
+from .support.render_support import CardWriters, frames, running_engine, seed, take, window
 from .support.sample_cards import Card, CardsView, Principal, RankQuery
-from .test_render import CardWriters, frames, running_engine, seed, take, window
 
 
 class CountingCards(CardsView):

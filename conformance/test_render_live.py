@@ -15,8 +15,8 @@ from service_engine.render import Query, Remove, Reset, Upsert, WindowReplica
 from service_engine.render.windows import WindowSpec
 
 from .support.harness import wait_until
+from .support.render_support import ALICE, BOB, assert_quiet, running_engine, seed, take
 from .support.sample_cards import Card, CardsView, Principal, RankQuery, delete_card, write_card
-from .test_render import ALICE, BOB, assert_quiet, running_engine, seed, take
 
 
 async def test_with_keys_removes_a_key_that_leaves_the_result(db: Database) -> None:

@@ -20,8 +20,8 @@ from service_engine.render.stream import SessionStream
 from service_engine.render.windows import WindowSpec
 
 from .support.harness import wait_until
+from .support.render_support import CardWriters, drained, frames, running_engine, seed, take
 from .support.sample_cards import Card, CardsView, RankQuery, write_card
-from .test_render import CardWriters, drained, frames, running_engine, seed, take
 
 
 @dataclass(frozen=True)
