@@ -71,18 +71,11 @@ from conformance.support.sample_cards import (
     delete_card,
     write_card,
 )
-from service_engine import (
-    EngineConfig,
-    Query,
-    ReadinessHandle,
-    Remove,
-    Reset,
-    Upsert,
-    WindowSpec,
-)
+from service_engine import EngineConfig, Query, ReadinessHandle, WindowSpec
 from service_engine.db import Database, connect_pool, service_migrations
 from service_engine.embedded import EmbeddedPostgres, provision_database
 from service_engine.impacts.transport import PgListenNotify
+from service_engine.render import Remove, Reset, Upsert
 from service_engine.render.runtime import RenderRuntime
 
 MIGRATIONS = Path(__file__).resolve().parents[1] / "conformance" / "migrations"

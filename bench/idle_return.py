@@ -4,8 +4,8 @@
                                 [--latency] [--linger S] [--env NAME=VALUE ...] [--out DIR]
 
 The reference service runs in a child process (``bench/e2e.py``'s helpers)
-with its debug memory probe on (``EXAMPLE_SERVICE_MEMORY_PROBE``: on SIGUSR1
-it writes ``sys._debugmallocstats()``, live objects by type and, with
+under its debug memory probe (``dev/memory_probe.py``, on with
+``EXAMPLE_SERVICE_MEMORY_PROBE``: on SIGUSR1 it writes ``sys._debugmallocstats()``, live objects by type and, with
 ``--frames``, a tracemalloc report). For each size N:
 
 1. a warm-up opens and closes ``--warmup`` sessions, so what the first
@@ -57,6 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e import Service, cell, open_many, series, service, settle
 
 from service_engine.memory import RELEASE_MIN_CLOSED
+
+PROBE = ["dev/memory_probe.py", "example_service"]
+"""The service under its debug memory probe (``dev/memory_probe.py``)."""
 
 MALLOC_FIELDS = {
     "arenas": r"# arenas allocated current\s+=\s+([\d,]+)",
@@ -197,8 +200,8 @@ async def run(args: argparse.Namespace, out: Path) -> None:
            "EXAMPLE_SERVICE_MEMORY_PROBE_FRAMES": str(args.frames)}
     results = []
     load0 = os.getloadavg()[0]
-    async with service(env) as svc, httpx.AsyncClient(base_url=f"http://{svc.addr}",
-                                                      timeout=60) as http:
+    async with service(env, command=PROBE) as svc, httpx.AsyncClient(
+            base_url=f"http://{svc.addr}", timeout=60) as http:
         fresh = await cell(svc, "fresh", 1, 1, 20, args.seconds) if args.latency else None
         if args.warmup:
             await open_close(svc, args.warmup, "warm")

@@ -280,7 +280,7 @@ async def _durable_count(db: Database, prefix: str) -> int:
 
 async def _bench_push_chunk(engine: Engine, plan: list[tuple[str, int, bytes]],
                             in_flight: int) -> float:
-    from service_engine import Accumulator
+    from service_engine.lanes import Accumulator
 
     accumulator: Accumulator[Any] = engine.lanes.resolve(None)
     gate = asyncio.Semaphore(in_flight)
@@ -295,7 +295,7 @@ async def _bench_push_chunk(engine: Engine, plan: list[tuple[str, int, bytes]],
 
 
 async def _publish_frames(server: EmbeddedNats, plan: list[tuple[str, int, bytes]]) -> None:
-    from service_engine import ChunkFrame, ChunkSeq, encode_frame
+    from service_engine.lanes import ChunkFrame, ChunkSeq, encode_frame
 
     client = await nats.connect(server.url)
     try:
@@ -389,8 +389,8 @@ async def _bench_raw_insert(db: Database, plan: list[tuple[str, int, bytes]], in
 async def chunk_section(db: Database, server: EmbeddedNats, args: argparse.Namespace) -> None:
     """Lane A chunks folded durable per second: the engine's two paths beside
     raw JetStream and raw Postgres, on the same rows."""
-    from service_engine import Accumulator
     from service_engine.embedded import provision_lane_stream
+    from service_engine.lanes import Accumulator
 
     await provision_lane_stream(server.url, SERVICE)
     print(f"lane A chunks durable ({args.chunks} chunks of {args.chunk_bytes} B over "

@@ -46,17 +46,7 @@ from conformance.support.sample_counter import (  # noqa: E402
 from example_service.kernel import Principal  # noqa: E402
 from example_service.slices.roster.domain import ROSTER  # noqa: E402
 from example_service.slices.roster.views import PEOPLE, PeopleQuery, PeopleView  # noqa: E402
-from service_engine import (  # noqa: E402
-    Engine,
-    EngineConfig,
-    Offer,
-    Published,
-    Query,
-    ReadinessHandle,
-    Upsert,
-    WindowSpec,
-    WorkerStopped,
-)
+from service_engine import Engine, EngineConfig, Query, ReadinessHandle, WindowSpec  # noqa: E402
 from service_engine.db import Database, connect_pool, service_migrations  # noqa: E402
 from service_engine.db.types import Conn  # noqa: E402
 from service_engine.embedded import (  # noqa: E402
@@ -65,9 +55,12 @@ from service_engine.embedded import (  # noqa: E402
     provision_buckets,
     provision_database,
 )
+from service_engine.errors import WorkerStopped  # noqa: E402
 from service_engine.messaging.nats import KvBucket, Nats, open_nats  # noqa: E402
+from service_engine.offers import Offer, Published  # noqa: E402
 from service_engine.offers.drain import OfferDrain, OfferDrainBounds  # noqa: E402
 from service_engine.pipeline import MutationExecutor  # noqa: E402
+from service_engine.render import Upsert  # noqa: E402
 
 BUCKET = "BENCH_published"
 ROSTER_BUCKET = "PUBLISHED_twin"

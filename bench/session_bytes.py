@@ -93,7 +93,7 @@ class _Probe:
         the mark's collection), by type: ``garbage.json``."""
         import tracemalloc
 
-        from example_service.memory_pins import cyclic_garbage
+        from dev.memory_pins import cyclic_garbage
 
         found = cyclic_garbage()
 

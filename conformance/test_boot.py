@@ -10,21 +10,17 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from service_engine import (
-    Database,
-    Engine,
-    EngineConfig,
+from service_engine import Database, Engine, EngineConfig, ReadinessHandle, connect_pool
+from service_engine.embedded import EmbeddedPostgres, ProvisionedDatabase
+from service_engine.errors import (
     ListenerProbeFailed,
     PostureBypassRls,
     PostureOwner,
     PostureSuperuser,
-    ReadinessHandle,
     SchemaVersionConflict,
     ShuttingDown,
     WorkerStopped,
-    connect_pool,
 )
-from service_engine.embedded import EmbeddedPostgres, ProvisionedDatabase
 from service_engine.readiness import REASON_SCHEMA_VERSION_DISPLACED, REASON_WORKER_STOPPED
 
 from .support.harness import wait_until
@@ -241,7 +237,7 @@ async def test_shutdown_refuses_new_work_and_run_returns(db: Database) -> None:
 async def test_duplicate_worker_name_is_refused(db: Database) -> None:
     """A second worker under a name already registered is refused with
     DuplicateRegistration."""
-    from service_engine import DuplicateRegistration
+    from service_engine.errors import DuplicateRegistration
 
     engine = await Engine.boot(config(), db, None, ReadinessHandle())
 

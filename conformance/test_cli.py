@@ -19,7 +19,7 @@ import asyncpg
 import nats
 import pytest
 
-from service_engine import Database, DeadLetter, DeadLetters, DeadLetterSource, connect_pool
+from service_engine import Database, connect_pool
 from service_engine.cli import ExitCode
 from service_engine.db import engine_migrations, service_migrations
 from service_engine.embedded import (
@@ -33,6 +33,7 @@ from service_engine.embedded import (
     free_port,
 )
 from service_engine.graphql import graphql_app
+from service_engine.integration import DeadLetter, DeadLetters, DeadLetterSource
 
 from .conftest import SAMPLE_MIGRATIONS
 from .test_graphql_app import SCHEMA, resolve_me, running_engine, serving

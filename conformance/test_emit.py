@@ -15,15 +15,10 @@ from typing import Any
 
 import pytest
 
-from service_engine import (
-    Database,
-    EngineConfig,
-    SequenceWithoutService,
-    SystemClock,
-    Timestamp,
-    connect_pool,
-)
+from service_engine import Database, EngineConfig, Timestamp, connect_pool
+from service_engine.clock import SystemClock
 from service_engine.embedded import ProvisionedDatabase
+from service_engine.errors import SequenceWithoutService
 from service_engine.messaging.envelope import (
     Actor,
     EventMetadata,

@@ -9,15 +9,9 @@ from datetime import timedelta
 
 import pytest
 
-from service_engine import (
-    AlreadySealed,
-    Database,
-    Engine,
-    EngineConfig,
-    KeySealed,
-    SealHashMismatch,
-)
+from service_engine import Database, Engine, EngineConfig
 from service_engine.embedded import EmbeddedNats
+from service_engine.errors import AlreadySealed, KeySealed, SealHashMismatch
 
 from .support.accumulator_support import (
     chunk_rows,

@@ -14,18 +14,11 @@ from typing import Any
 
 import asyncpg
 
-from service_engine import (
-    Database,
-    DeadLetter,
-    DeadLetters,
-    DeadLetterSource,
-    Engine,
-    EngineConfig,
-    ReadinessHandle,
-)
+from service_engine import Database, Engine, EngineConfig, ReadinessHandle
 from service_engine.embedded import APP_ROLE, EmbeddedPostgres, ProvisionedDatabase
 from service_engine.impacts import Impact
 from service_engine.impacts.transport import PgListenNotify, stage_in
+from service_engine.integration import DeadLetter, DeadLetters, DeadLetterSource
 from service_engine.metrics import Metrics
 from service_engine.render import Query, Reset
 from service_engine.render.runtime import RenderRuntime

@@ -23,8 +23,8 @@ from example_service.slices.ledger.views import LEDGERS
 from example_service.slices.reply.commands import start_reply
 from example_service.slices.reply.domain import REPLY_TEXT
 from example_service.slices.reply.views import TYPING
-from service_engine import KeySealed
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
+from service_engine.errors import KeySealed
 from service_engine.graphql import Passport
 
 from .blackbox.harness import provision_kv, provision_lanes

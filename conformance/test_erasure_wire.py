@@ -17,15 +17,10 @@ import pytest
 from nats.aio.msg import Msg
 
 from example_service.slices.board.domain import BOARD_MEMBERSHIPS, NOUN, Board
-from service_engine import (
-    Database,
-    Engine,
-    ReadinessHandle,
-    WorkerStopped,
-    person_erased_subject,
-)
+from service_engine import Database, Engine, ReadinessHandle
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
-from service_engine.erasure import Erase
+from service_engine.erasure import Erase, person_erased_subject
+from service_engine.errors import WorkerStopped
 from service_engine.graphql import Passport
 from service_engine.impacts import UnknownFactDependency
 from service_engine.pipeline import Mutation

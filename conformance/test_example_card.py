@@ -38,23 +38,21 @@ from example_twin import Twin
 from service_engine import (
     ActionName,
     Actor,
-    DeclaredSequence,
     MutationError,
     MutationExecutor,
     Query,
     Reason,
-    Reset,
     Success,
-    Upsert,
     WindowSpec,
     affordances,
-    check_gates_match_affordances,
 )
 from service_engine.commands import CommandRunner
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
+from service_engine.gates import check_gates_match_affordances
 from service_engine.graphql import Passport
 from service_engine.impacts import ImpactKind
-from service_engine.integration import Tick
+from service_engine.integration import DeclaredSequence, Tick
+from service_engine.render import Reset, Upsert
 
 from .support.example_support import Running, person, running
 from .support.harness import owner_connection, wait_until

@@ -25,16 +25,11 @@ from example_service.slices.ledger.commands import (
 )
 from example_service.slices.ledger.domain import LEDGER_ERASE, Ledger
 from example_service.slices.ledger.views import LEDGERS, LedgersQuery
-from service_engine import (
-    HydrationFailed,
-    MutationError,
-    Query,
-    Reset,
-    Upsert,
-    WindowSpec,
-)
+from service_engine import MutationError, Query, WindowSpec
 from service_engine.embedded import ProvisionedDatabase
+from service_engine.errors import HydrationFailed
 from service_engine.graphql import Passport
+from service_engine.render import Reset, Upsert
 
 from .support.example_support import Running, person, running
 from .support.harness import owner_connection

@@ -149,7 +149,7 @@ async def test_registration_refuses_duplicates_and_a_second_principal_resolver(
 ) -> None:
     """Registering a reaction twice, or a second reaction principal resolver, is refused
     with DuplicateRegistration."""
-    from service_engine import DuplicateRegistration
+    from service_engine.errors import DuplicateRegistration
 
     conn = await open_nats(streams.url)
     try:

@@ -12,18 +12,11 @@ from datetime import timedelta
 import nats
 import pytest
 
-from service_engine import (
-    ConfigError,
-    Database,
-    DuplicateRegistration,
-    Engine,
-    KvPut,
-    KvRetract,
-    ReadinessHandle,
-    WorkerStopped,
-)
+from service_engine import Database, Engine, ReadinessHandle
 from service_engine.embedded import EmbeddedNats, provision_buckets
+from service_engine.errors import ConfigError, DuplicateRegistration, WorkerStopped
 from service_engine.messaging.nats import BucketMissing, KvBucket
+from service_engine.offers import KvPut, KvRetract
 from service_engine.offers.relay import KvChangeSet
 
 from .support.harness import fast_engine_config, wait_until

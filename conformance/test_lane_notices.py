@@ -14,7 +14,7 @@ from typing import Any
 
 import strawberry
 
-from service_engine import Database, LaneNotice, Query, Reset, Upsert, WindowSpec
+from service_engine import Database, Query, WindowSpec
 from service_engine.embedded import EmbeddedNats
 from service_engine.graphql import (
     Live,
@@ -24,9 +24,10 @@ from service_engine.graphql import (
     graphql_app,
     presence_subscription_union,
 )
-from service_engine.lanes import PresenceEntry
+from service_engine.lanes import LaneNotice, PresenceEntry
 from service_engine.lanes.notices import ACCUMULATED_LANE, LaneNoticeStream
 from service_engine.messaging.nats import Nats
+from service_engine.render import Reset, Upsert
 
 from .support.harness import assert_never, wait_until
 from .support.nats_support import engine_nats

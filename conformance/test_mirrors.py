@@ -16,8 +16,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from service_engine import Database, Engine, ReadinessHandle, WorkerStopped
+from service_engine import Database, Engine, ReadinessHandle
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase, provision_buckets
+from service_engine.errors import WorkerStopped
 from service_engine.messaging.dead_letters import DeadLetters, DeadLetterSource
 from service_engine.messaging.nats import KvBucket, Nats
 from service_engine.mirrors.declaration import Merged, Mirror

@@ -13,8 +13,9 @@ from example_service.slices.board.commands import archive_board, create_board, r
 from example_service.slices.roster.views import PEOPLE, PeopleQuery
 from example_twin.contract import Person
 from example_twin.roster import DEFAULT_ROSTER, publish_roster, read_boards, retract_person
-from service_engine import Query, Remove, Reset, Success, Upsert, WindowSpec
+from service_engine import Query, Success, WindowSpec
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
+from service_engine.render import Remove, Reset, Upsert
 
 from .blackbox.harness import provision_kv
 from .support.example_support import Running, person, running

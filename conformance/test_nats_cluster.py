@@ -17,8 +17,9 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from service_engine import Database, Engine, ReadinessHandle, WorkerStopped
+from service_engine import Database, Engine, ReadinessHandle
 from service_engine.embedded import EmbeddedNatsCluster
+from service_engine.errors import WorkerStopped
 from service_engine.messaging.envelope import (
     HEADER_MESSAGE_ID,
     HEADER_NATS_MSG_ID,

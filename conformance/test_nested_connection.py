@@ -22,17 +22,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from service_engine import (
-    Database,
-    Engine,
-    Erase,
-    MutationError,
-    MutationExecutor,
-    NestedConnectionError,
-    connect_pool,
-)
+from service_engine import Database, Engine, Erase, MutationError, MutationExecutor, connect_pool
 from service_engine.db.types import Conn
 from service_engine.embedded import ProvisionedDatabase
+from service_engine.errors import NestedConnectionError
 from service_engine.impacts.model import JsonValue
 from service_engine.pipeline import Mutation
 from service_engine.principal_facts import PrincipalFactLoadFailed

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Iterable
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -16,16 +17,10 @@ from typing import Any, ClassVar
 import nats
 import pytest
 
-from service_engine import (
-    ConfigError,
-    Database,
-    DuplicateRegistration,
-    Engine,
-    ReadinessHandle,
-    WorkerStopped,
-)
+from service_engine import Database, Engine, ReadinessHandle
 from service_engine.db.types import Conn
 from service_engine.embedded import EmbeddedNats, provision_buckets
+from service_engine.errors import DuplicateRegistration, WorkerStopped
 from service_engine.leader import LeaseLost
 from service_engine.messaging.nats import BucketMissing, KvBucket, Nats
 from service_engine.metrics import Metrics
@@ -373,16 +368,20 @@ async def test_a_standalone_relay_refuses_a_rebuilt_buckets_unchanged_versions_u
         }
 
 
-async def test_register_offer_refuses_no_broker_a_duplicate_and_an_absent_bucket(
-    db: Database, nats_server: EmbeddedNats
+async def test_register_offer_without_a_broker_a_duplicate_and_an_absent_bucket(
+    db: Database, nats_server: EmbeddedNats, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """register_offer refuses an engine without NATS and a second offer of
-    one name; a run whose offer bucket is not declared fails loud naming it
-    and holds readiness DOWN (the engine never creates a bucket)."""
+    """On an engine without NATS register_offer validates the offer and
+    leaves it unpublished, saying so in the log (a slice never asks whether
+    NATS is there); with NATS it refuses a second offer of one name; a run
+    whose offer bucket is not declared fails loud naming it and holds
+    readiness DOWN (the engine never creates a bucket)."""
     config = fast_engine_config("sample", lock_timeout=timedelta(seconds=1))
     bare = await Engine.boot(config, db, None, ReadinessHandle())
-    with pytest.raises(ConfigError, match="needs NATS"):
+    with caplog.at_level(logging.INFO, logger="service_engine.engine"):
         bare.register_offer(CounterOffer())
+    assert "is not published: the engine has no NATS connection" in caplog.text
+    assert bare.offer_drain is None
     async with engine_nats(nats_server) as conn:
         readiness = ReadinessHandle()
         engine = await Engine.boot(config, db, conn, readiness)

@@ -22,17 +22,10 @@ import pytest
 from playwright.async_api import ConsoleMessage, Page, Request
 from pydantic import BaseModel
 
-from service_engine import (
-    Database,
-    DeadLetter,
-    DeadLetters,
-    DeadLetterSource,
-    Engine,
-    EngineConfig,
-    open_nats,
-)
+from service_engine import Database, Engine, EngineConfig, open_nats
 from service_engine.embedded import EmbeddedNats
 from service_engine.graphql import PASSPORT_HEADER, Passport, graphql_app
+from service_engine.integration import DeadLetter, DeadLetters, DeadLetterSource
 from service_engine.pipeline import Reaction
 from service_engine.render import Query
 from service_engine.render.windows import WindowSpec

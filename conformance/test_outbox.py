@@ -17,8 +17,9 @@ import nats
 import pytest
 from pydantic import BaseModel
 
-from service_engine import Database, Engine, EngineConfig, ReadinessHandle, WorkerStopped
+from service_engine import Database, Engine, EngineConfig, ReadinessHandle
 from service_engine.embedded import EmbeddedNats, provision_streams
+from service_engine.errors import WorkerStopped
 from service_engine.integration.cron import Cron, Tick
 from service_engine.integration.outbox import (
     OUTBOX_SLOT,

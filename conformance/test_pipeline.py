@@ -19,10 +19,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from service_engine import Database, ShuttingDown
+from service_engine import Database
 from service_engine.clock import Timestamp
 from service_engine.db.locks import aggregate_lock_key
 from service_engine.embedded import ProvisionedDatabase
+from service_engine.errors import ShuttingDown
 from service_engine.gates import ActionName, Reason, affordances, check_gates_match_affordances
 from service_engine.impacts import Cause, Impact
 from service_engine.persistence import DomainEvent, erase, keys

@@ -15,8 +15,9 @@ import pytest
 
 from conformance.support.harness import wait_until
 from example_service.props import NOTIFICATIONS, open_props
-from service_engine import ConfigError, open_nats
+from service_engine import open_nats
 from service_engine.embedded import EmbeddedNats
+from service_engine.errors import ConfigError
 from service_engine.props import PropsClient, PropsError, PropsUnanswered, open_watch
 
 

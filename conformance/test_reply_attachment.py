@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from example_service.slices.reply.commands import start_reply
-from service_engine import BlobStoreConfig
+from service_engine.blobs import BlobStoreConfig
 from service_engine.embedded import (
     EmbeddedNats,
     EmbeddedSeaweed,

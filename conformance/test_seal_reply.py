@@ -27,9 +27,11 @@ from example_service.slices.reply.domain import REPLY_TEXT, Reply
 from example_service.slices.reply.reactions import FINISH_ATTEMPTS, reactions
 from example_twin import Twin
 from example_twin.reply import finish_reply, reply_cycle
-from service_engine import EventMetadata, KeySealed, MutationError, seal_hash
+from service_engine import EventMetadata, MutationError
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
+from service_engine.errors import KeySealed
 from service_engine.graphql import Passport
+from service_engine.lanes import seal_hash
 
 from .blackbox.harness import provision_kv, provision_lanes
 from .support.example_support import Running, person, running

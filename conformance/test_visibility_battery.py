@@ -36,19 +36,14 @@ from example_service.slices.reply.views import REPLIES, TYPING, RepliesQuery
 from example_service.slices.roster.views import PEOPLE, PeopleQuery
 from example_twin.contract import Person
 from example_twin.roster import publish_roster
-from service_engine import (
-    Database,
-    PresenceEntry,
-    Projector,
-    Query,
-    Reset,
-    VisibilityMismatch,
-    WindowSpec,
-    check_window_matches_visibility,
-)
+from service_engine import Database, Projector, Query, WindowSpec
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
+from service_engine.errors import VisibilityMismatch
 from service_engine.impacts.model import canonical_json
+from service_engine.lanes import PresenceEntry
 from service_engine.persistence import keys as event_keys
+from service_engine.render import Reset
+from service_engine.render.projector import check_window_matches_visibility
 
 from .blackbox.harness import provision_kv, provision_lanes
 from .support.example_support import Running, person, running

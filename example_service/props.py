@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from service_engine import ConfigError, Engine, Nats
+from service_engine import Engine, Nats
+from service_engine.errors import ConfigError
 from service_engine.props import (
     DevGranter,
     FieldSpec,

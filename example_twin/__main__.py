@@ -28,7 +28,7 @@ import os
 import signal
 import sys
 
-from service_engine import NatsUnavailable
+from service_engine.errors import NatsUnavailable
 
 from .reply import reply_cycle, split_text
 from .roster import DEFAULT_ROSTER, publish_roster, read_boards

@@ -23,17 +23,9 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 from pydantic import BaseModel, ConfigDict, Field
 
-from service_engine import (
-    Acked,
-    ChunkFrame,
-    ChunkSeq,
-    Duplicate,
-    EventMetadata,
-    Unanswered,
-    encode_frame,
-    event_subject,
-    seal_hash,
-)
+from service_engine import EventMetadata
+from service_engine.integration import Acked, Duplicate, Unanswered, event_subject
+from service_engine.lanes import ChunkFrame, ChunkSeq, encode_frame, seal_hash
 
 from .runner import EVENT_STREAM, Twin, TwinError
 

@@ -28,19 +28,15 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel, ValidationError
 
 from service_engine import (
-    Acked,
     Actor,
-    Duplicate,
     EventMetadata,
     IntegrationCommand,
     IntegrationEvent,
     Nats,
-    NatsUnavailable,
-    Unanswered,
-    command_subject,
-    event_subject,
     open_nats,
 )
+from service_engine.errors import NatsUnavailable
+from service_engine.integration import Acked, Duplicate, Unanswered, command_subject, event_subject
 
 from .contract import (
     CARD,

@@ -6,15 +6,28 @@ sub-packages; a service imports nothing else (the reference service is held
 to it by ``tests/test_example_service_surface.py``). Every other module is
 the engine's own and may move between releases.
 
-* ``service_engine``: everything a service authors against (the engine and
-  its configuration, stores, commands and reactions, projectors and windows,
-  gates, the integration envelope and subjects, the host functions, errors);
+* ``service_engine``: what a service author writes every day: the engine
+  and its configuration, the stores and aggregates, the write contexts
+  (`Mutation`, `Reaction`, `Bulk`, `Erase`), projectors, windows, cohorts
+  and visibility, gates, the integration envelope, the boot functions;
+* ``service_engine.errors``: every exception the engine raises (none is
+  exported here);
 * ``service_engine.graphql``: the GraphQL author's kit (`compose_service`,
   `subscription_union` and its live fields, `MutationResult` / `Refusal`,
   `GraphQLContext`), kept apart so the engine imports no Strawberry until a
   service serves GraphQL;
 * ``service_engine.server``: what serves it (`graphql_app`, the passport,
-  the subscription socket, the ops page, `run_with`);
+  the subscription socket, the ops page, `run_with`, `run_pods`);
+* ``service_engine.integration``: the integration loops' declarations
+  beyond the envelope (dispositions, crons, declared sequences, subjects,
+  publish outcomes, dead letters, the outbox row);
+* ``service_engine.lanes``: the presence lane and the accumulated lane
+  with its seal;
+* ``service_engine.blobs``: blob kinds and the object store;
+* ``service_engine.offers``: published languages (offers, KV relays);
+* ``service_engine.mirrors``: other services' published languages mirrored;
+* ``service_engine.erasure``: a person's erasure;
+* ``service_engine.scopes``: scope manifests declared to Identity;
 * ``service_engine.persistence``: the persistence kit's helpers beyond the
   styles exported here (the full-EDA log's ``keys``, ``erase``, ``Redactor``);
 * ``service_engine.commands``: the declarative command layer on the write
@@ -29,157 +42,37 @@ the engine's own and may move between releases.
 not part of the surface.
 """
 
-from .blobs.model import BlobBucketMissing, BlobError, BlobKind, BlobPolicy, DownloadUrl, UploadUrl
-from .blobs.runtime import BlobStoreMissing
-from .blobs.store import BlobStoreConfig
-from .clock import Clock, SystemClock, Timestamp
+from .clock import Clock, Timestamp
 from .config import EngineConfig
-from .db import Database, connect_pool, service_migrations, validate_database_tls
+from .db import Database, connect_pool, service_migrations
 from .db.types import Conn
-from .engine import ENGINE_VERSION, Engine
-from .erasure import (
-    PERSON_ERASED_SUBJECT,
-    Erasable,
-    Erase,
-    Erased,
-    Eraser,
-    ErasureResult,
-    PersonErased,
-    person_erased_subject,
-)
-from .errors import (
-    AttachError,
-    ConfigError,
-    DatabaseUrlRefused,
-    DuplicateRegistration,
-    EngineError,
-    ListenerProbeFailed,
-    NestedConnectionError,
-    PostureBypassRls,
-    PostureError,
-    PostureOwner,
-    PostureSuperuser,
-    SchemaVersionConflict,
-    ShuttingDown,
-    WorkerStopped,
-)
-from .gates import (
-    ActionName,
-    Affordances,
-    Gate,
-    Reason,
-    Refused,
-    affordances,
-    check_gates_match_affordances,
-    gated,
-)
+from .engine import Engine
+from .erasure import Erasable, Erase
+from .gates import ActionName, Affordances, Gate, Reason, affordances, gated
 from .impacts import Cause, Impact
 from .integration import (
-    Acked,
     Actor,
-    Cron,
-    DeadLetter,
-    DeadLetters,
-    DeadLetterSource,
-    DeclaredSequence,
-    Disposition,
-    Duplicate,
     EventMetadata,
     InboundReaction,
     IntegrationCommand,
     IntegrationEvent,
-    KvBucket,
-    KvKey,
     Nats,
-    NatsUnavailable,
-    OutboundCommand,
-    OutboundEvent,
-    Park,
-    PrincipalUnresolved,
-    PublishOutcome,
-    ReactionBudget,
-    Rejected,
-    Retry,
-    SequenceWithoutService,
-    Terminal,
-    Tick,
-    Unanswered,
-    command_subject,
-    event_subject,
     open_nats,
-    stage_outbox_row,
-)
-from .lanes import (
-    ACCUMULATED_LANE,
-    Accumulator,
-    AccumulatorWithoutService,
-    AlreadySealed,
-    Cancelled,
-    ChunkConflict,
-    ChunkFrame,
-    ChunkSeq,
-    ChunkSeqOutOfRange,
-    Durable,
-    Folded,
-    InvalidChunkKey,
-    KeySealed,
-    LaneNotice,
-    LaneStreamMissing,
-    PresenceBucketRefused,
-    PresenceEntry,
-    PresenceHandle,
-    PresenceProjector,
-    SealChunkBeyondLastSeq,
-    SealError,
-    SealHashMismatch,
-    SealRetentionTooShort,
-    SealTruncated,
-    encode_frame,
-    seal_hash,
 )
 from .memory import run_on_allocator
-from .mirrors.declaration import Merged, Mirror, Shadow
-from .mirrors.projection import Known, KnownScope, Projection
-from .offers.model import Offer, Published
-from .offers.relay import HostedKvRelay, KvDrainRelay, KvPut, KvRetract, KvSource
 from .persistence import (
     Aggregate,
     CrudStore,
     DomainEvent,
     EventSourced,
     FullEda,
-    HydrationFailed,
-    NotFound,
-    Persistence,
     RecordsEvents,
     SoftEdaStore,
-    Style,
 )
-from .pipeline import (
-    Bulk,
-    ConstraintViolation,
-    DatabaseError,
-    LockTimeout,
-    Mutation,
-    MutationError,
-    MutationExecutor,
-    OneShot,
-    Reaction,
-    Success,
-)
-from .principal_facts import PrincipalFactLoader, PrincipalFactLoadFailed
-from .readiness import Readiness, ReadinessHandle, readiness_route
-from .render import (
-    CohortKey,
-    Keys,
-    NoLiveSession,
-    Ordered,
-    Query,
-    Remove,
-    Reset,
-    SessionId,
-    Upsert,
-)
+from .pipeline import Bulk, Mutation, MutationError, MutationExecutor, OneShot, Reaction, Success
+from .principal_facts import PrincipalFactLoader
+from .readiness import ReadinessHandle
+from .render import CohortKey, Keys, Ordered, Query
 from .render.projector import (
     Coalesced,
     PerImpact,
@@ -188,205 +81,63 @@ from .render.projector import (
     RlsApplier,
     Unrestricted,
     Visibility,
-    VisibilityMismatch,
-    check_window_matches_visibility,
 )
-from .render.stream import SessionEnded, SessionStream
 from .render.windows import Emission, WindowSpec
-from .scopes.manifest import (
-    EmptyScopeManifest,
-    MalformedScopeKey,
-    ScopeDeclaration,
-    ScopeError,
-    ScopeManifest,
-    ScopeManifestSpansServices,
-    ScopeRejected,
-    ScopeWithoutNats,
-)
-from .server.host import bind_listener, run_with, run_with_listener
 
 __all__ = [
-    "ACCUMULATED_LANE",
-    "ENGINE_VERSION",
-    "PERSON_ERASED_SUBJECT",
-    "Accumulator",
-    "AccumulatorWithoutService",
-    "Acked",
     "ActionName",
     "Actor",
     "Affordances",
     "Aggregate",
-    "AlreadySealed",
-    "AttachError",
-    "BlobBucketMissing",
-    "BlobError",
-    "BlobKind",
-    "BlobPolicy",
-    "BlobStoreConfig",
-    "BlobStoreMissing",
     "Bulk",
-    "Cancelled",
     "Cause",
-    "ChunkConflict",
-    "ChunkFrame",
-    "ChunkSeq",
-    "ChunkSeqOutOfRange",
     "Clock",
     "Coalesced",
     "CohortKey",
-    "ConfigError",
     "Conn",
-    "ConstraintViolation",
-    "Cron",
     "CrudStore",
     "Database",
-    "DatabaseError",
-    "DatabaseUrlRefused",
-    "DeadLetter",
-    "DeadLetterSource",
-    "DeadLetters",
-    "DeclaredSequence",
-    "Disposition",
     "DomainEvent",
-    "DownloadUrl",
-    "Duplicate",
-    "DuplicateRegistration",
-    "Durable",
     "Emission",
-    "EmptyScopeManifest",
     "Engine",
     "EngineConfig",
-    "EngineError",
     "Erasable",
     "Erase",
-    "Erased",
-    "Eraser",
-    "ErasureResult",
     "EventMetadata",
     "EventSourced",
-    "Folded",
     "FullEda",
     "Gate",
-    "HostedKvRelay",
-    "HydrationFailed",
     "Impact",
     "InboundReaction",
     "IntegrationCommand",
     "IntegrationEvent",
-    "InvalidChunkKey",
-    "KeySealed",
     "Keys",
-    "Known",
-    "KnownScope",
-    "KvBucket",
-    "KvDrainRelay",
-    "KvKey",
-    "KvPut",
-    "KvRetract",
-    "KvSource",
-    "LaneNotice",
-    "LaneStreamMissing",
-    "ListenerProbeFailed",
-    "LockTimeout",
-    "MalformedScopeKey",
-    "Merged",
-    "Mirror",
     "Mutation",
     "MutationError",
     "MutationExecutor",
     "Nats",
-    "NatsUnavailable",
-    "NestedConnectionError",
-    "NoLiveSession",
-    "NotFound",
-    "Offer",
     "OneShot",
     "Ordered",
-    "OutboundCommand",
-    "OutboundEvent",
-    "Park",
     "PerImpact",
-    "Persistence",
-    "PersonErased",
     "Populate",
-    "PostureBypassRls",
-    "PostureError",
-    "PostureOwner",
-    "PostureSuperuser",
-    "PresenceBucketRefused",
-    "PresenceEntry",
-    "PresenceHandle",
-    "PresenceProjector",
-    "PrincipalFactLoadFailed",
     "PrincipalFactLoader",
-    "PrincipalUnresolved",
-    "Projection",
     "Projector",
-    "PublishOutcome",
-    "Published",
     "Query",
     "Reaction",
-    "ReactionBudget",
-    "Readiness",
     "ReadinessHandle",
     "Reason",
     "RecordsEvents",
-    "Refused",
-    "Rejected",
-    "Remove",
-    "Reset",
-    "Retry",
     "RlsApplier",
-    "SchemaVersionConflict",
-    "ScopeDeclaration",
-    "ScopeError",
-    "ScopeManifest",
-    "ScopeManifestSpansServices",
-    "ScopeRejected",
-    "ScopeWithoutNats",
-    "SealChunkBeyondLastSeq",
-    "SealError",
-    "SealHashMismatch",
-    "SealRetentionTooShort",
-    "SealTruncated",
-    "SequenceWithoutService",
-    "SessionEnded",
-    "SessionId",
-    "SessionStream",
-    "Shadow",
-    "ShuttingDown",
     "SoftEdaStore",
-    "Style",
     "Success",
-    "SystemClock",
-    "Terminal",
-    "Tick",
     "Timestamp",
-    "Unanswered",
     "Unrestricted",
-    "UploadUrl",
-    "Upsert",
     "Visibility",
-    "VisibilityMismatch",
     "WindowSpec",
-    "WorkerStopped",
     "affordances",
-    "bind_listener",
-    "check_gates_match_affordances",
-    "check_window_matches_visibility",
-    "command_subject",
     "connect_pool",
-    "encode_frame",
-    "event_subject",
     "gated",
     "open_nats",
-    "person_erased_subject",
-    "readiness_route",
     "run_on_allocator",
-    "run_with",
-    "run_with_listener",
-    "seal_hash",
     "service_migrations",
-    "stage_outbox_row",
-    "validate_database_tls",
 ]

@@ -36,7 +36,7 @@ from urllib.parse import quote
 import asyncpg
 
 from .db.migrate import Migration, engine_migrations, grant_engine_access, migrate
-from .errors import ConfigError
+from .failures import ConfigError
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext

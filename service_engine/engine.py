@@ -20,7 +20,7 @@ from .db.pool import Database, IdleConnections
 from .db.posture import assert_posture
 from .db.schema_version import Claim, VersionIdentity, claim_at_boot, claim_schema_version
 from .erasure import Erasable, Eraser, ErasureResult
-from .errors import (
+from .failures import (
     ConfigError,
     DuplicateRegistration,
     EngineError,
@@ -342,14 +342,17 @@ class Engine:
     def register_offer(self, offer: Offer[Any, Any, Any]) -> None:
         """Publish ``offer``'s noun to its bucket from `run` on: every write of
         ``offer.ROW`` stages its dirty key, and the pod holding the offer's
-        lease drains it. Raises `DeclarationError` for a malformed offer,
-        `DuplicateRegistration` for a name already registered, `ConfigError`
-        without NATS or after `run` started."""
-        if self.nats is None:
-            raise ConfigError(f"offer {getattr(offer, 'NAME', offer)!r} needs NATS")
+        lease drains it. On an engine without NATS nothing is published: the
+        offer is validated and logged as unpublished, so a slice registers
+        it the same way everywhere. Raises `DeclarationError` for a
+        malformed offer, `DuplicateRegistration` for a name already
+        registered, `ConfigError` after `run` started."""
         if self._running:
             raise ConfigError("register offers before run()")
         offer.validate()
+        if self.nats is None:
+            _log.info("offer %s is not published: the engine has no NATS connection", offer.NAME)
+            return
         if self.offer_drain is None:
             self.offer_drain = OfferDrain(
                 self.db, self.nats, self.config.pod_id,
@@ -402,11 +405,14 @@ class Engine:
         worker; readiness is DOWN until it converged). Raises
         `DeclarationError` for an incomplete declaration,
         `DuplicateRegistration` for a name already registered, `ConfigError`
-        without NATS or after `run` started."""
-        if self.nats is None:
-            raise ConfigError(f"mirror {mirror.name!r} needs NATS")
+        after `run` started. On an engine without NATS nothing is mirrored
+        (the ``known_*`` tables stay as they are) and it says so in the log,
+        so a slice registers its mirror the same way everywhere."""
         if self._running:
             raise ConfigError("register mirrors before run()")
+        if self.nats is None:
+            _log.info("mirror %s is not running: the engine has no NATS connection", mirror.name)
+            return
         if mirror.name in self.mirrors.supervisors:
             raise DuplicateRegistration("mirror", mirror.name)
         runtime = MirrorRuntime(

@@ -51,7 +51,7 @@ from .config import EngineConfig
 from .db.errors import Stage, translating
 from .db.pool import Database
 from .db.types import Conn
-from .errors import ConfigError, DuplicateRegistration, EngineError
+from .failures import ConfigError, DuplicateRegistration, EngineError
 from .impacts.model import JsonValue
 from .lanes.accumulators import Accumulators
 from .messaging.envelope import DeclaredSequence, build_event, check_token

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic, NewType, TypedDict, TypeVar, overload
 
-from .errors import EngineError
+from .failures import EngineError
 
 __all__ = [
     "ActionName",

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from .db.errors import Stage, translating
 from .db.pool import Database
 from .db.types import Conn
-from .errors import ConfigError, EngineError
+from .failures import ConfigError, EngineError
 
 
 class LeaseLost(EngineError):

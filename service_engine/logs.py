@@ -22,7 +22,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import IO
 
-from .errors import ConfigError
+from .failures import ConfigError
 
 __all__ = [
     "LOG_FORMATS",

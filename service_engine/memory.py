@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NoReturn
 
-from .errors import ConfigError
+from .failures import ConfigError
 
 __all__ = [
     "ALLOCATOR_ENV",

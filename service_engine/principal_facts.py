@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
-from .errors import ConfigError, EngineError
+from .failures import ConfigError, EngineError
 
 __all__ = ["PrincipalFactLoadFailed", "PrincipalFactLoader", "PrincipalFactLoaders"]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any
 
-from .errors import DuplicateRegistration, WorkerStopped
+from .failures import DuplicateRegistration, WorkerStopped
 from .readiness import REASON_WORKER_STOPPED, ReadinessHandle
 
 _log = logging.getLogger(__name__)

@@ -6,8 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from service_engine import ConfigError, EngineConfig
+from service_engine import EngineConfig
 from service_engine.config import default_ws_max_sockets
+from service_engine.errors import ConfigError
 
 S = timedelta(seconds=1)
 

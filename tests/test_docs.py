@@ -32,7 +32,10 @@ from service_engine import Bulk, Engine, EngineConfig, Erase, Mutation, Populate
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-PUBLIC = ("service_engine", "service_engine.graphql", "service_engine.commands",
+PUBLIC = ("service_engine", "service_engine.errors", "service_engine.graphql",
+          "service_engine.server", "service_engine.integration", "service_engine.lanes",
+          "service_engine.blobs", "service_engine.offers", "service_engine.mirrors",
+          "service_engine.erasure", "service_engine.scopes", "service_engine.commands",
           "service_engine.props", "service_engine.persistence")
 CONTEXTS = (Mutation, Bulk, Reaction, Erase, Populate)
 """What a ``cx`` is, in a handler, an erasure or a populate."""

@@ -22,16 +22,25 @@ TWIN = Path(example_twin.__file__).parent
 
 PUBLIC = frozenset({
     "service_engine",
+    "service_engine.blobs",
     "service_engine.commands",
     "service_engine.embedded",
+    "service_engine.erasure",
+    "service_engine.errors",
     "service_engine.graphql",
+    "service_engine.integration",
+    "service_engine.lanes",
+    "service_engine.mirrors",
+    "service_engine.offers",
     "service_engine.persistence",
     "service_engine.props",
+    "service_engine.scopes",
     "service_engine.server",
 })
-"""The engine modules a service may import: the root re-exports, the GraphQL
-kit and its server, the persistence kit's helpers and the development infrastructure (the
-list `service_engine`'s docstring gives)."""
+"""The engine modules a service may import: the root re-exports, the
+errors, the feature namespaces, the GraphQL kit and its server, the
+persistence kit's helpers and the development infrastructure (the list
+`service_engine`'s docstring gives)."""
 
 TEST_ONLY = frozenset({"conformance", "tests", "bench"})
 

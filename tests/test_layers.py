@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("values", (
         "service_engine.clock",
-        "service_engine.errors",
+        "service_engine.failures",
         "service_engine.config",
         "service_engine.readiness",
         "service_engine.metrics",
@@ -56,7 +56,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("staging", (
         "service_engine.persistence",
         "service_engine.messaging",
-        "service_engine.offers",
+        "service_engine.offers.model",
+        "service_engine.offers.staging",
         "service_engine.mirrors",
         "service_engine.lanes.chunks",
         "service_engine.lanes.accumulator",
@@ -69,7 +70,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("commands", ("service_engine.commands",)),
     ("render", ("service_engine.render",)),
     ("loops", ("service_engine.integration", "service_engine.props",
-               "service_engine.offers.relay", "service_engine.offers.drain",
+               "service_engine.offers", "service_engine.offers.relay", "service_engine.offers.drain",
                "service_engine.mirrors.worker", "service_engine.ops",
                "service_engine.lanes", "service_engine.blobs.reaper",
                "service_engine.blobs.runtime", "service_engine.scopes",
@@ -82,6 +83,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.testing",
         "service_engine.cli",
         "service_engine.__main__",
+        "service_engine.errors",
         "service_engine",
     )),
 ]

@@ -8,8 +8,8 @@ from typing import NoReturn
 
 import pytest
 
-from service_engine import ConfigError
 from service_engine.config import check_environment
+from service_engine.errors import ConfigError
 from service_engine.memory import (
     ALLOCATOR_ENV,
     RELEASE_MIN_CLOSED,

@@ -1,4 +1,4 @@
-"""The reference service's debug memory reports (`example_service.memory_pins`):
+"""The reference service's debug memory reports (`dev/memory_pins.py`):
 what they name is what the process holds."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from example_service import memory_pins
+from dev import memory_pins
 
 # Walks the whole heap for seconds: started first in a parallel run.
 pytestmark = pytest.mark.slow

@@ -7,9 +7,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from service_engine import Known, KnownScope, Merged, Mirror, Published, Shadow
 from service_engine.errors import DeclarationError
+from service_engine.mirrors import Known, KnownScope, Merged, Mirror, Shadow
 from service_engine.mirrors.declaration import ShadowEntry
+from service_engine.offers import Published
 
 
 class PersonPublished(Published):

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from service_engine import Database, EngineError, NestedConnectionError
+from service_engine import Database
 from service_engine.db.pool import holds
+from service_engine.errors import EngineError, NestedConnectionError
 
 
 def database(pool: object) -> Database:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from service_engine import ConfigError
+from service_engine.errors import ConfigError
 from service_engine.messaging.nats import KvEntry
 from service_engine.offers.drain import REVISION_CACHE_KEYS, RevisionCache
 

@@ -10,8 +10,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from service_engine import Aggregate, ConfigError, CrudStore, EngineConfig, Offer, Published
-from service_engine.errors import DeclarationError, DuplicateRegistration
+from service_engine import Aggregate, CrudStore, EngineConfig
+from service_engine.errors import ConfigError, DeclarationError, DuplicateRegistration
+from service_engine.offers import Offer, Published
 from service_engine.offers.model import offers_of, register_offer_type
 from service_engine.offers.staging import DirtyMarks
 

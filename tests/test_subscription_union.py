@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import strawberry
 
-from service_engine import ConfigError, Query, WindowSpec
+from service_engine import Query, WindowSpec
+from service_engine.errors import ConfigError
 from service_engine.graphql import (
     LanesPaused,
     LanesResumed,

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service_engine import bind_listener
 from service_engine.graphql import PASSPORT_HEADER
+from service_engine.server import bind_listener
 
 from .harness import ADMIN, BOARDS_SUBSCRIPTION, RENAME, Pod, Pods, create_board, key
 

@@ -20,8 +20,9 @@ import pytest
 from example_service.graphql import build_app
 from example_service.register import register
 from example_service.slices import SLICES, compose
-from service_engine import Engine, EngineConfig, ReadinessHandle, WorkerStopped, connect_pool
+from service_engine import Engine, EngineConfig, ReadinessHandle, connect_pool
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
+from service_engine.errors import WorkerStopped
 from service_engine.graphql import ComposedService
 from service_engine.graphql.compose import ROOT_KINDS
 from service_engine.server.host import bind_listener, run_with_listener

@@ -22,17 +22,14 @@ from example_service.kernel import Principal
 from example_service.register import register
 from example_service.slices import compose
 from service_engine import (
-    BlobStoreConfig,
     Database,
     Engine,
     EngineConfig,
     MutationExecutor,
     ReadinessHandle,
-    WorkerStopped,
-    bind_listener,
     connect_pool,
-    run_with_listener,
 )
+from service_engine.blobs import BlobStoreConfig
 from service_engine.db import service_migrations
 from service_engine.embedded import (
     EmbeddedPostgres,
@@ -40,8 +37,10 @@ from service_engine.embedded import (
     drop_database,
     provision_database,
 )
+from service_engine.errors import WorkerStopped
 from service_engine.graphql import PASSPORT_HEADER, ComposedService, Passport
 from service_engine.integration import Nats
+from service_engine.server import bind_listener, run_with_listener
 
 from ..blackbox.harness import EXAMPLE_MIGRATIONS, PROTOCOL, GqlSocket, GraphQLFailed
 from .harness import fast_engine_config, wait_until

@@ -11,15 +11,9 @@ from typing import Any, Protocol, TypeVar
 
 import asyncpg
 
-from service_engine import (
-    Database,
-    Engine,
-    EngineConfig,
-    ReadinessHandle,
-    WorkerStopped,
-    connect_pool,
-)
+from service_engine import Database, Engine, EngineConfig, ReadinessHandle, connect_pool
 from service_engine.embedded import ProvisionedDatabase
+from service_engine.errors import WorkerStopped
 from service_engine.impacts.transport import PgListenNotify
 
 T_co = TypeVar("T_co", covariant=True)

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from service_engine import Database, Engine, Projector, ReadinessHandle, WorkerStopped
+from service_engine import Database, Engine, Projector, ReadinessHandle
 from service_engine.embedded import EmbeddedNats, provision_presence_bucket
+from service_engine.errors import WorkerStopped
 from service_engine.lanes import PresenceEntry, PresenceHandle, PresenceProjector
 from service_engine.messaging.nats import Nats
 from service_engine.render import (

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NoReturn, Protocol, final
 
-from ..errors import ConfigError, EngineError
+from ..failures import ConfigError, EngineError
 
 __all__ = [
     "BlobBucketMissing",

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..db.errors import Stage, translating
 from ..db.pool import Database
-from ..errors import DuplicateRegistration, EngineError
+from ..failures import DuplicateRegistration, EngineError
 from ..impacts.model import JsonValue
 from ..readiness import ReadinessHandle
 from .model import BlobKind, BlobPolicy, DownloadUrl, object_key, parse_reference

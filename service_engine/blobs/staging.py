@@ -17,7 +17,7 @@ from datetime import timedelta
 
 from ..db.literals import dollar_quoted, sql_bigint, sql_interval, sql_uuid, sql_uuids
 from ..db.types import Conn
-from ..errors import DeclarationError
+from ..failures import DeclarationError
 from .model import parse_reference
 
 __all__ = [

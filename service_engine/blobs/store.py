@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..errors import ConfigError
+from ..failures import ConfigError
 from .model import BlobBucketMissing, BlobError, DownloadUrl, UploadUrl
 from .sigv4 import Credentials, post_policy, presign_url, sign_headers
 

@@ -20,22 +20,26 @@ from typing import Any, NoReturn
 
 import click
 
-from .. import (
-    Acked,
+from ..config import check_environment, describe_config
+from ..db import (
     Database,
+    connect_pool,
+    engine_migrations,
+    grant_engine_access,
+    migrate,
+    service_migrations,
+)
+from ..failures import ConfigError, EngineError, MigrationError
+from ..integration import (
+    Acked,
     DeadLetter,
     DeadLetters,
     DeadLetterSource,
     Duplicate,
-    EngineError,
     Rejected,
     Unanswered,
-    connect_pool,
     open_nats,
 )
-from ..config import check_environment, describe_config
-from ..db import engine_migrations, grant_engine_access, migrate, service_migrations
-from ..errors import ConfigError, MigrationError
 from ..ops.queries import outbox_status as read_outbox_status
 
 

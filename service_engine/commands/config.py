@@ -7,7 +7,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from ..errors import ConfigError
+from ..failures import ConfigError
 
 __all__ = [
     "MAX_IDEMPOTENCY_RETENTION",

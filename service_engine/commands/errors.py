@@ -9,7 +9,7 @@ run time.
 
 from __future__ import annotations
 
-from ..errors import DeclarationError
+from ..failures import DeclarationError
 
 __all__ = [
     "BindingError",

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from ..clock import Timestamp
-from ..errors import EngineError
+from ..failures import EngineError
 from ..impacts.model import JsonValue, canonical_json
 from .check import CheckedCommand
 from .declaration import TRANSACTION_TIME, UUID_V7, Entity, Input, Service, Unique

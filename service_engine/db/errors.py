@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import asyncpg
 
-from ..errors import EngineError
+from ..failures import EngineError
 
 __all__ = [
     "ConstraintViolation",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import asyncpg
 
-from ..errors import MigrationError
+from ..failures import MigrationError
 from .locks import named_lock_key
 from .types import Conn
 

@@ -53,7 +53,7 @@ from typing import Any, TypeAlias
 
 import asyncpg
 
-from ..errors import DatabaseUrlRefused, NestedConnectionError
+from ..failures import DatabaseUrlRefused, NestedConnectionError
 from ..resources import AsyncResource
 from .errors import Stage, translating
 from .tls import trusted_hosts_from_env, validate_database_tls

@@ -8,7 +8,7 @@ FORCE ROW LEVEL SECURITY, and can alter what it is checked against).
 
 from __future__ import annotations
 
-from ..errors import MigrationError, PostureBypassRls, PostureOwner, PostureSuperuser
+from ..failures import MigrationError, PostureBypassRls, PostureOwner, PostureSuperuser
 from .types import Conn
 
 

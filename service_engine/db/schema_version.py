@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
 
-from ..errors import SchemaVersionConflict
+from ..failures import SchemaVersionConflict
 from .locks import named_lock_key
 from .types import Conn
 

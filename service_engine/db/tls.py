@@ -40,7 +40,7 @@ import re
 import urllib.parse
 from collections.abc import Collection, Mapping
 
-from service_engine.errors import DatabaseUrlRefused
+from service_engine.failures import DatabaseUrlRefused
 
 __all__ = [
     "TLS_SSLMODES",

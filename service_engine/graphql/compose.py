@@ -45,7 +45,7 @@ from strawberry.types.enum import has_enum_definition
 from strawberry.types.scalar import ScalarDefinition, ScalarWrapper
 from strawberry.types.union import StrawberryUnion
 
-from ..errors import EngineError
+from ..failures import EngineError
 from .results import Refusal
 from .subscriptions import DeltaCause, LanesPaused, LanesResumed
 

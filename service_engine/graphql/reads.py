@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..errors import EngineError
+from ..failures import EngineError
 
 if TYPE_CHECKING:
     from ..blobs.model import DownloadUrl

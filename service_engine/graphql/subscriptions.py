@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeAlias, TypeVar, U
 import strawberry
 from strawberry.scalars import JSON
 
-from ..errors import ConfigError
+from ..failures import ConfigError
 from ..lanes import notices as lane_notices
 from ..logs import bind_session
 from ..render.deltas import Delta, Remove, Reset, Upsert

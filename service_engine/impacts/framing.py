@@ -33,7 +33,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service_engine.errors import CauseTooLarge, ConfigError, FrameError, TornGroup
+from service_engine.failures import CauseTooLarge, ConfigError, FrameError, TornGroup
 from service_engine.impacts.model import Impact, InvalidImpact, decode_impact, impact_json
 
 MAX_PAYLOAD_BYTES = 8000

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeAlias
 
-from service_engine.errors import ConfigError, DeclarationError, FrameError
+from service_engine.failures import ConfigError, DeclarationError, FrameError
 
 JsonValue: TypeAlias = (
     bool | int | float | str | Sequence["JsonValue"] | Mapping[str, "JsonValue"] | None

@@ -25,7 +25,7 @@ from ..config import EngineConfig
 from ..db.literals import sql_json, sql_timestamptz
 from ..db.pool import Database
 from ..db.types import Conn
-from ..errors import ConfigError, FrameError, TornGroup
+from ..failures import ConfigError, FrameError, TornGroup
 from ..metrics import Metrics
 from ..readiness import REASON_LISTENER_BRAKE, ReadinessHandle
 from .framing import Reassembler, encode_group, new_group_id, parse_frame

@@ -1,47 +1,34 @@
-"""Integration over NATS JetStream: the loops (inbound consumers and
-dispatch, the outbox relay, the scheduled publisher, cron, NATS health), and
-the public surface of what a transaction stages for them (`messaging`) and
-the reaction declaration (`pipeline.inbound`)."""
+"""Integration over NATS JetStream, as a service author declares it: the
+envelope (`IntegrationEvent`, `IntegrationCommand`, `EventMetadata`,
+`Actor`) and its subjects, what a transaction stages for the outbox
+(`stage_outbox_row`, `stage_scheduled`, `OutboundEvent`,
+`OutboundCommand`, `DeclaredSequence`), inbound reactions and their
+dispositions (`InboundReaction`, `Retry`, `Park`, `Terminal`,
+`ReactionBudget`), crons (`Cron`, `Tick`), direct publishes and their
+outcomes (`Nats`, `PublishOutcome`), and the dead letters.
 
-from ..messaging.dead_letters import (
-    DEAD_LETTER_NOUN,
-    DeadLetter,
-    DeadLetterNotFound,
-    DeadLetters,
-    DeadLetterSource,
-    NotRetryable,
-    Recorded,
-)
+The loops themselves (inbound consumers and dispatch, the outbox relay,
+the scheduled publisher, cron, NATS health) are the engine's own, in this
+package's modules."""
+
+from ..messaging.dead_letters import DEAD_LETTER_NOUN, DeadLetter, DeadLetters, DeadLetterSource
 from ..messaging.envelope import (
     Actor,
     DeclaredSequence,
     EventMetadata,
-    Incoming,
     IntegrationCommand,
     IntegrationEvent,
     OutboundCommand,
     OutboundEvent,
-    OutboundMessage,
-    PayloadMismatch,
-    ProducerSequence,
     SequenceWithoutService,
-    ServiceRequired,
-    Unidentified,
-    build_command,
-    build_event,
     command_subject,
-    decode_payload,
     event_subject,
-    identify,
-    service_identity,
 )
 from ..messaging.nats import (
     Acked,
     BucketMissing,
     Duplicate,
     KvBucket,
-    KvConflict,
-    KvEntry,
     KvKey,
     Nats,
     NatsUnavailable,
@@ -62,15 +49,7 @@ from ..messaging.reactions import (
 )
 from ..messaging.scheduled import stage_scheduled
 from ..pipeline.inbound import InboundReaction
-from .cron import Cron, CronScheduler, Tick
-from .health import NatsHealth
-from .outbox import (
-    MessageRetentionTooShort,
-    OutboxBounds,
-    OutboxRelay,
-    check_message_retention,
-)
-from .scheduled import ScheduledBounds, ScheduledPublisher
+from .cron import Cron, Tick
 
 __all__ = [
     "DEAD_LETTER_NOUN",
@@ -78,9 +57,7 @@ __all__ = [
     "Actor",
     "BucketMissing",
     "Cron",
-    "CronScheduler",
     "DeadLetter",
-    "DeadLetterNotFound",
     "DeadLetterSource",
     "DeadLetters",
     "DeclaredSequence",
@@ -88,50 +65,28 @@ __all__ = [
     "Duplicate",
     "EventMetadata",
     "InboundReaction",
-    "Incoming",
     "IntegrationCommand",
     "IntegrationEvent",
     "KvBucket",
-    "KvConflict",
-    "KvEntry",
     "KvKey",
-    "MessageRetentionTooShort",
     "Nats",
-    "NatsHealth",
     "NatsUnavailable",
-    "NotRetryable",
     "OutboundCommand",
     "OutboundEvent",
-    "OutboundMessage",
-    "OutboxBounds",
-    "OutboxRelay",
     "Park",
-    "PayloadMismatch",
     "PrincipalUnresolved",
-    "ProducerSequence",
     "PublishOutcome",
     "ReactionBudget",
-    "Recorded",
     "Rejected",
     "Retry",
-    "ScheduledBounds",
-    "ScheduledPublisher",
     "SequenceWithoutService",
-    "ServiceRequired",
     "StreamMissing",
     "Terminal",
     "Tick",
     "Unanswered",
-    "Unidentified",
-    "build_command",
-    "build_event",
-    "check_message_retention",
     "command_subject",
-    "decode_payload",
     "event_subject",
-    "identify",
     "open_nats",
-    "service_identity",
     "stage_outbox_row",
     "stage_scheduled",
 ]

@@ -30,7 +30,7 @@ from typing import Literal
 from ..db.locks import advisory_key
 from ..db.pool import Database
 from ..db.types import Conn
-from ..errors import ConfigError, DuplicateRegistration
+from ..failures import ConfigError, DuplicateRegistration
 from ..messaging.dead_letters import DeadLetter, DeadLetters, DeadLetterSource, Recorded
 from ..messaging.envelope import Actor, check_token
 

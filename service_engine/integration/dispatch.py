@@ -26,7 +26,7 @@ from ..config import EngineConfig
 from ..db.errors import DatabaseError, Stage
 from ..db.pool import Database
 from ..db.types import Conn
-from ..errors import ConfigError, EngineError
+from ..failures import ConfigError, EngineError
 from ..gates import Refused
 from ..logs import in_message
 from ..messaging.dead_letters import DeadLetter, DeadLetters, DeadLetterSource

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from ..errors import ConfigError
+from ..failures import ConfigError
 from ..messaging.nats import Nats
 from ..metrics import Metrics
 from ..readiness import REASON_NATS_UNREACHABLE, ReadinessHandle

@@ -45,7 +45,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ReplayPolicy
 
 from ..config import EngineConfig
-from ..errors import EngineError
+from ..failures import EngineError
 from ..messaging.nats import Nats, NatsUnavailable, StreamMissing, delivery_of
 from ..messaging.reactions import Ack, Nak, Settlement, Term, backoff_delay
 from ..pipeline.inbound import InboundReaction

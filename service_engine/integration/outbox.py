@@ -47,7 +47,7 @@ from typing import Any
 
 from ..db.errors import Stage, translating
 from ..db.pool import Database
-from ..errors import ConfigError
+from ..failures import ConfigError
 from ..leader import LeaderLease, LeaseLost
 from ..messaging.dead_letters import DeadLetters, DeadLetterSource
 from ..messaging.nats import Acked, Duplicate, Nats, Rejected, Unanswered

@@ -24,7 +24,7 @@ from datetime import timedelta
 
 from ..db.errors import Stage, translating
 from ..db.pool import Database
-from ..errors import ConfigError
+from ..failures import ConfigError
 from ..messaging.dead_letters import DeadLetters, DeadLetterSource
 from ..messaging.nats import Acked, Duplicate, Nats, Unanswered
 from .publishing import RowPublisher, RowTable

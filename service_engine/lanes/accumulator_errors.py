@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import ConfigError, EngineError
+from ..failures import ConfigError, EngineError
 
 __all__ = [
     "AccumulatorWithoutService",

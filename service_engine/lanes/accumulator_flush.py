@@ -34,7 +34,7 @@ from datetime import timedelta
 from ..db.errors import LockTimeout, Stage, TransientConflict, translating
 from ..db.pool import Database
 from ..db.types import Conn
-from ..errors import ShuttingDown
+from ..failures import ShuttingDown
 from .accumulator import Durable, lane_lock_key
 from .accumulator_errors import ChunkConflict, KeySealed
 from .chunks import ChunkSeq

@@ -16,7 +16,7 @@ import nats.js.errors
 from ..config import EngineConfig
 from ..db.errors import Stage, translating
 from ..db.pool import Database
-from ..errors import ConfigError, DuplicateRegistration
+from ..failures import ConfigError, DuplicateRegistration
 from ..messaging.nats import Nats
 from ..metrics import Metrics
 from .accumulator import Accumulator, Durable, Folded, fold_key

@@ -31,7 +31,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from ..config import EngineConfig
 from ..db.errors import DatabaseError
-from ..errors import ConfigError, ShuttingDown
+from ..failures import ConfigError, ShuttingDown
 from ..messaging.nats import Nats, StreamMissing
 from ..metrics import Metrics
 from ..readiness import ReadinessHandle

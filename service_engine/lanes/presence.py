@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 
-from ..errors import ConfigError, EngineError
+from ..failures import ConfigError, EngineError
 from ..impacts.model import JsonValue, canonical_json
 from ..render.cohort import CohortKey, HasPrincipalId
 from ..render.projector import Populate, Projector, Unrestricted

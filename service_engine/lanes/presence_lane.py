@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ..errors import DuplicateRegistration, EngineError
+from ..failures import DuplicateRegistration, EngineError
 from ..impacts.model import Impact, JsonValue
 from ..impacts.transport import ImpactChannel
 from ..messaging.nats import Acked, Duplicate, Nats, NatsUnavailable

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..db.types import Conn
-from ..errors import ConfigError
+from ..failures import ConfigError
 from .envelope import OutboundMessage, ProducerSequence
 
 __all__ = [

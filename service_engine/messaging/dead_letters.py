@@ -23,7 +23,7 @@ from typing import Any
 from ..db.errors import Stage, translating
 from ..db.pool import Database
 from ..db.types import Conn
-from ..errors import EngineError
+from ..failures import EngineError
 from ..impacts.model import Impact
 from ..impacts.transport import stage_in
 from ..metrics import Metrics

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Generic, Literal, Protocol, TypeAlias, TypeVar
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_jsonable_python
 
-from ..errors import ConfigError, EngineError
+from ..failures import ConfigError, EngineError
 from ..impacts.model import canonical_json
 
 T = TypeVar("T")

@@ -27,7 +27,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from ..errors import ConfigError, EngineError
+from ..failures import ConfigError, EngineError
 from ..resources import AsyncResource
 
 _log = logging.getLogger(__name__)

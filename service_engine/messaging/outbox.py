@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..db.literals import dollar_quoted, sql_bigint, sql_uuid
 from ..db.types import Conn
-from ..errors import ConfigError, DeclarationError
+from ..failures import ConfigError, DeclarationError
 from ..impacts.model import JsonValue, canonical_json
 from ..impacts.transport import CHANNEL, OUTBOX_CHANNEL
 from .claims import Confirmation

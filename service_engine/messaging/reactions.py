@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeAlias
 
-from ..errors import ConfigError, EngineError
+from ..failures import ConfigError, EngineError
 from .envelope import Incoming
 
 __all__ = [

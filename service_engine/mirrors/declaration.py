@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ..errors import DeclarationError
+from ..failures import DeclarationError
 from ..offers.model import Published, validate_bucket, validate_prefix
 from .projection import Projection
 

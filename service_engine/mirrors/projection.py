@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..db.types import Conn
-from ..errors import DeclarationError
+from ..failures import DeclarationError
 from ..impacts.model import Impact, JsonValue
 
 __all__ = ["Known", "KnownScope", "Projection"]

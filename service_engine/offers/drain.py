@@ -109,7 +109,7 @@ from typing import Any, Protocol
 
 from ..db.errors import Stage, translating
 from ..db.pool import Database
-from ..errors import ConfigError
+from ..failures import ConfigError
 from ..leader import LeaderLease, Lease, LeaseLost
 from ..messaging.nats import KvBucket, KvConflict, KvEntry, Nats, NatsUnavailable
 from ..metrics import Metrics

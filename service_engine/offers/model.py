@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from ..db.types import Conn
-from ..errors import DeclarationError, DuplicateRegistration
+from ..failures import DeclarationError, DuplicateRegistration
 from ..impacts.model import JsonValue, canonical_json
 
 __all__ = [

@@ -46,7 +46,7 @@ from ..db.errors import Stage, translating
 from ..db.locks import advisory_key
 from ..db.pool import Database
 from ..db.types import Conn
-from ..errors import ConfigError
+from ..failures import ConfigError
 from ..leader import LeaderLease
 from ..messaging.nats import KvBucket, KvConflict, Nats
 

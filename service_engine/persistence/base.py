@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeAlias, TypeVar, cast
 
 from ..db.types import Conn
-from ..errors import ConfigError, DeclarationError, EngineError
+from ..failures import ConfigError, DeclarationError, EngineError
 from ..impacts.model import JsonValue, canonical_json
 
 __all__ = [

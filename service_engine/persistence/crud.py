@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeVar, cast
 
 from ..db.types import Conn
-from ..errors import ConfigError
+from ..failures import ConfigError
 from .base import NotFound, Persistence, Row, Style, as_row, qualified_name
 
 __all__ = ["CrudStore", "quote_ident"]

@@ -51,7 +51,7 @@ from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 from ..db.errors import DRIVER_ERRORS, Stage, translate_db_error
 from ..db.locks import aggregate_lock_key
 from ..db.types import Conn
-from ..errors import ConfigError, DeclarationError
+from ..failures import ConfigError, DeclarationError
 from ..impacts.model import JsonValue, canonical_json
 from .base import DomainEvent, HydrationFailed, NotFound, RecordsEvents, Row, Style, as_row
 

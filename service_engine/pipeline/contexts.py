@@ -43,7 +43,7 @@ from ..config import EngineConfig
 from ..db.errors import DatabaseError, Stage
 from ..db.locks import aggregate_lock_key
 from ..db.types import Conn
-from ..errors import DeclarationError, TooManyImpacts
+from ..failures import DeclarationError, TooManyImpacts
 from ..gates import BoundGate
 from ..impacts.framing import MAX_IMPACT_BYTES, encode_group, new_group_id
 from ..impacts.model import (

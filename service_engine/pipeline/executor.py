@@ -25,7 +25,7 @@ from ..clock import Clock, SystemClock
 from ..config import EngineConfig
 from ..db.errors import ConstraintViolation, DatabaseError
 from ..db.pool import Database
-from ..errors import CauseTooLarge, EngineError, ShuttingDown, TooManyImpacts
+from ..failures import CauseTooLarge, EngineError, ShuttingDown, TooManyImpacts
 from ..metrics import Metrics
 from ..persistence.base import HydrationFailed
 from .contexts import Bulk, Mutation

@@ -28,7 +28,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from ..errors import ConfigError
+from ..failures import ConfigError
 from ..messaging.envelope import EnvelopeError, check_token, command_subject, event_subject
 from ..messaging.reactions import ReactionBudget
 from .contexts import Reaction

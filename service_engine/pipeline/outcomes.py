@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, NoReturn, TypeAlias, TypeVar, final
 
 from ..db.errors import ConstraintViolation, DatabaseError
-from ..errors import CauseTooLarge, EngineError, TooManyImpacts
+from ..failures import CauseTooLarge, EngineError, TooManyImpacts
 from ..gates import ActionName, Reason, Refused
 from ..lanes.accumulator_errors import SealError
 from ..persistence.base import HydrationFailed, NotFound

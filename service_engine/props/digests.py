@@ -14,7 +14,7 @@ import json
 import secrets
 from typing import Any
 
-from ..errors import ConfigError
+from ..failures import ConfigError
 
 AUDIT_KEY_BYTES = 32
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias
 
-from ..errors import ConfigError, EngineError
+from ..failures import ConfigError, EngineError
 
 ErrorCode: TypeAlias = Literal[
     "auth_denied",

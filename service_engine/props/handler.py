@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
-from ..errors import ConfigError, DuplicateRegistration
+from ..failures import ConfigError, DuplicateRegistration
 from .addressing import Command, audit_topic, parse_command, records_changed_topic, resolve_key
 from .capabilities import (
     PeerIdentity,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import EngineError
+from ..failures import EngineError
 from ..resources import AsyncResource
 from .errors import HookRejected, PropsError, PropsStoreError
 from .schema import FieldSpec, Namespace

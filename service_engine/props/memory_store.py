@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from ..failures import ConfigError
 from .digests import new_audit_key
 from .errors import PropsError
 from .records import (

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
-from ..errors import ConfigError
+from ..failures import ConfigError
 from .errors import HookRejected, PropsError
 
 FieldType: TypeAlias = Literal["string", "integer", "number", "boolean", "object", "array"]

@@ -35,7 +35,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from ..errors import ConfigError
+from ..failures import ConfigError
 from ..resources import AsyncResource
 from .addressing import VERBS, audit_topic, records_changed_topic, subject
 from .capabilities import Policy, attested_peer

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeAlias, TypeVar
 
-from ..errors import DeclarationError, EngineError
+from ..failures import DeclarationError, EngineError
 from ..impacts.model import JsonValue, canonical_json
 
 __all__ = [

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
 
-from ..errors import EngineError
+from ..failures import EngineError
 from ..impacts.model import Cause, JsonValue
 
 V = TypeVar("V")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeAlias, TypeVar
 
-from ..errors import ConfigError, DuplicateRegistration, EngineError
+from ..failures import ConfigError, DuplicateRegistration, EngineError
 from ..impacts.model import Cause, Delivery, Impact, ImpactKind, JsonValue, Reconnected
 from .deltas import KeyText
 from .windows import Emission, keyed

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import EngineError
+from ..failures import EngineError
 from ..impacts.model import JsonValue
 from .deltas import KeyText
 from .interest import Dirty

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from ..errors import EngineError
+from ..failures import EngineError
 from ..impacts.model import JsonValue
 from .deltas import KeyText, Upsert
 

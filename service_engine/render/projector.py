@@ -34,7 +34,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
-from ..errors import AttachError, ConfigError, EngineError
+from ..failures import AttachError, ConfigError, EngineError
 from ..impacts.model import Impact, JsonValue
 from .cohort import CohortKey, HasPrincipalId
 from .deltas import KeyText

@@ -32,7 +32,7 @@ from ..config import EngineConfig
 from ..db.errors import Stage, translating
 from ..db.pool import Database
 from ..db.types import Conn
-from ..errors import AttachError, AttachShuttingDown, DuplicateRegistration, EngineError
+from ..failures import AttachError, AttachShuttingDown, DuplicateRegistration, EngineError
 from ..impacts.model import JsonValue, canonical_json
 from ..logs import in_session
 from ..metrics import Metrics

@@ -47,7 +47,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, NewType, TypeVar
 
-from ..errors import AttachError, ConfigError, EngineError
+from ..failures import AttachError, ConfigError, EngineError
 from ..impacts.model import Cause, JsonValue
 from .cohort import CohortKey
 from .deltas import Delta, KeyText, Remove, Reset, Revision, Upsert, new_upsert

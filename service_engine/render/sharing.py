@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from ..errors import ConfigError
+from ..failures import ConfigError
 from .deltas import KeyText
 from .projector import Projector
 

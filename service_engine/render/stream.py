@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ..errors import EngineError
+from ..failures import EngineError
 from .deltas import Delta, KeyText, Remove, Reset, Revision, Upsert, renumbered
 from .session import SessionId
 

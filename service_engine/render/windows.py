@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from sys import intern
 from typing import Generic, TypeAlias, TypeVar
 
-from ..errors import DeclarationError
+from ..failures import DeclarationError
 from ..impacts.model import JsonValue, canonical_json
 from .deltas import KeyText
 

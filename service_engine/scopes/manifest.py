@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..errors import EngineError
+from ..failures import EngineError
 
 __all__ = [
     "SCOPE_KEY",

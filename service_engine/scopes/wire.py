@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from ..errors import EngineError
+from ..failures import EngineError
 from .manifest import ScopeDeclaration
 
 __all__ = [

@@ -11,7 +11,7 @@ from .app import (
     SESSION_MAX_AGE_CLOSE_REASON,
     graphql_app,
 )
-from .host import bind_listener, run_with, run_with_listener
+from .host import PodSlot, bind_listener, run_pods, run_with, run_with_listener
 from .ops import DEFAULT_OPS_ROLE
 from .passport import (
     PASSPORT_HEADER,
@@ -36,9 +36,11 @@ __all__ = [
     "PassportMissing",
     "PassportPrincipal",
     "PassportRefused",
+    "PodSlot",
     "bind_listener",
     "graphql_app",
     "parse_passport",
+    "run_pods",
     "run_with",
     "run_with_listener",
 ]

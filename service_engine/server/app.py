@@ -94,7 +94,7 @@ from strawberry.types import ExecutionContext, ExecutionResult
 from strawberry.types.graphql import OperationType
 
 from ..config import EngineConfig
-from ..errors import ConfigError
+from ..failures import ConfigError
 from ..graphql.context import GraphQLContext
 from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route

@@ -1,4 +1,6 @@
-"""Run an engine and its HTTP surface in one call (`run_with`, `run_with_listener`)."""
+"""Run an engine and its HTTP surface in one call (`run_with`,
+`run_with_listener`), or N pods of one host behind one port (`run_pods`,
+each child a `PodSlot`)."""
 
 from __future__ import annotations
 
@@ -6,9 +8,12 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import socket
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -16,6 +21,7 @@ from starlette.types import ASGIApp
 
 from ..config import EngineConfig
 from ..engine import Engine
+from ..failures import WorkerStopped
 from ..logs import configure_logging
 from .wire import WireEndpoint
 
@@ -23,13 +29,21 @@ __all__ = [
     "GC_THRESHOLDS",
     "HTTP_SHUTDOWN_GRACE",
     "LISTEN_BACKLOG",
+    "POD_ADDR_ENV",
+    "POD_INDEX_ENV",
+    "POD_READY_FILE_ENV",
+    "POD_STOP_GRACE",
+    "PodSlot",
+    "addr_text",
     "bind_listener",
     "http_config",
     "parse_addr",
     "raise_open_file_limit",
+    "run_pods",
     "run_with",
     "run_with_listener",
     "tune_gc",
+    "write_addr_file",
 ]
 
 _log = logging.getLogger(__name__)
@@ -206,3 +220,145 @@ async def run_with_listener(
                 loop.remove_signal_handler(sig)
     engine_task.result()
     server_task.result()
+
+
+POD_INDEX_ENV = "SERVICE_ENGINE_POD_INDEX"
+"""Set by `run_pods` on each child: the pod's index (0 to N-1)."""
+POD_ADDR_ENV = "SERVICE_ENGINE_POD_ADDR"
+"""Set by `run_pods` on each child: the ``host:port`` every pod binds."""
+POD_READY_FILE_ENV = "SERVICE_ENGINE_POD_READY_FILE"
+"""Set by `run_pods` on each child: the file the pod writes once it is UP."""
+POD_STOP_GRACE = 30.0
+"""Seconds a child pod has after SIGTERM to stop before it is killed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodSlot:
+    """A child's place among the pods `run_pods` started on this host."""
+
+    index: int
+    addr: str
+    ready_file: Path
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> PodSlot | None:
+        """The slot `run_pods` gave this process, or None (a pod on its own)."""
+        index = environ.get(POD_INDEX_ENV)
+        if index is None:
+            return None
+        return cls(int(index), environ[POD_ADDR_ENV], Path(environ[POD_READY_FILE_ENV]))
+
+    def bind(self) -> socket.socket:
+        """The pods' one port, bound with SO_REUSEPORT beside the others."""
+        return bind_listener(self.addr, reuse_port=True)
+
+    async def serve(self, engine: Engine, app: ASGIApp, sock: socket.socket) -> None:
+        """`run_with_listener` on `bind`'s socket, writing `ready_file` once
+        the engine is UP (the parent waits for every pod's)."""
+        # Listening at once: the kernel queues this pod's share of the
+        # connections until the server accepts them.
+        sock.listen(LISTEN_BACKLOG)
+        announced = asyncio.create_task(self._announce(engine, sock))
+        try:
+            await run_with_listener(engine, app, sock)
+        finally:
+            announced.cancel()
+
+    async def _announce(self, engine: Engine, sock: socket.socket) -> None:
+        while not engine.readiness.is_up:  # noqa: ASYNC110 - readiness is polled, not awaited
+            await asyncio.sleep(0.05)
+        write_addr_file(self.ready_file, sock)
+        _log.info("pod %s serving on %s", self.index, addr_text(sock))
+
+
+def addr_text(sock: socket.socket) -> str:
+    """A bound socket's address as ``host:port`` (``[v6]:port``)."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def write_addr_file(target: Path, sock: socket.socket) -> None:
+    """Write ``sock``'s `addr_text` to ``target`` at once: a reader never
+    sees half a line."""
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text(f"{addr_text(sock)}\n")
+    partial.replace(target)
+
+
+async def run_pods(
+    pods: int, sock: socket.socket, command: Sequence[str], *, state_dir: Path,
+    env: Mapping[str, str] | None = None, on_ready: Callable[[], None] | None = None,
+    stop_grace: float = POD_STOP_GRACE,
+) -> None:
+    """Run ``pods`` child processes, each a whole pod (its own engine,
+    listener and sessions), behind ``sock``'s one port.
+
+    ``sock`` is bound with ``reuse_port`` (`bind_listener`) and never
+    listens: it holds the port (a port 0 becomes the one every pod binds)
+    while the kernel spreads connections over the pods' own listeners. Each
+    child runs ``command`` (its argv) with ``env`` over this environment and
+    its `PodSlot` (`PodSlot.from_env`: it binds with `PodSlot.bind` and
+    serves with `PodSlot.serve`); ``SERVICE_ENGINE_POD_ID``, when set, gets
+    the pod's index as a suffix. ``on_ready`` runs once every pod is UP
+    (their ready files are in ``state_dir``).
+
+    Returns after SIGINT or SIGTERM once every child stopped (SIGTERM, then
+    a kill past ``stop_grace`` seconds); raises `WorkerStopped` naming the
+    first pod that stopped on its own, after stopping the rest.
+    """
+    ready_files = _fresh_ready_files(state_dir, pods)
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    children: list[asyncio.subprocess.Process] = []
+    try:
+        for i, ready_file in enumerate(ready_files):
+            child_env = {**os.environ, **(env or {}), POD_INDEX_ENV: str(i),
+                         POD_ADDR_ENV: addr_text(sock), POD_READY_FILE_ENV: str(ready_file)}
+            if os.environ.get("SERVICE_ENGINE_POD_ID"):  # one identity per pod
+                child_env["SERVICE_ENGINE_POD_ID"] = f"{os.environ['SERVICE_ENGINE_POD_ID']}-{i}"
+            children.append(await asyncio.create_subprocess_exec(*command, env=child_env))
+        exits = [asyncio.ensure_future(child.wait()) for child in children]
+        stop = asyncio.ensure_future(stopping.wait())
+        try:
+            while not all(path.exists() for path in ready_files):
+                if stopping.is_set() or any(done.done() for done in exits):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                if on_ready is not None:
+                    on_ready()
+            await asyncio.wait([*exits, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not stopping.is_set():
+            stopped = next(i for i, done in enumerate(exits) if done.done())
+            raise WorkerStopped(f"pod {stopped}", f"exit code {children[stopped].returncode}")
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await _stop_pods(children, stop_grace)
+
+
+def _fresh_ready_files(state_dir: Path, pods: int) -> list[Path]:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    ready_files = [state_dir / f"pod-{i}.ready" for i in range(pods)]
+    for path in ready_files:
+        path.unlink(missing_ok=True)
+    return ready_files
+
+
+async def _stop_pods(children: list[asyncio.subprocess.Process], grace: float) -> None:
+    """SIGTERM every running child, then wait; kill one past the grace."""
+    for child in children:
+        if child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.terminate()
+    for child in children:
+        try:
+            await asyncio.wait_for(asyncio.shield(child.wait()), grace)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            await child.wait()

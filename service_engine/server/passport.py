@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args, overload
 
-from ..errors import EngineError
+from ..failures import EngineError
 from ..impacts.model import JsonValue
 
 __all__ = [

@@ -18,8 +18,9 @@ import httpx
 from example_twin.contract import CreateCard
 from example_twin.reply import finish_reply, split_text, stream_reply
 from example_twin.runner import Twin
-from service_engine import EventMetadata, seal_hash
+from service_engine import EventMetadata
 from service_engine.graphql import Passport
+from service_engine.lanes import seal_hash
 
 from ...blackbox.harness import Pod
 from .context import SoakContext

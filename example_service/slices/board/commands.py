@@ -11,8 +11,9 @@ from __future__ import annotations
 import secrets
 import uuid
 
-from service_engine import ActionName, Cause, Mutation, NotFound, OneShot, Reason, Refused
+from service_engine import ActionName, Cause, Mutation, OneShot, Reason
 from service_engine.commands import CommandOutcome, run_in
+from service_engine.errors import NotFound, Refused
 
 from ...kernel import Principal
 from .domain import (

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import ClassVar
 
-from service_engine import Conn, Offer, Published
+from service_engine import Conn
+from service_engine.offers import Offer, Published
 
 from .domain import Board
 

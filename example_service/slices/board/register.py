@@ -1,6 +1,6 @@
 """The board slice registers its projectors, its principal fact loader, its
-scope (`BOARD_ARCHIVE`), its erasure (the person's memberships) and (on an
-engine with NATS) its published-language offer."""
+scope (`BOARD_ARCHIVE`), its erasure (the person's memberships) and its
+published-language offer (which an engine without NATS leaves unpublished)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ def register(engine: Engine) -> None:
     engine.register_principal_fact(memberships_loader(engine.db))
     engine.contribute_scopes([BOARD_ARCHIVE])
     engine.register_erasable("board", BoardErasure())
-    if engine.nats is not None:  # an engine without a broker serves the slice unpublished
-        engine.register_offer(BoardOffer())
+    engine.register_offer(BoardOffer())
 
 
 def memberships_loader(db: Database) -> Callable[[Principal], Awaitable[Principal]]:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeAlias
 
-from service_engine import Bulk, Cause, Mutation, Reaction, Refused, Timestamp
+from service_engine import Bulk, Cause, Mutation, Reaction, Timestamp
+from service_engine.errors import Refused
 
 from ...kernel import Principal
 from .domain import (

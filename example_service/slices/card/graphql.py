@@ -29,15 +29,9 @@ from __future__ import annotations
 
 import strawberry
 
-from service_engine import (
-    EngineError,
-    MutationError,
-    MutationExecutor,
-    NoLiveSession,
-    Query,
-    WindowSpec,
-)
+from service_engine import MutationError, MutationExecutor, Query, WindowSpec
 from service_engine.commands import CheckedCommand, CommandOutcome, CommandRunner
+from service_engine.errors import EngineError, NoLiveSession
 from service_engine.graphql import Live, MutationResult, Refusal, Views, subscription_union
 
 from ...kernel import Info

@@ -37,21 +37,23 @@ from typing import Any
 from service_engine import (
     Actor,
     Conn,
-    Cron,
     Engine,
     EventMetadata,
     InboundReaction,
     IntegrationEvent,
-    Park,
     Reaction,
-    ReactionBudget,
     Reason,
-    Refused,
+)
+from service_engine.commands import REFUSED, CommandOutcome, run_in
+from service_engine.errors import Refused
+from service_engine.integration import (
+    Cron,
+    Park,
+    ReactionBudget,
     Tick,
     event_subject,
     stage_outbox_row,
 )
-from service_engine.commands import REFUSED, CommandOutcome, run_in
 
 from ...kernel import ConfigurationError, Principal
 from .commands import create, due_at

@@ -6,7 +6,8 @@ reset in the same transaction."""
 
 from __future__ import annotations
 
-from service_engine import Bulk, Cause, Mutation, Refused
+from service_engine import Bulk, Cause, Mutation
+from service_engine.errors import Refused
 
 from ...kernel import Principal
 from .domain import (

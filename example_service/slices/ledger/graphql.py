@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import strawberry
 
-from service_engine import (
-    MutationError,
-    MutationExecutor,
-    Query,
-    Refused,
-    WindowSpec,
-)
+from service_engine import MutationError, MutationExecutor, Query, WindowSpec
+from service_engine.errors import Refused
 from service_engine.graphql import Live, MutationResult, Views, subscription_union
 
 from ...kernel import Info

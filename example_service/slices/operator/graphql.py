@@ -7,7 +7,8 @@ import logging
 
 import strawberry
 
-from service_engine import ConfigError, EngineError, MutationError, Reason
+from service_engine import MutationError, Reason
+from service_engine.errors import ConfigError, EngineError
 from service_engine.graphql import DEFAULT_OPS_ROLE, MutationResult
 
 from ...kernel import Info

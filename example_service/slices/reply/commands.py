@@ -16,7 +16,10 @@ from __future__ import annotations
 import re
 import uuid
 
-from service_engine import BlobKind, Mutation, PresenceHandle, Refused, UploadUrl
+from service_engine import Mutation
+from service_engine.blobs import BlobKind, UploadUrl
+from service_engine.errors import Refused
+from service_engine.lanes import PresenceHandle
 
 from ...kernel import Principal
 from .domain import (

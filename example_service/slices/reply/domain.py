@@ -20,15 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal
 
-from service_engine import (
-    Accumulator,
-    Aggregate,
-    BlobPolicy,
-    CrudStore,
-    Gate,
-    Reason,
-    gated,
-)
+from service_engine import Aggregate, CrudStore, Gate, Reason, gated
+from service_engine.blobs import BlobPolicy
+from service_engine.lanes import Accumulator
 
 from ...kernel import Principal
 

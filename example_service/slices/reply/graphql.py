@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import strawberry
 
-from service_engine import MutationError, MutationExecutor, Query, UploadUrl, WindowSpec
+from service_engine import MutationError, MutationExecutor, Query, WindowSpec
+from service_engine.blobs import UploadUrl
 from service_engine.graphql import (
     Live,
     MutationResult,

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service_engine import DeclaredSequence
+from service_engine.integration import DeclaredSequence
 
 AGGREGATE = "reply"
 

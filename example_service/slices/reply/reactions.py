@@ -22,17 +22,15 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from service_engine import (
+from service_engine import InboundReaction, Reaction
+from service_engine.errors import (
     AlreadySealed,
-    InboundReaction,
-    Reaction,
-    ReactionBudget,
-    Retry,
     SealChunkBeyondLastSeq,
     SealError,
     SealHashMismatch,
     SealTruncated,
 )
+from service_engine.integration import ReactionBudget, Retry
 
 from ...kernel import Principal
 from .domain import NOUN, REPLY_TEXT, Reply, valid_id

@@ -11,14 +11,8 @@ from typing import Any, ClassVar
 
 import strawberry
 
-from service_engine import (
-    CohortKey,
-    Populate,
-    PresenceEntry,
-    PresenceProjector,
-    Projector,
-    Visibility,
-)
+from service_engine import CohortKey, Populate, Projector, Visibility
+from service_engine.lanes import PresenceEntry, PresenceProjector
 
 from ...kernel import Affordance, Principal, affordance_list
 from .domain import NOUN, Reply

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from service_engine import Published
+from service_engine.offers import Published
 
 ROSTER_BUCKET = "PUBLISHED_twin"
 

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from service_engine import Aggregate, CrudStore, Known, KnownScope, Merged, Mirror, Projection
+from service_engine import Aggregate, CrudStore
+from service_engine.mirrors import Known, KnownScope, Merged, Mirror, Projection
 
 from .contract import PersonPublished
 

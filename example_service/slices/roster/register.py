@@ -1,5 +1,5 @@
-"""The roster slice registers its live view and (on an engine with NATS)
-the roster mirror."""
+"""The roster slice registers its live view and the roster mirror (which an
+engine without NATS does not run: ``known_persons`` stays as it is)."""
 
 from __future__ import annotations
 
@@ -11,5 +11,4 @@ from .views import PeopleView
 
 def register(engine: Engine) -> None:
     engine.register_projector(PeopleView())
-    if engine.nats is not None:  # without a broker known_persons stays as it is
-        engine.register_mirror(ROSTER)
+    engine.register_mirror(ROSTER)
