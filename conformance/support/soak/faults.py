@@ -57,6 +57,9 @@ def nats_down_bound(grace: float) -> float:
 
 
 class Faults:
+    """The fault schedule: each fault injected, its window recorded, and
+    recovery (every pod UP, every session live) awaited before the next."""
+
     def __init__(self, ctx: SoakContext, load: Load, observer: Observer) -> None:
         self.ctx = ctx
         self.load = load
@@ -170,7 +173,8 @@ class Faults:
         if early:
             ctx.violations.append(
                 f"nats_kill #{n}: DOWN({NATS_REASON}) after {min(early):g}s, inside the grace")
-        said = f", DOWN after {min(verdicts):.1f}s by the engine" if verdicts else ""
+        record.verdict = min(verdicts, default=0.0)
+        said = f", DOWN after {record.verdict:.1f}s by the engine" if verdicts else ""
         record.detail = f"down {up_at - down_at:.1f}s{said}"
 
     async def fault_listener_kill(self, record: FaultRecord, n: int) -> None:

@@ -104,6 +104,9 @@ class FaultRecord:
     recovered: float = 0.0
     """When every pod answered UP again (and the sessions were live)."""
     detail: str = ""
+    verdict: float = 0.0
+    """nats_kill: how long the outage had lasted when the engine said DOWN
+    (the earliest any pod reported, in its own clock)."""
 
 
 @dataclass

@@ -18,6 +18,8 @@ from .model import POLL_PERIOD, READYZ_TIMEOUT, RECOVERY_BOUND, Sample
 
 
 class Observer:
+    """Readiness samples and metric scrapes of the live pods."""
+
     def __init__(self, ctx: SoakContext) -> None:
         self.ctx = ctx
         self.metrics_seen: dict[str, dict[str, float]] = {}

@@ -50,12 +50,16 @@ class Findings:
 
 
 class Oracle:
+    """The checks, holding committed state to what the load had acknowledged
+    and what every session saw."""
+
     def __init__(self, ctx: SoakContext, load: Load) -> None:
         self.ctx = ctx
         self.load = load
         self.found = Findings()
 
     async def check(self) -> None:
+        """Every check in turn; what fails is appended to the violations."""
         self.ctx.say("checking")
         async with owner_connection(self.ctx.store) as owner:
             self.ctx.say("  check_outbox_drained")
@@ -88,9 +92,6 @@ class Oracle:
                 self.ctx.violations.append(f"{pending} outbox rows PENDING after the drain bound")
                 return
             await asyncio.sleep(0.25)
-
-    def finished_replies(self) -> list[str]:
-        return [r for r, state in self.load.replies.items() if state.finished]
 
     async def check_windows(self) -> None:
         """Each session's window, rebuilt from its deltas, against a fresh

@@ -54,7 +54,8 @@ def fault_details(faults: list[FaultRecord]) -> str:
             continue
         extra = ""
         if kind == "nats_kill":
-            extra = f"down {span([f.end - f.start for f in records])}, "
+            extra = (f"down {span([f.end - f.start for f in records])}, DOWN after "
+                     f"{span([f.verdict for f in records if f.verdict])} by the engine, ")
         elif kind == "listener_kill":
             extra = f"backends {sorted({f.detail for f in records})}, "
         elif kind == "burst":

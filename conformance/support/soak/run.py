@@ -37,6 +37,8 @@ from .session import Session
 
 
 class Soak:
+    """One run: its context and its parts (load, observer, faults, oracle)."""
+
     def __init__(self, config: SoakConfig, store: ProvisionedDatabase, workdir: Path) -> None:
         self.ctx = SoakContext(config, store, workdir)
         self.load = Load(self.ctx)
