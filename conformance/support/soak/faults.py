@@ -11,9 +11,11 @@ import contextlib
 import itertools
 import re
 import time
+from datetime import datetime
 
 import asyncpg
 
+from ...blackbox.harness import Pod
 from .context import SoakContext
 from .load import Load
 from .model import (
@@ -54,6 +56,16 @@ def nats_down_bound(grace: float) -> float:
     the parallel battery (a loaded observer sees the verdict late; whether
     the engine itself was late is checked from its own detail)."""
     return nats_verdict_bound(grace) + READYZ_TIMEOUT + POLL_PERIOD + RECOVERY_BOUND
+
+
+def said_down(pod: Pod) -> str | None:
+    """The pod's last log line saying it went DOWN for NATS (with its time),
+    to tell a late engine from a late observer."""
+    with contextlib.suppress(OSError):
+        lines = [line for line in pod.log.read_text(errors="replace").splitlines()
+                 if "past nats_grace" in line]
+        return lines[-1] if lines else None
+    return None
 
 
 class Faults:
@@ -137,6 +149,7 @@ class Faults:
         ctx.twin_ok.clear()
         await asyncio.to_thread(ctx.nats.kill)
         down_at = time.perf_counter()
+        killed = datetime.now().strftime("%H:%M:%S,%f")[:-3]  # as the pods' log lines stamp it
         bound = nats_down_bound(grace)
         downs: list[Sample] = []
         read = 0
@@ -160,7 +173,8 @@ class Faults:
                     f"nats_kill #{n}: {pod.name} not seen DOWN({NATS_REASON}) within {bound:g}s "
                     f"(the engine's verdict bound {nats_verdict_bound(grace):g}s): "
                     f"{len(mine)} samples, {sum(s.up is None for s in mine)} unanswered; "
-                    f"answers {answers}")
+                    f"answers {answers}; NATS killed at {killed}, the pod logged "
+                    f"{said_down(pod) or 'no DOWN'}")
         held = time.perf_counter() - down_at
         if held < ctx.config.nats_outage:
             await asyncio.sleep(ctx.config.nats_outage - held)  # the outage's set length
