@@ -77,8 +77,8 @@ from service_engine.persistence import Aggregate
 from service_engine.pipeline import MutationError, MutationExecutor
 
 from . import test_commands_properties as properties
-from .sample_commands import ALICE, COMMANDS, OrgStore, executor_for
-from .sample_commands import Principal as SamplePrincipal
+from .support.sample_commands import ALICE, COMMANDS, OrgStore, executor_for
+from .support.sample_commands import Principal as SamplePrincipal
 
 _INTROSPECTION = ("WITH RECURSIVE typeinfo_tree", "current_setting('jit')", "set_config('jit'")
 

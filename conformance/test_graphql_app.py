@@ -49,7 +49,7 @@ from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Reset, Upsert
 from service_engine.server.host import bind_listener, http_config
 
-from .harness import engine_running, wait_until
+from .support.harness import engine_running, wait_until
 
 BOUND = 5.0
 PROTOCOL = Subprotocol("graphql-transport-ws")

@@ -14,9 +14,9 @@ from service_engine.memory import RELEASE_MIN_CLOSED, release_free_memory
 from service_engine.render.cohort_index import CohortIndex
 from service_engine.render.deltas import Reset, Upsert
 
-from .harness import wait_until
-from .sample_cards import Card, CardsView, Principal, write_card
-from .test_render import running_engine, take, window
+from .support.harness import wait_until
+from .support.render_support import running_engine, take, window
+from .support.sample_cards import Card, CardsView, Principal, write_card
 
 MANY = RELEASE_MIN_CLOSED + 100
 """Sessions opened and closed: enough to grow every table well past its idle size

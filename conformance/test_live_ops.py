@@ -29,8 +29,8 @@ from service_engine.server.live_ops import LiveOp, LiveOps
 from service_engine.server.wire import WireSocket
 
 from .blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME, GqlSocket
-from .example_support import Running, example_config, running
-from .harness import wait_until
+from .support.example_support import Running, example_config, running
+from .support.harness import wait_until
 
 BOUND = 10.0
 

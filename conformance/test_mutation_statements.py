@@ -58,13 +58,13 @@ from service_engine.offers.model import register_offer_type
 from service_engine.offers.staging import DirtyMark, dollar_quoted, offer_dirty_statement
 
 from .blackbox.harness import provision_kv
-from .example_support import example_config, person, serving_engine
-from .harness import Statements, wait_until
-from .nats_support import engine_nats
-from .sample_commands import ALICE, COMMANDS
-from .sample_commands import executor_for as commands_executor_for
-from .sample_counter import WRITER, CrudCounter, create_counter, executor_for, increment
-from .sample_orders import SERVICE, OrderPlaced
+from .support.example_support import example_config, person, serving_engine
+from .support.harness import Statements, wait_until
+from .support.nats_support import engine_nats
+from .support.sample_commands import ALICE, COMMANDS
+from .support.sample_commands import executor_for as commands_executor_for
+from .support.sample_counter import WRITER, CrudCounter, create_counter, executor_for, increment
+from .support.sample_orders import SERVICE, OrderPlaced
 
 ADMIN = Passport(sub="root", org="acme", roles=("board:archive",))
 CREATE = ("mutation($id: ID, $title: String!) { createBoard(id: $id, title: $title) "

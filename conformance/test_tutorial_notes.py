@@ -34,8 +34,8 @@ from service_engine.embedded import (
 from service_engine.graphql import Passport
 
 from .blackbox.harness import GqlSocket
-from .example_support import Running, serving_engine
-from .nats_support import engine_nats
+from .support.example_support import Running, serving_engine
+from .support.nats_support import engine_nats
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIAL = ROOT / "docs" / "tutorial"
