@@ -117,7 +117,8 @@ CATALOG_CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
         lambda: Catalog([replace(POST, delete_policy=Cascade(())), COMMENT])),
     "not a delete policy": (
         DeletePolicyError, "entity Post: delete policy: not a delete policy: 'drop'",
-        lambda: Catalog([replace(POST, delete_policy="drop"), COMMENT])),
+        lambda: Catalog([replace(POST, delete_policy="drop"),  # type: ignore[arg-type]
+                         COMMENT])),
     "a workflow without a revision": (
         WorkflowError, "workflow Life: Post declares no revision to check transitions on",
         lambda: Catalog([replace(POST, revision=None), COMMENT], [FLOW])),
@@ -178,7 +179,8 @@ COMMAND_CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
     "a stale outcome that is a string": (
         MissingOutcome, "command Bad: transition Life.Publish stale declares no Outcome, got "
         "'Stale'",
-        lambda: CATALOG.command(post_command(MUTATE_POST, replace(TRANSITION, stale="Stale")))),
+        lambda: CATALOG.command(post_command(MUTATE_POST, replace(
+            TRANSITION, stale="Stale")))),  # type: ignore[arg-type]
     "an illegal outcome in lower case": (
         MissingOutcome,
         "command Bad: transition Life.Publish illegal: outcome 'illegal' must be PascalCase and "
