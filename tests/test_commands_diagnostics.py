@@ -22,7 +22,9 @@ from service_engine.commands import (
     Create,
     Delete,
     DeletePolicyError,
+    DuplicateName,
     Entity,
+    Eq,
     Fact,
     Field,
     IndexRef,
@@ -33,12 +35,20 @@ from service_engine.commands import (
     NoInbound,
     Outcome,
     PartitionRouteMismatch,
+    Read,
+    Relationship,
     Restrict,
     Return,
     ReverseIndex,
+    RouteIdentifiesRow,
+    Row,
+    RowPolicy,
     Set,
     Transition,
+    TypeMismatch,
     UnboundReference,
+    Unique,
+    UniqueKeyOutsidePartition,
     UnknownName,
     UnprovenSet,
     Var,
@@ -46,6 +56,7 @@ from service_engine.commands import (
     WorkflowTransition,
 )
 from service_engine.commands.expr import show
+from service_engine.gates import Reason
 
 from .test_commands_check import (
     CATALOG,
@@ -68,6 +79,7 @@ class Empty:
 TRANSITION = Transition("Life.Publish", on="post", revision=Var("rev"), stale=Outcome("Stale"),
                         illegal=Outcome("Illegal"))
 CASCADE = Cascade((CascadeEdge("Comment", "post", "by_post", 10),))
+BY_TITLE = ReverseIndex("by_x", ("site", "title"), table="post")
 BY_BODY = ReverseIndex("by_body", ("site", "body"), table="comment")
 PLAIN_MUTATE = Mutate("Post", (Var("site"), Var("post_id")), as_="post", else_=Outcome("Missing"))
 NO_DELETE_POLICY = Catalog([replace(POST, delete_policy=None, unique=()),
@@ -139,9 +151,87 @@ CATALOG_CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
         "'published'): ['gone']",
         lambda: Catalog([POST, COMMENT], [replace(FLOW, transitions=(
             WorkflowTransition("Publish", ("draft",), "gone"),))])),
+    "not an entity": (CommandDeclarationError, "not an Entity: 'Post'",
+                      lambda: Catalog(["Post"])),  # type: ignore[list-item]
+    "an entity name": (
+        CommandDeclarationError, "an entity name must be an identifier, got 'my post'",
+        lambda: Catalog([replace(POST, name="my post")])),
+    "a workflow name": (
+        CommandDeclarationError, "a workflow name must be an identifier, got 'my flow'",
+        lambda: Catalog([POST, COMMENT], [replace(FLOW, name="my flow")])),
+    "a principal fact name": (
+        CommandDeclarationError, "a principal fact must be an identifier, got 'is-admin'",
+        lambda: Catalog([POST, COMMENT], facts={"is-admin": bool})),
+    "a key field outside route and conflict key": (
+        BindingError,
+        "entity Post: key fields ['site'] are in neither partition_by () nor conflict_key "
+        "('id',): the store key is the complete key (route + conflict key)",
+        lambda: Catalog([replace(POST, partition_by=(), conflict_key=("id",)), COMMENT])),
+    "a unique key name": (
+        CommandDeclarationError,
+        "entity Post: a unique key name must be an identifier, got 'by title'",
+        lambda: Catalog([replace(POST, unique=(Unique("by title", ("site", "title")),)),
+                         COMMENT])),
+    "an index name": (
+        CommandDeclarationError, "entity Post: an index name must be an identifier, got 'by x'",
+        lambda: Catalog([replace(POST, indexes=(replace(BY_TITLE, name="by x"),)), COMMENT])),
+    "a relationship name": (
+        CommandDeclarationError,
+        "entity Comment: a relationship name must be an identifier, got 'the post'",
+        lambda: Catalog([POST, replace(COMMENT, relationships=(
+            Relationship("the post", "Post", ("site", "post_id")),))])),
+    "a unique key outside the partition": (
+        UniqueKeyOutsidePartition,
+        "entity Post: unique by_title ('title',) must begin with the partition route ('site',) "
+        "(and add a field to it)",
+        lambda: Catalog([replace(POST, unique=(Unique("by_title", ("title",)),)), COMMENT])),
+    "two indexes of one name": (
+        DuplicateName,
+        "entity Post: index by_x (index #2): the name is first declared by index #1",
+        lambda: Catalog([replace(POST, unique=(), indexes=(BY_TITLE, BY_TITLE)), COMMENT])),
+    "a route that is the whole key": (
+        RouteIdentifiesRow,
+        "entity Post: partition_by ('site', 'id') is the whole key, so each partition holds one "
+        "row and its unique keys and indexes are vacuous; partition by the scope it is searched "
+        "within and keep the row id in the conflict key",
+        lambda: Catalog([replace(POST, partition_by=("site", "id"), unique=(
+            Unique("by_title", ("site", "id", "title")),)), COMMENT])),
+    "a relationship to nothing": (
+        UnknownName, "entity Comment: relationship post targets unknown entity 'Nope'",
+        lambda: Catalog([POST, replace(COMMENT, relationships=(
+            Relationship("post", "Nope", ("site", "post_id")),))])),
+    "a create row policy that is no bool": (
+        TypeMismatch, "entity Post: the create row policy is str, not a bool",
+        lambda: Catalog([replace(POST, create_policy=RowPolicy(Row("title"), Reason("no"))),
+                         COMMENT])),
+    "a mistyped delete row policy": (
+        TypeMismatch,
+        "entity Post: the delete row policy: (row.title == 5) compares str with 5 (int)",
+        lambda: Catalog([replace(POST, delete_row_policy=RowPolicy(
+            Eq(Row("title"), Const(5)), Reason("no"))), COMMENT])),
+    "a delete row policy that is no expression": (
+        CommandDeclarationError, "entity Post: the delete row policy is not an expression: True",
+        lambda: Catalog([replace(POST, delete_row_policy=RowPolicy(
+            True, Reason("no"))), COMMENT])),  # type: ignore[arg-type]
+    "a row policy reading an input": (
+        CommandDeclarationError,
+        "entity Post: a row policy observes the row (Row), principal facts (Fact) and "
+        "constants, not Var(name='x')",
+        lambda: Catalog([replace(POST, update_policy=RowPolicy(
+            Eq(Var("x"), Const(1)), Reason("no"))), COMMENT])),
+    "a row policy reading no field": (
+        UnknownName, "entity Post: a row policy reads unknown field 'colour'",
+        lambda: Catalog([replace(POST, update_policy=RowPolicy(Row("colour"), Reason("no"))),
+                         COMMENT])),
 }
 
 COMMAND_CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
+    "one outcome declared twice": (
+        DuplicateName,
+        "command Bad: read other at clause 6 (Read other): outcome 'PostMissing' is first "
+        "declared at clause 5 (Read post)",
+        lambda: CATALOG.command(post_command(READ_POST, Read(
+            "Post", (Var("site"), Var("text")), as_="other", else_=Outcome("PostMissing"))))),
     "checked_by naming nothing": (
         UnknownName,
         "command Bad: set post.title (clause 6 (Set post.title)): checked_by 'Nope' names no "
