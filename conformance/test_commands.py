@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, ClassVar
 
+import asyncpg
 import pytest
 
 from service_engine import Database
@@ -42,6 +43,7 @@ from service_engine.commands import (
     Outcome,
     Require,
     Return,
+    ReverseIndex,
     RowPolicy,
     Set,
     TypeMismatch,
@@ -55,6 +57,7 @@ from service_engine.commands import (
 from service_engine.db.errors import Stage
 from service_engine.db.locks import aggregate_lock_key
 from service_engine.db.types import Conn
+from service_engine.embedded import APP_ROLE, ProvisionedDatabase
 from service_engine.gates import Reason, affordances
 from service_engine.pipeline import Mutation, MutationError
 
@@ -63,6 +66,7 @@ from .sample_commands import (
     ALICE,
     CATALOG,
     COMMANDS,
+    DELETE_TASK,
     EVE,
     FACTS,
     LIFECYCLE,
@@ -317,6 +321,40 @@ async def test_cascade_deletes_at_most_its_maximum_and_refuses_beyond(db: Databa
     assert await task_row(db, "t1") is None
     await ok(runner, "CreateTask", request_key="again", org="acme", task_id="t3",
              project_id="p1", title="small")
+
+
+async def test_a_reverse_index_finds_rows_through_its_own_columns(
+    db: Database, database: ProvisionedDatabase
+) -> None:
+    """A reverse index whose table names its columns apart from the
+    entity's fields (``columns``, ``key_columns``) is scanned through those
+    columns: a cascade over it finds, judges and deletes every step of the
+    task, and refuses beyond its maximum."""
+    owner = await asyncpg.connect(database.owner_url)
+    try:
+        await owner.execute(
+            "CREATE VIEW cmd_step_by_parent AS "
+            "SELECT org AS step_org, id AS step_id, task_id AS parent FROM cmd_step")
+        await owner.execute(f"GRANT SELECT ON cmd_step_by_parent TO {APP_ROLE}")
+    finally:
+        await owner.close()
+    by_parent = ReverseIndex("by_task", ("org", "task_id"), table="cmd_step_by_parent",
+                             columns=("step_org", "parent"), key_columns=("step_org", "step_id"))
+    catalog = Catalog([PROJECT, TASK, replace(STEP, indexes=(by_parent,))], [LIFECYCLE], FACTS)
+    delete_task = catalog.command(DELETE_TASK)
+    runner = runner_for(db)
+    await seed(runner, "t1", "small")
+    await seed(runner, "t2", "large")
+    for n in range(MAX_STEPS):
+        await ok(runner, "AddStep", org="acme", task_id="t1", step_id=f"s1-{n}", label="x")
+    for n in range(MAX_STEPS + 1):
+        await ok(runner, "AddStep", org="acme", task_id="t2", step_id=f"s2-{n}", label="x")
+    too_many = await runner.run(delete_task, ALICE, {"org": "acme", "task_id": "t2"})
+    assert isinstance(too_many, CommandOutcome) and too_many.name == "TooManySteps"
+    deleted = await runner.run(delete_task, ALICE, {"org": "acme", "task_id": "t1"})
+    assert isinstance(deleted, CommandOutcome) and deleted.name == "Deleted", deleted
+    assert await count(db, "SELECT count(*) FROM cmd_step WHERE task_id = 't1'") == 0
+    assert await count(db, "SELECT count(*) FROM cmd_step WHERE task_id = 't2'") == MAX_STEPS + 1
 
 
 async def test_relationship_proof_reads_the_target(db: Database) -> None:
