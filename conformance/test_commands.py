@@ -449,20 +449,26 @@ async def test_a_binding_outside_its_partition_is_absent(db: Database) -> None:
 
 async def test_inputs_that_do_not_match_the_declaration_are_refused(db: Database) -> None:
     """A missing, mistyped, unknown or service-owned input is refused with
-    ``invalid_input`` before anything runs."""
+    ``invalid_input`` before anything runs, its message naming the input
+    and what is wrong with it."""
     runner = runner_for(db)
     await seed(runner)
-    cases: list[dict[str, Any]] = [
-        {"org": "acme", "task_id": "t1"},
-        {"org": "acme", "task_id": "t1", "expected_revision": True, "request_key": "k"},
-        {"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k", "x": 1},
-        {"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k",
-         "execution_id": "01900000-0000-7000-8000-000000000001"},
-        {"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k" * 129},
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"org": "acme", "task_id": "t1"}, "input request_key is required"),
+        ({"org": "acme", "task_id": "t1", "expected_revision": True, "request_key": "k"},
+         "input expected_revision must be a int, got bool"),
+        ({"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k", "x": 1},
+         "StartTask has no input 'x'"),
+        ({"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k",
+          "execution_id": "01900000-0000-7000-8000-000000000001"},
+         "execution_id is a service value: the engine samples it, never the caller"),
+        ({"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k" * 129},
+         "input request_key is longer than 128"),
     ]
-    for inputs in cases:
+    for inputs, message in cases:
         refused = await runner.run(C["StartTask"], ALICE, inputs)
         assert isinstance(refused, MutationError) and refused.code == INVALID_INPUT, inputs
+        assert refused.message == message
     row = await task_row(db, "t1")
     assert row is not None and row["version"] == 1
 
