@@ -55,7 +55,7 @@ from service_engine.commands import (
     WorkflowError,
     WorkflowTransition,
 )
-from service_engine.commands.expr import show
+from service_engine.commands.expr import INVALID, show
 from service_engine.gates import Reason
 
 from .test_commands_check import (
@@ -347,3 +347,4 @@ def test_a_command_refusal_names_the_clause_and_the_fault(case: str) -> None:
 def test_an_expression_shows_as_a_reader_writes_it() -> None:
     assert show(Contains(Fact("tags"), Field("post", "title"))) == "post.title in Fact('tags')"
     assert show("title") == "'title'"  # not an expression: its repr
+    assert repr(INVALID) == "INVALID"
