@@ -376,7 +376,8 @@ async def test_row_policy_checks_both_rows_and_affordance_equals_gate(db: Databa
     runner = runner_for(db)
     await seed(runner)
     proposed = await run(runner, "LockTask", org="acme", task_id="t1", locked=True)
-    assert (proposed.name, proposed.data["reason"]) == (REFUSED, "task.update_denied")
+    assert (proposed.name, proposed.data) == (
+        REFUSED, {"reason": "task.update_denied", "action": "update"})
     await ok(runner, "LockTask", ROOT, org="acme", task_id="t1", locked=True)
     async with db.pool.acquire() as conn:
         task = await Task.Store.load(conn, ["acme", "t1"])
@@ -636,11 +637,12 @@ async def test_a_command_runs_inside_a_handler_transaction(db: Database) -> None
 
 async def test_a_create_satisfies_its_row_policy(db: Database) -> None:
     """A create whose proposed row the create policy denies is Refused with
-    the policy's reason and writes nothing."""
+    the policy's reason and the action ``create``, and writes nothing."""
     runner = runner_for(db)
     refused = await run(runner, "CreateProject", EVE, request_key="k", org="acme",
                         project_id="p", name="P")
-    assert (refused.name, refused.data["reason"]) == (REFUSED, "project.other_org")
+    assert (refused.name, refused.data) == (
+        REFUSED, {"reason": "project.other_org", "action": "create"})
     assert await count(db, "SELECT count(*) FROM cmd_project") == 0
 
 
