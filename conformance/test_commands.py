@@ -357,6 +357,42 @@ async def test_a_reverse_index_finds_rows_through_its_own_columns(
     assert await count(db, "SELECT count(*) FROM cmd_step WHERE task_id = 't2'") == MAX_STEPS + 1
 
 
+@dataclass(frozen=True)
+class Nicknamed:
+    id: str
+    nickname: Any
+    org: str = "acme"
+    admin: bool = False
+
+
+async def test_a_set_value_registration_cannot_type_is_checked_when_it_runs(
+    db: Database,
+) -> None:
+    """A `Set` whose value registration cannot type (a fact declared `Any`)
+    is checked against the field when the command runs: a value the field
+    cannot hold answers ``invalid_input`` naming the binding, the field and
+    the value, and writes nothing; a value it can hold is written."""
+    catalog = Catalog([PROJECT, TASK, STEP], [LIFECYCLE], {**FACTS, "nickname": Any})
+    nickname = catalog.command(Command(
+        "TitleByNickname", ORG, Input("task_id", str),
+        Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing"),
+               taken={"by_title": Outcome("TitleTaken")}),
+        Set("task", "title", Fact("nickname"), overwrite=True),
+        Return("Renamed"),
+    ))
+    runner = runner_for(db)
+    await seed(runner)
+    refused = await runner.run(nickname, Nicknamed("n", 5), {"org": "acme", "task_id": "t1"})
+    assert isinstance(refused, MutationError)
+    assert (refused.code, refused.message) == (INVALID_INPUT, "set task.title: 5 is not a str")
+    row = await task_row(db, "t1")
+    assert row is not None and (row["title"], row["version"]) == ("first", 1)
+    renamed = await runner.run(nickname, Nicknamed("n", "nick"), {"org": "acme", "task_id": "t1"})
+    assert isinstance(renamed, CommandOutcome) and renamed.name == "Renamed", renamed
+    row = await task_row(db, "t1")
+    assert row is not None and (row["title"], row["version"]) == ("nick", 2)
+
+
 async def test_relationship_proof_reads_the_target(db: Database) -> None:
     """A create whose required relationship has no target answers the
     proof's absence outcome and writes nothing."""
