@@ -393,6 +393,22 @@ async def test_a_set_value_registration_cannot_type_is_checked_when_it_runs(
     assert row is not None and (row["title"], row["version"]) == ("nick", 2)
 
 
+async def test_a_return_field_reads_the_acting_principal(db: Database) -> None:
+    """A return field may read a fact of the principal the command ran as
+    (its value in the outcome is that principal's)."""
+    locked_by = CATALOG.command(Command(
+        "LockedBy", ORG, Input("task_id", str),
+        Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing")),
+        Set("task", "locked", Const(True), overwrite=True),
+        Return("Locked", by=Fact("id"), revision=Field("task", "version")),
+    ))
+    runner = runner_for(db)
+    await seed(runner)
+    outcome = await runner.run(locked_by, ROOT, {"org": "acme", "task_id": "t1"})
+    assert isinstance(outcome, CommandOutcome), outcome
+    assert (outcome.name, outcome.data) == ("Locked", {"by": "root", "revision": 2})
+
+
 async def test_relationship_proof_reads_the_target(db: Database) -> None:
     """A create whose required relationship has no target answers the
     proof's absence outcome and writes nothing."""

@@ -171,3 +171,11 @@ def test_orderings_refuse_a_boolean_against_a_number() -> None:
         assert ev(op(Const(1), Const(None))) is INVALID
     assert ev(Lt(Const(1), Const(2.5))) is True
     assert ev(Gt(Const("b"), Const("a"))) is True
+
+
+def test_a_row_policy_outside_a_catalog_denies_what_it_cannot_read() -> None:
+    """A row policy built for a gate and never registered may name an input
+    or a binding: evaluated on a row, those read as missing and deny."""
+    for predicate in (Eq(Var("x"), Const(1)), Eq(Field("task", "org"), Row("org"))):
+        policy = RowPolicy(predicate, Reason("nope"))
+        assert check_row(policy, {"org": "acme"}, Who("a")).reason == Reason("nope")
