@@ -409,6 +409,33 @@ async def test_a_return_field_reads_the_acting_principal(db: Database) -> None:
     assert (outcome.name, outcome.data) == ("Locked", {"by": "root", "revision": 2})
 
 
+async def test_every_requirement_is_checked_after_one_that_holds(db: Database) -> None:
+    """Requirements are checked in their declared order, each of them: the
+    first that fails answers its outcome and nothing is written, whatever
+    requirements held before it."""
+    guarded = CATALOG.command(Command(
+        "RenameQueued", ORG, Input("task_id", str), Input("title", str),
+        Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing"),
+               taken={"by_title": Outcome("TitleTaken")}),
+        Require("Unlocked", Not(Field("task", "locked")), else_=Outcome("Locked")),
+        Require("Queued", Eq(Field("task", "state"), Const("queued")),
+                else_=Outcome("NotQueued")),
+        Set("task", "title", Var("title"), overwrite=True),
+        Return("Renamed"),
+    ))
+    runner = runner_for(db)
+    await seed(runner, "t1", "a")
+    await seed(runner, "t2", "b")
+    await ok(runner, "StartTask", request_key="s", org="acme", task_id="t2",
+             expected_revision=1)
+    refused = await runner.run(guarded, ALICE, {"org": "acme", "task_id": "t2", "title": "c"})
+    assert isinstance(refused, CommandOutcome) and refused.name == "NotQueued", refused
+    row = await task_row(db, "t2")
+    assert row is not None and row["title"] == "b"
+    renamed = await runner.run(guarded, ALICE, {"org": "acme", "task_id": "t1", "title": "c"})
+    assert isinstance(renamed, CommandOutcome) and renamed.name == "Renamed", renamed
+
+
 async def test_relationship_proof_reads_the_target(db: Database) -> None:
     """A create whose required relationship has no target answers the
     proof's absence outcome and writes nothing."""
