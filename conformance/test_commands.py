@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, ClassVar
 
+import asyncpg
 import pytest
 
 from service_engine import Database
@@ -42,6 +43,7 @@ from service_engine.commands import (
     Outcome,
     Require,
     Return,
+    ReverseIndex,
     RowPolicy,
     Set,
     TypeMismatch,
@@ -55,6 +57,7 @@ from service_engine.commands import (
 from service_engine.db.errors import Stage
 from service_engine.db.locks import aggregate_lock_key
 from service_engine.db.types import Conn
+from service_engine.embedded import APP_ROLE, ProvisionedDatabase
 from service_engine.gates import Reason, affordances
 from service_engine.pipeline import Mutation, MutationError
 
@@ -63,6 +66,7 @@ from .support.sample_commands import (
     ALICE,
     CATALOG,
     COMMANDS,
+    DELETE_TASK,
     EVE,
     FACTS,
     LIFECYCLE,
@@ -319,6 +323,119 @@ async def test_cascade_deletes_at_most_its_maximum_and_refuses_beyond(db: Databa
              project_id="p1", title="small")
 
 
+async def test_a_reverse_index_finds_rows_through_its_own_columns(
+    db: Database, database: ProvisionedDatabase
+) -> None:
+    """A reverse index whose table names its columns apart from the
+    entity's fields (``columns``, ``key_columns``) is scanned through those
+    columns: a cascade over it finds, judges and deletes every step of the
+    task, and refuses beyond its maximum."""
+    owner = await asyncpg.connect(database.owner_url)
+    try:
+        await owner.execute(
+            "CREATE VIEW cmd_step_by_parent AS "
+            "SELECT org AS step_org, id AS step_id, task_id AS parent FROM cmd_step")
+        await owner.execute(f"GRANT SELECT ON cmd_step_by_parent TO {APP_ROLE}")
+    finally:
+        await owner.close()
+    by_parent = ReverseIndex("by_task", ("org", "task_id"), table="cmd_step_by_parent",
+                             columns=("step_org", "parent"), key_columns=("step_org", "step_id"))
+    catalog = Catalog([PROJECT, TASK, replace(STEP, indexes=(by_parent,))], [LIFECYCLE], FACTS)
+    delete_task = catalog.command(DELETE_TASK)
+    runner = runner_for(db)
+    await seed(runner, "t1", "small")
+    await seed(runner, "t2", "large")
+    for n in range(MAX_STEPS):
+        await ok(runner, "AddStep", org="acme", task_id="t1", step_id=f"s1-{n}", label="x")
+    for n in range(MAX_STEPS + 1):
+        await ok(runner, "AddStep", org="acme", task_id="t2", step_id=f"s2-{n}", label="x")
+    too_many = await runner.run(delete_task, ALICE, {"org": "acme", "task_id": "t2"})
+    assert isinstance(too_many, CommandOutcome) and too_many.name == "TooManySteps"
+    deleted = await runner.run(delete_task, ALICE, {"org": "acme", "task_id": "t1"})
+    assert isinstance(deleted, CommandOutcome) and deleted.name == "Deleted", deleted
+    assert await count(db, "SELECT count(*) FROM cmd_step WHERE task_id = 't1'") == 0
+    assert await count(db, "SELECT count(*) FROM cmd_step WHERE task_id = 't2'") == MAX_STEPS + 1
+
+
+@dataclass(frozen=True)
+class Nicknamed:
+    id: str
+    nickname: Any
+    org: str = "acme"
+    admin: bool = False
+
+
+async def test_a_set_value_registration_cannot_type_is_checked_when_it_runs(
+    db: Database,
+) -> None:
+    """A `Set` whose value registration cannot type (a fact declared `Any`)
+    is checked against the field when the command runs: a value the field
+    cannot hold answers ``invalid_input`` naming the binding, the field and
+    the value, and writes nothing; a value it can hold is written."""
+    catalog = Catalog([PROJECT, TASK, STEP], [LIFECYCLE], {**FACTS, "nickname": Any})
+    nickname = catalog.command(Command(
+        "TitleByNickname", ORG, Input("task_id", str),
+        Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing"),
+               taken={"by_title": Outcome("TitleTaken")}),
+        Set("task", "title", Fact("nickname"), overwrite=True),
+        Return("Renamed"),
+    ))
+    runner = runner_for(db)
+    await seed(runner)
+    refused = await runner.run(nickname, Nicknamed("n", 5), {"org": "acme", "task_id": "t1"})
+    assert isinstance(refused, MutationError)
+    assert (refused.code, refused.message) == (INVALID_INPUT, "set task.title: 5 is not a str")
+    row = await task_row(db, "t1")
+    assert row is not None and (row["title"], row["version"]) == ("first", 1)
+    renamed = await runner.run(nickname, Nicknamed("n", "nick"), {"org": "acme", "task_id": "t1"})
+    assert isinstance(renamed, CommandOutcome) and renamed.name == "Renamed", renamed
+    row = await task_row(db, "t1")
+    assert row is not None and (row["title"], row["version"]) == ("nick", 2)
+
+
+async def test_a_return_field_reads_the_acting_principal(db: Database) -> None:
+    """A return field may read a fact of the principal the command ran as
+    (its value in the outcome is that principal's)."""
+    locked_by = CATALOG.command(Command(
+        "LockedBy", ORG, Input("task_id", str),
+        Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing")),
+        Set("task", "locked", Const(True), overwrite=True),
+        Return("Locked", by=Fact("id"), revision=Field("task", "version")),
+    ))
+    runner = runner_for(db)
+    await seed(runner)
+    outcome = await runner.run(locked_by, ROOT, {"org": "acme", "task_id": "t1"})
+    assert isinstance(outcome, CommandOutcome), outcome
+    assert (outcome.name, outcome.data) == ("Locked", {"by": "root", "revision": 2})
+
+
+async def test_every_requirement_is_checked_after_one_that_holds(db: Database) -> None:
+    """Requirements are checked in their declared order, each of them: the
+    first that fails answers its outcome and nothing is written, whatever
+    requirements held before it."""
+    guarded = CATALOG.command(Command(
+        "RenameQueued", ORG, Input("task_id", str), Input("title", str),
+        Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing"),
+               taken={"by_title": Outcome("TitleTaken")}),
+        Require("Unlocked", Not(Field("task", "locked")), else_=Outcome("Locked")),
+        Require("Queued", Eq(Field("task", "state"), Const("queued")),
+                else_=Outcome("NotQueued")),
+        Set("task", "title", Var("title"), overwrite=True),
+        Return("Renamed"),
+    ))
+    runner = runner_for(db)
+    await seed(runner, "t1", "a")
+    await seed(runner, "t2", "b")
+    await ok(runner, "StartTask", request_key="s", org="acme", task_id="t2",
+             expected_revision=1)
+    refused = await runner.run(guarded, ALICE, {"org": "acme", "task_id": "t2", "title": "c"})
+    assert isinstance(refused, CommandOutcome) and refused.name == "NotQueued", refused
+    row = await task_row(db, "t2")
+    assert row is not None and row["title"] == "b"
+    renamed = await runner.run(guarded, ALICE, {"org": "acme", "task_id": "t1", "title": "c"})
+    assert isinstance(renamed, CommandOutcome) and renamed.name == "Renamed", renamed
+
+
 async def test_relationship_proof_reads_the_target(db: Database) -> None:
     """A create whose required relationship has no target answers the
     proof's absence outcome and writes nothing."""
@@ -338,7 +455,8 @@ async def test_row_policy_checks_both_rows_and_affordance_equals_gate(db: Databa
     runner = runner_for(db)
     await seed(runner)
     proposed = await run(runner, "LockTask", org="acme", task_id="t1", locked=True)
-    assert (proposed.name, proposed.data["reason"]) == (REFUSED, "task.update_denied")
+    assert (proposed.name, proposed.data) == (
+        REFUSED, {"reason": "task.update_denied", "action": "update"})
     await ok(runner, "LockTask", ROOT, org="acme", task_id="t1", locked=True)
     async with db.pool.acquire() as conn:
         task = await Task.Store.load(conn, ["acme", "t1"])
@@ -411,20 +529,26 @@ async def test_a_binding_outside_its_partition_is_absent(db: Database) -> None:
 
 async def test_inputs_that_do_not_match_the_declaration_are_refused(db: Database) -> None:
     """A missing, mistyped, unknown or service-owned input is refused with
-    ``invalid_input`` before anything runs."""
+    ``invalid_input`` before anything runs, its message naming the input
+    and what is wrong with it."""
     runner = runner_for(db)
     await seed(runner)
-    cases: list[dict[str, Any]] = [
-        {"org": "acme", "task_id": "t1"},
-        {"org": "acme", "task_id": "t1", "expected_revision": True, "request_key": "k"},
-        {"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k", "x": 1},
-        {"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k",
-         "execution_id": "01900000-0000-7000-8000-000000000001"},
-        {"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k" * 129},
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"org": "acme", "task_id": "t1"}, "input request_key is required"),
+        ({"org": "acme", "task_id": "t1", "expected_revision": True, "request_key": "k"},
+         "input expected_revision must be a int, got bool"),
+        ({"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k", "x": 1},
+         "StartTask has no input 'x'"),
+        ({"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k",
+          "execution_id": "01900000-0000-7000-8000-000000000001"},
+         "execution_id is a service value: the engine samples it, never the caller"),
+        ({"org": "acme", "task_id": "t1", "expected_revision": 1, "request_key": "k" * 129},
+         "input request_key is longer than 128"),
     ]
-    for inputs in cases:
+    for inputs, message in cases:
         refused = await runner.run(C["StartTask"], ALICE, inputs)
         assert isinstance(refused, MutationError) and refused.code == INVALID_INPUT, inputs
+        assert refused.message == message
     row = await task_row(db, "t1")
     assert row is not None and row["version"] == 1
 
@@ -592,11 +716,12 @@ async def test_a_command_runs_inside_a_handler_transaction(db: Database) -> None
 
 async def test_a_create_satisfies_its_row_policy(db: Database) -> None:
     """A create whose proposed row the create policy denies is Refused with
-    the policy's reason and writes nothing."""
+    the policy's reason and the action ``create``, and writes nothing."""
     runner = runner_for(db)
     refused = await run(runner, "CreateProject", EVE, request_key="k", org="acme",
                         project_id="p", name="P")
-    assert (refused.name, refused.data["reason"]) == (REFUSED, "project.other_org")
+    assert (refused.name, refused.data) == (
+        REFUSED, {"reason": "project.other_org", "action": "create"})
     assert await count(db, "SELECT count(*) FROM cmd_project") == 0
 
 

@@ -31,6 +31,7 @@ from service_engine.commands import (
     row_policy_gate,
 )
 from service_engine.commands.expr import Env, evaluate, truth
+from service_engine.commands.policy import row_of
 from service_engine.gates import Reason, affordances
 
 
@@ -171,3 +172,31 @@ def test_orderings_refuse_a_boolean_against_a_number() -> None:
         assert ev(op(Const(1), Const(None))) is INVALID
     assert ev(Lt(Const(1), Const(2.5))) is True
     assert ev(Gt(Const("b"), Const("a"))) is True
+
+
+def test_a_row_policy_outside_a_catalog_denies_what_it_cannot_read() -> None:
+    """A row policy built for a gate and never registered may name an input
+    or a binding: evaluated on a row, those read as missing and deny."""
+    for predicate in (Eq(Var("x"), Const(1)), Eq(Field("task", "org"), Row("org"))):
+        policy = RowPolicy(predicate, Reason("nope"))
+        assert check_row(policy, {"org": "acme"}, Who("a")).reason == Reason("nope")
+
+
+def test_a_row_holds_only_the_fields_the_aggregate_has() -> None:
+    """A policy's row is the named attributes the aggregate has: a missing
+    one is absent (never None, which some predicates would read as a
+    value) and a method is no field."""
+
+    class Thing:
+        kept = 1
+        empty = None
+
+        def method(self) -> int:
+            return 2
+
+    row = row_of(Thing(), ["kept", "empty", "method", "missing"])
+    assert row == {"kept": 1, "empty": None}
+    # Absent, a missing owner denies even under a negation.
+    policy = RowPolicy(Not(Contains(Fact("banned"), Row("missing"))), Reason("banned"))
+    who = Who("a", facts={"banned": frozenset({"x"})})
+    assert check_row(policy, row, who).reason == Reason("banned")

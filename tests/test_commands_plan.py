@@ -114,6 +114,8 @@ def test_sealed_values_round_trip() -> None:
     assert uuid.UUID(str(sealed["made"])).int >> 80 == now.epoch_micros // 1000
     stored = {k: encode_value(v) for k, v in sealed.items()}
     assert unseal(CREATE.services, stored) == sealed
+    with pytest.raises(ValueError, match=r"^sealed when is not text: 5$"):
+        unseal(CREATE.services, {**stored, "when": 5})
 
 
 def test_the_digest_ignores_the_key_and_sees_every_other_input() -> None:
