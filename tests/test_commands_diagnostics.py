@@ -330,6 +330,7 @@ COMMAND_CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
 
 @pytest.mark.parametrize("case", list(CATALOG_CASES))
 def test_a_catalog_refusal_names_the_declaration_and_the_fault(case: str) -> None:
+    """A catalog declaration refused at registration raises its typed error with a message naming the declaration and what is wrong, word for word."""
     error, message, declare = CATALOG_CASES[case]
     with pytest.raises(error) as refused:
         declare()
@@ -338,6 +339,7 @@ def test_a_catalog_refusal_names_the_declaration_and_the_fault(case: str) -> Non
 
 @pytest.mark.parametrize("case", list(COMMAND_CASES))
 def test_a_command_refusal_names_the_clause_and_the_fault(case: str) -> None:
+    """A command refused at registration raises its typed error with a message naming the command, its clause and what is wrong, word for word."""
     error, message, declare = COMMAND_CASES[case]
     with pytest.raises(error) as refused:
         declare()
@@ -345,6 +347,7 @@ def test_a_command_refusal_names_the_clause_and_the_fault(case: str) -> None:
 
 
 def test_an_expression_shows_as_a_reader_writes_it() -> None:
+    """A diagnostic shows an expression as its author writes it (a non-expression as its repr, INVALID as INVALID)."""
     assert show(Contains(Fact("tags"), Field("post", "title"))) == "post.title in Fact('tags')"
     assert show("title") == "'title'"  # not an expression: its repr
     assert repr(INVALID) == "INVALID"

@@ -103,6 +103,7 @@ MUTATE_CARD = Mutate("Card", (Var("org"), Var("card_id")), as_="card",
 
 
 def test_a_required_relationship_after_an_optional_one_needs_its_proof() -> None:
+    """A create that sets a required relationship after an optional one is refused until the related row is read under its exact key first."""
     unproven = Command(
         "AddCard", ORG, CARD_ID, BOARD_ID, CREATE_CARD,
         Set("card", "board_id", Var("board_id")), Set("card", "title", Const("t")),
@@ -118,6 +119,7 @@ def test_a_required_relationship_after_an_optional_one_needs_its_proof() -> None
 
 
 def test_a_mutation_leaving_one_relationship_alone_still_proves_another_it_moves() -> None:
+    """A mutation that moves one required relationship needs that relationship's proof even when it leaves another relationship untouched."""
     # Card.lane (optional) is untouched; Card.board moves without a read of the board.
     with pytest.raises(MissingRelationshipProof, match=r"card affects Card\.board -> Board"):
         CATALOG.command(Command(
@@ -138,6 +140,7 @@ def test_a_mutation_leaving_one_relationship_alone_still_proves_another_it_moves
 
 
 def test_a_create_sets_a_required_field_after_a_defaulted_one() -> None:
+    """A create that never sets a required field declared after a defaulted one is refused, naming the field."""
     with pytest.raises(BindingError,
                        match=r"^command AddCard: create card: field Card\.title is never set$"):
         CATALOG.command(Command(
@@ -146,6 +149,7 @@ def test_a_create_sets_a_required_field_after_a_defaulted_one() -> None:
 
 
 def test_a_create_after_a_mutation_is_checked_too() -> None:
+    """A create that follows a mutation in the same command is checked for its unset fields too."""
     with pytest.raises(BindingError, match=r"create second: field Card\.title is never set"):
         CATALOG.command(Command(
             "Copy", ORG, CARD_ID, BOARD_ID, Input("copy_id", str), READ_BOARD, MUTATE_CARD,
@@ -156,6 +160,7 @@ def test_a_create_after_a_mutation_is_checked_too() -> None:
 
 
 def test_a_create_that_sets_nothing_names_the_first_field_it_misses() -> None:
+    """A create that sets nothing is refused naming the first required field it misses (or the relationship it does not prove)."""
     with pytest.raises(BindingError, match=r"^command AddLane: create lane: field Lane\.name "
                        r"is never set$"):
         CATALOG.command(Command(
@@ -168,6 +173,7 @@ def test_a_create_that_sets_nothing_names_the_first_field_it_misses() -> None:
 
 
 def test_the_checked_delete_is_the_clause_and_its_entity() -> None:
+    """The checked command records each delete as its clause and entity, among its effects, with the delete's outcome among the command's outcomes."""
     clause = Delete("board", referenced=Outcome("Referenced"))
     checked = CATALOG.command(Command(
         "DeleteBoard", ORG, BOARD_ID,
