@@ -73,7 +73,7 @@ async def test_closing_every_session_returns_the_render_side_to_its_boot_size(
             assert isinstance(reset, Reset)
         held = session_containers(engine)
         assert all(held[name] > idle[name] for name in ("sessions", "interest", "index:cards"))
-        await wait_until(lambda: engine._release.peak >= MANY, what="the beat saw the peak")
+        await wait_until(lambda: engine.upkeep.release.peak >= MANY, what="the beat saw the peak")
         burst_pool = pool_pids(db)
         assert burst_pool
 
@@ -84,7 +84,7 @@ async def test_closing_every_session_returns_the_render_side_to_its_boot_size(
         after = session_containers(engine)
         assert all(after[name] <= idle[name] for name in idle), (after, idle)
         # The beat observed the settled fall and released (its peak restarts from 0).
-        await wait_until(lambda: engine._release.peak == 0, what="the release after the close")
+        await wait_until(lambda: engine.upkeep.release.peak == 0, what="the release after the close")
         if release_free_memory():  # glibc: the release is counted
             assert engine.metrics.sample("service_engine_memory_releases_total") == 1
         # The release closed the pool's idle connections: none the burst used is left.
