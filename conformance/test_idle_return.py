@@ -39,9 +39,9 @@ def session_containers(engine: Engine) -> dict[str, int]:
     sizes = {
         "sessions": footprint(render._sessions),
         "attaching": footprint(render._attaching),
-        "interest": footprint(vars(render._interest)),
+        "interest": footprint(vars(render.interest)),
     }
-    for name, index in render._indexes.items():
+    for name, index in render.indexes.items():
         sizes[f"index:{name}"] = footprint({s: getattr(index, s) for s in CohortIndex.__slots__})
     return sizes
 
@@ -80,7 +80,7 @@ async def test_closing_every_session_returns_the_render_side_to_its_boot_size(
         for stream in streams:
             await stream.aclose()
         assert len(engine.render.sessions) == 0
-        assert len(engine.render._interest) == 0
+        assert len(engine.render.interest) == 0
         after = session_containers(engine)
         assert all(after[name] <= idle[name] for name in idle), (after, idle)
         # The beat observed the settled fall and released (its peak restarts from 0).
@@ -97,7 +97,7 @@ async def test_closing_every_session_returns_the_render_side_to_its_boot_size(
             await write_card(conn, Card("c1", "acme", 1, "uno"))
         (upsert,) = await take(survivor, 1)
         assert isinstance(upsert, Upsert) and upsert.view == ("acme", 1, "uno")
-        assert engine.render.last_report.sessions == 1
+        assert engine.render_loop.last_report.sessions == 1
 
 
 BURST = "SELECT pg_backend_pid() + $1::int * 0"

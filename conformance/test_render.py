@@ -107,7 +107,7 @@ class Frames:
 async def frames(db: Database, *projectors: Any, **config: Any) -> AsyncIterator[Frames]:
     f = Frames(db, **config)
     for projector in projectors:
-        f.runtime.register_projector(projector)
+        f.runtime.registry.register_projector(projector)
     async with listener_running(f.listener):
         yield f
 
@@ -261,7 +261,7 @@ async def test_a_write_in_the_pass_that_replays_the_barrier_reaches_the_session(
 
     async with frames(db, Barrier()) as f:
         f_holder.append(f)
-        stream = await f.runtime.attach(ALICE, "barrier", window())
+        stream = await f.runtime.registry.attach(ALICE, "barrier", window())
         replica: WindowReplica[Any] = WindowReplica()
         (reset,) = await take(stream, 1)
         replica.apply(reset)
@@ -302,7 +302,7 @@ async def test_a_session_that_goes_live_while_a_pass_loads_gets_none_of_its_olde
                 Late.race = False
                 async with db.pool.acquire() as other:
                     await write_card(other, Card("k1", "globex", 1, "moved"))
-                attached.append(await f_holder[0].runtime.attach(ALICE, "late", window()))
+                attached.append(await f_holder[0].runtime.registry.attach(ALICE, "late", window()))
             return rows
 
     class Late(CardsView):
@@ -312,7 +312,7 @@ async def test_a_session_that_goes_live_while_a_pass_loads_gets_none_of_its_olde
 
     async with frames(db, Late()) as f:
         f_holder.append(f)
-        bob = await f.runtime.attach(BOB, "late", window())
+        bob = await f.runtime.registry.attach(BOB, "late", window())
         await take(bob, 1)
         async with db.pool.acquire() as conn:
             await write_card(conn, Card("k1", "acme", 1, "uno"))
@@ -349,7 +349,7 @@ async def test_s130_a_render_frame_takes_no_row_lock(db: Database) -> None:
     """s130: a render frame proceeds while a mutation holds the row's lock."""
     await seed(db, Card("c1", "acme", 1, "one"))
     async with frames(db, CardsView()) as f:
-        stream = await f.runtime.attach(ALICE, "cards", window())
+        stream = await f.runtime.registry.attach(ALICE, "cards", window())
         await take(stream, 1)
         async with db.pool.acquire() as locker, locker.transaction():
             await locker.execute("SELECT 1 FROM sample_card WHERE id = 'c1' FOR UPDATE")
@@ -367,7 +367,7 @@ async def test_s164_one_load_per_dirty_key_and_cohort(db: Database) -> None:
     async with frames(db, CardsView()) as f:
         acme = [Principal(f"a{i}", frozenset({"acme"})) for i in range(3)]
         globex = [Principal(f"g{i}", frozenset({"globex"})) for i in range(2)]
-        streams = [await f.runtime.attach(p, "cards", window()) for p in acme + globex]
+        streams = [await f.runtime.registry.attach(p, "cards", window()) for p in acme + globex]
         for s in streams:
             await take(s, 1)
         async with db.pool.acquire() as conn:
@@ -385,9 +385,9 @@ async def test_s164_rls_cohorts_load_once_each(db: Database) -> None:
     context; sessions that cannot see the row get nothing."""
     async with frames(db, OrgCardsRls()) as f:
         spec: WindowSpec[Any] = WindowSpec(Query(None), rls=True)
-        acme = [await f.runtime.attach(Principal(f"a{i}", frozenset({"acme"})), "org_cards_rls",
+        acme = [await f.runtime.registry.attach(Principal(f"a{i}", frozenset({"acme"})), "org_cards_rls",
                                        spec, applier=OrgApplier()) for i in range(3)]
-        globex = await f.runtime.attach(CAROL, "org_cards_rls", spec, applier=OrgApplier())
+        globex = await f.runtime.registry.attach(CAROL, "org_cards_rls", spec, applier=OrgApplier())
         for s in [*acme, globex]:
             await take(s, 1)
         async with db.pool.acquire() as conn:
@@ -406,8 +406,8 @@ async def test_s165_a_per_projector_reset_threshold(db: Database) -> None:
         RESET_THRESHOLD = 2
 
     async with frames(db, CardsView(), Touchy()) as f:
-        plain = await f.runtime.attach(ALICE, "cards", window())
-        touchy = await f.runtime.attach(ALICE, "touchy", window())
+        plain = await f.runtime.registry.attach(ALICE, "cards", window())
+        touchy = await f.runtime.registry.attach(ALICE, "touchy", window())
         await take(plain, 1)
         await take(touchy, 1)
         async with db.pool.acquire() as conn, conn.transaction():
@@ -438,7 +438,7 @@ async def test_s166_per_impact_emission_with_a_causeless_impact(db: Database) ->
 
     await seed(db, Card("c1", "acme", 1, "one"), Card("c2", "acme", 2, "two"))
     async with frames(db, Narrated()) as f:
-        stream = await f.runtime.attach(ALICE, "narrated", window())
+        stream = await f.runtime.registry.attach(ALICE, "narrated", window())
         (reset,) = await take(stream, 1)
         async with db.pool.acquire() as conn, conn.transaction():
             await conn.execute("UPDATE sample_card SET title = 'moved' WHERE id = 'c1'")
@@ -671,8 +671,8 @@ async def test_s132_a_channel_overflow_resets_every_live_session(db: Database) -
     Reconnected, and the next frame re-snapshots every live session."""
     await seed(db, Card("c1", "acme", 1, "one"))
     async with frames(db, CardsView(), listener_channel_capacity=2) as f:
-        a = await f.runtime.attach(ALICE, "cards", window())
-        c = await f.runtime.attach(CAROL, "cards", window())
+        a = await f.runtime.registry.attach(ALICE, "cards", window())
+        c = await f.runtime.registry.attach(CAROL, "cards", window())
         await take(a, 1)
         await take(c, 1)
         async with db.pool.acquire() as conn:
@@ -713,10 +713,10 @@ async def test_s183_a_page_loses_no_race_to_a_concurrent_pass(db: Database) -> N
 
     async with frames(db, Racing()) as f:
         f_holder.append(f)
-        stream = await f.runtime.attach(ALICE, "racing_page", window(limit=2))
+        stream = await f.runtime.registry.attach(ALICE, "racing_page", window(limit=2))
         (reset,) = await take(stream, 1)
         assert set(reset.views) == {'"c3"', '"c2"'}
-        result = await f.runtime.page(str(stream.id), ALICE, 2)
+        result = await f.runtime.registry.page(str(stream.id), ALICE, 2)
         assert '"c1"' in result.skipped
         deltas = drained(stream)
         c1 = [d for d in deltas if d.key == '"c1"']
@@ -845,7 +845,7 @@ async def test_an_impure_cohort_is_caught_by_the_debug_check(db: Database) -> No
             return CohortKey.of_parts("drift", Drifting.calls)
 
     async with frames(db, Drifting()) as f:
-        stream = await f.runtime.attach(ALICE, "drifting", WindowSpec(Keys(["c1"])))
+        stream = await f.runtime.registry.attach(ALICE, "drifting", WindowSpec(Keys(["c1"])))
         await take(stream, 1)
         async with db.pool.acquire() as conn:
             await write_card(conn, Card("c1", "acme", 1, "one"))
@@ -866,7 +866,7 @@ async def test_a_joined_noun_reaches_the_keys_its_inverse_names(db: Database) ->
 
     await seed(db, Card("c1", "acme", 1, "one"), Card("c2", "acme", 2, "two"))
     async with frames(db, Flagged()) as f:
-        stream = await f.runtime.attach(ALICE, "flagged", window())
+        stream = await f.runtime.registry.attach(ALICE, "flagged", window())
         await take(stream, 1)
         async with db.pool.acquire() as conn, conn.transaction():
             await conn.execute("UPDATE sample_card SET title = 'flagged' WHERE id = 'c1'")

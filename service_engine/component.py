@@ -21,12 +21,19 @@ answers the component's bound method, with its signature and docstring.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from datetime import timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from .failures import EngineError
+from .readiness import ReadinessHandle
 from .supervisor import Worker
 
-__all__ = ["NO_STEPS", "NO_TASKS", "BeatStep", "Component"]
+__all__ = ["NO_STEPS", "NO_TASKS", "BeatStep", "Component", "Delegate", "run_beat"]
+
+_log = logging.getLogger(__name__)
 
 BeatStep = Callable[[], Awaitable[None]]
 """One step of the beat; it raises to hold readiness DOWN."""
@@ -49,6 +56,36 @@ class Component(Protocol):
 
     async def aclose(self) -> None:
         """Release what `start` took (leases, connections); idempotent."""
+
+
+async def run_beat(
+    steps: Callable[[], Iterable[tuple[str, BeatStep]]],
+    readiness: ReadinessHandle,
+    interval: timedelta,
+) -> None:
+    """The beat: every ``interval``, each of this beat's ``steps()`` in turn;
+    a step that raises holds readiness DOWN under ``beat:<name>`` until it
+    next succeeds. Runs until cancelled (a worker of the engine's supervisor)."""
+    while True:
+        for name, step in list(steps()):
+            reason = f"beat:{name}"
+            try:
+                await step()
+            except Exception as exc:
+                # A bound that ran out or a typed engine error says it all in
+                # one line; formatting a traceback also fills linecache with
+                # every file's source for good (it would land amid a burst's
+                # sessions and outlive them).
+                expected = isinstance(exc, TimeoutError | EngineError)
+                _log.warning("beat step %s failed: %s: %s", name, type(exc).__name__, exc,
+                             exc_info=None if expected else exc)
+                readiness.set_down(reason, f"{type(exc).__name__}: {exc}")
+            else:
+                readiness.clear(reason)
+            # One loop turn between steps: the steps that await nothing (the
+            # sessions sweep, the gauges) never hold the loop together.
+            await asyncio.sleep(0)
+        await asyncio.sleep(interval.total_seconds())
 
 
 P = ParamSpec("P")

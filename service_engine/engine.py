@@ -10,17 +10,14 @@ their loops under its supervisor, their steps on its beat, and closes them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 from collections.abc import Iterator
 from typing import Any
 
-from .blobs.model import BlobKind, DownloadUrl
+from .blobs.model import DownloadUrl
 from .blobs.runtime import BlobRuntime
-from .blobs.store import BlobStoreConfig
 from .clock import SystemClock
-from .component import BeatStep, Component, Delegate
+from .component import BeatStep, Component, Delegate, run_beat
 from .config import EngineConfig
 from .db.pool import Database
 from .db.posture import assert_posture
@@ -45,6 +42,7 @@ from .pipeline.run import run_pipeline
 from .principal_facts import PrincipalFactLoader, PrincipalFactLoaders
 from .readiness import REASON_BOOTING, REASON_SHUTTING_DOWN, ReadinessHandle
 from .render.projector import Projector, RlsApplier, route_of
+from .render.registry import RenderRegistry
 from .render.runtime import RenderRuntime
 from .scopes.component import Scopes
 from .scopes.manifest import ScopeError
@@ -55,8 +53,6 @@ __all__ = ["ENGINE_VERSION", "LOOP_LAG_INTERVAL", "Engine"]
 
 ENGINE_VERSION = "0.1.0"
 REASON_NOT_RUNNING = "not_running"
-
-_log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -70,9 +66,11 @@ class Engine:
         self.version = VersionIdentity(ENGINE_VERSION, config.service_version or "unversioned")
         self._supervisor = Supervisor(readiness)
         self.transport = PgListenNotify(db, config, readiness, metrics=metrics)
-        self.render = RenderRuntime(
+        self.render_loop = RenderRuntime(
             db, config, self.transport.channel, accepting=self.ensure_accepting, metrics=metrics
         )
+        self.render = self.render_loop.registry
+        """The projectors, the sessions and the reads that serve them."""
         self.dead_letters = DeadLetters(db, metrics)
         self._nouns: set[str] = set()
         """The nouns the registered projectors read (a principal-facts
@@ -80,7 +78,7 @@ class Engine:
         self._beat_steps: dict[str, BeatStep] = {}
         self.upkeep = Upkeep(
             db, config, readiness, metrics, self.version, transport=self.transport,
-            render=self.render,
+            render=self.render_loop,
         )
         self.integration = Integration(
             db, config, nats, readiness, metrics, self.dead_letters,
@@ -178,7 +176,7 @@ class Engine:
         self.render.register_projector(projector)
         self._nouns.update(route_of(projector).nouns)
 
-    register_principal_refresh = Delegate("render", RenderRuntime.register_principal_refresh)
+    register_principal_refresh = Delegate("render", RenderRegistry.register_principal_refresh)
 
     # -- integration (`Integration`), offers (`Offers`), mirrors (`Mirrors`) --
 
@@ -265,14 +263,10 @@ class Engine:
 
     @property
     def blob_store_configured(self) -> bool:
-        """Whether `run` has an S3 store to bind (given to `use_blob_store`,
-        or ``SERVICE_ENGINE_S3_*``); a slice whose blobs are optional
-        registers its kinds only then."""
-        return self.blobs.config is not None or BlobStoreConfig.from_env() is not None
+        """Whether `run` has an S3 store to bind (`BlobRuntime.configured`)."""
+        return self.blobs.configured
 
-    def blob_kind(self, kind: str) -> BlobKind | None:
-        """The blob kind ``kind`` as `register_blobs` declared it, or None."""
-        return self.blobs.kinds.get(kind)
+    blob_kind = Delegate("blobs", BlobRuntime.kind)
 
     async def download(
         self, projector: str, key: JsonValue, reference: JsonValue, principal: Any,
@@ -294,10 +288,10 @@ class Engine:
             nouns=self._nouns,
         )
 
-    attach = Delegate("render", RenderRuntime.attach)
-    page = Delegate("render", RenderRuntime.page)
-    fetch = Delegate("render", RenderRuntime.fetch)
-    fetch_window = Delegate("render", RenderRuntime.fetch_window)
+    attach = Delegate("render", RenderRegistry.attach)
+    page = Delegate("render", RenderRegistry.page)
+    fetch = Delegate("render", RenderRegistry.fetch)
+    fetch_window = Delegate("render", RenderRegistry.fetch_window)
 
     # -- run and shutdown -----------------------------------------------
 
@@ -354,24 +348,4 @@ class Engine:
         yield from self._beat_steps.items()
 
     async def _beat(self) -> None:
-        interval = self.config.beat_interval.total_seconds()
-        while True:
-            for name, step in list(self._steps()):
-                reason = f"beat:{name}"
-                try:
-                    await step()
-                except Exception as exc:
-                    # A bound that ran out or a typed engine error says it all
-                    # in one line; formatting a traceback also fills linecache
-                    # with every file's source for good (it would land amid a
-                    # burst's sessions and outlive them).
-                    expected = isinstance(exc, TimeoutError | EngineError)
-                    _log.warning("beat step %s failed: %s: %s", name, type(exc).__name__, exc,
-                                 exc_info=None if expected else exc)
-                    self.readiness.set_down(reason, f"{type(exc).__name__}: {exc}")
-                else:
-                    self.readiness.clear(reason)
-                # One loop turn between steps: the steps that await nothing
-                # (the sessions sweep, the gauges) never hold the loop together.
-                await asyncio.sleep(0)
-            await asyncio.sleep(interval)
+        await run_beat(self._steps, self.readiness, self.config.beat_interval)

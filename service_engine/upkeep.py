@@ -149,7 +149,7 @@ class Upkeep:
     async def _release_after_close(self) -> None:
         """Once many sessions closed (`ReleaseAfterClose`), hand the heap's
         free pages back to the OS: a pod returns toward its idle footprint."""
-        live = len(self._render.sessions)
+        live = len(self._render.registry.sessions)
         if self.release.observe(live):
             started = time.perf_counter()
             closed = 0

@@ -70,6 +70,19 @@ class BlobRuntime:
             kind._bind(self.store)
         return kind
 
+    def kind(self, name: str) -> BlobKind | None:
+        """The blob kind ``name`` as `Engine.register_blobs` declared it (pass
+        it to ``cx.blob``), or None when this engine did not register it."""
+        return self.kinds.get(name)
+
+    @property
+    def configured(self) -> bool:
+        """Whether `start` has an S3 store to bind: one given to
+        `Engine.use_blob_store`, or ``SERVICE_ENGINE_S3_*`` in the
+        environment. A slice whose blobs are optional registers its kinds
+        only then."""
+        return self.config is not None or BlobStoreConfig.from_env() is not None
+
     def configure(self, config: BlobStoreConfig | None) -> None:
         """The S3-compatible store `run` binds (bind-only: the bucket must exist)."""
         self.config = config

@@ -24,7 +24,7 @@ from ..messaging.nats import Nats
 from ..metrics import Metrics
 from ..readiness import ReadinessHandle
 from ..render.projector import Projector
-from ..render.runtime import RenderRuntime
+from ..render.registry import RenderRegistry
 from ..supervisor import Worker
 from .accumulator import Accumulator, Durable, Folded
 from .accumulators import Accumulators
@@ -46,7 +46,7 @@ class Lanes:
         nats: Nats | None,
         readiness: ReadinessHandle,
         metrics: Metrics,
-        render: RenderRuntime,
+        render: RenderRegistry,
         channel: ImpactChannel,
         *,
         serve: Callable[[Projector[Any, Any, Any, Any]], None],
