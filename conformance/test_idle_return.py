@@ -38,7 +38,7 @@ def session_containers(engine: Engine) -> dict[str, int]:
     render: Any = engine.render
     sizes = {
         "sessions": footprint(render._sessions),
-        "attaching": footprint(render._attaching),
+        "attaching": footprint(render.attach_batches.queued),
         "interest": footprint(vars(render.interest)),
     }
     for name, index in render.indexes.items():

@@ -25,7 +25,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..config import EngineConfig
@@ -36,6 +35,14 @@ from ..failures import AttachError, AttachShuttingDown, DuplicateRegistration, E
 from ..impacts.model import JsonValue, canonical_json
 from ..logs import in_session
 from ..metrics import Metrics
+from .attached import (
+    ATTACH_BATCH,
+    AttachBatches,
+    AttachedSession,
+    PopulateCx,
+    UnknownProjectorName,
+    populate_key,
+)
 from .cohort import principal_key
 from .cohort_index import CohortIndex, SharedGates, indexable
 from .deltas import Delta, KeyText, Reset
@@ -71,50 +78,6 @@ PrincipalRefresh = Callable[[Any], Awaitable[Any]]
 """Re-resolves a principal (same id) after a principal-facts impact."""
 
 
-ATTACH_BATCH = 256
-"""Attaches of one projector snapshotted in one transaction at most."""
-ATTACH_READERS = 2
-"""Attach batches reading at once: the rest of the pool stays for writes,
-principal resolves and render passes while a burst of attaches waits."""
-
-
-def _populate_key(rec: AttachedSession) -> Hashable | None:
-    """What makes two attaching sessions' populates equal, or None when
-    their query is not hashable (then each populates alone)."""
-    session = rec.session
-    window = rec.projector.VISIBILITY.window(session.principal)
-    key = (session.cohort, window, session.membership.query)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-class UnknownProjectorName(AttachError):
-    """An attach or fetch named a projector that is not registered."""
-
-
-@dataclass(slots=True)
-class AttachedSession:
-    """The registry's record of one session."""
-
-    session: Session[Any, Any]
-    projector: Projector[Any, Any, Any, Any]
-    stream: SessionStream[Any]
-    applier: RlsApplier[Any] | None
-    gate: Callable[[Any], bool]
-    memberships: frozenset[Hashable] | None
-    """The principal's cohorts when the projector gates by its declared
-    Visibility alone (the render pass then indexes rows by cohort)."""
-    resync: bool = False
-    view_key: Hashable | None = None
-    """The principal's `Projector.view_key` (None: its views are its own)."""
-    live_since: int = 0
-    """`RenderRegistry.planned` when its last snapshot completed: a pass
-    planned no later than that may have read rows older than the snapshot."""
-
-
 class _Detach:
     """A stream's close: detach its session (``"closed"``). One slotted
     object, where a ``functools.partial`` of the bound ``detach`` holds a
@@ -129,14 +92,6 @@ class _Detach:
 
     def __call__(self) -> None:
         self.registry.detach(self.session_id, "closed")
-
-
-@dataclass(frozen=True, slots=True)
-class _PopulateCx:
-    principal: Any
-    cursor: JsonValue
-    cohorts: frozenset[Hashable] | None
-    conn: Conn
 
 
 class RenderRegistry:
@@ -170,11 +125,11 @@ class RenderRegistry:
         # The cohort index of projectors gated by their declared Visibility
         # (see `CohortIndex`), by projector name.
         self.indexes: dict[str, CohortIndex] = {}
-        # Attaches waiting for their first snapshot, by projector (see
-        # `_join_attach_batch`), and the batches reading them.
-        self._attaching: dict[str, list[tuple[AttachedSession, asyncio.Future[None]]]] = {}
-        self._attach_tasks: set[asyncio.Task[None]] = set()
-        self._attach_readers = asyncio.Semaphore(ATTACH_READERS)
+        self.attach_batches = AttachBatches(
+            begin=self._begin_snapshot, read=self._read_attach_batch,
+            alone=lambda rec: self.snapshot(rec, begun=True),
+        )
+        """Attaches waiting for their first snapshot, read in batches."""
         # Projectors whose declared view key was found not to determine the
         # view (see `SharedViews`): their views are projected per session.
         self._unshared: set[str] = set()
@@ -271,7 +226,7 @@ class RenderRegistry:
                 # Its reads run under this principal's RLS context: alone.
                 await self.snapshot(rec)
             else:
-                await self._join_attach_batch(rec)
+                await self.attach_batches.join(rec)
         except BaseException:
             self.detach(sid, "attach failed")
             raise
@@ -306,8 +261,7 @@ class RenderRegistry:
         self._sessions = {}
         self.gates = SharedGates()
         self.view_keys = Interned()
-        if not self._attaching:
-            self._attaching = {}
+        self.attach_batches.shrink()
         interest: Interest[Session[Any, Any]] = Interest()
         for name in self._projectors:
             interest.register(self.interest.route_of(name))
@@ -388,7 +342,7 @@ class RenderRegistry:
         self._check_applier(proj, applier)
         gate = proj.render_gate(principal)
         async with self.reading(proj, principal, applier) as conn:
-            cx = _PopulateCx(principal, None, proj.VISIBILITY.window(principal), conn)
+            cx = PopulateCx(principal, None, proj.VISIBILITY.window(principal), conn)
             keys = keyed(await proj.populate(cx, query))
             rows = await proj.STORE.read_many(conn, list(keys.values()))
         by_key = {canonical_json(proj.STORE.key_of(row)): row for row in rows}
@@ -441,7 +395,7 @@ class RenderRegistry:
     ) -> dict[KeyText, JsonValue]:
         session = rec.session
         principal = session.principal
-        cx = _PopulateCx(principal, cursor, rec.projector.VISIBILITY.window(principal), conn)
+        cx = PopulateCx(principal, cursor, rec.projector.VISIBILITY.window(principal), conn)
         return keyed(await rec.projector.populate(cx, session.membership.query))
 
     @staticmethod
@@ -592,84 +546,6 @@ class RenderRegistry:
 
     # -- attach batches -------------------------------------------------------------
 
-    def _join_attach_batch(self, rec: AttachedSession) -> asyncio.Future[None]:
-        """Queue ``rec``'s first snapshot with the other attaches of its
-        projector: those queued while a batch waits for its turn share one
-        read-only transaction, each session's populate in it, and one
-        ``read_many`` for the union of their keys."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        name = rec.projector.NAME
-        queued = self._attaching.get(name)
-        if queued is None:
-            queued = self._attaching[name] = []
-            self._start_attach_batch(rec.projector)
-        queued.append((rec, waiter))
-        return waiter
-
-    def _start_attach_batch(self, proj: Projector[Any, Any, Any, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(
-            self._attach_batch(proj), name=f"service_engine:attach:{proj.NAME}"
-        )
-        self._attach_tasks.add(task)
-        task.add_done_callback(self._attach_tasks.discard)
-
-    def _take_attach_batch(
-        self, proj: Projector[Any, Any, Any, Any]
-    ) -> list[tuple[AttachedSession, asyncio.Future[None]]]:
-        queued = self._attaching.pop(proj.NAME, [])
-        if len(queued) > ATTACH_BATCH:
-            self._attaching[proj.NAME] = queued[ATTACH_BATCH:]
-            self._start_attach_batch(proj)
-            queued = queued[:ATTACH_BATCH]
-        # A waiter already done is an attach cancelled meanwhile (detached).
-        return [(rec, w) for rec, w in queued if not w.done() and not rec.session.ended]
-
-    async def _attach_batch(self, proj: Projector[Any, Any, Any, Any]) -> None:
-        batch: list[tuple[AttachedSession, asyncio.Future[None]]] | None = None
-        alone = False
-        try:
-            async with self._attach_readers:
-                # Taken once a reader is free: what queued meanwhile joins.
-                batch = self._take_attach_batch(proj)
-                if not batch:
-                    return
-                for rec, _ in batch:
-                    self._begin_snapshot(rec)
-                try:
-                    await self._read_attach_batch(proj, [rec for rec, _ in batch])
-                except Exception:
-                    # One member's populate may have failed the shared read:
-                    # read each alone, so only its own attach fails.
-                    alone = True
-        except BaseException as exc:
-            queued = batch if batch is not None else self._attaching.pop(proj.NAME, [])
-            failure = exc if isinstance(exc, Exception) else AttachShuttingDown(
-                "the attach was interrupted")
-            for _, waiter in queued:
-                if not waiter.done():
-                    waiter.set_exception(failure)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        try:
-            for rec, waiter in batch:
-                if alone and rec.session.snapshotting and not waiter.done():
-                    try:
-                        await self.snapshot(rec, begun=True)
-                    except Exception as exc:
-                        if not waiter.done():
-                            waiter.set_exception(exc)
-                        continue
-                if not waiter.done():
-                    waiter.set_result(None)
-        except BaseException:
-            # Cancelled reading them one by one: no attach is left waiting.
-            for _, waiter in batch:
-                if not waiter.done():
-                    waiter.set_exception(AttachShuttingDown("the attach was interrupted"))
-            raise
-
     async def _read_attach_batch(
         self, proj: Projector[Any, Any, Any, Any], recs: list[AttachedSession]
     ) -> None:
@@ -730,7 +606,7 @@ class RenderRegistry:
                 session = rec.session
                 found: dict[KeyText, JsonValue] | None = None
                 if session.membership.populates:
-                    key = _populate_key(rec)
+                    key = populate_key(rec)
                     found = shared.get(key) if key is not None else None
                     if found is None:
                         found = await self.populate(conn, rec, None)
