@@ -1,11 +1,10 @@
 """Engine: boot, the register_* seams, the components it composes, run, shutdown.
 
-Each feature folder provides one component built from its own bounds
-(`service_engine.component.Component`): `Upkeep` (the pod's core loops and
-probes), `Integration`, `Offers`, `Mirrors`, `BlobRuntime`, `Scopes`,
-`Lanes` and the `Eraser`. The engine builds them, hands the registrations
-to the one they belong to, starts them in order when `run` begins, runs
-their loops under its supervisor, their steps on its beat, and closes them.
+Each feature folder provides one component (`service_engine.component`):
+`Upkeep`, `Integration`, `Offers`, `Mirrors`, `BlobRuntime`, `Scopes`,
+`Lanes`, the `Eraser`. The engine builds them from the config's bounds, hands
+each registration to its component, starts them when `run` begins, runs their
+loops under its supervisor and their steps on its beat, and closes them.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ from .render.runtime import RenderRuntime
 from .scopes.component import Scopes
 from .scopes.manifest import ScopeError
 from .supervisor import Supervisor, Worker
-from .upkeep import LOOP_LAG_INTERVAL, Upkeep, probe_listener
+from .upkeep import LOOP_LAG_INTERVAL, Upkeep, UpkeepBounds, probe_listener
 
 __all__ = ["ENGINE_VERSION", "LOOP_LAG_INTERVAL", "Engine"]
 
@@ -77,8 +76,8 @@ class Engine:
         dependency must name one of them)."""
         self._beat_steps: dict[str, BeatStep] = {}
         self.upkeep = Upkeep(
-            db, config, readiness, metrics, self.version, transport=self.transport,
-            render=self.render_loop,
+            db, UpkeepBounds.of(config), readiness, metrics, self.version,
+            transport=self.transport, render=self.render_loop,
         )
         self.integration = Integration(
             db, config, nats, readiness, metrics, self.dead_letters,
@@ -145,7 +144,7 @@ class Engine:
                     conn, engine.version, pod_id=config.pod_id,
                     service=config.service, liveness=config.schema_version_liveness,
                 )
-            await probe_listener(db, config)
+            await probe_listener(db, config.listener_probe_timeout)
         except EngineError as exc:
             readiness.set_down(getattr(exc, "reason", "boot"), str(exc))
             raise

@@ -15,6 +15,8 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
 
 from .component import BeatStep
 from .config import EngineConfig
@@ -30,7 +32,9 @@ from .readiness import REASON_SCHEMA_VERSION_DISPLACED, ReadinessHandle
 from .render.runtime import RenderRuntime
 from .supervisor import Worker
 
-__all__ = ["DEAD_LETTER_GAUGE_EVERY", "LOOP_LAG_INTERVAL", "Upkeep", "probe_listener"]
+__all__ = [
+    "DEAD_LETTER_GAUGE_EVERY", "LOOP_LAG_INTERVAL", "Upkeep", "UpkeepBounds", "probe_listener",
+]
 
 DEAD_LETTER_GAUGE_EVERY = 5.0
 """The most seconds between reads of the dead letters waiting (a GROUP BY per pod)."""
@@ -41,7 +45,26 @@ lateness is one ``service_engine_loop_lag_seconds`` observation."""
 _log = logging.getLogger(__name__)
 
 
-async def probe_listener(db: Database, config: EngineConfig) -> None:
+@dataclass(frozen=True, slots=True)
+class UpkeepBounds:
+    """What the pod's upkeep reads of the config."""
+
+    pod_id: str
+    service: str | None
+    beat_interval: timedelta
+    probe_timeout: timedelta
+    """The bound of a Postgres probe (``listener_probe_timeout``)."""
+    schema_version_liveness: timedelta
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> UpkeepBounds:
+        return cls(
+            config.pod_id, config.service, config.beat_interval,
+            config.listener_probe_timeout, config.schema_version_liveness,
+        )
+
+
+async def probe_listener(db: Database, timeout_after: timedelta) -> None:
     """LISTEN on a dedicated connection and NOTIFY it from the pool.
 
     Behind a transaction-mode pooler the LISTEN is released with its
@@ -54,7 +77,7 @@ async def probe_listener(db: Database, config: EngineConfig) -> None:
         if not arrived.done():
             arrived.set_result(None)
 
-    timeout = config.listener_probe_timeout.total_seconds()
+    timeout = timeout_after.total_seconds()
     conn = await db.connect_dedicated()
     try:
         await conn.add_listener(channel, on_notify)
@@ -76,7 +99,7 @@ class Upkeep:
     def __init__(
         self,
         db: Database,
-        config: EngineConfig,
+        bounds: UpkeepBounds,
         readiness: ReadinessHandle,
         metrics: Metrics,
         version: VersionIdentity,
@@ -85,7 +108,7 @@ class Upkeep:
         render: RenderRuntime,
     ) -> None:
         self._db = db
-        self._config = config
+        self._bounds = bounds
         self._readiness = readiness
         self._metrics = metrics
         self._version = version
@@ -139,7 +162,7 @@ class Upkeep:
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can drop
             # the beat's cancellation when it races the probe's answer.
-            async with asyncio.timeout(self._config.listener_probe_timeout.total_seconds()):
+            async with asyncio.timeout(self._bounds.probe_timeout.total_seconds()):
                 await self._db.pool.fetchval("SELECT 1")
         except BaseException:
             self._metrics.set_dependency("postgres", False)
@@ -180,7 +203,7 @@ class Upkeep:
         """``dead_letters_waiting{source}``, read every ten beats (at most
         every `DEAD_LETTER_GAUGE_EVERY` seconds)."""
         now = asyncio.get_running_loop().time()
-        every = min(DEAD_LETTER_GAUGE_EVERY, 10 * self._config.beat_interval.total_seconds())
+        every = min(DEAD_LETTER_GAUGE_EVERY, 10 * self._bounds.beat_interval.total_seconds())
         if now < self._dead_letters_gauged_at + every:
             return
         self._dead_letters_gauged_at = now
@@ -191,8 +214,8 @@ class Upkeep:
     async def _refresh_schema_version(self) -> None:
         async with self._db.pool.acquire() as conn:
             result = await claim_schema_version(
-                conn, self._version, pod_id=self._config.pod_id,
-                service=self._config.service, liveness=self._config.schema_version_liveness,
+                conn, self._version, pod_id=self._bounds.pod_id,
+                service=self._bounds.service, liveness=self._bounds.schema_version_liveness,
             )
         if result.claim is Claim.DISPLACED:
             self._readiness.set_down(
