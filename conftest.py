@@ -23,6 +23,13 @@ import shutil
 import tempfile
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("battery", deadline=None)
+settings.load_profile("battery")
+"""Property tests assert properties, not speed: no per-example deadline
+(Hypothesis's default 200 ms fails an example that merely waited for a core
+the parallel battery's other workers held)."""
 
 _PRIVATE = "_service_engine_private_basetemp"
 

@@ -3,7 +3,7 @@
     python bench/commands.py [--seconds 3] [--clients 1,8]
 
 Starts a durable embedded Postgres (fsync on), provisions the engine and the
-command sample's tables (`conformance/sample_commands.py`), creates 100
+command sample's tables (`conformance/support/sample_commands.py`), creates 100
 tasks per client, and measures commands/s on distinct keys, 1 and 8
 concurrent clients, for:
 
@@ -38,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from conformance.sample_commands import (  # noqa: E402
+from conformance.support.sample_commands import (  # noqa: E402
     CATALOG,
     COMMANDS,
     ROOT,

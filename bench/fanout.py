@@ -63,7 +63,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conformance.sample_cards import (
+from conformance.support.sample_cards import (
     Card,
     CardsView,
     Principal,

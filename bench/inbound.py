@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 import nats  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig  # noqa: E402
 
-from conformance.sample_orders import PlaceOrder, place_order  # noqa: E402
+from conformance.support.sample_orders import PlaceOrder, place_order  # noqa: E402
 from service_engine import Engine, EngineConfig, ReadinessHandle  # noqa: E402
 from service_engine.db import Database, connect_pool, service_migrations  # noqa: E402
 from service_engine.embedded import (  # noqa: E402

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from conformance.sample_counter import (  # noqa: E402
+from conformance.support.sample_counter import (  # noqa: E402
     WRITER,
     CrudCounter,
     CrudCounterStore,

@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conformance.sample_counter import (  # noqa: E402
+from conformance.support.sample_counter import (  # noqa: E402
     WRITER,
     CrudCounter,
     EdaCounter,

@@ -6,7 +6,7 @@ under a mixed load while things fail (issue 18, item 1).
 
 Starts a durable embedded Postgres (fsync on) in a temporary folder,
 provisions the engine's and the example service's migrations, and runs
-`conformance.soak_support.run_soak`: ``--pods`` processes of the reference
+`conformance.support.soak.run_soak`: ``--pods`` processes of the reference
 service on that Postgres and a nats-server of its own (``sync_interval:
 always``), ``--sessions`` live subscriptions over real WebSockets spread over
 ``--cohorts`` orgs, ``--rate`` mixed operations/s (GraphQL mutations, twin
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from conformance.blackbox.harness import EXAMPLE_MIGRATIONS  # noqa: E402
-from conformance.soak_support import SoakConfig, run_soak  # noqa: E402
+from conformance.support.soak import SoakConfig, run_soak  # noqa: E402
 from service_engine.db import service_migrations  # noqa: E402
 from service_engine.embedded import EmbeddedPostgres, provision_database  # noqa: E402
 

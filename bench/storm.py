@@ -2,7 +2,7 @@
 
     python bench/storm.py [--sockets 5000] [--orgs 50] [--cycles 5]
                           [--cycle-sockets 1000] [--trees .,/path/to/older/tree]
-                          [--rounds 1]
+                          [--rounds 1] [--py-spy FILE]
 
 For each tree (this checkout by default; ``--trees`` adds another worktree,
 e.g. an older commit, run by the same interpreter), the reference service
@@ -21,7 +21,8 @@ defaults (``ws_max_sockets`` not raised), and:
   last cycle over the RSS after the first (the target: within 5 %).
 
 ``--rounds`` repeats the storm, the trees interleaved (each tree's service
-up for the whole run). The client (this process, lean sockets) shares the
+up for the whole run). ``--py-spy FILE`` records the service's stacks during
+each storm (py-spy's raw format, ``FILE.<round>.<n>.txt``). The client (this process, lean sockets) shares the
 machine's cores with the service.
 """
 
@@ -30,7 +31,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import resource
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -107,9 +112,19 @@ async def run(args: argparse.Namespace) -> None:
         services = [(str(tree), await stack.enter_async_context(
             service(env, tree=tree, prefix="storm-"))) for tree in trees]
         for n in range(args.rounds):
-            for label, svc in services:
+            for i, (label, svc) in enumerate(services):
+                spy = None
+                if args.py_spy:
+                    spy = subprocess.Popen(  # noqa: ASYNC220
+                        [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
+                         "-r", "200", "-o", f"{args.py_spy}.{n}.{i}.txt", "-p", str(svc.pids[0])],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    await asyncio.sleep(1)  # attached before the burst
                 row = await storm(svc, args.sockets, args.orgs, f"s{n}")
-                print(label, "storm", row, flush=True)
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    await asyncio.to_thread(spy.wait, 30)
+                print(label, "storm", row, f"load {os.getloadavg()[0]:.1f}", flush=True)
         if args.cycles:
             for label, svc in services:
                 row = await leak(svc, args.cycles, args.cycle_sockets, args.orgs, "l")
@@ -124,6 +139,7 @@ def main() -> None:
     parser.add_argument("--cycle-sockets", type=int, default=1000)
     parser.add_argument("--trees", default=".")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--py-spy", default="")
     asyncio.run(run(parser.parse_args()))
 
 

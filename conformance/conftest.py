@@ -27,8 +27,9 @@ from service_engine.embedded import (
     provision_streams,
 )
 
-from .example_support import example_database
-from .harness import Statements, logged_pool
+from .support.example_support import example_database
+from .support.harness import Statements, logged_pool
+from .support.inbound_support import declare_streams
 
 TEMPLATE = "service_engine_template"
 SAMPLE_MIGRATIONS = Path(__file__).parent / "migrations"
@@ -116,3 +117,11 @@ async def nats_server(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
         yield server
     finally:
         await asyncio.to_thread(server.stop)
+
+
+@pytest.fixture
+async def streams(nats_server: EmbeddedNats) -> EmbeddedNats:
+    """The per-test nats-server with both integration streams declared with
+    a bounded max_age, as the engine requires to bind them."""
+    await declare_streams(nats_server.url)
+    return nats_server

@@ -28,7 +28,7 @@ from service_engine.lanes.chunks import ChunkSeq
 from service_engine.lanes.ingress import DEPENDENCY
 from service_engine.messaging.nats import open_nats
 
-from .accumulator_support import (
+from .support.accumulator_support import (
     Producer,
     chunk_rows,
     hash_of,
@@ -39,7 +39,7 @@ from .accumulator_support import (
     seal_row,
     text_accumulator,
 )
-from .harness import assert_never, wait_until
+from .support.harness import assert_never, wait_until
 
 
 async def test_push_chunk_answers_durable_only_once_committed(

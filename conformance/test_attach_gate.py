@@ -26,7 +26,7 @@ from service_engine import Database
 from service_engine.graphql import Passport, graphql_app
 from service_engine.server.wire import WireEndpoint
 
-from .harness import wait_until
+from .support.harness import wait_until
 from .test_graphql_app import (
     ALICE,
     BOUND,

@@ -34,7 +34,7 @@ from service_engine.persistence.crud import CrudStore
 from service_engine.pipeline import Mutation
 from service_engine.render.projector import Populate, Projector, Visibility
 
-from .harness import fast_engine_config, wait_until
+from .support.harness import fast_engine_config, wait_until
 
 # One worker runs this module: its SeaweedFS server (module-scoped) starts once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("blobs")]

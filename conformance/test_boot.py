@@ -23,7 +23,7 @@ from service_engine.errors import (
 )
 from service_engine.readiness import REASON_SCHEMA_VERSION_DISPLACED, REASON_WORKER_STOPPED
 
-from .harness import wait_until
+from .support.harness import wait_until
 
 FAST = {"beat_interval": timedelta(milliseconds=50), "lease": timedelta(seconds=1)}
 

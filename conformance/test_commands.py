@@ -58,8 +58,8 @@ from service_engine.db.types import Conn
 from service_engine.gates import Reason, affordances
 from service_engine.pipeline import Mutation, MutationError
 
-from .harness import wait_until
-from .sample_commands import (
+from .support.harness import wait_until
+from .support.sample_commands import (
     ALICE,
     CATALOG,
     COMMANDS,
@@ -81,7 +81,7 @@ from .sample_commands import (
     executor_for,
     runner_for,
 )
-from .sample_counter import listen_impacts
+from .support.sample_counter import listen_impacts
 
 C = COMMANDS
 

@@ -17,8 +17,8 @@ from service_engine import Database, MutationError, Success, connect_pool
 from service_engine.embedded import ProvisionedDatabase
 from service_engine.pipeline import Mutation
 
-from .harness import wait_until
-from .sample_counter import WRITER, CrudCounter, create_counter, executor_for
+from .support.harness import wait_until
+from .support.sample_counter import WRITER, CrudCounter, create_counter, executor_for
 
 
 def _waiting(db: Database, count: int) -> bool:

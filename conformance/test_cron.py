@@ -14,7 +14,7 @@ from service_engine.messaging.dead_letters import DeadLetters, DeadLetterSource
 from service_engine.messaging.envelope import Actor
 from service_engine.metrics import Metrics
 
-from .harness import wait_until
+from .support.harness import wait_until
 
 
 async def record_tick(conn: Conn, tick: Tick) -> None:

@@ -17,7 +17,7 @@ from service_engine import Database
 from service_engine.db.locks import aggregate_lock_key
 from service_engine.pipeline import Mutation, MutationError, Success
 
-from .sample_counter import WRITER, CrudCounter, CrudCounterStore, Principal, executor_for
+from .support.sample_counter import WRITER, CrudCounter, CrudCounterStore, Principal, executor_for
 from .test_crud_load_locked import Recording
 
 

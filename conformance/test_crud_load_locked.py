@@ -13,7 +13,7 @@ from service_engine import Database
 from service_engine.persistence.base import load_pinned
 from service_engine.pipeline import Success
 
-from .sample_counter import (
+from .support.sample_counter import (
     WRITER,
     CrudCounter,
     CrudCounterNoLock,

@@ -32,8 +32,8 @@ from service_engine.messaging.envelope import (
 from service_engine.messaging.nats import Acked
 from service_engine.metrics import Metrics
 
-from .harness import assert_nothing, listener_running
-from .nats_support import engine_nats, stream_messages
+from .support.harness import assert_nothing, listener_running
+from .support.nats_support import engine_nats, stream_messages
 
 COUNTER = "service_engine_dead_letters_total"
 

@@ -20,8 +20,8 @@ from service_engine.messaging.dead_letters import DeadLetters
 from service_engine.messaging.envelope import HEADER_NATS_MSG_ID
 from service_engine.metrics import Metrics
 
-from .harness import wait_until
-from .nats_support import engine_nats, stream_messages
+from .support.harness import wait_until
+from .support.nats_support import engine_nats, stream_messages
 
 # Spawns processes or servers for seconds: started first in a parallel run.
 pytestmark = pytest.mark.slow

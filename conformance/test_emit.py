@@ -32,7 +32,7 @@ from service_engine.messaging.reactions import ReactionDelivery
 from service_engine.pipeline import Mutation, MutationExecutor, Reaction, Success
 from service_engine.pipeline.reaction import Applied, run_reaction
 
-from .sample_orders import SERVICE, Fulfil, OrderPlaced, PlaceOrder
+from .support.sample_orders import SERVICE, Fulfil, OrderPlaced, PlaceOrder
 
 PERSON = uuid.uuid4()
 

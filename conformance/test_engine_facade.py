@@ -13,7 +13,7 @@ from service_engine import Database, Engine, EngineConfig
 from service_engine.embedded import EmbeddedNats
 from service_engine.errors import AlreadySealed, KeySealed, SealHashMismatch
 
-from .accumulator_support import (
+from .support.accumulator_support import (
     chunk_rows,
     hash_of,
     lane_pod,
@@ -21,8 +21,8 @@ from .accumulator_support import (
     seal_row,
     text_accumulator,
 )
-from .harness import assert_never, engine_running, fast_engine_config, wait_until
-from .nats_support import engine_nats
+from .support.harness import assert_never, engine_running, fast_engine_config, wait_until
+from .support.nats_support import engine_nats
 
 BOUND = 10.0
 

@@ -24,8 +24,8 @@ from service_engine.render import Query, Reset
 from service_engine.render.runtime import RenderRuntime
 from service_engine.render.windows import WindowSpec
 
-from .harness import engine_running, listener_running, wait_until
-from .sample_cards import Card, CardsView, Principal, RankQuery, write_card
+from .support.harness import engine_running, listener_running, wait_until
+from .support.sample_cards import Card, CardsView, Principal, RankQuery, write_card
 
 ALICE = Principal("alice", frozenset({"acme"}))
 FAST = {"beat_interval": timedelta(milliseconds=50), "lease": timedelta(seconds=1)}

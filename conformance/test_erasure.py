@@ -17,7 +17,7 @@ from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.erasure import Erase, person_erased_subject
 from service_engine.errors import WorkerStopped
 
-from .accumulator_support import (
+from .support.accumulator_support import (
     chunk_rows,
     lane_pod,
     producer,
@@ -25,7 +25,7 @@ from .accumulator_support import (
     seal_row,
     text_accumulator,
 )
-from .harness import assert_never, fast_engine_config, owner_connection, wait_until
+from .support.harness import assert_never, fast_engine_config, owner_connection, wait_until
 
 STREAM = "notes_stream"
 

@@ -28,9 +28,9 @@ from service_engine.errors import KeySealed
 from service_engine.graphql import Passport
 
 from .blackbox.harness import provision_kv, provision_lanes
-from .example_support import person, running
-from .harness import owner_connection, wait_until
-from .nats_support import engine_nats
+from .support.example_support import person, running
+from .support.harness import owner_connection, wait_until
+from .support.nats_support import engine_nats
 
 BOUND = 10.0
 

@@ -26,9 +26,9 @@ from service_engine.impacts import UnknownFactDependency
 from service_engine.pipeline import Mutation
 
 from .blackbox.harness import BOARDS_SUBSCRIPTION
-from .example_support import person, running
-from .harness import fast_engine_config, owner_connection, wait_until
-from .nats_support import engine_nats, stream_messages
+from .support.example_support import person, running
+from .support.harness import fast_engine_config, owner_connection, wait_until
+from .support.nats_support import engine_nats, stream_messages
 
 BOUND = 10.0
 

@@ -54,11 +54,11 @@ from service_engine.impacts import ImpactKind
 from service_engine.integration import DeclaredSequence, Tick
 from service_engine.render import Reset, Upsert
 
-from .example_support import Running, person, running
-from .harness import owner_connection, wait_until
-from .inbound_support import consumer_state, producer
-from .nats_support import StoredMessage, engine_nats, stream_messages
-from .sample_counter import listen_impacts
+from .support.example_support import Running, person, running
+from .support.harness import owner_connection, wait_until
+from .support.inbound_support import consumer_state, producer
+from .support.nats_support import StoredMessage, engine_nats, stream_messages
+from .support.sample_counter import listen_impacts
 
 ALICE = person("alice", "acme", CARD_ADVANCE)
 BOB = person("bob")

@@ -31,8 +31,8 @@ from service_engine.errors import HydrationFailed
 from service_engine.graphql import Passport
 from service_engine.render import Reset, Upsert
 
-from .example_support import Running, person, running
-from .harness import owner_connection
+from .support.example_support import Running, person, running
+from .support.harness import owner_connection
 
 ALICE = person("alice")
 BOB = person("bob")

@@ -23,8 +23,8 @@ from service_engine.db.types import Conn
 from service_engine.pipeline import Mutation, MutationError, MutationExecutor, Success
 from service_engine.testing.faults import RAISE_SQL, InjectFault
 
-from .harness import Statements
-from .sample_counter import (
+from .support.harness import Statements
+from .support.sample_counter import (
     NOUN,
     WRITER,
     CrudCounter,

@@ -22,8 +22,8 @@ from service_engine.server.live_ops import LiveOp
 from service_engine.server.wire import WireSocket
 
 from .blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME
-from .example_support import BOUND, example_config, running
-from .harness import wait_until
+from .support.example_support import BOUND, example_config, running
+from .support.harness import wait_until
 from .test_wire import _raw_upgrade, _read_frames, raw_live_subscription, tiny_send_buffer
 
 

@@ -10,7 +10,7 @@ from playwright.async_api import Route
 from service_engine import Database
 from service_engine.graphql import graphql_app
 
-from .browser_support import chromium
+from .support.browser_support import chromium
 from .test_graphql_app import SCHEMA, resolve_me, running_engine, serving
 
 STATUS = "#graphiql-asset-status"

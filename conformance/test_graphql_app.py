@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,7 +23,9 @@ import httpx
 import pytest
 import strawberry
 import uvicorn
+from graphql import DocumentNode, ValidationContext, ValidationRule, print_ast
 from starlette.types import ASGIApp
+from strawberry.extensions import AddValidationRules, SchemaExtension
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Subprotocol
@@ -46,7 +49,7 @@ from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Reset, Upsert
 from service_engine.server.host import bind_listener, http_config
 
-from .harness import engine_running, wait_until
+from .support.harness import engine_running, wait_until
 
 BOUND = 5.0
 PROTOCOL = Subprotocol("graphql-transport-ws")
@@ -257,9 +260,12 @@ async def test_post_query_answers_as_the_passport_principal(db: Database) -> Non
             }}
 
 
-async def test_post_without_a_usable_passport_is_refused_typed(db: Database) -> None:
+async def test_post_without_a_usable_passport_is_refused_typed(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
     """A POST without a usable passport is refused with a typed code (missing, malformed,
-    refused); a field that needs no principal still answers."""
+    refused), logged without a traceback and below error level; a field that needs no
+    principal still answers."""
     async with service(db) as (_, addr), httpx.AsyncClient(base_url=f"http://{addr}") as http:
         query = {"query": "{ whoami { sub } }"}
         cases = {
@@ -275,11 +281,15 @@ async def test_post_without_a_usable_passport_is_refused_typed(db: Database) -> 
         # the schema before the user sets a passport).
         body = (await http.post("/graphql", json={"query": "{ __schema { queryType { name } } }"})).json()
         assert body == {"data": {"__schema": {"queryType": {"name": "Query"}}}}
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
-async def test_subscriptions_are_not_served_over_http(db: Database) -> None:
+async def test_subscriptions_are_not_served_over_http(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
     """Over HTTP a subscription would outlive session_max_age unbounded: it
-    is refused and pointed at the socket, whatever streaming Accept is sent."""
+    is refused (400, typed ``subscription_over_http``) and pointed at the
+    socket, whatever streaming Accept is sent, and nothing is logged at error."""
     async with service(db) as (_, addr), httpx.AsyncClient(base_url=f"http://{addr}") as http:
         headers = {PASSPORT_HEADER: ALICE.to_header()}
         for accept in ("application/json", "multipart/mixed;subscriptionSpec=1.0", "text/event-stream"):
@@ -287,6 +297,10 @@ async def test_subscriptions_are_not_served_over_http(db: Database) -> None:
                                        headers={**headers, "Accept": accept})
             assert response.status_code == 400
             assert "graphql-transport-ws on /graphql/ws" in response.text
+            if accept == "application/json":
+                (error,) = response.json()["errors"]
+                assert error["extensions"] == {"code": "subscription_over_http"}
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 async def test_graphiql_is_served_to_a_browser_with_subscriptions_on_the_ws_path(db: Database) -> None:
@@ -453,3 +467,42 @@ async def test_a_pod_shutting_down_refuses_the_upgrade(db: Database) -> None:
             async with ws_connect(addr, ALICE.to_header()):
                 pass
         assert refused.value.response.status_code == 403
+
+
+async def test_an_http_document_is_parsed_and_validated_once(db: Database) -> None:
+    """On the HTTP operation path a document's second POST reuses its first parse (an
+    author's ``on_parse`` hook sees the same document object) and runs no validation (an
+    author's validation rule counts its runs); a different document is still validated."""
+    parsed: list[DocumentNode] = []
+    validated: list[str] = []
+
+    class Parsed(SchemaExtension):
+        def on_parse(self) -> Iterator[None]:
+            yield
+            document = self.execution_context.graphql_document
+            if document is not None:
+                parsed.append(document)
+
+    class Counted(ValidationRule):
+        def __init__(self, context: ValidationContext) -> None:
+            super().__init__(context)
+            validated.append(print_ast(context.document))
+
+    counted = copy.copy(SCHEMA)
+    counted.extensions = (*SCHEMA.extensions, Parsed, lambda: AddValidationRules([Counted]))
+    headers = {PASSPORT_HEADER: ALICE.to_header()}
+    async with (
+        running_engine(db) as engine,
+        serving(graphql_app(engine, counted, resolve_me)) as addr,
+        httpx.AsyncClient(base_url=f"http://{addr}") as http,
+    ):
+        for _ in range(2):
+            response = await http.post("/graphql", json={"query": "query Me { whoami { sub } }"},
+                                       headers=headers)
+            assert response.json() == {"data": {"whoami": {"sub": "alice"}}}
+        assert len(parsed) == 2 and parsed[0] is parsed[1]
+        assert len(validated) == 1 and "Me" in validated[0]
+        response = await http.post("/graphql", json={"query": "query Pod { pod }"},
+                                   headers=headers)
+        assert "errors" not in response.json()
+        assert len(validated) == 2 and "Pod" in validated[1]

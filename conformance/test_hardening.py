@@ -30,7 +30,7 @@ from service_engine.server.app import (
     EdgeRefusal,
 )
 
-from .harness import wait_until
+from .support.harness import wait_until
 from .test_graphql_app import (
     ALICE,
     BOUND,

@@ -13,7 +13,7 @@ import pytest
 from service_engine.config import EngineConfig
 from service_engine.server.host import _Server, http_config
 
-from .harness import wait_until
+from .support.harness import wait_until
 
 
 @pytest.mark.timeout(60)

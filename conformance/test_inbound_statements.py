@@ -36,8 +36,8 @@ from service_engine.messaging.reactions import Ack, Nak, Park, Retry, Term
 from service_engine.pipeline import Reaction
 from service_engine.pipeline.inbound import InboundReaction
 
-from .harness import Statements
-from .sample_orders import (
+from .support.harness import Statements
+from .support.sample_orders import (
     SERVICE,
     WAREHOUSE,
     Order,

@@ -19,8 +19,8 @@ from service_engine.messaging.nats import BucketMissing, KvBucket
 from service_engine.offers import KvPut, KvRetract
 from service_engine.offers.relay import KvChangeSet
 
-from .harness import fast_engine_config, wait_until
-from .nats_support import engine_nats
+from .support.harness import fast_engine_config, wait_until
+from .support.nats_support import engine_nats
 
 BUCKET = "people_published"
 BOUND = 10.0

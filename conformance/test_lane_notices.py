@@ -29,11 +29,11 @@ from service_engine.lanes.notices import ACCUMULATED_LANE, LaneNoticeStream
 from service_engine.messaging.nats import Nats
 from service_engine.render import Reset, Upsert
 
-from .harness import assert_never, wait_until
-from .nats_support import engine_nats
-from .sample_cards import CardsView, Principal, RankQuery
+from .support.harness import assert_never, wait_until
+from .support.nats_support import engine_nats
+from .support.presence_support import Replica, Typing, presence_engine, provision, room
+from .support.sample_cards import CardsView, Principal, RankQuery
 from .test_graphql_app import initialise, receive, send, serving, ws_connect
-from .test_presence_support import Replica, Typing, presence_engine, provision, room
 
 ALICE = Principal("alice", frozenset({"acme"}))
 

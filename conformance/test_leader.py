@@ -11,7 +11,7 @@ import pytest
 from service_engine import Database
 from service_engine.leader import LeaderLease, LeaseLost
 
-from .harness import wait_until
+from .support.harness import wait_until
 
 LONG = timedelta(seconds=30)
 SHORT = timedelta(milliseconds=300)

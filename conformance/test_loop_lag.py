@@ -10,7 +10,7 @@ import time
 from service_engine import Database, Engine, EngineConfig, ReadinessHandle
 from service_engine.engine import LOOP_LAG_INTERVAL
 
-from .harness import wait_until
+from .support.harness import wait_until
 
 LAG = "service_engine_loop_lag_seconds"
 

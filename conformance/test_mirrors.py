@@ -25,8 +25,8 @@ from service_engine.mirrors.declaration import Merged, Mirror
 from service_engine.mirrors.projection import Known, KnownScope, Projection
 from service_engine.offers.model import Published
 
-from .harness import assert_never, fast_engine_config, owner_connection, wait_until
-from .nats_support import engine_nats
+from .support.harness import assert_never, fast_engine_config, owner_connection, wait_until
+from .support.nats_support import engine_nats
 
 BUCKET = "twin_published"
 TABLE = "known_sample_persons"

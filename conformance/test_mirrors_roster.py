@@ -18,9 +18,9 @@ from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.render import Remove, Reset, Upsert
 
 from .blackbox.harness import provision_kv
-from .example_support import Running, person, running
-from .harness import wait_until
-from .nats_support import engine_nats
+from .support.example_support import Running, person, running
+from .support.harness import wait_until
+from .support.nats_support import engine_nats
 
 ALICE = person("alice", "acme")
 BOUND = 10.0

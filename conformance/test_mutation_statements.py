@@ -37,6 +37,7 @@ from service_engine import (
 )
 from service_engine.blobs.staging import BlobStaging, NewBlob, blob_statement, stage_blobs
 from service_engine.clock import Timestamp
+from service_engine.commands import CommandConfig, CommandOutcome, CommandRunner
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import PASSPORT_HEADER, Passport
 from service_engine.impacts.model import Impact
@@ -57,11 +58,13 @@ from service_engine.offers.model import register_offer_type
 from service_engine.offers.staging import DirtyMark, dollar_quoted, offer_dirty_statement
 
 from .blackbox.harness import provision_kv
-from .example_support import example_config, person, serving_engine
-from .harness import Statements, wait_until
-from .nats_support import engine_nats
-from .sample_counter import WRITER, CrudCounter, create_counter, executor_for, increment
-from .sample_orders import SERVICE, OrderPlaced
+from .support.example_support import example_config, person, serving_engine
+from .support.harness import Statements, wait_until
+from .support.nats_support import engine_nats
+from .support.sample_commands import ALICE, COMMANDS
+from .support.sample_commands import executor_for as commands_executor_for
+from .support.sample_counter import WRITER, CrudCounter, create_counter, executor_for, increment
+from .support.sample_orders import SERVICE, OrderPlaced
 
 ADMIN = Passport(sub="root", org="acme", roles=("board:archive",))
 CREATE = ("mutation($id: ID, $title: String!) { createBoard(id: $id, title: $title) "
@@ -466,3 +469,61 @@ async def test_the_inlined_staged_rows_equal_the_parameterised_ones(db: Database
              for part in (parameterised, inlined)]
     assert strip[0] == strip[1]
     assert len(parameterised[0]) == len(tricky) and len(parameterised[3]) == len(tricky)
+
+
+DECLARED_ROUND_TRIPS = {"CreateTask": 10, "RenameTask": 5, "StartTask": 8}
+"""A declared command run by `CommandRunner` (the interpreter), per
+command of the sample (`sample_commands`):
+
+* ``CreateTask`` (an idempotency key, a read, a create with a unique
+  title): BEGIN + lock bound + the key's advisory lock; the key's record
+  read; the project's lock; its pinned load; the task's lock; its load (to
+  prove it absent); the title's lock with its claim; the INSERT; the key's
+  record write; the impact's NOTIFY + COMMIT + the release reset.
+* ``RenameTask`` (a mutate with a unique title): BEGIN + the task's lock;
+  its pinned load; both title locks with the claim and the release; the
+  UPDATE; NOTIFY + COMMIT.
+* ``StartTask`` (an idempotency key, a revision-checked transition): BEGIN +
+  the key's lock; its record read; the task's lock; its pinned load; its
+  read-dependency load; the UPDATE; the record write; NOTIFY + COMMIT.
+
+The compiled form of a command (issue 32) is to take BEGIN, one call and
+COMMIT."""
+
+
+async def test_a_declared_commands_mutation_takes_its_pinned_round_trips(
+    logged: tuple[Database, Statements],
+) -> None:
+    """A declared command's run sends the pinned number of round trips:
+    BEGIN rides with its first advisory lock, every staged row (the impact's
+    NOTIFY) rides with COMMIT and the release reset, nothing after COMMIT."""
+    db, statements = logged
+    runner = CommandRunner(commands_executor_for(db), CommandConfig())
+
+    async def sent(command: str, inputs: dict[str, Any]) -> list[str]:
+        outcome = await runner.run(COMMANDS[command], ALICE, inputs)
+        assert isinstance(outcome, CommandOutcome) and outcome.ok, outcome
+        return _without_introspection(statements.take())
+
+    org = ALICE.org
+    await sent("CreateProject", {"request_key": "k0", "org": org, "project_id": "p", "name": "P"})
+    # Every statement prepared once on the pool's one connection.
+    await sent("CreateTask", {"request_key": "k1", "org": org, "task_id": "t0",
+                              "project_id": "p", "title": "warm"})
+    await sent("RenameTask", {"org": org, "task_id": "t0", "title": "warm 2"})
+    await sent("StartTask", {"request_key": "k2", "org": org, "task_id": "t0",
+                             "expected_revision": 2})
+    runs = {
+        "CreateTask": await sent("CreateTask", {"request_key": "k3", "org": org, "task_id": "t1",
+                                                "project_id": "p", "title": "a"}),
+        "RenameTask": await sent("RenameTask", {"org": org, "task_id": "t1", "title": "b"}),
+        "StartTask": await sent("StartTask", {"request_key": "k4", "org": org, "task_id": "t1",
+                                              "expected_revision": 2}),
+    }
+    for command, statements_sent in runs.items():
+        assert len(statements_sent) == DECLARED_ROUND_TRIPS[command], (command, statements_sent)
+        first, last = statements_sent[0], statements_sent[-1]
+        assert first.startswith("BEGIN; SET LOCAL lock_timeout") and "pg_advisory_xact_lock" in first
+        assert last.startswith("SELECT pg_notify('service_engine_impacts'")
+        assert last.endswith("COMMIT; SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;"
+                             " RESET ALL;")

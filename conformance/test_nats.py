@@ -23,8 +23,8 @@ from service_engine.messaging.nats import (
     Unanswered,
 )
 
-from .harness import wait_until
-from .nats_support import engine_nats, set_stream
+from .support.harness import wait_until
+from .support.nats_support import engine_nats, set_stream
 
 SUBJECT = "integration.evt.cards.card.created"
 

@@ -30,9 +30,9 @@ from service_engine.messaging.envelope import (
 )
 from service_engine.messaging.nats import open_nats
 
-from .harness import wait_until
-from .inbound_support import fast_config
-from .sample_orders import PlaceOrder, place_order
+from .support.harness import wait_until
+from .support.inbound_support import fast_config
+from .support.sample_orders import PlaceOrder, place_order
 
 # Spawns processes or servers for seconds: started first in a parallel run.
 pytestmark = pytest.mark.slow

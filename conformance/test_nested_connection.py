@@ -32,8 +32,8 @@ from service_engine.principal_facts import PrincipalFactLoadFailed
 from service_engine.render.projector import Populate
 from service_engine.render.windows import Query, WindowSpec
 
-from .harness import engine_running, fast_engine_config, wait_until
-from .sample_cards import Card, CardStore, CardsView, Principal, RankQuery
+from .support.harness import engine_running, fast_engine_config, wait_until
+from .support.sample_cards import Card, CardStore, CardsView, Principal, RankQuery
 
 ALICE = Principal("alice", frozenset({"acme"}))
 POOL = 2

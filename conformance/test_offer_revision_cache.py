@@ -22,7 +22,7 @@ from service_engine.messaging.nats import KvBucket, KvEntry, Nats
 from service_engine.offers.drain import REVISION_CACHE_KEYS, OfferDrain, OfferDrainBounds
 from service_engine.testing.offers import OneShotDrainPause
 
-from .sample_counter import WRITER, create_counter, executor_for, increment
+from .support.sample_counter import WRITER, create_counter, executor_for, increment
 from .test_offers import CounterOffer, OfferedCounter, bucket_of, bucket_values, store_values
 
 NAME = CounterOffer.NAME

@@ -29,9 +29,9 @@ from service_engine.offers.model import Offer, Published
 from service_engine.offers.relay import KvDrainRelay, KvPut, KvRetract
 from service_engine.testing.offers import OneShotDrainPause
 
-from .harness import fast_engine_config, wait_until
-from .nats_support import engine_nats
-from .sample_counter import (
+from .support.harness import fast_engine_config, wait_until
+from .support.nats_support import engine_nats
+from .support.sample_counter import (
     WRITER,
     CrudCounter,
     CrudCounterStore,

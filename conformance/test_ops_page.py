@@ -30,13 +30,13 @@ from service_engine.pipeline import Reaction
 from service_engine.render import Query
 from service_engine.render.windows import WindowSpec
 
-from .browser_support import chromium
-from .harness import engine_running, wait_until
-from .inbound_support import dead_letter_rows, declare_streams, effects, producer
-from .inbound_support import pod as inbound_pod
-from .sample_cards import Card, CardsView, RankQuery, write_card
-from .sample_cards import Principal as CardsPrincipal
-from .sample_orders import PlaceOrder, place_order
+from .support.browser_support import chromium
+from .support.harness import engine_running, wait_until
+from .support.inbound_support import dead_letter_rows, effects, producer
+from .support.inbound_support import pod as inbound_pod
+from .support.sample_cards import Card, CardsView, RankQuery, write_card
+from .support.sample_cards import Principal as CardsPrincipal
+from .support.sample_orders import PlaceOrder, place_order
 from .test_graphql_app import SCHEMA, resolve_me, serving
 
 OPERATOR = Passport(sub="olivia", org="acme", roles=("member", "ops"))
@@ -83,13 +83,6 @@ class Watched:
 
     def _request(self, request: Request) -> None:
         self.requests.append(request.url)
-
-
-@pytest.fixture
-async def streams(nats_server: EmbeddedNats) -> EmbeddedNats:
-    """Both integration streams with a bounded max_age, as the engine binds them."""
-    await declare_streams(nats_server.url)
-    return nats_server
 
 
 async def test_a_poison_message_dead_letter_appears_is_retried_from_the_page_and_disappears(

@@ -47,8 +47,8 @@ from service_engine.messaging.outbox import stage_outbound, stage_outbox_row
 from service_engine.metrics import Metrics
 from service_engine.readiness import REASON_NATS_UNREACHABLE
 
-from .harness import assert_never, engine_running, fast_engine_config, wait_until
-from .nats_support import (
+from .support.harness import assert_never, engine_running, fast_engine_config, wait_until
+from .support.nats_support import (
     StoredMessage,
     core_nats_without_jetstream,
     engine_nats,

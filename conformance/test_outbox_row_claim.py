@@ -29,8 +29,8 @@ from service_engine.messaging.envelope import (
 )
 from service_engine.messaging.outbox import stage_outbound
 
-from .harness import assert_never, engine_running, fast_engine_config, wait_until
-from .nats_support import engine_nats, stream_count
+from .support.harness import assert_never, engine_running, fast_engine_config, wait_until
+from .support.nats_support import engine_nats, stream_count
 
 SERVICE = "cards"
 BOUND = 30.0

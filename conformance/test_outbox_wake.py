@@ -14,8 +14,8 @@ from service_engine.leader import LeaderLease
 from service_engine.messaging.dead_letters import DeadLetters
 from service_engine.metrics import Metrics
 
-from .harness import Statements, wait_until
-from .nats_support import engine_nats, stream_count
+from .support.harness import Statements, wait_until
+from .support.nats_support import engine_nats, stream_count
 from .test_outbox import SERVICE, commit_events, event, fast_bounds, relay_for, statuses
 
 

@@ -18,9 +18,9 @@ from service_engine.render import runtime as runtime_module
 from service_engine.render.projector import PerImpact
 from service_engine.render.stream import BEHIND
 
-from .harness import wait_until
-from .sample_cards import Card, CardsView, Principal, delete_card, write_card
-from .test_render import ALICE, drained, frames, running_engine, seed, take, window
+from .support.harness import wait_until
+from .support.render_support import ALICE, drained, frames, running_engine, seed, take, window
+from .support.sample_cards import Card, CardsView, Principal, delete_card, write_card
 
 WRITES = 10 * BEHIND
 """Writes that land while the subscriber does not read: well past `BEHIND`."""

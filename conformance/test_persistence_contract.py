@@ -21,7 +21,7 @@ from service_engine.db.locks import aggregate_lock_key
 from service_engine.impacts import Cause, Impact
 from service_engine.pipeline import Mutation, MutationError, Success
 
-from .sample_counter import (
+from .support.sample_counter import (
     ADMIN,
     NOUN,
     WRITER,

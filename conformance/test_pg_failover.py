@@ -30,9 +30,9 @@ from service_engine.render import Query, Reset, WindowReplica
 from service_engine.render.stream import SessionEnded, SessionStream
 from service_engine.render.windows import WindowSpec
 
-from .harness import wait_until
-from .nats_support import engine_nats, stream_messages
-from .sample_cards import Card, CardStore, CardsView, Principal, RankQuery
+from .support.harness import wait_until
+from .support.nats_support import engine_nats, stream_messages
+from .support.sample_cards import Card, CardStore, CardsView, Principal, RankQuery
 
 # Spawns processes or servers for seconds: started first in a parallel run.
 pytestmark = pytest.mark.slow

@@ -40,8 +40,8 @@ from service_engine.pipeline import (
 )
 from service_engine.testing.faults import InjectFault
 
-from .harness import owner_connection
-from .sample_counter import (
+from .support.harness import owner_connection
+from .support.sample_counter import (
     ACTIONS,
     ADMIN,
     NOBODY,

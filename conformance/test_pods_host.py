@@ -18,7 +18,7 @@ from service_engine.errors import WorkerStopped
 from service_engine.server import PodSlot, bind_listener, run_pods
 from service_engine.server.host import write_addr_file
 
-from .harness import wait_until
+from .support.harness import wait_until
 
 # Spawns processes: started first in a parallel run.
 pytestmark = pytest.mark.slow

@@ -76,13 +76,13 @@ async def test_closing_unneeded_connections_keeps_the_count_asked_and_those_in_u
         for conn in held[1:]:
             await db.release(conn)
         assert db.in_use() == 1
-        assert db.close_idle_above(2) == 2  # four open, two kept
-        assert db.close_idle_above(0) == 1  # down to the floor: the one in use
+        assert await db.close_idle_above(2) == 2  # four open, two kept
+        assert await db.close_idle_above(0) == 1  # down to the floor: the one in use
         assert not held[0].is_closed()
         assert await held[0].fetchval("SELECT 1") == 1
         await db.release(held[0])
         held.clear()
-        assert db.close_idle_above(0) == 0  # the floor stays
+        assert await db.close_idle_above(0) == 0  # the floor stays
         conn = await db.acquire(1.0)
         assert await conn.fetchval("SELECT 3") == 3
         await db.release(conn)
@@ -90,3 +90,17 @@ async def test_closing_unneeded_connections_keeps_the_count_asked_and_those_in_u
         if held:
             await db.release(held[0])
         await db.aclose()
+
+
+async def test_a_close_with_a_connection_still_held_ends_within_its_bound(
+    database: ProvisionedDatabase, caplog: Any
+) -> None:
+    """Closing a pool while a task still holds a connection (one it forgot to
+    release) ends within the close's bound: the held connection is
+    terminated, and a warning says how many were held."""
+    pool = await connect_pool(database.app_url, max_size=2)
+    await pool.acquire(5.0)  # never released
+    with caplog.at_level("WARNING", logger="service_engine.db.pool"):
+        async with asyncio.timeout(30):
+            await pool.aclose(within=0.5)
+    assert "1 connection(s) still held" in caplog.text

@@ -35,10 +35,9 @@ from service_engine.messaging.nats import Nats
 from service_engine.pipeline import Mutation
 from service_engine.render import Remove, Reset, Upsert
 
-from .harness import assert_never, fast_engine_config, wait_until
-from .nats_support import engine_nats
-from .sample_cards import Principal
-from .test_presence_support import (
+from .support.harness import assert_never, fast_engine_config, wait_until
+from .support.nats_support import engine_nats
+from .support.presence_support import (
     ALICE,
     SERVICE,
     OrgVisibility,
@@ -49,6 +48,7 @@ from .test_presence_support import (
     provision,
     room,
 )
+from .support.sample_cards import Principal
 
 OUTAGE = 2.0
 """Seconds a NATS outage lasts where the scenario needs a key to expire in it."""

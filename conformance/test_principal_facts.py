@@ -32,9 +32,12 @@ from .blackbox.harness import (
     OUTSIDER,
     key,
 )
-from .example_support import example_database, running
-from .sample_cards import CardsView
-from .sample_cards import Principal as CardsPrincipal
+from .support.example_support import example_database, running
+from .support.render_support import ALICE as CARDS_ALICE
+from .support.render_support import running_engine as running_cards_engine
+from .support.render_support import window as cards_window
+from .support.sample_cards import CardsView
+from .support.sample_cards import Principal as CardsPrincipal
 from .test_graphql_app import (
     ALICE,
     SCHEMA,
@@ -46,9 +49,6 @@ from .test_graphql_app import (
     serving,
     ws_connect,
 )
-from .test_render import ALICE as CARDS_ALICE
-from .test_render import running_engine as running_cards_engine
-from .test_render import window as cards_window
 
 WHOAMI = {"query": "{ whoami { sub roles } }"}
 

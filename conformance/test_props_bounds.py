@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 
-from conformance.harness import wait_until
-from conformance.props_support import SERVICE, PropsStack, props_stack
+from conformance.support.harness import wait_until
+from conformance.support.props_support import SERVICE, PropsStack, props_stack
 from service_engine.props import (
     Actor,
     FieldSpec,

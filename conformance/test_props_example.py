@@ -13,7 +13,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from conformance.harness import wait_until
+from conformance.support.harness import wait_until
 from example_service.props import NOTIFICATIONS, open_props
 from service_engine import open_nats
 from service_engine.embedded import EmbeddedNats

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conformance.props_support import SERVICE, PropsStack, props_stack
+from conformance.support.props_support import SERVICE, PropsStack, props_stack
 from service_engine.props import (
     FieldSpec,
     Namespace,

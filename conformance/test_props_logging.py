@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.props_support import props_stack
+from conformance.support.props_support import props_stack
 from service_engine.errors import WorkerStopped
 from service_engine.props import (
     Actor,

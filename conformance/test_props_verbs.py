@@ -14,7 +14,7 @@ from typing import Any
 import nats.errors
 import pytest
 
-from conformance.props_support import SERVICE, PropsStack, props_stack
+from conformance.support.props_support import SERVICE, PropsStack, props_stack
 from service_engine.props import (
     FieldSpec,
     Namespace,

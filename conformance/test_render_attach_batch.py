@@ -22,9 +22,9 @@ from service_engine.render import Populate, Reset, WindowReplica
 from service_engine.render.cohort import CohortKey
 from service_engine.render.stream import SessionStream
 
-from .harness import wait_until
-from .sample_cards import Card, CardsView, Principal, RankQuery
-from .test_render import CardWriters, frames, running_engine, seed, take, window
+from .support.harness import wait_until
+from .support.render_support import CardWriters, frames, running_engine, seed, take, window
+from .support.sample_cards import Card, CardsView, Principal, RankQuery
 
 
 class CountingCards(CardsView):

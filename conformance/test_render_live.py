@@ -14,9 +14,9 @@ from service_engine.impacts.transport import stage_in
 from service_engine.render import Query, Remove, Reset, Upsert, WindowReplica
 from service_engine.render.windows import WindowSpec
 
-from .harness import wait_until
-from .sample_cards import Card, CardsView, Principal, RankQuery, delete_card, write_card
-from .test_render import ALICE, BOB, assert_quiet, running_engine, seed, take
+from .support.harness import wait_until
+from .support.render_support import ALICE, BOB, assert_quiet, running_engine, seed, take
+from .support.sample_cards import Card, CardsView, Principal, RankQuery, delete_card, write_card
 
 
 async def test_with_keys_removes_a_key_that_leaves_the_result(db: Database) -> None:

@@ -21,8 +21,8 @@ from service_engine.render.projector import Populate
 from service_engine.render.runtime import RenderRuntime
 from service_engine.render.windows import Query, WindowSpec
 
-from .harness import owner_connection
-from .sample_cards import Card, CardsView, Principal, RankQuery, write_card
+from .support.harness import owner_connection
+from .support.sample_cards import Card, CardsView, Principal, RankQuery, write_card
 
 ALICE = Principal("alice", frozenset({"acme"}))
 

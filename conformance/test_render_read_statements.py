@@ -17,8 +17,8 @@ from service_engine.render.deltas import Reset, Upsert
 from service_engine.render.runtime import RenderRuntime
 from service_engine.render.windows import Query, WindowSpec
 
-from .harness import Statements
-from .sample_cards import Card, CardsView, Principal, RankQuery, write_card
+from .support.harness import Statements
+from .support.sample_cards import Card, CardsView, Principal, RankQuery, write_card
 
 ALICE = Principal("alice", frozenset({"acme"}))
 

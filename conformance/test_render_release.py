@@ -7,8 +7,8 @@ import asyncio
 
 from service_engine import Database
 
-from .sample_cards import Card, CardsView, Principal, write_card
-from .test_render import frames, take, window
+from .support.render_support import frames, take, window
+from .support.sample_cards import Card, CardsView, Principal, write_card
 
 MANY = 300
 

@@ -11,8 +11,8 @@ from service_engine.impacts.model import Reconnected
 from service_engine.render import Keys, Reset, WindowReplica
 from service_engine.render.windows import WindowSpec
 
-from .sample_cards import Card, CardsView, OrgApplier, OrgCardsRls, Principal, write_card
-from .test_render import drained, frames, seed, window
+from .support.render_support import drained, frames, seed, window
+from .support.sample_cards import Card, CardsView, OrgApplier, OrgCardsRls, Principal, write_card
 
 
 async def test_s132_a_lost_listener_resets_many_sessions_in_one_read(db: Database) -> None:

@@ -19,9 +19,9 @@ from service_engine.render.sharing import InvalidViewKey
 from service_engine.render.stream import SessionStream
 from service_engine.render.windows import WindowSpec
 
-from .harness import wait_until
-from .sample_cards import Card, CardsView, RankQuery, write_card
-from .test_render import CardWriters, drained, frames, running_engine, seed, take
+from .support.harness import wait_until
+from .support.render_support import CardWriters, drained, frames, running_engine, seed, take
+from .support.sample_cards import Card, CardsView, RankQuery, write_card
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from service_engine.embedded import (
 from service_engine.graphql import Passport
 
 from .blackbox.harness import provision_kv, provision_lanes
-from .example_support import Running, person, running
-from .harness import owner_connection
-from .nats_support import engine_nats
+from .support.example_support import Running, person, running
+from .support.harness import owner_connection
+from .support.nats_support import engine_nats
 
 # One worker runs this module: its SeaweedFS server (module-scoped) starts once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("reply_attachment")]

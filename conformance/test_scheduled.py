@@ -32,8 +32,8 @@ from service_engine.messaging.nats import Nats
 from service_engine.messaging.scheduled import stage_scheduled_message
 from service_engine.metrics import Metrics
 
-from .harness import wait_until
-from .nats_support import engine_nats, set_stream, stream_count, stream_messages
+from .support.harness import wait_until
+from .support.nats_support import engine_nats, set_stream, stream_count, stream_messages
 
 SERVICE = "cards"
 

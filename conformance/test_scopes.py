@@ -25,7 +25,7 @@ from service_engine.scopes.manifest import (
     ScopeWithoutNats,
 )
 
-from .harness import fast_engine_config, wait_until
+from .support.harness import fast_engine_config, wait_until
 
 KNOWN = {"board:archive", "card:advance"}
 

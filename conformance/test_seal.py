@@ -23,7 +23,7 @@ from service_engine.lanes.accumulator_errors import (
 from service_engine.pipeline import Mutation
 from service_engine.pipeline.outcomes import MutationError
 
-from .accumulator_support import (
+from .support.accumulator_support import (
     LanePod,
     chunk_rows,
     hash_of,
@@ -32,7 +32,7 @@ from .accumulator_support import (
     seal_row,
     text_accumulator,
 )
-from .harness import wait_until
+from .support.harness import wait_until
 
 
 async def _push(pod: LanePod, key: str, *chunks: str, start: int = 0) -> None:
@@ -293,7 +293,7 @@ async def test_the_beat_purges_a_sealed_subject_its_pod_never_purged(
     """A seal committed by a pod that died before its purge leaves the
     marker unpurged; the beat of a live pod purges the key's subject and
     marks it, while the marker itself stays (it outlives the stream)."""
-    from .accumulator_support import producer
+    from .support.accumulator_support import producer
 
     await provision(nats_server)
     acc = text_accumulator()
@@ -332,7 +332,7 @@ async def test_markers_go_after_seal_retention_and_an_open_keys_chunks_never_do(
     fold still starts at chunk 0 and a verified seal over it succeeds."""
     from datetime import timedelta
 
-    from .accumulator_support import lane_config
+    from .support.accumulator_support import lane_config
 
     await provision(nats_server, max_age=timedelta(seconds=1))
     acc = text_accumulator()

@@ -34,10 +34,10 @@ from service_engine.graphql import Passport
 from service_engine.lanes import seal_hash
 
 from .blackbox.harness import provision_kv, provision_lanes
-from .example_support import Running, person, running
-from .harness import wait_until
-from .inbound_support import consumer_state
-from .nats_support import engine_nats
+from .support.example_support import Running, person, running
+from .support.harness import wait_until
+from .support.inbound_support import consumer_state
+from .support.nats_support import engine_nats
 
 ALICE = person("alice")
 SLICES = ("reply",)

@@ -30,7 +30,7 @@ from service_engine.render import Query, Reset, Upsert
 from service_engine.render.stream import SessionStream
 from service_engine.render.windows import WindowSpec
 
-from .harness import (
+from .support.harness import (
     assert_never,
     assert_nothing,
     engine_running,
@@ -39,7 +39,7 @@ from .harness import (
     owner_connection,
     wait_until,
 )
-from .sample_cards import Card, CardsView, Principal, RankQuery, write_card
+from .support.sample_cards import Card, CardsView, Principal, RankQuery, write_card
 
 
 @contextlib.asynccontextmanager

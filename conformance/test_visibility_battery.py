@@ -46,9 +46,9 @@ from service_engine.render import Reset
 from service_engine.render.projector import check_window_matches_visibility
 
 from .blackbox.harness import provision_kv, provision_lanes
-from .example_support import Running, person, running
-from .harness import owner_connection, wait_until
-from .nats_support import engine_nats
+from .support.example_support import Running, person, running
+from .support.harness import owner_connection, wait_until
+from .support.nats_support import engine_nats
 
 BOUND = 10.0
 

@@ -34,7 +34,7 @@ from service_engine.server.host import _Server, bind_listener, http_config
 from service_engine.server.live_ops import LiveOp
 from service_engine.server.wire import WireSocket
 
-from .harness import wait_until
+from .support.harness import wait_until
 from .test_graphql_app import (
     ALICE,
     BANNED,
@@ -443,7 +443,7 @@ async def test_closed_wire_sockets_leave_no_count_slot_or_connection(db: Databas
 
 @pytest.fixture
 async def example_store(pg_server: Any) -> AsyncIterator[Any]:
-    from .example_support import example_database
+    from .support.example_support import example_database
 
     async with example_database(pg_server) as provisioned:
         yield provisioned
@@ -511,7 +511,7 @@ async def test_a_live_op_whose_reader_stops_is_paused_and_converges_when_it_read
     writes go on), and when the client reads again it receives frames with
     contiguous revisions (or a Reset) ending at the latest state."""
     from .blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME
-    from .example_support import example_config, running
+    from .support.example_support import example_config, running
 
     sockets: list[WireSocket] = []
     real_init = WireSocket.__init__

@@ -35,6 +35,9 @@ from .blobs.runtime import (
 from .cli.commands import (
     Failed,
 )
+from .commands.compile import (
+    NotCompilable,
+)
 from .commands.errors import (
     BindingError,
     ClauseOrderError,
@@ -256,6 +259,9 @@ from .server.passport import (
     PassportMissing,
     PassportRefused,
 )
+from .server.wire_operations import (
+    OperationStreamClosed,
+)
 
 __all__ = [
     "AccumulatorWithoutService",
@@ -327,10 +333,12 @@ __all__ = [
     "NatsUnavailable",
     "NestedConnectionError",
     "NoLiveSession",
+    "NotCompilable",
     "NotFound",
     "NotPageable",
     "NotPlanned",
     "NotRetryable",
+    "OperationStreamClosed",
     "PageInterrupted",
     "Park",
     "PartitionRouteMismatch",

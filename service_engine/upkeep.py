@@ -177,7 +177,7 @@ class Upkeep:
             started = time.perf_counter()
             closed = 0
             if self.release.due_in:  # a fall, not its follow-up (the pool has its floor again)
-                closed = self._db.close_idle_connections()  # the burst's, and its statements
+                closed = await self._db.close_idle_connections()  # the burst's, and its statements
                 await asyncio.sleep(0)  # their transports are let go in the next loop turn
             released = release_free_memory()
             if released:
@@ -194,7 +194,7 @@ class Upkeep:
             asyncio.get_running_loop().time(), self._db.in_use()
         )
         if keep is not None:
-            closed = self._db.close_idle_above(keep)
+            closed = await self._db.close_idle_above(keep)
             if closed:
                 _log.info("%d pool connections unneeded for %.0f s closed", closed,
                           self._idle_connections.window)

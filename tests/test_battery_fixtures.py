@@ -1,4 +1,6 @@
-"""The conformance battery's shared fixtures are written once, in its conftest.
+"""The conformance battery's shared fixtures are written once, in its conftest,
+and its layout holds: test modules at its top, support code in its
+``support/`` package, no module over `MAX_LINES`.
 
 A module that needs the database a fixture gives takes the fixture; it does
 not define its own copy (which drifts: one scope, one template, one set of
@@ -12,12 +14,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFORMANCE = ROOT / "conformance"
-SHARED = ("store", "database", "db", "pg_server", "nats_server")
+SHARED = ("store", "database", "db", "pg_server", "nats_server", "streams")
 """The fixtures `conformance/conftest.py` defines for the whole battery."""
 
 KNOWN_COPIES = frozenset({"conformance/test_commands_reference.py::store"})
 """Copies in files being written elsewhere while this check lands; each must
 still exist, so the list only shrinks."""
+
+SUPPORT = CONFORMANCE / "support"
+MAX_LINES = 700
+"""No conformance module is longer: a longer one is split by what it proves."""
+KNOWN_LONG = frozenset({"conformance/test_commands.py"})
+"""Modules over `MAX_LINES` being rewritten elsewhere; each must still be
+over it, so the list only shrinks."""
+TOP_LEVEL = frozenset({"__init__.py", "conftest.py"})
+"""The modules at the top of conformance/ that are not test modules."""
 
 
 def fixture_definitions(source: str) -> list[str]:
@@ -75,3 +86,36 @@ def test_the_scan_reads_plain_and_called_fixture_decorators() -> None:
         "def db(): ...\n"
     )
     assert fixture_definitions(source) == ["store", "pg_server"]
+
+
+def test_the_top_of_the_battery_holds_test_modules_only() -> None:
+    """The top of conformance/ holds test modules (and its conftest and
+    package marker); every other module lives in conformance/support/."""
+    strays = sorted(
+        path.relative_to(ROOT).as_posix()
+        for path in CONFORMANCE.glob("*.py")
+        if not path.name.startswith("test_") and path.name not in TOP_LEVEL
+    )
+    assert not strays, "move into conformance/support/: " + ", ".join(strays)
+
+
+def test_the_support_package_holds_no_tests() -> None:
+    """No module under conformance/support/ is a test module (pytest would
+    collect it; its helpers belong beside the tests that share them)."""
+    tests = sorted(p.relative_to(ROOT).as_posix() for p in SUPPORT.rglob("test_*.py"))
+    assert (SUPPORT / "__init__.py").exists()
+    assert not tests, "conformance/support/ holds test modules: " + ", ".join(tests)
+
+
+def test_no_conformance_module_is_over_the_line_bound() -> None:
+    """Every conformance module is at most `MAX_LINES` lines, apart from the
+    known long ones, each of which must still be long."""
+    long = {
+        path.relative_to(ROOT).as_posix()
+        for path in CONFORMANCE.rglob("*.py")
+        if len(path.read_text().splitlines()) > MAX_LINES
+    }
+    assert long <= KNOWN_LONG, f"split by what they prove (at most {MAX_LINES} lines): " + ", ".join(
+        sorted(long - KNOWN_LONG)
+    )
+    assert long >= KNOWN_LONG, "remove from KNOWN_LONG: " + ", ".join(sorted(KNOWN_LONG - long))

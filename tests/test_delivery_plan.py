@@ -10,20 +10,31 @@ from __future__ import annotations
 
 import copy
 import enum
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any, cast
 
 import pytest
 import strawberry
-from graphql import FragmentDefinitionNode, OperationDefinitionNode, parse
+from graphql import (
+    DocumentNode,
+    FragmentDefinitionNode,
+    GraphQLSchema,
+    OperationDefinitionNode,
+    ValidationContext,
+    ValidationRule,
+    parse,
+    print_ast,
+)
 from graphql.execution.values import get_variable_values
+from strawberry.extensions import AddValidationRules, SchemaExtension
 from strawberry.scalars import JSON
 
-from service_engine.graphql.delivery_plan import Encoded, dumps, plan_operation
+from service_engine.graphql.delivery_plan import Encoded, NotPlanned, dumps, plan_operation
 from service_engine.graphql.subscriptions import LanesPaused, subscription_union
 from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Remove, Reset, Upsert
 from service_engine.server import delivery
+from service_engine.server.live_ops import next_frame, next_frame_head
 
 
 @strawberry.enum
@@ -74,12 +85,21 @@ async def _events(items: list[Any]) -> AsyncGenerator[Any, None]:
         yield item
 
 
-SERVED = strawberry.Schema(query=Query, subscription=Subscription, types=THINGS.types)
-SERVED.execution_context_class = delivery.live_executor_class(SERVED.execution_context_class)
-ORDINARY = copy.copy(SERVED)
-ORDINARY.execution_context_class = strawberry.Schema(
-    query=Query, subscription=Subscription, types=THINGS.types
-).execution_context_class
+_VALIDATED: list[GraphQLSchema] = []
+
+
+class _SeeSchema(ValidationRule):
+    """Records the graphql-core schema a document is validated against."""
+
+    def __init__(self, context: ValidationContext) -> None:
+        super().__init__(context)
+        _VALIDATED[:] = [context.schema]
+
+
+SERVED = strawberry.Schema(query=Query, subscription=Subscription, types=THINGS.types,
+                           extensions=[lambda: AddValidationRules([_SeeSchema])])
+SERVED.execute_sync("{ ping }")
+(GRAPHQL_SCHEMA,) = _VALIDATED
 
 ALPHA = ThingView(id=strawberry.ID("t1"), title="Alpha \u00e9\"", archived=False,
                   tags=["a", "b"], kind=Kind.TASK, owner=Owner(name="ann", score=1.5),
@@ -130,23 +150,37 @@ RESOLVED = """subscription { things { ... on ThingsUpsert { revision view { shou
 PLANNED: list[int] = []
 
 
-async def frames(schema: strawberry.Schema, query: str, variables: dict[str, Any] | None,
-                 events: list[Any]) -> list[str]:
-    """The ``next`` frames the socket would send for ``events`` (how many the plan
-    rendered is appended to ``PLANNED``)."""
-    planned = 0
-    stream = await schema.subscribe(query, variable_values=variables,
+async def executed(query: str, variables: dict[str, Any] | None, events: list[Any]) -> list[str]:
+    """The ``next`` frames ordinary execution gives for ``events``."""
+    stream = await SERVED.subscribe(query, variable_values=variables,
                                     context_value={"events": events})
     out: list[str] = []
     async for result in stream:
-        planned += isinstance(result.data, Encoded)
         payload: dict[str, Any] = {"data": result.data}
         if result.errors:
             payload["errors"] = [e.formatted for e in result.errors]
-        message = {"id": "op-1", "type": "next", "payload": payload}
-        frame = delivery.encode_frame(message)
-        out.append(frame if frame is not None else dumps(message))
-    PLANNED.append(planned)
+        out.append(dumps({"id": "op-1", "type": "next", "payload": payload}))
+    return out
+
+
+async def planned(query: str, variables: dict[str, Any] | None, events: list[Any]) -> list[str]:
+    """The ``next`` frames the socket writes for ``events``: the plan's where it renders
+    the member, execution's where it refuses it (how many the plan rendered is appended to
+    ``PLANNED``)."""
+    plan = _plan(query, variables)
+    if plan is None:
+        PLANNED.append(0)
+        return await executed(query, variables, events)
+    head = next_frame_head("op-1")
+    out: list[str] = []
+    count = 0
+    for event in events:
+        try:
+            out.append(next_frame(head, plan.encode(THINGS.message(event))))
+            count += 1
+        except NotPlanned:
+            out.extend(await executed(query, variables, [event]))
+    PLANNED.append(count)
     return out
 
 
@@ -169,10 +203,9 @@ async def test_planned_frames_are_the_executed_frames_byte_for_byte(
     @skip / @include, and a field with a resolver (which falls back): the served frames are
     the bytes ordinary execution gives."""
     PLANNED.clear()
-    assert await frames(SERVED, query, variables, EVENTS) == await frames(
-        ORDINARY, query, variables, EVENTS)
-    # Served by the plan (every event) unless the document cannot be planned; never otherwise.
-    assert [0 if query is RESOLVED else len(EVENTS), 0] == PLANNED
+    assert await planned(query, variables, EVENTS) == await executed(query, variables, EVENTS)
+    # Served by the plan (every event) unless the document cannot be planned.
+    assert [0 if query is RESOLVED else len(EVENTS)] == PLANNED
 
 
 async def test_an_event_the_plan_refuses_falls_back_to_execution() -> None:
@@ -182,14 +215,14 @@ async def test_an_event_the_plan_refuses_falls_back_to_execution() -> None:
                        tags=[], kind=Kind.TASK, owner=None)
     events = [Upsert(7, '"t3"', broken), Upsert(8, '"t1"', ALPHA)]
     PLANNED.clear()
-    served = await frames(SERVED, FULL, None, events)
-    assert served == await frames(ORDINARY, FULL, None, events)
+    served = await planned(FULL, None, events)
+    assert served == await executed(FULL, None, events)
     assert '"errors"' in served[0] and '"errors"' not in served[1]
     assert PLANNED[0] == 1  # the second event was planned
 
 
 def _plan(query: str, variables: dict[str, Any] | None = None) -> Any:
-    schema = SERVED._schema
+    schema = GRAPHQL_SCHEMA
     document = parse(query)
     operation = next(d for d in document.definitions if isinstance(d, OperationDefinitionNode))
     fragments = {d.name.value: d for d in document.definitions
@@ -253,25 +286,41 @@ def test_plain_shapes_are_planned() -> None:
 
 
 async def test_http_documents_are_parsed_and_validated_once() -> None:
-    """The served schema (limiters included) parses and validates a repeated document once;
-    a document past a limiter is still refused every time."""
-    from strawberry.extensions.parser_cache import _get_parse_cache
-    from strawberry.extensions.validation_cache import _get_validate_cache
-
+    """The schema the HTTP operation path executes (`limited_schema`, the limiters
+    included) parses and validates a repeated document once: its second run reuses the
+    first's parsed document (seen by an author's ``on_parse`` hook) and runs no validation
+    rule (an author's rule counts its runs); a different document is still validated, and
+    one past a limiter is still refused every time."""
     from service_engine.config import EngineConfig
     from service_engine.server.app import limited_schema
 
-    served = limited_schema(
-        strawberry.Schema(query=Query), EngineConfig(service="delivery-test", query_max_depth=3))
-    parse_cache: Any = _get_parse_cache(delivery.DOCUMENT_CACHE_SIZE)
-    validate_cache: Any = _get_validate_cache(delivery.DOCUMENT_CACHE_SIZE)
+    parsed: list[DocumentNode] = []
+    validated: list[str] = []
+
+    class Parsed(SchemaExtension):
+        def on_parse(self) -> Iterator[None]:
+            yield
+            document = self.execution_context.graphql_document
+            if document is not None:
+                parsed.append(document)
+
+    class Counted(ValidationRule):
+        def __init__(self, context: ValidationContext) -> None:
+            super().__init__(context)
+            validated.append(print_ast(context.document))
+
+    author = strawberry.Schema(
+        query=Query, extensions=[Parsed, lambda: AddValidationRules([Counted])])
+    served = limited_schema(author, EngineConfig(service="delivery-test", query_max_depth=3))
     query = "query Once { ping alias: ping }"
     first = await served.execute(query, root_value=Query())
-    parsed, validated = parse_cache.cache_info().hits, validate_cache.cache_info().hits
     again = await served.execute(query, root_value=Query())
     assert first.data == again.data == {"ping": "pong", "alias": "pong"}
-    assert parse_cache.cache_info().hits == parsed + 1
-    assert validate_cache.cache_info().hits == validated + 1
+    assert len(parsed) == 2 and parsed[0] is parsed[1]
+    assert validated == [print_ast(parsed[0])]
+    other = await served.execute("query Other { ping }", root_value=Query())
+    assert other.data == {"ping": "pong"}
+    assert len(validated) == 2 and "Other" in validated[1]
     for _ in range(2):
         refused = await served.execute("{ " + "ping " * 3 + "nope }")
         assert refused.errors

@@ -2,10 +2,9 @@
 
 A kit live field's document is run once the ordinary way (Strawberry's
 subscribe, direct frames, under `LiveOps.learning`); the next subscribe of
-that document is a `LiveOp`. Over the same session deltas, both ways of
-driving it (a task, `LiveOp.run`; callback mode, `LiveOp.start` /
-`LiveOp.drain`) must send the bytes the ordinary path sends, its
-``complete`` included. The session here is a real `SessionStream` handed
+that document is a `LiveOp`. Over the same session deltas, driven as the
+socket drives it (`LiveOp.start` / `LiveOp.drain`), it must send the bytes
+the ordinary path sends, its ``complete`` included. The session here is a real `SessionStream` handed
 out by a stand-in for the engine's attach (the render side is not under
 test).
 """
@@ -13,7 +12,6 @@ test).
 from __future__ import annotations
 
 import asyncio
-import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,16 +20,17 @@ import pytest
 import strawberry
 from strawberry.types import ExecutionResult
 
+from service_engine.config import EngineConfig
 from service_engine.graphql.delivery_plan import dumps
 from service_engine.graphql.subscriptions import Live
 from service_engine.render.deltas import Remove, Reset, Upsert
 from service_engine.render.session import SessionId
 from service_engine.render.stream import SessionStream
 from service_engine.render.windows import Keys, WindowSpec
-from service_engine.server import delivery, frames
+from service_engine.server.app import _DOCUMENT_FIXED, limited_schema
 from service_engine.server.live_ops import LiveOp, LiveOps, per_operation_extensions
 
-from .test_delivery_frames import DELTAS, _Socket
+from .test_delivery_frames import DELTAS
 from .test_delivery_plan import (
     ALPHA,
     BETA,
@@ -67,10 +66,8 @@ class LiveSubscription:
 
 ORDINARY_SCHEMA = strawberry.Schema(
     query=_Query, subscription=LiveSubscription, types=THINGS.types)
-SCHEMA = copy.copy(ORDINARY_SCHEMA)
-"""As an app serves it: the plan's executor (an event it refuses is executed)."""
-SCHEMA.execution_context_class = delivery.live_executor_class(
-    ORDINARY_SCHEMA.execution_context_class)
+SCHEMA = limited_schema(ORDINARY_SCHEMA, EngineConfig(service="live-ops-test"))
+"""As an app serves it: its documents seen by their validation (the plan's input)."""
 
 
 @dataclass
@@ -152,9 +149,9 @@ def _payload(query: str, variables: dict[str, Any] | None = None,
 
 async def _ordinary(ops: LiveOps | None, payload: dict[str, Any], engine: _Engine,
                     op_id: str = "op-1") -> list[str]:
-    """What the graphql-transport-ws handler sends for one subscribe the
-    ordinary way (direct frames on), the complete at the stream's end included."""
-    socket = _Socket()
+    """What the socket sends for one subscribe the ordinary way (Strawberry's
+    execution), the complete at the stream's end included."""
+    sent: list[str] = []
     context = _Context(engine)
     schema = SCHEMA
 
@@ -168,30 +165,15 @@ async def _ordinary(ops: LiveOps | None, payload: dict[str, Any], engine: _Engin
             body: dict[str, Any] = {"data": result.data}
             if result.errors:
                 body["errors"] = [e.formatted for e in result.errors]
-            message = {"id": op_id, "type": "next", "payload": body}
-            frame = delivery.encode_frame(message)
-            socket.sent.append(frame if frame is not None else dumps(message))
-        socket.sent.append(dumps({"id": op_id, "type": "complete"}))
+            sent.append(dumps({"id": op_id, "type": "next", "payload": body}))
+        sent.append(dumps({"id": op_id, "type": "complete"}))
 
-    learning = ops.learning(payload) if ops is not None else None
-    with frames.open_sink(socket, op_id):  # type: ignore[arg-type]
-        if learning is None:
+    if ops is None:
+        await run()
+    else:
+        with ops.learning(payload):
             await run()
-        else:
-            with learning:
-                await run()
-    return socket.sent
-
-
-async def _run(op: LiveOp) -> tuple[list[str], list[str]]:
-    sent: list[str] = []
-    done: list[str] = []
-
-    async def send(text: str) -> None:
-        sent.append(text)
-
-    await op.run(send, done.append)
-    return sent, done
+    return sent
 
 
 async def _callback(op: LiveOp, budget: int = 256) -> tuple[list[str], list[list[str]], list[str]]:
@@ -220,8 +202,8 @@ async def test_a_known_document_sends_the_ordinary_bytes_both_ways(
 ) -> None:
     """Aliases, __typename, inline and named fragments, an operation name, variables in
     arguments and @skip / @include; a Reset, Upserts (one of an equal, distinct view), a
-    Remove, the session's end: the second subscribe of the document is a LiveOp, and both
-    ways of driving it send the ordinary path's bytes, ``complete`` last."""
+    Remove, the session's end: the second subscribe of the document is a LiveOp, and it
+    sends the ordinary path's bytes, ``complete`` last."""
     ops = _ops()
     payload = _payload(query, variables, name)
     expected = await _ordinary(ops, payload, _Engine(DELTAS))
@@ -233,14 +215,10 @@ async def test_a_known_document_sends_the_ordinary_bytes_both_ways(
     engine = _Engine(DELTAS)
     op = ops.open("op-1", payload, _Context(engine))
     assert op is not None
-    sent, done = await _run(op)
-    assert sent == expected and done == ["op-1"]
-    op = ops.open("op-1", payload, _Context(engine))
-    assert op is not None
     texts, writes, done = await _callback(op)
     assert texts == expected and done == ["op-1"]
     assert len(writes) == 1  # every queued frame, the complete too, in one write
-    assert engine.closed == ["s-0", "s-1"]  # both sessions detached
+    assert engine.closed == ["s-0"]  # the session detached
 
 
 async def test_arguments_reach_the_request_as_strawberry_converts_them() -> None:
@@ -256,7 +234,7 @@ async def test_arguments_reach_the_request_as_strawberry_converts_them() -> None
     for document, variables in cases:
         op = ops.open("op-1", _payload(document, variables), _Context(later))
         assert op is not None
-        await _run(op)
+        await _callback(op)
     ordinary = _Engine(DELTAS)
     for document, variables in cases:
         await _ordinary(None, _payload(document, variables), ordinary)
@@ -295,7 +273,7 @@ async def test_only_a_known_planned_document_opens() -> None:
     traced = strawberry.Schema(query=_Query, subscription=LiveSubscription,
                                types=THINGS.types, extensions=[Tracing])
     assert per_operation_extensions(traced) == ["Tracing"]
-    assert per_operation_extensions(SCHEMA) == []
+    assert per_operation_extensions(SCHEMA, _DOCUMENT_FIXED) == []
 
 
 async def test_known_documents_are_a_bounded_lru() -> None:
@@ -324,15 +302,12 @@ async def test_an_event_the_plan_refuses_is_executed_as_the_ordinary_path_does()
     assert '"errors"' in expected[1] and '"errors"' not in expected[2]
     op = ops.open("op-1", _payload(FULL), _Context(_Engine(deltas)))
     assert op is not None
-    assert (await _run(op))[0] == expected
-    op = ops.open("op-1", _payload(FULL), _Context(_Engine(deltas)))
-    assert op is not None
     assert (await _callback(op))[0] == expected
 
 
 async def test_a_refused_attach_sends_what_the_ordinary_path_sends() -> None:
     """The engine refuses the attach: the ordinary path's ``next`` carrying the error, then
-    ``complete``, from both ways of driving the op."""
+    ``complete``."""
     ops = _ops()
     await _ordinary(ops, _payload(FULL), _Engine(DELTAS))
     refusing = _Engine(DELTAS, fail=RuntimeError("attach refused: too many sessions"))
@@ -344,10 +319,8 @@ async def test_a_refused_attach_sends_what_the_ordinary_path_sends() -> None:
     ]
     op = ops.open("op-1", _payload(FULL), _Context(refusing))
     assert op is not None
-    assert await _run(op) == (expected, ["op-1"])
-    op = ops.open("op-1", _payload(FULL), _Context(refusing))
-    assert op is not None
-    assert (await _callback(op))[0] == expected
+    texts, _writes, done = await _callback(op)
+    assert texts == expected and done == ["op-1"]
 
 
 async def test_drain_takes_at_most_its_budget_and_says_when_more_wait() -> None:
@@ -424,29 +397,23 @@ async def test_closing_during_the_attach_detaches_and_sends_nothing() -> None:
     assert calls == [] and engine.streams == [] and op.drain(calls.append) is False
 
 
-async def test_a_cancelled_run_detaches_its_session() -> None:
-    """The handler cancels the op's task (complete, disconnect, session_max_age): the session
-    is detached and no complete is sent."""
+async def test_a_closed_op_detaches_its_session() -> None:
+    """The socket closes the op (complete, disconnect, session_max_age) while it is live:
+    the session is detached, no complete is sent and nothing more is written."""
     ops = _ops()
     await _ordinary(ops, _payload(FULL), _Engine(DELTAS))
     engine = _Engine(DELTAS, end=False)
     op = ops.open("op-1", _payload(FULL), _Context(engine))
     assert op is not None
     sent: list[str] = []
-    got = asyncio.Event()
-
-    async def send(text: str) -> None:
-        sent.append(text)
-        if len(sent) == len(DELTAS):
-            got.set()
-
-    task = asyncio.create_task(op.run(send))
-    await asyncio.wait_for(got.wait(), 5)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert engine.closed == ["s-0"] and len(sent) == len(DELTAS)
-    assert '"complete"' not in sent[-1]
+    woken = asyncio.Event()
+    done: list[str] = []
+    op.start(lambda _op: woken.set(), done.append)
+    await asyncio.wait_for(woken.wait(), 5)
+    assert op.drain(sent.extend) is False and len(sent) == len(DELTAS)
+    op.close()
+    assert engine.closed == ["s-0"] and done == []
+    assert '"complete"' not in sent[-1] and op.drain(sent.extend) is False
 
 
 def test_the_waker_is_called_only_when_nobody_awaits() -> None:
@@ -523,36 +490,24 @@ async def _scripted(drive: Any, engine: _Engine, sent: _Watched) -> None:
 
 async def test_lane_notices_are_merged_in_as_the_ordinary_path_merges_them() -> None:
     """A projector watching a NATS lane: its LanesPaused / LanesResumed notices between the
-    session's Reset, Upsert and Reset are the ordinary path's bytes, from both ways of driving
-    the op, and the notice stream is closed at the end."""
+    session's Reset, Upsert and Reset are the ordinary path's bytes, and the notice stream is
+    closed at the end."""
     ops = _ops()
     payload = _payload(LANED)
     engine = _Engine([Reset(1, {'"t1"': ALPHA})], end=False)
     expected = _Watched()
-    ordinary_socket = _Socket()
-    ordinary_socket.sent = expected
 
     async def ordinary_run() -> None:
-        with frames.open_sink(ordinary_socket, "op-1"), ops.learning(payload):  # type: ignore[arg-type]
+        with ops.learning(payload):
             stream = await SCHEMA.subscribe(LANED, context_value=_Context(engine))
             async for result in stream:
-                raise AssertionError(result)  # every member is planned
+                body: dict[str, Any] = {"data": result.data}
+                expected.append(dumps({"id": "op-1", "type": "next", "payload": body}))
         expected.append(dumps({"id": "op-1", "type": "complete"}))
 
     await _scripted(ordinary_run(), engine, expected)
     assert ops.known == 1 and len(expected) == 6
     assert '"LanesPaused"' in expected[1] and '"LanesResumed"' in expected[3]
-
-    engine = _Engine([Reset(1, {'"t1"': ALPHA})], end=False)
-    op = ops.open("op-1", payload, _Context(engine))
-    assert op is not None
-    ran = _Watched()
-
-    async def send(text: str) -> None:
-        ran.append(text)
-
-    await _scripted(op.run(send), engine, ran)
-    assert ran == expected
 
     engine = _Engine([Reset(1, {'"t1"': ALPHA})], end=False)
     op = ops.open("op-1", payload, _Context(engine))

@@ -80,15 +80,15 @@ class _Waiter:
 
 
 async def test_the_endpoint_deadlines_call_each_socket_at_its_own_with_one_timer() -> None:
-    """`wire._Deadlines`: every socket is called once its deadline passed
+    """`wire_deadlines.DeadlineWheel`: every socket is called once its deadline passed
     (never before, within a few `TICK`s after), the loop holds one timer for
     them all, a removed socket is not called, a socket that waits again
     from inside a call is called again at its new deadline (also when an
     earlier step is still pending), and once idle the tables are emptied."""
-    from service_engine.server.wire import TICK, _Deadlines
+    from service_engine.server.wire_deadlines import TICK, DeadlineWheel
 
     loop: Any = asyncio.get_running_loop()
-    deadlines = _Deadlines(loop)
+    deadlines = DeadlineWheel(loop)
     now = loop.time()
     late = _Waiter(deadlines, loop)
     early = _Waiter(deadlines, loop, again=0.15)

@@ -39,7 +39,7 @@ from service_engine.embedded import (
 from service_engine.graphql import PASSPORT_HEADER, Passport
 from service_engine.scopes.identity import ScopeIdentity, known_scopes
 
-from ..harness import wait_until
+from ..support.harness import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_MIGRATIONS = REPO / "example_service" / "migrations"

@@ -14,7 +14,7 @@ import pytest
 
 from service_engine.embedded import ProvisionedDatabase
 
-from ..harness import owner_connection
+from ..support.harness import owner_connection
 from .harness import (
     ADMIN,
     BOARDS_SUBSCRIPTION,

@@ -20,7 +20,7 @@ import pytest
 from service_engine.embedded import ProvisionedDatabase
 from service_engine.graphql import Passport
 
-from ..harness import owner_connection
+from ..support.harness import owner_connection
 from .harness import (
     ACCEPT,
     ADMIN,

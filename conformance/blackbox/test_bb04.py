@@ -23,7 +23,7 @@ import pytest
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import Passport
 
-from ..harness import owner_connection
+from ..support.harness import owner_connection
 from .harness import REPO, Pods
 
 # Spawns processes or servers for seconds: started first in a parallel run.

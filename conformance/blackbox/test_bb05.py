@@ -20,7 +20,7 @@ import pytest
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import Passport
 
-from ..harness import owner_connection
+from ..support.harness import owner_connection
 from .harness import Pods
 from .test_bb04 import run_twin
 

@@ -27,8 +27,8 @@ from service_engine.graphql import ComposedService
 from service_engine.graphql.compose import ROOT_KINDS
 from service_engine.server.host import bind_listener, run_with_listener
 
-from ..harness import wait_until
-from ..nats_support import engine_nats
+from ..support.harness import wait_until
+from ..support.nats_support import engine_nats
 from .harness import BOUND, REPO, Pods, provision_kv, provision_lanes
 
 # Spawns processes or servers for seconds: started first in a parallel run.

@@ -46,6 +46,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Collection
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
@@ -57,6 +58,11 @@ from ..failures import DatabaseUrlRefused, NestedConnectionError
 from ..resources import AsyncResource
 from .errors import Stage, translating
 from .tls import trusted_hosts_from_env, validate_database_tls
+
+_log = logging.getLogger(__name__)
+
+CLOSE_WITHIN = 10.0
+"""Seconds `Database.aclose` waits for held connections to be released."""
 
 Holder: TypeAlias = tuple[object, object]
 """Who holds a pooled connection: (the holding task, the asyncpg pool)."""
@@ -112,6 +118,10 @@ async def _reset_on_release(conn: asyncpg.Connection) -> None:
     if query:
         await conn.execute(query)
 
+
+_CLOSE_IDLE_BOUND = 1.0
+"""Seconds `Database.close_idle_connections` waits for an idle connection
+(the pool hands one over at once unless a ``setup`` hook runs first)."""
 
 DEFAULT_MAX_QUEUE = 1024
 """Waiters `ConnectionQueue` holds before it refuses (`PoolQueueFull`)."""
@@ -231,10 +241,12 @@ class Database(AsyncResource):
 
     async def acquire(self, bound: float) -> Any:
         """A pooled connection within ``bound`` seconds (release it with
-        `release`), after its turn in the `ConnectionQueue` (the bound
-        covers both). With a connection idle the pool hands it over at
-        once, so it is taken without the bound's task and timer; the pool
-        keeps ``bound`` as the bound of that connection's release reset.
+        `release`, passing the same ``bound``), after its turn in the
+        `ConnectionQueue` (the bound covers both). The pool's wait runs
+        under an `asyncio.timeout` (a timer, no task of its own), so an
+        idle connection is handed over at once and a pool that makes the
+        caller wait (no idle connection, a ``setup`` hook still running, a
+        connection to reopen) raises `TimeoutError` once the bound passed.
         Raises `NestedConnectionError` for a task holding one of this pool."""
         self.refuse_nested("Database.acquire")
         return await self._take(bound)
@@ -246,22 +258,20 @@ class Database(AsyncResource):
         began = loop.time()
         await self.queue.enter(bound)
         try:
-            pool = self.pool
-            if not _hands_over_at_once(pool):
-                left = None if bound is None else max(0.001, bound - (loop.time() - began))
-                return await pool.acquire(timeout=left)
-            conn: Any = await pool.acquire()
-            conn._holder._timeout = bound  # what acquire(timeout=...) records
-            return conn
+            if bound is None:
+                return await self.pool.acquire()
+            async with asyncio.timeout(max(0.001, bound - (loop.time() - began))):
+                return await self.pool.acquire()
         except BaseException:
             self.queue.leave()
             raise
 
-    async def release(self, conn: Any) -> None:
-        """Hand back a connection `acquire` gave (the pool resets it) and
-        its queue slot (to the oldest waiter)."""
+    async def release(self, conn: Any, bound: float | None = None) -> None:
+        """Hand back a connection `acquire` gave (the pool resets it, within
+        ``bound`` seconds when given) and its queue slot (to the oldest
+        waiter)."""
         try:
-            await self.pool.release(conn)
+            await self.pool.release(conn, timeout=bound)
         finally:
             self.queue.leave()
 
@@ -298,7 +308,7 @@ class Database(AsyncResource):
             yield conn
         finally:
             _HOLDER.reset(token)
-            await self.release(conn)
+            await self.release(conn, bound)
 
     @contextlib.asynccontextmanager
     async def plain(self, bound: float | None = None) -> AsyncIterator[Any]:
@@ -324,7 +334,7 @@ class Database(AsyncResource):
                 mark()
         finally:
             _HOLDER.reset(token)
-            await self.release(conn)
+            await self.release(conn, bound)
 
     async def fetch(self, query: str, *args: Any, bound: float | None = None) -> list[Any]:
         """One statement's rows on a `plain` connection (no release reset),
@@ -337,7 +347,7 @@ class Database(AsyncResource):
                 rows: list[Any] = await conn.fetch(query, *args)
                 return rows
 
-    def close_idle_connections(self) -> int:
+    async def close_idle_connections(self) -> int:
         """Close every pool connection not in use now; how many were closed.
 
         For a pod gone idle after a burst (`ReleaseAfterClose`): the
@@ -348,36 +358,50 @@ class Database(AsyncResource):
         in a task of its own, and a connection prepares its statements
         again on first use. A connection in use is left alone.
         """
-        pool: Any = self.pool  # asyncpg keeps its holders private: no public walk
-        closed = 0
-        for holder in pool._holders:
-            if holder.is_connected() and holder.is_idle():
-                holder.terminate()
-                closed += 1
-        return closed
+        return await self._close_idle(self.pool.get_idle_size())
 
-    def close_idle_above(self, keep: int) -> int:
+    async def close_idle_above(self, keep: int) -> int:
         """Close idle pool connections while more than ``keep`` are open
         (never one in use, never below the pool's floor); how many were
         closed. `IdleConnections` says when and how many to keep."""
-        pool: Any = self.pool
-        open_now = sum(1 for holder in pool._holders if holder.is_connected())
-        keep = max(keep, pool._minsize)
+        keep = max(keep, self.pool.get_min_size())
+        return await self._close_idle(min(self.pool.get_idle_size(), self.pool.get_size() - keep))
+
+    async def _close_idle(self, count: int) -> int:
+        """Close up to ``count`` idle connections: each taken from the pool
+        (which hands out an open idle one first, at once) and terminated;
+        the pool takes its slot back as closed. Stops early once none is
+        idle (a concurrent request took one)."""
         closed = 0
-        for holder in pool._holders:
-            if open_now - closed <= keep:
+        while closed < count and self.pool.get_idle_size() > 0:
+            try:
+                async with asyncio.timeout(_CLOSE_IDLE_BOUND):
+                    conn = await self.pool.acquire()
+            except TimeoutError:
                 break
-            if holder.is_connected() and holder.is_idle():
-                holder.terminate()
-                closed += 1
+            conn.terminate()
+            await self.pool.release(conn)  # already returned as closed: nothing to do
+            closed += 1
         return closed
 
     def in_use(self) -> int:
         """Pool connections in use now."""
         return self.pool.get_size() - self.pool.get_idle_size()
 
-    async def aclose(self) -> None:
-        await self.pool.close()
+    async def aclose(self, within: float = CLOSE_WITHIN) -> None:
+        """Close every connection once it is released, waiting at most
+        ``within`` seconds; past that, the connections still held are
+        terminated (asyncpg's `Pool.close` bounded by `asyncio.wait_for`, as
+        its documentation advises) and a warning names how many there were:
+        a close never hangs on a connection a task forgot."""
+        held = self.pool.get_size() - self.pool.get_idle_size()
+        try:
+            await asyncio.wait_for(self.pool.close(), within)
+        except TimeoutError:
+            _log.warning(
+                "closing the pool: %d connection(s) still held after %.0fs were terminated",
+                held, within,
+            )
 
 
 IDLE_CONNECTION_WINDOW = 300.0
@@ -445,23 +469,3 @@ async def connect_pool(
         url, min_size=min_size, max_size=max_size, init=_init_connection, **pool_options
     )
     return Database(pool, url, max_queue=max_queue)
-
-
-def _hands_over_at_once(pool: Any) -> bool:
-    """Whether ``pool.acquire()`` returns without awaiting anything: a
-    connected idle holder is queued (the queue hands out connected ones
-    first), no ``setup`` hook runs on the way out (a holder in its setup
-    still counts as idle), and no connected holder is of an expired
-    generation (taking it would reconnect). Otherwise the acquire must be
-    bounded."""
-    if pool._setup is not None:
-        return False
-    generation = pool._generation
-    idle = False
-    for holder in pool._holders:
-        if holder.is_connected():
-            if holder._generation != generation:
-                return False
-            idle = idle or holder.is_idle()
-    return idle
-

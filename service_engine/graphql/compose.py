@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, cast, get_args, get_origin
 
 import graphql
 import strawberry
@@ -184,7 +184,8 @@ def graphql_type_name(declared: Any) -> str:
         name: str = declared.__strawberry_definition__.name
         return name
     if isinstance(declared, ScalarWrapper):
-        return declared._scalar_definition.name
+        # (Typed for Strawberry types and classes; it names a scalar wrapper too.)
+        return NameConverter().get_name_from_type(cast(Any, declared))
     if isinstance(declared, ScalarDefinition):
         return declared.name
     if isinstance(declared, StrawberryUnion) and declared.graphql_name:

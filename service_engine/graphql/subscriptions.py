@@ -145,29 +145,25 @@ _FieldDecorator: TypeAlias = Callable[[LiveRequest], Any]
 _INFO = "info"
 
 
-LiveDelivery: TypeAlias = Callable[
-    ["SubscriptionUnion[Any]", "LiveRequest", "Live", Any, bool],
-    "AsyncGenerator[Any, None] | None",
-]
-"""How a server delivers a live field's members itself: called with the
-union, the field's request function, its `Live`, the resolver's ``info`` and
-whether the function declares ``info``; the members it leaves to the
-ordinary path (an async generator), or None to leave it all ordinary."""
+LiveFieldReport: TypeAlias = Callable[["SubscriptionUnion[Any]", "LiveRequest", Any], None]
+"""Told by a live field that takes no ``info``, as it starts, which union
+and request it serves and with which ``info`` (see `reporting`)."""
 
-_DELIVERY: contextvars.ContextVar[LiveDelivery | None] = contextvars.ContextVar(
-    "service_engine_live_delivery", default=None
+_REPORT: contextvars.ContextVar[LiveFieldReport | None] = contextvars.ContextVar(
+    "service_engine_live_field_report", default=None
 )
 
 
 @contextlib.contextmanager
-def delivered_by(delivery: LiveDelivery) -> Iterator[None]:
-    """Within this task, live fields are delivered by ``delivery`` (the
-    server's direct frames; the kit knows no server)."""
-    token = _DELIVERY.set(delivery)
+def reporting(report: LiveFieldReport) -> Iterator[None]:
+    """Within this task, a live field that takes no ``info`` calls
+    ``report(union, request, info)`` when it starts (a server learns its
+    documents so; the kit knows no server)."""
+    token = _REPORT.set(report)
     try:
         yield
     finally:
-        _DELIVERY.reset(token)
+        _REPORT.reset(token)
 
 
 @dataclass(frozen=True, eq=False)
@@ -350,15 +346,15 @@ def _live_resolver(union: SubscriptionUnion[Any], request: LiveRequest) -> Calla
             raise TypeError(
                 f"live field {request.__qualname__} returned {type(live).__name__}, not Live"
             )
+        if not declares_info:
+            report = _REPORT.get()
+            if report is not None:
+                report(union, request, info)
         context = info.context
-        delivery = _DELIVERY.get()
-        messages = (delivery(union, request, live, info, declares_info)
-                    if delivery is not None else None)
-        if messages is None:
-            messages = union.live(
-                context.engine, context.principal, live.projector, live.window,
-                applier=live.applier, session_id=live.session_id,
-            )
+        messages = union.live(
+            context.engine, context.principal, live.projector, live.window,
+            applier=live.applier, session_id=live.session_id,
+        )
         async with contextlib.aclosing(messages):
             async for message in messages:
                 yield message

@@ -142,8 +142,9 @@ async def run_pipeline(
     principal-facts dependency that names none of them.
     """
     stage = Stage.BEGIN
+    bound = config.lock_timeout.total_seconds()
     try:
-        conn = await db.acquire(config.lock_timeout.total_seconds())
+        conn = await db.acquire(bound)
     except DRIVER_ERRORS as exc:
         raise translate_db_error(exc, stage) from exc
     # The handler (and its stores) runs holding this connection: an engine
@@ -185,7 +186,7 @@ async def run_pipeline(
         db.unhold(held)  # after_commit hooks run free to take a connection
         # The pool discards a lost connection it could not reset.
         with contextlib.suppress(*DRIVER_ERRORS):
-            await db.release(conn)
+            await db.release(conn, bound)
     if metrics is not None:
         metrics.add_impacts_committed(committed)
     for after_commit in staged.after_commit:

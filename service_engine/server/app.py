@@ -1,54 +1,20 @@
 """The service's HTTP surface: GraphQL over HTTP and graphql-transport-ws.
 
-`graphql_app` serves, on one Starlette app:
+`graphql_app` serves, on one Starlette app, ``POST /graphql`` (and ``GET``
+queries), GraphiQL to a browser's ``GET /graphql`` (its subscriptions on
+the socket), ``/readyz`` and ``/metrics``; the graphql-transport-ws socket
+on ``ws_path`` is the engine's own (`service_engine.server.wire`, under
+`run_with` / ``host.http_config``), not an ASGI route.
 
-* ``POST /graphql`` (and ``GET`` queries): GraphQL over HTTP;
-* ``GET /graphql`` from a browser (``Accept: text/html``): GraphiQL, with
-  subscriptions running over ``/graphql/ws``;
-* ``GET /graphql/ws``: the graphql-transport-ws subscription endpoint (the
-  protocol of the ``graphql-ws`` client library; the legacy
-  subscriptions-transport-ws protocol is not offered), served by the
-  engine's own socket (`service_engine.server.wire`) under `run_with` /
-  ``host.http_config``, not through ASGI;
-* ``GET /readyz`` and ``GET /metrics``.
-
-The principal comes from the trusted ``X-Passport`` header (see
-`service_engine.server.passport`): on HTTP once per request, on a WebSocket
-once per socket, at its ``connection_init``, from the header of the upgrade.
-A socket whose passport is missing, malformed or refused is closed with
-4403 and a reason naming the refusal. Every socket is closed at
-``config.session_max_age`` measured from the handshake, with
-`SESSION_MAX_AGE_CLOSE_CODE` (1001, going away) and
-`SESSION_MAX_AGE_CLOSE_REASON`: the client reconnects, and the gateway hands
-it a fresh passport.
+The principal comes from the trusted ``X-Passport`` header
+(`service_engine.server.passport`): once per HTTP request, once per socket
+at its ``connection_init``. A socket whose passport is missing, malformed or
+refused is closed with 4403 and a reason naming the refusal; every socket is
+closed at ``session_max_age`` from its handshake (1001, ``session_max_age``).
 
 Hostile input meets a bound at the edge, each an `EngineConfig` field, each
-refused with a typed `EdgeRefusal` code:
-
-* a request body past ``http_max_body_bytes``: 413 with a GraphQL error
-  ``request_body_too_large``, answered from the Content-Length before any
-  of the body is read, or as soon as a chunked body crosses the bound (the
-  rest of it read and dropped while its client keeps sending, so a client
-  that sends its whole body before reading reads the 413);
-* a JSON body that is not UTF-8: 400 with ``request_body_not_utf8``;
-* a document past ``query_max_tokens`` (``query_too_many_tokens``), an
-  operation with more than ``query_max_aliases`` aliases
-  (``query_too_many_aliases``) or nested deeper than ``query_max_depth``
-  (``query_too_deep``), introspection while ``graphql_introspection`` is off
-  (``introspection_disabled``): Strawberry's own limiter extensions, their
-  errors carrying the code in ``extensions.code``; over the socket the
-  operation gets an ``error`` message and the socket stays up;
-* a socket message past ``ws_max_message_bytes``: the socket is closed
-  with 1009 and a reason starting ``message_too_big``;
-* a ``subscribe`` past ``ws_max_subscriptions_per_socket`` live operations:
-  an ``error`` message (``too_many_subscriptions``); the socket and its
-  other operations stay up;
-* an upgrade past ``ws_max_sockets`` open sockets on the pod: accepted and
-  closed at once with 1013 (try again later) and a reason starting
-  ``too_many_sockets``; existing sockets are untouched.
-
-None of these reads past its bound, and none touches work already admitted:
-a committed write or an acknowledged delta is never undone by a refusal.
+refused with a typed `EdgeRefusal` code (its members say which bound and
+how); none reads past its bound, and none touches work already admitted.
 """
 
 from __future__ import annotations
@@ -65,7 +31,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from graphql import ASTValidationRule, GraphQLError
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -74,7 +39,6 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 from strawberry import Schema
 from strawberry.asgi import GraphQL
-from strawberry.exceptions import MissingQueryError
 from strawberry.extensions import (
     AddValidationRules,
     DisableIntrospection,
@@ -85,12 +49,9 @@ from strawberry.extensions import (
     SchemaExtension,
     ValidationCache,
 )
-from strawberry.http import GraphQLRequestData
 from strawberry.http.websocket_origin import is_same_origin
 from strawberry.schema import BaseSchema
-from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
-from strawberry.types import ExecutionContext, ExecutionResult
 from strawberry.types.graphql import OperationType
 
 from ..config import EngineConfig
@@ -98,7 +59,7 @@ from ..failures import ConfigError
 from ..graphql.context import GraphQLContext
 from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
-from . import delivery, frames
+from . import delivery
 from .live_ops import LiveOps, per_operation_extensions
 from .ops import DEFAULT_OPS_ROLE, ops_routes
 from .passport import (
@@ -144,6 +105,9 @@ class EdgeRefusal(enum.StrEnum):
     """The operation nested deeper than ``query_max_depth``."""
     INTROSPECTION_DISABLED = "introspection_disabled"
     """``graphql_introspection`` is off on this service."""
+    SUBSCRIPTION_OVER_HTTP = "subscription_over_http"
+    """HTTP 400: a subscription sent over HTTP, where it would outlive
+    ``session_max_age``. Subscribe over graphql-transport-ws on the socket."""
     MESSAGE_TOO_BIG = "message_too_big"
     """Close 1009: a socket message passed ``ws_max_message_bytes``."""
     TOO_MANY_SUBSCRIPTIONS = "too_many_subscriptions"
@@ -215,6 +179,8 @@ _REFUSAL_MESSAGES: tuple[tuple[re.Pattern[str], EdgeRefusal], ...] = (
     (re.compile(r"^\d+ aliases found\. Allowed: \d+"), EdgeRefusal.QUERY_TOO_MANY_ALIASES),
     (re.compile(r"exceeds maximum operation depth of \d+"), EdgeRefusal.QUERY_TOO_DEEP),
     (re.compile(r"^GraphQL introspection has been disabled"), EdgeRefusal.INTROSPECTION_DISABLED),
+    (re.compile(r"^subscriptions are served over graphql-transport-ws"),
+     EdgeRefusal.SUBSCRIPTION_OVER_HTTP),
 )
 
 
@@ -226,8 +192,13 @@ def refusal_of(error: GraphQLError) -> EdgeRefusal | None:
     return None
 
 
-class _RefusalCodes(SchemaExtension):
-    """Tags the limiters' errors with their `EdgeRefusal` code."""
+class _EdgeChecks(SchemaExtension):
+    """Tags the limiters' errors with their `EdgeRefusal` code, and refuses
+    a subscription over HTTP (400, pointed at the socket)."""
+
+    def __init__(self, ws_path: str) -> None:
+        super().__init__()
+        self.ws_path = ws_path
 
     def on_parse(self) -> Iterator[None]:
         yield
@@ -237,6 +208,17 @@ class _RefusalCodes(SchemaExtension):
         yield
         self._tag()
 
+    def on_execute(self) -> Iterator[None]:
+        execution = self.execution_context
+        context = execution.context
+        if (isinstance(context, GraphQLContext) and not context.is_websocket
+                and execution.operation_type is OperationType.SUBSCRIPTION):
+            context.response.status_code = 400
+            raise GraphQLError(
+                f"subscriptions are served over graphql-transport-ws on {self.ws_path}, "
+                "not over HTTP", extensions={"code": EdgeRefusal.SUBSCRIPTION_OVER_HTTP.value})
+        yield
+
     def _tag(self) -> None:
         for error in self.execution_context.pre_execution_errors or ():
             refusal = refusal_of(error)
@@ -244,17 +226,42 @@ class _RefusalCodes(SchemaExtension):
                 error.extensions = {**(error.extensions or {}), "code": refusal.value}
 
 
+class _RefusalsAtInfo(logging.Filter):
+    """Strawberry logs an operation's errors on its ``strawberry.execution``
+    logger at error level, with the document. A refusal (a limiter's, or a
+    passport missing, malformed or refused) is the client's fault and cheap
+    to provoke: one info line naming its code instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.msg
+        if not isinstance(error, GraphQLError):
+            return True
+        if isinstance(error.original_error, PassportError):
+            _log.info("refused at the edge: %s", error.original_error.code)
+            return False
+        refusal = refusal_of(error)
+        if refusal is None:
+            return True
+        _log.info("refused at the edge: %s", refusal.value)
+        return False
+
+
+_REFUSALS_AT_INFO = _RefusalsAtInfo()
+
 _DOCUMENT_FIXED: tuple[type[SchemaExtension], ...] = (
-    MaxTokensLimiter, AddValidationRules, DisableIntrospection, _RefusalCodes,
+    MaxTokensLimiter, AddValidationRules, DisableIntrospection, _EdgeChecks,
     ParserCache, ValidationCache,
 )
-"""The extensions `limited_schema` adds: what they do is fixed by the
-document text, so a document they passed once passes again (live_ops.py)."""
+"""The extensions `limited_schema` adds: what they do on a socket is fixed
+by the document text, so a document they passed once passes again (live_ops.py)."""
 
 
-def limited_schema(schema: BaseSchema, config: EngineConfig) -> Schema:
+def limited_schema(schema: BaseSchema, config: EngineConfig, *,
+                   ws_path: str = "/graphql/ws") -> Schema:
     """A copy of ``schema`` running Strawberry's limiters at ``config``'s
-    bounds (tokens, aliases, depth; introspection off when configured).
+    bounds (tokens, aliases, depth; introspection off when configured), its
+    documents parsed and validated once (`delivery.document_caches`), a
+    subscription over HTTP refused (pointed at ``ws_path``).
 
     The service's schema object is left as it was: one schema may serve
     several apps under different bounds.
@@ -265,7 +272,7 @@ def limited_schema(schema: BaseSchema, config: EngineConfig) -> Schema:
             f"{type(schema).__name__}"
         )
     # The alias and depth rules are built once (not per request), so the
-    # validation cache (delivery.document_caches) sees the same rules each time.
+    # validation cache sees the same rules each time.
     rules: list[type[ASTValidationRule]] = [
         *MaxAliasesLimiter(max_alias_count=config.query_max_aliases).validation_rules,
         *QueryDepthLimiter(max_depth=config.query_max_depth).validation_rules,
@@ -277,28 +284,11 @@ def limited_schema(schema: BaseSchema, config: EngineConfig) -> Schema:
     if not config.graphql_introspection:
         limits.append(DisableIntrospection)
     limited = copy.copy(schema)
-    # The graphql-core schema, seen by the first validation (`delivery.graphql_schema`).
-    rules.append(delivery.schema_seen_rule(limited))
-    limited.extensions = (*schema.extensions, *limits, _RefusalCodes, *delivery.document_caches())
-    if not delivery.resolves_fields(limited):
-        limited.execution_context_class = delivery.live_executor_class(
-            schema.execution_context_class
-        )
-    log_errors = schema.process_errors
-
-    def process_errors(
-        errors: list[GraphQLError], execution_context: ExecutionContext | None = None
-    ) -> None:
-        # A refusal is the client's fault and cheap to provoke: one line,
-        # without the document, instead of Strawberry's error with it.
-        refused = sorted({r.value for e in errors if (r := refusal_of(e)) is not None})
-        if refused:
-            _log.info("refused at the edge: %s", ", ".join(refused))
-        rest = [e for e in errors if refusal_of(e) is None]
-        if rest:
-            log_errors(rest, execution_context)
-
-    limited.process_errors = process_errors  # type: ignore[method-assign]
+    # Each operation as its validation saw it, for the delivery plan.
+    rules.append(delivery.document_seen_rule(limited))
+    limited.extensions = (
+        *schema.extensions, *limits, lambda: _EdgeChecks(ws_path), *delivery.document_caches())
+    logging.getLogger("strawberry.execution").addFilter(_REFUSALS_AT_INFO)
     return limited
 
 
@@ -488,7 +478,7 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         allowed_origins: Sequence[str],
     ) -> None:
         super().__init__(
-            limited_schema(schema, engine.config),
+            limited_schema(schema, engine.config, ws_path=ws_path),
             graphql_ide="graphiql" if graphiql else None,
             subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
             connection_init_wait_timeout=connection_init_wait_timeout,
@@ -506,22 +496,15 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         self.resolver = resolver
         self.session_max_age: timedelta = engine.config.session_max_age
         self.passport_from_connection_params = passport_from_connection_params
-        self.direct_frames = (
-            not delivery.resolves_fields(self.schema)
-            and frames.direct_frames_allowed(self.schema)
-        )
-        """Planned live frames are written by their operation's task (frames.py)."""
         served = cast(Schema, self.schema)  # limited_schema's
         self.live_ops = LiveOps(
             served,
             encode=self.encode_json,
-            enabled=self.direct_frames
+            # Nothing of the schema may act per operation or per field.
+            enabled=not served.directives
             and not per_operation_extensions(served, _DOCUMENT_FIXED),
         )
         """Known-planned live documents, served without Strawberry per operation."""
-        self._subscriptions_here = (
-            f"subscriptions are served over graphql-transport-ws on {ws_path}, not over HTTP"
-        )
         self._ide_html = (
             graphiql_html(
                 self.graphql_ide_html, http_path, ws_path,
@@ -578,46 +561,8 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
             raise TypeError(f"a resolved context refused with {refusal!r}")
         return CONNECTION_REFUSED_CLOSE_CODE, close_reason(refusal)
 
-    def encode_json(self, data: object) -> str | bytes:
-        # A live event the delivery plan serialised once for its cohort.
-        frame = delivery.encode_frame(data)
-        return frame if frame is not None else super().encode_json(data)
-
     async def render_graphql_ide(self, request: Request) -> Response:
         return HTMLResponse(self._ide_html)
-
-    async def execute_single(
-        self,
-        request: Request,
-        request_adapter: Any,
-        sub_response: Response,
-        context: GraphQLContext[Any],
-        root_value: None,
-        request_data: GraphQLRequestData,
-    ) -> ExecutionResult:
-        # Strawberry's own, minus subscriptions: over HTTP one would run
-        # outside the socket's session bound (and without a stream transport
-        # it would be executed as a query against the Subscription root).
-        allowed = OperationType.from_http(request_adapter.method) - {OperationType.SUBSCRIPTION}
-        query, name = request_data.query, request_data.operation_name
-        try:
-            return await self.schema.execute(
-                query,
-                root_value=root_value,
-                variable_values=request_data.variables,
-                context_value=context,
-                operation_name=name,
-                allowed_operation_types=allowed,
-                operation_extensions=request_data.extensions,
-            )
-        except CannotGetOperationTypeError as e:
-            raise HTTPException(400, e.as_http_error_reason()) from e
-        except InvalidOperationTypeError as e:
-            if e.operation_type is OperationType.SUBSCRIPTION:
-                raise HTTPException(400, self._subscriptions_here) from e
-            raise HTTPException(400, e.as_http_error_reason(request_adapter.method)) from e
-        except MissingQueryError as e:
-            raise HTTPException(400, "No GraphQL query found in the request") from e
 
 
 def _connection_param(payload: Mapping[str, object], name: str) -> str | None:

@@ -1,21 +1,14 @@
-"""The delivery fast path: one serialisation per cohort, a frame write per subscriber.
+"""The delivery plan's caches: one serialisation per cohort, a frame write per subscriber.
 
-Ordinary subscription delivery runs graphql-core's execution once per
-subscriber per delta and JSON-encodes the result per subscriber. Here:
-
-- the subscription document is parsed and validated once (Strawberry's
-  `ParserCache` and `ValidationCache`, `document_caches`), on the HTTP path
-  too;
+- a document is parsed and validated once (Strawberry's `ParserCache` and
+  `ValidationCache`, `document_caches`), on the HTTP path too;
 - the payload shape of a (document, operation, variables) is planned once
   (`service_engine.graphql.delivery_plan`), shared by every subscription
-  with that document;
-- an event is rendered by the plan, not executed (`live_executor_class`);
-  an Upsert / Remove shared by a cohort (the same view and cause objects) is
+  with that document (`plan_for`), from the operation its validation saw
+  (`document_seen_rule`);
+- an Upsert / Remove shared by a cohort (the same view and cause objects) is
   serialised once and reused for every session, whose frame differs only in
-  its revision and operation id (`encode_frame`).
-
-A document the plan cannot express, or one event the plan refuses, runs
-through ordinary execution: the messages are the same either way.
+  its revision and operation id (`SharedPlan`).
 """
 
 from __future__ import annotations
@@ -23,36 +16,34 @@ from __future__ import annotations
 import contextlib
 import json
 import operator
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from graphql import (
-    ExecutionResult,
+    FragmentDefinitionNode,
     GraphQLError,
     GraphQLSchema,
     OperationDefinitionNode,
-    OperationType,
     ValidationContext,
     ValidationRule,
+    VariableValues,
 )
-from graphql.execution.values import VariableValues
 from strawberry.extensions import ParserCache, SchemaExtension, ValidationCache
 from strawberry.schema import BaseSchema
 from strawberry.types import ExecutionContext
 from strawberry.types.base import StrawberryList
 
-from ..graphql.delivery_plan import Encoded, NotPlanned, Plan, dumps, plan_operation
+from ..graphql.delivery_plan import Encoded, Plan, plan_operation
 
 __all__ = [
+    "Seen",
     "SharedPlan",
     "document_caches",
-    "encode_frame",
-    "live_executor_class",
+    "document_seen_rule",
     "plan_for",
-    "plans_cached",
-    "resolves_fields",
+    "report_errors",
+    "seen",
 ]
 
 DOCUMENT_CACHE_SIZE = 1024
@@ -187,11 +178,6 @@ def _identity_fields(cls: type[Any]) -> Callable[[object], Any] | None:
 _PLANS: OrderedDict[tuple[int, int, str], SharedPlan | None] = OrderedDict()
 
 
-def plans_cached() -> int:
-    """How many (document, operation, variables) plans this process holds."""
-    return len(_PLANS)
-
-
 def plan_for(
     schema: GraphQLSchema,
     operation: OperationDefinitionNode,
@@ -225,101 +211,47 @@ def plan_for(
     return shared
 
 
-def resolves_fields(schema: Any) -> bool:
-    """Whether anything of a Strawberry schema hooks field resolution (a
-    schema directive, an extension's ``resolve``): then the plan, which
-    resolves no field, must not serve it."""
-    if getattr(schema, "directives", ()):
-        return True
-    for extension in schema.get_extensions():
-        if type(extension).resolve is not SchemaExtension.resolve:
-            return True
-    return False
+class Seen(NamedTuple):
+    """An operation as its validation saw it (`document_seen_rule`)."""
+
+    operation: OperationDefinitionNode
+    fragments: dict[str, FragmentDefinitionNode]
+    schema: GraphQLSchema
 
 
-def live_executor_class(base: type[Any]) -> type[Any]:
-    """``base`` (a graphql-core executor class) with subscription events
-    rendered by their plan instead of executed."""
-
-    class LiveExecutor(base):  # type: ignore[misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            # Shared by the per-event copies: the plan is looked up once.
-            self._live_plan: list[SharedPlan | None] = []
-
-        def execute_operation(self, serially: bool | None = None) -> Any:
-            if self.operation.operation is OperationType.SUBSCRIPTION and hasattr(
-                type(self.root_value), "__strawberry_definition__"
-            ):
-                holder = self._live_plan
-                if not holder:
-                    holder.append(plan_for(
-                        self.schema, self.operation, self.fragment_definitions,
-                        self.variable_values,
-                    ))
-                shared = holder[0]
-                if shared is not None:
-                    try:
-                        encoded = shared.encode(self.root_value)
-                    except NotPlanned:
-                        pass
-                    else:
-                        self.run_async_work_finished_hook()
-                        return ExecutionResult(encoded, None)  # type: ignore[arg-type]
-            return super().execute_operation(serially)
-
-    LiveExecutor.__name__ = LiveExecutor.__qualname__ = f"Live{base.__name__}"
-    return LiveExecutor
+_SEEN: OrderedDict[tuple[int, int], Seen] = OrderedDict()
 
 
-def encode_frame(message: object) -> str | None:
-    """The text of a ``next`` message whose data the plan serialised (the
-    per-session part spliced in), or None for any other message."""
-    if not isinstance(message, dict):
-        return None
-    payload = message.get("payload")
-    if not isinstance(payload, dict):
-        return None
-    data = payload.get("data")
-    if not isinstance(data, Encoded):
-        return None
-    if len(payload) != 1 or list(message) != ["id", "type", "payload"]:
-        # Something besides data (extensions, errors): the ordinary encoder
-        # over the decoded data, in the message's own order.
-        payload["data"] = data.value()
-        return dumps(message)
-    head = f'{{"id":{dumps(message["id"])},"type":{dumps(message["type"])}'
-    return f'{head},"payload":{{"data":{data.text()}}}}}'
-
-
-_SEEN: weakref.WeakKeyDictionary[BaseSchema, GraphQLSchema] = weakref.WeakKeyDictionary()
-
-
-def schema_seen_rule(schema: BaseSchema) -> type[ValidationRule]:
+def document_seen_rule(served: BaseSchema) -> type[ValidationRule]:
     """A validation rule (for Strawberry's ``AddValidationRules``) that
-    records the graphql-core schema a document of ``schema`` is validated
-    against (graphql-core's ``ValidationContext.schema``), read back by
-    `graphql_schema`: Strawberry keeps its graphql-core schema private."""
+    records each operation of a document validated for ``served``, with its
+    fragments and the graphql-core schema (graphql-core's public
+    ``ValidationContext``): what the plan needs, read back by `seen` from
+    the operation a resolver's ``info.operation`` names. The validation
+    cache runs it once per document."""
 
-    class SchemaSeen(ValidationRule):
+    class DocumentSeen(ValidationRule):
         def __init__(self, context: ValidationContext) -> None:
             super().__init__(context)
-            if schema not in _SEEN:
-                _SEEN[schema] = context.schema
+            definitions = context.document.definitions
+            fragments = {d.name.value: d for d in definitions
+                         if isinstance(d, FragmentDefinitionNode)}
+            for definition in definitions:
+                if isinstance(definition, OperationDefinitionNode):
+                    key = (id(served), id(definition))
+                    _SEEN[key] = Seen(definition, fragments, context.schema)
+                    _SEEN.move_to_end(key)
+            while len(_SEEN) > 2 * DOCUMENT_CACHE_SIZE:
+                _SEEN.popitem(last=False)
 
-    return SchemaSeen
+    return DocumentSeen
 
 
-def seen_schema(schema: BaseSchema, graphql: GraphQLSchema) -> None:
-    """Record ``graphql`` as ``schema``'s graphql-core schema, as a resolver
-    under ``schema`` saw it (where no `schema_seen_rule` runs)."""
-    _SEEN.setdefault(schema, graphql)
-
-
-def graphql_schema(schema: BaseSchema) -> GraphQLSchema | None:
-    """The graphql-core schema behind ``schema`` once a document was
-    validated against it (`schema_seen_rule`), else None."""
-    return _SEEN.get(schema)
+def seen(served: BaseSchema, operation: OperationDefinitionNode) -> Seen | None:
+    """``operation`` as a validation for ``served`` recorded it, or None
+    (not validated here, or forgotten since: the ordinary path serves it)."""
+    found = _SEEN.get((id(served), id(operation)))
+    return found if found is not None and found.operation is operation else None
 
 
 def report_errors(schema: BaseSchema, errors: list[GraphQLError],

@@ -3,42 +3,32 @@
 The first ``subscribe`` of a document runs the ordinary way (Strawberry's
 operation: parse and validation, cached, the limiters, the context, the kit's
 live resolver). When that run comes out valid as exactly one root field that
-is a kit live field (`SubscriptionUnion.field`, no ``info`` parameter) whose
-delivery plan (`delivery.plan_for`) covers its union, the live resolver
-reports it (`subscriptions.report_live_field`) and `LiveOps` keeps the fact
-per (document text, operationName) in a bounded LRU. A later ``subscribe``
-of that document is a `LiveOp`: its variables coerced by graphql-core
-(`get_variable_values`), the field's arguments computed and converted
-exactly as Strawberry's resolver wrapper does, the slice's `LiveRequest`
-called, the session attached (`engine.attach`) and its deltas turned into
-frames the way the direct path (`frames.planned_frames`) does: no
-Strawberry `Operation`, no graphql-core execution context, no result
-generator chain. A projector watching NATS lanes has their notices merged
-in as the ordinary path merges them (callback mode reads them in one task
-per such operation). Anything else (a first subscribe, variables that fail
-coercion, a request that raises) is left to the ordinary path, which gives
-exactly today's messages.
+is a kit live field (`SubscriptionUnion.field`, no ``info`` parameter, scalar
+arguments) whose delivery plan covers its union, the live resolver reports
+it and `LiveOps` keeps the fact per (document text, operationName) in a
+bounded LRU. A later ``subscribe`` of that document is a `LiveOp`: its
+variables coerced by graphql-core (`get_variable_values`), the field's
+arguments computed (`get_argument_values`), the slice's `LiveRequest` called,
+the session attached and its deltas turned into frames by the plan: no
+Strawberry operation, no graphql-core execution, no task per operation.
+Anything else (a first subscribe, variables that fail coercion, a request
+that raises) is left to the ordinary path, which gives the same messages.
 
-One frame logic, two ways to drive it:
-
-* `LiveOp.run` — a loop awaiting ``stream.next()`` and a ``send_text``
-  coroutine per frame, for the Strawberry graphql-transport-ws handler (one
-  task per operation, kept in the handler's own operations table);
-* callback mode, for a protocol-level socket: `LiveOp.start` attaches (one
-  short task), then the session stream calls back (`SessionStream.set_waker`)
-  when a delta or the end is queued; the owner calls `LiveOp.drain`, which
-  turns every queued delta into its frame text and hands them to
-  ``write(texts)`` in one call; `pause` / `resume` follow the transport's
-  flow control (a paused op takes nothing: its session collapses or Resets
-  as the render side does for any slow subscriber). The end of the session
-  drains a ``complete`` and calls ``on_done(operation_id)``. With the
-  owner's ``direct`` write, a delta put while the session is caught up
-  skips the queue, wake and drain: the owner writes `LiveOp.frame_bytes`
-  from inside the put (the fused write), or declines and it is queued.
+The socket drives a `LiveOp` by callbacks: `LiveOp.start` attaches (one
+short task), then the session stream calls back (`SessionStream.set_waker`)
+when a delta or the end is queued; the socket calls `LiveOp.drain`, which
+turns every queued delta into its frame text and hands them to
+``write(texts)`` in one call; `pause` / `resume` follow the transport's flow
+control (a paused op takes nothing: its session collapses or Resets as the
+render side does for any slow subscriber). With the socket's ``direct``
+write, a delta put while the session is caught up skips the queue: the
+socket writes `LiveOp.frame_bytes` from inside the put (the fused write), or
+declines and it is queued. A projector watching NATS lanes has their
+notices read in one task per such operation.
 
 Every frame is byte for byte what the ordinary path sends: the plan's
 shared serialisation with this session's revision and this operation's id
-spliced in (`frames.next_frame`); an event the plan refuses (`NotPlanned`)
+spliced in (`next_frame`); an event the plan refuses (`NotPlanned`)
 is executed by graphql-core and formatted as Strawberry formats it.
 """
 
@@ -50,6 +40,7 @@ import enum
 import functools
 import inspect
 import logging
+import sys
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -59,24 +50,29 @@ from graphql import (
     DocumentNode,
     FieldNode,
     FragmentDefinitionNode,
+    GraphQLEnumType,
     GraphQLError,
     GraphQLField,
+    GraphQLScalarType,
     GraphQLSchema,
     OperationDefinitionNode,
+    get_named_type,
 )
-from graphql.execution import execute_subscription_event
-from graphql.execution.values import get_argument_values, get_variable_values
+from graphql.execution import (
+    execute_subscription_event,
+    get_argument_values,
+    get_variable_values,
+)
 from strawberry.extensions import SchemaExtension
-from strawberry.schema.schema_converter import get_arguments
+from strawberry.relay import GlobalID
 
 from ..graphql import subscriptions
+from ..graphql.delivery_plan import Encoded, NotPlanned, dumps
 from ..graphql.subscriptions import Live, LiveRequest, SubscriptionUnion
 from ..logs import bind_session
 from ..render.deltas import Remove, Upsert, renumbered
-from ..render.stream import SessionEnded, SessionStream
-from . import frames
-from .delivery import SharedPlan, graphql_schema, plan_for, report_errors, seen_schema
-from .frames import next_frame, next_frame_head
+from ..render.stream import SessionStream
+from .delivery import SharedPlan, plan_for, report_errors, seen
 from .wire_protocol import text_frame
 
 if TYPE_CHECKING:
@@ -88,9 +84,11 @@ __all__ = [
     "KNOWN_DOCUMENTS",
     "LiveOp",
     "LiveOps",
-    "SendText",
     "Write",
+    "next_frame",
+    "next_frame_head",
     "per_operation_extensions",
+    "planned",
 ]
 
 KNOWN_DOCUMENTS = 1024
@@ -104,9 +102,6 @@ MAX_COERCION_ERRORS = 50
 
 Write = Callable[[list[str]], object]
 """Callback mode's writer: every frame text of one drain, in order, in one call."""
-
-SendText = Callable[[str], Awaitable[None]]
-"""`LiveOp.run`'s writer: one frame text (raises to stop the operation)."""
 
 _log = logging.getLogger(__name__)
 
@@ -134,6 +129,37 @@ def per_operation_extensions(
     return acting
 
 
+_TAIL = "}}"
+
+
+def next_frame_head(operation_id: str) -> str:
+    """The text of a ``next`` message up to its data, for ``operation_id``
+    (interned: operations under one id share the one string, and a frame
+    kept for one of them is found for the others by identity)."""
+    return sys.intern(f'{{"id":{dumps(operation_id)},"type":"next","payload":{{"data":')
+
+
+def next_frame(head: str, data: Encoded, revision: int | None = None) -> str:
+    """The whole ``next`` message: ``head`` (`next_frame_head`), ``data``'s
+    text (cut at its revision: ``revision`` spliced in when given)."""
+    chunks = data.chunks
+    if len(chunks) == 1:
+        return head + chunks[0] + _TAIL
+    if revision is None:
+        revision = data.revision
+    if len(chunks) == 2:
+        return f"{head}{chunks[0]}{revision}{chunks[1]}{_TAIL}"
+    return head + str(revision).join(chunks) + _TAIL
+
+
+def planned(union: SubscriptionUnion[Any], shared: SharedPlan, item: Any) -> Encoded | None:
+    """``item``'s member serialised by the plan, or None (it refuses it)."""
+    try:
+        return shared.encode(union.message(item))
+    except NotPlanned:
+        return None
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class _Known:
     """A known-planned document: what its ordinary run established."""
@@ -141,14 +167,51 @@ class _Known:
     operation: OperationDefinitionNode
     fragments: Mapping[str, FragmentDefinitionNode]
     operation_name: str | None
+    schema: GraphQLSchema
     field_def: GraphQLField
     field_node: FieldNode
-    field: StrawberryField
+    arguments: Mapping[str, str]
+    """The field's GraphQL argument names to the request's parameter names."""
+    takes_self: bool
     union: SubscriptionUnion[Any]
     request: LiveRequest
 
     def document(self) -> DocumentNode:
         return DocumentNode(definitions=(self.operation, *self.fragments.values()))
+
+
+def _parameters(
+    field: StrawberryField, field_def: GraphQLField, request: LiveRequest, config: Any
+) -> tuple[dict[str, str], bool] | None:
+    """The field's GraphQL argument names to ``request``'s parameter names,
+    and whether it takes ``self``; None unless every argument is a scalar or
+    an enum (or a list of them), which graphql-core's coercion hands over as
+    the value Strawberry passes (Strawberry converts only input objects,
+    ``Maybe``, ``GlobalID`` and what field extensions map): a field with any
+    other argument stays on the ordinary path."""
+    if field.extensions:
+        return None
+    names: dict[str, str] = {}
+    for argument in field.arguments:
+        name = config.name_converter.from_argument(argument)
+        graphql_argument = field_def.args.get(name)
+        if graphql_argument is None or argument.is_maybe or _innermost(argument.type) is GlobalID:
+            return None
+        named = get_named_type(graphql_argument.type)
+        if not isinstance(named, GraphQLScalarType | GraphQLEnumType):
+            return None
+        names[name] = argument.python_name
+    parameters = list(inspect.signature(request).parameters)
+    takes_self = bool(parameters) and parameters[0] == "self"
+    if set(parameters[1 if takes_self else 0:]) != set(names.values()):
+        return None  # a parameter Strawberry fills itself (root, parent, info)
+    return names, takes_self
+
+
+def _innermost(declared: Any) -> Any:
+    while hasattr(declared, "of_type"):  # StrawberryOptional, StrawberryList
+        declared = declared.of_type
+    return declared
 
 
 class LiveOps:
@@ -157,7 +220,7 @@ class LiveOps:
     ``schema`` is the schema the app serves (the limited copy);
     ``encode`` is the app's JSON encoder for messages the plan does not
     write (Strawberry's ``encode_json``: an executed event, ``complete``).
-    ``enabled`` False (direct frames off, or an extension that acts per
+    ``enabled`` False (a schema directive, or an extension that acts per
     operation, `per_operation_extensions`) makes `open` always answer None.
     """
 
@@ -174,15 +237,6 @@ class LiveOps:
         self.enabled = enabled
         self._size = size
         self._known: OrderedDict[tuple[str, str | None], _Known] = OrderedDict()
-
-    @property
-    def _gschema(self) -> GraphQLSchema:
-        """The graphql-core schema (known once a document was validated,
-        which a known document was)."""
-        found = graphql_schema(self.schema)
-        if found is None:
-            raise RuntimeError("no document was validated against this schema yet")
-        return found
 
     @property
     def known(self) -> int:
@@ -203,7 +257,7 @@ class LiveOps:
         key = _key(payload)
         if not self.enabled or key is None or key in self._known:
             return contextlib.nullcontext()
-        return frames.reporting(
+        return subscriptions.reporting(
             lambda union, request, info: self._learn(key, union, request, info)
         )
 
@@ -211,25 +265,32 @@ class LiveOps:
         self, key: tuple[str, str | None], union: SubscriptionUnion[Any], request: LiveRequest,
         info: Any,
     ) -> None:
-        raw = info._raw_info
-        operation: OperationDefinitionNode = raw.operation
-        nodes = raw.field_nodes
-        if graphql_schema(self.schema) is None:
-            # A schema without the limits' rule (`delivery.schema_seen_rule`):
-            # its operations are the only ones learning here.
-            seen_schema(self.schema, raw.schema)
-        if raw.schema is not graphql_schema(self.schema) or len(nodes) != 1:
+        # Strawberry's public Info (its operation and field name), the
+        # operation as its validation saw it (`delivery.seen`), the field
+        # from the schema (`get_field_for_type`).
+        found = seen(self.schema, info.operation)
+        if found is None:
             return
-        node: FieldNode = nodes[0]
-        selections = operation.selection_set.selections
-        if len(selections) != 1 or selections[0] is not node or node.directives:
+        selections = found.operation.selection_set.selections
+        node = selections[0] if len(selections) == 1 else None
+        if (not isinstance(node, FieldNode) or node.directives
+                or node.name.value != info.field_name):
             return  # a root spread, a @skip / @include at the root: leave it ordinary
-        field_def = raw.parent_type.fields.get(node.name.value)
-        field = getattr(info, "_field", None)
-        if field_def is None or field is None or field.base_resolver is None:
+        root = found.schema.subscription_type
+        if root is None:
+            return
+        field_def = root.fields.get(node.name.value)
+        field = self.schema.get_field_for_type(node.name.value, root.name)
+        if field_def is None or field is None:
+            return
+        parameters = _parameters(field, field_def, request, self.schema.config)
+        if parameters is None or plan_for(
+            found.schema, found.operation, found.fragments, info.variable_values
+        ) is None:
             return
         self._known[key] = _Known(
-            operation, dict(raw.fragments), key[1], field_def, node, field, union, request
+            found.operation, found.fragments, key[1], found.schema, field_def, node,
+            parameters[0], parameters[1], union, request,
         )
         if len(self._known) > self._size:
             self._known.popitem(last=False)
@@ -241,23 +302,23 @@ class LiveOps:
         message's payload, ``context`` the socket's `GraphQLContext`, its
         principal resolved), or None: run it the ordinary way.
 
-        Synchronous and cheap: nothing is attached yet (`LiveOp.run` or
-        `LiveOp.start` does). The caller has already checked the protocol
+        Synchronous and cheap: nothing is attached yet (`LiveOp.start`
+        does). The caller has already checked the protocol
         (acknowledged, the id free, the socket's subscription bound)."""
         if not self.enabled:
             return None
         key = _key(payload)
         known = self._known.get(key) if key is not None else None
-        if known is None:
+        if key is None or known is None:
             return None
-        self._known.move_to_end(key)  # type: ignore[arg-type]
+        self._known.move_to_end(key)
         variables = payload.get("variables")
         if variables is None:
             variables = {}
         elif not isinstance(variables, dict):
             return None
         coerced = get_variable_values(
-            self._gschema, known.operation.variable_definitions or (), variables,
+            known.schema, known.operation.variable_definitions or (), variables,
             max_errors=MAX_COERCION_ERRORS,
         )
         if isinstance(coerced, list):
@@ -268,23 +329,21 @@ class LiveOps:
             lanes = context.engine.lanes_of(live.projector)
         except Exception:
             return None  # the ordinary path raises it where it reports it
-        shared = plan_for(self._gschema, known.operation, known.fragments, coerced)
+        shared = plan_for(known.schema, known.operation, known.fragments, coerced)
         if shared is None:
             return None
         return LiveOp(self, known, operation_id, context, principal, live, shared,
                       payload.get("variables"), lanes)
 
     def _request(self, known: _Known, coerced: Any) -> Live:
-        """The field's `Live`: its arguments as Strawberry's resolver
-        wrapper hands them (`get_arguments`), the request called with them."""
-        raw_args = get_argument_values(known.field_def, known.field_node, coerced)
-        args, kwargs = get_arguments(
-            field=known.field, source=None, info=None,  # type: ignore[arg-type]
-            kwargs=raw_args, config=self.schema.config,
-            scalar_registry=self.schema.schema_converter.scalar_registry,
-        )
-        kwargs.pop("info", None)  # the kit's resolver takes it; the request does not
-        live = known.request(*args, **kwargs)
+        """The field's `Live`: the request called with the field's
+        arguments as graphql-core coerced them (`_parameters`)."""
+        values = get_argument_values(known.field_def, known.field_node, coerced)
+        names = known.arguments
+        # (A list copied, as Strawberry does: graphql-core shares a default's.)
+        kwargs = {names[name]: list(value) if isinstance(value, list) else value
+                  for name, value in values.items()}
+        live = known.request(None, **kwargs) if known.takes_self else known.request(**kwargs)
         if not isinstance(live, Live):
             raise TypeError(f"{type(live).__name__} is not Live")
         return live
@@ -360,7 +419,7 @@ class LiveOp:
         self._lanes = lanes
         """The NATS lanes the session watches: their notices are merged in."""
         self._notices: Any = None
-        """The lane notice stream (run mode) or the task reading it (callback mode)."""
+        """The task reading the lane notices (`_read_notices`)."""
 
     @property
     def state(self) -> str:
@@ -403,7 +462,7 @@ class LiveOp:
     # -- frames -------------------------------------------------------------------
 
     def _frame(self, delta: Any, revision: int | None = None) -> str:
-        """The frame of one delta, as the direct path writes it (`_frames`);
+        """The frame of one delta, as the ordinary path would send it;
         ``revision`` (when given) is the reader's, whatever ``delta`` carries
         (`SessionStream.get_raw_nowait`)."""
         text = self._planned_frame(delta, revision)
@@ -426,7 +485,7 @@ class LiveOp:
                                   delta.revision if revision is None else revision)
         if revision is not None and delta.revision != revision:
             delta = renumbered(delta, revision)
-        data = frames.planned(union, shared, delta)
+        data = planned(union, shared, delta)
         return None if data is None else next_frame(self._head, data)
 
     def frame_bytes(self, delta: Any, revision: int) -> bytes | None:
@@ -481,7 +540,7 @@ class LiveOp:
             schema = self._ops.schema
             known = self._known
             built = schema.execution_context_class.build(
-                self._ops._gschema, known.document(), None, self._context,
+                known.schema, known.document(), None, self._context,
                 self._variables if isinstance(self._variables, dict) else None,
                 known.operation_name, operation_extensions=None,
             )
@@ -496,62 +555,6 @@ class LiveOp:
             report_errors(self._ops.schema, list(result.errors))
             payload["errors"] = [e.formatted for e in result.errors]
         return self._ops.encode({"id": self.id, "type": "next", "payload": payload})
-
-    # -- (a) a task awaiting the stream ----------------------------------------------
-
-    async def run(self, send_text: SendText, on_done: Callable[[str], None] | None = None
-                  ) -> None:
-        """Attach and serve until the session ends (then ``on_done(id)``,
-        as the ordinary path forgets the id, and ``complete``) or the task
-        is cancelled (the client completed, the socket closed): the session
-        is detached on the way out either way. An error of ``send_text`` (a
-        closed socket) ends the operation quietly."""
-        texts: list[str]
-        try:
-            try:
-                stream = await self._attach()
-            except _Closed:
-                return
-            except Exception as error:
-                texts = self._failed(error)
-            else:
-                if self._lanes:
-                    # As the ordinary path merges them (`frames.planned_frames`).
-                    notices = self._notices = self._context.engine.lane_notices(self._lanes)
-                    async with contextlib.aclosing(
-                        subscriptions.merge_streams(stream, notices)
-                    ) as items:
-                        async for item in items:
-                            text = self._frame_or_end(item)
-                            if text is None:
-                                break
-                            try:
-                                await send_text(text)
-                            except Exception:
-                                return
-                else:
-                    take = stream.next
-                    while True:
-                        try:
-                            delta = await take()
-                        except SessionEnded:
-                            break
-                        text = self._frame_or_end(delta)
-                        if text is None:
-                            break
-                        try:
-                            await send_text(text)
-                        except Exception:
-                            return  # the socket is gone: its owner cleans up
-                texts = self._ending or [self._complete()]
-            if on_done is not None:
-                on_done(self.id)
-            self._state = _State.DONE
-            for text in texts:
-                with contextlib.suppress(Exception):
-                    await send_text(text)
-        finally:
-            self._release()
 
     # -- (b) callback mode --------------------------------------------------------
 
@@ -722,7 +725,7 @@ class LiveOp:
         self._wake = self._waker = self._on_done = self._direct = None
         notices, self._notices = self._notices, None
         if isinstance(notices, asyncio.Task):
-            notices.cancel()  # its finally closes the stream (run mode: merge_streams does)
+            notices.cancel()  # its finally closes the stream
         stream = self._stream
         if stream is not None:
             self._stream = None

@@ -42,7 +42,7 @@ from service_engine.graphql import PASSPORT_HEADER, ComposedService, Passport
 from service_engine.integration import Nats
 from service_engine.server import bind_listener, run_with_listener
 
-from .blackbox.harness import EXAMPLE_MIGRATIONS, PROTOCOL, GqlSocket, GraphQLFailed
+from ..blackbox.harness import EXAMPLE_MIGRATIONS, PROTOCOL, GqlSocket, GraphQLFailed
 from .harness import fast_engine_config, wait_until
 
 EXAMPLE_TEMPLATE = "example_inprocess_template"

@@ -1,6 +1,6 @@
 """A pod in its own process, for the crash scenarios of the inbound battery.
 
-    python -m conformance.inbound_pod DB_URL NATS_URL POD KILL_AT ACK_WAIT_S
+    python -m conformance.support.inbound_pod DB_URL NATS_URL POD KILL_AT ACK_WAIT_S
 
 Runs an engine with the orders sample's ``place_order`` reaction and prints
 ``ready`` once it is UP. At ``KILL_AT`` (``before_commit`` or ``committed``,

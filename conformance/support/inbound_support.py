@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sized
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,6 +17,7 @@ import nats
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
+from pydantic import BaseModel
 
 from service_engine import Database, Engine, EngineConfig, ReadinessHandle
 from service_engine.embedded import INTEGRATION_STREAMS, EmbeddedNats
@@ -34,11 +35,13 @@ from service_engine.messaging.envelope import (
     publish_headers,
 )
 from service_engine.messaging.nats import open_nats
-from service_engine.messaging.reactions import ReactionBudget
-from service_engine.pipeline.inbound import InboundReaction
+from service_engine.messaging.reactions import Disposition, ReactionBudget
+from service_engine.pipeline import Reaction
+from service_engine.pipeline.inbound import EVENT_STREAM, InboundReaction
 from service_engine.pipeline.reaction import ReactionPrincipal
 
 from .harness import fast_engine_config, wait_until
+from .nats_support import stream_messages
 from .sample_orders import SERVICE
 
 STREAM_MAX_AGE = timedelta(days=1)
@@ -285,3 +288,43 @@ __all__ = [
     "producer",
     "settled",
 ]
+
+
+CMD = "INTEGRATION_CMD"
+DURABLE = f"{SERVICE}-place_order"
+"""The sample's ``place_order`` durable on `CMD`."""
+PLACED = "integration.evt.orders.order.placed"
+
+
+async def place_settled(server: EmbeddedNats, durable: str = DURABLE) -> bool:
+    """Every ``place_order`` frame on `CMD` acknowledged (none pending or in hand)."""
+    return await settled(server.url, CMD, durable)
+
+
+async def confirmations_on_the_bus(server: EmbeddedNats) -> list[Any]:
+    """The ``order.placed`` confirmations stored in the event stream."""
+    return [m for m in await stream_messages(server.url, EVENT_STREAM) if m.subject == PLACED]
+
+
+def recording(calls: list[int], answer: Disposition | None = None) -> Any:
+    """A ``before`` hook recording each delivery's count and answering ``answer``."""
+
+    async def before(cx: Reaction[Any], _: BaseModel) -> Disposition | None:
+        calls.append(cx.delivered)
+        return answer
+
+    return before
+
+
+async def count_is(rows: Awaitable[Sized], n: int) -> bool:
+    """Whether the awaited ``rows`` number ``n`` (a `wait_until` condition)."""
+    return len(await rows) == n
+
+
+async def consumer_names(url: str, stream: str) -> list[str]:
+    """The names of ``stream``'s consumers, sorted."""
+    client = await nats.connect(url)
+    try:
+        return sorted(c.name for c in await client.jetstream().consumers_info(stream))
+    finally:
+        await client.close()

@@ -1,0 +1,182 @@
+"""The notes service of the tutorial (docs/tutorial/index.md): a table, a
+mutation gated to a note's author, and a live view of the caller's org."""
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeAlias
+from uuid import uuid4
+
+import strawberry
+from starlette.applications import Starlette
+
+from service_engine import (
+    Aggregate,
+    CohortKey,
+    CrudStore,
+    Engine,
+    Gate,
+    Mutation,
+    MutationError,
+    Populate,
+    Projector,
+    Query,
+    Visibility,
+    WindowSpec,
+    gated,
+    service_migrations,
+)
+from service_engine.graphql import (
+    GraphQLContext,
+    Live,
+    MutationResult,
+    SliceFragment,
+    compose_service,
+    subscription_union,
+)
+from service_engine.server import Passport, PassportRefused, graphql_app
+
+MIGRATIONS = service_migrations(Path(__file__).parent / "migrations")
+
+
+@dataclass(frozen=True)
+class Principal:
+    id: str
+    org: str
+
+
+def principal_of(passport: Passport) -> Principal:
+    if passport.org is None:
+        raise PassportRefused("a note belongs to an org: the passport names none")
+    return Principal(passport.sub, passport.org)
+
+
+@dataclass
+class Note(Aggregate):
+    id: str
+    org: str
+    author: str
+    body: str
+    Store: ClassVar["NoteStore"]
+
+    @gated("edit")
+    def can_edit(self, principal: Principal) -> Gate:
+        if principal.id != self.author:
+            return Gate.deny("note.not_author", "only its author edits a note")
+        return Gate.allow()
+
+
+class NoteStore(CrudStore[Note, str]):
+    TABLE = "note"
+    COLUMNS = ("id", "org", "author", "body")
+
+    def to_row(self, note: Note) -> Mapping[str, object]:
+        return asdict(note)
+
+    def from_row(self, row: Mapping[str, Any]) -> Note:
+        return Note(**row)
+
+
+Note.Store = NoteStore()
+
+
+class SameOrg(Visibility[Note, Principal]):
+    def cohorts(self, note: Note) -> Iterable[Hashable]:
+        return (note.org,)
+
+    def memberships(self, principal: Principal) -> Iterable[Hashable]:
+        return (principal.org,)
+
+
+@strawberry.type
+class NoteView:
+    id: strawberry.ID
+    author: str
+    body: str
+    can_edit: bool
+
+
+class NotesView(Projector[Note, NoteView, Principal, None]):
+    NAME = "notes"
+    NOUN = "note"
+    STORE = Note.Store
+    VISIBILITY = SameOrg()
+
+    def cohort(self, principal: Principal) -> CohortKey:
+        return CohortKey.of_parts(principal.org)
+
+    async def populate(self, cx: Populate[Principal], query: None) -> Sequence[str]:
+        rows = await cx.conn.fetch(
+            "SELECT id FROM note WHERE org = ANY($1) AND ($2::text IS NULL OR id > $2)"
+            " ORDER BY id LIMIT 500", list(cx.cohorts or ()), cx.cursor)
+        return [row["id"] for row in rows]
+
+    def project(self, note: Note, principal: Principal) -> NoteView:
+        return NoteView(id=strawberry.ID(note.id), author=note.author, body=note.body,
+                        can_edit=note.can_edit(principal).allowed)
+
+
+async def create_note(cx: Mutation[Principal], body: str) -> str:
+    note = Note(uuid4().hex, cx.principal.org, cx.principal.id, body)
+    await cx.create(note)
+    cx.impact("note", note.id)
+    return note.id
+
+
+async def edit_note(cx: Mutation[Principal], note_id: str, body: str) -> str:
+    note = await cx.load(Note, note_id)
+    cx.require(note.can_edit)
+    note.body = body
+    await cx.save(note)
+    cx.impact("note", note.id)
+    return note.id
+
+
+Info: TypeAlias = strawberry.Info[GraphQLContext[Principal], None]
+NOTES = subscription_union("Notes", NoteView)
+
+
+@strawberry.type
+class NoteResult(MutationResult):
+    id: strawberry.ID | None = None
+
+
+def answer(outcome: str | MutationError) -> NoteResult:
+    if isinstance(outcome, MutationError):
+        return NoteResult.refused(outcome)
+    return NoteResult(success=True, id=strawberry.ID(outcome))
+
+
+@strawberry.type
+class NotesMutation:
+    @strawberry.mutation
+    async def create_note(self, info: Info, body: str) -> NoteResult:
+        executor = info.context.engine.mutation_executor()
+        return answer(await executor.execute(info.context.principal, create_note, body))
+
+    @strawberry.mutation
+    async def edit_note(self, info: Info, id: strawberry.ID, body: str) -> NoteResult:
+        executor = info.context.engine.mutation_executor()
+        return answer(await executor.execute(info.context.principal, edit_note, id, body))
+
+
+@strawberry.type
+class NotesSubscription:
+    @NOTES.field(description="The notes of the caller's org, live.")
+    def notes(self) -> Live:
+        return Live("notes", WindowSpec(Query(None)))
+
+
+SLICE = SliceFragment(
+    "notes", mutation=NotesMutation, subscription=NotesSubscription,
+    types=(NoteView, NoteResult, *NOTES.types),
+    register=lambda engine: engine.register_projector(NotesView()),
+)
+SERVICE = compose_service([SLICE])
+
+
+def app(engine: Engine, *, passport_from_connection_params: bool = False) -> Starlette:
+    """The notes slice registered with ``engine``, and its GraphQL app."""
+    SERVICE.register(engine)
+    return graphql_app(engine, SERVICE.schema(), principal_of,
+                       passport_from_connection_params=passport_from_connection_params)
