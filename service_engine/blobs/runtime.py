@@ -58,22 +58,21 @@ class BlobRuntime:
         self.store: BlobStore | None = None
         self.reaper: BlobReaper | None = None
 
-    def register(self, name: str, policy: BlobPolicy) -> BlobKind:
+    def register(self, kind: str, policy: BlobPolicy) -> BlobKind:
         """Declare the blob kind ``kind`` (``cx.blob(handle)`` mints its
         uploads). A service with kinds needs an S3 store (`use_blob_store`,
         or ``SERVICE_ENGINE_S3_*``): `run` binds its bucket, fail-loud."""
-        if name in self.kinds:
-            raise DuplicateRegistration("blob kind", name)
-        kind = BlobKind(name, policy)
-        self.kinds[name] = kind
+        if kind in self.kinds:
+            raise DuplicateRegistration("blob kind", kind)
+        declared = self.kinds[kind] = BlobKind(kind, policy)
         if self.store is not None:
-            kind._bind(self.store)
-        return kind
+            declared._bind(self.store)
+        return declared
 
-    def kind(self, name: str) -> BlobKind | None:
-        """The blob kind ``name`` as `Engine.register_blobs` declared it (pass
+    def kind(self, kind: str) -> BlobKind | None:
+        """The blob kind ``kind`` as `Engine.register_blobs` declared it (pass
         it to ``cx.blob``), or None when this engine did not register it."""
-        return self.kinds.get(name)
+        return self.kinds.get(kind)
 
     @property
     def configured(self) -> bool:
