@@ -386,7 +386,7 @@ async def engine_run(db: Database, url: str, n: int, cohorts: str, args: argpars
     listener = PgListenNotify(db, config, ReadinessHandle())
     runtime = RenderRuntime(db, config, listener.channel, debug=False)
     view = CardsView() if cohorts != "pp" else PerPrincipal()
-    runtime.register_projector(view)
+    runtime.registry.register_projector(view)
     loads: list[int] = []
     rendered = drained = 0
     get_nowait = listener.channel.get_nowait
@@ -411,7 +411,7 @@ async def engine_run(db: Database, url: str, n: int, cohorts: str, args: argpars
     await listener.started.wait()
     subs = principals(n, cohorts)
     window = WindowSpec(Query(RankQuery(KEYS)))
-    taps = [_Tap(await runtime.attach(p, view.NAME, window), lambda: drained) for p in subs]
+    taps = [_Tap(await runtime.registry.attach(p, view.NAME, window), lambda: drained) for p in subs]
     render_task = asyncio.create_task(runtime.run())
 
     async def drain() -> None:

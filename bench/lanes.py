@@ -154,8 +154,8 @@ async def _engine_puts(db: Database, conn: Nats, sessions: int, puts: int,
             if task.done():
                 task.result()
             await asyncio.sleep(0.02)
-        assert engine.presence_lanes is not None
-        await engine.presence_lanes.seeded.wait()
+        assert engine.lanes.presence_lanes is not None
+        await engine.lanes.presence_lanes.seeded.wait()
         streams = [
             await engine.attach(Who(f"p{i}"), "typing", WindowSpec(Query(None)))
             for i in range(sessions)
@@ -282,7 +282,7 @@ async def _bench_push_chunk(engine: Engine, plan: list[tuple[str, int, bytes]],
                             in_flight: int) -> float:
     from service_engine.lanes import Accumulator
 
-    accumulator: Accumulator[Any] = engine.lanes.resolve(None)
+    accumulator: Accumulator[Any] = engine.lanes.accumulators.resolve(None)
     gate = asyncio.Semaphore(in_flight)
 
     async def one(key: str, seq: int, chunk: bytes) -> None:
@@ -423,7 +423,7 @@ async def chunk_section(db: Database, server: EmbeddedNats, args: argparse.Names
             plan = _chunk_plan(args, "ingress-")
             seconds = await _bench_ingress(db, server, plan, "ingress-")
             print(_rate("engine NATS ingress, live publish", len(plan), seconds))
-            flusher = engine.lanes.flusher
+            flusher = engine.lanes.accumulators.flusher
             print(f"  {'':<34} (flush passes {flusher.passes}, "
                   f"{(3 * len(plan)) / max(1, flusher.passes):.0f} chunks per transaction)")
         finally:

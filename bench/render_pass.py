@@ -174,7 +174,7 @@ async def _measure(view: str, sessions: int, orgs: int, passes: int,
         metrics=Metrics("bench", "render-pass"),
     )
     proj = Boards() if view == "boards" else Plain()
-    runtime.register_projector(proj)
+    runtime.registry.register_projector(proj)
     STORE.rows.clear()
     for o in range(orgs):
         for b in range(BOARDS_PER_ORG):
@@ -188,7 +188,7 @@ async def _measure(view: str, sessions: int, orgs: int, passes: int,
                             roles=frozenset({"board:archive"})) for i in range(sessions)]
     for at in range(0, sessions, 100):  # in bursts, as sockets open
         streams.extend(await asyncio.gather(*(
-            runtime.attach(p, proj.NAME, WindowSpec(Query(BoardsQuery(100))))
+            runtime.registry.attach(p, proj.NAME, WindowSpec(Query(BoardsQuery(100))))
             for p in principals[at:at + 100])))
     await asyncio.sleep(0)
     for stream in streams:
@@ -220,7 +220,7 @@ async def _measure(view: str, sessions: int, orgs: int, passes: int,
             while stream.get_nowait() is not None:
                 pass
     gc.unfreeze()
-    runtime.end_all("done")
+    runtime.registry.end_all("done")
     return {
         "us_per_delta": cpu / max(deltas, 1) * 1e6,
         "us_per_pass": cpu / passes * 1e6,

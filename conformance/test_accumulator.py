@@ -128,7 +128,7 @@ async def test_fold_cache_is_bounded_and_verified_against_the_table(
         for key in ("a", "b", "c"):
             await pod.engine.push_chunk(acc, key, 0, key.encode())
             await pod.engine.fold(acc, key)
-        cache = pod.engine.lanes.cache
+        cache = pod.engine.lanes.accumulators.cache
         assert len(cache) == 2
         assert cache.get("text", "a") is None  # the least recently used went
         await pod.engine.push_chunk(acc, "c", 1, b"!")
@@ -242,12 +242,12 @@ async def test_s140_a_separate_producer_reaches_two_pods_and_a_chunk_after_the_s
         )
         marker = await seal_row(db, "reply-1")
         assert (marker["high_water"], marker["stream_purged"]) == (3, True)
-        dropped = (a.engine.lane_ingress.ingress.dropped, b.engine.lane_ingress.ingress.dropped)  # type: ignore[union-attr]
+        dropped = (a.engine.lanes.ingress.ingress.dropped, b.engine.lanes.ingress.ingress.dropped)  # type: ignore[union-attr]
         await source.send("reply-1", 3, "!")
         await wait_until(
             lambda: (
-                a.engine.lane_ingress.ingress.dropped > dropped[0]  # type: ignore[union-attr]
-                and b.engine.lane_ingress.ingress.dropped > dropped[1]  # type: ignore[union-attr]
+                a.engine.lanes.ingress.ingress.dropped > dropped[0]  # type: ignore[union-attr]
+                and b.engine.lanes.ingress.ingress.dropped > dropped[1]  # type: ignore[union-attr]
             ),
             what="both pods dropped the late frame",
         )
@@ -259,7 +259,7 @@ async def test_s140_a_separate_producer_reaches_two_pods_and_a_chunk_after_the_s
 async def _ingested(a: object, b: object, frames: int) -> bool:
     total = 0
     for pod in (a, b):
-        ingress = pod.engine.lane_ingress  # type: ignore[attr-defined]
+        ingress = pod.engine.lanes.ingress  # type: ignore[attr-defined]
         total += ingress.ingress.frames
     return total >= frames
 
@@ -281,7 +281,7 @@ async def test_the_ingress_survives_a_frame_that_is_no_lane_frame(
         await wait_until(
             lambda: _has_rows(db, "ok"), what="the good frame folded"
         )
-        assert pod.engine.lane_ingress is not None
+        assert pod.engine.lanes.ingress is not None
         await assert_never(lambda: not pod.readiness.is_up, within=0.2, what="readiness DOWN")
 
 
@@ -309,7 +309,7 @@ async def test_the_ingress_is_supervised_and_readiness_follows_it(
         assert pod.engine.metrics.sample(
             "service_engine_dependency_up", dependency=DEPENDENCY
         ) == 0
-        supervisor = pod.engine.lane_ingress
+        supervisor = pod.engine.lanes.ingress
         assert supervisor is not None and supervisor.restarts >= 3
         await provision(nats_server)
         await wait_until(lambda: pod.readiness.is_up, timeout=15, what="readiness UP again")
@@ -376,7 +376,7 @@ async def test_a_flush_pass_that_times_out_on_a_lock_is_retried_not_failed(
     await provision(nats_server)
     acc = text_accumulator()
     async with lane_pod(db, nats_server, [acc]) as pod:
-        flusher = pod.engine.lanes.flusher
+        flusher = pod.engine.lanes.accumulators.flusher
         async with db.pool.acquire() as blocker:
             tx = blocker.transaction()
             await tx.start()

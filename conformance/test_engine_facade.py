@@ -96,8 +96,8 @@ async def test_the_running_relay_sweeps_at_the_configured_period(
         )
         await _stage_published(db)
         async with engine_running(quick, db, nats=conn) as engine:
-            assert engine.outbox is not None
-            assert engine.outbox.bounds.sweep_every == timedelta(milliseconds=300)
+            assert engine.integration.outbox is not None
+            assert engine.integration.outbox.bounds.sweep_every == timedelta(milliseconds=300)
             await wait_until(lambda: _none_published(db), timeout=BOUND, what="the first sweep")
             await _stage_published(db)
             await wait_until(lambda: _none_published(db), timeout=BOUND, what="a later sweep")
@@ -106,8 +106,8 @@ async def test_the_running_relay_sweeps_at_the_configured_period(
         async with engine_running(
             fast_engine_config("sample", lock_timeout=timedelta(seconds=1)), db, nats=conn
         ) as engine:
-            assert engine.outbox is not None
-            assert engine.outbox.bounds.sweep_every == timedelta(seconds=60)
+            assert engine.integration.outbox is not None
+            assert engine.integration.outbox.bounds.sweep_every == timedelta(seconds=60)
             await wait_until(lambda: _none_published(db), timeout=BOUND, what="the first sweep")
             await _stage_published(db)
             await assert_never(lambda: _none_published(db), within=1.5, what="a second sweep")

@@ -178,7 +178,7 @@ async def frames(db: Database, metrics: Metrics, **config: Any) -> AsyncIterator
     cfg = EngineConfig(**config)
     listener = PgListenNotify(db, cfg, ReadinessHandle(), metrics=metrics)
     runtime = RenderRuntime(db, cfg, listener.channel, metrics=metrics)
-    runtime.register_projector(CardsView())
+    runtime.registry.register_projector(CardsView())
     async with listener_running(listener):
         yield listener, runtime
 
@@ -192,7 +192,7 @@ async def test_resets_are_counted_by_cause_overflow_and_threshold(db: Database) 
         async with frames(db, metrics, listener_channel_capacity=2, reset_threshold=2) as (
             listener, runtime
         ):
-            stream = await runtime.attach(ALICE, "cards", window())
+            stream = await runtime.registry.attach(ALICE, "cards", window())
             await asyncio.wait_for(stream.next(), 5)
             # Threshold: one commit dirtying more keys than the threshold.
             async with db.pool.acquire() as conn, conn.transaction():

@@ -545,7 +545,7 @@ async def test_the_digest_cron_publishes_once_per_slot(card: Running, store: Pro
     await card.executor.execute(GLOBEX, create_card, "two", "d-2")
     # The beat fired the current slot at start; firing it again does nothing.
     await wait_until(lambda: _has_digest(store), timeout=BOUND, what="the slot's digest")
-    outcomes = await card.engine.crons.fire_due()
+    outcomes = await card.engine.integration.crons.fire_due()
     assert [o.outcome for o in outcomes if o.cron == "card_digest"] == ["done"]
     (first,) = await digests(store)
     assert first["metadata"]["actor"] == {"kind": "service", "id": str(Actor.service("example").id)}

@@ -38,10 +38,10 @@ def session_containers(engine: Engine) -> dict[str, int]:
     render: Any = engine.render
     sizes = {
         "sessions": footprint(render._sessions),
-        "attaching": footprint(render._attaching),
-        "interest": footprint(vars(render._interest)),
+        "attaching": footprint(render.attach_batches.queued),
+        "interest": footprint(vars(render.interest)),
     }
-    for name, index in render._indexes.items():
+    for name, index in render.indexes.items():
         sizes[f"index:{name}"] = footprint({s: getattr(index, s) for s in CohortIndex.__slots__})
     return sizes
 
@@ -73,18 +73,18 @@ async def test_closing_every_session_returns_the_render_side_to_its_boot_size(
             assert isinstance(reset, Reset)
         held = session_containers(engine)
         assert all(held[name] > idle[name] for name in ("sessions", "interest", "index:cards"))
-        await wait_until(lambda: engine._release.peak >= MANY, what="the beat saw the peak")
+        await wait_until(lambda: engine.upkeep.release.peak >= MANY, what="the beat saw the peak")
         burst_pool = pool_pids(db)
         assert burst_pool
 
         for stream in streams:
             await stream.aclose()
         assert len(engine.render.sessions) == 0
-        assert len(engine.render._interest) == 0
+        assert len(engine.render.interest) == 0
         after = session_containers(engine)
         assert all(after[name] <= idle[name] for name in idle), (after, idle)
         # The beat observed the settled fall and released (its peak restarts from 0).
-        await wait_until(lambda: engine._release.peak == 0, what="the release after the close")
+        await wait_until(lambda: engine.upkeep.release.peak == 0, what="the release after the close")
         if release_free_memory():  # glibc: the release is counted
             assert engine.metrics.sample("service_engine_memory_releases_total") == 1
         # The release closed the pool's idle connections: none the burst used is left.
@@ -97,7 +97,7 @@ async def test_closing_every_session_returns_the_render_side_to_its_boot_size(
             await write_card(conn, Card("c1", "acme", 1, "uno"))
         (upsert,) = await take(survivor, 1)
         assert isinstance(upsert, Upsert) and upsert.view == ("acme", 1, "uno")
-        assert engine.render.last_report.sessions == 1
+        assert engine.render_loop.last_report.sessions == 1
 
 
 BURST = "SELECT pg_backend_pid() + $1::int * 0"

@@ -103,7 +103,7 @@ async def test_a_consumer_whose_stream_vanishes_restarts_with_backoff_and_lowers
     config = fast_config(inbound_failure_threshold=3)
     async with pod(db, streams, [reaction], config=config) as running, \
             producer(streams) as wh:
-        supervisor = running.engine.inbound["on_shipped"]
+        supervisor = running.engine.integration.inbound["on_shipped"]
         metrics = running.engine.metrics
         assert metrics.sample("service_engine_dependency_up", dependency="inbound") == 1
         client = await nats.connect(streams.url)
@@ -133,7 +133,7 @@ async def test_the_consumer_serves_again_after_a_nats_restart(
     """A broker restart loses the open pull request; the loop asks again
     and the same durable serves what was published after the restart."""
     async with pod(db, streams, [place_order("a")]) as running:
-        supervisor = running.engine.inbound["place_order"]
+        supervisor = running.engine.integration.inbound["place_order"]
         await asyncio.to_thread(streams.stop)
         await asyncio.to_thread(streams.start)
         async with producer(streams) as twin:

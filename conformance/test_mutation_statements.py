@@ -135,8 +135,8 @@ async def served(
             register(engine, service)
             if engines is not None:
                 engines.append(engine)
-            if drain_bounds is not None and engine.offer_drain is not None:
-                engine.offer_drain.bounds = replace(engine.offer_drain.bounds, **drain_bounds)
+            if drain_bounds is not None and engine.offers.drain is not None:
+                engine.offers.drain.bounds = replace(engine.offers.drain.bounds, **drain_bounds)
             app = build_app(engine, service)
 
             async def marked(scope: Any, receive: Any, send: Any) -> None:

@@ -378,10 +378,10 @@ async def test_register_offer_without_a_broker_a_duplicate_and_an_absent_bucket(
     readiness DOWN (the engine never creates a bucket)."""
     config = fast_engine_config("sample", lock_timeout=timedelta(seconds=1))
     bare = await Engine.boot(config, db, None, ReadinessHandle())
-    with caplog.at_level(logging.INFO, logger="service_engine.engine"):
+    with caplog.at_level(logging.INFO, logger="service_engine.offers.component"):
         bare.register_offer(CounterOffer())
     assert "is not published: the engine has no NATS connection" in caplog.text
-    assert bare.offer_drain is None
+    assert bare.offers.drain is None
     async with engine_nats(nats_server) as conn:
         readiness = ReadinessHandle()
         engine = await Engine.boot(config, db, conn, readiness)
@@ -495,7 +495,7 @@ async def test_a_publish_that_raises_is_counted_in_the_offer_failure_metric(
     name = "service_engine_offer_publish_failures_total"
     async with bucket_of(nats_server) as (conn, bucket):
         async with running(db, conn) as engine:
-            assert engine.offer_drain is not None and engine.offer_drain.metrics is engine.metrics
+            assert engine.offers.drain is not None and engine.offers.drain.metrics is engine.metrics
         executor = executor_for(db)
         for key in ("a", "b", "c"):
             await executor.execute(WRITER, create_counter, OfferedCounter, key)

@@ -108,8 +108,8 @@ async def test_row_claim_relay_publishes_once_across_pods(
     await listener.flush()
     try:
         async with pod(db, nats_server, "pod-a") as a, pod(db, nats_server, "pod-b") as b:
-            assert isinstance(a.outbox, RowClaimOutboxRelay)
-            assert isinstance(b.outbox, RowClaimOutboxRelay)
+            assert isinstance(a.integration.outbox, RowClaimOutboxRelay)
+            assert isinstance(b.integration.outbox, RowClaimOutboxRelay)
             for start in range(0, len(backlog), 500):
                 await stage(db, backlog[start:start + 500])
             await wait_until(lambda: _pending_is_zero(db), timeout=BOUND, what="the backlog")

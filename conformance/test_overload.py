@@ -81,7 +81,7 @@ async def test_a_pass_over_many_sessions_yields_the_loop_between_slices(db: Data
     sessions = 6 * runtime_module.SLICE_SESSIONS
     await seed(db, Card("c1", "acme", 1, "one"))
     async with frames(db, CardsView()) as f:
-        streams = [await f.runtime.attach(Principal(f"p{i}", frozenset({"acme"})), "cards",
+        streams = [await f.runtime.registry.attach(Principal(f"p{i}", frozenset({"acme"})), "cards",
                                           window()) for i in range(sessions)]
         for stream in streams:
             drained(stream)
@@ -119,7 +119,7 @@ class _Narrated(CardsView):
 
 
 async def _two_caused_commits(f: Any) -> list[Any]:
-    async with f.runtime._db.pool.acquire() as conn:
+    async with f.runtime.registry._db.pool.acquire() as conn:
         for name in ("card.moved", "card.renamed"):
             async with conn.transaction():
                 await conn.execute("UPDATE sample_card SET title = $1 WHERE id = 'c1'", name)
@@ -138,7 +138,7 @@ async def test_a_pass_that_is_behind_folds_per_impact_causes_to_the_latest(
     delivered. A pass not behind delivers every cause either way."""
     await seed(db, Card("c1", "acme", 1, "one"))
     async with frames(db, _Narrated(), render_shedding=shedding) as f:
-        stream = await f.runtime.attach(ALICE, "narrated", window())
+        stream = await f.runtime.registry.attach(ALICE, "narrated", window())
         (reset,) = drained(stream)
         report = await f.runtime.render_pass(await _two_caused_commits(f))
         assert not report.behind

@@ -155,8 +155,8 @@ async def test_nats_restart_reseeds_and_resets_with_the_expired_key_gone(
         await asyncio.sleep(OUTAGE)
         await asyncio.to_thread(nats_server.start)
         await wait_until(conn.reachable, timeout=15, what="the reconnect")
-        assert lanes.engine.presence_lanes is not None
-        await wait_until(lambda: lanes.engine.presence_lanes.reseeds >= 1,  # type: ignore[union-attr]
+        assert lanes.engine.lanes.presence_lanes is not None
+        await wait_until(lambda: lanes.engine.lanes.presence_lanes.reseeds >= 1,  # type: ignore[union-attr]
                          what="the reseed")
         await _until(typing, lambda d: isinstance(d, Reset), "the typing Reset")
         if typing.window:
@@ -441,8 +441,8 @@ async def test_a_bucket_deleted_at_runtime_holds_down_and_recovers_when_recreate
         )
         detail = lanes.readiness.current().reasons[REASON_PRESENCE_WATCH]
         assert "PresenceBucketMissing" in detail, detail
-        assert lanes.engine.presence_lanes is not None
-        assert not lanes.engine.presence_lanes.seeded.is_set()
+        assert lanes.engine.lanes.presence_lanes is not None
+        assert not lanes.engine.lanes.presence_lanes.seeded.is_set()
         await provision(nats_server)
         await wait_until(lambda: lanes.readiness.is_up, timeout=15, what="the pod UP again")
         reset = await _until(typing, lambda d: isinstance(d, Reset), "the Reset")
@@ -481,7 +481,7 @@ async def test_a_fold_that_raises_is_retried_and_the_pod_keeps_serving(
     async with engine_nats(nats_server) as conn, presence_engine(
         db, conn, typing_ttl=timedelta(seconds=30), typing=projector
     ) as lanes:
-        watcher = lanes.engine.presence_lanes
+        watcher = lanes.engine.lanes.presence_lanes
         assert watcher is not None
         typing = await lanes.attach("typing", room("r1"))
         await lanes.typing.put("r1.boom", {"n": 1})
@@ -490,7 +490,7 @@ async def test_a_fold_that_raises_is_retried_and_the_pod_keeps_serving(
         reset = await _until(typing, lambda d: isinstance(d, Reset), "the Reset")
         assert reset.views == {key("r1.boom"): {"n": 1}}
         await wait_until(lambda: lanes.readiness.is_up, what="the pod UP again")
-        assert lanes.engine.presence_lanes is watcher and watcher.failures == 1
+        assert lanes.engine.lanes.presence_lanes is watcher and watcher.failures == 1
         await lanes.typing.put("r1.bob", {"n": 2})
         upsert = await _until(typing, lambda d: isinstance(d, Upsert), "the next put")
         assert upsert.key == key("r1.bob")

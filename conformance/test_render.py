@@ -160,7 +160,7 @@ async def test_a_write_in_the_pass_that_replays_the_barrier_reaches_the_session(
 
     async with frames(db, Barrier()) as f:
         f_holder.append(f)
-        stream = await f.runtime.attach(ALICE, "barrier", window())
+        stream = await f.runtime.registry.attach(ALICE, "barrier", window())
         replica: WindowReplica[Any] = WindowReplica()
         (reset,) = await take(stream, 1)
         replica.apply(reset)
@@ -201,7 +201,7 @@ async def test_a_session_that_goes_live_while_a_pass_loads_gets_none_of_its_olde
                 Late.race = False
                 async with db.pool.acquire() as other:
                     await write_card(other, Card("k1", "globex", 1, "moved"))
-                attached.append(await f_holder[0].runtime.attach(ALICE, "late", window()))
+                attached.append(await f_holder[0].runtime.registry.attach(ALICE, "late", window()))
             return rows
 
     class Late(CardsView):
@@ -211,7 +211,7 @@ async def test_a_session_that_goes_live_while_a_pass_loads_gets_none_of_its_olde
 
     async with frames(db, Late()) as f:
         f_holder.append(f)
-        bob = await f.runtime.attach(BOB, "late", window())
+        bob = await f.runtime.registry.attach(BOB, "late", window())
         await take(bob, 1)
         async with db.pool.acquire() as conn:
             await write_card(conn, Card("k1", "acme", 1, "uno"))
@@ -248,7 +248,7 @@ async def test_s130_a_render_frame_takes_no_row_lock(db: Database) -> None:
     """s130: a render frame proceeds while a mutation holds the row's lock."""
     await seed(db, Card("c1", "acme", 1, "one"))
     async with frames(db, CardsView()) as f:
-        stream = await f.runtime.attach(ALICE, "cards", window())
+        stream = await f.runtime.registry.attach(ALICE, "cards", window())
         await take(stream, 1)
         async with db.pool.acquire() as locker, locker.transaction():
             await locker.execute("SELECT 1 FROM sample_card WHERE id = 'c1' FOR UPDATE")
@@ -275,8 +275,8 @@ async def test_s132_a_channel_overflow_resets_every_live_session(db: Database) -
     Reconnected, and the next frame re-snapshots every live session."""
     await seed(db, Card("c1", "acme", 1, "one"))
     async with frames(db, CardsView(), listener_channel_capacity=2) as f:
-        a = await f.runtime.attach(ALICE, "cards", window())
-        c = await f.runtime.attach(CAROL, "cards", window())
+        a = await f.runtime.registry.attach(ALICE, "cards", window())
+        c = await f.runtime.registry.attach(CAROL, "cards", window())
         await take(a, 1)
         await take(c, 1)
         async with db.pool.acquire() as conn:

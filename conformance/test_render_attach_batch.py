@@ -55,7 +55,7 @@ async def test_attaches_arriving_together_populate_once_per_cohort(db: Database)
     async with frames(db, view) as f:
         principals = [Principal(f"p{i}", frozenset({ORGS[i % 4]})) for i in range(40)]
         streams = await asyncio.gather(
-            *(f.runtime.attach(p, "cards", window()) for p in principals))
+            *(f.runtime.registry.attach(p, "cards", window()) for p in principals))
         assert view.populates == len(ORGS)
         for principal, stream in zip(principals, streams, strict=True):
             (reset,) = await take(stream, 1)
@@ -75,7 +75,7 @@ async def test_a_member_whose_read_fails_fails_alone(db: Database) -> None:
             Principal("b", frozenset({"acme"})), Principal("c", frozenset({"acme", "y"})),
         ]
         results = await asyncio.gather(
-            *(f.runtime.attach(p, "cards", window()) for p in principals),
+            *(f.runtime.registry.attach(p, "cards", window()) for p in principals),
             return_exceptions=True)
         assert isinstance(results[1], DatabaseError)
         live = [r for r in results if isinstance(r, SessionStream)]
@@ -83,7 +83,7 @@ async def test_a_member_whose_read_fails_fails_alone(db: Database) -> None:
         for stream in live:
             (reset,) = await take(stream, 1)
             assert isinstance(reset, Reset) and list(reset.views) == ['"c1"']
-        assert {s.session.principal.id for s in f.runtime.sessions.values()} == {"a", "b", "c"}
+        assert {s.session.principal.id for s in f.runtime.registry.sessions.values()} == {"a", "b", "c"}
 
 
 @pytest.mark.parametrize("seed_value", [2, 7])

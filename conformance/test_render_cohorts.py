@@ -50,7 +50,7 @@ async def test_s164_one_load_per_dirty_key_and_cohort(db: Database) -> None:
     async with frames(db, CardsView()) as f:
         acme = [Principal(f"a{i}", frozenset({"acme"})) for i in range(3)]
         globex = [Principal(f"g{i}", frozenset({"globex"})) for i in range(2)]
-        streams = [await f.runtime.attach(p, "cards", window()) for p in acme + globex]
+        streams = [await f.runtime.registry.attach(p, "cards", window()) for p in acme + globex]
         for s in streams:
             await take(s, 1)
         async with db.pool.acquire() as conn:
@@ -68,9 +68,9 @@ async def test_s164_rls_cohorts_load_once_each(db: Database) -> None:
     context; sessions that cannot see the row get nothing."""
     async with frames(db, OrgCardsRls()) as f:
         spec: WindowSpec[Any] = WindowSpec(Query(None), rls=True)
-        acme = [await f.runtime.attach(Principal(f"a{i}", frozenset({"acme"})), "org_cards_rls",
+        acme = [await f.runtime.registry.attach(Principal(f"a{i}", frozenset({"acme"})), "org_cards_rls",
                                        spec, applier=OrgApplier()) for i in range(3)]
-        globex = await f.runtime.attach(CAROL, "org_cards_rls", spec, applier=OrgApplier())
+        globex = await f.runtime.registry.attach(CAROL, "org_cards_rls", spec, applier=OrgApplier())
         for s in [*acme, globex]:
             await take(s, 1)
         async with db.pool.acquire() as conn:
@@ -89,8 +89,8 @@ async def test_s165_a_per_projector_reset_threshold(db: Database) -> None:
         RESET_THRESHOLD = 2
 
     async with frames(db, CardsView(), Touchy()) as f:
-        plain = await f.runtime.attach(ALICE, "cards", window())
-        touchy = await f.runtime.attach(ALICE, "touchy", window())
+        plain = await f.runtime.registry.attach(ALICE, "cards", window())
+        touchy = await f.runtime.registry.attach(ALICE, "touchy", window())
         await take(plain, 1)
         await take(touchy, 1)
         async with db.pool.acquire() as conn, conn.transaction():
@@ -121,7 +121,7 @@ async def test_s166_per_impact_emission_with_a_causeless_impact(db: Database) ->
 
     await seed(db, Card("c1", "acme", 1, "one"), Card("c2", "acme", 2, "two"))
     async with frames(db, Narrated()) as f:
-        stream = await f.runtime.attach(ALICE, "narrated", window())
+        stream = await f.runtime.registry.attach(ALICE, "narrated", window())
         (reset,) = await take(stream, 1)
         async with db.pool.acquire() as conn, conn.transaction():
             await conn.execute("UPDATE sample_card SET title = 'moved' WHERE id = 'c1'")
@@ -251,7 +251,7 @@ async def test_an_impure_cohort_is_caught_by_the_debug_check(db: Database) -> No
             return CohortKey.of_parts("drift", Drifting.calls)
 
     async with frames(db, Drifting()) as f:
-        stream = await f.runtime.attach(ALICE, "drifting", WindowSpec(Keys(["c1"])))
+        stream = await f.runtime.registry.attach(ALICE, "drifting", WindowSpec(Keys(["c1"])))
         await take(stream, 1)
         async with db.pool.acquire() as conn:
             await write_card(conn, Card("c1", "acme", 1, "one"))
@@ -272,7 +272,7 @@ async def test_a_joined_noun_reaches_the_keys_its_inverse_names(db: Database) ->
 
     await seed(db, Card("c1", "acme", 1, "one"), Card("c2", "acme", 2, "two"))
     async with frames(db, Flagged()) as f:
-        stream = await f.runtime.attach(ALICE, "flagged", window())
+        stream = await f.runtime.registry.attach(ALICE, "flagged", window())
         await take(stream, 1)
         async with db.pool.acquire() as conn, conn.transaction():
             await conn.execute("UPDATE sample_card SET title = 'flagged' WHERE id = 'c1'")

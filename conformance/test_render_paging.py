@@ -112,10 +112,10 @@ async def test_s183_a_page_loses_no_race_to_a_concurrent_pass(db: Database) -> N
 
     async with frames(db, Racing()) as f:
         f_holder.append(f)
-        stream = await f.runtime.attach(ALICE, "racing_page", window(limit=2))
+        stream = await f.runtime.registry.attach(ALICE, "racing_page", window(limit=2))
         (reset,) = await take(stream, 1)
         assert set(reset.views) == {'"c3"', '"c2"'}
-        result = await f.runtime.page(str(stream.id), ALICE, 2)
+        result = await f.runtime.registry.page(str(stream.id), ALICE, 2)
         assert '"c1"' in result.skipped
         deltas = drained(stream)
         c1 = [d for d in deltas if d.key == '"c1"']

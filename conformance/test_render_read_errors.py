@@ -42,11 +42,11 @@ async def runtime(db: Database, *projectors: Any) -> AsyncIterator[RenderRuntime
     config = EngineConfig()
     rt = RenderRuntime(db, config, ImpactChannel(config.listener_channel_capacity))
     for projector in projectors:
-        rt.register_projector(projector)
+        rt.registry.register_projector(projector)
     try:
         yield rt
     finally:
-        rt.end_all("test over")
+        rt.registry.end_all("test over")
 
 
 def assert_translated(exc: BaseException) -> None:
@@ -66,21 +66,21 @@ async def test_a_dropped_table_reaches_no_reader_as_a_driver_error(
         await write_card(conn, Card("c1", "acme", 1, "one"))
     window = WindowSpec(Query(RankQuery(10)))
     async with runtime(db, CardsView()) as rt:
-        live = await rt.attach(ALICE, "cards", window)
+        live = await rt.registry.attach(ALICE, "cards", window)
         async with owner_connection(database) as owner:
             await owner.execute("DROP TABLE sample_card")
         reads: dict[str, Callable[[], Awaitable[Any]]] = {
-            "attach": lambda: rt.attach(ALICE, "cards", window),
-            "fetch": lambda: rt.fetch("cards", "c1", ALICE),
-            "fetch_window": lambda: rt.fetch_window("cards", RankQuery(10), ALICE),
-            "page": lambda: rt.page(str(live.id), ALICE, 1),
+            "attach": lambda: rt.registry.attach(ALICE, "cards", window),
+            "fetch": lambda: rt.registry.fetch("cards", "c1", ALICE),
+            "fetch_window": lambda: rt.registry.fetch_window("cards", RankQuery(10), ALICE),
+            "page": lambda: rt.registry.page(str(live.id), ALICE, 1),
         }
         for name, read in reads.items():
             with pytest.raises(DatabaseError) as raised:
                 await read()
             assert_translated(raised.value)
             assert raised.value.sqlstate == "42P01", name
-        assert list(rt.sessions) == [live.id]
+        assert list(rt.registry.sessions) == [live.id]
 
 
 async def test_a_terminated_backend_reaches_no_reader_as_a_driver_error(db: Database) -> None:
@@ -88,11 +88,11 @@ async def test_a_terminated_backend_reaches_no_reader_as_a_driver_error(db: Data
     included) raises a `DatabaseError` from attach and fetch_window."""
     async with runtime(db, SelfTerminatingCards()) as rt:
         with pytest.raises(DatabaseError) as attached:
-            await rt.attach(ALICE, "self_terminating_cards", WindowSpec(Query(RankQuery(10))))
+            await rt.registry.attach(ALICE, "self_terminating_cards", WindowSpec(Query(RankQuery(10))))
         assert_translated(attached.value)
-        assert not rt.sessions
+        assert not rt.registry.sessions
         with pytest.raises(DatabaseError) as fetched:
-            await rt.fetch_window("self_terminating_cards", RankQuery(10), ALICE)
+            await rt.registry.fetch_window("self_terminating_cards", RankQuery(10), ALICE)
         assert_translated(fetched.value)
         # The pool recovers: the next read is served.
-        assert await rt.fetch("self_terminating_cards", "none", ALICE) is None
+        assert await rt.registry.fetch("self_terminating_cards", "none", ALICE) is None

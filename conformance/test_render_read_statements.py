@@ -40,10 +40,10 @@ async def test_a_pass_over_one_changed_row_sends_one_statement(
         await write_card(conn, Card("c1", "acme", 1, "one"))
     config = EngineConfig()
     runtime = RenderRuntime(db, config, ImpactChannel(config.listener_channel_capacity))
-    runtime.register_projector(CardsView())
+    runtime.registry.register_projector(CardsView())
     try:
         statements.take()
-        stream = await runtime.attach(ALICE, "cards", WindowSpec(Query(RankQuery(10))))
+        stream = await runtime.registry.attach(ALICE, "cards", WindowSpec(Query(RankQuery(10))))
         snapshot = _without_introspection(statements.take())
         assert snapshot[0].startswith("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         assert any(s.startswith("COMMIT") for s in snapshot)
@@ -61,4 +61,4 @@ async def test_a_pass_over_one_changed_row_sends_one_statement(
         delta = stream.get_nowait()
         assert isinstance(delta, Upsert) and delta.key == '"c2"' and delta.revision == 2
     finally:
-        runtime.end_all("test over")
+        runtime.registry.end_all("test over")

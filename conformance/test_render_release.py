@@ -24,18 +24,18 @@ async def test_closing_every_session_leaves_the_next_frame_touching_none_of_them
     async with frames(db, CardsView()) as f:
         runtime = f.runtime
         principals = [Principal(f"p{i}", frozenset({"acme", f"org{i % 30}"})) for i in range(MANY)]
-        streams = await asyncio.gather(*(runtime.attach(p, "cards", window()) for p in principals))
+        streams = await asyncio.gather(*(runtime.registry.attach(p, "cards", window()) for p in principals))
         for stream in streams:
             await take(stream, 1)
-        assert len(runtime.sessions) == MANY
+        assert len(runtime.registry.sessions) == MANY
         for stream in streams:
             await stream.aclose()
-        assert len(runtime.sessions) == 0
-        assert len(runtime._interest) == 0
-        for index in runtime._indexes.values():
+        assert len(runtime.registry.sessions) == 0
+        assert len(runtime.registry.interest) == 0
+        for index in runtime.registry.indexes.values():
             assert not index.members and not index.snapshotting and not index.authoritative
 
-        survivor = await runtime.attach(Principal("last", frozenset({"acme"})), "cards", window())
+        survivor = await runtime.registry.attach(Principal("last", frozenset({"acme"})), "cards", window())
         await take(survivor, 1)
         async with db.pool.acquire() as conn:
             await write_card(conn, Card("c1", "acme", 1, "uno"))

@@ -24,7 +24,7 @@ async def test_s132_a_lost_listener_resets_many_sessions_in_one_read(db: Databas
     orgs = ["acme", "globex", "initech"]
     people = [Principal(f"p{i}", frozenset({orgs[i % 3]})) for i in range(12)]
     async with frames(db, CardsView()) as f:
-        streams = [await f.runtime.attach(p, "cards", window()) for p in people]
+        streams = [await f.runtime.registry.attach(p, "cards", window()) for p in people]
         replicas: list[WindowReplica[Any]] = []
         for stream in streams:
             replica: WindowReplica[Any] = WindowReplica()
@@ -57,7 +57,7 @@ async def test_rls_sessions_reset_each_under_its_own_context(db: Database) -> No
     people = [Principal("a", frozenset({"acme"})), Principal("g", frozenset({"globex"}))]
     async with frames(db, OrgCardsRls()) as f:
         streams = [
-            await f.runtime.attach(p, "org_cards_rls", WindowSpec(Keys(["o1", "o2"]), rls=True),
+            await f.runtime.registry.attach(p, "org_cards_rls", WindowSpec(Keys(["o1", "o2"]), rls=True),
                                    applier=OrgApplier())
             for p in people
         ]
@@ -89,14 +89,14 @@ async def test_a_failing_populate_in_a_shared_resnapshot_fails_only_its_session(
     # p1 alone in its org: its populate is its own (equal cohorts share one).
     people = [Principal(f"p{i}", frozenset({"globex" if i == 1 else "acme"})) for i in range(4)]
     async with frames(db, Fussy()) as f:
-        streams = [await f.runtime.attach(p, "fussy", window()) for p in people]
+        streams = [await f.runtime.registry.attach(p, "fussy", window()) for p in people]
         for stream in streams:
             drained(stream)
         Fussy.failing = True
         report = await f.runtime.render_pass([Reconnected("test")])
         assert report.resets == 3 and report.failures == 1
         states = {rec.session.principal.id: rec.session.state.value
-                  for rec in f.runtime.sessions.values()}
+                  for rec in f.runtime.registry.sessions.values()}
         assert states == {"p0": "live", "p1": "repair_pending", "p2": "live", "p3": "live"}
         for i, stream in enumerate(streams):
             got = drained(stream)

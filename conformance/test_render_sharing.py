@@ -134,7 +134,7 @@ async def test_a_pass_projects_a_row_once_per_view_key(db: Database) -> None:
     members = [Member(f"m{i}", frozenset({"acme"}), "gold" if i % 2 else "basic")
                for i in range(40)]
     async with frames(db, TieredCards()) as f:
-        streams = [await f.runtime.attach(m, "tiered", WindowSpec(Query(RankQuery(10))))
+        streams = [await f.runtime.registry.attach(m, "tiered", WindowSpec(Query(RankQuery(10))))
                    for m in members]
         for member, stream in zip(members, streams, strict=True):
             (reset,) = drained(stream)
@@ -167,7 +167,7 @@ async def test_a_view_key_that_does_not_determine_the_view_stops_sharing_loudly(
         with caplog.at_level(logging.ERROR, logger="service_engine.render.registry"):
             # Attached at once: one attach batch, one snapshot read for all.
             streams = await asyncio.gather(*(
-                f.runtime.attach(m, "misdeclared", WindowSpec(Keys(["c1"]))) for m in members))
+                f.runtime.registry.attach(m, "misdeclared", WindowSpec(Keys(["c1"]))) for m in members))
             assert any("view_key does not determine the view" in r.getMessage()
                        for r in caplog.records)
         for member, stream in zip(members, streams, strict=True):
@@ -194,6 +194,6 @@ async def test_an_unhashable_view_key_refuses_the_attach(db: Database) -> None:
 
     async with frames(db, Unhashable()) as f:
         with pytest.raises(InvalidViewKey):
-            await f.runtime.attach(Member("m", frozenset({"acme"})), "unhashable",
+            await f.runtime.registry.attach(Member("m", frozenset({"acme"})), "unhashable",
                                    WindowSpec(Keys(["c1"])))
-        assert not f.runtime.sessions
+        assert not f.runtime.registry.sessions

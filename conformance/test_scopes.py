@@ -95,7 +95,7 @@ async def test_down_until_identity_answers(db: Database, nats_server: EmbeddedNa
     task = asyncio.create_task(engine.run())
     identity_conn = await open_nats(nats_server.url)
     try:
-        handshake = engine.scope_handshake
+        handshake = engine.scopes.handshake
         await wait_until(lambda: handshake is not None and handshake.attempts >= 2, what="retries")
         assert not readiness.is_up and readiness.holds("scope_declaration")
         identity = await ScopeIdentity(identity_conn.client).start()

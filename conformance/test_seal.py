@@ -36,7 +36,7 @@ from .support.harness import wait_until
 
 
 async def _push(pod: LanePod, key: str, *chunks: str, start: int = 0) -> None:
-    acc = pod.engine.lanes.resolve(None)
+    acc = pod.engine.lanes.accumulators.resolve(None)
     for offset, chunk in enumerate(chunks):
         await pod.engine.push_chunk(acc, key, start + offset, chunk.encode())
 
@@ -277,7 +277,7 @@ async def test_the_flush_defers_a_key_a_slow_seal_holds(
             receipt = await asyncio.wait_for(pod.engine.push_chunk(acc, "B", 0, b"b"), 2)
             assert int(receipt.seq) == 0
             await wait_until(
-                lambda: pod.engine.lanes.flusher.deferrals > 0, what="A's chunk deferred"
+                lambda: pod.engine.lanes.accumulators.flusher.deferrals > 0, what="A's chunk deferred"
             )
             assert not parked.done()
             await tx.rollback()
@@ -352,7 +352,7 @@ async def test_markers_go_after_seal_retention_and_an_open_keys_chunks_never_do(
         await wait_until(
             lambda: _swept(db, "old"), timeout=15, what="the retention sweep"
         )
-        await pod.engine.lanes.beat()  # one more sweep, for good measure
+        await pod.engine.lanes.accumulators.beat()  # one more sweep, for good measure
         assert await chunk_rows(db, "open") == [(0, b"s")]
         await _push(pod, "open", "t", start=1)
         folded = await pod.engine.fold(acc, "open")

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, ClassVar, Protocol
@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict
 from .blobs.model import object_key
 from .blobs.runtime import BlobRuntime
 from .clock import Clock, SystemClock, Timestamp
+from .component import NO_TASKS, BeatStep
 from .config import EngineConfig
 from .db.errors import Stage, translating
 from .db.pool import Database
@@ -59,6 +60,7 @@ from .metrics import Metrics
 from .persistence.full_eda import EventSourced, Redactor
 from .pipeline.contexts import Ops
 from .pipeline.run import run_pipeline
+from .supervisor import Worker
 
 __all__ = [
     "PERSON_ERASED_SUBJECT",
@@ -234,6 +236,8 @@ class Eraser:
         self._erasables: dict[str, Erasable] = {}
 
     def register(self, name: str, erasable: Erasable) -> None:
+        """A slice that holds person data: ``erasable.erase(cx, person)`` runs
+        in every erasure's one transaction. The beat drains unfinished purges."""
         if name in self._erasables:
             raise DuplicateRegistration("erasable", name)
         if not callable(getattr(erasable, "erase", None)):
@@ -243,6 +247,23 @@ class Eraser:
     @property
     def registered(self) -> Sequence[str]:
         return tuple(self._erasables)
+
+    # The erasure component: the beat drains unfinished purges once a slice
+    # registered an erasable.
+    async def start(self) -> None:
+        return None
+
+    def tasks(self) -> Mapping[str, Worker]:
+        return NO_TASKS
+
+    def beat_steps(self) -> Mapping[str, BeatStep]:
+        return {"erasure_purge": self._purge} if self._erasables else {}
+
+    async def aclose(self) -> None:
+        return None
+
+    async def _purge(self) -> None:
+        await self.drain()
 
     async def erase(self, person: str, *, purge: bool = True) -> ErasureResult:
         """Erase ``person`` across every registered slice; purge after the

@@ -26,7 +26,7 @@ def test_a_resync_pending_on_a_session_that_is_not_live_does_not_spin_the_loop()
     async def scenario() -> None:
         runtime = RenderRuntime(SimpleNamespace(), EngineConfig(), ImpactChannel(10))  # type: ignore[arg-type]
         session: Any = SimpleNamespace(live=False, holding=True, ended=False)
-        runtime._sessions["s"] = SimpleNamespace(resync=True, session=session)  # type: ignore[index,assignment]
+        runtime.registry._sessions["s"] = SimpleNamespace(resync=True, session=session)  # type: ignore[index,assignment]
         ticked = asyncio.Event()
 
         async def other() -> None:

@@ -150,7 +150,7 @@ async def presence_engine(
         await wait_until(lambda: readiness.is_up or task.done(), what="the engine UP")
         if task.done():
             task.result()
-        lanes = engine.presence_lanes
+        lanes = engine.lanes.presence_lanes
         assert lanes is not None
         await asyncio.wait_for(lanes.seeded.wait(), 10)
         yield Lanes(engine, readiness, typing_handle, viewing)

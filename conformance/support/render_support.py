@@ -102,7 +102,7 @@ async def frames(db: Database, *projectors: Any, **config: Any) -> AsyncIterator
     """A `Frames` of ``projectors`` with its listener running."""
     f = Frames(db, **config)
     for projector in projectors:
-        f.runtime.register_projector(projector)
+        f.runtime.registry.register_projector(projector)
     async with listener_running(f.listener):
         yield f
 

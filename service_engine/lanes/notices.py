@@ -90,10 +90,14 @@ class LaneGate:
 
 
 class LaneHealth(Protocol):
-    """What the notice worker reads: ``down`` past the grace (`NatsHealth`)."""
+    """What the notice worker reads: ``down`` past the grace (`NatsHealth`),
+    checked every ``interval`` seconds."""
 
     @property
     def down(self) -> bool: ...
+
+    @property
+    def interval(self) -> float: ...
 
 
 def reset_sessions(

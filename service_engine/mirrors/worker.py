@@ -24,7 +24,7 @@ that had converged keeps readiness through a transient restart; it goes
 DOWN once stuck or if it never converged); one stuck
 past ``mirror_failure_threshold`` consecutive failures is recorded as one
 `DeadLetterSource.MIRROR` dead letter, re-recorded on every beat while it
-stays stuck (one row, counted once, s169). `MirrorSet` keeps
+stays stuck (one row, counted once, s169). `Mirrors` (mirrors/component.py) keeps
 ``dependency_up{dependency="mirrors"}``.
 """
 
@@ -45,13 +45,12 @@ from ..impacts.transport import stage_in
 from ..leader import LeaderLease
 from ..messaging.dead_letters import DeadLetter, DeadLetters, DeadLetterSource
 from ..messaging.nats import KvBucket, KvChange, KvWatch, Nats
-from ..metrics import Metrics
 from ..offers.model import Published
 from ..readiness import ReadinessHandle
 from .declaration import Merged, Mirror, Shadow, ShadowEntry
 from .projection import Projection
 
-__all__ = ["MirrorBounds", "MirrorRuntime", "MirrorSet", "MirrorSupervisor"]
+__all__ = ["MirrorBounds", "MirrorRuntime", "MirrorSupervisor"]
 
 _log = logging.getLogger(__name__)
 
@@ -479,27 +478,3 @@ class MirrorSupervisor:
                 attempts=self.failures,
             )
         )
-
-
-class MirrorSet:
-    """Every mirror of one pod: their supervisors, the beat step and
-    ``dependency_up{dependency="mirrors"}``."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-        self.supervisors: dict[str, MirrorSupervisor] = {}
-
-    def add(self, supervisor: MirrorSupervisor) -> None:
-        self.supervisors[supervisor.runtime.name] = supervisor
-
-    async def beat(self) -> None:
-        for supervisor in self.supervisors.values():
-            await supervisor.beat()
-        self.metrics.set_dependency(
-            "mirrors", all(s.healthy for s in self.supervisors.values())
-        )
-
-    async def aclose(self) -> None:
-        for supervisor in self.supervisors.values():
-            with contextlib.suppress(Exception):
-                await supervisor.runtime.lease.release()

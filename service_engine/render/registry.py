@@ -25,7 +25,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..config import EngineConfig
@@ -36,6 +35,14 @@ from ..failures import AttachError, AttachShuttingDown, DuplicateRegistration, E
 from ..impacts.model import JsonValue, canonical_json
 from ..logs import in_session
 from ..metrics import Metrics
+from .attached import (
+    ATTACH_BATCH,
+    AttachBatches,
+    AttachedSession,
+    PopulateCx,
+    UnknownProjectorName,
+    populate_key,
+)
 from .cohort import principal_key
 from .cohort_index import CohortIndex, SharedGates, indexable
 from .deltas import Delta, KeyText, Reset
@@ -71,50 +78,6 @@ PrincipalRefresh = Callable[[Any], Awaitable[Any]]
 """Re-resolves a principal (same id) after a principal-facts impact."""
 
 
-ATTACH_BATCH = 256
-"""Attaches of one projector snapshotted in one transaction at most."""
-ATTACH_READERS = 2
-"""Attach batches reading at once: the rest of the pool stays for writes,
-principal resolves and render passes while a burst of attaches waits."""
-
-
-def _populate_key(rec: AttachedSession) -> Hashable | None:
-    """What makes two attaching sessions' populates equal, or None when
-    their query is not hashable (then each populates alone)."""
-    session = rec.session
-    window = rec.projector.VISIBILITY.window(session.principal)
-    key = (session.cohort, window, session.membership.query)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-class UnknownProjectorName(AttachError):
-    """An attach or fetch named a projector that is not registered."""
-
-
-@dataclass(slots=True)
-class AttachedSession:
-    """The registry's record of one session."""
-
-    session: Session[Any, Any]
-    projector: Projector[Any, Any, Any, Any]
-    stream: SessionStream[Any]
-    applier: RlsApplier[Any] | None
-    gate: Callable[[Any], bool]
-    memberships: frozenset[Hashable] | None
-    """The principal's cohorts when the projector gates by its declared
-    Visibility alone (the render pass then indexes rows by cohort)."""
-    resync: bool = False
-    view_key: Hashable | None = None
-    """The principal's `Projector.view_key` (None: its views are its own)."""
-    live_since: int = 0
-    """`RenderRegistry._planned` when its last snapshot completed: a pass
-    planned no later than that may have read rows older than the snapshot."""
-
-
 class _Detach:
     """A stream's close: detach its session (``"closed"``). One slotted
     object, where a ``functools.partial`` of the bound ``detach`` holds a
@@ -129,14 +92,6 @@ class _Detach:
 
     def __call__(self) -> None:
         self.registry.detach(self.session_id, "closed")
-
-
-@dataclass(frozen=True, slots=True)
-class _PopulateCx:
-    principal: Any
-    cursor: JsonValue
-    cohorts: frozenset[Hashable] | None
-    conn: Conn
 
 
 class RenderRegistry:
@@ -157,32 +112,32 @@ class RenderRegistry:
         # Sessions attached and deltas enqueued, by projector; the deltas are
         # counted here and added to the metric once per pass (`flush_metrics`).
         self._live_by_projector: dict[str, int] = {}
-        self._delivered: dict[str, int] = {}
+        self.delivered: dict[str, int] = {}
         self._projectors: dict[str, Projector[Any, Any, Any, Any]] = {}
-        self._interest: Interest[Session[Any, Any]] = Interest()
+        self.interest: Interest[Session[Any, Any]] = Interest()
         self._sessions: dict[SessionId, AttachedSession] = {}
         # What snapshots held while they read, replayed by the next pass.
-        self._replays: list[tuple[AttachedSession, Dirty]] = []
-        self._planned = 0
+        self.replays: list[tuple[AttachedSession, Dirty]] = []
+        self.planned = 0
         """How many render passes have planned so far."""
-        self._wake = asyncio.Event()
-        self._refresh: PrincipalRefresh | None = None
+        self.wake = asyncio.Event()
+        self.principal_refresh: PrincipalRefresh | None = None
         # The cohort index of projectors gated by their declared Visibility
         # (see `CohortIndex`), by projector name.
-        self._indexes: dict[str, CohortIndex] = {}
-        # Attaches waiting for their first snapshot, by projector (see
-        # `_join_attach_batch`), and the batches reading them.
-        self._attaching: dict[str, list[tuple[AttachedSession, asyncio.Future[None]]]] = {}
-        self._attach_tasks: set[asyncio.Task[None]] = set()
-        self._attach_readers = asyncio.Semaphore(ATTACH_READERS)
+        self.indexes: dict[str, CohortIndex] = {}
+        self.attach_batches = AttachBatches(
+            begin=self._begin_snapshot, read=self._read_attach_batch,
+            alone=lambda rec: self.snapshot(rec, begun=True),
+        )
+        """Attaches waiting for their first snapshot, read in batches."""
         # Projectors whose declared view key was found not to determine the
         # view (see `SharedViews`): their views are projected per session.
         self._unshared: set[str] = set()
         self._held_views: dict[str, HeldViews] = {}
-        self._gates = SharedGates()
-        self._view_keys = Interned()
+        self.gates = SharedGates()
+        self.view_keys = Interned()
         """Per projector, the views its sessions hold (`HeldViews`)."""
-        self._debug_views = __debug__
+        self.debug_views = __debug__
         """Check a shared view against a second session's own projection."""
 
     # -- registration -----------------------------------------------------
@@ -193,17 +148,17 @@ class RenderRegistry:
         check_projector(projector)
         if projector.NAME in self._projectors:
             raise DuplicateRegistration("projector", projector.NAME)
-        self._interest.register(route_of(projector))
+        self.interest.register(route_of(projector))
         self._projectors[projector.NAME] = projector
         if indexable(projector):
-            self._indexes[projector.NAME] = CohortIndex()
+            self.indexes[projector.NAME] = CohortIndex()
 
     def register_principal_refresh(self, refresh: PrincipalRefresh) -> None:
         """How a principal is re-resolved after its facts changed. A refresh
         that raises ends that principal's sessions (fail-closed)."""
-        if self._refresh is not None:
+        if self.principal_refresh is not None:
             raise DuplicateRegistration("principal refresh", "principal_refresh")
-        self._refresh = refresh
+        self.principal_refresh = refresh
 
     def projector(self, name: str) -> Projector[Any, Any, Any, Any]:
         try:
@@ -244,7 +199,7 @@ class RenderRegistry:
         if sid in self._sessions:
             raise AttachError(f"session {sid} is already attached")
         pkey = principal_key(principal.id)
-        view_key = self._view_keys.take(view_key_of(proj, principal))
+        view_key = self.view_keys.take(view_key_of(proj, principal))
         session: Session[Any, Any] = Session(
             sid, proj.NAME, principal, pkey, cohort_of(proj, principal), window.population,
             repair_attempts=self._config.repair_attempts, now=time.monotonic(),
@@ -253,7 +208,7 @@ class RenderRegistry:
             sid, max(1024, 2 * self._config.window_capacity),
             _Detach(self, sid),
         )
-        gate, memberships = self._gates.take(proj, principal)
+        gate, memberships = self.gates.take(proj, principal)
         rec = AttachedSession(
             session, proj, stream, applier, gate, memberships, view_key=view_key,
         )
@@ -262,19 +217,21 @@ class RenderRegistry:
         population = window.population
         # The connect barrier: interest first, then the snapshot.
         keys = keyed(population.keys.values()) if isinstance(population, Keys) else None
-        self._interest.watch(session, proj.NAME, pkey, None if keys is None else keys.keys())
-        index = self._indexes.get(proj.NAME)
+        self.interest.watch(session, proj.NAME, pkey, None if keys is None else keys.keys())
+        index = self.indexes.get(proj.NAME)
         if index is not None:
             index.join(session, rec.memberships)
         try:
             if proj.RLS:
                 # Its reads run under this principal's RLS context: alone.
-                await self._snapshot(rec)
+                await self.snapshot(rec)
             else:
-                await self._join_attach_batch(rec)
+                await self.attach_batches.join(rec)
         except BaseException:
             self.detach(sid, "attach failed")
             raise
+        if not self._config.render_shedding:
+            stream.collapse_after(None)
         return stream
 
     def detach(self, session_id: SessionId, reason: str) -> None:
@@ -283,12 +240,12 @@ class RenderRegistry:
         if rec is None:
             return
         self._count_live(rec.projector.NAME, -1)
-        self._interest.unwatch(rec.session)
-        index = self._indexes.get(rec.projector.NAME)
+        self.interest.unwatch(rec.session)
+        index = self.indexes.get(rec.projector.NAME)
         if index is not None:
             index.leave(rec.session, rec.memberships)
-        self._gates.release(rec.projector, rec.memberships)
-        self._view_keys.release(rec.view_key)
+        self.gates.release(rec.projector, rec.memberships)
+        self.view_keys.release(rec.view_key)
         if not rec.session.ended:
             rec.session.end(reason)
         rec.stream.end(reason)
@@ -302,15 +259,14 @@ class RenderRegistry:
         indexes are emptied in place (a pass in flight may still settle
         into them: what it adds is a superset, as the index allows)."""
         self._sessions = {}
-        self._gates = SharedGates()
-        self._view_keys = Interned()
-        if not self._attaching:
-            self._attaching = {}
+        self.gates = SharedGates()
+        self.view_keys = Interned()
+        self.attach_batches.shrink()
         interest: Interest[Session[Any, Any]] = Interest()
         for name in self._projectors:
-            interest.register(self._interest.route_of(name))
-        self._interest = interest
-        for index in self._indexes.values():
+            interest.register(self.interest.route_of(name))
+        self.interest = interest
+        for index in self.indexes.values():
             index.members = {}
             index.held_cohorts = {}
             index.snapshotting = set()
@@ -337,10 +293,10 @@ class RenderRegistry:
             session = authorize_page(rec.session if rec else None, principal_key(principal.id))
             assert rec is not None
             ticket = session.open_page(cursor)
-            async with self._reading(rec.projector, session.principal, rec.applier) as conn:
-                keys = await self._populate(conn, rec, cursor)
-                rows = await self._load(conn, rec.projector, keys, PassTally())
-            rendered = self._project(rec, rows, keys, PassTally())
+            async with self.reading(rec.projector, session.principal, rec.applier) as conn:
+                keys = await self.populate(conn, rec, cursor)
+                rows = await self.load(conn, rec.projector, keys, PassTally())
+            rendered = self.project(rec, rows, keys, PassTally())
             self._note_rendered(rec.projector, rows, rendered)
             try:
                 result = session.settle_page(
@@ -371,7 +327,7 @@ class RenderRegistry:
         when ``principal`` does not see it: the blob download's gate."""
         proj = self.projector(projector)
         self._check_applier(proj, applier)
-        async with self._reading(proj, principal, applier) as conn:
+        async with self.reading(proj, principal, applier) as conn:
             rows = await proj.STORE.read_many(conn, [key])
         gate = proj.render_gate(principal)
         return next((row for row in rows if gate(row)), None)
@@ -385,8 +341,8 @@ class RenderRegistry:
         proj = self.projector(projector)
         self._check_applier(proj, applier)
         gate = proj.render_gate(principal)
-        async with self._reading(proj, principal, applier) as conn:
-            cx = _PopulateCx(principal, None, proj.VISIBILITY.window(principal), conn)
+        async with self.reading(proj, principal, applier) as conn:
+            cx = PopulateCx(principal, None, proj.VISIBILITY.window(principal), conn)
             keys = keyed(await proj.populate(cx, query))
             rows = await proj.STORE.read_many(conn, list(keys.values()))
         by_key = {canonical_json(proj.STORE.key_of(row)): row for row in rows}
@@ -403,7 +359,7 @@ class RenderRegistry:
     # -- reads --------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _reading(
+    async def reading(
         self, proj: Projector[Any, Any, Any, Any], principal: Any,
         applier: RlsApplier[Any] | None,
     ) -> AsyncIterator[Conn]:
@@ -425,25 +381,25 @@ class RenderRegistry:
                 yield conn
 
     @contextlib.asynccontextmanager
-    async def _reading_one(self) -> AsyncIterator[Conn]:
+    async def reading_one(self) -> AsyncIterator[Conn]:
         """A connection for a read that is one statement (`one_statement`):
         that statement is its own snapshot, so no transaction (no BEGIN,
         no COMMIT) and no release reset (`Database.plain`): the acquire and
-        the statement's round trip. Driver errors translate as `_reading`'s."""
+        the statement's round trip. Driver errors translate as `reading`'s."""
         with translating(Stage.READ):
             async with self._db.plain() as conn:
                 yield conn
 
-    async def _populate(
+    async def populate(
         self, conn: Conn, rec: AttachedSession, cursor: JsonValue
     ) -> dict[KeyText, JsonValue]:
         session = rec.session
         principal = session.principal
-        cx = _PopulateCx(principal, cursor, rec.projector.VISIBILITY.window(principal), conn)
+        cx = PopulateCx(principal, cursor, rec.projector.VISIBILITY.window(principal), conn)
         return keyed(await rec.projector.populate(cx, session.membership.query))
 
     @staticmethod
-    async def _load(
+    async def load(
         conn: Conn, proj: Projector[Any, Any, Any, Any], keys: Mapping[KeyText, JsonValue],
         tally: PassTally,
     ) -> dict[KeyText, Any]:
@@ -455,7 +411,7 @@ class RenderRegistry:
         return {canonical_json(key_of(row)): row for row in rows}
 
     @staticmethod
-    def _project(
+    def project(
         rec: AttachedSession, rows: Mapping[KeyText, Any], scope: Mapping[KeyText, JsonValue],
         tally: PassTally | None = None, views: SharedViews | None = None,
     ) -> dict[KeyText, Any]:
@@ -483,7 +439,7 @@ class RenderRegistry:
         return out
 
     @staticmethod
-    def _project_visible(
+    def project_visible(
         rec: AttachedSession, rows: Mapping[KeyText, Any], scope: Mapping[KeyText, JsonValue],
         visible: set[KeyText], views: SharedViews,
     ) -> dict[KeyText, Any]:
@@ -494,17 +450,17 @@ class RenderRegistry:
             text: view(view_key, text, rows[text], principal) for text in scope if text in visible
         }
 
-    def _shared_views(self, proj: Projector[Any, Any, Any, Any]) -> SharedViews:
+    def shared_views(self, proj: Projector[Any, Any, Any, Any]) -> SharedViews:
         """The memo one load's projections go through (see `SharedViews`)."""
         held = self._held_views.get(proj.NAME)
         if held is None:
             held = self._held_views[proj.NAME] = HeldViews()
         return SharedViews(
-            proj.project, check=self._debug_views, shares=proj.NAME not in self._unshared,
+            proj.project, check=self.debug_views, shares=proj.NAME not in self._unshared,
             held=held,
         )
 
-    def _settle_views(
+    def settle_views(
         self, proj: Projector[Any, Any, Any, Any], views: SharedViews, tally: PassTally
     ) -> None:
         """Count the load's projections; a view key found wrong turns its
@@ -517,7 +473,7 @@ class RenderRegistry:
 
     # -- snapshots ------------------------------------------------------------------
 
-    async def _snapshot(
+    async def snapshot(
         self, rec: AttachedSession, tally: PassTally | None = None, *, cause: str | None = None,
         begun: bool = False,
     ) -> None:
@@ -531,19 +487,19 @@ class RenderRegistry:
         if not begun:
             self._begin_snapshot(rec)
         try:
-            async with self._reading(rec.projector, session.principal, rec.applier) as conn:
+            async with self.reading(rec.projector, session.principal, rec.applier) as conn:
                 populated = (
-                    await self._populate(conn, rec, None) if session.membership.populates else None
+                    await self.populate(conn, rec, None) if session.membership.populates else None
                 )
                 keys = session.snapshot_keys(populated)
-                rows = await self._load(conn, rec.projector, keys, tally)
-            rendered = self._project(rec, rows, keys, tally)
+                rows = await self.load(conn, rec.projector, keys, tally)
+            rendered = self.project(rec, rows, keys, tally)
             self._note_rendered(rec.projector, rows, rendered)
         except Exception as exc:
             self._snapshot_ended(rec)
             if state == "attaching":
                 raise
-            self._failed(rec, f"snapshot failed: {type(exc).__name__}: {exc}", exc)
+            self.failed(rec, f"snapshot failed: {type(exc).__name__}: {exc}", exc)
             tally.failures += 1
             return
         self._complete_snapshot(rec, state, populated, rendered, tally, cause)
@@ -552,12 +508,12 @@ class RenderRegistry:
         """The connect barrier's second step, before any read: from here the
         session holds what commits, and replays it after its Reset."""
         rec.session.begin_snapshot()
-        index = self._indexes.get(rec.projector.NAME)
+        index = self.indexes.get(rec.projector.NAME)
         if index is not None:
             index.snapshotting.add(rec.session)
 
     def _snapshot_ended(self, rec: AttachedSession) -> None:
-        index = self._indexes.get(rec.projector.NAME)
+        index = self.indexes.get(rec.projector.NAME)
         if index is not None:
             index.snapshotting.discard(rec.session)
 
@@ -577,7 +533,7 @@ class RenderRegistry:
         else:
             reset = session.resnapshot(populated, rendered, shares)
         rec.resync = False
-        rec.live_since = self._planned
+        rec.live_since = self.planned
         self._emit(rec, reset)
         tally.deltas += 1
         tally.resets += 1
@@ -585,88 +541,10 @@ class RenderRegistry:
             self.count_reset(rec.projector.NAME, cause)
         held = session.take_held()
         if held is not None:
-            self._replays.append((rec, held))
-            self._wake.set()
+            self.replays.append((rec, held))
+            self.wake.set()
 
     # -- attach batches -------------------------------------------------------------
-
-    def _join_attach_batch(self, rec: AttachedSession) -> asyncio.Future[None]:
-        """Queue ``rec``'s first snapshot with the other attaches of its
-        projector: those queued while a batch waits for its turn share one
-        read-only transaction, each session's populate in it, and one
-        ``read_many`` for the union of their keys."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        name = rec.projector.NAME
-        queued = self._attaching.get(name)
-        if queued is None:
-            queued = self._attaching[name] = []
-            self._start_attach_batch(rec.projector)
-        queued.append((rec, waiter))
-        return waiter
-
-    def _start_attach_batch(self, proj: Projector[Any, Any, Any, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(
-            self._attach_batch(proj), name=f"service_engine:attach:{proj.NAME}"
-        )
-        self._attach_tasks.add(task)
-        task.add_done_callback(self._attach_tasks.discard)
-
-    def _take_attach_batch(
-        self, proj: Projector[Any, Any, Any, Any]
-    ) -> list[tuple[AttachedSession, asyncio.Future[None]]]:
-        queued = self._attaching.pop(proj.NAME, [])
-        if len(queued) > ATTACH_BATCH:
-            self._attaching[proj.NAME] = queued[ATTACH_BATCH:]
-            self._start_attach_batch(proj)
-            queued = queued[:ATTACH_BATCH]
-        # A waiter already done is an attach cancelled meanwhile (detached).
-        return [(rec, w) for rec, w in queued if not w.done() and not rec.session.ended]
-
-    async def _attach_batch(self, proj: Projector[Any, Any, Any, Any]) -> None:
-        batch: list[tuple[AttachedSession, asyncio.Future[None]]] | None = None
-        alone = False
-        try:
-            async with self._attach_readers:
-                # Taken once a reader is free: what queued meanwhile joins.
-                batch = self._take_attach_batch(proj)
-                if not batch:
-                    return
-                for rec, _ in batch:
-                    self._begin_snapshot(rec)
-                try:
-                    await self._read_attach_batch(proj, [rec for rec, _ in batch])
-                except Exception:
-                    # One member's populate may have failed the shared read:
-                    # read each alone, so only its own attach fails.
-                    alone = True
-        except BaseException as exc:
-            queued = batch if batch is not None else self._attaching.pop(proj.NAME, [])
-            failure = exc if isinstance(exc, Exception) else AttachShuttingDown(
-                "the attach was interrupted")
-            for _, waiter in queued:
-                if not waiter.done():
-                    waiter.set_exception(failure)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        try:
-            for rec, waiter in batch:
-                if alone and rec.session.snapshotting and not waiter.done():
-                    try:
-                        await self._snapshot(rec, begun=True)
-                    except Exception as exc:
-                        if not waiter.done():
-                            waiter.set_exception(exc)
-                        continue
-                if not waiter.done():
-                    waiter.set_result(None)
-        except BaseException:
-            # Cancelled reading them one by one: no attach is left waiting.
-            for _, waiter in batch:
-                if not waiter.done():
-                    waiter.set_exception(AttachShuttingDown("the attach was interrupted"))
-            raise
 
     async def _read_attach_batch(
         self, proj: Projector[Any, Any, Any, Any], recs: list[AttachedSession]
@@ -675,7 +553,7 @@ class RenderRegistry:
         transaction and take them live (those not ended meanwhile)."""
         await self._read_batch(proj, recs, ["attaching"] * len(recs), PassTally(), None)
 
-    async def _snapshot_all(
+    async def snapshot_all(
         self, recs: Sequence[AttachedSession], tally: PassTally, *, cause: str
     ) -> None:
         """Reset every live session of ``recs`` from committed state, counted
@@ -691,7 +569,7 @@ class RenderRegistry:
             if not rec.session.live:
                 continue
             if rec.projector.RLS:
-                await self._snapshot(rec, tally, cause=cause)
+                await self.snapshot(rec, tally, cause=cause)
             else:
                 grouped.setdefault(rec.projector.NAME, []).append(rec)
         for group in grouped.values():
@@ -709,7 +587,7 @@ class RenderRegistry:
                 except Exception:
                     for rec in chunk:
                         if rec.session.snapshotting:
-                            await self._snapshot(rec, tally, cause=cause, begun=True)
+                            await self.snapshot(rec, tally, cause=cause, begun=True)
 
     async def _read_batch(
         self, proj: Projector[Any, Any, Any, Any], recs: list[AttachedSession],
@@ -723,38 +601,38 @@ class RenderRegistry:
         # Sessions of one cohort with the same memberships and window query
         # see the same rows: one populate serves them all.
         shared: dict[Hashable, dict[KeyText, JsonValue]] = {}
-        async with self._reading(proj, None, None) as conn:
+        async with self.reading(proj, None, None) as conn:
             for rec in recs:
                 session = rec.session
                 found: dict[KeyText, JsonValue] | None = None
                 if session.membership.populates:
-                    key = _populate_key(rec)
+                    key = populate_key(rec)
                     found = shared.get(key) if key is not None else None
                     if found is None:
-                        found = await self._populate(conn, rec, None)
+                        found = await self.populate(conn, rec, None)
                         if key is not None:
                             shared[key] = found
                 keys = session.snapshot_keys(found)
                 populated.append(found)
                 scopes.append(keys)
                 union.update(keys)
-            rows = await self._load(conn, proj, union, tally)
-        views = self._shared_views(proj)
+            rows = await self.load(conn, proj, union, tally)
+        views = self.shared_views(proj)
         # Sessions completing with equal windows hold one between them.
         windows: list[SharedWindow[Any]] = []
         for rec, state, found, keys in zip(recs, states, populated, scopes, strict=True):
             if rec.session.ended:
                 continue
-            rendered = self._project(rec, rows, keys, tally, views)
+            rendered = self.project(rec, rows, keys, tally, views)
             self._note_rendered(proj, rows, rendered)
             self._complete_snapshot(rec, state, found, rendered, tally, cause, windows)
-        self._settle_views(proj, views, tally)
+        self.settle_views(proj, views, tally)
 
     def _note_rendered(
         self, proj: Projector[Any, Any, Any, Any], rows: Mapping[KeyText, Any],
         rendered: Mapping[KeyText, Any],
     ) -> None:
-        index = self._indexes.get(proj.NAME)
+        index = self.indexes.get(proj.NAME)
         if index is not None:
             index.note_rendered(proj, rows, rendered)
 
@@ -762,10 +640,10 @@ class RenderRegistry:
         if not rec.stream.put(delta):
             # The subscriber fell too far behind: a Reset replaces the backlog.
             rec.resync = True
-            self._wake.set()
+            self.wake.set()
             return
         name = rec.projector.NAME
-        self._delivered[name] = self._delivered.get(name, 0) + 1
+        self.delivered[name] = self.delivered.get(name, 0) + 1
 
     # -- metrics --------------------------------------------------------------------
 
@@ -782,12 +660,12 @@ class RenderRegistry:
 
     def flush_metrics(self) -> None:
         """Add the deltas enqueued since the last flush to the metric."""
-        delivered, self._delivered = self._delivered, {}
+        delivered, self.delivered = self.delivered, {}
         if self._metrics is not None:
             for projector, count in delivered.items():
                 self._metrics.add_deltas_delivered(projector, count)
 
-    def _failed(self, rec: AttachedSession, reason: str, exc: BaseException | None = None) -> None:
+    def failed(self, rec: AttachedSession, reason: str, exc: BaseException | None = None) -> None:
         with in_session(str(rec.session.id)):
             _log.warning("session %s: %s", rec.session.id, reason, exc_info=exc)
         state = rec.session.fail(reason)

@@ -1,6 +1,8 @@
 """The render loop: one pass per batch of deliveries keeps every session current.
 
-`RenderRuntime` is the `RenderRegistry` plus the render worker. `run`
+`RenderRuntime` is the render worker over a `RenderRegistry` it holds
+(``runtime.registry``: the projectors, the sessions and the reads that serve
+them; attach, page and fetch are the registry's). `run`
 drains what the listener queued into one frame and renders it with
 `render_pass`, whose steps are, in order:
 
@@ -56,13 +58,11 @@ from .deltas import Delta, KeyText, Reset
 from .interest import Dirty, RenderFrame
 from .membership import RenderPlan
 from .plan import FramePlan, batches, latest_causes, plan_frame
-from .projector import Projector, RlsApplier, cohort_of, reset_threshold_for
+from .projector import Projector, cohort_of, reset_threshold_for
 from .registry import AttachedSession, RenderRegistry
 from .report import PassReport, PassTally
 from .session import Session, SharedRender
 from .sharing import SharedViews, view_key_of
-from .stream import SessionStream
-from .windows import WindowSpec
 
 __all__ = ["BEHIND_SECONDS", "SLICE_SECONDS", "SLICE_SESSIONS", "RenderRuntime"]
 
@@ -132,7 +132,7 @@ class _Batch:
     discover: Dirty | None
     threshold: int
     pass_number: int
-    """The pass's number (`RenderRegistry._planned`)."""
+    """The pass's number (`RenderRegistry.planned`)."""
     behind: bool = False
     """The pass is behind: PerImpact causes fold to the latest per key."""
 
@@ -224,8 +224,8 @@ class _Loaded:
         return found[1], found[2]
 
 
-class RenderRuntime(RenderRegistry):
-    """The registry and the render loop of one pod."""
+class RenderRuntime:
+    """The render loop of one pod over its `registry`."""
 
     def __init__(
         self,
@@ -237,10 +237,13 @@ class RenderRuntime(RenderRegistry):
         debug: bool = __debug__,
         metrics: Metrics | None = None,
     ) -> None:
-        super().__init__(db, config, accepting=accepting, metrics=metrics)
+        self.registry = RenderRegistry(db, config, accepting=accepting, metrics=metrics)
+        """The projectors, the sessions and their reads (attach, page, fetch)."""
+        self._config = config
+        self._metrics = metrics
         self._channel = channel
         self._debug = debug
-        self._debug_views = debug
+        self.registry.debug_views = debug
         self.last_report = PassReport()
         self.on_report: Callable[[PassReport], None] | None = None
         self._behind = False
@@ -252,10 +255,10 @@ class RenderRuntime(RenderRegistry):
         """The render worker: one pass per batch of deliveries."""
         channel = self._channel
         while True:
-            if not len(channel) and not self._replays and not self._needs_resync():
-                self._wake.clear()
+            if not len(channel) and not self.registry.replays and not self._needs_resync():
+                self.registry.wake.clear()
                 waiter = asyncio.ensure_future(channel.wait())
-                woken = asyncio.ensure_future(self._wake.wait())
+                woken = asyncio.ensure_future(self.registry.wake.wait())
                 try:
                     await asyncio.wait({waiter, woken}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
@@ -276,7 +279,7 @@ class RenderRuntime(RenderRegistry):
     def _needs_resync(self) -> bool:
         # Only a live session is re-snapshotted by a pass (`_recover`); one
         # pending repair or mid-snapshot is the beat's or that snapshot's.
-        return any(rec.resync and rec.session.live for rec in self._sessions.values())
+        return any(rec.resync and rec.session.live for rec in self.registry.sessions.values())
 
     async def render_pass(self, deliveries: Sequence[Delivery]) -> PassReport:
         """Render one frame: ``deliveries`` plus the replays queued by
@@ -292,9 +295,9 @@ class RenderRuntime(RenderRegistry):
         # for the next pass.
         replays = self._take_replays()
         await self._recover(frame, tally)
-        plan = plan_frame(frame, replays, self._interest, self._indexes)
+        plan = plan_frame(frame, replays, self.registry.interest, self.registry.indexes)
         self._hold(plan)
-        self._planned += 1
+        self.registry.planned += 1
         for batch in self._batches(plan, tally):
             batch.behind = behind
             with self._failing_together(batch, tally):
@@ -303,33 +306,15 @@ class RenderRuntime(RenderRegistry):
         tally.slices = slicer.yields + 1
         return self._report(tally, started)
 
-    async def attach(
-        self,
-        principal: Any,
-        projector: str,
-        window: WindowSpec[Any],
-        *,
-        session_id: str | None = None,
-        applier: RlsApplier[Any] | None = None,
-    ) -> SessionStream[Any]:
-        stream = await super().attach(
-            principal, projector, window, session_id=session_id, applier=applier
-        )
-        if not self._config.render_shedding:
-            stream.collapse_after(None)
-        return stream
-
-    attach.__doc__ = RenderRegistry.attach.__doc__
-
     # -- 1. route ---------------------------------------------------------------------
 
     def _route(self, deliveries: Sequence[Delivery], tally: PassTally) -> RenderFrame:
-        frame = self._interest.route(deliveries)
+        frame = self.registry.interest.route(deliveries)
         tally.impacts = frame.impacts
         return frame
 
     def _take_replays(self) -> list[tuple[Session[Any, Any], Dirty]]:
-        replays, self._replays = self._replays, []
+        replays, self.registry.replays = self.registry.replays, []
         return [(rec.session, dirty) for rec, dirty in replays]
 
     # -- 2. recover -------------------------------------------------------------------
@@ -341,43 +326,43 @@ class RenderRuntime(RenderRegistry):
                       frame.reconnected.reason)
             cause = "overflow" if frame.reconnected.reason == CHANNEL_OVERFLOW else "reconnect"
             live: list[AttachedSession] = []
-            for rec in list(self._sessions.values()):
+            for rec in list(self.registry.sessions.values()):
                 if rec.session.holding:
                     rec.session.hold(Dirty(everything=True))
                 elif rec.session.live:
                     live.append(rec)
-            await self._snapshot_all(live, tally, cause=cause)
+            await self.registry.snapshot_all(live, tally, cause=cause)
         # Their subscribers fell behind and their streams overflowed.
-        behind = [r for r in self._sessions.values() if r.resync and r.session.live]
+        behind = [r for r in self.registry.sessions.values() if r.resync and r.session.live]
         if behind:
-            await self._snapshot_all(behind, tally, cause="overflow")
+            await self.registry.snapshot_all(behind, tally, cause="overflow")
         if frame.principals:
             await self._refresh_principals(frame.principals)
 
     async def _refresh_principals(self, principals: Mapping[str, JsonValue]) -> None:
-        if self._refresh is None:
+        if self.registry.principal_refresh is None:
             return
-        for rec in list(self._sessions.values()):
+        for rec in list(self.registry.sessions.values()):
             session = rec.session
             if session.principal_key not in principals or session.ended:
                 continue
             try:
-                principal = await self._refresh(session.principal)
+                principal = await self.registry.principal_refresh(session.principal)
                 view_key = view_key_of(rec.projector, principal)
             except Exception as exc:
                 _log.warning("principal refresh failed; ending session %s", session.id,
                              exc_info=exc)
-                self.detach(session.id, f"principal refresh failed: {exc}")
+                self.registry.detach(session.id, f"principal refresh failed: {exc}")
                 continue
             session.refresh_principal(principal, session.principal_key,
                                       cohort_of(rec.projector, principal))
-            self._view_keys.release(rec.view_key)
-            rec.view_key = self._view_keys.take(view_key)
-            index = self._indexes.get(rec.projector.NAME)
+            self.registry.view_keys.release(rec.view_key)
+            rec.view_key = self.registry.view_keys.take(view_key)
+            index = self.registry.indexes.get(rec.projector.NAME)
             if index is not None:
                 index.leave(session, rec.memberships)
-            self._gates.release(rec.projector, rec.memberships)
-            rec.gate, rec.memberships = self._gates.take(rec.projector, principal)
+            self.registry.gates.release(rec.projector, rec.memberships)
+            rec.gate, rec.memberships = self.registry.gates.take(rec.projector, principal)
             if index is not None:
                 index.join(session, rec.memberships)
 
@@ -392,8 +377,9 @@ class RenderRuntime(RenderRegistry):
         """Each projector's planned sessions, grouped into the batches that
         share one load (in debug, after the cohort purity check)."""
         for name, work in plan.projectors.items():
-            proj = self._projectors[name]
-            recs = {s: self._sessions[s.id] for s in work.dirties if s.id in self._sessions}
+            proj = self.registry.projector(name)
+            live = self.registry.sessions
+            recs = {s: live[s.id] for s in work.dirties if s.id in live}
             groups = group_by_cohort(recs)
             if self._debug:
                 self._fail_impure_cohorts(proj, groups, recs, tally)
@@ -401,7 +387,7 @@ class RenderRuntime(RenderRegistry):
             for members in [[recs[s] for s in batch] for batch in batches(proj.RLS, groups)]:
                 if members or work.discover is not None:
                     yield _Batch(
-                        proj, members, work.dirties, work.discover, threshold, self._planned
+                        proj, members, work.dirties, work.discover, threshold, self.registry.planned
                     )
 
     def _fail_impure_cohorts(
@@ -418,7 +404,7 @@ class RenderRuntime(RenderRegistry):
                     _log.error("%s", mismatch)
                     group.remove(session)
                     tally.failures += 1
-                    self._failed(recs[session], str(mismatch))
+                    self.registry.failed(recs[session], str(mismatch))
 
     @contextlib.contextmanager
     def _failing_together(self, batch: _Batch, tally: PassTally) -> Iterator[None]:
@@ -429,7 +415,7 @@ class RenderRuntime(RenderRegistry):
             tally.failures += len(batch.members)
             for rec in batch.members:
                 if not rec.session.ended:
-                    self._failed(rec, f"render failed: {type(exc).__name__}: {exc}", exc)
+                    self.registry.failed(rec, f"render failed: {type(exc).__name__}: {exc}", exc)
 
     # -- 4. load ----------------------------------------------------------------------
 
@@ -449,9 +435,9 @@ class RenderRuntime(RenderRegistry):
             rec.session.needs_populate(dirties[rec.session]) for rec in members
         ):
             # The pass's whole read is the one read_many: its own snapshot.
-            reading = self._reading_one()
+            reading = self.registry.reading_one()
         else:
-            reading = self._reading(batch.proj, principal, applier)
+            reading = self.registry.reading(batch.proj, principal, applier)
         async with reading as conn:
             for rec in members:
                 member_plan = await self._plan_member(conn, rec, batch.dirties[rec.session], tally)
@@ -461,11 +447,12 @@ class RenderRuntime(RenderRegistry):
                 await slicer.tick(False)
             if batch.discover is not None:
                 union.update(batch.discover.keys)
-            rows = await self._load(conn, batch.proj, union, tally)
+            rows = await self.registry.load(conn, batch.proj, union, tally)
         planned.extend((rec, None) for rec in self._discovered(batch, rows))
-        indexed = batch.proj.NAME in self._indexes
+        indexed = batch.proj.NAME in self.registry.indexes
         by_cohort = index_by_cohort(batch.proj, rows) if indexed else None
-        return _Loaded(batch, planned, union, rows, by_cohort, self._shared_views(batch.proj))
+        views = self.registry.shared_views(batch.proj)
+        return _Loaded(batch, planned, union, rows, by_cohort, views)
 
     async def _plan_member(
         self, conn: Conn, rec: AttachedSession, dirty: Dirty, tally: PassTally
@@ -477,21 +464,21 @@ class RenderRuntime(RenderRegistry):
             populated = None
             if session.needs_populate(dirty):
                 async with conn.transaction():  # a savepoint: isolates a failing populate
-                    populated = await self._populate(conn, rec, None)
+                    populated = await self.registry.populate(conn, rec, None)
             return session.plan(dirty, populated)
         except Exception as exc:
             tally.failures += 1
-            self._failed(rec, f"populate failed: {type(exc).__name__}: {exc}", exc)
+            self.registry.failed(rec, f"populate failed: {type(exc).__name__}: {exc}", exc)
             return None
 
     def _discovered(self, batch: _Batch, rows: Mapping[KeyText, Any]) -> list[AttachedSession]:
-        index = self._indexes.get(batch.proj.NAME)
+        index = self.registry.indexes.get(batch.proj.NAME)
         if index is None or batch.discover is None:
             return []
         # A named session renders the frame's change through its own plan
         # (`plan_frame` gives a replaying one the frame's change too).
         named = {rec.session for rec in batch.members}
-        sessions = self._sessions
+        sessions = self.registry.sessions
         # (A live session is never holding.)
         return [
             sessions[session.id]
@@ -510,11 +497,11 @@ class RenderRuntime(RenderRegistry):
             # is skipped by _render_member's own check.
             if due(render_member(loaded, rec, plan, tally)):
                 await slicer.pause()
-        self._settle_views(batch.proj, loaded.views, tally)
+        self.registry.settle_views(batch.proj, loaded.views, tally)
         if loaded.delivered:
             name = batch.proj.NAME
-            self._delivered[name] = self._delivered.get(name, 0) + loaded.delivered
-        index = self._indexes.get(batch.proj.NAME)
+            self.registry.delivered[name] = self.registry.delivered.get(name, 0) + loaded.delivered
+        index = self.registry.indexes.get(batch.proj.NAME)
         if index is not None:
             changed = batch.discover.keys if batch.discover is not None else {}
             index.settle(batch.proj, loaded.loaded, loaded.rows, changed)
@@ -548,7 +535,7 @@ class RenderRuntime(RenderRegistry):
                     plan, rendered, threshold=batch.threshold, caused=caused, renders=renders)
         except Exception as exc:
             tally.failures += 1
-            self._failed(rec, f"render failed: {type(exc).__name__}: {exc}", exc)
+            self.registry.failed(rec, f"render failed: {type(exc).__name__}: {exc}", exc)
             return False
         if deltas:
             self._deliver(loaded, rec, deltas, tally)
@@ -567,7 +554,7 @@ class RenderRuntime(RenderRegistry):
         views = loaded.views
         if loaded.by_cohort is None or rec.memberships is None:
             assert plan is not None
-            return plan, self._project(rec, loaded.rows, plan.scope, views=views), None
+            return plan, self.registry.project(rec, loaded.rows, plan.scope, views=views), None
         memberships = rec.memberships
         if plan is None:
             last = loaded._last_group
@@ -581,7 +568,7 @@ class RenderRuntime(RenderRegistry):
             if plan is not None and rec.view_key is not None and views.shares:
                 rendered = group.rendered
                 if rendered is None:
-                    rendered = group.rendered = self._project_visible(
+                    rendered = group.rendered = self.registry.project_visible(
                         rec, loaded.rows, plan.scope, loaded.visible_to(memberships), views)
                     return plan, rendered, group.renders
                 if group.verified or views.verify(
@@ -596,7 +583,8 @@ class RenderRuntime(RenderRegistry):
             if not relevant:
                 return None
             plan = RenderPlan(relevant)
-        return plan, self._project_visible(rec, loaded.rows, plan.scope, visible, views), None
+        rendered = self.registry.project_visible(rec, loaded.rows, plan.scope, visible, views)
+        return plan, rendered, None
 
     def _deliver(
         self, loaded: _Loaded, rec: AttachedSession, deltas: Sequence[Delta[Any]],
@@ -614,11 +602,11 @@ class RenderRuntime(RenderRegistry):
             else:
                 # The subscriber fell too far behind: a Reset replaces the backlog.
                 rec.resync = True
-                self._wake.set()
+                self.registry.wake.set()
             if type(delta) is Reset:
                 # More keys changed than the reset threshold: one Reset instead.
                 tally.resets += 1
-                self.count_reset(rec.projector.NAME, "threshold")
+                self.registry.count_reset(rec.projector.NAME, "threshold")
         if backlog.collapsed != collapsed:
             tally.collapsed += backlog.collapsed - collapsed
 
@@ -630,7 +618,7 @@ class RenderRuntime(RenderRegistry):
         self.last_report = report
         if self._metrics is not None:
             self._metrics.observe_render_pass(report.duration)
-        self.flush_metrics()
+        self.registry.flush_metrics()
         if self.on_report is not None:
             self.on_report(report)
         return report
@@ -639,20 +627,20 @@ class RenderRuntime(RenderRegistry):
 
     async def beat(self) -> None:
         """Repair sessions left repair_pending; end expired sessions."""
-        self.flush_metrics()  # what attach snapshots enqueued between passes
+        self.registry.flush_metrics()  # what attach snapshots enqueued between passes
         now = time.monotonic()
         ttl = self._config.session_ttl.total_seconds()
         max_age = self._config.session_max_age.total_seconds()
-        for rec in list(self._sessions.values()):
+        for rec in list(self.registry.sessions.values()):
             session = rec.session
             # A subscriber waiting on the stream is active right now; an
             # abandoned stream ages from the last time one read it.
             session.touch(now if rec.stream.waiting else rec.stream.last_seen)
             reason = session.expiry(now, ttl=ttl, max_age=max_age)
             if reason is not None:
-                self.detach(session.id, reason)
+                self.registry.detach(session.id, reason)
             elif session.state.value == "repair_pending" and not session.snapshotting:
-                await self._snapshot(rec, tally=None)
+                await self.registry.snapshot(rec, tally=None)
 
 
 def _one_statement_read(proj: Projector[Any, Any, Any, Any]) -> bool:
