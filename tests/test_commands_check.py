@@ -138,6 +138,8 @@ def add_comment(*extra: Any) -> Command:
 
 
 def test_a_well_formed_command_checks() -> None:
+    """A well-formed command registers with its idempotency key, every outcome it can
+    answer, and only the bindings it writes listed as written."""
     checked = CATALOG.command(add_comment())
     assert checked.idempotency_key == "key"
     assert checked.outcomes == {"PostMissing", "CommentExists", "NotPublished", "Added"}
@@ -145,6 +147,7 @@ def test_a_well_formed_command_checks() -> None:
 
 
 def test_declaration_errors_are_config_errors() -> None:
+    """A command declaration error is a ConfigError: code catching bad configuration catches it."""
     assert issubclass(CommandDeclarationError, ConfigError)
 
 
@@ -160,11 +163,15 @@ def test_declaration_errors_are_config_errors() -> None:
     (SITE,),
 ])
 def test_clauses_out_of_the_visible_order_are_refused(clauses: tuple[Any, ...]) -> None:
+    """A clause out of its place (a binding before an input, a key after a binding, a requirement
+    after a Set, anything after the Return, two Returns or none) is refused."""
     with pytest.raises(ClauseOrderError):
         CATALOG.command(Command("Bad", *clauses))
 
 
 def test_a_requirement_observes_only_what_was_bound_before_it() -> None:
+    """A requirement naming a binding or an input not declared before it, and a key naming
+    an undeclared input, are refused as unbound references."""
     with pytest.raises(UnboundReference):
         CATALOG.command(Command(
             "Bad", SITE, POST_ID, READ_POST,
@@ -182,6 +189,8 @@ def test_a_requirement_observes_only_what_was_bound_before_it() -> None:
 
 
 def test_names_are_unique_per_namespace() -> None:
+    """Two inputs of one name, an outcome declared twice in a command, and two entities of one
+    name in a catalog are refused as duplicates."""
     with pytest.raises(DuplicateName):
         CATALOG.command(Command("Bad", SITE, SITE, Return("X")))
     with pytest.raises(DuplicateName):
@@ -194,6 +203,8 @@ def test_names_are_unique_per_namespace() -> None:
 
 
 def test_unknown_entities_fields_and_transitions_are_refused() -> None:
+    """A binding of an undeclared entity, a field the entity lacks, an undeclared workflow
+    transition and a gate the aggregate lacks are refused as unknown names."""
     with pytest.raises(UnknownName):
         CATALOG.command(Command("Bad", SITE, POST_ID,
                                 Read("Nope", (Var("site"), Var("post_id")), as_="x",
@@ -213,6 +224,8 @@ def test_unknown_entities_fields_and_transitions_are_refused() -> None:
 
 
 def test_a_binding_key_is_the_complete_key_of_inputs() -> None:
+    """A binding key missing a key field, or taking a component from another binding's field
+    instead of an input, is refused."""
     with pytest.raises(BindingError):
         CATALOG.command(Command("Bad", SITE, Read("Post", (Var("site"),), as_="post",
                                                    else_=Outcome("Missing")), Return("X")))
@@ -226,6 +239,8 @@ def test_a_binding_key_is_the_complete_key_of_inputs() -> None:
 
 
 def test_every_outcome_is_declared_and_pascal_case() -> None:
+    """An outcome not in PascalCase or named like one of the engine's own (Refused) is refused,
+    as is a rename of a unique field that declares no outcome for a taken value."""
     with pytest.raises(MissingOutcome):
         CATALOG.command(Command("Bad", SITE, POST_ID,
                                 Read("Post", (Var("site"), Var("post_id")), as_="post",
@@ -244,6 +259,8 @@ def test_every_outcome_is_declared_and_pascal_case() -> None:
 
 
 def test_the_idempotency_key_is_one_declared_string_input() -> None:
+    """An idempotency key on a non-string input, declared twice, or naming no declared input
+    is refused."""
     with pytest.raises(IdempotencyDeclarationError):
         CATALOG.command(Command("Bad", Input("n", int), IdempotencyKey("n"), Return("X")))
     with pytest.raises(IdempotencyDeclarationError):
@@ -254,6 +271,8 @@ def test_the_idempotency_key_is_one_declared_string_input() -> None:
 
 
 def test_service_values_need_a_durably_idempotent_mutation() -> None:
+    """A service value in a command that writes nothing or declares no idempotency key is
+    refused, and so is a service value of an unknown kind."""
     with pytest.raises(ServiceValueError):
         CATALOG.command(Command("Bad", SITE, POST_ID, Service("id", UUID_V7), READ_POST,
                                 Return("X")))
@@ -267,6 +286,8 @@ def test_service_values_need_a_durably_idempotent_mutation() -> None:
 
 
 def test_writes_derive_one_partition_route() -> None:
+    """A command whose writes would land in two partitions (rows keyed by two site inputs)
+    is refused."""
     with pytest.raises(PartitionRouteMismatch):
         CATALOG.command(Command(
             "Bad", SITE, Input("other_site", str), POST_ID, Input("comment_id", str),
@@ -280,6 +301,8 @@ def test_writes_derive_one_partition_route() -> None:
 
 
 def test_a_create_needs_a_dominating_read_of_its_relationship() -> None:
+    """A create whose required relationship is not proven by an earlier read of the very target
+    row (no read at all, or a read of another post) is refused."""
     with pytest.raises(MissingRelationshipProof):
         CATALOG.command(Command(
             "Bad", SITE, POST_ID, Input("comment_id", str), Input("body", str),
@@ -302,6 +325,7 @@ def test_a_create_needs_a_dominating_read_of_its_relationship() -> None:
 
 
 def test_a_create_sets_every_field() -> None:
+    """A create that never sets a field without a default (the comment's body) is refused."""
     with pytest.raises(BindingError):
         CATALOG.command(Command(
             "Bad", SITE, POST_ID, Input("comment_id", str), READ_POST,
@@ -312,6 +336,8 @@ def test_a_create_sets_every_field() -> None:
 
 
 def test_a_unique_key_begins_with_the_partition_route() -> None:
+    """A unique key that does not begin with the partition route, or holds nothing beyond it,
+    is refused."""
     with pytest.raises(UniqueKeyOutsidePartition):
         Catalog([replace(POST, unique=(Unique("by_title", ("title",)),)), COMMENT])
     with pytest.raises(UniqueKeyOutsidePartition):
@@ -319,12 +345,16 @@ def test_a_unique_key_begins_with_the_partition_route() -> None:
 
 
 def test_a_route_that_identifies_one_row_makes_indexes_vacuous() -> None:
+    """An entity whose partition route is its whole key may declare no unique key: each
+    partition holds one row, so the key would be vacuous."""
     with pytest.raises(RouteIdentifiesRow):
         Catalog([replace(POST, partition_by=("site", "id"),
                          unique=(Unique("by_title", ("site", "id", "title")),)), COMMENT])
 
 
 def test_entity_keys_partitions_and_conflict_keys_are_checked() -> None:
+    """A partition route that is not a prefix of the key, a conflict key beyond the key fields,
+    and a relationship to an undeclared entity are refused."""
     with pytest.raises(BindingError):
         Catalog([replace(POST, partition_by=("id",))])
     with pytest.raises(BindingError):
@@ -334,6 +364,8 @@ def test_entity_keys_partitions_and_conflict_keys_are_checked() -> None:
 
 
 def test_delete_policies_match_the_relationship_graph() -> None:
+    """A delete policy that misfits the relationships targeting its entity, or names an unknown
+    index, is refused; a bounded cascade through a reverse index led by the reference registers."""
     with pytest.raises(DeletePolicyError):  # something targets it
         Catalog([replace(POST, delete_policy=NoInbound()), COMMENT])
     with pytest.raises(DeletePolicyError):  # restrict proves nothing
@@ -355,6 +387,8 @@ def test_delete_policies_match_the_relationship_graph() -> None:
 
 
 def test_a_delete_declares_its_policy_outcome() -> None:
+    """A delete under restrict must declare its referenced outcome and may not declare
+    too_many; an entity without a delete policy cannot be deleted."""
     delete = Command("Del", SITE, POST_ID, Mutate("Post", (Var("site"), Var("post_id")),
                                                   as_="post", else_=Outcome("Missing")),
                      Delete("post", referenced=Outcome("Referenced")), Return("Deleted"))
@@ -374,6 +408,8 @@ def test_a_delete_declares_its_policy_outcome() -> None:
 
 
 def test_workflows_close_their_graph_and_are_the_only_way_to_move_state() -> None:
+    """A workflow moving outside its states or on an entity without a revision is refused, and
+    so is a command that sets the state field, transitions a read binding, or fixes the revision."""
     with pytest.raises(WorkflowError):
         Catalog([POST, COMMENT], [Workflow("Life", "Post", "state", ("draft",), (
             WorkflowTransition("Publish", ("draft",), "published"),))])
@@ -395,6 +431,7 @@ def test_workflows_close_their_graph_and_are_the_only_way_to_move_state() -> Non
 
 
 def test_row_policies_observe_rows_facts_and_constants_only() -> None:
+    """A row policy naming a command input, or a field the entity lacks, is refused."""
     with pytest.raises(CommandDeclarationError):
         Catalog([replace(POST, update_policy=RowPolicy(Eq(Var("x"), Const(1)), Reason("no"))),
                  COMMENT])
@@ -403,6 +440,7 @@ def test_row_policies_observe_rows_facts_and_constants_only() -> None:
 
 
 def test_a_gate_judges_an_existing_row() -> None:
+    """A gate may be required of a row the command read, never of the row it creates."""
     CATALOG.command(Command("Edit", SITE, POST_ID, READ_POST, RequireGate("post", "can_edit"),
                             Return("Edited")))
     with pytest.raises(BindingError):
@@ -421,6 +459,8 @@ def refused(error: type[Exception], message: str, make: Any) -> None:
 
 
 def test_catalog_duplicates_name_the_first_declaration() -> None:
+    """Every duplicate name, in a catalog or a command, is refused naming its own position
+    and the position of the first declaration."""
     refused(DuplicateName, r"^entity Post \(entity #2\): the name is first declared by entity #1$",
             lambda: Catalog([POST, POST, COMMENT]))
     refused(DuplicateName, r"^entity Post \(entity #3\): the name is first declared by entity #2$",
@@ -451,6 +491,8 @@ def test_catalog_duplicates_name_the_first_declaration() -> None:
 
 
 def test_entities_are_checked_field_by_field() -> None:
+    """Each malformed part of an entity (aggregate, revision, conflict key, unique, index,
+    relationship, row policy) is refused naming it, while the valid variants register."""
     class NoStore:
         pass
 
@@ -495,6 +537,8 @@ def test_entities_are_checked_field_by_field() -> None:
 
 
 def test_delete_policies_are_checked_edge_by_edge() -> None:
+    """Each malformed restrict or cascade edge (unknown or wrong index, maximum outside
+    1..MAX_CASCADE, unknown or foreign relationship, repeated edge) is refused naming it."""
     refused(UnknownName, r"restrict names unknown index Nope\.by_post", lambda: Catalog([
         replace(POST, delete_policy=Restrict((IndexRef("Nope", "by_post"),))), COMMENT]))
     other = ReverseIndex("by_body", ("site", "body"), table="comment")
@@ -527,6 +571,8 @@ def test_delete_policies_are_checked_edge_by_edge() -> None:
 
 
 def test_workflows_are_checked_state_by_state() -> None:
+    """A workflow on an unknown entity or field, with missing, repeated or mistyped states, a
+    sourceless transition, or a second one on the same field is refused naming it."""
     refused(UnknownName, r"workflow Life: unknown entity 'Nope'",
             lambda: Catalog([POST, COMMENT], [replace(FLOW, entity="Nope")]))
     refused(UnknownName, r"workflow Life: Post declares no field 'colour'",
@@ -551,6 +597,8 @@ def post_command(*clauses: Any) -> Command:
 
 
 def test_command_clauses_are_checked_one_by_one() -> None:
+    """Each malformed clause is refused with a message naming its command and clause, and a
+    well-formed transition resolves to its workflow and move."""
     transition = Transition("Life.Publish", on="post", revision=Var("rev"),
                             stale=Outcome("Stale"), illegal=Outcome("Illegal"))
     cases: list[tuple[type[Exception], str, Command]] = [
@@ -606,6 +654,8 @@ def test_command_clauses_are_checked_one_by_one() -> None:
 
 
 def test_a_membership_observes_what_is_declared() -> None:
+    """A Contains over a declared fact and a bound field registers; one reading a later input
+    or an unbound binding is refused, naming its requirement."""
     catalog = Catalog([POST, COMMENT], [FLOW], facts={"tags": frozenset[str]})
     catalog.command(post_command(READ_POST, Require(
         "Tagged", Contains(Fact("tags"), Field("post", "title")), Outcome("No"))))
@@ -616,6 +666,8 @@ def test_a_membership_observes_what_is_declared() -> None:
 
 
 def test_further_refusals_name_their_declaration() -> None:
+    """Further refusals (repeated key field, unknown taken key, cascade without too_many, Row in
+    a command, unproven Set, unproven relationship, incomplete create) name their declaration."""
     refused(DuplicateName, r"entity Post key: 'id' appears twice",
             lambda: Catalog([replace(POST, key=("site", "id", "id")), COMMENT]))
     refused(UnknownName, r"mutate post: Post has no unique key 'by_nope'", lambda: (

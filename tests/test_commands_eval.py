@@ -51,12 +51,15 @@ def ev(expr: Any, row: dict[str, Any] | None = None, principal: Any = None, **va
 
 
 def test_only_the_boolean_true_is_true() -> None:
+    """Only the boolean True is true: truthy values, INVALID, None, False and 0 are not."""
     assert truth(True)
     for value in (1, "yes", [1], INVALID, None, False, 0):
         assert not truth(value)
 
 
 def test_missing_fields_and_facts_are_invalid_never_coerced() -> None:
+    """A missing row field, fact, input or binding, a private fact, or Not of a non-boolean
+    evaluates to INVALID, never to a coerced value."""
     assert ev(Row("archived"), {}) is INVALID
     assert ev(Not(Row("archived")), {"archived": 0}) is INVALID
     assert ev(Not(Row("archived")), {"archived": False}) is True
@@ -67,6 +70,8 @@ def test_missing_fields_and_facts_are_invalid_never_coerced() -> None:
 
 
 def test_comparisons_refuse_mixed_types() -> None:
+    """A comparison mixing bool with int, str with int, or involving None is INVALID, while
+    int and float compare as numbers."""
     assert ev(Eq(Const(1), Const(True))) is INVALID
     assert ev(Eq(Const("1"), Const(1))) is INVALID
     assert ev(Eq(Const(1), Const(1.0))) is True
@@ -80,6 +85,8 @@ def test_comparisons_refuse_mixed_types() -> None:
 
 
 def test_and_or_are_strict_over_invalid_operands() -> None:
+    """And and Or are INVALID when any operand is invalid or non-boolean, even when the other
+    operand alone would decide."""
     assert ev(And(Const(False), Row("x")), {}) is INVALID
     assert ev(Or(Const(True), Row("x")), {}) is INVALID
     assert ev(Or(Const(False), Const(True))) is True
@@ -87,6 +94,8 @@ def test_and_or_are_strict_over_invalid_operands() -> None:
 
 
 def test_contains_reads_a_principal_fact_set() -> None:
+    """Contains answers membership in a principal's fact set, and is INVALID when the fact is
+    not a set or the element is missing."""
     who = Who("a", facts={"boards": frozenset({"b1"})})
     assert ev(Contains(Fact("boards"), Row("id")), {"id": "b1"}, who) is True
     assert ev(Contains(Fact("boards"), Row("id")), {"id": "b2"}, who) is False
@@ -107,6 +116,8 @@ class Thing:
 
 
 def test_a_mistyped_fact_denies() -> None:
+    """A row policy denies when a fact or row field it reads is mistyped or missing; a
+    well-typed admin fact allows."""
     assert check_row(POLICY, {"org": "acme", "locked": True}, Who("a", admin="yes")).reason
     assert not check_row(POLICY, {"org": "acme", "locked": True}, Who("a", admin=True)).reason
     assert check_row(POLICY, {"org": "acme", "locked": False}, Who("a", org=None)).reason
@@ -165,6 +176,8 @@ def test_a_policy_gate_built_at_run_time_is_the_check() -> None:
 
 
 def test_orderings_refuse_a_boolean_against_a_number() -> None:
+    """An ordering of a boolean against a number, or involving None, is INVALID; mixed int
+    and float, and two strings, still order."""
     for op in (Lt, Le, Gt, Ge):
         assert ev(op(Const(True), Const(2))) is INVALID
         assert ev(op(Const(2), Const(False))) is INVALID

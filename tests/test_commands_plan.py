@@ -80,6 +80,8 @@ BASE = {"key": "k", "org": "acme", "id": "i", "name": "n"}
 
 
 def test_inputs_are_validated_strictly() -> None:
+    """Inputs convert only losslessly (uuid text, int to float) and an absent optional is None;
+    a missing, mistyped, naive, over-long, service-named or unknown input is InvalidInput."""
     values = validate_inputs(CREATE, {**BASE, "ref": "01900000-0000-7000-8000-000000000001",
                                       "ratio": 1})
     assert isinstance(values["ref"], uuid.UUID) and values["ratio"] == 1.0
@@ -100,6 +102,8 @@ def test_inputs_are_validated_strictly() -> None:
 
 @given(st.integers(0, (1 << 48) - 1), st.binary(min_size=10, max_size=10))
 def test_uuid_v7_is_version_7_and_time_ordered(ms: int, rand: bytes) -> None:
+    """uuid_v7 is an RFC 4122 version-7 uuid carrying its milliseconds in the top 48 bits, so
+    one of a later millisecond sorts after it."""
     value = uuid_v7(ms, rand)
     assert value.version == 7 and value.variant == uuid.RFC_4122
     assert value.int >> 80 == ms
@@ -108,6 +112,8 @@ def test_uuid_v7_is_version_7_and_time_ordered(ms: int, rand: bytes) -> None:
 
 
 def test_sealed_values_round_trip() -> None:
+    """Sealed service values (the transaction time and a uuid_v7 of that instant) unseal equal
+    from their stored form; a stored instant that is not text is refused."""
     now = Timestamp(datetime(2026, 12, 1, 9, 0, tzinfo=UTC))
     sealed = seal(CREATE.services, now)
     assert sealed["when"] == now.value and isinstance(sealed["made"], uuid.UUID)
@@ -119,6 +125,7 @@ def test_sealed_values_round_trip() -> None:
 
 
 def test_the_digest_ignores_the_key_and_sees_every_other_input() -> None:
+    """The input digest is unchanged by the idempotency key and changed by any other input."""
     a = validate_inputs(CREATE, BASE)
     assert input_digest(CREATE, a) == input_digest(CREATE, {**a, "key": "other"})
     assert input_digest(CREATE, a) != input_digest(CREATE, {**a, "name": "m"})
@@ -126,6 +133,8 @@ def test_the_digest_ignores_the_key_and_sees_every_other_input() -> None:
 
 @given(st.lists(st.tuples(st.sampled_from(["s1", "s2"]), st.text(max_size=3)), max_size=12))
 def test_lock_order_is_one_total_order(items: list[tuple[str, str]]) -> None:
+    """Lock order is the same whatever order the rows arrive in and holds each row once, so
+    two writers never lock in opposite orders."""
     forward = order_by_lock(items, lambda i: lock_identity(i[0], i[1]))
     backward = order_by_lock(list(reversed(items)), lambda i: lock_identity(i[0], i[1]))
     assert forward == backward
@@ -133,6 +142,8 @@ def test_lock_order_is_one_total_order(items: list[tuple[str, str]]) -> None:
 
 
 def test_occupancy_is_keyed_inside_the_partition() -> None:
+    """A unique key's occupancy is keyed by partition and value, so one value in two
+    partitions is two keys; a None value occupies nothing."""
     mine = occupancy_keys(ITEM, {"org": "acme", "id": "1", "name": "x"})["by_name"]
     theirs = occupancy_keys(ITEM, {"org": "umbrella", "id": "2", "name": "x"})["by_name"]
     assert (mine.partition, mine.value) == ('["acme"]', '["x"]')
@@ -141,6 +152,8 @@ def test_occupancy_is_keyed_inside_the_partition() -> None:
 
 
 def test_the_command_config_bounds_its_retention() -> None:
+    """Idempotency retention defaults to one day and is refused below a minute or beyond
+    30 days, as is a sweep batch of zero."""
     assert CommandConfig().idempotency_retention == timedelta(days=1)
     with pytest.raises(ConfigError):
         CommandConfig(idempotency_retention=timedelta(seconds=5))
@@ -151,6 +164,8 @@ def test_the_command_config_bounds_its_retention() -> None:
 
 
 def test_an_outcome_is_a_typed_wire_value() -> None:
+    """An outcome's wire form carries outcome, ok, data, sealed values and replayed; rebuilt
+    from its stored record it is equal, marked replayed and not mutated."""
     outcome = CommandOutcome("C", "StaleRevision", False, {}, {"id": "x"})
     assert outcome.to_wire() == {"outcome": "StaleRevision", "ok": False, "data": {},
                                  "sealed": {"id": "x"}, "replayed": False}
@@ -159,6 +174,8 @@ def test_an_outcome_is_a_typed_wire_value() -> None:
 
 
 def test_an_outcome_names_its_stable_code() -> None:
+    """An outcome's code is the namespace and its snake-cased name, a refusal's is the gate's
+    reason, and a success has none."""
     assert CommandOutcome("C", "StaleRevision", False).code("card") == "card.stale_revision"
     assert CommandOutcome("C", "IdempotencyConflict", False).code("b") == "b.idempotency_conflict"
     refused = CommandOutcome("C", "Refused", False, {"reason": "card.done", "action": "advance"})

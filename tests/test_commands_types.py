@@ -97,6 +97,8 @@ def command(*extra: Any) -> Command:
 
 
 def test_field_types_come_from_the_dataclass() -> None:
+    """Field types come from the dataclass annotations (Literal and Enum domains, optionals,
+    typed properties; no ClassVar); Any and unions are unknown."""
     types = field_types(Account)
     assert types["owner"] == ValueType(str)
     assert types["kind"] == ValueType(str, domain=frozenset({"basic", "gold"}))
@@ -114,6 +116,8 @@ def test_field_types_come_from_the_dataclass() -> None:
 
 
 def test_the_store_key_is_the_complete_key() -> None:
+    """The store key is every key value (a single-field key is its value alone), and a key field
+    in neither the partition route nor the conflict key is refused."""
     assert ACCOUNT.key_of_values({"org": "acme", "id": "a1"}) == ["acme", "a1"]
     single = Entity("One", Account, key=("id",))
     assert single.key_of_values({"id": "a1"}) == "a1"
@@ -123,6 +127,8 @@ def test_the_store_key_is_the_complete_key() -> None:
 
 
 def test_an_entity_is_a_typed_dataclass() -> None:
+    """An entity's aggregate must be a dataclass with typed key fields and an int revision;
+    otherwise registration is refused."""
     class Plain:
         Store: ClassVar[Any] = _Store()
 
@@ -136,6 +142,8 @@ def test_an_entity_is_a_typed_dataclass() -> None:
 
 
 def test_values_are_admitted_by_their_type() -> None:
+    """A value is admitted by its exact type only: no bool as int nor int as bool, an int as a
+    float, None only when optional, a Literal value only from its domain."""
     assert admits(ValueType(int), 1) and not admits(ValueType(int), True)
     assert admits(ValueType(bool), False) and not admits(ValueType(bool), 0)
     assert admits(ValueType(float), 1) and admits(ValueType(float), 1.5)
@@ -148,6 +156,8 @@ def test_values_are_admitted_by_their_type() -> None:
 
 
 def test_assignability() -> None:
+    """A type is assignable only where no value is lost: int into float but not back, no bool
+    and int mixing, None or an optional only into an optional, a Literal only from its domain."""
     assert assignable(ValueType(str), ValueType(str)) is None
     assert assignable(ValueType(float), ValueType(int)) is None
     assert assignable(ValueType(int), ValueType(float)) is not None
@@ -165,6 +175,8 @@ def test_assignability() -> None:
 
 
 def test_expressions_are_typed() -> None:
+    """Well-typed predicates type as bool and arithmetic as its number; mismatched operands,
+    non-boolean logic, an enum against its raw value and an unknown fact are refused."""
     scope = TypeScope({"n": ValueType(int), "s": ValueType(str)},
                       {"a": field_types(Account)}, CATALOG.facts)
     ok: list[Expr] = [
@@ -194,6 +206,8 @@ def test_expressions_are_typed() -> None:
 
 
 def test_arithmetic_evaluates_strictly() -> None:
+    """Add and Sub evaluate numbers only (a bool, a string or a missing operand is INVALID),
+    and show renders an expression as it reads."""
     env = Env({"n": 2, "b": True, "s": "x"}, {}, None, None)
     assert evaluate(Add(Const(40), Var("n")), env) == 42
     assert evaluate(Sub(Const(40), Var("n")), env) == 38
@@ -206,6 +220,8 @@ def test_arithmetic_evaluates_strictly() -> None:
 
 
 def test_set_proofs() -> None:
+    """A Set on a mutate binding registers only with its own proof (a delta of its own field or
+    a fence on the caller's revision); an unproven one is refused, naming its clause."""
     CATALOG.command(command(Set("acct", "balance", Add(Field("acct", "balance"), Var("amount")))))
     CATALOG.command(command(Set("acct", "balance", Sub(Field("acct", "balance"), Var("amount")))))
     CATALOG.command(command(Require("Current", Eq(Field("acct", "version"), Var("rev")),
@@ -244,6 +260,8 @@ def test_set_proofs() -> None:
 
 
 def test_a_create_initialises_and_needs_no_other_proof() -> None:
+    """A create needs no proof beyond setting every field without a default, and its key
+    inputs must have the key fields' types."""
     CATALOG.command(Command(
         "Open", ORG, ID, Create("Account", (Var("org"), Var("id")), as_="acct",
                                 else_=Outcome("Exists")),
@@ -273,6 +291,8 @@ class Flagged:
 
 
 def test_a_row_policy_is_a_typed_boolean() -> None:
+    """A row policy must be a boolean expression over declared facts: a str, optional bool or
+    number predicate, a plain string, or an unknown fact is refused."""
     from service_engine.commands import Row, RowPolicy
     from service_engine.gates import Reason
 

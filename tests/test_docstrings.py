@@ -15,13 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BATTERIES = (ROOT / "tests", ROOT / "conformance")
 
-KNOWN_TO_FILL = frozenset({
-    "tests/test_commands_check.py",
-    "tests/test_commands_eval.py",
-    "tests/test_commands_plan.py",
-    "tests/test_commands_types.py",
-    "tests/test_exports.py",
-})
+KNOWN_TO_FILL: frozenset[str] = frozenset()
 """Files whose tests are being written elsewhere while this check lands: their
 docstrings come with that work. Each entry must still hold a test without a
 docstring, so the list only shrinks."""

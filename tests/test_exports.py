@@ -63,6 +63,7 @@ def test_the_root_surface_is_exactly_the_listed_names() -> None:
 
 
 def test_every_listed_name_resolves() -> None:
+    """Every name in the root's ``__all__`` is defined at the root."""
     for name in service_engine.__all__:
         assert getattr(service_engine, name) is not None
 
@@ -116,6 +117,7 @@ def test_every_exception_of_the_library_is_in_errors() -> None:
 
 
 def test_the_namespaces_export_their_listed_names() -> None:
+    """Each feature namespace's ``__all__`` is exactly its listed names, each defined there."""
     for module_name, expected in NAMESPACES.items():
         module = importlib.import_module(module_name)
         assert set(module.__all__) == expected, module_name
