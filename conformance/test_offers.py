@@ -120,6 +120,21 @@ def _offered() -> None:
     register_offer_type(CounterOffer())
 
 
+@contextlib.asynccontextmanager
+async def frozen_pass(drain: Any, pause: OneShotDrainPause) -> AsyncIterator[asyncio.Task[Any]]:
+    """``drain``'s next pass as a task, frozen at ``pause``; on leaving, the
+    pause is released and the pass ended, whatever failed in between (a pass
+    left frozen would hold its connection past the test)."""
+    frozen = asyncio.create_task(drain.step())
+    try:
+        yield frozen
+    finally:
+        pause.release()
+        frozen.cancel()
+        with contextlib.suppress(asyncio.CancelledError, LeaseLost):
+            await frozen
+
+
 async def test_a_write_stages_its_dirty_key_in_its_own_transaction(db: Database) -> None:
     """A create, a save and a delete of an offered noun each stage the key's
     dirty mark with the write (a bumped generation when one was waiting); a
@@ -222,21 +237,22 @@ async def test_s188_a_lease_expiring_between_revision_and_image_cannot_regress_t
         await executor.execute(WRITER, increment, OfferedCounter, "k")  # value 1: dirty
         pause = OneShotDrainPause()
         a.hook = pause
-        frozen = asyncio.create_task(a.step())
-        await asyncio.wait_for(pause.reached.wait(), 5)
-        # A is frozen holding revision r of value 0; its lease expires.
-        await db.pool.execute(
-            "UPDATE service_engine.leader_slot SET expires_at = clock_timestamp() WHERE slot = $1",
-            CounterOffer().slot,
-        )
-        await executor.execute(WRITER, increment, OfferedCounter, "k")  # value 2
-        reports = await b.step()
-        assert reports["sample_counters"].published >= 1
-        assert await bucket_values(bucket) == {"k": 2}
+        async with frozen_pass(a, pause) as frozen:
+            await asyncio.wait_for(pause.reached.wait(), 15)
+            # A is frozen holding revision r of value 0; its lease expires.
+            await db.pool.execute(
+                "UPDATE service_engine.leader_slot SET expires_at = clock_timestamp() "
+                "WHERE slot = $1",
+                CounterOffer().slot,
+            )
+            await executor.execute(WRITER, increment, OfferedCounter, "k")  # value 2
+            reports = await b.step()
+            assert reports["sample_counters"].published >= 1
+            assert await bucket_values(bucket) == {"k": 2}
 
-        pause.release()
-        with pytest.raises(LeaseLost):
-            await asyncio.wait_for(frozen, 5)
+            pause.release()
+            with pytest.raises(LeaseLost):
+                await asyncio.wait_for(frozen, 15)
         assert await bucket_values(bucket) == {"k": 2}
         assert (await bucket.get("sample.counter.k")) is not None
 
@@ -285,18 +301,18 @@ async def test_leader_failover_mid_drain_finishes_without_regressing(
 
         pause = OneShotDrainPause()
         a.hook = pause
-        frozen = asyncio.create_task(a.step())
-        await asyncio.wait_for(pause.reached.wait(), 5)
-        for key in keys:
-            await executor.execute(WRITER, increment, OfferedCounter, key, 3)
+        async with frozen_pass(a, pause) as frozen:
+            await asyncio.wait_for(pause.reached.wait(), 15)
+            for key in keys:
+                await executor.execute(WRITER, increment, OfferedCounter, key, 3)
 
-        async def taken_over() -> bool:
-            return "sample_counters" in await b.step()
+            async def taken_over() -> bool:
+                return "sample_counters" in await b.step()
 
-        await wait_until(taken_over, timeout=5, what="pod-b taking the expired lease")
-        pause.release()
-        with pytest.raises(LeaseLost):
-            await asyncio.wait_for(frozen, 5)
+            await wait_until(taken_over, timeout=15, what="pod-b taking the expired lease")
+            pause.release()
+            with pytest.raises(LeaseLost):
+                await asyncio.wait_for(frozen, 15)
         await b.step()
         assert await bucket_values(bucket) == await store_values(db)
         while (change := await watch.next(0.3)) is not None:
