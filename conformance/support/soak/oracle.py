@@ -26,8 +26,12 @@ from ...blackbox.harness import Pod
 from ..harness import owner_connection
 from .context import SoakContext
 from .load import Load
-from .model import HEAD, QUERIES, SERVER_FAULTS
+from .model import HEAD, LISTENER_REASONS, QUERIES, SERVER_FAULTS
 from .session import Session
+
+LISTENER_SETTLE = 10.0
+"""Seconds after a listener kill's recovery in which a DOWN naming only the
+listener is still that kill's (a loaded pod reads its listener's end late)."""
 
 
 @dataclass
@@ -278,11 +282,22 @@ class Oracle:
             await asyncio.sleep(0.3)
 
     def check_steady_readiness(self) -> None:
-        """Outside every fault window, a pod that answered was UP."""
-        def covered(at: float) -> bool:
-            return any(f.start - 0.2 <= at <= max(f.end, f.recovered) + 0.5
-                       for f in self.ctx.faults if f.kind in SERVER_FAULTS)
-        lies = [s for s in self.ctx.samples if s.up is False and not covered(s.at)]
+        """Outside every fault window, a pod that answered was UP. A listener
+        kill's window closes once every pod answers UP, yet a pod whose
+        listener had not read its connection's end by then goes DOWN for
+        ``listener`` just after: that DOWN, naming only the listener, belongs
+        to the kill for `LISTENER_SETTLE` seconds more."""
+        def covered(at: float, reasons: frozenset[str]) -> bool:
+            for f in self.ctx.faults:
+                if f.kind not in SERVER_FAULTS:
+                    continue
+                end = max(f.end, f.recovered) + 0.5
+                if f.kind == "listener_kill" and reasons and reasons <= LISTENER_REASONS:
+                    end += LISTENER_SETTLE
+                if f.start - 0.2 <= at <= end:
+                    return True
+            return False
+        lies = [s for s in self.ctx.samples if s.up is False and not covered(s.at, s.reasons)]
         self.found.steady_down = len(lies)
         if lies:
             self.ctx.violations.append(
