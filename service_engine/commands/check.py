@@ -562,7 +562,7 @@ class _CommandChecker:
     def observe(self, expr: object, what: str, *, allow_bindings: bool = True) -> ValueType:
         if not is_expr(expr):
             raise self.fail(CommandDeclarationError, f"{what} is not an expression: {expr!r}")
-        for leaf in references(expr):  # type: ignore[arg-type]
+        for leaf in references(expr):
             if isinstance(leaf, Var) and leaf.name not in self.values:
                 raise self.fail(UnboundReference, f"{what} reads {leaf.name!r}, not an input or "
                                 "service value declared before it")
@@ -579,7 +579,7 @@ class _CommandChecker:
                                     f"{entity.name}.{leaf.name}")
             if isinstance(leaf, Row):
                 raise self.fail(CommandDeclarationError, f"{what}: Row is for row policies only")
-        return _typed(self.scope(), expr, f"{self.where}: {what} ({self.at})")  # type: ignore[arg-type]
+        return _typed(self.scope(), expr, f"{self.where}: {what} ({self.at})")
 
     def check(self) -> CheckedCommand:
         decl = self.decl

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeGuard
 
 __all__ = [
     "INVALID",
@@ -315,7 +315,7 @@ def references(expr: Expr) -> Iterator[Const | Var | Field | Row | Fact]:
         raise TypeError(f"not a command expression: {expr!r}")
 
 
-def is_expr(value: object) -> bool:
+def is_expr(value: object) -> TypeGuard[Expr]:
     """Whether ``value`` is an expression node."""
     return isinstance(value, (*_LEAVES, Not, Contains, *_BINARY))
 
