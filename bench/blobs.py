@@ -28,8 +28,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from service_engine.blobs.s3 import BlobStore, BlobStoreConfig
 from service_engine.blobs.sigv4 import Credentials, signature
-from service_engine.blobs.store import BlobStore, BlobStoreConfig
 from service_engine.embedded import EmbeddedSeaweed
 
 

@@ -440,7 +440,7 @@ async def reaction_run(db: Database, reactions: int, meter: CpuMeter) -> tuple[f
     `ReactionRunner.handle` (identify, decode, the pipeline transaction,
     the disposition), 16 at a time, no NATS, no relay, no render runtime:
     the reaction's own cost (the bench's CPU is the reaction's client CPU)."""
-    from service_engine.integration.dispatch import InboundFrame, ReactionRunner
+    from service_engine.inbound.dispatch import InboundFrame, ReactionRunner
     from service_engine.messaging.dead_letters import DeadLetters
 
     runner = ReactionRunner(place_order("inproc", concurrency=CONCURRENCY), db,

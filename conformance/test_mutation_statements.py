@@ -48,14 +48,14 @@ from service_engine.messaging.envelope import (
     OutboundMessage,
     build_event,
 )
-from service_engine.messaging.outbox import OutboxRow, outbox_statement, write_outbox
-from service_engine.messaging.scheduled import (
-    scheduled_message_statement,
-    stage_scheduled_message,
-)
 from service_engine.offers.drain import OfferDrain, OfferDrainBounds
 from service_engine.offers.model import register_offer_type
 from service_engine.offers.staging import DirtyMark, dollar_quoted, offer_dirty_statement
+from service_engine.outbox.staging import OutboxRow, outbox_statement, write_outbox
+from service_engine.scheduled.staging import (
+    scheduled_message_statement,
+    stage_scheduled_message,
+)
 
 from .blackbox.harness import provision_kv
 from .support.example_support import example_config, person, serving_engine

@@ -323,7 +323,7 @@ NON_FIELD_VARIABLES = frozenset({
     "LOG_FORMAT",  # service_engine.logs
     "DEBUG_LOOP_WATCH", "DEBUG_GC_THRESHOLDS",  # bench/loopwatch.py (debug only)
     "ALLOCATOR",  # service_engine.memory.run_on_allocator (read before the engine starts)
-    # service_engine.blobs.store.BlobStoreConfig.from_env (the blob bucket)
+    # service_engine.blobs.s3.BlobStoreConfig.from_env (the blob bucket)
     "S3_ENDPOINT", "S3_BUCKET", "S3_REGION", "S3_ACCESS_KEY", "S3_SECRET_KEY",
 })
 """``SERVICE_ENGINE_*`` variables that are not `EngineConfig` fields."""

@@ -1,6 +1,6 @@
 """Engine: boot, the register_* seams, the components it composes, run, shutdown.
 
-Each feature folder provides one component (`service_engine.component`):
+Each feature folder provides one component (`service_engine.beat.component`):
 `Upkeep`, `Integration`, `Offers`, `Mirrors`, `BlobRuntime`, `Scopes`,
 `Lanes`, the `Eraser`. The engine builds them from the config's bounds, hands
 each registration to its component, starts them when `run` begins, runs their
@@ -13,10 +13,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from .beat.component import BeatStep, Component, Delegate, run_beat
+from .beat.upkeep import LOOP_LAG_INTERVAL, Upkeep, UpkeepBounds, probe_listener
 from .blobs.model import DownloadUrl
 from .blobs.runtime import BlobRuntime
 from .clock import SystemClock
-from .component import BeatStep, Component, Delegate, run_beat
 from .config import EngineConfig
 from .db.pool import Database
 from .db.posture import assert_posture
@@ -26,7 +27,7 @@ from .failures import DuplicateRegistration, EngineError, ShuttingDown, WorkerSt
 from .impacts.model import JsonValue
 from .impacts.transport import PgListenNotify
 from .integration.component import Integration
-from .lanes.accumulator import Accumulator
+from .lanes.accumulated.accumulator import Accumulator
 from .lanes.component import Lanes
 from .messaging.dead_letters import DeadLetters
 from .messaging.nats import Nats
@@ -46,7 +47,6 @@ from .render.runtime import RenderRuntime
 from .scopes.component import Scopes
 from .scopes.manifest import ScopeError
 from .supervisor import Supervisor, Worker
-from .upkeep import LOOP_LAG_INTERVAL, Upkeep, UpkeepBounds, probe_listener
 
 __all__ = ["ENGINE_VERSION", "LOOP_LAG_INTERVAL", "Engine"]
 

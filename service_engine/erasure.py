@@ -44,17 +44,17 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from .beat.component import NO_TASKS, BeatStep
 from .blobs.model import object_key
 from .blobs.runtime import BlobRuntime
 from .clock import Clock, SystemClock, Timestamp
-from .component import NO_TASKS, BeatStep
 from .config import EngineConfig
 from .db.errors import Stage, translating
 from .db.pool import Database
 from .db.types import Conn
 from .failures import ConfigError, DuplicateRegistration, EngineError
 from .impacts.model import JsonValue
-from .lanes.accumulators import Accumulators
+from .lanes.accumulated.runtime import Accumulators
 from .messaging.envelope import DeclaredSequence, build_event, check_token
 from .metrics import Metrics
 from .persistence.full_eda import EventSourced, Redactor

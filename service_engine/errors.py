@@ -23,6 +23,9 @@ reaction raises, listed here with the rest.
 
 from __future__ import annotations
 
+from .beat.leader import (
+    LeaseLost,
+)
 from .blobs.model import (
     BlobBucketMissing,
     BlobError,
@@ -111,14 +114,11 @@ from .impacts.model import (
     UnencodableImpactValue,
     UnknownFactDependency,
 )
-from .integration.inbound import (
+from .inbound.consumer import (
     ConsumerBindFailed,
     ConsumerLost,
 )
-from .integration.outbox import (
-    MessageRetentionTooShort,
-)
-from .lanes.accumulator_errors import (
+from .lanes.accumulated.errors import (
     AccumulatorWithoutService,
     AlreadySealed,
     ChunkConflict,
@@ -132,7 +132,7 @@ from .lanes.accumulator_errors import (
     SealRetentionTooShort,
     SealTruncated,
 )
-from .lanes.presence import (
+from .lanes.presence.model import (
     InvalidPresenceKey,
     InvalidPresenceValue,
     PresenceBucketMissing,
@@ -145,11 +145,8 @@ from .lanes.presence import (
     PresenceWithoutService,
     UndecodableValue,
 )
-from .lanes.presence_lane import (
+from .lanes.presence.runtime import (
     PresenceNotBound,
-)
-from .leader import (
-    LeaseLost,
 )
 from .messaging.dead_letters import (
     DeadLetterNotFound,
@@ -173,6 +170,9 @@ from .messaging.reactions import (
     PrincipalUnresolved,
     Retry,
     Terminal,
+)
+from .outbox.relay import (
+    MessageRetentionTooShort,
 )
 from .persistence.base import (
     HydrationFailed,
@@ -242,6 +242,9 @@ from .render.stream import (
 from .render.windows import (
     InvalidWindow,
 )
+from .scopes.handshake_wire import (
+    ScopeWireError,
+)
 from .scopes.manifest import (
     EmptyScopeManifest,
     MalformedScopeKey,
@@ -249,9 +252,6 @@ from .scopes.manifest import (
     ScopeManifestSpansServices,
     ScopeRejected,
     ScopeWithoutNats,
-)
-from .scopes.wire import (
-    ScopeWireError,
 )
 from .server.passport import (
     PassportError,

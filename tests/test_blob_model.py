@@ -21,8 +21,8 @@ from service_engine.blobs.model import (
     UploadUrl,
     parse_reference,
 )
+from service_engine.blobs.s3 import BlobStoreConfig
 from service_engine.blobs.staging import blob_refs_of, released_refs
-from service_engine.blobs.store import BlobStoreConfig
 from service_engine.errors import ConfigError, DeclarationError
 from service_engine.impacts import Impact
 from service_engine.persistence import DomainEvent

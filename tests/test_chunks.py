@@ -8,14 +8,7 @@ import hashlib
 
 import pytest
 
-from service_engine.lanes.accumulator_errors import (
-    ChunkSeqOutOfRange,
-    InvalidChunkKey,
-    SealChunkBeyondLastSeq,
-    SealHashMismatch,
-    SealTruncated,
-)
-from service_engine.lanes.chunks import (
+from service_engine.lanes.accumulated.chunks import (
     HEADER_CHUNK_SEQ,
     MAX_CHUNK_SEQ,
     ChunkFrame,
@@ -28,6 +21,13 @@ from service_engine.lanes.chunks import (
     plan_seal,
     seal_hash,
     stream_subject,
+)
+from service_engine.lanes.accumulated.errors import (
+    ChunkSeqOutOfRange,
+    InvalidChunkKey,
+    SealChunkBeyondLastSeq,
+    SealHashMismatch,
+    SealTruncated,
 )
 
 

@@ -224,7 +224,7 @@ def test_the_default_socket_bound_follows_the_open_file_limit() -> None:
 def test_check_environment_accepts_the_blob_store_variables() -> None:
     """``SERVICE_ENGINE_S3_*`` configure the blob store (not `EngineConfig`):
     a correct blob-store setup passes the check."""
-    from service_engine.blobs.store import BlobStoreConfig
+    from service_engine.blobs.s3 import BlobStoreConfig
     from service_engine.config import check_environment
 
     environ = {

@@ -10,10 +10,10 @@ import nats.js.errors
 import pytest
 
 from service_engine.errors import ConfigError
-from service_engine.integration.health import GraceTracker
-from service_engine.integration.outbox import OutboxBounds, retention_problems
-from service_engine.integration.scheduled import ScheduledBounds
 from service_engine.messaging.nats import Rejected, Unanswered, classify_publish_failure
+from service_engine.messaging.nats_health import GraceTracker
+from service_engine.outbox.relay import OutboxBounds, retention_problems
+from service_engine.scheduled.publisher import ScheduledBounds
 
 
 @pytest.mark.parametrize(

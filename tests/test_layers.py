@@ -39,18 +39,18 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.resources",
         "service_engine.gates",
         "service_engine.supervisor",
-        "service_engine.component",
+        "service_engine.beat.component",
         "service_engine.logs",
         "service_engine.memory",
         "service_engine.blobs.sigv4",
         "service_engine.scopes.manifest",
-        "service_engine.scopes.wire",
+        "service_engine.scopes.handshake_wire",
         "service_engine.principal_facts",
     )),
     ("adapters", (
         "service_engine.db",
         "service_engine.messaging.nats",
-        "service_engine.leader",
+        "service_engine.beat.leader",
         "service_engine.embedded",
     )),
     ("impacts", ("service_engine.impacts",)),
@@ -60,11 +60,11 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.offers.model",
         "service_engine.offers.staging",
         "service_engine.mirrors",
-        "service_engine.lanes.chunks",
-        "service_engine.lanes.accumulator",
-        "service_engine.lanes.accumulator_errors",
-        "service_engine.lanes.accumulator_flush",
-        "service_engine.lanes.seal",
+        "service_engine.lanes.accumulated.chunks",
+        "service_engine.lanes.accumulated.accumulator",
+        "service_engine.lanes.accumulated.errors",
+        "service_engine.lanes.accumulated.flush",
+        "service_engine.lanes.accumulated.seal",
         "service_engine.blobs",
     )),
     ("pipeline", ("service_engine.pipeline",)),
@@ -75,7 +75,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
                "service_engine.mirrors.worker", "service_engine.mirrors.component", "service_engine.ops",
                "service_engine.lanes", "service_engine.blobs.reaper",
                "service_engine.blobs.runtime", "service_engine.scopes",
-               "service_engine.erasure", "service_engine.upkeep")),
+               "service_engine.erasure", "service_engine.beat.upkeep")),
     ("engine", ("service_engine.engine",)),
     # The author's kit never imports the server that serves what it composed.
     ("kit", ("service_engine.graphql",)),
@@ -273,7 +273,7 @@ def test_the_graph_sees_local_and_relative_imports() -> None:
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-@pytest.mark.parametrize("module", ["service_engine.integration.dispatch"])
+@pytest.mark.parametrize("module", ["service_engine.inbound.dispatch"])
 def test_dispatch_and_the_pull_loop_stay_apart(module: str) -> None:
     """The reaction runner never reaches the pull loop that feeds it."""
-    assert "service_engine.integration.inbound" not in import_graph()[module]
+    assert "service_engine.inbound.consumer" not in import_graph()[module]

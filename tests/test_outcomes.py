@@ -166,7 +166,7 @@ def test_every_answered_error_is_in_the_table_and_answers_its_code() -> None:
     from datetime import timedelta
 
     from service_engine.gates import Refused
-    from service_engine.integration.dispatch import classify_failure
+    from service_engine.inbound.dispatch import classify_failure
     from service_engine.messaging.reactions import DeadLetterIt, ReactionBudget
     from service_engine.pipeline.outcomes import ANSWERED, mutation_error
 

@@ -11,7 +11,7 @@ import pytest
 
 from service_engine.errors import ConfigError
 from service_engine.lanes.notices import LaneGate, LaneNotice
-from service_engine.lanes.presence import (
+from service_engine.lanes.presence.model import (
     BucketFacts,
     InvalidPresenceKey,
     InvalidPresenceValue,

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from service_engine.db.errors import DatabaseFault
 from service_engine.errors import ConfigError
 from service_engine.gates import Reason, Refused
-from service_engine.integration.dispatch import classify_failure
+from service_engine.inbound.dispatch import classify_failure
 from service_engine.messaging.claims import confirmations_json, parse_confirmations
 from service_engine.messaging.envelope import (
     HEADER_MESSAGE_ID,
@@ -29,7 +29,6 @@ from service_engine.messaging.envelope import (
     SequenceWithoutService,
     row_publish_headers,
 )
-from service_engine.messaging.outbox import OutboxRow
 from service_engine.messaging.reactions import (
     DeadLetterIt,
     Nak,
@@ -42,6 +41,7 @@ from service_engine.messaging.reactions import (
     is_terminal_sqlstate,
     route,
 )
+from service_engine.outbox.staging import OutboxRow
 from service_engine.persistence.base import NotFound
 from service_engine.pipeline import ConstraintViolation, LockTimeout, Stage, principal_actor
 from service_engine.pipeline.inbound import InboundReaction

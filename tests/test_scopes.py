@@ -7,15 +7,7 @@ import uuid
 
 import pytest
 
-from service_engine.scopes.identity import known_scopes
-from service_engine.scopes.manifest import (
-    EmptyScopeManifest,
-    MalformedScopeKey,
-    ScopeDeclaration,
-    ScopeManifest,
-    ScopeManifestSpansServices,
-)
-from service_engine.scopes.wire import (
+from service_engine.scopes.handshake_wire import (
     REQUEST_SCHEMA,
     ScopeReply,
     ScopeRequest,
@@ -25,6 +17,14 @@ from service_engine.scopes.wire import (
     decode_request,
     encode_reply,
     encode_request,
+)
+from service_engine.scopes.identity import known_scopes
+from service_engine.scopes.manifest import (
+    EmptyScopeManifest,
+    MalformedScopeKey,
+    ScopeDeclaration,
+    ScopeManifest,
+    ScopeManifestSpansServices,
 )
 
 

@@ -16,8 +16,8 @@ import nats
 
 from service_engine import Database, Engine, EngineConfig, ReadinessHandle
 from service_engine.embedded import EmbeddedNats, provision_lane_stream
-from service_engine.lanes.accumulator import Accumulator, Cancelled
-from service_engine.lanes.chunks import ChunkFrame, encode_frame, seal_hash
+from service_engine.lanes.accumulated.accumulator import Accumulator, Cancelled
+from service_engine.lanes.accumulated.chunks import ChunkFrame, encode_frame, seal_hash
 from service_engine.messaging.nats import open_nats
 from service_engine.pipeline import Mutation
 
@@ -139,7 +139,7 @@ class Producer:
         self.js = client.jetstream()
 
     async def send(self, key: str, seq: int, chunk: str, accumulator: str | None = None) -> None:
-        from service_engine.lanes.chunks import ChunkSeq
+        from service_engine.lanes.accumulated.chunks import ChunkSeq
 
         subject, headers, payload = encode_frame(
             SERVICE, ChunkFrame(key, ChunkSeq(seq), chunk.encode(), accumulator)

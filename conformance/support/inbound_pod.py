@@ -18,7 +18,7 @@ import uuid
 from datetime import timedelta
 
 from service_engine import Engine, ReadinessHandle, connect_pool
-from service_engine.integration.dispatch import InboundPoint
+from service_engine.inbound.dispatch import InboundPoint
 from service_engine.messaging.nats import open_nats
 
 from .inbound_support import fast_config

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from service_engine import Database, Engine, EngineConfig, ReadinessHandle
 from service_engine.embedded import INTEGRATION_STREAMS, EmbeddedNats
 from service_engine.errors import WorkerStopped
-from service_engine.integration.dispatch import InboundHook
+from service_engine.inbound.dispatch import InboundHook
 from service_engine.messaging.envelope import (
     HEADER_MESSAGE_ID,
     HEADER_NATS_MSG_ID,

@@ -2,7 +2,7 @@
 
 ``Engine.register_presence = Delegate("lanes", Lanes.register_presence)``
 is, read on an engine, the component's bound method with its signature and
-docstring (`service_engine.component.Delegate`). Griffe sees only an
+docstring (`service_engine.beat.component.Delegate`). Griffe sees only an
 assignment, so this extension replaces each such class attribute by an alias
 of the method it names: the reference shows the verb as the method it is.
 """

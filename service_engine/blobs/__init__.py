@@ -11,7 +11,7 @@ engine's own.
 from __future__ import annotations
 
 from .model import BlobBucketMissing, BlobError, BlobKind, BlobPolicy, DownloadUrl, UploadUrl
-from .store import BlobStoreConfig
+from .s3 import BlobStoreConfig
 
 __all__ = [
     "BlobBucketMissing",

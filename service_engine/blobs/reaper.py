@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..db.errors import Stage, translating
 from ..db.pool import Database
-from .store import BlobStore
+from .s3 import BlobStore
 
 __all__ = ["BlobReaper", "ReapTally"]
 

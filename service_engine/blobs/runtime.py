@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from ..component import NO_TASKS, BeatStep
+from ..beat.component import NO_TASKS, BeatStep
 from ..db.errors import Stage, translating
 from ..db.pool import Database
 from ..failures import DuplicateRegistration, EngineError
@@ -29,8 +29,8 @@ from ..readiness import ReadinessHandle
 from ..supervisor import Worker
 from .model import BlobKind, BlobPolicy, DownloadUrl, object_key, parse_reference
 from .reaper import BlobReaper
+from .s3 import BlobStore, BlobStoreConfig
 from .staging import blob_refs_of
-from .store import BlobStore, BlobStoreConfig
 
 __all__ = ["REASON_BLOB_STORE", "BlobRuntime", "BlobStoreMissing"]
 

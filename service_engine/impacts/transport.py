@@ -33,7 +33,7 @@ from .model import Delivery, Impact, Reconnected, decode_impact, encode_impact
 
 OUTBOX_CHANNEL = "service_engine_outbox"
 """Where a commit that staged outbox rows signals the relay (written by
-`service_engine.integration.outbox`)."""
+`service_engine.outbox.relay`)."""
 
 CHANNEL = "service_engine_impacts"
 """The NOTIFY channel every pod of a database listens on."""

@@ -11,6 +11,7 @@ The loops themselves (inbound consumers and dispatch, the outbox relay,
 the scheduled publisher, cron, NATS health) are the engine's own, in this
 package's modules."""
 
+from ..beat.cron import Cron, Tick
 from ..messaging.dead_letters import DEAD_LETTER_NOUN, DeadLetter, DeadLetters, DeadLetterSource
 from ..messaging.envelope import (
     Actor,
@@ -38,7 +39,6 @@ from ..messaging.nats import (
     Unanswered,
     open_nats,
 )
-from ..messaging.outbox import stage_outbox_row
 from ..messaging.reactions import (
     Disposition,
     Park,
@@ -47,9 +47,9 @@ from ..messaging.reactions import (
     Retry,
     Terminal,
 )
-from ..messaging.scheduled import stage_scheduled
+from ..outbox.staging import stage_outbox_row
 from ..pipeline.inbound import InboundReaction
-from .cron import Cron, Tick
+from ..scheduled.staging import stage_scheduled
 
 __all__ = [
     "DEAD_LETTER_NOUN",

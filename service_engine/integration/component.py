@@ -14,31 +14,31 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ..component import BeatStep
+from ..beat.component import BeatStep
+from ..beat.cron import Cron, CronScheduler
+from ..beat.leader import LeaderLease
 from ..config import EngineConfig
 from ..db.pool import Database
 from ..failures import ConfigError, DuplicateRegistration, EngineError
-from ..leader import LeaderLease
+from ..inbound.consumer import InboundConsumer
+from ..inbound.dispatch import InboundHook, ReactionRunner
+from ..inbound.health import ConsumerSupervisor, InboundHealth
 from ..messaging.dead_letters import DeadLetters
 from ..messaging.nats import Nats
+from ..messaging.nats_health import NatsHealth
 from ..metrics import Metrics
-from ..pipeline.inbound import InboundReaction
-from ..pipeline.reaction import ReactionPrincipal
-from ..readiness import ReadinessHandle
-from ..supervisor import Worker
-from .cron import Cron, CronScheduler
-from .dispatch import InboundHook, ReactionRunner
-from .health import NatsHealth
-from .inbound import InboundConsumer
-from .inbound_health import ConsumerSupervisor, InboundHealth
-from .outbox import (
+from ..outbox.relay import (
     OUTBOX_SLOT,
     OutboxBounds,
     OutboxRelay,
     check_message_retention,
     outbox_relay,
 )
-from .scheduled import ScheduledBounds, ScheduledPublisher
+from ..pipeline.inbound import InboundReaction
+from ..pipeline.reaction import ReactionPrincipal
+from ..readiness import ReadinessHandle
+from ..scheduled.publisher import ScheduledBounds, ScheduledPublisher
+from ..supervisor import Worker
 
 __all__ = ["REASON_INBOUND_BOOT", "Integration"]
 

@@ -3,8 +3,9 @@ verified seal (lane A)."""
 
 from __future__ import annotations
 
-from .accumulator import Accumulator, Cancelled, Durable, Folded
-from .accumulator_errors import (
+from .accumulated.accumulator import Accumulator, Cancelled, Durable, Folded
+from .accumulated.chunks import ChunkFrame, ChunkSeq, encode_frame, seal_hash
+from .accumulated.errors import (
     AccumulatorWithoutService,
     AlreadySealed,
     ChunkConflict,
@@ -18,9 +19,8 @@ from .accumulator_errors import (
     SealRetentionTooShort,
     SealTruncated,
 )
-from .chunks import ChunkFrame, ChunkSeq, encode_frame, seal_hash
 from .notices import ACCUMULATED_LANE, LaneNotice, LaneNotices, LaneNoticeStream
-from .presence import (
+from .presence.model import (
     PRESENCE_LANE,
     InvalidPresenceKey,
     InvalidPresenceValue,
@@ -35,7 +35,7 @@ from .presence import (
     PresenceWithoutNats,
     PresenceWithoutService,
 )
-from .presence_lane import PresenceHandle, PresenceNotBound
+from .presence.runtime import PresenceHandle, PresenceNotBound
 
 __all__ = [
     "ACCUMULATED_LANE",

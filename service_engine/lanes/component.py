@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
 from typing import Any
 
-from ..component import BeatStep
+from ..beat.component import BeatStep
 from ..config import EngineConfig
 from ..db.pool import Database
 from ..failures import ConfigError, EngineError
@@ -26,12 +26,17 @@ from ..readiness import ReadinessHandle
 from ..render.projector import Projector
 from ..render.registry import RenderRegistry
 from ..supervisor import Worker
-from .accumulator import Accumulator, Durable, Folded
-from .accumulators import Accumulators
-from .ingress import IngressSupervisor, LaneIngress, bind_lane_stream
+from .accumulated.accumulator import Accumulator, Durable, Folded
+from .accumulated.ingress import IngressSupervisor, LaneIngress, bind_lane_stream
+from .accumulated.runtime import Accumulators
 from .notices import LaneHealth, LaneNotices, LaneNoticeStream
-from .presence import PRESENCE_LANE, PresenceProjector, PresenceWithoutNats, PresenceWithoutService
-from .presence_lane import PresenceHandle, PresenceLanes
+from .presence.model import (
+    PRESENCE_LANE,
+    PresenceProjector,
+    PresenceWithoutNats,
+    PresenceWithoutService,
+)
+from .presence.runtime import PresenceHandle, PresenceLanes
 
 __all__ = ["Lanes"]
 

@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 
-from ..component import BeatStep
+from ..beat.component import BeatStep
 from ..db.pool import Database
 from ..failures import ConfigError, DuplicateRegistration
 from ..messaging.dead_letters import DeadLetters

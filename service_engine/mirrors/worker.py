@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from ..beat.leader import LeaderLease
 from ..db.errors import Stage, translating
 from ..db.pool import Database
 from ..impacts.transport import stage_in
-from ..leader import LeaderLease
 from ..messaging.dead_letters import DeadLetter, DeadLetters, DeadLetterSource
 from ..messaging.nats import KvBucket, KvChange, KvWatch, Nats
 from ..offers.model import Published

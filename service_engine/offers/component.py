@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from ..component import BeatStep
+from ..beat.component import BeatStep
 from ..db.pool import Database
 from ..failures import ConfigError, DuplicateRegistration, EngineError
 from ..messaging.nats import Nats

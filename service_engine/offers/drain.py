@@ -107,10 +107,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
+from ..beat.leader import LeaderLease, Lease, LeaseLost
 from ..db.errors import Stage, translating
 from ..db.pool import Database
 from ..failures import ConfigError
-from ..leader import LeaderLease, Lease, LeaseLost
 from ..messaging.nats import KvBucket, KvConflict, KvEntry, Nats, NatsUnavailable
 from ..metrics import Metrics
 from ..persistence.base import store_of

@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol, TypeAlias
 
+from ..beat.leader import LeaderLease
 from ..db.errors import Stage, translating
 from ..db.locks import advisory_key
 from ..db.pool import Database
 from ..db.types import Conn
 from ..failures import ConfigError
-from ..leader import LeaderLease
 from ..messaging.nats import KvBucket, KvConflict, Nats
 
 __all__ = [

@@ -55,10 +55,10 @@ from ..impacts.model import (
     canonical_json,
     impact_json,
 )
-from ..lanes.accumulator import Accumulator, Cancelled
-from ..lanes.accumulator_errors import SealError
-from ..lanes.chunks import Gesture, SealPlan
-from ..lanes.seal import seal_in
+from ..lanes.accumulated.accumulator import Accumulator, Cancelled
+from ..lanes.accumulated.chunks import Gesture, SealPlan
+from ..lanes.accumulated.errors import SealError
+from ..lanes.accumulated.seal import seal_in
 from ..messaging.claims import (
     Confirmation,
 )
@@ -74,9 +74,9 @@ from ..messaging.envelope import (
     service_identity,
     stamp_sequence,
 )
-from ..messaging.outbox import OutboxRow
 from ..messaging.reactions import PrincipalUnresolved, ReactionDelivery
 from ..offers.staging import DirtyMark, DirtyMarks
+from ..outbox.staging import OutboxRow
 from ..persistence.base import Aggregate, NotFound, Persistence, load_pinned, store_of
 from ..persistence.crud import CrudStore
 from ..persistence.full_eda import EventSourced, Redactor

@@ -16,7 +16,7 @@ publishes) and register it with ``Engine.register_reaction``::
 
 Each reaction gets one durable consumer on the gitops-declared
 ``INTEGRATION_CMD`` / ``INTEGRATION_EVT`` stream (`COMMAND_STREAM`,
-`EVENT_STREAM`); the pull loop that runs it is `integration.inbound`.
+`EVENT_STREAM`); the pull loop that runs it is `inbound.consumer`.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Generic, NoReturn, TypeAlias, TypeVar, final
 from ..db.errors import ConstraintViolation, DatabaseError
 from ..failures import CauseTooLarge, EngineError, TooManyImpacts
 from ..gates import ActionName, Reason, Refused
-from ..lanes.accumulator_errors import SealError
+from ..lanes.accumulated.errors import SealError
 from ..persistence.base import HydrationFailed, NotFound
 
 __all__ = [

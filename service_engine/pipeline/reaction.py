@@ -53,9 +53,9 @@ from ..messaging.claims import (
     stored_confirmations,
 )
 from ..messaging.envelope import Actor
-from ..messaging.outbox import OutboxRow
 from ..messaging.reactions import Disposition, ReactionDelivery
 from ..metrics import Metrics
+from ..outbox.staging import OutboxRow
 from .contexts import ClaimedBefore, Reaction
 from .run import StageHook, run_pipeline
 

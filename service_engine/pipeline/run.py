@@ -49,10 +49,10 @@ from ..db.pool import Database
 from ..db.types import Conn
 from ..impacts.framing import encode_group, new_group_id
 from ..impacts.transport import schedule_statement
-from ..messaging.outbox import outbox_statement
-from ..messaging.scheduled import scheduled_message_statement
 from ..metrics import Metrics
 from ..offers.staging import offer_dirty_statement
+from ..outbox.staging import outbox_statement
+from ..scheduled.staging import scheduled_message_statement
 from .contexts import Ops, Staged
 from .transaction import Transaction
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 
-from ..component import NO_STEPS, BeatStep
+from ..beat.component import NO_STEPS, BeatStep
 from ..messaging.nats import Nats
 from ..readiness import ReadinessHandle
 from ..supervisor import Worker

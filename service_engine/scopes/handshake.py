@@ -3,7 +3,7 @@
 `ScopeHandshake.hold` puts readiness DOWN under ``scope_declaration``
 before ``run`` clears its boot reason; the supervised `ScopeHandshake.run`
 waits for the mirrors to converge, then asks Identity
-(`service_engine.scopes.wire`) until it answers — no responder or a
+(`service_engine.scopes.handshake_wire`) until it answers — no responder or a
 timeout is retried with a bounded backoff, still DOWN. ``confirmed``
 clears the reason (and the worker idles until shutdown); ``rejected`` keeps
 the pod DOWN with Identity's reason and raises `ScopeRejected`, which
@@ -21,8 +21,8 @@ from datetime import timedelta
 from ..messaging.envelope import service_identity
 from ..messaging.nats import Nats
 from ..readiness import ReadinessHandle
+from .handshake_wire import ScopeRequest, declare_subject, decode_reply, encode_request
 from .manifest import ScopeDeclaration, ScopeRejected
-from .wire import ScopeRequest, declare_subject, decode_reply, encode_request
 
 __all__ = ["REASON_SCOPES", "ScopeHandshake"]
 

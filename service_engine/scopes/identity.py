@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .manifest import ScopeDeclaration
-from .wire import (
+from .handshake_wire import (
     DECLARE_SUBJECT_PREFIX,
     ScopeReply,
     ScopeRequest,
@@ -21,6 +20,7 @@ from .wire import (
     decode_request,
     encode_reply,
 )
+from .manifest import ScopeDeclaration
 
 __all__ = ["Decide", "ScopeIdentity", "known_scopes"]
 

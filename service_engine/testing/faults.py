@@ -12,7 +12,7 @@ database, not by patching the engine.
 
 Until it fires, a hook sends nothing: a hooked pipeline sends the same
 statements as production (BEGIN, the lock bound and the first advisory lock
-in one round trip; ``conformance/test_fault_hook.py`` holds it so). A fault
+in one round trip; ``conformance/write/test_fault_hook.py`` holds it so). A fault
 that fires sends its one statement, inside the transaction, at its stage.
 
 Nothing under ``service_engine/`` outside ``testing/`` imports this module.
