@@ -38,7 +38,7 @@ from ..support.sample_cards import Card, CardStore, CardsView, Principal, RankQu
 pytestmark = pytest.mark.slow
 
 SERVICE = "cards"
-MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATIONS = Path(__file__).parent.parent / "migrations"
 PRINCIPALS = (Principal("alice", frozenset({"acme"})), Principal("carol", frozenset({"globex"})))
 ORGS = ("acme", "globex")
 WRITERS = 4

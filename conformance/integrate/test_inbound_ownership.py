@@ -44,7 +44,7 @@ from ..support.sample_orders import (
     place_order,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 # -- ownership across pods and crashes -------------------------------------------------

@@ -37,7 +37,7 @@ from ..blackbox.harness import GqlSocket
 from ..support.example_support import Running, serving_engine
 from ..support.nats_support import engine_nats
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "docs" / "tutorial"
 CODE = ROOT / "examples" / "notes"
 TEMPLATE = "notes_tutorial_template"
