@@ -1,6 +1,6 @@
 """The conformance battery's shared fixtures are written once, in its conftest,
-and its layout holds: test modules at its top, support code in its
-``support/`` package, no module over `MAX_LINES`.
+and its layout holds: test modules in one folder per flow (`FLOWS`), support
+code in its ``support/`` package, no module over `MAX_LINES`.
 
 A module that needs the database a fixture gives takes the fixture; it does
 not define its own copy (which drifts: one scope, one template, one set of
@@ -29,6 +29,23 @@ KNOWN_LONG = frozenset({"conformance/test_commands.py"})
 over it, so the list only shrinks."""
 TOP_LEVEL = frozenset({"__init__.py", "conftest.py"})
 """The modules at the top of conformance/ that are not test modules."""
+FLOWS = frozenset({
+    "write", "deliver", "integrate", "beat", "serve", "props", "reference", "faults", "blackbox",
+})
+"""The battery's test folders, one per flow (``ARCHITECTURE.md`` says which
+holds what); ``blackbox/`` spawns the real service."""
+NOT_TESTS = frozenset({"support", "migrations", "__pycache__"})
+"""The folders of conformance/ that hold no test module."""
+KNOWN_AT_TOP = frozenset({
+    "conformance/test_commands.py",
+    "conformance/test_commands_claim.py",
+    "conformance/test_commands_compiled.py",
+    "conformance/test_commands_properties.py",
+    "conformance/test_commands_reference.py",
+    "conformance/test_mutation_statements.py",
+})
+"""Test modules still at the top of conformance/ while they are rewritten
+elsewhere; each must still be there, so the list only shrinks."""
 
 
 def fixture_definitions(source: str) -> list[str]:
@@ -95,6 +112,29 @@ def test_the_top_of_the_battery_holds_test_modules_only() -> None:
         path.relative_to(ROOT).as_posix()
         for path in CONFORMANCE.glob("*.py")
         if not path.name.startswith("test_") and path.name not in TOP_LEVEL
+    )
+    assert not strays, "move into conformance/support/: " + ", ".join(strays)
+
+
+def test_every_test_module_is_in_a_flow_folder() -> None:
+    """A test module lives in the folder of the flow it proves, apart from the
+    known ones at the top, each of which must still be there."""
+    at_top = {path.relative_to(ROOT).as_posix() for path in CONFORMANCE.glob("test_*.py")}
+    assert at_top <= KNOWN_AT_TOP, "move into a flow folder: " + ", ".join(sorted(at_top - KNOWN_AT_TOP))
+    assert at_top >= KNOWN_AT_TOP, "remove from KNOWN_AT_TOP: " + ", ".join(sorted(KNOWN_AT_TOP - at_top))
+
+
+def test_the_battery_folders_are_the_flows() -> None:
+    """Each folder of conformance/ is a flow (or support code, or the sample
+    migrations), and a flow folder holds test modules only: its package
+    marker and, for the black box, its conftest and harness aside."""
+    folders = {path.name for path in CONFORMANCE.iterdir() if path.is_dir()}
+    assert folders - NOT_TESTS == FLOWS
+    strays = sorted(
+        path.relative_to(ROOT).as_posix()
+        for flow in sorted(FLOWS - {"blackbox"})
+        for path in (CONFORMANCE / flow).glob("*.py")
+        if not path.name.startswith("test_") and path.name != "__init__.py"
     )
     assert not strays, "move into conformance/support/: " + ", ".join(strays)
 
