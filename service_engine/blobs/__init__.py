@@ -4,7 +4,7 @@ uploaded (`BlobKind`, `BlobPolicy`), a write asks for an upload URL
 configured with `BlobStoreConfig` (``Engine.use_blob_store``).
 
 `model` declares kinds and references, `staging` writes what a transaction
-stages, `store` talks to the object store; `runtime` and `reaper` are the
+stages, `s3` talks to the object store; `runtime` and `reaper` are the
 engine's own.
 """
 

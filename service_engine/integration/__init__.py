@@ -7,9 +7,9 @@ dispositions (`InboundReaction`, `Retry`, `Park`, `Terminal`,
 `ReactionBudget`), crons (`Cron`, `Tick`), direct publishes and their
 outcomes (`Nats`, `PublishOutcome`), and the dead letters.
 
-The loops themselves (inbound consumers and dispatch, the outbox relay,
-the scheduled publisher, cron, NATS health) are the engine's own, in this
-package's modules."""
+The loops themselves are the engine's own, each in its feature's folder
+(the outbox relay, the scheduled publisher, the inbound consumers and
+dispatch, cron, NATS health); this package's component composes them."""
 
 from ..beat.cron import Cron, Tick
 from ..messaging.dead_letters import DEAD_LETTER_NOUN, DeadLetter, DeadLetters, DeadLetterSource

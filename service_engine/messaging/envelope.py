@@ -7,7 +7,7 @@ type, the coordinate version, occurred_at and `EventMetadata`). Outbound,
 and the producer sequence the outbox row persists; inbound, `identify`
 turns a frame into an `Incoming` or refuses it as terminal.
 
-Pure: no I/O, no driver imports. The row writers live in ``outbox.py``.
+Pure: no I/O, no driver imports. The row writers live in ``outbox/staging.py``.
 """
 
 from __future__ import annotations

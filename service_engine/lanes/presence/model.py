@@ -17,8 +17,8 @@ boot refusals: it must exist, have a TTL (max_age), write expiry markers (an
 expired key must raise a watch event) and accept per-message TTLs, and its
 max_age must cover the longest lane's ttl.
 
-This module is pure: no I/O, no driver imports. `presence_bucket` reads and
-writes the bucket; `presence_lane` runs the watcher.
+This module is pure: no I/O, no driver imports. `bucket` reads and
+writes the bucket; `runtime` runs the watcher.
 """
 
 from __future__ import annotations
