@@ -84,6 +84,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.blobs.reaper",
         "service_engine.blobs.runtime",
         "service_engine.lanes",
+        "service_engine.lanes.accumulated.runtime",
+        "service_engine.lanes.accumulated.ingress",
         "service_engine.scopes",
         "service_engine.props",
         "service_engine.ops",
