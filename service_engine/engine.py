@@ -25,6 +25,7 @@ from .erasure import Eraser, ErasureResult
 from .failures import DuplicateRegistration, EngineError, ShuttingDown, WorkerStopped
 from .impacts.model import JsonValue
 from .impacts.transport import PgListenNotify
+from .impacts.watched import WatchedNouns
 from .integration.component import Integration
 from .lanes.accumulator import Accumulator
 from .lanes.component import Lanes
@@ -71,9 +72,10 @@ class Engine:
         self.render = self.render_loop.registry
         """The projectors, the sessions and the reads that serve them."""
         self.dead_letters = DeadLetters(db, metrics)
-        self._nouns: set[str] = set()
-        """The nouns the registered projectors read (a principal-facts
-        dependency must name one of them)."""
+        self._nouns = WatchedNouns()
+        """The nouns the registered projectors read (an impact, or a
+        principal-facts dependency, must name one of them), and the nouns
+        each projector's store binds (its writes stage their impacts)."""
         self._beat_steps: dict[str, BeatStep] = {}
         self.upkeep = Upkeep(
             db, UpkeepBounds.of(config), readiness, metrics, self.version,
@@ -173,7 +175,7 @@ class Engine:
         """Serve ``projector``'s views; raises `DuplicateRegistration` for a
         name already registered and `InvalidProjector` for a bad declaration."""
         self.render.register_projector(projector)
-        self._nouns.update(route_of(projector).nouns)
+        self._nouns.watch(route_of(projector).nouns, store=projector.STORE, noun=projector.NOUN)
 
     register_principal_refresh = Delegate("render", RenderRegistry.register_principal_refresh)
 

@@ -81,6 +81,7 @@ from .failures import (
     EngineError,
     FrameError,
     ListenerProbeFailed,
+    MigrationAltered,
     MigrationError,
     NestedConnectionError,
     PostureBypassRls,
@@ -111,6 +112,7 @@ from .impacts.model import (
     UnencodableImpactValue,
     UnknownFactDependency,
 )
+from .impacts.watched import UnwatchedNoun
 from .integration.inbound import (
     ConsumerBindFailed,
     ConsumerLost,
@@ -326,6 +328,7 @@ __all__ = [
     "LogBridgeError",
     "MalformedScopeKey",
     "MessageRetentionTooShort",
+    "MigrationAltered",
     "MigrationError",
     "MissingOutcome",
     "MissingRelationshipProof",
@@ -408,6 +411,7 @@ __all__ = [
     "UnknownProjector",
     "UnknownProjectorName",
     "UnprovenSet",
+    "UnwatchedNoun",
     "VisibilityMismatch",
     "WorkerStopped",
     "WorkflowError",

@@ -119,7 +119,6 @@ class NotesView(Projector[Note, NoteView, Principal, None]):
 async def create_note(cx: Mutation[Principal], body: str) -> str:
     note = Note(uuid4().hex, cx.principal.org, cx.principal.id, body)
     await cx.create(note)
-    cx.impact("note", note.id)
     return note.id
 
 
@@ -128,7 +127,6 @@ async def edit_note(cx: Mutation[Principal], note_id: str, body: str) -> str:
     cx.require(note.can_edit)
     note.body = body
     await cx.save(note)
-    cx.impact("note", note.id)
     return note.id
 
 
