@@ -47,7 +47,7 @@ from .render.runtime import RenderRuntime
 from .scopes.component import Scopes
 from .scopes.manifest import ScopeError
 from .supervisor import Supervisor, Worker
-from .upkeep import LOOP_LAG_INTERVAL, Upkeep, UpkeepBounds, probe_listener
+from .upkeep import LOOP_LAG_INTERVAL, Upkeep, UpkeepBounds, check_grants, probe_listener
 
 __all__ = ["ENGINE_VERSION", "LOOP_LAG_INTERVAL", "Engine"]
 
@@ -73,9 +73,8 @@ class Engine:
         """The projectors, the sessions and the reads that serve them."""
         self.dead_letters = DeadLetters(db, metrics)
         self._nouns = WatchedNouns()
-        """The nouns the registered projectors read (an impact, or a
-        principal-facts dependency, must name one of them), and the nouns
-        each projector's store binds (its writes stage their impacts)."""
+        """The nouns the registered projectors read, and the stores they read
+        through (whose writes stage those nouns' impacts)."""
         self._beat_steps: dict[str, BeatStep] = {}
         self.upkeep = Upkeep(
             db, UpkeepBounds.of(config), readiness, metrics, self.version,
@@ -305,6 +304,7 @@ class Engine:
             raise EngineError("Engine.run() was already started")
         self._running = True
         try:
+            await check_grants(self.db, self.readiness, self._nouns.tables())
             for component in self.components:
                 await component.start()
                 for name, worker in component.tasks().items():

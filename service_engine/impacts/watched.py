@@ -62,6 +62,14 @@ class WatchedNouns(set[str]):
         held = self._by_store.get(id(store))
         return () if held is None else held[1]
 
+    def tables(self) -> list[str]:
+        """The tables of every store a registered projector reads through
+        (a store's ``tables``, as `CrudStore` declares them)."""
+        return [
+            table for store, _ in self._by_store.values()
+            for table in getattr(store, "tables", ())
+        ]
+
     def check(self, noun: str) -> None:
         """Raise `UnwatchedNoun` unless a registered projector watches ``noun``."""
         if noun not in self:
