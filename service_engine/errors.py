@@ -106,6 +106,7 @@ from .graphql.delivery_plan import (
 )
 from .graphql.reads import (
     ProjectorViewMismatch,
+    UnregisteredProjector,
 )
 from .impacts.model import (
     InvalidImpact,
@@ -411,6 +412,7 @@ __all__ = [
     "UnknownProjector",
     "UnknownProjectorName",
     "UnprovenSet",
+    "UnregisteredProjector",
     "UnwatchedNoun",
     "VisibilityMismatch",
     "WorkerStopped",

@@ -31,6 +31,7 @@ from service_engine.graphql import (
     Live,
     MutationResult,
     SliceFragment,
+    Views,
     compose_service,
     subscription_union,
 )
@@ -132,6 +133,7 @@ async def edit_note(cx: Mutation[Principal], note_id: str, body: str) -> str:
 
 Info: TypeAlias = strawberry.Info[GraphQLContext[Principal], None]
 NOTES = subscription_union("Notes", NoteView)
+NOTE_VIEWS = Views(NotesView.NAME, NoteView)
 
 
 @strawberry.type
@@ -162,7 +164,7 @@ class NotesMutation:
 class NotesSubscription:
     @NOTES.field(description="The notes of the caller's org, live.")
     def notes(self) -> Live:
-        return Live("notes", WindowSpec(Query(None)))
+        return NOTE_VIEWS.live(WindowSpec(Query(None)))
 
 
 SLICE = SliceFragment(

@@ -164,7 +164,15 @@ class RenderRegistry:
         try:
             return self._projectors[name]
         except KeyError:
-            raise UnknownProjectorName(f"no projector named {name!r}") from None
+            known = ", ".join(map(repr, self.projector_names)) or "none"
+            raise UnknownProjectorName(
+                f"no projector named {name!r} (registered projectors: {known})"
+            ) from None
+
+    @property
+    def projector_names(self) -> tuple[str, ...]:
+        """The names of the registered projectors, sorted."""
+        return tuple(sorted(self._projectors))
 
     @property
     def sessions(self) -> Mapping[SessionId, AttachedSession]:
