@@ -167,11 +167,17 @@ class Views(Generic[V]):
 
 def check_views(engine: Engine, schema: BaseSchema) -> None:
     """Raise `UnregisteredProjector` when ``schema`` serves the view type of
-    a `Views` whose projector ``engine`` has not registered."""
+    a `Views` whose projector ``engine`` has not registered (and no other
+    `Views` of that view type names a registered one: a view type shared by
+    projectors of several services is checked by the service that serves
+    one of them)."""
     registered = engine.render.projector_names
+    by_type: dict[type[Any], set[str]] = {}
+    for views in list(_DECLARED):
+        by_type.setdefault(views.view_type, set()).add(views.projector)
     unknown = sorted({
-        views.projector for views in list(_DECLARED)
-        if views.projector not in registered and _serves(schema, views.view_type)
+        name for view_type, names in by_type.items()
+        if names.isdisjoint(registered) and _serves(schema, view_type) for name in names
     })
     if unknown:
         raise UnregisteredProjector(tuple(unknown), registered)
