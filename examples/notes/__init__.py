@@ -1,7 +1,7 @@
 """The notes service of the tutorial (docs/tutorial/index.md): a table, a
 mutation gated to a note's author, and a live view of the caller's org."""
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeAlias
@@ -18,9 +18,9 @@ from service_engine import (
     Gate,
     Mutation,
     MutationError,
-    Populate,
     Projector,
     Query,
+    TableWindow,
     Visibility,
     WindowSpec,
     gated,
@@ -102,15 +102,10 @@ class NotesView(Projector[Note, NoteView, Principal, None]):
     NOUN = "note"
     STORE = Note.Store
     VISIBILITY = SameOrg()
+    WINDOW = TableWindow("note", cohort="org")
 
     def cohort(self, principal: Principal) -> CohortKey:
         return CohortKey.of_parts(principal.org)
-
-    async def populate(self, cx: Populate[Principal], query: None) -> Sequence[str]:
-        rows = await cx.conn.fetch(
-            "SELECT id FROM note WHERE org = ANY($1) AND ($2::text IS NULL OR id > $2)"
-            " ORDER BY id LIMIT 500", list(cx.cohorts or ()), cx.cursor)
-        return [row["id"] for row in rows]
 
     def project(self, note: Note, principal: Principal) -> NoteView:
         return NoteView(id=strawberry.ID(note.id), author=note.author, body=note.body,
