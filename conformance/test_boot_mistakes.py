@@ -57,7 +57,12 @@ from service_engine.embedded import (
     ProvisionedDatabase,
     drop_database,
 )
-from service_engine.errors import MigrationAltered, UnregisteredProjector, UnwatchedNoun
+from service_engine.errors import (
+    MigrationAltered,
+    UnknownProjectorName,
+    UnregisteredProjector,
+    UnwatchedNoun,
+)
 from service_engine.graphql import MutationResult, SliceFragment, Views, compose_service
 from service_engine.impacts.transport import CHANNEL
 from service_engine.readiness import REASON_MISSING_GRANT
@@ -197,6 +202,20 @@ async def test_a_view_naming_no_registered_projector_fails_the_app(
         assert refused.value.registered == ("notes",)
         assert "'ghosts'" in str(refused.value) and "'notes'" in str(refused.value)
         graphql_app(engine, SERVICE.schema(), principal_of)  # names only registered ones
+
+
+async def test_a_live_or_read_of_an_unknown_projector_names_the_registered_ones(
+    pg_server: EmbeddedPostgres,
+) -> None:
+    """A `Live` or read built by hand with a name no projector has (never
+    checked at boot) is refused with `UnknownProjectorName` naming the name
+    and the registered projectors."""
+    async with notes_store(pg_server) as store, booted(store) as engine:
+        with pytest.raises(UnknownProjectorName) as refused:
+            await engine.fetch("note", "n1", principal_of(ALICE))
+        assert "'note'" in str(refused.value) and "registered projectors: 'notes'" in str(
+            refused.value
+        )
 
 
 async def test_a_store_table_without_its_grant_holds_the_pod_down_naming_it(

@@ -25,7 +25,6 @@ from .erasure import Eraser, ErasureResult
 from .failures import DuplicateRegistration, EngineError, ShuttingDown, WorkerStopped
 from .impacts.model import JsonValue
 from .impacts.transport import PgListenNotify
-from .impacts.watched import WatchedNouns
 from .integration.component import Integration
 from .lanes.accumulator import Accumulator
 from .lanes.component import Lanes
@@ -41,7 +40,7 @@ from .pipeline.contexts import Ops
 from .pipeline.run import run_pipeline
 from .principal_facts import PrincipalFactLoader, PrincipalFactLoaders
 from .readiness import REASON_BOOTING, REASON_SHUTTING_DOWN, ReadinessHandle
-from .render.projector import Projector, RlsApplier, route_of
+from .render.projector import Projector, RlsApplier
 from .render.registry import RenderRegistry
 from .render.runtime import RenderRuntime
 from .scopes.component import Scopes
@@ -72,9 +71,7 @@ class Engine:
         self.render = self.render_loop.registry
         """The projectors, the sessions and the reads that serve them."""
         self.dead_letters = DeadLetters(db, metrics)
-        self._nouns = WatchedNouns()
-        """The nouns the registered projectors read, and the stores they read
-        through (whose writes stage those nouns' impacts)."""
+        self._nouns = self.render.nouns
         self._beat_steps: dict[str, BeatStep] = {}
         self.upkeep = Upkeep(
             db, UpkeepBounds.of(config), readiness, metrics, self.version,
@@ -174,7 +171,6 @@ class Engine:
         """Serve ``projector``'s views; raises `DuplicateRegistration` for a
         name already registered and `InvalidProjector` for a bad declaration."""
         self.render.register_projector(projector)
-        self._nouns.watch(route_of(projector).nouns, store=projector.STORE, noun=projector.NOUN)
 
     register_principal_refresh = Delegate("render", RenderRegistry.register_principal_refresh)
 
