@@ -423,7 +423,8 @@ class Ops:
         if not nouns and cause is not None and self._nouns is not None:
             raise UnwatchedNoun(store.store_type, self._nouns, store=True)
         for noun in nouns:
-            self._add(_check_fits(Impact.entity(noun, cast(JsonValue, _lockable(key)), cause)))
+            impact = Impact.entity(noun, cast(JsonValue, _lockable(key)), cause)
+            self._add(impact if cause is None else _check_fits(impact))
 
     def _add(self, impact: Impact) -> None:
         if impact.kind is ImpactKind.ENTITY:
