@@ -82,6 +82,7 @@ from .render.projector import (
     Unrestricted,
     Visibility,
 )
+from .render.table_window import TableWindow
 from .render.windows import Emission, WindowSpec
 
 __all__ = [
@@ -130,6 +131,7 @@ __all__ = [
     "RlsApplier",
     "SoftEdaStore",
     "Success",
+    "TableWindow",
     "Timestamp",
     "Unrestricted",
     "Visibility",

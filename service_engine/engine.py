@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .beat.component import BeatStep, Component, Delegate, run_beat
-from .beat.upkeep import LOOP_LAG_INTERVAL, Upkeep, UpkeepBounds, probe_listener
+from .beat.upkeep import LOOP_LAG_INTERVAL, Upkeep, UpkeepBounds, check_grants, probe_listener
 from .blobs.model import DownloadUrl
 from .blobs.runtime import BlobRuntime
 from .clock import SystemClock
@@ -41,7 +41,7 @@ from .pipeline.contexts import Ops
 from .pipeline.run import run_pipeline
 from .principal_facts import PrincipalFactLoader, PrincipalFactLoaders
 from .readiness import REASON_BOOTING, REASON_SHUTTING_DOWN, ReadinessHandle
-from .render.projector import Projector, RlsApplier, route_of
+from .render.projector import Projector, RlsApplier
 from .render.registry import RenderRegistry
 from .render.runtime import RenderRuntime
 from .scopes.component import Scopes
@@ -71,9 +71,7 @@ class Engine:
         self.render = self.render_loop.registry
         """The projectors, the sessions and the reads that serve them."""
         self.dead_letters = DeadLetters(db, metrics)
-        self._nouns: set[str] = set()
-        """The nouns the registered projectors read (a principal-facts
-        dependency must name one of them)."""
+        self._nouns = self.render.nouns
         self._beat_steps: dict[str, BeatStep] = {}
         self.upkeep = Upkeep(
             db, UpkeepBounds.of(config), readiness, metrics, self.version,
@@ -173,7 +171,6 @@ class Engine:
         """Serve ``projector``'s views; raises `DuplicateRegistration` for a
         name already registered and `InvalidProjector` for a bad declaration."""
         self.render.register_projector(projector)
-        self._nouns.update(route_of(projector).nouns)
 
     register_principal_refresh = Delegate("render", RenderRegistry.register_principal_refresh)
 
@@ -303,6 +300,7 @@ class Engine:
             raise EngineError("Engine.run() was already started")
         self._running = True
         try:
+            await check_grants(self.db, self.readiness, self._nouns.tables())
             for component in self.components:
                 await component.start()
                 for name, worker in component.tasks().items():

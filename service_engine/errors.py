@@ -84,6 +84,7 @@ from .failures import (
     EngineError,
     FrameError,
     ListenerProbeFailed,
+    MigrationAltered,
     MigrationError,
     NestedConnectionError,
     PostureBypassRls,
@@ -108,12 +109,14 @@ from .graphql.delivery_plan import (
 )
 from .graphql.reads import (
     ProjectorViewMismatch,
+    UnregisteredProjector,
 )
 from .impacts.model import (
     InvalidImpact,
     UnencodableImpactValue,
     UnknownFactDependency,
 )
+from .impacts.watched import UnwatchedNoun
 from .inbound.consumer import (
     ConsumerBindFailed,
     ConsumerLost,
@@ -326,6 +329,7 @@ __all__ = [
     "LogBridgeError",
     "MalformedScopeKey",
     "MessageRetentionTooShort",
+    "MigrationAltered",
     "MigrationError",
     "MissingOutcome",
     "MissingRelationshipProof",
@@ -408,6 +412,8 @@ __all__ = [
     "UnknownProjector",
     "UnknownProjectorName",
     "UnprovenSet",
+    "UnregisteredProjector",
+    "UnwatchedNoun",
     "VisibilityMismatch",
     "WorkerStopped",
     "WorkflowError",

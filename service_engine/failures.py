@@ -117,6 +117,33 @@ class MigrationError(EngineError):
     """A migration could not be applied, or an applied one was altered."""
 
 
+class MigrationAltered(MigrationError):
+    """An applied migration's text changed since it was applied.
+
+    ``applied`` and ``found`` are the SHA-256 digests (hex) of the text the
+    database recorded and of the text found now; ``source`` is the file.
+    An applied migration is never edited: restore it and write the change
+    as a new migration (in development, dropping the database also works).
+    """
+
+    def __init__(
+        self, version: int, name: str, source: str | None, applied: str, found: str
+    ) -> None:
+        where = f" ({source})" if source else ""
+        super().__init__(
+            f"migration {version}_{name}{where} was altered after it was applied: the "
+            f"database applied sha256 {applied}, the file now has sha256 "
+            f"{found}. An applied migration is never edited: restore its "
+            f"applied text and write the change as a new migration numbered above "
+            f"{version}; in development only, drop the database and migrate again"
+        )
+        self.version = version
+        self.name = name
+        self.source = source
+        self.applied = applied
+        self.found = found
+
+
 class WorkerStopped(EngineError):
     """A supervised worker returned or raised before shutdown began."""
 

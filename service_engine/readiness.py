@@ -24,6 +24,9 @@ REASON_SCHEMA_VERSION_DISPLACED = "schema_version_displaced"
 REASON_LISTENER_BRAKE = "listener_brake"
 REASON_NATS_UNREACHABLE = "nats_unreachable"
 REASON_INBOUND_STOPPED = "inbound_stopped"
+REASON_MISSING_GRANT = "missing_grant"
+"""A table a registered store uses is not readable and writable by the app
+role (checked once at `Engine.run`; grant it, then restart the pod)."""
 
 
 @dataclass(frozen=True, slots=True)

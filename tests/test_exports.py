@@ -27,7 +27,7 @@ EXPECTED = {
     "Cause", "Impact",
     # projectors, windows, cohorts and visibility
     "Projector", "Populate", "PerImpact", "Coalesced", "Visibility", "Unrestricted",
-    "RlsApplier", "Query", "WindowSpec", "Emission", "CohortKey", "Keys", "Ordered",
+    "RlsApplier", "Query", "WindowSpec", "TableWindow", "Emission", "CohortKey", "Keys", "Ordered",
     # gates
     "Gate", "gated", "Reason", "ActionName", "Affordances", "affordances",
     # erasure, time, principal facts

@@ -136,7 +136,8 @@ async def test_the_lock_is_per_store_type_and_key(db: Database) -> None:
 
 async def test_one_commit_stages_one_group(db: Database) -> None:
     """Every impact of a commit (entity, caused, principal facts) travels as
-    one framed group, sent only at commit."""
+    one framed group, sent only at commit, with one entity impact per
+    ``(noun, key)``: a caused impact replaces the causeless one of its key."""
     executor = executor_for(db)
 
     async def several(cx: Mutation[Principal]) -> None:
@@ -151,7 +152,6 @@ async def test_one_commit_stages_one_group(db: Database) -> None:
         impacts = await probe.next()
         await probe.assert_quiet()
     assert impacts == [
-        Impact.entity(NOUN, "g1"),
         Impact.entity(NOUN, "g2"),
         Impact.entity(NOUN, "g1", Cause("counter.touched", {"why": "test"})),
         Impact.principal_facts("alice", ["counter"]),

@@ -1,7 +1,7 @@
 """The notes service of the tutorial (docs/tutorial/index.md): a table, a
 mutation gated to a note's author, and a live view of the caller's org."""
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeAlias
@@ -18,9 +18,9 @@ from service_engine import (
     Gate,
     Mutation,
     MutationError,
-    Populate,
     Projector,
     Query,
+    TableWindow,
     Visibility,
     WindowSpec,
     gated,
@@ -31,6 +31,7 @@ from service_engine.graphql import (
     Live,
     MutationResult,
     SliceFragment,
+    Views,
     compose_service,
     subscription_union,
 )
@@ -101,15 +102,10 @@ class NotesView(Projector[Note, NoteView, Principal, None]):
     NOUN = "note"
     STORE = Note.Store
     VISIBILITY = SameOrg()
+    WINDOW = TableWindow("note", cohort="org")
 
     def cohort(self, principal: Principal) -> CohortKey:
         return CohortKey.of_parts(principal.org)
-
-    async def populate(self, cx: Populate[Principal], query: None) -> Sequence[str]:
-        rows = await cx.conn.fetch(
-            "SELECT id FROM note WHERE org = ANY($1) AND ($2::text IS NULL OR id > $2)"
-            " ORDER BY id LIMIT 500", list(cx.cohorts or ()), cx.cursor)
-        return [row["id"] for row in rows]
 
     def project(self, note: Note, principal: Principal) -> NoteView:
         return NoteView(id=strawberry.ID(note.id), author=note.author, body=note.body,
@@ -119,7 +115,6 @@ class NotesView(Projector[Note, NoteView, Principal, None]):
 async def create_note(cx: Mutation[Principal], body: str) -> str:
     note = Note(uuid4().hex, cx.principal.org, cx.principal.id, body)
     await cx.create(note)
-    cx.impact("note", note.id)
     return note.id
 
 
@@ -128,12 +123,12 @@ async def edit_note(cx: Mutation[Principal], note_id: str, body: str) -> str:
     cx.require(note.can_edit)
     note.body = body
     await cx.save(note)
-    cx.impact("note", note.id)
     return note.id
 
 
 Info: TypeAlias = strawberry.Info[GraphQLContext[Principal], None]
 NOTES = subscription_union("Notes", NoteView)
+NOTE_VIEWS = Views(NotesView.NAME, NoteView)
 
 
 @strawberry.type
@@ -164,7 +159,7 @@ class NotesMutation:
 class NotesSubscription:
     @NOTES.field(description="The notes of the caller's org, live.")
     def notes(self) -> Live:
-        return Live("notes", WindowSpec(Query(None)))
+        return NOTE_VIEWS.live(WindowSpec(Query(None)))
 
 
 SLICE = SliceFragment(

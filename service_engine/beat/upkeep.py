@@ -14,7 +14,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -27,13 +27,14 @@ from ..memory import RELEASE_FOLLOW_UP, ReleaseAfterClose, release_free_memory
 from ..messaging.dead_letters import DeadLetterSource
 from ..metrics import Metrics
 from ..ops.queries import dead_letters_waiting
-from ..readiness import REASON_SCHEMA_VERSION_DISPLACED, ReadinessHandle
+from ..readiness import REASON_MISSING_GRANT, REASON_SCHEMA_VERSION_DISPLACED, ReadinessHandle
 from ..render.runtime import RenderRuntime
 from ..supervisor import Worker
 from .component import BeatStep
 
 __all__ = [
-    "DEAD_LETTER_GAUGE_EVERY", "LOOP_LAG_INTERVAL", "Upkeep", "UpkeepBounds", "probe_listener",
+    "DEAD_LETTER_GAUGE_EVERY", "LOOP_LAG_INTERVAL", "Upkeep", "UpkeepBounds", "check_grants",
+    "missing_grants", "probe_listener",
 ]
 
 DEAD_LETTER_GAUGE_EVERY = 5.0
@@ -91,6 +92,52 @@ async def probe_listener(db: Database, timeout_after: timedelta) -> None:
             ) from None
     finally:
         await conn.close()
+
+
+_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+_MISSING_PRIVILEGES = """
+SELECT t AS table, to_regclass(t) IS NOT NULL AS present, current_user AS role,
+       ARRAY(SELECT p FROM unnest($2::text[]) WITH ORDINALITY AS q(p, i)
+             WHERE NOT has_table_privilege(to_regclass(t), p) ORDER BY i) AS missing
+FROM unnest($1::text[]) AS t"""
+
+
+async def missing_grants(db: Database, tables: Iterable[str]) -> list[str]:
+    """What the app role (the pool's) lacks on ``tables`` for a store to read
+    and write them: one ``GRANT ... ON <table> TO <role>`` per table missing
+    a privilege, or a note for a table that does not exist. Empty: all held."""
+    wanted = list(dict.fromkeys(tables))
+    if not wanted:
+        return []
+    async with db.pool.acquire() as conn:
+        rows = await conn.fetch(_MISSING_PRIVILEGES, wanted, list(_PRIVILEGES))
+    problems: list[str] = []
+    for row in rows:
+        if not row["present"]:
+            problems.append(f"table {row['table']} does not exist (apply the migrations)")
+        elif row["missing"]:
+            problems.append(
+                f"GRANT {', '.join(row['missing'])} ON {row['table']} TO {row['role']}"
+            )
+    return problems
+
+
+async def check_grants(db: Database, readiness: ReadinessHandle, tables: Iterable[str]) -> bool:
+    """Hold readiness DOWN under `REASON_MISSING_GRANT`, naming each missing
+    GRANT, when the app role cannot read and write a registered store's
+    table (checked once, at `Engine.run`: grant, then restart the pod).
+    Answers whether every table is usable."""
+    problems = await missing_grants(db, tables)
+    if not problems:
+        return True
+    detail = (
+        "the app role cannot read and write the tables of registered stores; as the "
+        "schema owner run: " + "; ".join(problems) + " (then restart the pod)"
+    )
+    _log.error("%s", detail)
+    readiness.set_down(REASON_MISSING_GRANT, detail)
+    return False
 
 
 class Upkeep:

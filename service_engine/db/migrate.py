@@ -17,7 +17,7 @@ from pathlib import Path
 
 import asyncpg
 
-from ..failures import MigrationError
+from ..failures import MigrationAltered, MigrationError
 from .locks import named_lock_key
 from .types import Conn
 
@@ -33,6 +33,8 @@ class Migration:
     version: int
     name: str
     sql: str
+    source: str | None = None
+    """The file it was read from (None for a migration built in code)."""
 
     @property
     def checksum(self) -> str:
@@ -46,7 +48,9 @@ def load_migrations(directory: Path) -> list[Migration]:
         match = _FILE.match(path.name)
         if match is None:
             continue
-        found.append(Migration(int(match["version"]), match["name"], path.read_text()))
+        found.append(
+            Migration(int(match["version"]), match["name"], path.read_text(), str(path))
+        )
     _check_unique(found)
     return sorted(found, key=lambda m: m.version)
 
@@ -114,9 +118,9 @@ async def migrate(
             )
             if row is not None:
                 if row["checksum"] != migration.checksum:
-                    raise MigrationError(
-                        f"migration {migration.version}_{migration.name} was altered "
-                        "after it was applied"
+                    raise MigrationAltered(
+                        migration.version, migration.name, migration.source,
+                        row["checksum"], migration.checksum,
                     )
                 continue
             try:

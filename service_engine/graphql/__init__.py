@@ -30,7 +30,7 @@ from .compose import (
     compose_service,
 )
 from .context import GraphQLContext
-from .reads import ProjectorViewMismatch, Views
+from .reads import ProjectorViewMismatch, UnregisteredProjector, Views
 from .results import MutationResult, Refusal
 from .subscriptions import (
     DeltaCause,
@@ -72,6 +72,7 @@ __all__ = [
     "SliceFragment",
     "SubscriptionUnion",
     "UndeclaredSchemaMember",
+    "UnregisteredProjector",
     "Views",
     "compose_service",
     "graphql_app",

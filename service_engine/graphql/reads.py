@@ -17,22 +17,36 @@ same populate, render and RLS regime)::
 The caller is ``context.principal``; a view the projector renders that is
 not of the bound type is refused (`ProjectorViewMismatch`), never served
 under the wrong GraphQL type.
+
+The same declaration gives the live field its session (`Views.live`) and a
+mutation's result its view, read after the commit (`Views.after_commit`).
+``graphql_app`` refuses to build a service whose schema serves a `Views`
+naming a projector the engine never registered (`UnregisteredProjector`).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..failures import EngineError
+import strawberry
+from strawberry.types.base import has_object_definition
+
+from ..failures import ConfigError, EngineError
 
 if TYPE_CHECKING:
+    from strawberry.schema.base import BaseSchema
+
     from ..blobs.model import DownloadUrl
+    from ..engine import Engine
     from ..impacts.model import JsonValue
     from ..render.projector import RlsApplier
+    from ..render.windows import WindowSpec
     from .context import GraphQLContext
+    from .subscriptions import Live
 
-__all__ = ["ProjectorViewMismatch", "Views"]
+__all__ = ["ProjectorViewMismatch", "UnregisteredProjector", "Views", "check_views"]
 
 V = TypeVar("V")
 
@@ -42,7 +56,27 @@ class ProjectorViewMismatch(EngineError):
     names: the projector and the query field disagree."""
 
 
-@dataclass(frozen=True, slots=True)
+class UnregisteredProjector(ConfigError):
+    """The schema serves a `Views` (a query field, a live field, a result's
+    view) naming a projector the engine never registered: register it
+    (its slice's ``register``) or fix the name. ``names`` are the unknown
+    names, ``registered`` the registered ones."""
+
+    def __init__(self, names: tuple[str, ...], registered: tuple[str, ...]) -> None:
+        known = ", ".join(map(repr, registered)) or "none"
+        super().__init__(
+            f"the schema serves views of {', '.join(map(repr, names))}, which no registered "
+            f"projector is named (registered projectors: {known})"
+        )
+        self.names = names
+        self.registered = registered
+
+
+_DECLARED: weakref.WeakSet[Views[Any]] = weakref.WeakSet()
+"""Every `Views` built, so a schema that serves one can be checked at boot."""
+
+
+@dataclass(frozen=True, slots=True, weakref_slot=True, eq=False)
 class Views(Generic[V]):
     """The views ``projector`` renders (each a ``view_type``), read for a
     query field; ``applier`` is the projector's RLS applier, if it reads
@@ -51,6 +85,44 @@ class Views(Generic[V]):
     projector: str
     view_type: type[V]
     applier: RlsApplier[Any] | None = None
+
+    def __post_init__(self) -> None:
+        _DECLARED.add(self)
+
+    def live(self, window: WindowSpec[Any], *, session_id: str | None = None) -> Live:
+        """The `Live` session a subscription field over these views attaches."""
+        from .subscriptions import Live
+
+        return Live(self.projector, window, self.applier, session_id)
+
+    def after_commit(
+        self, key: str, *, principal: str | None = None, description: str | None = None
+    ) -> Any:
+        """A result type's field answering the view, read after the commit,
+        of the key its attribute ``key`` holds (``None``: no view), as the
+        caller (or as the principal the attribute ``principal`` holds) sees it::
+
+            class NoteResult(MutationResult):
+                note_id: strawberry.Private[str | None] = None
+                note: NoteView | None = NOTE_VIEWS.after_commit("note_id")
+
+        Read only when the caller selects it. The write committed whatever
+        the read does: a read that fails answers the field ``null`` with the
+        read's error on that field's path alone, and ``success`` stays true.
+        """
+        views = self
+
+        async def read(self: Any, info: strawberry.Info) -> Any:
+            found = getattr(self, key)
+            if found is None:
+                return None
+            who = None if principal is None else getattr(self, principal)
+            return await views.one(info.context, found, principal=who)
+
+        return strawberry.field(
+            resolver=read, graphql_type=self.view_type | None,
+            description=description or f"The {self.projector} view, read after the commit.",
+        )
 
     async def window(self, context: GraphQLContext[Any], query: Any) -> list[V]:
         """The views of the window ``query`` selects, in window order (what a
@@ -91,3 +163,29 @@ class Views(Generic[V]):
                 f"not a {self.view_type.__name__}"
             )
         return view
+
+
+def check_views(engine: Engine, schema: BaseSchema) -> None:
+    """Raise `UnregisteredProjector` when ``schema`` serves the view type of
+    a `Views` whose projector ``engine`` has not registered (and no other
+    `Views` of that view type names a registered one: a view type shared by
+    projectors of several services is checked by the service that serves
+    one of them)."""
+    registered = engine.render.projector_names
+    by_type: dict[type[Any], set[str]] = {}
+    for views in list(_DECLARED):
+        by_type.setdefault(views.view_type, set()).add(views.projector)
+    unknown = sorted({
+        name for view_type, names in by_type.items()
+        if names.isdisjoint(registered) and _serves(schema, view_type) for name in names
+    })
+    if unknown:
+        raise UnregisteredProjector(tuple(unknown), registered)
+
+
+def _serves(schema: BaseSchema, view_type: type[Any]) -> bool:
+    if not has_object_definition(view_type):
+        return False
+    found = schema.get_type_by_name(view_type.__strawberry_definition__.name)
+    return getattr(found, "origin", None) is view_type
+

@@ -136,6 +136,12 @@ class CrudStore(Persistence[A, K]):
     def store_type(self) -> str:
         return self._store_type
 
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The tables this store reads and writes (the app role needs
+        SELECT, INSERT, UPDATE and DELETE on each; checked at `Engine.run`)."""
+        return (self.TABLE,)
+
     @abstractmethod
     def to_row(self, aggregate: A) -> Mapping[str, object]:
         """Every column of ``COLUMNS`` for ``aggregate``."""

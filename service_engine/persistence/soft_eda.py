@@ -69,6 +69,10 @@ class SoftEdaStore(CrudStore[A, K]):
         self._update_with_facts = with_facts(self._sql.update, n)
         self._delete_with_facts = with_facts(self._sql.delete, 1)
 
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return (self.TABLE, self.FACTS_TABLE)
+
     @staticmethod
     def _fact_params(events: Sequence[DomainEvent]) -> tuple[list[str], list[str]]:
         return [e.type for e in events], [e.data_json for e in events]

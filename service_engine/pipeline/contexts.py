@@ -55,6 +55,7 @@ from ..impacts.model import (
     canonical_json,
     impact_json,
 )
+from ..impacts.watched import UnwatchedNoun, WatchedNouns
 from ..lanes.accumulated.accumulator import Accumulator, Cancelled
 from ..lanes.accumulated.chunks import Gesture, SealPlan
 from ..lanes.accumulated.errors import SealError
@@ -147,9 +148,11 @@ class Ops:
 
     _bulk = False
     _nouns: Collection[str] | None = None
-    """The nouns the engine's projectors read (`run_pipeline` sets it); a
-    principal-facts dependency outside them is refused. None: unchecked (a
-    pipeline run without an engine)."""
+    """The nouns the engine's projectors read (`run_pipeline` sets it); an
+    impact or a principal-facts dependency outside them is refused, and a
+    write through a store its projectors read (`WatchedNouns`) stages their
+    impacts. None: unchecked, and no write stages an impact (a pipeline run
+    without an engine)."""
 
     def __init__(self, conn: Conn, config: EngineConfig, now: Timestamp) -> None:
         self._conn = conn
@@ -157,6 +160,8 @@ class Ops:
         self._config = config
         self._now = now
         self._impacts: dict[Impact, None] = {}
+        self._entities: dict[tuple[str, str], Impact] = {}
+        """The last entity impact staged per ``(noun, key)`` (one per key)."""
         self._resets: dict[str, None] = {}
         self._scheduled: dict[Timestamp, list[Impact]] = {}
         self._outbox: list[OutboxRow] = []
@@ -235,8 +240,10 @@ class Ops:
         ends a deadlock)."""
         await self._lock_all((store_of(aggregate_type), key) for aggregate_type, key in targets)
 
-    async def create(self, aggregate: Aggregate) -> None:
-        """Insert a new aggregate (and its pending events) under its lock.
+    async def create(self, aggregate: Aggregate, *, cause: Cause | None = None) -> None:
+        """Insert a new aggregate (and its pending events) under its lock,
+        and stage the impact of each noun whose projector reads through its
+        store (``cause``, if given, rides it: see `save`).
 
         An existing key fails with `ConstraintViolation` (``unique``). Takes
         the advisory lock only: there is no row image to pin (`Persistence.lock`
@@ -265,29 +272,39 @@ class Ops:
             await self._lock(store, key, pin=False)
             await self._db(Stage.CREATE, lambda: store.create(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), key)
+        self._stage_write(store, key, cause)
 
-    async def save(self, aggregate: Aggregate) -> None:
+    async def save(self, aggregate: Aggregate, *, cause: Cause | None = None) -> None:
         """Write the aggregate's new state and its pending events.
 
         Under the aggregate's advisory lock; a store's row `lock` is taken
         first for an aggregate this transaction did not load, except a
-        `CrudStore`'s, whose one UPDATE locks the row itself."""
+        `CrudStore`'s, whose one UPDATE locks the row itself.
+
+        Stages the impact of each noun whose registered projector reads
+        through the aggregate's store (its ``NOUN`` and ``STORE``): no
+        ``cx.impact`` is needed for the row written. ``cause`` (the small
+        fact that changed it, for a `PerImpact` projector) rides that
+        impact; a cause on a store no registered projector reads raises
+        `UnwatchedNoun`. One impact per ``(noun, key)`` per transaction."""
         store = store_of(type(aggregate))
         await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
         await self._db(Stage.SAVE, lambda: store.save(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
+        self._stage_write(store, store.key_of(aggregate), cause)
         identity = self._identity(store, store.key_of(aggregate))
         after = blob_refs_of(aggregate)
         self._blobs.release(released_refs(self._blob_seen.get(identity, frozenset()), after))
         self._blob_seen[identity] = after
 
-    async def delete(self, aggregate: Aggregate) -> None:
-        """Remove the aggregate. Stage its impact as for any write; an
+    async def delete(self, aggregate: Aggregate, *, cause: Cause | None = None) -> None:
+        """Remove the aggregate, staging its impact as `save` does; an
         offered noun's key is retracted by the leader's next drain."""
         store = store_of(type(aggregate))
         await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
         await self._db(Stage.DELETE, lambda: store.delete(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
+        self._stage_write(store, store.key_of(aggregate), cause)
         identity = self._identity(store, store.key_of(aggregate))
         self._blobs.release(self._blob_seen.pop(identity, frozenset()) | blob_refs_of(aggregate))
 
@@ -359,14 +376,18 @@ class Ops:
     # -- impacts ------------------------------------------------------------
 
     def impact(self, noun: str, key: JsonValue) -> None:
-        """The row ``(noun, key)`` changed: re-render it after the commit."""
-        self._add(Impact.entity(noun, key))
+        """The row ``(noun, key)`` changed: re-render it after the commit.
+
+        For a derived or foreign impact: a `create`, `save` or `delete`
+        already stages its own store's noun. Raises `UnwatchedNoun` for a
+        noun no registered projector watches."""
+        self._add(self._watched(Impact.entity(noun, key)))
 
     def impact_caused(self, noun: str, key: JsonValue, cause: Cause) -> None:
         """As `impact`, with the small fact that changed it (for PerImpact
         projectors). A cause too large for one NOTIFY frame raises
         `CauseTooLarge` here."""
-        self._add(_check_fits(Impact.entity(noun, key, cause)))
+        self._add(_check_fits(self._watched(Impact.entity(noun, key, cause))))
 
     def impact_at(
         self, at: Timestamp, noun: str, key: JsonValue, cause: Cause | None = None
@@ -374,7 +395,7 @@ class Ops:
         """Deliver the impact of ``(noun, key)`` when the database clock passes
         ``at`` (a scheduled boundary: a deadline, an expiry). Committed with
         the command; does not count against ``impacts_per_commit``."""
-        impact = _check_fits(Impact.entity(noun, key, cause))
+        impact = _check_fits(self._watched(Impact.entity(noun, key, cause)))
         self._scheduled.setdefault(at, []).append(impact)
 
     def impact_principal_facts(self, principal_id: JsonValue, deps: Iterable[str]) -> None:
@@ -390,9 +411,33 @@ class Ops:
                 raise UnknownFactDependency(unknown, nouns)
         self._add(_check_fits(Impact.principal_facts(principal_id, deps)))
 
+    def _watched(self, impact: Impact) -> Impact:
+        nouns = self._nouns
+        if nouns is not None and impact.noun not in nouns:
+            raise UnwatchedNoun(impact.noun, nouns)
+        return impact
+
+    def _stage_write(self, store: Persistence[Any, Any], key: object, cause: Cause | None) -> None:
+        """Stage the impact of a write through ``store`` on each noun bound to it."""
+        nouns = self._nouns.of_store(store) if isinstance(self._nouns, WatchedNouns) else ()
+        if not nouns and cause is not None and self._nouns is not None:
+            raise UnwatchedNoun(store.store_type, self._nouns, store=True)
+        for noun in nouns:
+            impact = Impact.entity(noun, cast(JsonValue, _lockable(key)), cause)
+            self._add(impact if cause is None else _check_fits(impact))
+
     def _add(self, impact: Impact) -> None:
-        if impact.kind is ImpactKind.ENTITY and impact.noun in self._resets:
-            return  # a projector reset of the noun already covers it
+        if impact.kind is ImpactKind.ENTITY:
+            if impact.noun in self._resets:
+                return  # a projector reset of the noun already covers it
+            slot = (impact.noun, impact.key_json)
+            held = self._entities.get(slot)
+            if held is not None and held in self._impacts:
+                if impact.cause is None or impact.cause == held.cause:
+                    return  # the key is already staged (with its cause, if any)
+                if held.cause is None:
+                    del self._impacts[held]  # the caused impact replaces it
+            self._entities[slot] = impact
         self._impacts[impact] = None
         if not self._bulk:
             self._check_limit()
@@ -663,6 +708,7 @@ class Ops:
         taken before replays instead); the transaction stays usable."""
         self._tx.forget_claim_taken()
         self._impacts.clear()
+        self._entities.clear()
         self._resets.clear()
         self._scheduled.clear()
         self._outbox.clear()
@@ -799,8 +845,9 @@ class Bulk(Mutation[P]):
     _bulk = True
 
     def impact_all(self, noun: str) -> None:
-        """Every key of ``noun`` may have changed: one reset at commit."""
-        Impact.reset(noun)  # validates the noun
+        """Every key of ``noun`` may have changed: one reset at commit.
+        Raises `UnwatchedNoun` for a noun no registered projector watches."""
+        self._watched(Impact.reset(noun))  # validates the noun
         self._resets[noun] = None
         for impact in [i for i in self._impacts if i.kind is ImpactKind.ENTITY and i.noun == noun]:
             del self._impacts[impact]

@@ -103,6 +103,8 @@ from service_engine.render.windows import (
     keyed,
 )
 
+from .table_window import TableWindow
+
 __all__ = [
     "DEFAULT_BARRIER_CAPACITY",
     "Appended",
@@ -159,6 +161,7 @@ __all__ = [
     "SessionId",
     "SessionState",
     "SharedViews",
+    "TableWindow",
     "UnknownProjector",
     "Unrestricted",
     "Upsert",

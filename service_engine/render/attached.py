@@ -21,6 +21,7 @@ from ..impacts.model import JsonValue
 from .projector import Projector, RlsApplier
 from .session import Session
 from .stream import SessionStream
+from .table_window import cohort_values
 
 __all__ = [
     "ATTACH_BATCH",
@@ -84,6 +85,9 @@ class PopulateCx:
     cursor: JsonValue
     cohorts: frozenset[Hashable] | None
     conn: Conn
+
+    def cohort_values(self, kind: str | None = None) -> list[Any]:
+        return cohort_values(self.cohorts, kind)
 
 
 Waiting = list[tuple[AttachedSession, asyncio.Future[None]]]

@@ -39,6 +39,7 @@ from ..impacts.model import Impact, JsonValue
 from .cohort import CohortKey, HasPrincipalId
 from .deltas import KeyText
 from .interest import Inverse, Route
+from .table_window import TableWindow
 from .windows import Emission, WindowSpec
 
 if TYPE_CHECKING:
@@ -172,6 +173,12 @@ class Populate(Protocol[P_co]):
     @property
     def conn(self) -> Conn: ...
 
+    def cohort_values(self, kind: str | None = None) -> list[Any]:
+        """The values to filter a cohort column by: with ``kind``, the
+        ``value`` of each ``(kind, value)`` cohort of ``cohorts``; without,
+        each plain cohort (`service_engine.render.table_window.cohort_values`)."""
+        ...
+
 
 class RlsApplier(Protocol[P_contra]):
     """Sets the Postgres RLS context of a transaction for a principal
@@ -206,20 +213,27 @@ class Projector(ABC, Generic[RowT, ViewT, PrincipalT, QueryT]):
     VISIBILITY: ClassVar[Visibility[Any, Any]]
     RESET_THRESHOLD: ClassVar[int | None] = None
     RLS: ClassVar[bool] = False
+    WINDOW: ClassVar[TableWindow | None] = None
+    """The window as data (`TableWindow`: a table, its cohort column, an
+    order): the default `populate` reads it. None: implement `populate`."""
     JOINS: ClassVar[Mapping[str, Inverse]] = {}
     """The escape hatch for a view that joins other nouns: each joined noun
     maps to an inverse from its changed key to this projector's keys it
     affects (``None`` from the inverse: every key). The store's ``read_many``
     does the join; the engine re-renders the mapped keys."""
 
-    @abstractmethod
     async def populate(self, cx: Populate[PrincipalT], query: QueryT) -> Sequence[JsonValue]:
         """List the window's keys for ``query``, in window order.
 
-        Filter by ``cx.cohorts`` and honour ``cx.cursor`` (keys older than
-        it, one page's worth). Return keys, not rows: the engine loads rows
-        through the store.
+        Filter by ``cx.cohorts`` (``cx.cohort_values(kind)``) and honour
+        ``cx.cursor`` (keys after it, one page's worth). Return keys, not
+        rows: the engine loads rows through the store. The default reads
+        ``WINDOW`` (a ``limit`` attribute of ``query`` asks for a smaller page).
         """
+        window = type(self).WINDOW
+        if window is None:
+            raise NotImplementedError(f"{type(self).__qualname__} declares no WINDOW")
+        return await window.keys(cx, getattr(query, "limit", None))
 
     @abstractmethod
     def project(self, row: RowT, principal: PrincipalT) -> ViewT:
@@ -320,6 +334,11 @@ def check_projector(projector: Projector[Any, Any, Any, Any]) -> None:
         problems.append("JOINS must map joined nouns to inverse callables")
     elif getattr(cls, "NOUN", None) in joins:
         problems.append("JOINS must not name the projector's own NOUN")
+    window = getattr(cls, "WINDOW", None)
+    if window is not None and not isinstance(window, TableWindow):
+        problems.append("WINDOW must be a TableWindow (or None)")
+    elif window is None and cls.populate is Projector.populate:
+        problems.append("declare WINDOW = TableWindow(...) or implement populate")
     if type(getattr(cls, "RLS", None)) is not bool:
         problems.append("RLS must be a bool")
     elif cls.RLS and cls.cohort is not Projector.cohort:

@@ -33,6 +33,7 @@ from ..db.pool import Database
 from ..db.types import Conn
 from ..failures import AttachError, AttachShuttingDown, DuplicateRegistration, EngineError
 from ..impacts.model import JsonValue, canonical_json
+from ..impacts.watched import WatchedNouns
 from ..logs import in_session
 from ..metrics import Metrics
 from .attached import (
@@ -139,6 +140,9 @@ class RenderRegistry:
         """Per projector, the views its sessions hold (`HeldViews`)."""
         self.debug_views = __debug__
         """Check a shared view against a second session's own projection."""
+        self.nouns = WatchedNouns()
+        """The nouns the registered projectors read, and the stores they read
+        through (a write through one stages its projectors' nouns)."""
 
     # -- registration -----------------------------------------------------
 
@@ -148,7 +152,9 @@ class RenderRegistry:
         check_projector(projector)
         if projector.NAME in self._projectors:
             raise DuplicateRegistration("projector", projector.NAME)
-        self.interest.register(route_of(projector))
+        route = route_of(projector)
+        self.interest.register(route)
+        self.nouns.watch(route.nouns, store=projector.STORE, noun=projector.NOUN)
         self._projectors[projector.NAME] = projector
         if indexable(projector):
             self.indexes[projector.NAME] = CohortIndex()
@@ -164,7 +170,15 @@ class RenderRegistry:
         try:
             return self._projectors[name]
         except KeyError:
-            raise UnknownProjectorName(f"no projector named {name!r}") from None
+            known = ", ".join(map(repr, self.projector_names)) or "none"
+            raise UnknownProjectorName(
+                f"no projector named {name!r} (registered projectors: {known})"
+            ) from None
+
+    @property
+    def projector_names(self) -> tuple[str, ...]:
+        """The names of the registered projectors, sorted."""
+        return tuple(sorted(self._projectors))
 
     @property
     def sessions(self) -> Mapping[SessionId, AttachedSession]:

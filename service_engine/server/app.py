@@ -57,6 +57,7 @@ from strawberry.types.graphql import OperationType
 from ..config import EngineConfig
 from ..failures import ConfigError
 from ..graphql.context import GraphQLContext
+from ..graphql.reads import check_views
 from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
 from . import delivery
@@ -707,8 +708,10 @@ def graphql_app(
     ``ops_role``; None leaves it out.
 
     The edge bounds (body size, query limits, socket bounds) come from
-    ``engine.config``; see the module docstring.
+    ``engine.config``; see the module docstring. Raises `UnregisteredProjector`
+    when the schema serves a `Views` of a projector ``engine`` never registered.
     """
+    check_views(engine, schema)
     view = _EngineGraphQL(
         engine,
         schema,

@@ -42,14 +42,10 @@ ORG_BOARDS_UNION = subscription_union(
 class BoardResult(MutationResult):
     board_id: strawberry.Private[str | None] = None
     viewer: strawberry.Private[Principal | None] = None
-
-    @strawberry.field
-    async def board(self, info: Info) -> BoardView | None:
-        """Read after the commit, as the caller sees it, and only when the
-        caller selects it: a mutation answered without ``board`` reads nothing."""
-        if self.board_id is None:
-            return None
-        return await BOARD_VIEWS.one(info.context, self.board_id, principal=self.viewer)
+    board: BoardView | None = BOARD_VIEWS.after_commit(
+        "board_id", principal="viewer",
+        description="Read after the commit, as the caller sees it, and only when the "
+                    "caller selects it: a mutation answered without board reads nothing.")
 
 
 @strawberry.type(description="An invite's one-shot token: shown to its creator once, never stored.")

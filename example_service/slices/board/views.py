@@ -85,9 +85,7 @@ class BoardsView(Projector[Board, BoardView, Principal, BoardsQuery]):
     VISIBILITY = BoardVisibility()
 
     async def populate(self, cx: Populate[Principal], query: BoardsQuery) -> Sequence[Any]:
-        cohorts = [c for c in cx.cohorts or () if isinstance(c, tuple)]
-        orgs = [value for kind, value in cohorts if kind == "org"]
-        boards = [value for kind, value in cohorts if kind == "board"]
+        orgs, boards = cx.cohort_values("org"), cx.cohort_values("board")
         rows = await cx.conn.fetch(
             "SELECT id FROM board WHERE (org = ANY($1) OR id = ANY($2))"
             " AND ($3::text IS NULL OR id > $3) ORDER BY id LIMIT $4",

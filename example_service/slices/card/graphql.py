@@ -47,7 +47,9 @@ CARDS_UNION = subscription_union("Cards", CardView, description="the caller's or
 @strawberry.type(description="The outcome of a card mutation: the card as the caller now "
                              "sees it, or why nothing changed.")
 class CardResult(MutationResult):
-    card: CardView | None = None
+    card_id: strawberry.Private[str | None] = None
+    card: CardView | None = CARD_VIEWS.after_commit(
+        "card_id", description="The card as the caller sees it after the commit.")
     outcome: str | None = strawberry.field(
         default=None,
         description="The typed outcome of a declared command (Started, StaleRevision, ...); "
@@ -86,7 +88,7 @@ def _executor(info: Info) -> MutationExecutor:
 async def _card_result(info: Info, outcome: object, card_id: str) -> CardResult:
     if isinstance(outcome, MutationError):
         return CardResult.refused(outcome)
-    return CardResult(success=True, card=await CARD_VIEWS.one(info.context, card_id))
+    return CardResult(success=True, card_id=card_id)
 
 
 async def _command(
@@ -100,20 +102,20 @@ async def _command(
     })
     if isinstance(outcome, MutationError):
         return CardResult.refused(outcome)
-    view = await CARD_VIEWS.one(info.context, card_id)
-    return _outcome_result(outcome, view)
+    return _outcome_result(outcome, card_id)
 
 
-def _outcome_result(outcome: CommandOutcome, view: CardView | None) -> CardResult:
+def _outcome_result(outcome: CommandOutcome, card_id: str) -> CardResult:
     if outcome.ok:
-        return CardResult(success=True, card=view, outcome=outcome.name, replayed=outcome.replayed)
+        return CardResult(success=True, card_id=card_id, outcome=outcome.name,
+                          replayed=outcome.replayed)
     code = outcome.code(NOUN) or outcome.name
     action = outcome.data.get("action")
     error = Refusal(
         code=code, message=f"{outcome.command}: {outcome.name}", retryable=False,
         action=action if isinstance(action, str) else None,
     )
-    return CardResult(success=False, error=error, card=view, outcome=outcome.name,
+    return CardResult(success=False, error=error, card_id=card_id, outcome=outcome.name,
                       replayed=outcome.replayed)
 
 

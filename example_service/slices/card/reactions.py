@@ -183,7 +183,6 @@ async def record_review(cx: Cx, event: ReviewApproved) -> Park | None:
         return None  # reviewed already: a second approval changes nothing
     card.review(REVIEWER)
     await cx.save(card)
-    cx.impact(NOUN, card.id)
     cx.emit(CardReviewed(card_id=card.id, version=card.version, reviewed_by=REVIEWER))
     return None
 
@@ -200,7 +199,6 @@ async def expire_card(cx: Cx, due: CardDue) -> Park | None:
                     delay=min(early, DUE_RECHECK))
     if card.mark_overdue():
         await cx.save(card)
-        cx.impact(NOUN, card.id)
         cx.emit(CardOverdue(card_id=card.id, version=card.version, due_at=card.due_at))
     return None
 

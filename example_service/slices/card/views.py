@@ -76,8 +76,7 @@ class CardsView(Projector[Card, CardView, Principal, CardsQuery]):
     VISIBILITY = CardVisibility()
 
     async def populate(self, cx: Populate[Principal], query: CardsQuery) -> Sequence[Any]:
-        orgs = [value for kind, value in (c for c in cx.cohorts or () if isinstance(c, tuple))
-                if kind == "org"]
+        orgs = cx.cohort_values("org")
         limit = max(1, min(query.limit, MAX_WINDOW))
         if cx.cursor is None:
             rows = await cx.conn.fetch(

@@ -28,7 +28,9 @@ LEDGERS_UNION = subscription_union("Ledgers", LedgerView, description="the calle
 @strawberry.type(description="The outcome of a ledger mutation: the ledger as the caller now "
                              "sees it, or why nothing changed.")
 class LedgerResult(MutationResult):
-    ledger: LedgerView | None = None
+    key: strawberry.Private[list[str] | None] = None
+    ledger: LedgerView | None = LEDGER_VIEWS.after_commit(
+        "key", description="The ledger as the caller sees it after the commit.")
 
 
 @strawberry.type(description="The outcome of an erasure: how many ledgers it rewrote.")
@@ -43,7 +45,7 @@ def _executor(info: Info) -> MutationExecutor:
 async def _result(info: Info, outcome: LedgerKey | MutationError) -> LedgerResult:
     if isinstance(outcome, MutationError):
         return LedgerResult.refused(outcome)
-    return LedgerResult(success=True, ledger=await LEDGER_VIEWS.one(info.context, list(outcome)))
+    return LedgerResult(success=True, key=list(outcome))
 
 
 @strawberry.type

@@ -70,8 +70,7 @@ class LedgersView(Projector[Ledger, LedgerView, Principal, LedgersQuery]):
     VISIBILITY = LedgerVisibility()
 
     async def populate(self, cx: Populate[Principal], query: LedgersQuery) -> Sequence[Any]:
-        orgs = {value for kind, value in (c for c in cx.cohorts or () if isinstance(c, tuple))
-                if kind == "org"}
+        orgs = set(cx.cohort_values("org"))
         limit = min(query.limit, MAX_WINDOW)
         found: list[Any] = []
         # The kit lists every org's keys in one order; keep the caller's.

@@ -27,7 +27,6 @@ from .domain import (
     BAD_ID,
     EXISTS,
     NO_ORG,
-    NOUN,
     REPLY_TEXT,
     Reply,
     valid_id,
@@ -56,7 +55,6 @@ async def start_reply(cx: Cx, reply_id: str | None) -> str:
     if await cx.load_optional(Reply, reply_id) is not None:
         raise Refused(EXISTS)
     await cx.create(Reply(reply_id, principal.org, principal.id, cx.now().value))
-    cx.impact(NOUN, reply_id)
     return reply_id
 
 
@@ -73,7 +71,6 @@ async def attach_to_reply(
     upload = cx.blob(kind, content_type=content_type)
     reply.attach(upload.reference)
     await cx.save(reply)
-    cx.impact(NOUN, reply_id)
     return upload
 
 
@@ -83,7 +80,6 @@ async def cancel_reply(cx: Cx, reply_id: str) -> None:
     text = (await cx.seal_current(REPLY_TEXT, reply_id)).state
     reply.cancel(text)
     await cx.save(reply)
-    cx.impact(NOUN, reply_id)
     cx.emit(ReplyCancelled(reply_id=reply_id, length=len(reply.text)))
 
 

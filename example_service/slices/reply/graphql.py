@@ -31,7 +31,9 @@ TYPING_UNION = presence_subscription_union(
 @strawberry.type(description="The outcome of a reply mutation: the reply as the caller now "
                              "sees it, or why nothing changed.")
 class ReplyResult(MutationResult):
-    reply: ReplyView | None = None
+    reply_id: strawberry.Private[str | None] = None
+    reply: ReplyView | None = REPLY_VIEWS.after_commit(
+        "reply_id", description="The reply as the caller sees it after the commit.")
 
 
 def _executor(info: Info) -> MutationExecutor:
@@ -41,7 +43,7 @@ def _executor(info: Info) -> MutationExecutor:
 async def _reply_result(info: Info, outcome: object, reply_id: str) -> ReplyResult:
     if isinstance(outcome, MutationError):
         return ReplyResult.refused(outcome)
-    return ReplyResult(success=True, reply=await REPLY_VIEWS.one(info.context, reply_id))
+    return ReplyResult(success=True, reply_id=reply_id)
 
 
 @strawberry.type(description="One form field of a presigned upload.")
@@ -62,7 +64,9 @@ class ReplyUpload:
 @strawberry.type(description="The outcome of attaching to a reply: where to upload it.")
 class AttachResult(MutationResult):
     upload: ReplyUpload | None = None
-    reply: ReplyView | None = None
+    reply_id: strawberry.Private[str | None] = None
+    reply: ReplyView | None = REPLY_VIEWS.after_commit(
+        "reply_id", description="The reply as the caller sees it after the commit.")
 
 
 @strawberry.type(description="A presigned GET of a reply's attachment; hand it on, never store it.")
@@ -131,9 +135,7 @@ class ReplyMutation:
             fields=[UploadField(name=k, value=v) for k, v in outcome.fields.items()],
             max_bytes=outcome.max_bytes,
         )
-        return AttachResult(
-            success=True, upload=upload, reply=await REPLY_VIEWS.one(info.context, str(id))
-        )
+        return AttachResult(success=True, upload=upload, reply_id=str(id))
 
     @strawberry.mutation(description="Open a streaming reply in the caller's org; its chunks "
                                      "arrive on stream.{service}.{id}.")

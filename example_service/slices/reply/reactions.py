@@ -33,7 +33,7 @@ from service_engine.errors import (
 from service_engine.integration import ReactionBudget, Retry
 
 from ...kernel import Principal
-from .domain import NOUN, REPLY_TEXT, Reply, valid_id
+from .domain import REPLY_TEXT, Reply, valid_id
 from .messages import AGGREGATE, FinishReply, ReplyFinished, ReplySealFailed
 
 __all__ = ["FINISH_ATTEMPTS", "finish_reply", "reactions"]
@@ -84,7 +84,6 @@ async def finish_reply(cx: Cx, command: FinishReply) -> Retry | None:
     else:
         reply.finish(text, command.hash.lower(), command.last_seq + 1)
         await cx.save(reply)
-    cx.impact(NOUN, reply.id)
     cx.emit(ReplyFinished(
         reply_id=reply.id, chunks=reply.chunks, hash=reply.hash or "", length=len(reply.text),
     ))

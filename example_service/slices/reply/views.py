@@ -4,14 +4,14 @@ no table, the bucket's fold)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
 import strawberry
 
-from service_engine import CohortKey, Populate, Projector, Visibility
+from service_engine import CohortKey, Projector, TableWindow, Visibility
 from service_engine.lanes import PresenceEntry, PresenceProjector
 
 from ...kernel import Affordance, Principal, affordance_list
@@ -64,15 +64,8 @@ class RepliesView(Projector[Reply, ReplyView, Principal, RepliesQuery]):
     NOUN = NOUN
     STORE: ClassVar[Any] = Reply.Store
     VISIBILITY = OrgVisibility()
-
-    async def populate(self, cx: Populate[Principal], query: RepliesQuery) -> Sequence[Any]:
-        orgs = [value for kind, value in (c for c in cx.cohorts or () if isinstance(c, tuple))
-                if kind == "org"]
-        rows = await cx.conn.fetch(
-            "SELECT id FROM reply WHERE org = ANY($1) ORDER BY created_at DESC, id DESC LIMIT $2",
-            orgs, max(1, min(query.limit, MAX_WINDOW)),
-        )
-        return [row["id"] for row in rows]
+    WINDOW = TableWindow("reply", cohort="org", kind="org", order=("created_at", "id"),
+                         descending=True, limit=MAX_WINDOW)
 
     def project(self, row: Reply, principal: Principal) -> ReplyView:
         return ReplyView(

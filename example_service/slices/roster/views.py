@@ -7,13 +7,13 @@ subscriber of that org as an Upsert, a retracted one as a Remove.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import strawberry
 
-from service_engine import Populate, Projector, Visibility
+from service_engine import Projector, TableWindow, Visibility
 
 from ...kernel import Principal
 from .domain import NOUN, Person
@@ -48,16 +48,7 @@ class PeopleView(Projector[Person, PersonView, Principal, PeopleQuery]):
     NOUN = NOUN
     STORE: ClassVar[Any] = Person.Store
     VISIBILITY = OrgVisibility()
-
-    async def populate(self, cx: Populate[Principal], query: PeopleQuery) -> Sequence[Any]:
-        orgs = [value for kind, value in (c for c in cx.cohorts or () if isinstance(c, tuple))
-                if kind == "org"]
-        rows = await cx.conn.fetch(
-            "SELECT id FROM known_persons WHERE org = ANY($1)"
-            " AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3",
-            orgs, cx.cursor, min(query.limit, MAX_WINDOW),
-        )
-        return [row["id"] for row in rows]
+    WINDOW = TableWindow("known_persons", cohort="org", kind="org", limit=MAX_WINDOW)
 
     def project(self, row: Person, principal: Principal) -> PersonView:
         return PersonView(id=strawberry.ID(row.id), name=row.name, org=row.org)
