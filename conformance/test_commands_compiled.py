@@ -5,7 +5,7 @@ reads, requirements, revision-checked transitions, sets, causes, unique
 titles, create/update row policies, idempotency keys), random stored rows,
 principals (facts missing and mistyped included) and inputs, the compiled
 function (`compile_command`, `run_compiled`) and the interpreter
-(`CommandRunner`) run the same calls on two partitions holding the same
+(`runner.interpret`, the oracle no run path calls) run the same calls on two partitions holding the same
 rows: every call answers the same outcome, and both partitions end with
 the same rows, occupancy rows and idempotency records.
 """
@@ -33,9 +33,9 @@ from service_engine.commands import (
     Caused,
     CheckedCommand,
     Command,
+    CommandConfig,
     CommandDeclarationError,
     CommandOutcome,
-    CommandRunner,
     Const,
     Contains,
     Create,
@@ -65,10 +65,10 @@ from service_engine.commands import (
     Var,
     Workflow,
     WorkflowTransition,
-    run_in,
 )
 from service_engine.commands.compile import PRELUDE, CompiledCommand, compile_command, run_compiled
 from service_engine.commands.plan import InvalidInput
+from service_engine.commands.runner import interpret
 from service_engine.db import connect_pool
 from service_engine.embedded import ProvisionedDatabase
 from service_engine.gates import Reason
@@ -315,6 +315,19 @@ async def _compiled(
         return MutationError(INVALID_INPUT, str(exc))
 
 
+async def _interpreted(
+    executor: MutationExecutor, command: CheckedCommand, principal: Any, inputs: Any,
+) -> Any:
+    async def handler(cx: Any) -> CommandOutcome:
+        return await interpret(cx, command, inputs, principal=cx.principal,
+                               config=CommandConfig(idempotency_retention=RETENTION))
+
+    try:
+        return await executor.execute(principal, handler)
+    except InvalidInput as exc:
+        return MutationError(INVALID_INPUT, str(exc))
+
+
 async def _state(conn: Any, org: str, scope: str) -> Any:
     rows = await conn.fetch("SELECT id, title, n, flag, state, version FROM cmp_item"
                             " WHERE org = $1 ORDER BY id", org)
@@ -374,7 +387,6 @@ async def _example(database: ProvisionedDatabase, seed: int) -> None:
                     " ('Item', 'by_title', $1, $2, $3)",
                     canonical_json([org]), canonical_json([title]), canonical_json([org, ident]))
         executor = executor_for(db, lock_timeout=timedelta(seconds=5))
-        runner = CommandRunner(executor)
         command = commands[0]
         principals: dict[str, Principal] = {}
         inputs: dict[str, dict[str, Any]] = {}
@@ -390,7 +402,7 @@ async def _example(database: ProvisionedDatabase, seed: int) -> None:
                     inputs[side] = grammar.inputs(org, keyed)
             answers = {}
             for side, call in (
-                ("i", runner.run(command, principals["i"], inputs["i"])),
+                ("i", _interpreted(executor, command, principals["i"], inputs["i"])),
                 ("c", _compiled(executor, compiled[command.name], principals["c"], inputs["c"])),
             ):
                 try:
@@ -571,7 +583,8 @@ async def _staging(
             outcome = await run_compiled(cx, SAMPLE_COMPILED[name], cx.principal, inputs,
                                          RETENTION)
         else:
-            outcome = await run_in(cx, COMMANDS[name], inputs, principal=cx.principal)
+            outcome = await interpret(cx, COMMANDS[name], inputs, principal=cx.principal,
+                                      config=CommandConfig(idempotency_retention=RETENTION))
         staged.extend((i.noun, i.key, None if i.cause is None else (i.cause.name, i.cause.data))
                       for i in cx._impacts)
         return outcome

@@ -16,6 +16,8 @@ from typing import Any
 from .blobs.model import DownloadUrl
 from .blobs.runtime import BlobRuntime
 from .clock import SystemClock
+from .commands.checked import CheckedCommand
+from .commands.install import assert_commands_installed
 from .component import BeatStep, Component, Delegate, run_beat
 from .config import EngineConfig
 from .db.pool import Database
@@ -75,6 +77,7 @@ class Engine:
         """The nouns the registered projectors read (a principal-facts
         dependency must name one of them)."""
         self._beat_steps: dict[str, BeatStep] = {}
+        self._commands: dict[str, CheckedCommand] = {}
         self.upkeep = Upkeep(
             db, UpkeepBounds.of(config), readiness, metrics, self.version,
             transport=self.transport, render=self.render_loop,
@@ -236,6 +239,18 @@ class Engine:
         """Erase ``person`` across every registered slice (see `service_engine.erasure`)."""
         return await self._eraser.erase(person)
 
+    def register_commands(self, *commands: CheckedCommand) -> None:
+        """Declare the checked commands this pod runs: `run` checks that the
+        schema owner installed each one's database function (``service-engine
+        migrate --commands``) and refuses to start, readiness DOWN under
+        ``commands_not_installed`` naming them, when one is missing. Raises
+        `DuplicateRegistration` for a second command of one name."""
+        for command in commands:
+            known = self._commands.get(command.name)
+            if known is not None and known is not command:
+                raise DuplicateRegistration("command", command.name)
+            self._commands[command.name] = command
+
     def register_principal_fact(self, loader: PrincipalFactLoader) -> None:
         """Run ``loader`` (``async (principal) -> principal`` with the slice's
         fact) right after every principal is resolved and on a
@@ -303,6 +318,13 @@ class Engine:
             raise EngineError("Engine.run() was already started")
         self._running = True
         try:
+            if self._commands:
+                try:
+                    async with self.db.pool.acquire() as conn:
+                        await assert_commands_installed(conn, self._commands.values())
+                except EngineError as exc:
+                    self.readiness.set_down(exc.code, str(exc))
+                    raise
             for component in self.components:
                 await component.start()
                 for name, worker in component.tasks().items():

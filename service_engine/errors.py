@@ -35,18 +35,17 @@ from .blobs.runtime import (
 from .cli.commands import (
     Failed,
 )
-from .commands.compile import (
-    NotCompilable,
-)
 from .commands.errors import (
     BindingError,
     ClauseOrderError,
     CommandDeclarationError,
+    CommandNotInstalled,
     DeletePolicyError,
     DuplicateName,
     IdempotencyDeclarationError,
     MissingOutcome,
     MissingRelationshipProof,
+    NotCompilable,
     PartitionRouteMismatch,
     RouteIdentifiesRow,
     ServiceValueError,
@@ -281,6 +280,7 @@ __all__ = [
     "ClauseOrderError",
     "CohortMismatch",
     "CommandDeclarationError",
+    "CommandNotInstalled",
     "ConfigError",
     "ConstraintViolation",
     "ConsumerBindFailed",
