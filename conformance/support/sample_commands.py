@@ -458,3 +458,7 @@ async def install_samples(owner: Any) -> None:
     """The sample `COMMANDS`' functions, on the owner's connection (the
     session template's setup)."""
     await install_commands(owner, COMMANDS.values())
+
+
+ALL_COMMANDS = tuple(COMMANDS.values())
+"""The sample's commands, for ``service-engine migrate --commands``."""
