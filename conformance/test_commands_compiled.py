@@ -1,13 +1,15 @@
 """A declared command's compiled function against its interpreter (real Postgres).
 
 For random declarations drawn from a small grammar (creates, mutates,
-reads, requirements, revision-checked transitions, sets, causes, unique
-titles, create/update row policies, idempotency keys), random stored rows,
+reads, requirements, permits, revision-checked transitions, sets, causes,
+recorded facts of a soft-EDA store, emitted events, unique titles,
+create/update row policies, idempotency keys), random stored rows,
 principals (facts missing and mistyped included) and inputs, the compiled
 function (`compile_command`, `run_compiled`) and the interpreter
-(`runner.interpret`, the oracle no run path calls) run the same calls on two partitions holding the same
-rows: every call answers the same outcome, and both partitions end with
-the same rows, occupancy rows and idempotency records.
+(`runner.interpret`, the oracle no run path calls) run the same calls on
+two partitions holding the same rows: every call answers the same outcome
+and stages the same events, and both partitions end with the same rows,
+recorded facts, occupancy rows and idempotency records.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, Literal
@@ -22,6 +25,7 @@ from typing import Any, ClassVar, Literal
 import asyncpg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from service_engine.commands import (
     INVALID_INPUT,
@@ -39,6 +43,7 @@ from service_engine.commands import (
     Const,
     Contains,
     Create,
+    Emit,
     Entity,
     Eq,
     Fact,
@@ -52,7 +57,9 @@ from service_engine.commands import (
     Not,
     Or,
     Outcome,
+    Permit,
     Read,
+    Record,
     Require,
     Return,
     Row,
@@ -62,6 +69,7 @@ from service_engine.commands import (
     Sub,
     Transition,
     Unique,
+    Unless,
     Var,
     Workflow,
     WorkflowTransition,
@@ -73,7 +81,7 @@ from service_engine.db import connect_pool
 from service_engine.embedded import ProvisionedDatabase
 from service_engine.gates import Reason
 from service_engine.impacts.model import canonical_json
-from service_engine.persistence import Aggregate
+from service_engine.persistence import Aggregate, RecordsEvents, SoftEdaStore
 from service_engine.pipeline import MutationError, MutationExecutor
 
 from . import test_commands_properties as properties
@@ -88,6 +96,14 @@ CREATE TABLE IF NOT EXISTS cmp_item (
     flag boolean NOT NULL, state text NOT NULL, version integer NOT NULL,
     PRIMARY KEY (org, id));
 GRANT SELECT, INSERT, UPDATE, DELETE ON cmp_item TO service_engine_app;
+CREATE TABLE IF NOT EXISTS cmp_note (
+    id text PRIMARY KEY, org text NOT NULL, text text NOT NULL, hits bigint NOT NULL,
+    version integer NOT NULL);
+CREATE TABLE IF NOT EXISTS cmp_note_fact (
+    seq bigserial PRIMARY KEY, note_id text NOT NULL, fact_type text NOT NULL,
+    payload jsonb NOT NULL);
+GRANT SELECT, INSERT, UPDATE, DELETE ON cmp_note, cmp_note_fact TO service_engine_app;
+GRANT USAGE ON SEQUENCE cmp_note_fact_seq_seq TO service_engine_app;
 """
 IDS, TITLES = ("i0", "i1", "i2"), ("t0", "t1", "t2", "t3")
 RETENTION = timedelta(days=1)
@@ -115,6 +131,52 @@ class ItemStore(OrgStore):
 
 
 Item.Store = ItemStore()
+
+
+@dataclass
+class Note(RecordsEvents):
+    """A soft-EDA aggregate (its facts appended by its store): one key, so
+    each side's ids carry its partition's name."""
+
+    id: str
+    org: str
+    text: str
+    hits: int
+    version: int = 1
+
+    Store: ClassVar[NoteStore]
+
+
+class NoteStore(SoftEdaStore[Note, str]):
+    TABLE = "cmp_note"
+    COLUMNS = ("id", "org", "text", "hits", "version")
+    FACTS_TABLE = "cmp_note_fact"
+    FACT_KEY = "note_id"
+
+    def to_row(self, note: Note) -> Mapping[str, object]:
+        return {"id": note.id, "org": note.org, "text": note.text, "hits": note.hits,
+                "version": note.version}
+
+    def from_row(self, row: Mapping[str, Any]) -> Note:
+        return Note(row["id"], row["org"], row["text"], row["hits"], row["version"])
+
+
+Note.Store = NoteStore()
+
+
+class NoteTouched(BaseModel):
+    """The integration event a note's command emits."""
+
+    AGGREGATE: ClassVar[str] = "note"
+    FACT: ClassVar[str] = "touched"
+    VERSION: ClassVar[int] = 1
+
+    note_id: str
+    hits: int
+    version: int
+
+    def sequence(self) -> None:
+        return None
 FACTS = {"org": str | None, "admin": bool, "level": int | None}
 LIFE = Workflow("Life", "Item", "state", ("a", "b", "c"),
                 (WorkflowTransition("Go", ("a",), "b"), WorkflowTransition("End", ("a", "b"), "c")))
@@ -179,12 +241,53 @@ class Grammar:
             revision="version", unique=(Unique("by_title", ("org", "title")),),
             create_policy=self.policy(), update_policy=self.policy(), nouns=("cmp_item",),
         )
-        return Catalog([item], [LIFE], FACTS), item
+        note = Entity("Note", Note, key=("id",), revision="version", nouns=("cmp_note",))
+        return Catalog([item, note], [LIFE], FACTS), item
+
+    def permit(self, fields: list[Any], flags: list[Any], titles: list[Any]) -> Permit:
+        """A permit of one to three rules, each of one or two conditions."""
+        rules = [
+            Unless(Reason(f"item.rule{n}", "no"),
+                   *(self.bools(fields, flags, titles) for _ in range(self.r.randint(1, 2))))
+            for n in range(self.r.randint(1, 3))
+        ]
+        return Permit(self.r.choice(["edit", "touch"]), *rules)
+
+    def note(self, name: str) -> Command:
+        """A create or a mutate of a note under a permit, recording facts
+        and emitting an event."""
+        r = self.r
+        fields = [Field("note", "hits"), Field("note", "version"), Var("n")]
+        if r.random() < 0.4:
+            clauses: list[Any] = [Create("Note", (Var("nid"),), as_="note",
+                                         else_=Outcome("NoteExists"))]
+            if r.random() < 0.6:
+                clauses.append(self.permit([Var("n")], [Var("flag")], [Var("title")]))
+            clauses += [Set("note", "org", Var("org")), Set("note", "text", Var("title")),
+                        Set("note", "hits", Var("n"))]
+        else:
+            clauses = [Mutate("Note", (Var("nid"),), as_="note", else_=Outcome("NoteMissing"))]
+            if r.random() < 0.7:
+                clauses.append(self.permit(fields, [Var("flag")], [Field("note", "text")]))
+            clauses.append(Set("note", "hits", Add(Field("note", "hits"), Var("n"))))
+            if r.random() < 0.5:
+                clauses.append(Set("note", "text", Var("title"), overwrite=True))
+        for n in range(r.randint(0, 2)):
+            at: Any = r.choice([Var("title"), Field("note", "hits")])
+            data = {"n": Var("n"), "at": at}
+            clauses.append(Record("note", f"note.fact{n}", data))
+        if r.random() < 0.5:
+            clauses.append(Caused("note", "cmp_note", "note.touched", {"n": Var("n")}))
+        if r.random() < 0.7:
+            clauses.append(Emit(NoteTouched, note_id=Field("note", "id"),
+                                hits=Field("note", "hits"), version=Field("note", "version")))
+        clauses.append(Return("Touched", v=Field("note", "version"), h=Field("note", "hits")))
+        return self.keyed(name, clauses)
 
     def keyed(self, name: str, clauses: list[Any]) -> Command:
         head: list[Any] = [Input("org", str), Input("id", str), Input("other", str),
                            Input("title", str), Input("n", int), Input("rev", int),
-                           Input("flag", bool)]
+                           Input("flag", bool), Input("nid", str)]
         if self.r.random() < 0.5:
             head += [Input("key", str, max_length=8), Service("at", TRANSACTION_TIME),
                      Service("made", UUID_V7), IdempotencyKey("key")]
@@ -192,7 +295,9 @@ class Grammar:
 
     def command(self, name: str) -> Command:
         r = self.r
-        shape = r.choice(["create", "mutate", "pair", "swap"])
+        shape = r.choice(["create", "mutate", "pair", "swap", "note"])
+        if shape == "note":
+            return self.note(name)
         taken = {"by_title": Outcome("TitleTaken")}
         if shape == "create":
             clauses: list[Any] = [Create("Item", (Var("org"), Var("id")), as_="item",
@@ -217,6 +322,9 @@ class Grammar:
                 clauses.append(Require("Ok", self.bools(fields, [Field("item", "flag")],
                                                         [Field("item", "title")]),
                                        Outcome("NotOk")))
+            if r.random() < 0.4:
+                clauses.append(self.permit(fields, [Field("item", "flag")],
+                                           [Field("item", "title")]))
             if r.random() < 0.4:
                 clauses.append(Transition(f"Life.{r.choice(['Go', 'End'])}", on="item",
                                           revision=Var("rev"), stale=Outcome("Stale"),
@@ -270,6 +378,7 @@ class Grammar:
         values: dict[str, Any] = {
             "org": org, "id": r.choice(IDS), "other": r.choice(IDS), "title": r.choice(TITLES),
             "n": r.randint(-2, 3), "rev": r.randint(1, 3), "flag": r.random() < 0.5,
+            "nid": f"{org}-n{r.randrange(2)}",
         }
         if keyed:
             values["key"] = r.choice(["k0", "k1"])
@@ -303,11 +412,20 @@ def _answer(result: Any, org: str) -> Any:
     return ("raised", type(result).__name__)
 
 
+def _emitted(cx: Any, into: list[Any] | None) -> None:
+    """The events ``cx`` staged (subject and payload), kept in ``into``."""
+    if into is not None:
+        into.extend((m.subject, m.body.get("payload")) for m in cx._messages)
+
+
 async def _compiled(
     executor: MutationExecutor, compiled: CompiledCommand, principal: Any, inputs: Any,
+    events: list[Any] | None = None,
 ) -> Any:
     async def handler(cx: Any) -> CommandOutcome:
-        return await run_compiled(cx, compiled, cx.principal, inputs, RETENTION)
+        outcome = await run_compiled(cx, compiled, cx.principal, inputs, RETENTION)
+        _emitted(cx, events)
+        return outcome
 
     try:
         return await executor.execute(principal, handler)
@@ -317,10 +435,13 @@ async def _compiled(
 
 async def _interpreted(
     executor: MutationExecutor, command: CheckedCommand, principal: Any, inputs: Any,
+    events: list[Any] | None = None,
 ) -> Any:
     async def handler(cx: Any) -> CommandOutcome:
-        return await interpret(cx, command, inputs, principal=cx.principal,
-                               config=CommandConfig(idempotency_retention=RETENTION))
+        outcome = await interpret(cx, command, inputs, principal=cx.principal,
+                                  config=CommandConfig(idempotency_retention=RETENTION))
+        _emitted(cx, events)
+        return outcome
 
     try:
         return await executor.execute(principal, handler)
@@ -337,8 +458,13 @@ async def _state(conn: Any, org: str, scope: str) -> Any:
     records = await conn.fetch(
         "SELECT command, key, outcome FROM service_engine.command_idempotency"
         " WHERE scope = $1 ORDER BY command, key", scope)
+    notes = await conn.fetch("SELECT id, org, text, hits, version FROM cmp_note"
+                             " WHERE org = $1 ORDER BY id", org)
+    facts = await conn.fetch("SELECT note_id, fact_type, payload FROM cmp_note_fact"
+                             " WHERE note_id LIKE $1 || '-%' ORDER BY seq", org)
     return ([tuple(r) for r in rows], [(r["value"], _normal(r["owner"], org)) for r in occupied],
-            [(r["command"], r["key"], _normal(r["outcome"], org)) for r in records])
+            [(r["command"], r["key"], _normal(r["outcome"], org)) for r in records],
+            [_normal(tuple(r), org) for r in notes], [_normal(tuple(r), org) for r in facts])
 
 
 async def _example(database: ProvisionedDatabase, seed: int) -> None:
@@ -401,15 +527,18 @@ async def _example(database: ProvisionedDatabase, seed: int) -> None:
                     principals[side] = grammar.principal(side, org)
                     inputs[side] = grammar.inputs(org, keyed)
             answers = {}
+            events: dict[str, list[Any]] = {"i": [], "c": []}
             for side, call in (
-                ("i", _interpreted(executor, command, principals["i"], inputs["i"])),
-                ("c", _compiled(executor, compiled[command.name], principals["c"], inputs["c"])),
+                ("i", _interpreted(executor, command, principals["i"], inputs["i"],
+                                   events["i"])),
+                ("c", _compiled(executor, compiled[command.name], principals["c"], inputs["c"],
+                                events["c"])),
             ):
                 try:
                     result: Any = await call
                 except Exception as exc:  # the interpreter's own failures compare too
                     result = exc
-                answers[side] = _answer(result, orgs[side])
+                answers[side] = (_answer(result, orgs[side]), _normal(events[side], orgs[side]))
             assert answers["i"] == answers["c"], (command.declaration, inputs, principals)
         async with db.pool.acquire() as conn:
             interpreted = await _state(conn, orgs["i"], "p-i")
