@@ -56,6 +56,7 @@ from service_engine.commands import (  # noqa: E402
     Return,
     Set,
     Var,
+    install_commands,
 )
 from service_engine.db import Database, connect_pool, service_migrations  # noqa: E402
 from service_engine.embedded import EmbeddedPostgres, provision_database  # noqa: E402
@@ -159,7 +160,8 @@ async def main(seconds: float, clients: list[int]) -> None:
         await asyncio.to_thread(pg.start)
         try:
             provisioned = await provision_database(
-                pg, "bench", extra_migrations=service_migrations(REPO / "conformance/migrations")
+                pg, "bench", extra_migrations=service_migrations(REPO / "conformance/migrations"),
+                owner_setup=lambda conn: install_commands(conn, [*COMMANDS.values(), LOCK_KEYED]),
             )
             db = await connect_pool(provisioned.app_url, min_size=10, max_size=10)
             try:
