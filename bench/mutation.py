@@ -311,8 +311,10 @@ async def pipeline_child(count: int, rounds: int, profile: str) -> None:
     import cProfile
 
     from example_service.kernel import Principal
+    from example_service.slices import commands
     from example_service.slices.board.commands import create_board, rename_board
     from service_engine import EngineConfig, MutationExecutor, connect_pool
+    from service_engine.commands import install_commands
     from service_engine.db import service_migrations
     from service_engine.embedded import EmbeddedPostgres, provision_database
     from service_engine.metrics import Metrics
@@ -324,7 +326,8 @@ async def pipeline_child(count: int, rounds: int, profile: str) -> None:
         try:
             provisioned = await provision_database(
                 pg, "bench",
-                extra_migrations=service_migrations(Path.cwd() / "example_service/migrations"))
+                extra_migrations=service_migrations(Path.cwd() / "example_service/migrations"),
+                owner_setup=lambda conn: install_commands(conn, commands()))
             db = await connect_pool(provisioned.app_url, min_size=4, max_size=4)
             metrics = Metrics("example", "bench")
             executor = MutationExecutor(db, EngineConfig(service="example"), metrics)

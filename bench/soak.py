@@ -39,6 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from conformance.blackbox.harness import EXAMPLE_MIGRATIONS  # noqa: E402
 from conformance.support.soak import SoakConfig, run_soak  # noqa: E402
+from example_service.slices import commands  # noqa: E402
+from service_engine.commands import install_commands  # noqa: E402
 from service_engine.db import service_migrations  # noqa: E402
 from service_engine.embedded import EmbeddedPostgres, provision_database  # noqa: E402
 
@@ -63,7 +65,8 @@ async def main(args: argparse.Namespace) -> int:
         await asyncio.to_thread(pg.start)
         try:
             store = await provision_database(
-                pg, "soak", extra_migrations=service_migrations(EXAMPLE_MIGRATIONS))
+                pg, "soak", extra_migrations=service_migrations(EXAMPLE_MIGRATIONS),
+                owner_setup=lambda conn: install_commands(conn, commands()))
             load0 = os.getloadavg()[0]
             began = time.monotonic()
             try:

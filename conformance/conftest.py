@@ -30,6 +30,7 @@ from service_engine.embedded import (
 from .support.example_support import example_database
 from .support.harness import Statements, logged_pool
 from .support.inbound_support import declare_streams
+from .support.sample_commands import install_samples
 
 TEMPLATE = "service_engine_template"
 SAMPLE_MIGRATIONS = Path(__file__).parent / "migrations"
@@ -49,7 +50,8 @@ def _start_server(directory: Path) -> EmbeddedPostgres:
     try:
         extra = service_migrations(SAMPLE_MIGRATIONS) if SAMPLE_MIGRATIONS.is_dir() else []
         asyncio.run(
-            provision_database(server, TEMPLATE, is_template=True, extra_migrations=extra)
+            provision_database(server, TEMPLATE, is_template=True, extra_migrations=extra,
+                               owner_setup=install_samples)
         )
     except BaseException:
         server.stop()

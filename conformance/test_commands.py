@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any
 
 import asyncpg
 import pytest
@@ -74,15 +74,14 @@ from .support.sample_commands import (
     ORG,
     PROJECT,
     ROOT,
-    START_TASK,
     STEP,
     SWAP_TITLES,
     TASK,
     Principal,
     Step,
     Task,
-    TaskStore,
     executor_for,
+    install,
     runner_for,
 )
 from .support.sample_counter import listen_impacts
@@ -342,6 +341,7 @@ async def test_a_reverse_index_finds_rows_through_its_own_columns(
                              columns=("step_org", "parent"), key_columns=("step_org", "step_id"))
     catalog = Catalog([PROJECT, TASK, replace(STEP, indexes=(by_parent,))], [LIFECYCLE], FACTS)
     delete_task = catalog.command(DELETE_TASK)
+    await install(database.owner_url, delete_task)
     runner = runner_for(db)
     await seed(runner, "t1", "small")
     await seed(runner, "t2", "large")
@@ -366,7 +366,7 @@ class Nicknamed:
 
 
 async def test_a_set_value_registration_cannot_type_is_checked_when_it_runs(
-    db: Database,
+    db: Database, database: ProvisionedDatabase,
 ) -> None:
     """A `Set` whose value registration cannot type (a fact declared `Any`)
     is checked against the field when the command runs: a value the field
@@ -380,6 +380,7 @@ async def test_a_set_value_registration_cannot_type_is_checked_when_it_runs(
         Set("task", "title", Fact("nickname"), overwrite=True),
         Return("Renamed"),
     ))
+    await install(database.owner_url, nickname)
     runner = runner_for(db)
     await seed(runner)
     refused = await runner.run(nickname, Nicknamed("n", 5), {"org": "acme", "task_id": "t1"})
@@ -393,7 +394,9 @@ async def test_a_set_value_registration_cannot_type_is_checked_when_it_runs(
     assert row is not None and (row["title"], row["version"]) == ("nick", 2)
 
 
-async def test_a_return_field_reads_the_acting_principal(db: Database) -> None:
+async def test_a_return_field_reads_the_acting_principal(
+    db: Database, database: ProvisionedDatabase,
+) -> None:
     """A return field may read a fact of the principal the command ran as
     (its value in the outcome is that principal's)."""
     locked_by = CATALOG.command(Command(
@@ -402,6 +405,7 @@ async def test_a_return_field_reads_the_acting_principal(db: Database) -> None:
         Set("task", "locked", Const(True), overwrite=True),
         Return("Locked", by=Fact("id"), revision=Field("task", "version")),
     ))
+    await install(database.owner_url, locked_by)
     runner = runner_for(db)
     await seed(runner)
     outcome = await runner.run(locked_by, ROOT, {"org": "acme", "task_id": "t1"})
@@ -409,7 +413,9 @@ async def test_a_return_field_reads_the_acting_principal(db: Database) -> None:
     assert (outcome.name, outcome.data) == ("Locked", {"by": "root", "revision": 2})
 
 
-async def test_every_requirement_is_checked_after_one_that_holds(db: Database) -> None:
+async def test_every_requirement_is_checked_after_one_that_holds(
+    db: Database, database: ProvisionedDatabase,
+) -> None:
     """Requirements are checked in their declared order, each of them: the
     first that fails answers its outcome and nothing is written, whatever
     requirements held before it."""
@@ -423,6 +429,7 @@ async def test_every_requirement_is_checked_after_one_that_holds(db: Database) -
         Set("task", "title", Var("title"), overwrite=True),
         Return("Renamed"),
     ))
+    await install(database.owner_url, guarded)
     runner = runner_for(db)
     await seed(runner, "t1", "a")
     await seed(runner, "t2", "b")
@@ -898,52 +905,34 @@ async def test_an_update_is_refused_when_the_current_row_fails_its_policy(db: Da
     assert row is not None and row["locked"] and row["version"] == 2
 
 
-@dataclass
-class RacingTask(Task):
-    """A task whose store pins no row and lets a write in right after its
-    load: a writer outside the pipeline between a check and the commit."""
-
-    Store: ClassVar[RacingStore]
-
-
-class RacingStore(TaskStore):
-    def __init__(self) -> None:
-        super().__init__(lock_rows=False, store_type=Task.Store.store_type)
-        self.writer: Conn | None = None
-
-    def from_row(self, row: Mapping[str, Any]) -> RacingTask:
-        return RacingTask(**vars(super().from_row(row)))
-
-    async def load_locked(self, conn: Conn, key: Sequence[str]) -> Any:
-        found = await super().load_locked(conn, key)
-        writer, self.writer = self.writer, None
-        if writer is not None:
-            await writer.execute("UPDATE cmd_task SET title = 'renamed', version = version + 1"
-                                 " WHERE org = $1 AND id = $2", key[0], key[1])
-        return found
-
-
-RacingTask.Store = RacingStore()
-
-
 async def test_a_write_past_the_lock_fails_the_checked_transition(db: Database) -> None:
-    """A checked transition keeps the entity's version as a read dependency:
-    a write that slips in between the check and the commit (a store without
-    row locks, a writer outside the pipeline) is never lost; the transition
-    does not commit over it."""
-    racing = Catalog([PROJECT, replace(TASK, aggregate=RacingTask), STEP], [LIFECYCLE], FACTS)
-    start = racing.command(START_TASK)
+    """A checked transition reads its row under the row's lock and decides
+    and writes in one call: a writer outside the pipeline that holds the row
+    makes the command wait for it, and the transition then judges the row
+    that writer committed (a stale revision), so neither write is lost."""
     runner = runner_for(db)
     await seed(runner)
     writer = await db.connect_dedicated()
     try:
-        RacingTask.Store.writer = writer
-        outcome = await runner.run(start, ALICE, {"request_key": "k", "org": "acme",
-                                                  "task_id": "t1", "expected_revision": 1})
+        outside = writer.transaction()
+        await outside.start()
+        await writer.execute("UPDATE cmd_task SET title = 'renamed', version = version + 1"
+                             " WHERE org = 'acme' AND id = 't1'")
+        running = asyncio.ensure_future(runner.run(C["StartTask"], ALICE, {
+            "request_key": "k", "org": "acme", "task_id": "t1", "expected_revision": 1}))
+
+        async def waiting() -> bool:
+            found = await db.pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'")
+            return bool(found) or running.done()
+
+        await wait_until(waiting, what="the command waiting on the outside writer's row")
+        await outside.commit()
+        outcome = await asyncio.wait_for(running, 10)
     finally:
-        RacingTask.Store.writer = None
         await writer.close()
-    assert not (isinstance(outcome, CommandOutcome) and outcome.ok), outcome
+    assert isinstance(outcome, CommandOutcome) and outcome.name == "StaleRevision", outcome
     row = await task_row(db, "t1")
     assert row is not None
     assert (row["title"], row["state"], row["version"]) == ("renamed", "queued", 2)

@@ -104,22 +104,21 @@ async def test_a_held_value_releases_nothing(db: Database) -> None:
 async def test_the_locks_the_claim_and_the_release_ride_one_round_trip(
     logged: tuple[Database, Statements],
 ) -> None:
-    """A rename onto a free title sends both values' advisory locks, the
-    claim and the conditional release as one round trip, and no other
-    statement touches the occupancy table."""
+    """A rename onto a free title takes both values' locks, claims the new
+    one and releases the old inside its one call (the compiled command's
+    round trip between BEGIN and COMMIT): no statement of the run names the
+    occupancy table, and the new title is held by the row, the old free."""
     db, statements = logged
     runner = runner_for(db)
     await _seed(runner)
     statements.sent.clear()
     renamed = await _run(runner, "RenameTask", org="acme", task_id="t1", title="third")
     assert renamed.ok, renamed
-    touching = [s for s in statements.sent if "command_occupancy" in s]
-    assert len(touching) == 1, touching
-    [sent] = touching
-    parts = sent.split("; ")
-    assert [p.startswith("SELECT pg_advisory_xact_lock(") for p in parts] == [True, True, False]
-    assert parts[2].startswith("WITH claimed AS (INSERT INTO service_engine.command_occupancy")
-    assert "released0 AS (DELETE" in parts[2] and parts[2].endswith("SELECT 1 FROM claimed")
+    sent = list(statements.sent)
+    assert not [s for s in sent if "command_occupancy" in s], sent
+    assert [s for s in sent if s.startswith("SELECT service_engine.")] != [], sent
+    assert await _held(db) == [(_value("second"), '["acme","t2"]'),
+                               (_value("third"), '["acme","t1"]')]
 
 
 async def test_an_inlined_notify_carries_any_cause_exactly(db: Database) -> None:

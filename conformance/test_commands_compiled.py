@@ -1,13 +1,15 @@
 """A declared command's compiled function against its interpreter (real Postgres).
 
 For random declarations drawn from a small grammar (creates, mutates,
-reads, requirements, revision-checked transitions, sets, causes, unique
-titles, create/update row policies, idempotency keys), random stored rows,
+reads, requirements, permits, revision-checked transitions, sets, causes,
+recorded facts of a soft-EDA store, emitted events, unique titles,
+create/update row policies, idempotency keys), random stored rows,
 principals (facts missing and mistyped included) and inputs, the compiled
 function (`compile_command`, `run_compiled`) and the interpreter
-(`CommandRunner`) run the same calls on two partitions holding the same
-rows: every call answers the same outcome, and both partitions end with
-the same rows, occupancy rows and idempotency records.
+(`runner.interpret`, the oracle no run path calls) run the same calls on
+two partitions holding the same rows: every call answers the same outcome
+and stages the same events, and both partitions end with the same rows,
+recorded facts, occupancy rows and idempotency records.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, Literal
@@ -22,6 +25,7 @@ from typing import Any, ClassVar, Literal
 import asyncpg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from service_engine.commands import (
     INVALID_INPUT,
@@ -33,12 +37,13 @@ from service_engine.commands import (
     Caused,
     CheckedCommand,
     Command,
+    CommandConfig,
     CommandDeclarationError,
     CommandOutcome,
-    CommandRunner,
     Const,
     Contains,
     Create,
+    Emit,
     Entity,
     Eq,
     Fact,
@@ -52,7 +57,9 @@ from service_engine.commands import (
     Not,
     Or,
     Outcome,
+    Permit,
     Read,
+    Record,
     Require,
     Return,
     Row,
@@ -62,25 +69,22 @@ from service_engine.commands import (
     Sub,
     Transition,
     Unique,
+    Unless,
     Var,
     Workflow,
     WorkflowTransition,
-    run_in,
 )
 from service_engine.commands.compile import PRELUDE, CompiledCommand, compile_command, run_compiled
 from service_engine.commands.plan import InvalidInput
+from service_engine.commands.runner import interpret
 from service_engine.db import connect_pool
 from service_engine.embedded import ProvisionedDatabase
 from service_engine.gates import Reason
 from service_engine.impacts.model import canonical_json
-from service_engine.persistence import Aggregate
+from service_engine.persistence import Aggregate, RecordsEvents, SoftEdaStore
 from service_engine.pipeline import MutationError, MutationExecutor
 
-from . import test_commands_properties as properties
-from .support.sample_commands import ALICE, COMMANDS, OrgStore, executor_for
-from .support.sample_commands import Principal as SamplePrincipal
-
-_INTROSPECTION = ("WITH RECURSIVE typeinfo_tree", "current_setting('jit')", "set_config('jit'")
+from .support.sample_commands import OrgStore, executor_for
 
 TABLE = """
 CREATE TABLE IF NOT EXISTS cmp_item (
@@ -88,6 +92,14 @@ CREATE TABLE IF NOT EXISTS cmp_item (
     flag boolean NOT NULL, state text NOT NULL, version integer NOT NULL,
     PRIMARY KEY (org, id));
 GRANT SELECT, INSERT, UPDATE, DELETE ON cmp_item TO service_engine_app;
+CREATE TABLE IF NOT EXISTS cmp_note (
+    id text PRIMARY KEY, org text NOT NULL, text text NOT NULL, hits bigint NOT NULL,
+    version integer NOT NULL);
+CREATE TABLE IF NOT EXISTS cmp_note_fact (
+    seq bigserial PRIMARY KEY, note_id text NOT NULL, fact_type text NOT NULL,
+    payload jsonb NOT NULL);
+GRANT SELECT, INSERT, UPDATE, DELETE ON cmp_note, cmp_note_fact TO service_engine_app;
+GRANT USAGE ON SEQUENCE cmp_note_fact_seq_seq TO service_engine_app;
 """
 IDS, TITLES = ("i0", "i1", "i2"), ("t0", "t1", "t2", "t3")
 RETENTION = timedelta(days=1)
@@ -115,6 +127,52 @@ class ItemStore(OrgStore):
 
 
 Item.Store = ItemStore()
+
+
+@dataclass
+class Note(RecordsEvents):
+    """A soft-EDA aggregate (its facts appended by its store): one key, so
+    each side's ids carry its partition's name."""
+
+    id: str
+    org: str
+    text: str
+    hits: int
+    version: int = 1
+
+    Store: ClassVar[NoteStore]
+
+
+class NoteStore(SoftEdaStore[Note, str]):
+    TABLE = "cmp_note"
+    COLUMNS = ("id", "org", "text", "hits", "version")
+    FACTS_TABLE = "cmp_note_fact"
+    FACT_KEY = "note_id"
+
+    def to_row(self, note: Note) -> Mapping[str, object]:
+        return {"id": note.id, "org": note.org, "text": note.text, "hits": note.hits,
+                "version": note.version}
+
+    def from_row(self, row: Mapping[str, Any]) -> Note:
+        return Note(row["id"], row["org"], row["text"], row["hits"], row["version"])
+
+
+Note.Store = NoteStore()
+
+
+class NoteTouched(BaseModel):
+    """The integration event a note's command emits."""
+
+    AGGREGATE: ClassVar[str] = "note"
+    FACT: ClassVar[str] = "touched"
+    VERSION: ClassVar[int] = 1
+
+    note_id: str
+    hits: int
+    version: int
+
+    def sequence(self) -> None:
+        return None
 FACTS = {"org": str | None, "admin": bool, "level": int | None}
 LIFE = Workflow("Life", "Item", "state", ("a", "b", "c"),
                 (WorkflowTransition("Go", ("a",), "b"), WorkflowTransition("End", ("a", "b"), "c")))
@@ -179,12 +237,53 @@ class Grammar:
             revision="version", unique=(Unique("by_title", ("org", "title")),),
             create_policy=self.policy(), update_policy=self.policy(), nouns=("cmp_item",),
         )
-        return Catalog([item], [LIFE], FACTS), item
+        note = Entity("Note", Note, key=("id",), revision="version", nouns=("cmp_note",))
+        return Catalog([item, note], [LIFE], FACTS), item
+
+    def permit(self, fields: list[Any], flags: list[Any], titles: list[Any]) -> Permit:
+        """A permit of one to three rules, each of one or two conditions."""
+        rules = [
+            Unless(Reason(f"item.rule{n}", "no"),
+                   *(self.bools(fields, flags, titles) for _ in range(self.r.randint(1, 2))))
+            for n in range(self.r.randint(1, 3))
+        ]
+        return Permit(self.r.choice(["edit", "touch"]), *rules)
+
+    def note(self, name: str) -> Command:
+        """A create or a mutate of a note under a permit, recording facts
+        and emitting an event."""
+        r = self.r
+        fields = [Field("note", "hits"), Field("note", "version"), Var("n")]
+        if r.random() < 0.4:
+            clauses: list[Any] = [Create("Note", (Var("nid"),), as_="note",
+                                         else_=Outcome("NoteExists"))]
+            if r.random() < 0.6:
+                clauses.append(self.permit([Var("n")], [Var("flag")], [Var("title")]))
+            clauses += [Set("note", "org", Var("org")), Set("note", "text", Var("title")),
+                        Set("note", "hits", Var("n"))]
+        else:
+            clauses = [Mutate("Note", (Var("nid"),), as_="note", else_=Outcome("NoteMissing"))]
+            if r.random() < 0.7:
+                clauses.append(self.permit(fields, [Var("flag")], [Field("note", "text")]))
+            clauses.append(Set("note", "hits", Add(Field("note", "hits"), Var("n"))))
+            if r.random() < 0.5:
+                clauses.append(Set("note", "text", Var("title"), overwrite=True))
+        for n in range(r.randint(0, 2)):
+            at: Any = r.choice([Var("title"), Field("note", "hits")])
+            data = {"n": Var("n"), "at": at}
+            clauses.append(Record("note", f"note.fact{n}", data))
+        if r.random() < 0.5:
+            clauses.append(Caused("note", "cmp_note", "note.touched", {"n": Var("n")}))
+        if r.random() < 0.7:
+            clauses.append(Emit(NoteTouched, note_id=Field("note", "id"),
+                                hits=Field("note", "hits"), version=Field("note", "version")))
+        clauses.append(Return("Touched", v=Field("note", "version"), h=Field("note", "hits")))
+        return self.keyed(name, clauses)
 
     def keyed(self, name: str, clauses: list[Any]) -> Command:
         head: list[Any] = [Input("org", str), Input("id", str), Input("other", str),
                            Input("title", str), Input("n", int), Input("rev", int),
-                           Input("flag", bool)]
+                           Input("flag", bool), Input("nid", str)]
         if self.r.random() < 0.5:
             head += [Input("key", str, max_length=8), Service("at", TRANSACTION_TIME),
                      Service("made", UUID_V7), IdempotencyKey("key")]
@@ -192,7 +291,9 @@ class Grammar:
 
     def command(self, name: str) -> Command:
         r = self.r
-        shape = r.choice(["create", "mutate", "pair", "swap"])
+        shape = r.choice(["create", "mutate", "pair", "swap", "note"])
+        if shape == "note":
+            return self.note(name)
         taken = {"by_title": Outcome("TitleTaken")}
         if shape == "create":
             clauses: list[Any] = [Create("Item", (Var("org"), Var("id")), as_="item",
@@ -217,6 +318,9 @@ class Grammar:
                 clauses.append(Require("Ok", self.bools(fields, [Field("item", "flag")],
                                                         [Field("item", "title")]),
                                        Outcome("NotOk")))
+            if r.random() < 0.4:
+                clauses.append(self.permit(fields, [Field("item", "flag")],
+                                           [Field("item", "title")]))
             if r.random() < 0.4:
                 clauses.append(Transition(f"Life.{r.choice(['Go', 'End'])}", on="item",
                                           revision=Var("rev"), stale=Outcome("Stale"),
@@ -270,6 +374,7 @@ class Grammar:
         values: dict[str, Any] = {
             "org": org, "id": r.choice(IDS), "other": r.choice(IDS), "title": r.choice(TITLES),
             "n": r.randint(-2, 3), "rev": r.randint(1, 3), "flag": r.random() < 0.5,
+            "nid": f"{org}-n{r.randrange(2)}",
         }
         if keyed:
             values["key"] = r.choice(["k0", "k1"])
@@ -303,11 +408,36 @@ def _answer(result: Any, org: str) -> Any:
     return ("raised", type(result).__name__)
 
 
+def _emitted(cx: Any, into: list[Any] | None) -> None:
+    """The events ``cx`` staged (subject and payload), kept in ``into``."""
+    if into is not None:
+        into.extend((m.subject, m.body.get("payload")) for m in cx._messages)
+
+
 async def _compiled(
     executor: MutationExecutor, compiled: CompiledCommand, principal: Any, inputs: Any,
+    events: list[Any] | None = None,
 ) -> Any:
     async def handler(cx: Any) -> CommandOutcome:
-        return await run_compiled(cx, compiled, cx.principal, inputs, RETENTION)
+        outcome = await run_compiled(cx, compiled, cx.principal, inputs, RETENTION)
+        _emitted(cx, events)
+        return outcome
+
+    try:
+        return await executor.execute(principal, handler)
+    except InvalidInput as exc:
+        return MutationError(INVALID_INPUT, str(exc))
+
+
+async def _interpreted(
+    executor: MutationExecutor, command: CheckedCommand, principal: Any, inputs: Any,
+    events: list[Any] | None = None,
+) -> Any:
+    async def handler(cx: Any) -> CommandOutcome:
+        outcome = await interpret(cx, command, inputs, principal=cx.principal,
+                                  config=CommandConfig(idempotency_retention=RETENTION))
+        _emitted(cx, events)
+        return outcome
 
     try:
         return await executor.execute(principal, handler)
@@ -324,8 +454,13 @@ async def _state(conn: Any, org: str, scope: str) -> Any:
     records = await conn.fetch(
         "SELECT command, key, outcome FROM service_engine.command_idempotency"
         " WHERE scope = $1 ORDER BY command, key", scope)
+    notes = await conn.fetch("SELECT id, org, text, hits, version FROM cmp_note"
+                             " WHERE org = $1 ORDER BY id", org)
+    facts = await conn.fetch("SELECT note_id, fact_type, payload FROM cmp_note_fact"
+                             " WHERE note_id LIKE $1 || '-%' ORDER BY seq", org)
     return ([tuple(r) for r in rows], [(r["value"], _normal(r["owner"], org)) for r in occupied],
-            [(r["command"], r["key"], _normal(r["outcome"], org)) for r in records])
+            [(r["command"], r["key"], _normal(r["outcome"], org)) for r in records],
+            [_normal(tuple(r), org) for r in notes], [_normal(tuple(r), org) for r in facts])
 
 
 async def _example(database: ProvisionedDatabase, seed: int) -> None:
@@ -374,7 +509,6 @@ async def _example(database: ProvisionedDatabase, seed: int) -> None:
                     " ('Item', 'by_title', $1, $2, $3)",
                     canonical_json([org]), canonical_json([title]), canonical_json([org, ident]))
         executor = executor_for(db, lock_timeout=timedelta(seconds=5))
-        runner = CommandRunner(executor)
         command = commands[0]
         principals: dict[str, Principal] = {}
         inputs: dict[str, dict[str, Any]] = {}
@@ -389,15 +523,18 @@ async def _example(database: ProvisionedDatabase, seed: int) -> None:
                     principals[side] = grammar.principal(side, org)
                     inputs[side] = grammar.inputs(org, keyed)
             answers = {}
+            events: dict[str, list[Any]] = {"i": [], "c": []}
             for side, call in (
-                ("i", runner.run(command, principals["i"], inputs["i"])),
-                ("c", _compiled(executor, compiled[command.name], principals["c"], inputs["c"])),
+                ("i", _interpreted(executor, command, principals["i"], inputs["i"],
+                                   events["i"])),
+                ("c", _compiled(executor, compiled[command.name], principals["c"], inputs["c"],
+                                events["c"])),
             ):
                 try:
                     result: Any = await call
                 except Exception as exc:  # the interpreter's own failures compare too
                     result = exc
-                answers[side] = _answer(result, orgs[side])
+                answers[side] = (_answer(result, orgs[side]), _normal(events[side], orgs[side]))
             assert answers["i"] == answers["c"], (command.declaration, inputs, principals)
         async with db.pool.acquire() as conn:
             interpreted = await _state(conn, orgs["i"], "p-i")
@@ -419,260 +556,3 @@ def test_compiled_command_equals_interpreter(database: ProvisionedDatabase) -> N
         asyncio.run(_example(database, seed))
 
     check()
-
-
-async def test_a_compiled_command_takes_begin_the_call_and_commit(
-    database: ProvisionedDatabase, logged: tuple[Any, Any],
-) -> None:
-    """A compiled command's run is three round trips whatever it declares
-    (idempotency key, reads, unique claims, a transition): BEGIN, the one
-    call, the impacts' NOTIFY with COMMIT; it answers as the interpreter."""
-    db, statements = logged
-    tables = {"Project": "cmd_project", "Task": "cmd_task"}
-    compiled = {name: compile_command(COMMANDS[name], tables)
-                for name in ("CreateProject", "CreateTask", "RenameTask", "StartTask")}
-    owner = await asyncpg.connect(database.owner_url)
-    try:
-        await owner.execute(PRELUDE)
-        for c in compiled.values():
-            await owner.execute(c.ddl)
-    finally:
-        await owner.close()
-    executor = executor_for(db)
-
-    async def sent(name: str, inputs: dict[str, Any]) -> list[str]:
-        outcome = await _compiled(executor, compiled[name], ALICE, inputs)
-        assert isinstance(outcome, CommandOutcome) and outcome.ok, outcome
-        return [s for s in statements.take() if not s.startswith(_INTROSPECTION)]
-
-    await sent("CreateProject", {"request_key": "k0", "org": "acme", "project_id": "p",
-                                 "name": "P"})
-    await sent("CreateTask", {"request_key": "k1", "org": "acme", "task_id": "t0",
-                              "project_id": "p", "title": "warm"})
-    runs = [
-        await sent("CreateTask", {"request_key": "k2", "org": "acme", "task_id": "t1",
-                                  "project_id": "p", "title": "a"}),
-        await sent("RenameTask", {"org": "acme", "task_id": "t1", "title": "b"}),
-        await sent("StartTask", {"request_key": "k3", "org": "acme", "task_id": "t1",
-                                 "expected_revision": 2}),
-    ]
-    for run in runs:
-        assert len(run) == 3, run
-        assert run[0].startswith("BEGIN; SET LOCAL lock_timeout")
-        assert run[1].startswith("SELECT service_engine.")
-        assert "; COMMIT; " in run[2] and "pg_notify('service_engine_impacts'" in run[2]
-    rows = await db.pool.fetch("SELECT title, state, version FROM cmd_task WHERE id = 't1'")
-    assert [tuple(r) for r in rows] == [("b", "running", 3)]
-
-
-SAMPLE_TABLES = {"Project": "cmd_project", "Task": "cmd_task", "Step": "cmd_step"}
-
-
-SETUP: list[tuple[str, dict[str, Any]]] = [
-    ("CreateProject", {"project_id": 0, "request_key": "s0"}),
-    ("CreateProject", {"project_id": 1, "request_key": "s1"}),
-    ("CreateTask", {"task_id": 0, "project_id": 0, "title": "s0", "request_key": "s2"}),
-    ("CreateTask", {"task_id": 1, "project_id": 0, "title": "s1", "request_key": "s3"}),
-    ("CreateTask", {"task_id": 2, "project_id": 1, "title": "s2", "request_key": "s4"}),
-    ("AddStep", {"task_id": 0, "step_id": 0}),
-    ("AddStep", {"task_id": 0, "step_id": 1}),
-    ("AddStep", {"task_id": 1, "step_id": 2}),
-]
-"""Calls that give the random ones rows to work on (compared as well)."""
-
-
-def _sample_call(
-    rnd: random.Random, org: str, name: str, fixed: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Inputs for the sample command ``name`` in ``org`` (ids from small pools,
-    or as ``fixed`` says)."""
-    def pick(kind: str, n: int) -> str:
-        return f"{org}-{kind}{rnd.randrange(n)}"
-
-    values: dict[str, Any] = {
-        "request_key": f"k{rnd.randrange(3)}", "org": org, "project_id": pick("p", 2),
-        "name": "P", "task_id": pick("t", 3), "title": f"title-{rnd.randrange(3)}",
-        "expected_revision": rnd.randint(1, 3), "locked": rnd.random() < 0.5,
-        "first": pick("t", 3), "second": pick("t", 3), "step_id": pick("s", 4),
-        "label": "L",
-    }
-    prefix = {"project_id": "p", "task_id": "t", "step_id": "s"}
-    for k, v in (fixed or {}).items():
-        values[k] = f"{org}-{prefix[k]}{v}" if k in prefix else v
-    declared = {i.name for i in COMMANDS[name].inputs}
-    return {k: v for k, v in values.items() if k in declared}
-
-
-async def _sample_example(database: ProvisionedDatabase, seed: int) -> None:
-    rnd = random.Random(seed)
-    db = await connect_pool(database.app_url, max_size=4)
-    try:
-        suffix = secrets.token_hex(3)
-        orgs = {"i": f"oi{suffix}", "c": f"oc{suffix}"}
-        executor = executor_for(db, lock_timeout=timedelta(seconds=5))
-        names = sorted(COMMANDS)
-        for n in range(len(SETUP) + 30):
-            fixed: dict[str, Any] | None = None
-            if n < len(SETUP):
-                name, fixed = SETUP[n]
-            else:
-                name = rnd.choice(names)
-            draws = rnd.getstate()
-            answers = {}
-            for side, org in orgs.items():
-                rnd.setstate(draws)  # the same draws on both sides
-                who = SamplePrincipal(f"p-{side}{suffix}", org=rnd.choice([org, org, org, "zz"]),
-                                      admin=rnd.random() < 0.3)
-                inputs = _sample_call(rnd, org, name, fixed)
-                staged: list[Any] = []
-                call = _staging(executor, name, who, inputs, staged, compiled=side == "c")
-                try:
-                    result: Any = await call
-                except Exception as exc:
-                    result = exc
-                answers[side] = (_answer(result, org), _normal(staged, org))
-            assert answers["i"] == answers["c"], (name, seed)
-        states = []
-        for side, org in orgs.items():
-            tables = []
-            for table in ("cmd_project", "cmd_task", "cmd_step"):
-                rows = await db.pool.fetch(
-                    f"SELECT * FROM {table} WHERE org = $1 ORDER BY id", org)
-                tables.append([_normal({k: v for k, v in dict(r).items()
-                                        if k not in ("execution_id", "started_at")}, org)
-                               for r in rows])
-            occupied = await db.pool.fetch(
-                "SELECT entity, value, owner FROM service_engine.command_occupancy"
-                " WHERE partition = $1 ORDER BY entity, value", canonical_json([org]))
-            records = await db.pool.fetch(
-                "SELECT command, key, outcome, sealed FROM service_engine.command_idempotency"
-                " WHERE scope = $1 ORDER BY command, key", f"p-{side}{suffix}")
-            states.append((tables, [_normal(tuple(r), org) for r in occupied],
-                           [_normal((r["command"], r["key"], {
-                               **r["outcome"], "data": _unsealed(r["outcome"]["data"],
-                                                                 r["sealed"])},
-                               sorted(r["sealed"])), org) for r in records]))
-        assert states[0] == states[1], seed
-    finally:
-        await db.aclose()
-
-
-SAMPLE_COMPILED = {name: compile_command(c, SAMPLE_TABLES) for name, c in COMMANDS.items()}
-
-
-async def _staging(
-    executor: MutationExecutor, name: str, principal: Any, inputs: Any, staged: list[Any],
-    *, compiled: bool,
-) -> Any:
-    """Run ``name`` through the interpreter (`run_in`) or its compiled
-    function, keeping the impacts it staged (noun, key, cause) in ``staged``."""
-    async def handler(cx: Any) -> CommandOutcome:
-        if compiled:
-            outcome = await run_compiled(cx, SAMPLE_COMPILED[name], cx.principal, inputs,
-                                         RETENTION)
-        else:
-            outcome = await run_in(cx, COMMANDS[name], inputs, principal=cx.principal)
-        staged.extend((i.noun, i.key, None if i.cause is None else (i.cause.name, i.cause.data))
-                      for i in cx._impacts)
-        return outcome
-
-    try:
-        return await executor.execute(principal, handler)
-    except InvalidInput as exc:
-        return MutationError(INVALID_INPUT, str(exc))
-
-
-def test_the_samples_compiled_commands_equal_the_interpreter(
-    database: ProvisionedDatabase,
-) -> None:
-    """Every command of the sample (restrict and cascade deletes, a read
-    proving a relationship, workflow transitions, row policies of creates,
-    updates and deletes) compiles, and random calls of them on two
-    partitions answer, stage the same impacts (noun, key, cause) and leave
-    the same rows through the compiled functions as through the
-    interpreter."""
-    async def install() -> None:
-        owner = await asyncpg.connect(database.owner_url)
-        try:
-            await owner.execute(PRELUDE)
-            for c in SAMPLE_COMPILED.values():
-                await owner.execute(c.ddl)
-        finally:
-            await owner.close()
-
-    asyncio.run(install())
-
-    @settings(max_examples=15, deadline=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(st.integers(0, 2**32 - 1))
-    def check(seed: int) -> None:
-        asyncio.run(_sample_example(database, seed))
-
-    check()
-
-
-class _CompiledRunner:
-    """`CommandRunner.run`'s signature over the compiled functions."""
-
-    def __init__(self, executor: MutationExecutor) -> None:
-        self.executor = executor
-
-    async def run(self, command: CheckedCommand, principal: Any, inputs: Any) -> Any:
-        return await _compiled(self.executor, SAMPLE_COMPILED[command.name], principal, inputs)
-
-
-async def _interleaved(url: str, steps: list[tuple[Any, ...]], sizes: list[int]) -> None:
-    db = await connect_pool(url, max_size=8)
-    try:
-        org = f"o{secrets.token_hex(4)}"
-        who = SamplePrincipal(f"p-{org}", org=org)
-        runner = _CompiledRunner(executor_for(db))
-        await runner.run(COMMANDS["CreateProject"], who, {
-            "request_key": "project", "org": org, "project_id": f"{org}-p", "name": "P"})
-        calls = [properties._call(org, step) for step in steps]
-        outcomes: list[Any] = []
-        at = 0
-        for size in sizes * len(calls):
-            if at >= len(calls):
-                break
-            batch = calls[at:at + size]
-            at += size
-            outcomes += await asyncio.gather(
-                *(runner.run(COMMANDS[name], who, inputs) for name, inputs in batch)
-            )
-        assert all(isinstance(o, CommandOutcome) for o in outcomes), outcomes
-        await properties._check(db, org, calls, outcomes)
-    finally:
-        await db.aclose()
-
-
-def test_compiled_commands_keep_the_invariants_under_random_interleavings(
-    database: ProvisionedDatabase,
-) -> None:
-    """Concurrent batches of compiled keyed commands and their retries keep
-    what the interpreter keeps: one outcome and one set of sealed values per
-    key, titles unique exactly (the occupancy rows' own conflicts serialise
-    two claims of one value), revisions counting exactly the first runs."""
-    async def install() -> None:
-        owner = await asyncpg.connect(database.owner_url)
-        try:
-            await owner.execute(PRELUDE)
-            for c in SAMPLE_COMPILED.values():
-                await owner.execute(c.ddl)
-        finally:
-            await owner.close()
-
-    asyncio.run(install())
-
-    @settings(max_examples=20, deadline=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(properties.programs, properties.batches)
-    def interleave(program: list[tuple[tuple[Any, ...], bool]], sizes: list[int]) -> None:
-        steps: list[tuple[Any, ...]] = []
-        for step, retry in program:
-            steps.append(step)
-            if retry:
-                steps.append(step)
-        asyncio.run(_interleaved(database.app_url, steps, sizes))
-
-    interleave()

@@ -89,6 +89,7 @@ async def infrastructure() -> AsyncIterator[tuple[str, str, bool]]:
 async def start_embedded(data_dir: Path) -> EmbeddedInfra:
     """Embedded Postgres and NATS under ``data_dir``, provisioned; the caller
     closes them (``aclose``)."""
+    from service_engine.commands import install_commands
     from service_engine.embedded import (
         EmbeddedInfra,
         provision_lane_stream,
@@ -96,12 +97,15 @@ async def start_embedded(data_dir: Path) -> EmbeddedInfra:
         seed_bucket,
     )
 
+    from .slices import commands
+
     _log.info("starting embedded Postgres and NATS under %s", data_dir)
     # Start-up runs the servers' blocking starts in threads, which a
     # cancellation cannot stop: shielded, it completes, then what it
     # started is stopped, so a Ctrl-C never leaves an orphaned server.
     start = asyncio.ensure_future(EmbeddedInfra.start(
         data_dir, database=SERVICE, extra_migrations=service_migrations(MIGRATIONS),
+        owner_setup=lambda conn: install_commands(conn, commands()),
         buckets=BUCKETS,
     ))
     try:

@@ -26,7 +26,15 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -554,11 +562,14 @@ async def provision_database(
     extra_migrations: Sequence[Migration] = (),
     template: str | None = None,
     is_template: bool = False,
+    owner_setup: Callable[[asyncpg.Connection], Awaitable[object]] | None = None,
 ) -> ProvisionedDatabase:
     """Create database ``name`` owned by the owner role, migrate and grant.
 
-    With ``template`` the database is a copy of an already provisioned one
-    (cheap: the per-test path), so nothing is migrated again.
+    ``owner_setup`` runs on the owner's connection after the migrations
+    (the service's commands installed: ``lambda conn: install_commands(conn,
+    COMMANDS)``). With ``template`` the database is a copy of an already
+    provisioned one (cheap: the per-test path), so nothing is migrated again.
     """
     if template is None:  # a template's copy: its roles exist already
         await provision_roles(pg.admin_url, roles)
@@ -580,6 +591,8 @@ async def provision_database(
         try:
             await owner.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
             await migrate(owner, [*engine_migrations(), *extra_migrations])
+            if owner_setup is not None:
+                await owner_setup(owner)
             await grant_engine_access(owner, roles.app)
         finally:
             await owner.close()
@@ -738,6 +751,7 @@ class EmbeddedInfra:
         extra_migrations: Iterable[Migration] = (),
         streams: dict[str, list[str]] | None = None,
         buckets: Iterable[str] = (),
+        owner_setup: Callable[[asyncpg.Connection], Awaitable[object]] | None = None,
     ) -> EmbeddedInfra:
         postgres = EmbeddedPostgres(data_dir / "postgres")
         nats_server = EmbeddedNats(data_dir / "nats")
@@ -766,7 +780,8 @@ class EmbeddedInfra:
             raise
         try:
             provisioned = await provision_database(
-                postgres, database, extra_migrations=list(extra_migrations)
+                postgres, database, extra_migrations=list(extra_migrations),
+                owner_setup=owner_setup,
             )
             await provision_streams(nats_server.url, streams)
             await provision_buckets(nats_server.url, buckets)

@@ -18,6 +18,8 @@ from .beat.upkeep import LOOP_LAG_INTERVAL, Upkeep, UpkeepBounds, check_grants, 
 from .blobs.model import DownloadUrl
 from .blobs.runtime import BlobRuntime
 from .clock import SystemClock
+from .commands.checked import CheckedCommand
+from .commands.install import assert_commands_installed
 from .config import EngineConfig
 from .db.pool import Database
 from .db.posture import assert_posture
@@ -73,6 +75,7 @@ class Engine:
         self.dead_letters = DeadLetters(db, metrics)
         self._nouns = self.render.nouns
         self._beat_steps: dict[str, BeatStep] = {}
+        self._commands: dict[str, CheckedCommand] = {}
         self.upkeep = Upkeep(
             db, UpkeepBounds.of(config), readiness, metrics, self.version,
             transport=self.transport, render=self.render_loop,
@@ -233,6 +236,18 @@ class Engine:
         """Erase ``person`` across every registered slice (see `service_engine.erasure`)."""
         return await self._eraser.erase(person)
 
+    def register_commands(self, *commands: CheckedCommand) -> None:
+        """Declare the checked commands this pod runs: `run` checks that the
+        schema owner installed each one's database function (``service-engine
+        migrate --commands``) and refuses to start, readiness DOWN under
+        ``commands_not_installed`` naming them, when one is missing. Raises
+        `DuplicateRegistration` for a second command of one name."""
+        for command in commands:
+            known = self._commands.get(command.name)
+            if known is not None and known is not command:
+                raise DuplicateRegistration("command", command.name)
+            self._commands[command.name] = command
+
     def register_principal_fact(self, loader: PrincipalFactLoader) -> None:
         """Run ``loader`` (``async (principal) -> principal`` with the slice's
         fact) right after every principal is resolved and on a
@@ -301,6 +316,13 @@ class Engine:
         self._running = True
         try:
             await check_grants(self.db, self.readiness, self._nouns.tables())
+            if self._commands:
+                try:
+                    async with self.db.pool.acquire() as conn:
+                        await assert_commands_installed(conn, self._commands.values())
+                except EngineError as exc:
+                    self.readiness.set_down(exc.code, str(exc))
+                    raise
             for component in self.components:
                 await component.start()
                 for name, worker in component.tasks().items():

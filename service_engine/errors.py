@@ -38,18 +38,17 @@ from .blobs.runtime import (
 from .cli.commands import (
     Failed,
 )
-from .commands.compile import (
-    NotCompilable,
-)
 from .commands.errors import (
     BindingError,
     ClauseOrderError,
     CommandDeclarationError,
+    CommandNotInstalled,
     DeletePolicyError,
     DuplicateName,
     IdempotencyDeclarationError,
     MissingOutcome,
     MissingRelationshipProof,
+    NotCompilable,
     PartitionRouteMismatch,
     RouteIdentifiesRow,
     ServiceValueError,
@@ -284,6 +283,7 @@ __all__ = [
     "ClauseOrderError",
     "CohortMismatch",
     "CommandDeclarationError",
+    "CommandNotInstalled",
     "ConfigError",
     "ConstraintViolation",
     "ConsumerBindFailed",

@@ -38,12 +38,13 @@ from service_engine.commands import (
     MissingRelationshipProof,
     Mutate,
     NoInbound,
+    NotCompilable,
     Outcome,
     PartitionRouteMismatch,
+    Permit,
     Read,
     Relationship,
     Require,
-    RequireGate,
     Restrict,
     Return,
     ReverseIndex,
@@ -59,6 +60,7 @@ from service_engine.commands import (
     Unique,
     UniqueKeyOutsidePartition,
     UnknownName,
+    Unless,
     UnprovenSet,
     Var,
     Workflow,
@@ -102,14 +104,14 @@ POST = Entity(
     "Post", Post, key=("site", "id"), partition_by=("site",), conflict_key=("id",),
     revision="version",
     unique=(Unique("by_title", ("site", "title")),),
-    delete_policy=Restrict((IndexRef("Comment", "by_post"),)),
+    delete_policy=Restrict((IndexRef("Comment", "by_post"),)), table="post",
 )
 COMMENT = Entity(
     "Comment", Comment, key=("site", "id"), partition_by=("site",), conflict_key=("id",),
     revision="version",
     relationships=(Relationship("post", "Post", ("site", "post_id")),),
     indexes=(ReverseIndex("by_post", ("site", "post_id"), table="comment"),),
-    delete_policy=NoInbound(),
+    delete_policy=NoInbound(), table="comment",
 )
 FLOW = Workflow("Life", "Post", "state", ("draft", "published"),
                 (WorkflowTransition("Publish", ("draft",), "published"),))
@@ -218,9 +220,9 @@ def test_unknown_entities_fields_and_transitions_are_refused() -> None:
                                 Transition("Life.Retract", on="post", revision=Var("rev"),
                                            stale=Outcome("Stale"), illegal=Outcome("Illegal")),
                                 Return("X")))
-    with pytest.raises(UnknownName):
-        CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST, RequireGate("post", "can_fly"),
-                                Return("X")))
+    with pytest.raises(UnboundReference):
+        CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST, Permit(
+            "fly", Unless(Reason("post.no"), Field("poster", "state"))), Return("X")))
 
 
 def test_a_binding_key_is_the_complete_key_of_inputs() -> None:
@@ -439,15 +441,28 @@ def test_row_policies_observe_rows_facts_and_constants_only() -> None:
         Catalog([replace(POST, update_policy=RowPolicy(Row("colour"), Reason("no"))), COMMENT])
 
 
-def test_a_gate_judges_an_existing_row() -> None:
-    """A gate may be required of a row the command read, never of the row it creates."""
-    CATALOG.command(Command("Edit", SITE, POST_ID, READ_POST, RequireGate("post", "can_edit"),
-                            Return("Edited")))
-    with pytest.raises(BindingError):
-        CATALOG.command(add_comment().__class__(
-            "Bad", *add_comment().clauses[:9], RequireGate("comment", "can_edit"),
-            *add_comment().clauses[9:],
-        ))
+def test_a_permit_is_rules_of_boolean_conditions() -> None:
+    """A permit's rules each take a reason and boolean conditions over the
+    bindings, inputs and declared facts; anything else is refused."""
+    CATALOG.command(Command("Edit", SITE, POST_ID, READ_POST, Permit(
+        "edit", Unless(Reason("post.draft"), Eq(Field("post", "state"), Const("draft")))),
+        Return("Edited")))
+    with pytest.raises(TypeMismatch):
+        CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST, Permit(
+            "edit", Unless(Reason("post.x"), Field("post", "title"))), Return("X")))
+    with pytest.raises(CommandDeclarationError):
+        CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST, Permit("edit"), Return("X")))
+    with pytest.raises(CommandDeclarationError):
+        CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST, Permit(
+            "edit", Unless("post.x", Const(True))), Return("X")))  # type: ignore[arg-type]
+
+
+def test_an_entity_without_a_table_is_not_compilable() -> None:
+    """Registration compiles every command: an entity naming no table (and
+    whose store has no ``TABLE``) is refused with `NotCompilable`."""
+    catalog = Catalog([replace(POST, table=None), COMMENT], [FLOW])
+    with pytest.raises(NotCompilable, match="names no table"):
+        catalog.command(Command("Edit", SITE, POST_ID, READ_POST, Return("Edited")))
 
 
 # -- every refusal names its declaration ----------------------------------------------

@@ -47,6 +47,8 @@ from service_engine.errors import ConfigError
 
 
 class _Store:
+    TABLE = "rows"  # what the compiler writes into the generated function (no I/O here)
+
     async def load(self, conn: Any, key: Any) -> None:
         return None
 

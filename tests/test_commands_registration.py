@@ -42,6 +42,8 @@ from service_engine.commands.check import DeleteStep
 
 
 class _Store:
+    TABLE = "rows"  # what the compiler writes into the generated function (no I/O here)
+
     async def load(self, conn: Any, key: Any) -> None:
         return None
 

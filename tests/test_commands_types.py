@@ -60,6 +60,8 @@ class Colour(enum.Enum):
 
 
 class _Store:
+    TABLE = "rows"  # what the compiler writes into the generated function (no I/O here)
+
     async def load(self, conn: Any, key: Any) -> None:
         return None
 

@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect
 from example_service.graphql import build_app
 from example_service.kernel import Principal
 from example_service.register import register
-from example_service.slices import compose
+from example_service.slices import commands, compose
 from service_engine import (
     Database,
     Engine,
@@ -30,6 +30,7 @@ from service_engine import (
     connect_pool,
 )
 from service_engine.blobs import BlobStoreConfig
+from service_engine.commands import install_commands
 from service_engine.db import service_migrations
 from service_engine.embedded import (
     EmbeddedPostgres,
@@ -63,6 +64,7 @@ async def ensure_example_template(pg: EmbeddedPostgres) -> str:
         await provision_database(
             pg, EXAMPLE_TEMPLATE, is_template=True,
             extra_migrations=service_migrations(EXAMPLE_MIGRATIONS),
+            owner_setup=lambda conn: install_commands(conn, commands()),
         )
     return EXAMPLE_TEMPLATE
 

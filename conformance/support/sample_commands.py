@@ -25,6 +25,8 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal
 from uuid import UUID
 
+import asyncpg
+
 from service_engine import Database, EngineConfig
 from service_engine.commands import (
     TRANSACTION_TIME,
@@ -68,6 +70,7 @@ from service_engine.commands import (
     Var,
     Workflow,
     WorkflowTransition,
+    install_commands,
     row_policy_gate,
 )
 from service_engine.db.types import Conn
@@ -439,3 +442,23 @@ def executor_for(db: Database, **config: Any) -> MutationExecutor:
 
 def runner_for(db: Database, **config: Any) -> CommandRunner:
     return CommandRunner(executor_for(db), CommandConfig(**config))
+
+
+async def install(owner_url: str, *commands: CheckedCommand) -> None:
+    """Install ``commands``' functions as the schema owner (what the service's
+    migrate does): a test declaring commands of its own runs this first."""
+    owner = await asyncpg.connect(owner_url)
+    try:
+        await install_commands(owner, commands)
+    finally:
+        await owner.close()
+
+
+async def install_samples(owner: Any) -> None:
+    """The sample `COMMANDS`' functions, on the owner's connection (the
+    session template's setup)."""
+    await install_commands(owner, COMMANDS.values())
+
+
+ALL_COMMANDS = tuple(COMMANDS.values())
+"""The sample's commands, for ``service-engine migrate --commands``."""

@@ -7,19 +7,21 @@ import asyncio
 import base64
 import enum
 import functools
+import importlib
 import json
 import os
 import sys
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
+from ..commands import CheckedCommand, install_commands
 from ..config import check_environment, describe_config
 from ..db import (
     Database,
@@ -123,6 +125,25 @@ def _runs(body: Callable[..., Coroutine[Any, Any, Outcome]]) -> Callable[..., No
     return command
 
 
+def _declared_commands(ref: str) -> list[CheckedCommand]:
+    """The checked commands ``MODULE:ATTR`` names (an iterable of them, or a
+    function returning one); `ConfigError` for a reference that names none."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"--commands {ref!r}: expected MODULE:ATTR")
+    try:
+        found: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--commands {ref!r}: {exc}") from exc
+    if callable(found):
+        found = found()
+    commands = list(found) if isinstance(found, Iterable) else []
+    if not commands or not all(isinstance(c, CheckedCommand) for c in commands):
+        raise ConfigError(f"--commands {ref!r}: not an iterable of checked commands "
+                          "(Catalog.command's answers)")
+    return commands
+
+
 async def _open_database(url: str) -> Database:
     try:
         return await connect_pool(url, min_size=1, max_size=2)
@@ -193,17 +214,25 @@ SELECT current_user AS role,
     "--grant", "app_role", default=None,
     help="After migrating, grant this app role what the engine needs (grant_engine_access).",
 )
+@click.option(
+    "--commands", "command_refs", multiple=True, metavar="MODULE:ATTR",
+    help="After migrating, install the database functions of the service's declared commands "
+         "(ATTR: an iterable of checked commands, or a function returning one); repeatable.",
+)
 @json_option
 @_runs
 async def migrate_command(
-    owner_url: str, service_dirs: tuple[Path, ...], app_role: str | None
+    owner_url: str, service_dirs: tuple[Path, ...], app_role: str | None,
+    command_refs: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], str, ExitCode]:
-    """Apply the engine's migrations (and the service's) as the owner role."""
+    """Apply the engine's migrations (and the service's) as the owner role,
+    then install the declared commands' functions."""
     try:
         migrations = [*engine_migrations()]
         for directory in service_dirs:
             migrations.extend(service_migrations(directory))
-    except MigrationError as exc:
+        declared = [c for ref in command_refs for c in _declared_commands(ref)]
+    except (MigrationError, ConfigError) as exc:
         raise Failed(ExitCode.NO, "migration_refused", str(exc)) from exc
     db = await _open_database(owner_url)
     async with db, db.pool.acquire() as conn:
@@ -218,6 +247,7 @@ async def migrate_command(
             )
         try:
             applied = await migrate(conn, migrations)
+            installed = await install_commands(conn, declared) if declared else []
             if app_role is not None:
                 await grant_engine_access(conn, app_role)
         except MigrationError as exc:
@@ -225,10 +255,12 @@ async def migrate_command(
         except EngineError as exc:
             raise Failed(ExitCode.NO, "migration_refused", str(exc), role=who["role"]) from exc
     known = [m.version for m in migrations]
-    data = {"role": who["role"], "applied": applied, "known": known, "granted": app_role}
+    data = {"role": who["role"], "applied": applied, "known": known, "granted": app_role,
+            "commands": installed}
     text = (
         f"migrated as {who['role']}: applied {applied or 'nothing (up to date)'}"
         f"; {len(known)} migrations known"
+        + (f"; installed {len(installed)} command functions" if installed else "")
         + (f"; granted engine access to {app_role}" if app_role else "")
     )
     return data, text, ExitCode.OK

@@ -4,15 +4,20 @@ Declare entities and workflows once in a `Catalog`, then commands as
 clauses in their visible order (inputs and service values, idempotency
 key, bindings, requirements, effects, return); `Catalog.command` checks a
 command at registration and a wrong declaration fails boot with a named
-`CommandDeclarationError`. `CommandRunner.run` executes a checked command in one
+`CommandDeclarationError` (`NotCompilable` for what the compiler does not
+translate). `CommandRunner.run` executes a checked command's compiled function in one
 pipeline transaction and answers a typed `CommandOutcome` (or the
 pipeline's `MutationError` for a failure of the pipeline itself).
 
 Modules: `declaration` (the clauses and entity declarations), `expr`
 (expressions, strict evaluation), `typecheck` (field types derived from
 the aggregate dataclass, expression types), `check` (registration), `policy` (row
-policies as gates), `plan` (the runner's pure steps), `outcomes`, `config`,
-`rows` (the engine rows of migration 0010), `runner`, `errors`.
+policies as gates), `plan` (the run's pure steps), `outcomes`, `config`,
+`rows` (the engine rows of migration 0010), `compile` (a command's
+generated database function), `install` (the schema owner creates the
+functions; a pod checks them at boot), `run` (`CommandRunner`, `run_in`:
+the compiled run path), `runner` (the interpreter: the oracle the compiled
+functions are proven equal to), `errors`.
 """
 
 from __future__ import annotations
@@ -37,11 +42,11 @@ from .declaration import (
     Mutate,
     NoInbound,
     Outcome,
+    Permit,
     Read,
     Record,
     Relationship,
     Require,
-    RequireGate,
     Restrict,
     Return,
     ReverseIndex,
@@ -50,6 +55,7 @@ from .declaration import (
     Set,
     Transition,
     Unique,
+    Unless,
     Workflow,
     WorkflowTransition,
 )
@@ -57,11 +63,13 @@ from .errors import (
     BindingError,
     ClauseOrderError,
     CommandDeclarationError,
+    CommandNotInstalled,
     DeletePolicyError,
     DuplicateName,
     IdempotencyDeclarationError,
     MissingOutcome,
     MissingRelationshipProof,
+    NotCompilable,
     PartitionRouteMismatch,
     RouteIdentifiesRow,
     ServiceValueError,
@@ -92,11 +100,12 @@ from .expr import (
     Sub,
     Var,
 )
+from .install import assert_commands_installed, install_commands, missing_commands
 from .outcomes import IDEMPOTENCY_CONFLICT, REFUSED, CommandOutcome
 from .plan import InvalidInput, uuid_v7
 from .policy import check_row, row_policy_gate
 from .rows import sweep_idempotency
-from .runner import INVALID_INPUT, CommandRunner, run_in
+from .run import INVALID_INPUT, CommandRunner, run_in
 
 __all__ = [
     "IDEMPOTENCY_CONFLICT",
@@ -118,6 +127,7 @@ __all__ = [
     "Command",
     "CommandConfig",
     "CommandDeclarationError",
+    "CommandNotInstalled",
     "CommandOutcome",
     "CommandRunner",
     "Const",
@@ -146,14 +156,15 @@ __all__ = [
     "Ne",
     "NoInbound",
     "Not",
+    "NotCompilable",
     "Or",
     "Outcome",
     "PartitionRouteMismatch",
+    "Permit",
     "Read",
     "Record",
     "Relationship",
     "Require",
-    "RequireGate",
     "Restrict",
     "Return",
     "ReverseIndex",
@@ -170,12 +181,16 @@ __all__ = [
     "Unique",
     "UniqueKeyOutsidePartition",
     "UnknownName",
+    "Unless",
     "UnprovenSet",
     "Var",
     "Workflow",
     "WorkflowError",
     "WorkflowTransition",
+    "assert_commands_installed",
     "check_row",
+    "install_commands",
+    "missing_commands",
     "row_policy_gate",
     "run_in",
     "sweep_idempotency",

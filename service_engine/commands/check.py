@@ -14,11 +14,12 @@ import dataclasses
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
-from ..gates import GateFn
+from ..gates import Reason
+from .checked import CheckedCommand, DeleteStep, TransitionStep
+from .compile import compiled
 from .declaration import (
     MAX_CASCADE,
     OUTCOME_NAME,
@@ -38,18 +39,18 @@ from .declaration import (
     Mutate,
     NoInbound,
     Outcome,
+    Permit,
     Read,
     Record,
     Relationship,
     Require,
-    RequireGate,
     Restrict,
     Return,
     Service,
     Set,
     Transition,
+    Unless,
     Workflow,
-    WorkflowTransition,
 )
 from .errors import (
     BindingError,
@@ -60,6 +61,7 @@ from .errors import (
     IdempotencyDeclarationError,
     MissingOutcome,
     MissingRelationshipProof,
+    NotCompilable,
     PartitionRouteMismatch,
     RouteIdentifiesRow,
     ServiceValueError,
@@ -99,7 +101,7 @@ def _section(clause: Clause) -> int:
         return 1
     if isinstance(clause, Read | Mutate | Create):
         return 2
-    if isinstance(clause, Require | RequireGate):
+    if isinstance(clause, Require | Permit):
         return 3
     if isinstance(clause, Set | Transition | Delete | Record | Caused | Emit):
         return 4
@@ -112,48 +114,6 @@ def _identifier(what: str, name: object) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise CommandDeclarationError(f"{what} must be an identifier, got {name!r}")
     return name
-
-
-@dataclass(frozen=True, slots=True)
-class TransitionStep:
-    clause: Transition
-    workflow: Workflow
-    move: WorkflowTransition
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteStep:
-    clause: Delete
-    entity: Entity
-
-
-@dataclass(frozen=True, slots=True)
-class CheckedCommand:
-    """A command that passed registration: what the runner executes."""
-
-    declaration: Command
-    inputs: tuple[Input, ...]
-    services: tuple[Service, ...]
-    idempotency_key: str | None
-    bindings: tuple[Binding, ...]
-    entities: Mapping[str, Entity]
-    """The entity of each binding, by binding name."""
-    requirements: tuple[Require | RequireGate, ...]
-    effects: tuple[Set | Transition | Delete | Record | Caused | Emit, ...]
-    transitions: Mapping[str, TransitionStep]
-    """The transition of each binding that has one."""
-    deletes: Mapping[str, DeleteStep]
-    returns: Return
-    outcomes: frozenset[str]
-    catalog: Catalog
-
-    @property
-    def name(self) -> str:
-        return self.declaration.name
-
-    @property
-    def written(self) -> tuple[Binding, ...]:
-        return tuple(b for b in self.bindings if isinstance(b, Mutate | Create))
 
 
 class Catalog:
@@ -446,8 +406,13 @@ class Catalog:
     # -- commands ---------------------------------------------------------------
 
     def command(self, declaration: Command) -> CheckedCommand:
-        """Check ``declaration`` against this catalog; the checked command."""
-        return _CommandChecker(self, declaration).check()
+        """Check ``declaration`` against this catalog and compile it (its
+        database function, `compile.compiled`); the checked command. Raises a
+        `CommandDeclarationError` naming the clause at fault, `NotCompilable`
+        for what the compiler does not translate."""
+        checked = _CommandChecker(self, declaration).check()
+        compiled(checked)
+        return checked
 
 
 def _init_fields(entity: Entity) -> dict[str, bool]:
@@ -611,7 +576,7 @@ class _CommandChecker:
         services: list[Service] = []
         idem: str | None = None
         bindings: list[Binding] = []
-        requirements: list[Require | RequireGate] = []
+        requirements: list[Require | Permit] = []
         effects: list[Set | Transition | Delete | Record | Caused | Emit] = []
         transitions: dict[str, TransitionStep] = {}
         deletes: dict[str, DeleteStep] = {}
@@ -667,14 +632,21 @@ class _CommandChecker:
                                     f"{found.describe()}, not a bool")
                 self.outcome(clause.else_, f"require {clause.name}")
                 requirements.append(clause)
-            elif isinstance(clause, RequireGate):
-                entity = self._bound(clause.binding, "require gate")
-                if isinstance(self.binding_of[clause.binding], Create):
-                    raise self.fail(BindingError, f"require gate on {clause.binding!r}: a gate "
-                                    "judges a row that exists (a create has its row policy)")
-                if not isinstance(getattr(entity.aggregate, clause.gate, None), GateFn):
-                    raise self.fail(UnknownName, f"require gate: {entity.aggregate.__qualname__} "
-                                    f"declares no gated {clause.gate!r}")
+            elif isinstance(clause, Permit):
+                _identifier(f"{self.where}: a permit's action", clause.action)
+                if not clause.rules or not all(isinstance(r, Unless) for r in clause.rules):
+                    raise self.fail(CommandDeclarationError, f"permit {clause.action}: its rules "
+                                    "are one or more Unless(reason, condition, ...)")
+                for n, rule in enumerate(clause.rules, start=1):
+                    what = f"permit {clause.action} rule {n}"
+                    if not isinstance(rule.reason, Reason) or not rule.conditions:
+                        raise self.fail(CommandDeclarationError, f"{what}: Unless takes a Reason "
+                                        "and at least one condition")
+                    for condition in rule.conditions:
+                        found = self.observe(condition, what)
+                        if found.base is not None and found.base is not bool:
+                            raise self.fail(TypeMismatch, f"{what} ({self.at}) is "
+                                            f"{found.describe()}, not a bool")
                 requirements.append(clause)
             elif isinstance(clause, Set):
                 entity = self._written(clause.binding, "set")
@@ -720,9 +692,13 @@ class _CommandChecker:
                 deleted.add(clause.binding)
                 effects.append(clause)
             elif isinstance(clause, Record):
-                self._written(clause.binding, "record")
+                entity = self._written(clause.binding, "record")
                 if not isinstance(clause.type, str) or not clause.type:
                     raise self.fail(CommandDeclarationError, "record needs a fact type")
+                if entity.fact_log is None:
+                    raise self.fail(NotCompilable, f"record on {clause.binding} ({self.at}): "
+                                    f"{entity.name}'s store keeps no facts table (a soft-EDA "
+                                    "store's FACTS_TABLE, keyed by its single KEY column)")
                 for name, value in clause.data.items():
                     self.observe(value, f"record {clause.type}.{name}")
                 effects.append(clause)
@@ -735,8 +711,23 @@ class _CommandChecker:
                     self.observe(value, f"caused {clause.name}.{name}")
                 effects.append(clause)
             elif isinstance(clause, Emit):
-                if not callable(clause.build):
-                    raise self.fail(CommandDeclarationError, "emit needs a callable")
+                model = getattr(clause.event, "model_fields", None)
+                if not isinstance(clause.event, type) or not isinstance(model, Mapping):
+                    raise self.fail(CommandDeclarationError, f"emit ({self.at}): the event is "
+                                    "an OutboundEvent class (a pydantic model), got "
+                                    f"{clause.event!r}")
+                name = clause.event.__qualname__
+                unknown = sorted(set(clause.fields) - set(model))
+                if unknown:
+                    raise self.fail(UnknownName, f"emit {name}: no field {unknown} (fields "
+                                    f"{sorted(model)})")
+                unset = sorted(k for k, f in model.items()
+                               if f.is_required() and k not in clause.fields)
+                if unset:
+                    raise self.fail(CommandDeclarationError, f"emit {name}: required fields "
+                                    f"{unset} are not given")
+                for field_name, value in clause.fields.items():
+                    self.observe(value, f"emit {name}.{field_name}")
                 effects.append(clause)
             elif isinstance(clause, Return):
                 if not OUTCOME_NAME.fullmatch(clause.name):
@@ -790,7 +781,7 @@ class _CommandChecker:
         self.declare("name", name, name)
 
     def _set_proofs(
-        self, sets: Sequence[tuple[Set, str]], requirements: Sequence[Require | RequireGate],
+        self, sets: Sequence[tuple[Set, str]], requirements: Sequence[Require | Permit],
         transitions: Mapping[str, TransitionStep],
     ) -> None:
         """Every `Set` on an existing row carries a proof (seeds/003)."""

@@ -47,12 +47,13 @@ JSON ``null`` is ``None``; the helper functions (`PRELUDE`) never coerce.
 Two bindings of one row share one image, as the interpreter's one
 aggregate object.
 
-Not compiled (`NotCompilable` names the clause): `RequireGate` (a Python
-gate: the reference service's gates would have to be row policies over the
-row and declared facts), `Record` (a domain event written by an
-event-sourced store), `Emit` (a Python builder over the bound aggregates),
-an entity with its own ``construct``; and every entity needs a table whose
-columns are its fields (``tables``). Known differences outside what
+Every clause compiles: a `Permit` is its rules over the bound rows, inputs
+and declared facts; a `Record` inserts into its soft-EDA store's facts
+table with the row's write; an `Emit` evaluates its declared fields over
+the rows as written and the caller stages the event (`cx.emit`) with the
+commit. Every entity needs a table whose columns are its fields
+(``Entity.table``, else its store's ``TABLE``); `NotCompilable` (raised at
+registration) names what is missing. Known differences outside what
 registration types: a tuple constant compared with a list fact, ``True``
 contained in ``[1]``, an instant's text in a returned field (Postgres's
 ISO form) and a uuid compared with a text are each decided on their JSON.
@@ -62,13 +63,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import hashlib
 import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import asyncpg
 
@@ -76,12 +78,10 @@ from ..clock import Timestamp
 from ..db.errors import Stage
 from ..db.literals import dollar_quoted
 from ..db.locks import aggregate_lock_key
-from ..failures import EngineError
 from ..impacts.model import Cause, JsonValue, canonical_json
-from ..persistence.base import store_of
+from ..persistence.base import Aggregate, store_of
 from ..persistence.crud import quote_ident
 from ..pipeline import Ops
-from .check import CheckedCommand
 from .declaration import (
     Cascade,
     Caused,
@@ -90,14 +90,15 @@ from .declaration import (
     Emit,
     Entity,
     Mutate,
+    Permit,
     Read,
     Record,
     Require,
-    RequireGate,
     Restrict,
     Set,
     Transition,
 )
+from .errors import CommandNotInstalled, NotCompilable
 from .expr import (
     INVALID,
     Add,
@@ -136,13 +137,14 @@ from .plan import (
 from .rows import IdempotencyRecord
 from .typecheck import ValueType
 
-__all__ = ["PRELUDE", "CompiledCommand", "NotCompilable", "compile_command", "run_compiled"]
+if TYPE_CHECKING:
+    from .checked import CheckedCommand
+
+__all__ = [
+    "PRELUDE", "CompiledCommand", "NotCompilable", "compile_command", "compiled", "run_compiled",
+]
 
 SCHEMA = "service_engine"
-
-
-class NotCompilable(EngineError):
-    """A declaration the compiler does not translate (named in the message)."""
 
 
 PRELUDE = f"""
@@ -224,8 +226,15 @@ _NUMERIC = (int, float)
 
 
 def _lit(value: object) -> str:
-    """A declaration's constant as a ``jsonb`` literal (dollar-quoted JSON)."""
-    return f"{dollar_quoted(canonical_json(encode_value(value)))}::jsonb"
+    """A declaration's constant as a ``jsonb`` literal (dollar-quoted JSON);
+    an enum member is its value (what its column holds). Raises
+    `NotCompilable` for a constant JSON cannot carry."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    try:
+        return f"{dollar_quoted(canonical_json(encode_value(value)))}::jsonb"
+    except (TypeError, ValueError) as exc:
+        raise NotCompilable(f"the constant {value!r} is not a JSON value: {exc}") from None
 
 
 def _name_lit(text: str) -> str:
@@ -320,10 +329,15 @@ class CompiledCommand:
     command: CheckedCommand
     function: str
     """The function's quoted, schema-qualified name."""
+    name: str
+    """The function's own name (in the ``service_engine`` schema)."""
     ddl: str
     """``CREATE OR REPLACE FUNCTION ...`` (run once, as the schema's owner)."""
     facts: tuple[str, ...]
     """The principal facts the function reads."""
+    described: Mapping[str, str]
+    """Each set (``set binding.field``) -> its field's type, described (for
+    the `InvalidInput` of a value the field cannot hold)."""
 
     @property
     def call(self) -> str:
@@ -388,6 +402,28 @@ class CompiledCommand:
         return CommandOutcome(self.command.name, answer["name"], bool(answer["ok"]),
                               dict(answer.get("data") or {}), dict(sealed))
 
+    def events(self, answer: Mapping[str, Any]) -> list[Any]:
+        """The integration events a successful run emits, built from the
+        fields the function evaluated, in the declaration's order."""
+        if not answer.get("ok"):
+            return []  # a declared outcome, a replay: nothing is emitted
+        emits = [e for e in self.command.effects if isinstance(e, Emit)]
+        return [clause.event(**fields)
+                for clause, fields in zip(emits, answer.get("emits") or (), strict=True)]
+
+    def rows(self, answer: Mapping[str, Any]) -> list[tuple[type[Aggregate], JsonValue]]:
+        """``(aggregate class, store key)`` of every row the run wrote (each
+        row a cascade deleted, then each written binding): what the offers
+        carrying them re-publish, as the pipeline's own writes mark them."""
+        catalog = self.command.catalog
+        found: list[tuple[type[Aggregate], JsonValue]] = []
+        for written in answer.get("written") or ():
+            entity = catalog.entities[written["e"]]
+            parts = [written["k"][f] for f in entity.key]
+            found.append((cast(type[Aggregate], entity.aggregate),
+                          parts[0] if len(parts) == 1 else parts))
+        return found
+
     def impacts(self, answer: Mapping[str, Any]) -> list[tuple[str, JsonValue, Cause | None]]:
         """``(noun, key, cause)`` of every impact the run stages: each row a
         cascade deleted, then each written binding, under its entity's nouns,
@@ -412,15 +448,10 @@ def _scope(principal: object) -> str:
     return "" if ident is None else str(ident)
 
 
-def _digest(command: CheckedCommand, tables: Mapping[str, str]) -> str:
-    """A digest of what the function's text depends on."""
-    parts: list[object] = [repr(command.declaration)]
-    for name, entity in sorted(command.entities.items()):
-        parts.append((name, entity.name, tables[entity.name], entity.key, entity.all_fields,
-                      entity.revision, entity.unique, repr(entity.create_policy),
-                      repr(entity.update_policy), sorted((k, repr(v)) for k, v in
-                                                         entity.fields.items())))
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
+def _digest(body: str) -> str:
+    """A digest of the function's text: a changed declaration, table or
+    policy is a new function, never an edit of one a running pod calls."""
+    return hashlib.sha256(body.encode()).hexdigest()[:12]
 
 
 def _snake(name: str) -> str:
@@ -438,33 +469,58 @@ def _defaults(entity: Entity) -> dict[str, object]:
     return found
 
 
-def compile_command(command: CheckedCommand, tables: Mapping[str, str]) -> CompiledCommand:
-    """``command``'s generated function; ``tables`` maps each entity name to
-    the table holding its rows (one column per field, named as the field).
-    Raises `NotCompilable` for what the compiler does not translate."""
-    for clause in (*command.requirements, *command.effects):
-        if isinstance(clause, RequireGate | Record | Emit):
-            raise NotCompilable(f"{command.name}: {type(clause).__name__} is not compiled")
+def compile_command(
+    command: CheckedCommand, tables: Mapping[str, str] | None = None,
+) -> CompiledCommand:
+    """``command``'s generated function; ``tables`` maps an entity name to
+    the table holding its rows (one column per field, named as the field;
+    default: each entity's `Entity.table_name`). Raises `NotCompilable` for
+    what the compiler does not translate."""
     involved = list(command.entities.values())
     for step in command.deletes.values():
         policy = step.entity.delete_policy
         if isinstance(policy, Cascade):
             involved += [command.catalog.entities[edge.entity] for edge in policy.edges]
-        elif isinstance(policy, Restrict):
-            involved += [command.catalog.entities[ref.entity] for ref in policy.indexes]
+    known = dict(tables or {})
     for entity in involved:
-        if entity.construct is not None:
-            raise NotCompilable(f"{command.name}: entity {entity.name} has its own construct")
-        if entity.name not in tables:
-            raise NotCompilable(f"{command.name}: entity {entity.name} has no table")
-    function = (f'{SCHEMA}."cmd_{_snake(command.name)}_{_digest(command, tables)}"')
-    gen = _Generator(command, tables)
+        if entity.name in known:
+            continue
+        table = entity.table_name
+        if table is None:
+            raise NotCompilable(
+                f"command {command.name}: entity {entity.name} names no table: declare "
+                "Entity(table=...) or give its store a TABLE (one column per field)"
+            )
+        known[entity.name] = table
+    for clause in command.effects:
+        if isinstance(clause, Record) and command.entities[clause.binding].fact_log is None:
+            raise NotCompilable(f"command {command.name}: record on {clause.binding}: its "
+                                "store keeps no facts table")
+    gen = _Generator(command, known)
     body = gen.body()
+    name = f"cmd_{_snake(command.name)}_{_digest(body)}"
+    function = f'{SCHEMA}."{name}"'
     ddl = (
         f"CREATE OR REPLACE FUNCTION {function}(inp jsonb, facts jsonb, ctl jsonb, locks bigint[])"
         f" RETURNS jsonb LANGUAGE plpgsql VOLATILE SET timezone = 'UTC' AS $body$\n{body}\n$body$"
     )
-    return CompiledCommand(command, function, ddl, tuple(sorted(gen.facts)))
+    return CompiledCommand(command, function, name, ddl, tuple(sorted(gen.facts)),
+                           gen.described)
+
+
+_COMPILED: dict[int, tuple[CheckedCommand, CompiledCommand]] = {}
+
+
+def compiled(command: CheckedCommand) -> CompiledCommand:
+    """``command``'s function over its entities' own tables, compiled on
+    first use (registration compiles every command, so a declaration the
+    compiler refuses fails boot; declarations live for the process)."""
+    found = _COMPILED.get(id(command))
+    if found is not None and found[0] is command:
+        return found[1]
+    made = compile_command(command)
+    _COMPILED[id(command)] = (command, made)
+    return made
 
 
 class _Generator:
@@ -473,6 +529,8 @@ class _Generator:
         self.tables = tables
         self.index = {b.as_: i for i, b in enumerate(command.bindings)}
         self.facts: set[str] = set()
+        self.described: dict[str, str] = {}
+        """Each set's ``what`` -> its field's type, described."""
 
     def var(self, name: str, kind: str) -> str:
         return f"{kind}{self.index[name]}"
@@ -514,11 +572,11 @@ class _Generator:
                 "  written jsonb := '[]';", "  causes jsonb := '{}';",
                 "  claims jsonb := '[]';", "  releases jsonb := '[]';", "  made jsonb := '[]';",
                 "  transfers jsonb := '[]';", "  claim jsonb;", "  children jsonb := '[]';",
-                "  taken jsonb := '[]';"]
+                "  taken jsonb := '[]';", "  emits jsonb := '[]';"]
         for b in c.bindings:
             i = self.index[b.as_]
             decl += [f"  r{i} jsonb;", f"  n{i} jsonb;", f"  ch{i} boolean := false;",
-                     f"  d{i} boolean := false;",
+                     f"  d{i} boolean := false;", f"  f{i} jsonb := '[]';",
                      f"  k{i} jsonb := ctl -> 'keys' -> {_name_lit(b.as_)};"]
         s: list[str] = ["BEGIN", "  FOREACH l IN ARRAY locks LOOP",
                         "    PERFORM pg_advisory_xact_lock(l);", "  END LOOP;"]
@@ -563,7 +621,8 @@ class _Generator:
                 " sealed = EXCLUDED.sealed, recorded_at = EXCLUDED.recorded_at;",
             ]
         s += ["  RETURN jsonb_build_object('name', out_name, 'ok', out_ok, 'data', out_data,"
-              " 'written', CASE WHEN out_ok THEN written ELSE '[]' END, 'causes', causes);",
+              " 'written', CASE WHEN out_ok THEN written ELSE '[]' END, 'causes', causes,"
+              " 'emits', CASE WHEN out_ok THEN emits ELSE '[]' END);",
               "END"]
         return "\n".join(decl + s)
 
@@ -602,10 +661,22 @@ class _Generator:
     def require(self) -> list[str]:
         s: list[str] = []
         for clause in self.command.requirements:
-            assert isinstance(clause, Require)
-            pred = self.expr(clause.predicate, self.scope())
-            s += [f"    IF ({pred}) IS DISTINCT FROM 'true'::jsonb THEN",
-                  *self.answer(clause.else_.name, indent="      "), "    END IF;"]
+            if isinstance(clause, Require):
+                pred = self.expr(clause.predicate, self.scope())
+                s += [f"    IF ({pred}) IS DISTINCT FROM 'true'::jsonb THEN",
+                      *self.answer(clause.else_.name, indent="      "), "    END IF;"]
+                continue
+            assert isinstance(clause, Permit)
+            for rule in clause.rules:
+                # Any condition true passes; each is judged on its own.
+                passes = " OR ".join(
+                    f"({self.expr(condition, self.scope())}) IS NOT DISTINCT FROM 'true'::jsonb"
+                    for condition in rule.conditions
+                )
+                data = (f"jsonb_build_object('reason', {_name_lit(rule.reason.code)},"
+                        f" 'action', {_name_lit(clause.action)})")
+                s += [f"    IF NOT ({passes}) THEN",
+                      *self.answer("Refused", data, indent="      "), "    END IF;"]
         return s
 
     def effects(self) -> list[str]:
@@ -636,20 +707,31 @@ class _Generator:
                 entity = c.entities[clause.binding]
                 value = self.expr(clause.value, scope)
                 what = f"set {clause.binding}.{clause.field}"
+                self.described[what] = entity.fields[clause.field].describe()
                 s += [f"    v := {value};",
                       "    IF v IS NULL THEN RAISE EXCEPTION USING ERRCODE = 'P0001',"
                       f" MESSAGE = 'service_engine.command_invalid', DETAIL = {_name_lit(what)};"
                       " END IF;",
                       f"    IF NOT {_admits_sql('v', entity.fields[clause.field])} THEN"
                       " RAISE EXCEPTION USING ERRCODE = 'P0001',"
-                      f" MESSAGE = 'service_engine.command_input', DETAIL = {_name_lit(what)};"
-                      " END IF;",
+                      f" MESSAGE = 'service_engine.command_input', DETAIL = {_name_lit(what)},"
+                      " HINT = v::text; END IF;",
                       f"    n{i} := n{i} || jsonb_build_object({_name_lit(clause.field)}, v);"
                       + self.sync(clause.binding)]
                 if not isinstance(c.bindings[i], Create):
                     s.append(f"    ch{i} := true;")
             elif isinstance(clause, Delete):
                 s.append(f"    d{self.index[clause.binding]} := true;")
+            elif isinstance(clause, Record):
+                i = self.index[clause.binding]
+                s.append("    v := '{}'::jsonb;")
+                for k, e in clause.data.items():
+                    s += self.valued(f"v := v || jsonb_build_object({_name_lit(k)}, claim);",
+                                     self.expr(e, scope), k)
+                s += [f"    f{i} := f{i} || jsonb_build_array(jsonb_build_object('t',"
+                      f" {_name_lit(clause.type)}, 'd', v));"]
+                if not isinstance(c.bindings[i], Create):
+                    s.append(f"    ch{i} := true;")
             elif isinstance(clause, Caused):
                 s.append("    v := '{}'::jsonb;")
                 for k, e in clause.data.items():
@@ -924,6 +1006,18 @@ class _Generator:
             picked = ", ".join(f"p.{quote_ident(f)}" for f in entity.all_fields)
             mark = ("    written := written || jsonb_build_array(jsonb_build_object('b',"
                     f" {_name_lit(b.as_)}, 'e', {_name_lit(entity.name)}, 'k', k{i}));")
+            log = entity.fact_log
+            if log is not None and any(isinstance(e, Record) and e.binding == b.as_
+                                       for e in c.effects):
+                # The facts recorded, in order, with the row's write (as the
+                # soft-EDA store writes them).
+                table, key_column, type_column, payload_column = log
+                key = quote_ident(entity.key[0])
+                mark += (f" INSERT INTO {quote_ident(table)} ({quote_ident(key_column)},"
+                         f" {quote_ident(type_column)}, {quote_ident(payload_column)})"
+                         f" SELECT (SELECT q.{key} FROM jsonb_populate_record(NULL::{t},"
+                         f" k{i}) q), x ->> 't', x -> 'd' FROM jsonb_array_elements(f{i})"
+                         " WITH ORDINALITY y(x, o) ORDER BY o;")
             if isinstance(b, Create):
                 s += [f"    INSERT INTO {t} ({cols}) SELECT {picked} FROM"
                       f" jsonb_populate_record(NULL::{t}, n{i}) p;", mark]
@@ -980,6 +1074,14 @@ class _Generator:
         for k, e in ret.fields.items():
             s += self.valued(f"out_data := out_data || jsonb_build_object({_name_lit(k)}, claim);",
                              self.expr(e, scope), f"return {k}")
+        for clause in self.command.effects:
+            if not isinstance(clause, Emit):
+                continue
+            s.append("    v := '{}'::jsonb;")
+            for k, e in clause.fields.items():
+                s += self.valued(f"v := v || jsonb_build_object({_name_lit(k)}, claim);",
+                                 self.expr(e, scope), f"emit {clause.event.__qualname__}.{k}")
+            s.append("    emits := emits || jsonb_build_array(v);")
         return [*s, f"    out_name := {_name_lit(ret.name)}; out_ok := true;"]
 
 
@@ -998,10 +1100,11 @@ async def run_compiled(
 ) -> CommandOutcome:
     """Run ``compiled`` in the transaction ``cx`` holds, as ``principal``:
     one call (after BEGIN, in a round trip of its own: the call takes
-    parameters, and asyncpg sends such a statement alone), its impacts
-    staged for the commit. Raises `InvalidInput` for inputs (or a set value)
-    the declaration refuses, `TypeError` for a set, cause or return that
-    evaluates to nothing (as the interpreter does)."""
+    parameters, and asyncpg sends such a statement alone), its impacts,
+    offer marks and emitted events staged for the commit. Raises
+    `InvalidInput` for inputs (or a set value) the declaration refuses,
+    `TypeError` for a set, cause or return that evaluates to nothing (as the
+    interpreter does), `CommandNotInstalled` when its function is missing."""
     values = validate_inputs(compiled.command, inputs)
     inputs_json, facts, control, locks = compiled.arguments(
         principal, values, cx.now().value, retention
@@ -1011,10 +1114,19 @@ async def run_compiled(
     async def call() -> object:
         try:
             return await tx.conn.fetchval(compiled.call, inputs_json, facts, control, locks)
+        except asyncpg.UndefinedFunctionError:
+            raise CommandNotInstalled(
+                f"command {compiled.command.name}: its function {compiled.name} is not "
+                "installed: the schema owner installs the registered commands "
+                "(`service-engine migrate --commands`, or `install_commands`)"
+            ) from None
         except asyncpg.RaiseError as exc:
             detail = getattr(exc, "detail", "") or ""
             if exc.args and "service_engine.command_input" in str(exc):
-                raise InvalidInput(f"{detail}: the value is not of the field's type") from None
+                value = json.loads(getattr(exc, "hint", None) or "null")
+                raise InvalidInput(f"{detail}: {value!r} is not a "
+                                   f"{compiled.described.get(detail, 'value of the field')}"
+                                   ) from None
             if exc.args and "service_engine.command_invalid" in str(exc):
                 raise TypeError(f"{detail} evaluated to nothing (a missing field or mistyped"
                                 " value)") from None
@@ -1026,6 +1138,10 @@ async def run_compiled(
             cx.impact(noun, key)
         else:
             cx.impact_caused(noun, key, cause)
+    for aggregate_type, store_key in compiled.rows(answer):
+        cx.dirty_offer(aggregate_type, store_key)
+    for event in compiled.events(answer):
+        cx.emit(event)
     sealed = control["sealed"]
     assert isinstance(sealed, dict)
     return compiled.outcome(answer, sealed)

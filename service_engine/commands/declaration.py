@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -60,11 +60,11 @@ __all__ = [
     "Mutate",
     "NoInbound",
     "Outcome",
+    "Permit",
     "Read",
     "Record",
     "Relationship",
     "Require",
-    "RequireGate",
     "Restrict",
     "Return",
     "ReverseIndex",
@@ -73,6 +73,7 @@ __all__ = [
     "Set",
     "Transition",
     "Unique",
+    "Unless",
     "Workflow",
     "WorkflowTransition",
 ]
@@ -202,9 +203,10 @@ class Entity:
     the pipeline's lock) is the complete key, so two partitions may hold
     the same id and never contend. ``revision`` names the field counting
     the entity's changes (the layer bumps it on every write).
-    ``construct`` builds a new aggregate from its fields (default: the
-    class called with them as keywords). ``nouns`` are the render nouns
-    every write impacts, keyed by the store key.
+    ``nouns`` are the render nouns
+    every write impacts, keyed by the store key. ``table`` names the
+    table the compiled commands read and write (default: the ``TABLE`` of
+    the aggregate's store).
 
     Row policies: ``create_policy`` judges a created row, ``update_policy``
     the current and the proposed row of an update, ``delete_row_policy``
@@ -226,7 +228,9 @@ class Entity:
     update_policy: RowPolicy | None = None
     delete_row_policy: RowPolicy | None = None
     nouns: tuple[str, ...] = ()
-    construct: Callable[[Mapping[str, Any]], object] | None = None
+    table: str | None = None
+    """The table holding the rows, one column per field named as the field
+    (default: the store's ``TABLE``)."""
     types: Mapping[str, ValueType] = field(init=False, repr=False, compare=False)
     """Every field's type, derived from ``aggregate`` (empty when it is not
     a dataclass: registration refuses it)."""
@@ -243,6 +247,27 @@ class Entity:
             name: t for name, t in derived.items()
             if name not in self.key and name != self.revision
         }))
+
+    @property
+    def table_name(self) -> str | None:
+        """The table holding the rows (``table``, else the store's ``TABLE``)."""
+        if self.table is not None:
+            return self.table
+        found = getattr(getattr(self.aggregate, "Store", None), "TABLE", None)
+        return found if isinstance(found, str) else None
+
+    @property
+    def fact_log(self) -> tuple[str, str, str, str] | None:
+        """Where a `Record` of this entity is written: ``(table, key column,
+        type column, payload column)`` of its soft-EDA store's facts table
+        (keyed by the store's single ``KEY``), or ``None``."""
+        store = getattr(self.aggregate, "Store", None)
+        table = getattr(store, "FACTS_TABLE", None)
+        if not isinstance(table, str) or len(self.key) != 1:
+            return None
+        key = getattr(store, "FACT_KEY", None) or getattr(store, "KEY", self.key[0])
+        return (table, str(key), str(getattr(store, "FACT_TYPE", "fact_type")),
+                str(getattr(store, "FACT_PAYLOAD", "payload")))
 
     @property
     def conflict_fields(self) -> tuple[str, ...]:
@@ -381,14 +406,40 @@ class Require:
     else_: Outcome
 
 
-@dataclass(frozen=True, slots=True)
-class RequireGate:
-    """The bound entity's gate (a `gated` attribute) must allow the
-    principal; a denial answers ``Refused`` with the gate's reason, the same
-    function the affordance pass runs."""
+@dataclass(frozen=True, slots=True, init=False)
+class Unless:
+    """One rule of a `Permit`: it passes when any of ``conditions`` is
+    ``True`` (each judged on its own, so an invalid one, such as a missing
+    fact, is simply not true); else the permit refuses with ``reason``."""
 
-    binding: str
-    gate: str
+    reason: Reason
+    conditions: tuple[Expr, ...]
+
+    def __init__(self, reason: Reason, /, *conditions: Expr) -> None:
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "conditions", tuple(conditions))
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Permit:
+    """The principal may perform ``action`` on the bound rows: the rules are
+    judged in order and the first that fails answers ``Refused`` with its
+    reason and ``action`` (what a gate of the same name answers as an
+    affordance). Its conditions observe the bindings, inputs and declared
+    principal facts, so the command compiles into the database::
+
+        Permit("rename",
+               Unless(FORBIDDEN, Eq(Field("board", "org"), Fact("org")),
+                      Contains(Fact("board_memberships"), Field("board", "id"))),
+               Unless(ARCHIVED, Not(Field("board", "archived"))))
+    """
+
+    action: str
+    rules: tuple[Unless, ...]
+
+    def __init__(self, action: str, /, *rules: Unless) -> None:
+        object.__setattr__(self, "action", action)
+        object.__setattr__(self, "rules", tuple(rules))
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,13 +505,22 @@ class Caused:
     data: Mapping[str, Expr] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Emit:
-    """Emit the integration event (an ``OutboundEvent``) ``build(values)``
-    returns, with the commit; ``values`` holds the inputs, service values and
-    bound entities by name."""
+    """Emit the integration event ``event(**fields)`` (an ``OutboundEvent``
+    class: a pydantic model) with the commit; each field is an expression
+    observing the rows as written (as `Return` does)::
 
-    build: Callable[[Mapping[str, Any]], Any]
+        Emit(CardAdvanced, card_id=Field("card", "id"),
+             version=Field("card", "version"), stage=Field("card", "stage"))
+    """
+
+    event: type
+    fields: Mapping[str, Expr]
+
+    def __init__(self, event: type, /, **fields: Expr) -> None:
+        object.__setattr__(self, "event", event)
+        object.__setattr__(self, "fields", dict(fields))
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,7 +536,7 @@ class Return:
 
 
 Clause: TypeAlias = (
-    Input | Service | IdempotencyKey | Read | Mutate | Create | Require | RequireGate
+    Input | Service | IdempotencyKey | Read | Mutate | Create | Require | Permit
     | Set | Transition | Delete | Record | Caused | Emit | Return
 )
 

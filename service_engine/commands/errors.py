@@ -9,17 +9,19 @@ run time.
 
 from __future__ import annotations
 
-from ..failures import DeclarationError
+from ..failures import DeclarationError, EngineError
 
 __all__ = [
     "BindingError",
     "ClauseOrderError",
     "CommandDeclarationError",
+    "CommandNotInstalled",
     "DeletePolicyError",
     "DuplicateName",
     "IdempotencyDeclarationError",
     "MissingOutcome",
     "MissingRelationshipProof",
+    "NotCompilable",
     "PartitionRouteMismatch",
     "RouteIdentifiesRow",
     "ServiceValueError",
@@ -117,3 +119,18 @@ class IdempotencyDeclarationError(CommandDeclarationError):
 class ServiceValueError(CommandDeclarationError):
     """A service value of an unknown kind, or in a command that is not a
     durably idempotent mutation (service values need both)."""
+
+
+class NotCompilable(CommandDeclarationError):
+    """A declaration the command compiler does not translate into its
+    database function (the message names the clause or entity and what to
+    declare instead): registration refuses it, so no command reaches run
+    time uncompiled."""
+
+
+class CommandNotInstalled(EngineError):
+    """A registered command's database function is missing: the schema
+    owner has not installed this declaration (``service-engine migrate
+    --commands``, or `install_commands` on the owner's connection)."""
+
+    code = "commands_not_installed"

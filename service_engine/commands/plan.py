@@ -13,13 +13,15 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..clock import Timestamp
 from ..failures import EngineError
 from ..impacts.model import JsonValue, canonical_json
-from .check import CheckedCommand
 from .declaration import TRANSACTION_TIME, UUID_V7, Entity, Input, Service, Unique
+
+if TYPE_CHECKING:
+    from .checked import CheckedCommand
 
 __all__ = [
     "InvalidInput",

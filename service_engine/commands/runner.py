@@ -1,20 +1,26 @@
-"""`CommandRunner`: run a checked command through the write pipeline.
+"""The command interpreter: the oracle the compiled commands are proven against.
 
-One command is one pipeline transaction (`MutationExecutor.execute`)::
+No run path calls it: `CommandRunner` and `run_in` (`run`) execute a
+command's compiled database function (`compile`). The interpreter says the
+same semantics step by step in Python over the pipeline's context, and
+``conformance/test_commands_compiled.py`` (``test_compiled_command_equals_
+interpreter``) runs random declarations, rows, principals and inputs
+through both and requires the same outcomes and rows; ``dev/mutate
+commands`` mutates it to prove that test sees a change of semantics.
+`interpret` runs one command inside a transaction a caller holds::
 
     idempotency record (lock, read)  -> a stored outcome answers at once
     bindings: every lock in one fixed order (the union of the command's
               conflict keys), then the exact reads, absence/existence outcomes
-    requirements, effects (revision-checked transitions, sets), row
-    policies, delete proofs (restrict / bounded cascade), unique occupancy
+    requirements and permits, effects (revision-checked transitions, sets,
+    records), row policies, delete proofs (restrict / bounded cascade),
+    unique occupancy
     -> every zero-mutation outcome is decided before anything is written
     writes: cascaded children, deletes, creates, saves, occupancy moves,
             impacts, emitted events, the idempotency record
-    COMMIT
 
 A declared outcome commits only the idempotency record (when a key was
-given); a failure of the pipeline (a lock timeout, ...) commits nothing and
-answers the pipeline's `MutationError`.
+given).
 """
 
 from __future__ import annotations
@@ -25,11 +31,10 @@ from datetime import timedelta
 from typing import Any, cast
 
 from ..db.errors import Stage, TransientConflict
-from ..gates import BoundGate
 from ..impacts.model import Cause, JsonValue, canonical_json
 from ..persistence.base import Aggregate, DomainEvent, store_of
-from ..pipeline import Mutation, MutationError, MutationExecutor, Ops
-from .check import CheckedCommand
+from ..pipeline import Ops
+from .checked import CheckedCommand
 from .config import CommandConfig
 from .declaration import (
     Cascade,
@@ -40,6 +45,7 @@ from .declaration import (
     Entity,
     Mutate,
     Outcome,
+    Permit,
     Read,
     Record,
     Require,
@@ -64,10 +70,7 @@ from .policy import check_row, row_of
 from .rows import IdempotencyRecord, Occupancy, ReverseScan, claim_statement, claimed, scan_key
 from .typecheck import admits
 
-__all__ = ["INVALID_INPUT", "CommandRunner", "run_in"]
-
-INVALID_INPUT = "invalid_input"
-"""The `MutationError` code of inputs that do not match the declaration."""
+__all__ = ["interpret"]
 
 _DEFAULT_CONFIG = CommandConfig()
 
@@ -81,33 +84,7 @@ class _Answer(Exception):
         self.data = dict(data or {})
 
 
-@dataclass(frozen=True, slots=True)
-class CommandRunner:
-    """Runs checked commands over one engine's `MutationExecutor`."""
-
-    executor: MutationExecutor
-    config: CommandConfig = field(default_factory=CommandConfig)
-
-    async def run(
-        self, command: CheckedCommand, principal: Any, inputs: Mapping[str, object]
-    ) -> CommandOutcome | MutationError:
-        """Run ``command`` as ``principal`` with ``inputs``: its typed outcome,
-        or the pipeline's `MutationError` (``invalid_input`` for inputs that do
-        not match the declaration)."""
-        retention = self.config.idempotency_retention
-        try:
-            values = validate_inputs(command, inputs)
-
-            async def handler(cx: Mutation[Any]) -> CommandOutcome:
-                return await _Run(command, cx, cx.principal, values, retention).execute()
-
-            return await self.executor.execute(principal, handler)
-        except InvalidInput as exc:
-            # Before the pipeline, or from a set effect (rolled back).
-            return MutationError(INVALID_INPUT, str(exc))
-
-
-async def run_in(
+async def interpret(
     cx: Ops,
     command: CheckedCommand,
     inputs: Mapping[str, object],
@@ -115,15 +92,9 @@ async def run_in(
     principal: Any = None,
     config: CommandConfig | None = None,
 ) -> CommandOutcome:
-    """Run ``command`` inside a transaction a handler already holds (a
-    reaction under its message claim, a mutation doing more around it).
-
-    ``principal`` defaults to the context's own (``cx.principal`` of a
-    mutation, the resolved sender of a reaction). A declared zero-mutation
-    outcome writes nothing of the command's but its idempotency record; the
-    caller's own writes commit as the caller decides. Raises `InvalidInput`
-    for inputs that do not match the declaration.
-    """
+    """Interpret ``command`` inside the transaction ``cx`` holds (the oracle
+    of the compiled function, as `run_in` runs that). Raises `InvalidInput`
+    for inputs that do not match the declaration."""
     values = validate_inputs(command, inputs)
     if principal is None:
         principal = getattr(cx, "try_principal", None) or getattr(cx, "principal", None)
@@ -307,13 +278,10 @@ class _Run:
                 if not truth(evaluate(clause.predicate, env)):
                     raise _Answer(clause.else_.name)
                 continue
-            b = self.bound[clause.binding]
-            gate = getattr(b.aggregate, clause.gate, None)
-            if not isinstance(gate, BoundGate):
-                raise TypeError(f"{clause.binding}.{clause.gate} is not a gate")
-            verdict = gate(self.principal)
-            if verdict.reason is not None:
-                raise _Answer(REFUSED, {"reason": verdict.reason.code, "action": gate.action})
+            assert isinstance(clause, Permit)
+            for rule in clause.rules:
+                if not any(truth(evaluate(c, env)) for c in rule.conditions):
+                    raise _Answer(REFUSED, {"reason": rule.reason.code, "action": clause.action})
 
     def _effects(self) -> None:
         # One view for every effect: the rows as read and each create's
@@ -365,8 +333,7 @@ class _Run:
             fields = dict(b.fields)
             if b.entity.revision is not None:
                 fields.setdefault(b.entity.revision, 1)
-            construct = b.entity.construct
-            b.aggregate = b.entity.aggregate(**fields) if construct is None else construct(fields)
+            b.aggregate = b.entity.aggregate(**fields)
             b.changed = True
 
     def _policies(self) -> None:
@@ -565,11 +532,14 @@ class _Run:
                 await cx.delete(Occupancy.of(occupancy.as_key(), ""))
         for row in self.transfers:
             await cx.save(row)
-        env_values: dict[str, Any] = dict(self.values)
-        env_values.update({name: b.aggregate for name, b in self.bound.items()})
+        after = self.after()
         for clause in self.command.effects:
             if isinstance(clause, Emit):
-                cx.emit(clause.build(env_values))
+                what = f"emit {clause.event.__qualname__}"
+                cx.emit(clause.event(**{
+                    name: encode_value(_valued(evaluate(e, after), f"{what}.{name}"))
+                    for name, e in clause.fields.items()
+                }))
 
 
 def _valued(value: Any, what: str) -> Any:

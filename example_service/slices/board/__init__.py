@@ -10,6 +10,7 @@ from service_engine.graphql import SliceFragment
 
 from .domain import BOARD_ARCHIVE, BOARD_MEMBERSHIPS
 from .graphql import TYPES, BoardMutation, BoardQuery, BoardSubscription
+from .policy import COMMANDS
 from .register import register
 
 SLICE = SliceFragment(
@@ -21,4 +22,4 @@ SLICE = SliceFragment(
     register=register,
 )
 
-__all__ = ["BOARD_ARCHIVE", "BOARD_MEMBERSHIPS", "SLICE"]
+__all__ = ["BOARD_ARCHIVE", "BOARD_MEMBERSHIPS", "COMMANDS", "SLICE"]

@@ -30,7 +30,7 @@ from .domain import (
     member_id,
     valid_title,
 )
-from .policy import CREATE_BOARD, DELETE_BOARD, RENAME_BOARD
+from .policy import CREATE_BOARD, DELETE_BOARD, REASONS, RENAME_BOARD
 
 __all__ = [
     "accept_invite",
@@ -62,8 +62,8 @@ def answer(outcome: CommandOutcome, board_id: str) -> None:
         raise NotFound(Board.Store.store_type, board_id)
     action = outcome.data.get("action")
     code = outcome.code(NOUN) or outcome.name
-    raise Refused(Reason(code, f"{outcome.command}: {outcome.name}"),
-                  ActionName(action) if isinstance(action, str) else None)
+    reason = REASONS.get(code) or Reason(code, f"{outcome.command}: {outcome.name}")
+    raise Refused(reason, ActionName(action) if isinstance(action, str) else None)
 
 
 async def create_board(cx: Cx, title: str, board_id: str | None = None) -> str:
@@ -81,18 +81,17 @@ async def create_board(cx: Cx, title: str, board_id: str | None = None) -> str:
 
 
 async def rename_board(cx: Cx, board_id: str, title: str) -> None:
-    """Rename the board (gated), onto a title no other board of its org holds."""
-    # Both rows it writes, locked up front in one round trip (the board first,
-    # as every writer of its org projection does).
-    await cx.lock_all((Board, board_id), (OrgBoard, board_id))
-    board = await cx.load(Board, board_id)
-    cx.require(board.can_rename)
+    """Rename the board (its ``rename`` permit), onto a title no other board
+    of its org holds; the org projection follows in the same commit."""
     if not valid_title(title):
-        raise Refused(BAD_TITLE, board.can_rename.action)
-    answer(await run_in(cx, RENAME_BOARD, {"board_id": board_id, "title": title.strip()}),
-           board_id)
-    board.rename(title)
-    await cx.save(OrgBoard.of(board))
+        raise Refused(BAD_TITLE, ActionName("rename"))
+    # The command locks and writes the board; the org projection's row is
+    # written after it (the board first, as every writer of it does).
+    renamed = await run_in(cx, RENAME_BOARD, {"board_id": board_id, "title": title.strip()})
+    answer(renamed, board_id)
+    org, archived = renamed.data["org"], renamed.data["archived"]
+    assert isinstance(org, str) and isinstance(archived, bool)
+    await cx.save(OrgBoard(board_id, org, title.strip(), archived))
 
 
 async def delete_board(cx: Cx, board_id: str) -> None:

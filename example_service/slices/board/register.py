@@ -11,6 +11,7 @@ from service_engine import Database, Engine, Erase
 from ...kernel import Principal
 from .domain import BOARD_ARCHIVE, BOARD_MEMBERSHIPS, NOUN, Board, load_memberships
 from .offer import BoardOffer
+from .policy import COMMANDS
 from .views import BoardsView, OrgBoardsRls
 
 ERASED = "erased"
@@ -24,6 +25,7 @@ def register(engine: Engine) -> None:
     engine.contribute_scopes([BOARD_ARCHIVE])
     engine.register_erasable("board", BoardErasure())
     engine.register_offer(BoardOffer())
+    engine.register_commands(*COMMANDS)
 
 
 def memberships_loader(db: Database) -> Callable[[Principal], Awaitable[Principal]]:

@@ -14,6 +14,7 @@ from service_engine.graphql import SliceFragment
 from .domain import CARD_ADVANCE
 from .graphql import TYPES, CardMutation, CardQuery, CardSubscription
 from .register import register
+from .workflow import COMMANDS
 
 SLICE = SliceFragment(
     "card",
@@ -24,4 +25,4 @@ SLICE = SliceFragment(
     register=register,
 )
 
-__all__ = ["CARD_ADVANCE", "SLICE"]
+__all__ = ["CARD_ADVANCE", "COMMANDS", "SLICE"]

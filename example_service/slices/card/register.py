@@ -10,6 +10,7 @@ from ...kernel import ConfigurationError
 from .domain import CARD_ADVANCE, NOUN
 from .reactions import digest_cron, reactions, sender_resolver
 from .views import CardsView
+from .workflow import COMMANDS
 
 
 def register(engine: Engine) -> None:
@@ -25,6 +26,7 @@ def register(engine: Engine) -> None:
     engine.register_erasable("card", CardErasure())
     for reaction in reactions(service):
         engine.register_reaction(reaction)
+    engine.register_commands(*COMMANDS)
 
 
 ERASED = "erased"

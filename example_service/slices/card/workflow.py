@@ -7,8 +7,9 @@ doing) and ``Finish`` (doing → done). `START_CARD` and `FINISH_CARD` each
 name the revision the caller saw (``expected_revision``, the card's
 ``revision`` on its view) and an idempotency key:
 
-* the advance gate first (``Refused`` with the gate's reason, the same
-  function as the view's ``advance`` affordance);
+* the ``advance`` permit first (``Refused`` with its reason: the rules of
+  `Card.can_advance`, the view's ``advance`` affordance, declared over the
+  card row and the principal's facts so the command compiles);
 * a revision other than the card's is ``StaleRevision``, the right revision
   in another stage ``IllegalStage`` — both change nothing;
 * otherwise the stage moves, the card's revision counts it, its
@@ -16,13 +17,11 @@ name the revision the caller saw (``expected_revision``, the card's
   all in the commit that stores the key's outcome: a retry with the key
   answers that outcome again and runs nothing.
 
-An unknown card is ``CardMissing``; a card of another org is the gate's
+An unknown card is ``CardMissing``; a card of another org is the permit's
 ``card.forbidden``.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from service_engine.commands import (
     Catalog,
@@ -30,27 +29,31 @@ from service_engine.commands import (
     CheckedCommand,
     Command,
     Const,
+    Contains,
     Emit,
     Entity,
+    Eq,
     Fact,
     Field,
     IdempotencyKey,
     Input,
     Mutate,
+    Ne,
     Outcome,
+    Permit,
     Record,
-    RequireGate,
     Return,
     Transition,
+    Unless,
     Var,
     Workflow,
     WorkflowTransition,
 )
 
-from .domain import NOUN, STAGES, Card
+from .domain import ADVANCE_SCOPE, CARD_ADVANCE, DONE, FORBIDDEN, NOUN, STAGES, Card
 from .messages import CardAdvanced
 
-__all__ = ["CARD", "CARD_STAGES", "CATALOG", "FINISH_CARD", "START_CARD"]
+__all__ = ["CARD", "CARD_STAGES", "CATALOG", "COMMANDS", "FINISH_CARD", "START_CARD"]
 
 # Cards are one partition (the fixed scope: a card is addressed by its id
 # alone, and who may change it is its gates' business, so the refusal of a
@@ -62,12 +65,19 @@ CARD_STAGES = Workflow(
     (WorkflowTransition("Start", ("todo",), "doing"),
      WorkflowTransition("Finish", ("doing",), "done")),
 )
-CATALOG = Catalog([CARD], [CARD_STAGES], facts={"id": str})
+CATALOG = Catalog([CARD], [CARD_STAGES], facts={
+    "id": str, "org": str | None, "kind": str, "roles": frozenset[str],
+})
 
-
-def _advanced(values: Any) -> CardAdvanced:
-    card = values["card"]
-    return CardAdvanced(card_id=card.id, version=card.version, stage=card.stage)
+A_SERVICE = Eq(Fact("kind"), Const("service"))
+ADVANCE = Permit(
+    "advance",
+    # `Card.acts_on`: a service on its own authority, or a person of its org.
+    Unless(FORBIDDEN, A_SERVICE, Eq(Field("card", "org"), Fact("org"))),
+    Unless(ADVANCE_SCOPE, A_SERVICE, Contains(Fact("roles"), Const(CARD_ADVANCE))),
+    Unless(DONE, Ne(Field("card", "stage"), Const("done"))),
+)
+"""`Card.can_advance` (the view's ``advance`` affordance), rule for rule."""
 
 
 def _stage_change(name: str, transition: str, to: str, success: str) -> CheckedCommand:
@@ -78,16 +88,20 @@ def _stage_change(name: str, transition: str, to: str, success: str) -> CheckedC
         Input("expected_revision", int),
         IdempotencyKey("idempotency_key"),
         Mutate("Card", (Var("card_id"),), as_="card", else_=Outcome("CardMissing")),
-        RequireGate("card", "can_advance"),
+        ADVANCE,
         Transition(f"CardStages.{transition}", on="card", revision=Var("expected_revision"),
                    stale=Outcome("StaleRevision"), illegal=Outcome("IllegalStage")),
         Record("card", "card.advanced", {"stage": Const(to), "by": Fact("id")}),
         Caused("card", NOUN, "card.advanced",
                {"card": Var("card_id"), "by": Fact("id"), "stage": Const(to)}),
-        Emit(_advanced),
+        Emit(CardAdvanced, card_id=Field("card", "id"), version=Field("card", "version"),
+             stage=Field("card", "stage")),
         Return(success, revision=Field("card", "version"), stage=Field("card", "stage")),
     ))
 
 
 START_CARD = _stage_change("StartCard", "Start", "doing", "Started")
 FINISH_CARD = _stage_change("FinishCard", "Finish", "done", "Finished")
+COMMANDS = (START_CARD, FINISH_CARD)
+"""The card's commands: the schema owner installs their functions, a pod
+registers them (`Engine.register_commands`)."""
