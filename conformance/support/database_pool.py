@@ -138,6 +138,8 @@ SELECT md5(string_agg(line, E'\\n' ORDER BY line)) FROM (
   UNION ALL
   SELECT ROW('object', 'foreign server', o.oid)::text FROM pg_foreign_server o
   UNION ALL
+  SELECT ROW('object', 'large object', o.oid)::text FROM pg_largeobject_metadata o
+  UNION ALL
   SELECT ROW('database', d.datname, d.datdba, d.datacl, d.datconnlimit, d.datallowconn,
              d.datistemplate)::text
     FROM pg_database d WHERE d.datname = current_database()
