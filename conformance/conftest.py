@@ -1,8 +1,9 @@
 """Real infrastructure for the conformance battery.
 
 One embedded PostgreSQL per test session holds a migrated template; each
-test gets a fresh database copied from it. NATS is spawned per test where a
-test asks for it.
+test gets a database as fresh as a new copy of it (a copy the session made
+and reset after its last test: `support.database_pool`). NATS is spawned
+per test where a test asks for it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
-import secrets
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,11 +22,11 @@ from service_engine.embedded import (
     EmbeddedNats,
     EmbeddedPostgres,
     ProvisionedDatabase,
-    drop_database,
     provision_database,
     provision_streams,
 )
 
+from .support.database_pool import close_pools, pool_for
 from .support.example_support import example_database
 from .support.harness import Statements, logged_pool
 from .support.inbound_support import declare_streams
@@ -68,6 +68,7 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPost
             atexit.register(lambda: server.stop() if os.getpid() == owner else None)
             _reused.append(server)
         yield _reused[0]
+        asyncio.run(close_pools(_reused[0]))
         return
     server = _start_server(tmp_path_factory.mktemp("pg"))
     try:
@@ -78,18 +79,16 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPost
 
 @pytest.fixture
 async def database(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    name = f"t_{secrets.token_hex(6)}"
-    provisioned = await provision_database(pg_server, name, template=TEMPLATE)
-    try:
+    """A database with the engine's and the samples' migrations, as fresh
+    as a new copy of the template."""
+    async with pool_for(pg_server, TEMPLATE, "t").database() as provisioned:
         yield provisioned
-    finally:
-        await drop_database(pg_server, name)
 
 
 @pytest.fixture
 async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    """A fresh database with the engine's and the reference service's
-    migrations (copied from the example template, built on first use)."""
+    """A database with the engine's and the reference service's migrations,
+    as fresh as a new copy of the example template (built on first use)."""
     async with example_database(pg_server) as provisioned:
         yield provisioned
 

@@ -45,6 +45,9 @@ from ..support.sample_orders import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
+POD_START_BOUND = 90.0
+"""Seconds a pod process has to import the engine and say ready (a loaded
+machine takes tens of seconds, as the black-box pods' bound allows)."""
 
 
 # -- ownership across pods and crashes -------------------------------------------------
@@ -97,8 +100,14 @@ async def _spawn_pod(
     finally:
         err.close()
     assert process.stdout is not None
-    line = await asyncio.wait_for(process.stdout.readline(), 30)
-    assert line == b"ready\n", f"the pod did not start: {line!r} (see {log})"
+    try:
+        line = await asyncio.wait_for(process.stdout.readline(), POD_START_BOUND)
+        assert line == b"ready\n", f"the pod did not start: {line!r} (see {log})"
+    except BaseException:  # a pod that never got ready is not left running
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+        raise
     return process
 
 

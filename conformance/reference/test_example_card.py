@@ -598,5 +598,10 @@ async def test_the_twins_reviewer_approves_every_card_the_service_creates(
             stop.set()
             approved = await asyncio.wait_for(reviewer, BOUND)
     assert approved == 2
+
+    async def published() -> bool:  # the outbox relays the second review in its own time
+        return len(await card_events(nats_server.url, "reviewed")) >= 2
+
+    await wait_until(published, timeout=BOUND, what="both reviews published")
     assert sorted(b["payload"]["card_id"] for _, b in await card_events(nats_server.url, "reviewed")) \
         == ["r-1", "r-2"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,18 +31,14 @@ from service_engine import (
 from service_engine.blobs import BlobStoreConfig
 from service_engine.commands import install_commands
 from service_engine.db import service_migrations
-from service_engine.embedded import (
-    EmbeddedPostgres,
-    ProvisionedDatabase,
-    drop_database,
-    provision_database,
-)
+from service_engine.embedded import EmbeddedPostgres, ProvisionedDatabase, provision_database
 from service_engine.errors import WorkerStopped
 from service_engine.graphql import PASSPORT_HEADER, ComposedService, Passport
 from service_engine.integration import Nats
 from service_engine.server import bind_listener, run_with_listener
 
 from ..blackbox.harness import EXAMPLE_MIGRATIONS, PROTOCOL, GqlSocket, GraphQLFailed
+from .database_pool import pool_for
 from .harness import fast_engine_config, wait_until
 
 EXAMPLE_TEMPLATE = "example_inprocess_template"
@@ -51,8 +46,14 @@ EXAMPLE_TEMPLATE = "example_inprocess_template"
 BOUND = 10.0
 
 
+_built: set[tuple[int, str]] = set()
+"""The servers (by identity and data folder) whose example template exists."""
+
+
 async def ensure_example_template(pg: EmbeddedPostgres) -> str:
     """The template with the engine's and the example service's migrations."""
+    if (id(pg), str(pg.data_dir)) in _built:
+        return EXAMPLE_TEMPLATE
     admin = await asyncpg.connect(pg.admin_url)
     try:
         exists = await admin.fetchval(
@@ -66,19 +67,16 @@ async def ensure_example_template(pg: EmbeddedPostgres) -> str:
             extra_migrations=service_migrations(EXAMPLE_MIGRATIONS),
             owner_setup=lambda conn: install_commands(conn, commands()),
         )
+    _built.add((id(pg), str(pg.data_dir)))
     return EXAMPLE_TEMPLATE
 
 
 @contextlib.asynccontextmanager
 async def example_database(pg: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    """A fresh database copied from the example template."""
+    """A database as fresh as a new copy of the example template."""
     template = await ensure_example_template(pg)
-    name = f"ex_{secrets.token_hex(6)}"
-    provisioned = await provision_database(pg, name, template=template)
-    try:
+    async with pool_for(pg, template, "ex").database() as provisioned:
         yield provisioned
-    finally:
-        await drop_database(pg, name)
 
 
 def example_config(**overrides: Any) -> EngineConfig:
