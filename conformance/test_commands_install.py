@@ -39,7 +39,7 @@ from service_engine.errors import WorkerStopped
 
 from .support.harness import fast_engine_config, wait_until
 from .support.sample_commands import ALICE, ALL_COMMANDS, CATALOG, ORG, executor_for, install
-from .test_cli import cli, empty_database
+from .serve.test_cli import cli, empty_database
 
 
 def _probe() -> CheckedCommand:

@@ -13,7 +13,7 @@ from service_engine import TableWindow
 from service_engine.embedded import EmbeddedPostgres, drop_database
 from service_engine.render.attached import PopulateCx
 
-from .test_tutorial_notes import notes_database
+from ..reference.test_tutorial_notes import notes_database
 
 NOTES = [  # (id, org, author)
     ("n1", "acme", "bob"), ("n2", "acme", "alice"), ("n3", "globex", "gina"),
