@@ -213,6 +213,7 @@ class Ops:
                 Stage.LOAD, lambda: load_pinned(store, self._conn, key), writes=False
             )
             if found is not None and _pins_on_load(store):
+                self._tx.note_pinned(identity)
                 with contextlib.suppress(Exception):  # an image that cannot be copied is re-read
                     self._images[(store, identity[1])] = copy.deepcopy(found)
         if found is not None and not isinstance(found, aggregate_type):
@@ -273,10 +274,19 @@ class Ops:
         first for an aggregate this transaction did not load, except a
         `CrudStore`'s, whose one UPDATE locks the row itself."""
         store = store_of(type(aggregate))
-        await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
-        await self._db(Stage.SAVE, lambda: store.save(self._conn, aggregate))
-        self._offers.aggregate(type(aggregate), store.key_of(aggregate))
         identity = self._identity(store, store.key_of(aggregate))
+        inlined = None
+        if isinstance(store, CrudStore) and self._tx.pins(identity) and self._tx.settled:
+            inlined = store.save_inlined(aggregate)
+        if inlined is not None:
+            # Its row is pinned: the UPDATE rides in front of the next
+            # statement (COMMIT's round trip when none follows).
+            self._images.clear()
+            self._tx.defer_write(Stage.SAVE, inlined, cast(CrudStore[Any, Any], store).table)
+        else:
+            await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
+            await self._db(Stage.SAVE, lambda: store.save(self._conn, aggregate))
+        self._offers.aggregate(type(aggregate), store.key_of(aggregate))
         after = blob_refs_of(aggregate)
         self._blobs.release(released_refs(self._blob_seen.get(identity, frozenset()), after))
         self._blob_seen[identity] = after
@@ -286,9 +296,10 @@ class Ops:
         offered noun's key is retracted by the leader's next drain."""
         store = store_of(type(aggregate))
         await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
+        identity = self._identity(store, store.key_of(aggregate))
+        self._tx.forget_pinned(identity)
         await self._db(Stage.DELETE, lambda: store.delete(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
-        identity = self._identity(store, store.key_of(aggregate))
         self._blobs.release(self._blob_seen.pop(identity, frozenset()) | blob_refs_of(aggregate))
 
     def dirty_offer(self, aggregate_type: type[Aggregate], key: Any) -> None:

@@ -4,8 +4,8 @@
                                                   (one round trip)
       handler(cx): per aggregate advisory lock -> Persistence.lock -> load
                    (a create: the advisory lock only), gate (deny mode),
-                   domain command, save
-    [a reaction's confirmation]; [the impacts' NOTIFYs]; [the outbox rows
+                   domain command, save (a pinned CrudStore row's: deferred)
+    [the deferred saves]; [a reaction's confirmation]; [the impacts' NOTIFYs]; [the outbox rows
     and their wake-up]; [scheduled impacts]; [scheduled messages]; [blob
     rows]; [offer marks]; COMMIT; the pool's release reset (one round trip)
     record the committed impacts; respond
@@ -178,7 +178,7 @@ async def run_pipeline(
                 await hook(stage, conn)
             await cx._tx.commit(db, riders)
         except DRIVER_ERRORS as exc:
-            raise translate_db_error(exc, stage) from exc
+            raise translate_db_error(exc, cx._tx.stage_of(exc, stage)) from exc
     except BaseException:
         await _abandon(conn)
         raise
