@@ -397,7 +397,8 @@ async def test_a_pinned_saves_violation_is_the_saves_and_commits_nothing(
     """A pinned row's save that breaks a constraint of its table, sent in
     COMMIT's round trip, fails the command as a `ConstraintViolation` at
     stage ``save`` (not ``commit``); nothing commits, the row keeps its value.
-    A save followed by a statement with parameters is sent before it."""
+    A save followed by a statement with parameters is sent before it (an
+    insert it precedes that breaks the table's key is the insert's)."""
     db, _ = logged
     executor = executor_for(db, service=SERVICE)
     assert await executor.ack(WRITER, create_counter, CrudCounter, "v1") == Success()
@@ -411,6 +412,15 @@ async def test_a_pinned_saves_violation_is_the_saves_and_commits_nothing(
         await run_pipeline(db, example_config(), lambda conn, now: Mutation(
             conn, example_config(), now, WRITER), too_far, clock=SystemClock())
     assert (caught.value.kind, caught.value.stage) == ("check", Stage.SAVE)
+
+    async def then_taken(cx: Mutation[Any]) -> None:
+        await increment(cx, CrudCounter, "v1", 5)  # its save sent before the insert
+        await create_counter(cx, CrudCounter, "v2")
+
+    with pytest.raises(ConstraintViolation) as caught:
+        await run_pipeline(db, example_config(), lambda conn, now: Mutation(
+            conn, example_config(), now, WRITER), then_taken, clock=SystemClock())
+    assert (caught.value.kind, caught.value.stage) == ("unique", Stage.CREATE)
 
     async def then_load(cx: Mutation[Any]) -> int:
         await increment(cx, CrudCounter, "v1", 3)

@@ -196,6 +196,7 @@ class Transaction:
             error = translate_db_error(exc, self.stage_of(exc, stage))
             self.failed = error
             raise error from exc
+        self._riding = []  # the writes that rode in it are done
         if self._on_begun is not None and self._begin is None:
             # The call that just returned sent BEGIN: the hook's BEGIN stage.
             on_begun, self._on_begun = self._on_begun, None
