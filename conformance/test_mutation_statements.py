@@ -87,7 +87,8 @@ and its org projection's advisory locks (``cx.lock_all``); the board's load
 pinning its row (once: the command layer's binding reuses the handler's
 load); both unique-value locks (the new title claimed, the old released)
 with the claim and the release in one round trip (the release only when
-the claim took the value); the board's UPDATE; the org projection's RLS
+the claim took the value); the board's UPDATE (deferred, then sent alone,
+prepared, before the RLS context's statement with parameters); the org projection's RLS
 context and its UPDATE (no separate row pin: a CrudStore's UPDATE locks the
 row); the impacts' NOTIFY, the offer's dirty mark (and its NOTIFY), COMMIT
 and the release reset in one round trip. Nothing after COMMIT. (21 before
@@ -199,6 +200,11 @@ async def test_a_rename_over_graphql_takes_eight_round_trips(
     assert '$m0$["acme","plan"]$m0$' in claim and '$m0$["acme","warm 11"]$m0$' in claim
     assert "AND EXISTS (SELECT 1 FROM claimed)" in claim  # released only once claimed
     assert not any("integration_outbox" in s for s in sent), sent  # no outbox row to write
+    # The board's save waits for the next statement; that one takes
+    # parameters, so the save goes alone before it, prepared as ever.
+    assert [s for s in sent if s.startswith('UPDATE "board"')] == [
+        'UPDATE "board" SET "org" = $2, "title" = $3, "owner" = $4, "archived" = $5'
+        ' WHERE "id" = $1'], sent
     last = sent[-1]
     assert last.startswith("SELECT pg_notify('service_engine_impacts', $m0$1|")
     assert '"c":"board.renamed"' in last and last.index("board.renamed") < last.index("COMMIT")

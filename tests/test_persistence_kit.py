@@ -251,7 +251,8 @@ def test_a_crud_save_inlines_its_row_as_one_json_literal() -> None:
     """`CrudStore.save_inlined`: one UPDATE without parameters whose row is
     one dollar-quoted JSON literal (quotes inside the values stay inside
     it); None for a value without an exact JSON text and for a store with
-    its own `save`."""
+    its own `save`; `save_later` keeps both forms of the values as they
+    were at the save."""
     class Note:
         def __init__(self, id: str, body: object) -> None:
             self.id, self.body = id, body
@@ -280,3 +281,10 @@ def test_a_crud_save_inlines_its_row_as_one_json_literal() -> None:
     assert NoteStore().save_inlined(Note("n1", float("inf"))) is None
     assert NoteStore().save_inlined(Note("n1", object())) is None
     assert OwnSave().save_inlined(Note("n1", "x")) is None
+    note = Note("n1", "x")
+    later = NoteStore().save_later(note)
+    note.body = "changed after the save"  # the save keeps the values it was given
+    assert later is not None and (later.table, later.values) == ("note", ("n1", "x"))
+    assert later.statement == 'UPDATE "app"."note" SET "body" = $2 WHERE "id" = $1'
+    assert '"body":"x"' in later.inlined
+    assert NoteStore().save_later(Note("n1", datetime(2026, 1, 1))) is None

@@ -20,9 +20,9 @@ and gets `load`, a batched `read_many` (``WHERE id = ANY($1)``), `lock`
 (``SELECT ... FOR UPDATE``, off with ``lock_rows=False``), `load_locked`
 (the pipeline's load: pin and read in one ``SELECT cols ... FOR UPDATE``),
 `create`, `create_locked` (the pipeline's create: its advisory lock and the
-insert in one statement), `save`, `save_inlined` (the pipeline's save of a
-row it pinned: one statement without parameters, to ride in COMMIT's round
-trip) and `delete`. The table's own constraints
+insert in one statement), `save`, `save_later` (the pipeline's save of a
+row it pinned, sent with COMMIT as one statement without parameters:
+`save_inlined`) and `delete`. The table's own constraints
 (unique, foreign key, check) are the domain's: a violation rolls the whole
 command back.
 """
@@ -44,7 +44,7 @@ from ..db.types import Conn
 from ..failures import ConfigError
 from .base import NotFound, Persistence, Row, Style, as_row, qualified_name
 
-__all__ = ["CrudStore", "quote_ident"]
+__all__ = ["CrudStore", "PinnedSave", "quote_ident"]
 
 A = TypeVar("A")
 K = TypeVar("K")
@@ -115,6 +115,23 @@ class _StateSql:
             ),
             delete=f"DELETE FROM {t} WHERE {k} = $1",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedSave:
+    """A pinned row's save (`CrudStore.save_later`): ``inlined`` to ride
+    in another round trip, `send` to go alone; ``table`` (no schema) is
+    what a constraint error names."""
+
+    inlined: str
+    table: str
+    statement: str
+    values: tuple[object, ...]
+
+    async def send(self, conn: Conn) -> None:
+        """Alone in its round trip, as `CrudStore.save` sends it (prepared,
+        with parameters; the pinned row is there to update)."""
+        await conn.execute(self.statement, *self.values)
 
 
 class _NotInlinable(TypeError):
@@ -280,10 +297,16 @@ class CrudStore(Persistence[A, K]):
             return None
         return self._sql.update_from_json % dollar_quoted(text)
 
-    @property
-    def table(self) -> str:
-        """``TABLE``, as constraint errors name it (no schema)."""
-        return self.TABLE.rsplit(".", 1)[-1]
+    def save_later(self, aggregate: A) -> PinnedSave | None:
+        """`save` of a row this transaction pinned, taken now (the values
+        as they are) and sent later by the pipeline: inlined
+        (`save_inlined`) where it rides with other statements, or as `save`
+        sends it where it travels alone. None where `save_inlined` is."""
+        inlined = self.save_inlined(aggregate)
+        if inlined is None:
+            return None
+        return PinnedSave(inlined, self.TABLE.rsplit(".", 1)[-1], self._sql.update,
+                          tuple(self._values(aggregate)))
 
     async def delete(self, conn: Conn, aggregate: A) -> None:
         key = self.key_of(aggregate)

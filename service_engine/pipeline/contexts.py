@@ -275,14 +275,14 @@ class Ops:
         `CrudStore`'s, whose one UPDATE locks the row itself."""
         store = store_of(type(aggregate))
         identity = self._identity(store, store.key_of(aggregate))
-        inlined = None
+        later = None
         if isinstance(store, CrudStore) and self._tx.pins(identity) and self._tx.settled:
-            inlined = store.save_inlined(aggregate)
-        if inlined is not None:
+            later = store.save_later(aggregate)
+        if later is not None:
             # Its row is pinned: the UPDATE rides in front of the next
             # statement (COMMIT's round trip when none follows).
             self._images.clear()
-            self._tx.defer_write(Stage.SAVE, inlined, cast(CrudStore[Any, Any], store).table)
+            self._tx.defer_write(Stage.SAVE, later)
         else:
             await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
             await self._db(Stage.SAVE, lambda: store.save(self._conn, aggregate))

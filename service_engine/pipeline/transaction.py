@@ -10,7 +10,7 @@ are a layer over it that stage writes and call its primitives::
     await tx.lock_keys([(identity, key)])      # BEGIN + claim + advisory locks: one round trip
     row = await tx.run(Stage.LOAD, lambda: store.load(tx.conn, key))
     tx.note_pinned(identity)                                # the load pinned its row
-    tx.defer_write(Stage.SAVE, store.save_inlined(aggregate), "board")
+    tx.defer_write(Stage.SAVE, store.save_later(aggregate))   # sent with COMMIT
     await tx.commit(db, riders="SELECT pg_notify(...)")  # save + riders + COMMIT + reset: one
 
 The batching rules, all kept here:
@@ -43,14 +43,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..db.errors import DRIVER_ERRORS, DatabaseError, Stage, is_lock_refusal, translate_db_error
 from ..db.pool import Database
 from ..db.types import Conn
 from ..messaging.claims import claim_and_lock_statement, claim_statement, claim_taken
 
-__all__ = ["ClaimedBefore", "Identity", "Transaction"]
+__all__ = ["ClaimedBefore", "DeferredWrite", "Identity", "Transaction"]
 
 T = TypeVar("T")
 
@@ -58,12 +58,26 @@ Identity = tuple[str, str]
 """An aggregate's identity in the transaction: its store type and canonical key."""
 
 
-_Write = tuple[Stage, str, str]
-"""A deferred write: its stage, its statement, its table."""
+class DeferredWrite(Protocol):
+    """A write `Transaction.defer_write` holds (`persistence.crud.PinnedSave`)."""
+
+    @property
+    def inlined(self) -> str:
+        """The write without parameters, every value inlined and safe."""
+
+    @property
+    def table(self) -> str:
+        """The table whose constraint errors are this write's."""
+
+    async def send(self, conn: Conn) -> None:
+        """The write alone in its round trip (with parameters)."""
+
+
+_Write = tuple[Stage, DeferredWrite]
 
 
 def _joined(writes: list[_Write]) -> str:
-    return "; ".join(sql for _, sql, _ in writes)
+    return "; ".join(write.inlined for _, write in writes)
 
 
 class ClaimedBefore(Exception):
@@ -159,13 +173,14 @@ class Transaction:
         """Whether this transaction pinned ``identity``'s row (`note_pinned`)."""
         return identity in self._pinned
 
-    def defer_write(self, stage: Stage, sql: str, table: str) -> None:
-        """Send ``sql`` (one write without parameters, every value inlined
-        and safe, to a row this transaction pinned: it affects that row
-        whenever it runs) in front of the next statement: in COMMIT's round
-        trip when nothing else follows. A constraint of ``table`` it
+    def defer_write(self, stage: Stage, write: DeferredWrite) -> None:
+        """Send ``write`` (to a row this transaction pinned: it affects that
+        row whenever it runs) in front of the next statement: inlined in
+        COMMIT's round trip when nothing else follows, or in the next batch
+        of statements without parameters; alone (`DeferredWrite.send`)
+        before a statement with parameters. A constraint of its table it
         violates is reported as ``stage``'s."""
-        self._writes.append((stage, sql, table))
+        self._writes.append((stage, write))
 
     def forget_claim_taken(self) -> None:
         """The claim was taken before and the caller replays instead: the
@@ -183,9 +198,14 @@ class Transaction:
             raise ClaimedBefore(None)
         await self.ensure_begun()
         if self._writes:
-            # A statement with parameters travels alone: the writes before it.
+            # A statement with parameters travels alone: the writes before
+            # it, as prepared statements (one) or inlined (several).
             writes = self._ride_writes()
-            await self.run(writes[0][0], lambda: self.conn.execute(_joined(writes)))
+            if len(writes) == 1:
+                [(write_stage, write)] = writes
+                await self.run(write_stage, lambda: write.send(self.conn))
+            else:
+                await self.run(writes[0][0], lambda: self.conn.execute(_joined(writes)))
         try:
             result = await call()
         except DRIVER_ERRORS as exc:
@@ -320,8 +340,8 @@ class Transaction:
         ``stage``: when deferred writes rode in it, a constraint of one's
         table is that write's stage."""
         table = getattr(exc, "table_name", None)
-        for write_stage, _, write_table in self._riding:
-            if table is not None and table == write_table:
+        for write_stage, write in self._riding:
+            if table is not None and table == write.table:
                 return write_stage
         return stage
 
