@@ -16,10 +16,12 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from datetime import timedelta
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import httpx
+import pytest
 
 from example_service.graphql import build_app
 from example_service.register import register
@@ -36,8 +38,9 @@ from service_engine import (
     connect_pool,
 )
 from service_engine.blobs.staging import BlobStaging, NewBlob, blob_statement, stage_blobs
-from service_engine.clock import Timestamp
+from service_engine.clock import SystemClock, Timestamp
 from service_engine.commands import CommandConfig, CommandOutcome, CommandRunner
+from service_engine.db.errors import ConstraintViolation, Stage
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import PASSPORT_HEADER, Passport
 from service_engine.impacts.model import Impact
@@ -56,10 +59,12 @@ from service_engine.scheduled.staging import (
     scheduled_message_statement,
     stage_scheduled_message,
 )
+from service_engine.persistence import CrudStore
+from service_engine.pipeline.run import run_pipeline
 
 from .blackbox.harness import provision_kv
 from .support.example_support import example_config, person, serving_engine
-from .support.harness import Statements, wait_until
+from .support.harness import Statements, owner_connection, wait_until
 from .support.nats_support import engine_nats
 from .support.sample_commands import ALICE, COMMANDS
 from .support.sample_commands import executor_for as commands_executor_for
@@ -330,14 +335,15 @@ CRUD_CREATE_ROUND_TRIPS = 3
 """A CRUD handler creating one aggregate: BEGIN + lock bound + its advisory
 lock; the INSERT; the impact's NOTIFY + COMMIT + the release reset."""
 
-CRUD_WRITE_ROUND_TRIPS = 4
+CRUD_WRITE_ROUND_TRIPS = 3
 """A CRUD handler loading, saving and emitting: BEGIN + lock bound + the
 advisory lock; the load pinning its row (``SELECT ... FOR UPDATE``); the
-UPDATE; the impact's NOTIFY, the outbox row and its wake-up + COMMIT + the
-release reset (5 before the staged rows rode with COMMIT). The load and the
-save take parameters: asyncpg sends such a statement alone in its round
-trip (no pipelining in its public API), so neither can share BEGIN's or
-COMMIT's."""
+UPDATE (its values inlined: the row is pinned, so it may wait for COMMIT's
+round trip), the impact's NOTIFY, the outbox row and its wake-up + COMMIT +
+the release reset (4 before the pinned row's save rode with COMMIT, 5
+before the staged rows did). The load takes parameters and answers a row:
+asyncpg sends such a statement alone in its round trip (no pipelining in
+its public API, MagicStack/asyncpg#588), so it cannot share BEGIN's."""
 
 
 async def test_a_crud_handlers_mutation_takes_its_pinned_round_trips(
@@ -367,14 +373,133 @@ async def test_a_crud_handlers_mutation_takes_its_pinned_round_trips(
         assert "pg_advisory_xact_lock" in sent[0]
         assert "; COMMIT; " in sent[-1] and "RESET ALL" in sent[-1]
         assert sent[-1].index("pg_notify('service_engine_impacts'") < sent[-1].index("COMMIT")
-    assert written[1].endswith("FOR UPDATE") and written[2].startswith("UPDATE")
+    assert written[1].endswith("FOR UPDATE")
     last = written[-1]
+    assert last.startswith('UPDATE "sample_counter_crud"') and "json_populate_record" in last
     assert last.index("integration_outbox") < last.index("; COMMIT; ")
+    assert await db.pool.fetchval("SELECT value FROM sample_counter_crud WHERE id = 'k1'") == 1
     [row] = await db.pool.fetch(
         "SELECT payload->'payload'->>'order_id' AS order_id FROM service_engine.integration_outbox"
         " WHERE payload->'payload'->>'order_id' = 'k1'"
     )
     assert row["order_id"] == "k1"
+
+
+async def test_a_pinned_saves_violation_is_the_saves_and_commits_nothing(
+    logged: tuple[Database, Statements],
+) -> None:
+    """A pinned row's save that breaks a constraint of its table, sent in
+    COMMIT's round trip, fails the command as a `ConstraintViolation` at
+    stage ``save`` (not ``commit``); nothing commits, the row keeps its value.
+    A save followed by a statement with parameters is sent before it (an
+    insert it precedes that breaks the table's key is the insert's)."""
+    db, _ = logged
+    executor = executor_for(db, service=SERVICE)
+    assert await executor.ack(WRITER, create_counter, CrudCounter, "v1") == Success()
+    assert await executor.ack(WRITER, create_counter, CrudCounter, "v2") == Success()
+
+    async def too_far(cx: Mutation[Any]) -> None:
+        await increment(cx, CrudCounter, "v1", 2_000_000)
+        cx.emit(OrderPlaced(order_id="v1", qty=1))
+
+    with pytest.raises(ConstraintViolation) as caught:
+        await run_pipeline(db, example_config(), lambda conn, now: Mutation(
+            conn, example_config(), now, WRITER), too_far, clock=SystemClock())
+    assert (caught.value.kind, caught.value.stage) == ("check", Stage.SAVE)
+
+    async def then_taken(cx: Mutation[Any]) -> None:
+        await increment(cx, CrudCounter, "v1", 5)  # its save sent before the insert
+        await create_counter(cx, CrudCounter, "v2")
+
+    with pytest.raises(ConstraintViolation) as caught:
+        await run_pipeline(db, example_config(), lambda conn, now: Mutation(
+            conn, example_config(), now, WRITER), then_taken, clock=SystemClock())
+    assert (caught.value.kind, caught.value.stage) == ("unique", Stage.CREATE)
+
+    async def then_load(cx: Mutation[Any]) -> int:
+        await increment(cx, CrudCounter, "v1", 3)
+        other = await cx.load(CrudCounter, "v2")  # after the save, parameterised
+        again = await cx.load(CrudCounter, "v1")  # reads the saved row
+        return int(other.value) + int(again.value)
+
+    assert await executor.execute(WRITER, then_load) == 3
+    assert await db.pool.fetchval(
+        "SELECT value FROM sample_counter_crud WHERE id = 'v1'") == 3
+    assert await db.pool.fetchval(
+        "SELECT count(*) FROM service_engine.integration_outbox"
+        " WHERE payload->'payload'->>'order_id' = 'v1'") == 0
+
+
+class _Wide:
+    def __init__(self, row: dict[str, Any]) -> None:
+        self.row = row
+
+
+class _WideStore(CrudStore[_Wide, str]):
+    TABLE = "wide_inlined"
+    COLUMNS = ("id", "t", "i", "b", "n", "f", "ok", "u", "at", "d", "span", "raw", "j",
+               "js", "tags")
+
+    def to_row(self, aggregate: _Wide) -> dict[str, Any]:
+        return aggregate.row
+
+    def from_row(self, row: Any) -> _Wide:
+        return _Wide(dict(row))
+
+
+class _OwnSave(_WideStore):
+    async def save(self, conn: Any, aggregate: _Wide) -> None:
+        await super().save(conn, aggregate)
+
+
+async def test_an_inlined_save_writes_what_the_parameterised_save_writes(
+    database: ProvisionedDatabase, db: Database
+) -> None:
+    """`CrudStore.save_inlined` (one JSON literal read by each column's own
+    type) writes exactly the row `save` writes through the driver's codecs,
+    for texts that try to break out of their quoting, numbers at their
+    edges, instants, intervals, bytes, JSON objects, JSON strings and
+    arrays; a value without an exact JSON text (a naive instant, NaN, a
+    set) and a store with its own `save` are not inlined (None)."""
+    store = _WideStore()
+    values: list[dict[str, Any]] = []
+    for n, text in enumerate([*TRICKY, "'; DROP TABLE wide_inlined; --", "$m0$}\\\"", None]):
+        values.append({
+            "t": text, "i": -(2**63) + n if n % 2 else 2**63 - 1 - n,
+            "b": n % 2 == 0, "n": Decimal("12345678901234567890.0123456789") + n,
+            "f": 0.1 + n if n % 3 else -1.5e300, "ok": None if n == 3 else n > 2,
+            "u": uuid.uuid4(), "at": datetime(2026, 12, 7, 10, n, 5, 123456,
+                                             tzinfo=timezone(timedelta(hours=n - 4))),
+            "d": date(2026, 1, 1 + n), "span": timedelta(days=n, seconds=7, microseconds=n),
+            "raw": bytes(range(n * 7 % 256, n * 7 % 256 + 5)),
+            "j": {"text": text, "nested": [1, {"k": text}], "n": None},
+            "js": text if n % 2 else [text, n], "tags": [text or "", "x"] if n % 4 else [],
+        })
+    async with owner_connection(database) as owner:
+        await owner.execute(
+            "CREATE TABLE wide_inlined (id text PRIMARY KEY, t text, i bigint,"
+            " b boolean, n numeric, f double precision, ok boolean, u uuid,"
+            " at timestamptz, d date, span interval, raw bytea, j jsonb, js jsonb,"
+            " tags text[]); GRANT SELECT, INSERT, UPDATE ON wide_inlined TO service_engine_app")
+    async with db.pool.acquire() as conn, conn.transaction():
+        for n, row in enumerate(values):
+            for way in ("p", "i"):
+                await store.create(conn, _Wide({c: None for c in store.COLUMNS} | {
+                    "id": f"{way}{n}"}))
+            await store.save(conn, _Wide({**row, "id": f"p{n}"}))
+            inlined = store.save_inlined(_Wide({**row, "id": f"i{n}"}))
+            assert inlined is not None and "$1" not in inlined
+            assert await conn.execute(inlined) == "UPDATE 1"
+        rows = {r["id"]: dict(r) for r in await conn.fetch("SELECT * FROM wide_inlined")}
+        for n in range(len(values)):
+            p, i = rows[f"p{n}"], rows[f"i{n}"]
+            assert {**p, "id": None} == {**i, "id": None}, (p, i)
+            assert p["j"] == values[n]["j"] and p["js"] == values[n]["js"]
+        base = {**values[0], "id": "x"}
+        assert store.save_inlined(_Wide({**base, "at": datetime(2026, 1, 1)})) is None
+        assert store.save_inlined(_Wide({**base, "f": float("nan")})) is None
+        assert store.save_inlined(_Wide({**base, "tags": {"a"}})) is None
+        assert _OwnSave().save_inlined(_Wide(base)) is None
 
 
 async def test_a_handler_that_sends_nothing_commits_in_two_round_trips(

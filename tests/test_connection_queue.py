@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from service_engine.db.pool import ConnectionQueue, PoolQueueFull
+from service_engine.db.pool import ConnectionQueue, PoolQueueFull, write_slots
 
 
 async def test_waiters_are_served_in_arrival_order_and_a_newcomer_does_not_barge() -> None:
@@ -84,3 +84,10 @@ async def test_a_waiter_cancelled_once_handed_a_slot_passes_it_on() -> None:
     await asyncio.wait_for(second, 1)
     queue.leave()
     await asyncio.wait_for(queue.enter(None), 1)
+
+
+def test_the_write_pipeline_keeps_one_connection_in_five_for_reads() -> None:
+    """`write_slots`: the pool less one connection in `READ_RESERVE`, and at
+    least one (a pool of one or two serves writers with all of it)."""
+    assert [write_slots(n) for n in (1, 2, 4, 5, 10, 20)] == [1, 2, 4, 4, 8, 16]
+    assert all(1 <= write_slots(n) <= n for n in range(1, 100))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, ClassVar, Self
 
 import pytest
@@ -244,3 +245,46 @@ def test_crud_store_checks_its_declaration() -> None:
 
     with pytest.raises(ValueError, match="identifier"):
         BadTable()
+
+
+def test_a_crud_save_inlines_its_row_as_one_json_literal() -> None:
+    """`CrudStore.save_inlined`: one UPDATE without parameters whose row is
+    one dollar-quoted JSON literal (quotes inside the values stay inside
+    it); None for a value without an exact JSON text and for a store with
+    its own `save`; `save_later` keeps both forms of the values as they
+    were at the save."""
+    class Note:
+        def __init__(self, id: str, body: object) -> None:
+            self.id, self.body = id, body
+
+    class NoteStore(CrudStore[Note, str]):
+        TABLE = "app.note"
+        COLUMNS = ("id", "body")
+
+        def to_row(self, note: Note) -> Mapping[str, object]:
+            return {"id": note.id, "body": note.body}
+
+        def from_row(self, row: Row) -> Note:
+            return Note(row["id"], row["body"])
+
+    class OwnSave(NoteStore):
+        async def save(self, conn: Any, aggregate: Note) -> None:
+            raise NotImplementedError
+
+    sql = NoteStore().save_inlined(Note("n1", "it's $m0$ \"quoted\""))
+    assert sql is not None and "$1" not in sql
+    assert sql.startswith('UPDATE "app"."note" AS __t SET "body" = __r."body" FROM '
+                          'json_populate_record(NULL::"app"."note", $m1$')
+    assert '"body":"it\'s $m0$ \\"quoted\\""' in sql and sql.endswith(
+        'AS __r WHERE __t."id" = __r."id"')
+    assert NoteStore().save_inlined(Note("n1", datetime(2026, 1, 1))) is None
+    assert NoteStore().save_inlined(Note("n1", float("inf"))) is None
+    assert NoteStore().save_inlined(Note("n1", object())) is None
+    assert OwnSave().save_inlined(Note("n1", "x")) is None
+    note = Note("n1", "x")
+    later = NoteStore().save_later(note)
+    note.body = "changed after the save"  # the save keeps the values it was given
+    assert later is not None and (later.table, later.values) == ("note", ("n1", "x"))
+    assert later.statement == 'UPDATE "app"."note" SET "body" = $2 WHERE "id" = $1'
+    assert '"body":"x"' in later.inlined
+    assert NoteStore().save_later(Note("n1", datetime(2026, 1, 1))) is None

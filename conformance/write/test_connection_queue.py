@@ -1,7 +1,8 @@
-"""The queue in front of the pool (`db.pool.ConnectionQueue`) on a real pool:
-mutations past the pool's connections wait their turn in arrival order,
-and past ``max_queue`` waiters one is refused at once, retryable, with
-nothing written."""
+"""The queues in front of the pool (`db.pool.ConnectionQueue`) on a real
+pool: mutations past the pool's connections wait their turn in arrival
+order, past ``max_queue`` waiters one is refused at once, retryable, with
+nothing written, and writers past the write pipeline's share of the pool
+wait in front of it while a read still gets its connection."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from ..support.sample_counter import WRITER, CrudCounter, create_counter, execut
 
 
 def _waiting(db: Database, count: int) -> bool:
-    return db.queue.waiting == count
+    return db.waiting == count
 
 
 @pytest.fixture
@@ -83,7 +84,7 @@ async def test_a_mutation_past_a_full_queue_is_refused_at_once(one_connection: D
     await wait_until(lambda: db.in_use() == 1, timeout=10, what="the holder's connection")
     waiters = [asyncio.create_task(executor.ack(WRITER, create_counter, CrudCounter, f"q{n}"))
                for n in range(2)]
-    await wait_until(lambda: db.queue.waiting == 2, timeout=10, what="two waiters")
+    await wait_until(lambda: db.waiting == 2, timeout=10, what="two waiters")
     refused = await asyncio.wait_for(
         executor.ack(WRITER, create_counter, CrudCounter, "refused"), 5)
     assert isinstance(refused, MutationError)
@@ -93,3 +94,35 @@ async def test_a_mutation_past_a_full_queue_is_refused_at_once(one_connection: D
     assert await asyncio.gather(*waiters) == [Success(), Success()]
     keys = await db.fetch("SELECT id FROM sample_counter_crud ORDER BY id")
     assert [r["id"] for r in keys] == ["held", "q0", "q1"]
+
+
+async def test_a_pool_saturated_by_writers_still_serves_a_read(
+    database: ProvisionedDatabase,
+) -> None:
+    """With every write slot of a five-connection pool held by a mutation
+    and more mutations waiting, the waiters queue at the write pipeline's
+    admission (`Database.writes`), holding no connection, and a read gets
+    the reserved connection at once; released, every writer commits."""
+    db = await connect_pool(database.app_url, min_size=1, max_size=5)
+    try:
+        executor = executor_for(db, lock_timeout=timedelta(seconds=20))
+        release = asyncio.Event()
+
+        async def hold(cx: Mutation[Any], key: str) -> None:
+            await create_counter(cx, CrudCounter, key)
+            await release.wait()
+
+        slots = 4
+        holders = [asyncio.create_task(executor.ack(WRITER, hold, f"h{n}")) for n in range(slots)]
+        await wait_until(lambda: db.in_use() == slots, timeout=10, what="the write slots held")
+        waiters = [asyncio.create_task(executor.ack(WRITER, create_counter, CrudCounter, f"w{n}"))
+                   for n in range(3)]
+        await wait_until(lambda: db.writes.waiting == 3, timeout=10, what="three writers queued")
+        assert db.queue.waiting == 0 and db.in_use() == slots
+        assert [r["n"] for r in await db.fetch("SELECT 1 AS n", bound=5.0)] == [1]
+        release.set()
+        assert await asyncio.gather(*holders, *waiters) == [Success()] * (slots + 3)
+        [count] = await db.fetch("SELECT count(*) AS n FROM sample_counter_crud")
+        assert count["n"] == slots + 3
+    finally:
+        await db.aclose()

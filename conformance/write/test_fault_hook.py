@@ -35,6 +35,7 @@ from ..support.sample_counter import (
 )
 
 _GROUP_ID = re.compile(r"(\$m\d+\$\d+\|)[0-9a-f]{16}\|")
+_COUNT = re.compile(r'"value":\d+')
 
 
 async def _sent(
@@ -45,10 +46,12 @@ async def _sent(
     *args: object,
 ) -> tuple[object, list[str]]:
     """What one mutation answered and every statement it sent (an inlined
-    impact frame's group id, fresh per commit, as ``<group>``)."""
+    impact frame's group id, fresh per commit, as ``<group>``; an inlined
+    counter value, one more per run, as ``<n>``)."""
     statements.sent.clear()
     outcome = await executor.with_hook(hook).ack(WRITER, handler, *args)
-    return outcome, [_GROUP_ID.sub(r"\1<group>|", s) for s in statements.sent]
+    return outcome, [_COUNT.sub('"value":<n>', _GROUP_ID.sub(r"\1<group>|", s))
+                     for s in statements.sent]
 
 
 async def _touch_nothing(cx: Mutation[Principal]) -> None:
@@ -86,7 +89,9 @@ async def test_a_hooked_pipeline_sends_the_statements_an_unhooked_one_sends(
     # COMMIT carries the impacts' NOTIFY and the pool's release reset: the
     # last round trip, no other after it.
     assert [s for s in unhooked if "COMMIT" in s] == [unhooked[-1]]
-    assert unhooked[-1].startswith("SELECT pg_notify('service_engine_impacts', $m0$1|<group>|")
+    # (After the pinned row's save, which rides there too.)
+    assert unhooked[-1].startswith('UPDATE "sample_counter_crud"' if locks else "SELECT pg_notify")
+    assert "SELECT pg_notify('service_engine_impacts', $m0$1|<group>|" in unhooked[-1]
     assert "; COMMIT; " in unhooked[-1] and "RESET ALL" in unhooked[-1]
     assert ("pg_advisory_xact_lock" in unhooked[0]) is locks
     assert seen == [Stage.BEGIN, Stage.FLUSH, Stage.COMMIT]

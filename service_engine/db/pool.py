@@ -127,6 +127,18 @@ DEFAULT_MAX_QUEUE = 1024
 """Waiters `ConnectionQueue` holds before it refuses (`PoolQueueFull`)."""
 
 
+READ_RESERVE = 5
+"""One pool connection in this many is kept from the write pipeline
+(`Database.acquire` with ``write=True``) for reads: the principal's facts,
+the render side, a read after a commit."""
+
+
+def write_slots(max_size: int) -> int:
+    """Transactions of the write pipeline one pool of ``max_size`` runs at
+    once: all but one connection in `READ_RESERVE` (at least one)."""
+    return max(1, max_size - max_size // READ_RESERVE)
+
+
 class PoolQueueFull(TimeoutError):
     """The pool's queue holds ``max_queue`` waiters already: refused at once,
     retryable (a mutation answers the retryable ``database`` error)."""
@@ -208,6 +220,7 @@ class Database(AsyncResource):
         self._url = url
         self._max_queue = max_queue
         self._queue: ConnectionQueue | None = None
+        self._writes: ConnectionQueue | None = None
 
     @property
     def queue(self) -> ConnectionQueue:
@@ -215,6 +228,24 @@ class Database(AsyncResource):
         if self._queue is None:
             self._queue = ConnectionQueue(self.pool.get_max_size(), self._max_queue)
         return self._queue
+
+    @property
+    def writes(self) -> ConnectionQueue:
+        """The admission queue of the write pipeline, in front of `queue`:
+        `write_slots` transactions hold a connection at once, and writers
+        past them wait here, in arrival order, holding nothing. So a pool
+        saturated with writers still hands a read its connection at once
+        (the reserve), and a writer past saturation waits in one queue, not
+        behind the reads it would delay."""
+        if self._writes is None:
+            self._writes = ConnectionQueue(write_slots(self.pool.get_max_size()), self._max_queue)
+        return self._writes
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a connection now: writers at `writes` and
+        everyone at `queue`."""
+        return self.writes.waiting + self.queue.waiting
 
     def refuse_nested(self, entry: str) -> None:
         """Raise `NestedConnectionError` (naming ``entry``) when the current
@@ -239,17 +270,28 @@ class Database(AsyncResource):
         await _init_connection(conn)
         return conn
 
-    async def acquire(self, bound: float) -> Any:
+    async def acquire(self, bound: float, *, write: bool = False) -> Any:
         """A pooled connection within ``bound`` seconds (release it with
-        `release`, passing the same ``bound``), after its turn in the
-        `ConnectionQueue` (the bound covers both). The pool's wait runs
+        `release`, passing the same ``bound`` and ``write``), after its turn
+        in the `ConnectionQueue` (the bound covers both); ``write`` (the
+        write pipeline's transaction) takes its turn at `writes` first,
+        within the same bound. The pool's wait runs
         under an `asyncio.timeout` (a timer, no task of its own), so an
         idle connection is handed over at once and a pool that makes the
         caller wait (no idle connection, a ``setup`` hook still running, a
         connection to reopen) raises `TimeoutError` once the bound passed.
         Raises `NestedConnectionError` for a task holding one of this pool."""
         self.refuse_nested("Database.acquire")
-        return await self._take(bound)
+        if not write:
+            return await self._take(bound)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await self.writes.enter(bound)
+        try:
+            return await self._take(max(0.001, bound - (loop.time() - began)))
+        except BaseException:
+            self.writes.leave()
+            raise
 
     async def _take(self, bound: float | None) -> Any:
         """`acquire` without the check (``bound`` None: wait as long as it
@@ -266,14 +308,16 @@ class Database(AsyncResource):
             self.queue.leave()
             raise
 
-    async def release(self, conn: Any, bound: float | None = None) -> None:
+    async def release(self, conn: Any, bound: float | None = None, *, write: bool = False) -> None:
         """Hand back a connection `acquire` gave (the pool resets it, within
         ``bound`` seconds when given) and its queue slot (to the oldest
-        waiter)."""
+        waiter), and its `writes` slot when it was acquired to ``write``."""
         try:
             await self.pool.release(conn, timeout=bound)
         finally:
             self.queue.leave()
+            if write:
+                self.writes.leave()
 
     async def commit(self, conn: Any, *, before: str = "") -> None:
         """COMMIT ``conn``'s open transaction with the pool's release reset

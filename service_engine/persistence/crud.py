@@ -20,24 +20,31 @@ and gets `load`, a batched `read_many` (``WHERE id = ANY($1)``), `lock`
 (``SELECT ... FOR UPDATE``, off with ``lock_rows=False``), `load_locked`
 (the pipeline's load: pin and read in one ``SELECT cols ... FOR UPDATE``),
 `create`, `create_locked` (the pipeline's create: its advisory lock and the
-insert in one statement), `save` and `delete`. The table's own constraints
+insert in one statement), `save`, `save_later` (the pipeline's save of a
+row it pinned, sent with COMMIT as one statement without parameters:
+`save_inlined`) and `delete`. The table's own constraints
 (unique, foreign key, check) are the domain's: a violation rolls the whole
 command back.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import uuid
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from typing import ClassVar, TypeVar, cast
 
+from ..db.literals import dollar_quoted
 from ..db.types import Conn
 from ..failures import ConfigError
 from .base import NotFound, Persistence, Row, Style, as_row, qualified_name
 
-__all__ = ["CrudStore", "quote_ident"]
+__all__ = ["CrudStore", "PinnedSave", "quote_ident"]
 
 A = TypeVar("A")
 K = TypeVar("K")
@@ -66,6 +73,7 @@ class _StateSql:
     insert: str
     insert_locked: str
     update: str
+    update_from_json: str
     delete: str
 
     @classmethod
@@ -97,8 +105,57 @@ class _StateSql:
                 f"INSERT INTO {t} ({listed}) SELECT {shifted} FROM l"
             ),
             update=update,
+            # The row as one JSON literal (appended): each column read from
+            # it by the column's own type, as json_populate_record does.
+            update_from_json=(
+                f"UPDATE {t} AS __t SET "
+                + (", ".join(f"{c} = __r.{c}" for c in others) or f"{k} = __r.{k}")
+                + f" FROM json_populate_record(NULL::{t}, %s::json) AS __r"
+                f" WHERE __t.{k} = __r.{k}"
+            ),
             delete=f"DELETE FROM {t} WHERE {k} = $1",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedSave:
+    """A pinned row's save (`CrudStore.save_later`): ``inlined`` to ride
+    in another round trip, `send` to go alone; ``table`` (no schema) is
+    what a constraint error names."""
+
+    inlined: str
+    table: str
+    statement: str
+    values: tuple[object, ...]
+
+    async def send(self, conn: Conn) -> None:
+        """Alone in its round trip, as `CrudStore.save` sends it (prepared,
+        with parameters; the pinned row is there to update)."""
+        await conn.execute(self.statement, *self.values)
+
+
+class _NotInlinable(TypeError):
+    """A column value without an exact JSON text (the save keeps its parameters)."""
+
+
+def _json_value(value: object) -> object:
+    """A column's value as JSON: the text its column type reads for a value
+    json.dumps cannot write (an instant, a UUID...); any other value as is
+    (a ``json``/``jsonb`` column's value as the pool's codec writes it)."""
+    if value is None or isinstance(value, str | int | float | dict | list):
+        return value
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise _NotInlinable  # a naive instant: left to the driver's codec
+        return value.isoformat()
+    if isinstance(value, date | time | uuid.UUID | Decimal):
+        return str(value)
+    if isinstance(value, timedelta):
+        return (f"{value.days:d} days {value.seconds:d} seconds "
+                f"{value.microseconds:d} microseconds")
+    if isinstance(value, bytes):
+        return "\\x" + value.hex()
+    raise _NotInlinable  # a type JSON does not know: left to the driver's codec
 
 
 def _affected(status: str) -> int:
@@ -131,6 +188,7 @@ class CrudStore(Persistence[A, K]):
         # (a subclass that overrides either keeps its own pair).
         self._one_statement_load = cls.load is CrudStore.load and cls.lock is CrudStore.lock
         self._one_statement_create = cls.create is CrudStore.create
+        self._own_save = cls.save is CrudStore.save
 
     @property
     def store_type(self) -> str:
@@ -221,6 +279,40 @@ class CrudStore(Persistence[A, K]):
         values = self._values(aggregate)
         if _affected(await conn.execute(self._sql.update, *values)) == 0:
             raise NotFound(self.store_type, values[0])
+
+    def save_inlined(self, aggregate: A) -> str | None:
+        """`save` as one statement without parameters (every value in one
+        JSON literal, each column read by its own type), or None when it
+        cannot be: a subclass with its own `save`, or a value without an
+        exact JSON text (a naive datetime, NaN, a type JSON does not know).
+
+        For a row this transaction pinned (``SELECT ... FOR UPDATE``): it
+        exists until the commit, so the UPDATE's row count needs no check
+        and the statement may ride in a later round trip (COMMIT's).
+        Values a column's type cannot read fail there as `save` would."""
+        if not self._own_save:
+            return None
+        row = self.to_row(aggregate)
+        missing = [c for c in self.COLUMNS if c not in row]
+        if missing:
+            raise ConfigError(f"{type(self).__qualname__}.to_row lacks columns {missing}")
+        try:
+            text = json.dumps({c: _json_value(row[c]) for c in self.COLUMNS},
+                              allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError):
+            return None
+        return self._sql.update_from_json % dollar_quoted(text)
+
+    def save_later(self, aggregate: A) -> PinnedSave | None:
+        """`save` of a row this transaction pinned, taken now (the values
+        as they are) and sent later by the pipeline: inlined
+        (`save_inlined`) where it rides with other statements, or as `save`
+        sends it where it travels alone. None where `save_inlined` is."""
+        inlined = self.save_inlined(aggregate)
+        if inlined is None:
+            return None
+        return PinnedSave(inlined, self.TABLE.rsplit(".", 1)[-1], self._sql.update,
+                          tuple(self._values(aggregate)))
 
     async def delete(self, conn: Conn, aggregate: A) -> None:
         key = self.key_of(aggregate)

@@ -218,6 +218,7 @@ class Ops:
                 Stage.LOAD, lambda: load_pinned(store, self._conn, key), writes=False
             )
             if found is not None and _pins_on_load(store):
+                self._tx.note_pinned(identity)
                 with contextlib.suppress(Exception):  # an image that cannot be copied is re-read
                     self._images[(store, identity[1])] = copy.deepcopy(found)
         if found is not None and not isinstance(found, aggregate_type):
@@ -288,11 +289,20 @@ class Ops:
         impact; a cause on a store no registered projector reads raises
         `UnwatchedNoun`. One impact per ``(noun, key)`` per transaction."""
         store = store_of(type(aggregate))
-        await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
-        await self._db(Stage.SAVE, lambda: store.save(self._conn, aggregate))
+        identity = self._identity(store, store.key_of(aggregate))
+        later = None
+        if isinstance(store, CrudStore) and self._tx.pins(identity) and self._tx.settled:
+            later = store.save_later(aggregate)
+        if later is not None:
+            # Its row is pinned: the UPDATE rides in front of the next
+            # statement (COMMIT's round trip when none follows).
+            self._images.clear()
+            self._tx.defer_write(Stage.SAVE, later)
+        else:
+            await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
+            await self._db(Stage.SAVE, lambda: store.save(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
         self._stage_write(store, store.key_of(aggregate), cause)
-        identity = self._identity(store, store.key_of(aggregate))
         after = blob_refs_of(aggregate)
         self._blobs.release(released_refs(self._blob_seen.get(identity, frozenset()), after))
         self._blob_seen[identity] = after
@@ -302,10 +312,11 @@ class Ops:
         offered noun's key is retracted by the leader's next drain."""
         store = store_of(type(aggregate))
         await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
+        identity = self._identity(store, store.key_of(aggregate))
+        self._tx.forget_pinned(identity)
         await self._db(Stage.DELETE, lambda: store.delete(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
         self._stage_write(store, store.key_of(aggregate), cause)
-        identity = self._identity(store, store.key_of(aggregate))
         self._blobs.release(self._blob_seen.pop(identity, frozenset()) | blob_refs_of(aggregate))
 
     def dirty_offer(self, aggregate_type: type[Aggregate], key: Any) -> None:

@@ -12,6 +12,12 @@ handler's return value (a `OneShot` secret, a created id) or a
 context. Every refusal and fault is a `MutationError` value; an exception
 the handler raises that is not the engine's (a bug in the slice) propagates
 after the rollback.
+
+Past saturation, mutations wait their turn in arrival order at the write
+pipeline's admission queue in front of the pool (`Database.writes`, sized
+to the pool less its read reserve), holding no connection: adding writers
+lengthens that queue, not the transactions behind it, and past
+``max_queue`` waiters a mutation is refused at once (retryable).
 """
 
 from __future__ import annotations

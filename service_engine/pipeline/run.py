@@ -4,8 +4,8 @@
                                                   (one round trip)
       handler(cx): per aggregate advisory lock -> Persistence.lock -> load
                    (a create: the advisory lock only), gate (deny mode),
-                   domain command, save
-    [a reaction's confirmation]; [the impacts' NOTIFYs]; [the outbox rows
+                   domain command, save (a pinned CrudStore row's: deferred)
+    [the deferred saves]; [a reaction's confirmation]; [the impacts' NOTIFYs]; [the outbox rows
     and their wake-up]; [scheduled impacts]; [scheduled messages]; [blob
     rows]; [offer marks]; COMMIT; the pool's release reset (one round trip)
     record the committed impacts; respond
@@ -134,7 +134,10 @@ async def run_pipeline(
 
     ``open_context(conn, now)`` builds the handler's context over the open
     transaction. The committed impacts are recorded on ``metrics`` only
-    after COMMIT returned. The handler runs with the task marked as holding
+    after COMMIT returned. The connection is taken as a writer's
+    (`Database.acquire` with ``write=True``): past the pool's write slots a
+    run waits at the write pipeline's admission queue, holding nothing,
+    while reads keep their reserved connections. The handler runs with the task marked as holding
     the connection (`Database.hold`): an engine entry that would take a
     second one from the same pool raises `NestedConnectionError` (nothing
     commits); ``after_commit`` hooks run after the release, unmarked.
@@ -144,7 +147,7 @@ async def run_pipeline(
     stage = Stage.BEGIN
     bound = config.lock_timeout.total_seconds()
     try:
-        conn = await db.acquire(bound)
+        conn = await db.acquire(bound, write=True)
     except DRIVER_ERRORS as exc:
         raise translate_db_error(exc, stage) from exc
     # The handler (and its stores) runs holding this connection: an engine
@@ -178,7 +181,7 @@ async def run_pipeline(
                 await hook(stage, conn)
             await cx._tx.commit(db, riders)
         except DRIVER_ERRORS as exc:
-            raise translate_db_error(exc, stage) from exc
+            raise translate_db_error(exc, cx._tx.stage_of(exc, stage)) from exc
     except BaseException:
         await _abandon(conn)
         raise
@@ -186,7 +189,7 @@ async def run_pipeline(
         db.unhold(held)  # after_commit hooks run free to take a connection
         # The pool discards a lost connection it could not reset.
         with contextlib.suppress(*DRIVER_ERRORS):
-            await db.release(conn, bound)
+            await db.release(conn, bound, write=True)
     if metrics is not None:
         metrics.add_impacts_committed(committed)
     for after_commit in staged.after_commit:

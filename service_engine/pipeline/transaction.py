@@ -9,8 +9,9 @@ are a layer over it that stage writes and call its primitives::
     tx.defer_claim(message_id, "reaction")                     # a reaction's claim, with BEGIN
     await tx.lock_keys([(identity, key)])      # BEGIN + claim + advisory locks: one round trip
     row = await tx.run(Stage.LOAD, lambda: store.load(tx.conn, key))
-    await tx.run(Stage.SAVE, lambda: store.save(tx.conn, aggregate))
-    await tx.commit(db, riders="SELECT pg_notify(...)")     # riders + COMMIT + reset: one
+    tx.note_pinned(identity)                                # the load pinned its row
+    tx.defer_write(Stage.SAVE, store.save_later(aggregate))   # sent with COMMIT
+    await tx.commit(db, riders="SELECT pg_notify(...)")  # save + riders + COMMIT + reset: one
 
 The batching rules, all kept here:
 
@@ -22,9 +23,15 @@ The batching rules, all kept here:
   that returns rows holds that one statement).
 - A reaction's idempotency claim (`defer_claim`) rides with BEGIN; when it
   was taken before, the transaction answers `ClaimedBefore` from then on.
+- A write to a row this transaction pinned, inlined (`defer_write`: a
+  `CrudStore`'s save after its ``SELECT ... FOR UPDATE``), waits for the
+  next statement and rides in front of it: COMMIT's round trip when
+  nothing follows, the next simple-protocol batch, or a round trip of its
+  own before a statement with parameters. So a load + save is three round
+  trips: BEGIN with the locks, the pinned load, the save with COMMIT.
 - COMMIT carries whatever may ride before it (statements without
-  parameters: the impacts' NOTIFYs, the offer marks) and the pool's release
-  reset (`commit`).
+  parameters: the deferred writes, the impacts' NOTIFYs, the offer marks)
+  and the pool's release reset (`commit`).
 
 Every database call goes through `run`, which translates driver errors into
 the stage's `DatabaseError` and remembers it: a transaction a driver error
@@ -36,19 +43,41 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..db.errors import DRIVER_ERRORS, DatabaseError, Stage, is_lock_refusal, translate_db_error
 from ..db.pool import Database
 from ..db.types import Conn
 from ..messaging.claims import claim_and_lock_statement, claim_statement, claim_taken
 
-__all__ = ["ClaimedBefore", "Identity", "Transaction"]
+__all__ = ["ClaimedBefore", "DeferredWrite", "Identity", "Transaction"]
 
 T = TypeVar("T")
 
 Identity = tuple[str, str]
 """An aggregate's identity in the transaction: its store type and canonical key."""
+
+
+class DeferredWrite(Protocol):
+    """A write `Transaction.defer_write` holds (`persistence.crud.PinnedSave`)."""
+
+    @property
+    def inlined(self) -> str:
+        """The write without parameters, every value inlined and safe."""
+
+    @property
+    def table(self) -> str:
+        """The table whose constraint errors are this write's."""
+
+    async def send(self, conn: Conn) -> None:
+        """The write alone in its round trip (with parameters)."""
+
+
+_Write = tuple[Stage, DeferredWrite]
+
+
+def _joined(writes: list[_Write]) -> str:
+    return "; ".join(write.inlined for _, write in writes)
 
 
 class ClaimedBefore(Exception):
@@ -70,7 +99,8 @@ class Transaction:
     ``claimed_before``, ``begun`` and `holds_lock`.
     """
 
-    __slots__ = ("_begin", "_claim", "_locked", "_on_begun", "claimed_before", "conn", "failed")
+    __slots__ = ("_begin", "_claim", "_locked", "_on_begun", "_pinned", "_riding", "_writes",
+                 "claimed_before", "conn", "failed")
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
@@ -80,6 +110,9 @@ class Transaction:
         self._on_begun: Callable[[], Awaitable[None]] | None = None
         self._claim: tuple[uuid.UUID, str] | None = None
         self._locked: set[Identity] = set()
+        self._pinned: set[Identity] = set()
+        self._writes: list[_Write] = []
+        self._riding: list[_Write] = []  # the deferred writes in the round trip in flight
 
     # -- what is pending ------------------------------------------------------
 
@@ -126,6 +159,29 @@ class Transaction:
         """Record a lock a statement took on its own (an insert's)."""
         self._locked.add(identity)
 
+    def note_pinned(self, identity: Identity) -> None:
+        """Record that a statement of this transaction pinned ``identity``'s
+        row (``SELECT ... FOR UPDATE``): no other transaction can change or
+        remove it until the commit."""
+        self._pinned.add(identity)
+
+    def forget_pinned(self, identity: Identity) -> None:
+        """``identity``'s row is being removed: a write to it may not wait."""
+        self._pinned.discard(identity)
+
+    def pins(self, identity: Identity) -> bool:
+        """Whether this transaction pinned ``identity``'s row (`note_pinned`)."""
+        return identity in self._pinned
+
+    def defer_write(self, stage: Stage, write: DeferredWrite) -> None:
+        """Send ``write`` (to a row this transaction pinned: it affects that
+        row whenever it runs) in front of the next statement: inlined in
+        COMMIT's round trip when nothing else follows, or in the next batch
+        of statements without parameters; alone (`DeferredWrite.send`)
+        before a statement with parameters. A constraint of its table it
+        violates is reported as ``stage``'s."""
+        self._writes.append((stage, write))
+
     def forget_claim_taken(self) -> None:
         """The claim was taken before and the caller replays instead: the
         transaction stays usable."""
@@ -141,6 +197,15 @@ class Transaction:
         if self.claimed_before:
             raise ClaimedBefore(None)
         await self.ensure_begun()
+        if self._writes:
+            # A statement with parameters travels alone: the writes before
+            # it, as prepared statements (one) or inlined (several).
+            writes = self._ride_writes()
+            if len(writes) == 1:
+                [(write_stage, write)] = writes
+                await self.run(write_stage, lambda: write.send(self.conn))
+            else:
+                await self.run(writes[0][0], lambda: self.conn.execute(_joined(writes)))
         try:
             result = await call()
         except DRIVER_ERRORS as exc:
@@ -148,9 +213,10 @@ class Transaction:
                 # The statement that began the transaction also took the
                 # first lock: a refused lock is the lock's, not BEGIN's.
                 stage = Stage.LOCK
-            error = translate_db_error(exc, stage)
+            error = translate_db_error(exc, self.stage_of(exc, stage))
             self.failed = error
             raise error from exc
+        self._riding = []  # the writes that rode in it are done
         if self._on_begun is not None and self._begin is None:
             # The call that just returned sent BEGIN: the hook's BEGIN stage.
             on_begun, self._on_begun = self._on_begun, None
@@ -203,6 +269,8 @@ class Transaction:
         if then:
             sql = f"{sql}; {then}"
         stage = Stage.LOCK
+        if self._writes and self._begin is None:
+            sql = f"{_joined(self._ride_writes())}; {sql}"
         if self._begin is not None:
             begin, self._begin = self._begin, None
             sql, stage = f"{begin}; {sql}", Stage.BEGIN
@@ -254,14 +322,33 @@ class Transaction:
         if self._begin is not None and self.failed is None:
             begin, self._begin = self._begin, None
             sql = f"{begin}; {sql}"
+        elif self._writes and self.failed is None:
+            sql = f"{_joined(self._ride_writes())}; {sql}"
         return await self.run(stage, lambda: self.conn.execute(sql))
 
     async def commit(self, db: Database, riders: str = "") -> None:
-        """COMMIT with ``riders`` (statements without parameters) before it
-        and the pool's release reset after it, in one round trip
-        (`Database.commit`), once BEGIN was sent (`ensure_begun`). Raises
-        the driver error untranslated: the pipeline names its stage."""
-        await db.commit(self.conn, before=riders)
+        """COMMIT with the deferred writes and ``riders`` (statements
+        without parameters) before it and the pool's release reset after
+        it, in one round trip (`Database.commit`), once BEGIN was sent
+        (`ensure_begun`). Raises the driver error untranslated: the pipeline
+        names its stage (`stage_of`)."""
+        writes = _joined(self._ride_writes())
+        await db.commit(self.conn, before="; ".join(s for s in (writes, riders) if s))
+
+    def stage_of(self, exc: BaseException, stage: Stage) -> Stage:
+        """The stage to name for ``exc``, raised by the last round trip at
+        ``stage``: when deferred writes rode in it, a constraint of one's
+        table is that write's stage."""
+        table = getattr(exc, "table_name", None)
+        for write_stage, write in self._riding:
+            if table is not None and table == write.table:
+                return write_stage
+        return stage
+
+    def _ride_writes(self) -> list[_Write]:
+        """Take the deferred writes for the round trip about to be sent."""
+        self._riding, self._writes = self._writes, []
+        return self._riding
 
     async def abandon(self) -> None:
         """Roll back whatever is open; a connection that cannot is closed."""
