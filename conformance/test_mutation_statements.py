@@ -55,12 +55,12 @@ from service_engine.offers.drain import OfferDrain, OfferDrainBounds
 from service_engine.offers.model import register_offer_type
 from service_engine.offers.staging import DirtyMark, dollar_quoted, offer_dirty_statement
 from service_engine.outbox.staging import OutboxRow, outbox_statement, write_outbox
+from service_engine.persistence import CrudStore
+from service_engine.pipeline.run import run_pipeline
 from service_engine.scheduled.staging import (
     scheduled_message_statement,
     stage_scheduled_message,
 )
-from service_engine.persistence import CrudStore
-from service_engine.pipeline.run import run_pipeline
 
 from .blackbox.harness import provision_kv
 from .support.example_support import example_config, person, serving_engine

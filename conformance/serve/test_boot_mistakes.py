@@ -68,11 +68,11 @@ from service_engine.impacts.transport import CHANNEL
 from service_engine.readiness import REASON_MISSING_GRANT
 from service_engine.server import Passport, graphql_app
 
+from ..reference.test_tutorial_notes import ALICE, notes_database
 from ..support.example_support import Running, serving_engine
 from ..support.harness import wait_until
 from ..support.nats_support import engine_nats
 from ..support.sample_counter import ImpactProbe
-from ..reference.test_tutorial_notes import ALICE, notes_database
 
 
 @contextlib.asynccontextmanager
