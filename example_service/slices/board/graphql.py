@@ -145,11 +145,11 @@ class BoardSubscription:
     @BOARDS_UNION.field(description="The caller's boards, live: a Reset, then Upserts and "
                                     "Removes on a contiguous revision.")
     def boards(self, limit: int = 100) -> Live:
-        return Live(BOARDS, WindowSpec(Query(BoardsQuery(limit))))
+        return BOARD_VIEWS.live(WindowSpec(Query(BoardsQuery(limit))))
 
     @ORG_BOARDS_UNION.field(description="The boards of the caller's org, live, under RLS.")
     def org_boards(self) -> Live:
-        return Live(ORG_BOARDS, WindowSpec(Query(None), rls=True), applier=ORG_CONTEXT)
+        return ORG_BOARD_VIEWS.live(WindowSpec(Query(None), rls=True))
 
 
 TYPES = (

@@ -203,13 +203,13 @@ class CardMutation:
 class CardSubscription:
     @CARDS_UNION.field(description="The caller's org's newest cards, live.")
     def cards(self, limit: int = 50) -> Live:
-        return Live(CARDS, WindowSpec(Query(CardsQuery(limit))))
+        return CARD_VIEWS.live(WindowSpec(Query(CardsQuery(limit))))
 
     @CARDS_UNION.field(description="The caller's org's newest cards, live, under the client's "
                                    "sessionId: pageCards(sessionId, cursor) appends older cards "
                                    "to this window as Upserts.")
     def card_page_deltas(self, session_id: str, limit: int = 50) -> Live:
-        return Live(CARDS, WindowSpec(Query(CardsQuery(limit))), session_id=session_id)
+        return CARD_VIEWS.live(WindowSpec(Query(CardsQuery(limit))), session_id=session_id)
 
 
 TYPES = (CardView, CardResult, ImportResult, PageResult, CardImport, *CARDS_UNION.types)

@@ -102,7 +102,7 @@ class LedgerSubscription:
     @LEDGERS_UNION.field(description="The caller's org's ledgers, live: a Reset, then Upserts "
                                      "and Removes on a contiguous revision.")
     def ledgers(self, limit: int = 100) -> Live:
-        return Live(LEDGERS, WindowSpec(Query(LedgersQuery(limit))))
+        return LEDGER_VIEWS.live(WindowSpec(Query(LedgersQuery(limit))))
 
 
 TYPES = (LedgerView, LedgerEntryView, LedgerResult, ErasureResult, *LEDGERS_UNION.types)

@@ -164,7 +164,7 @@ class ReplyMutation:
 class ReplySubscription:
     @REPLIES_UNION.field(description="The caller's org's newest replies, live.")
     def replies(self, limit: int = 50) -> Live:
-        return Live(REPLIES, WindowSpec(Query(RepliesQuery(limit))))
+        return REPLY_VIEWS.live(WindowSpec(Query(RepliesQuery(limit))))
 
     @TYPING_UNION.field(description="Who is typing on reply id, live.")
     def reply_typing(self, id: strawberry.ID) -> Live:
