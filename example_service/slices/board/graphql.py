@@ -42,10 +42,7 @@ ORG_BOARDS_UNION = subscription_union(
 class BoardResult(MutationResult):
     board_id: strawberry.Private[str | None] = None
     viewer: strawberry.Private[Principal | None] = None
-    board: BoardView | None = BOARD_VIEWS.after_commit(
-        "board_id", principal="viewer",
-        description="Read after the commit, as the caller sees it, and only when the "
-                    "caller selects it: a mutation answered without board reads nothing.")
+    board: BoardView | None = BOARD_VIEWS.after_commit("board_id", principal="viewer")
 
 
 @strawberry.type(description="An invite's one-shot token: shown to its creator once, never stored.")

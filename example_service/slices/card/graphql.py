@@ -48,8 +48,7 @@ CARDS_UNION = subscription_union("Cards", CardView, description="the caller's or
                              "sees it, or why nothing changed.")
 class CardResult(MutationResult):
     card_id: strawberry.Private[str | None] = None
-    card: CardView | None = CARD_VIEWS.after_commit(
-        "card_id", description="The card as the caller sees it after the commit.")
+    card: CardView | None = CARD_VIEWS.after_commit("card_id")
     outcome: str | None = strawberry.field(
         default=None,
         description="The typed outcome of a declared command (Started, StaleRevision, ...); "

@@ -29,8 +29,7 @@ LEDGERS_UNION = subscription_union("Ledgers", LedgerView, description="the calle
                              "sees it, or why nothing changed.")
 class LedgerResult(MutationResult):
     key: strawberry.Private[list[str] | None] = None
-    ledger: LedgerView | None = LEDGER_VIEWS.after_commit(
-        "key", description="The ledger as the caller sees it after the commit.")
+    ledger: LedgerView | None = LEDGER_VIEWS.after_commit("key")
 
 
 @strawberry.type(description="The outcome of an erasure: how many ledgers it rewrote.")

@@ -32,8 +32,7 @@ TYPING_UNION = presence_subscription_union(
                              "sees it, or why nothing changed.")
 class ReplyResult(MutationResult):
     reply_id: strawberry.Private[str | None] = None
-    reply: ReplyView | None = REPLY_VIEWS.after_commit(
-        "reply_id", description="The reply as the caller sees it after the commit.")
+    reply: ReplyView | None = REPLY_VIEWS.after_commit("reply_id")
 
 
 def _executor(info: Info) -> MutationExecutor:
@@ -65,8 +64,7 @@ class ReplyUpload:
 class AttachResult(MutationResult):
     upload: ReplyUpload | None = None
     reply_id: strawberry.Private[str | None] = None
-    reply: ReplyView | None = REPLY_VIEWS.after_commit(
-        "reply_id", description="The reply as the caller sees it after the commit.")
+    reply: ReplyView | None = REPLY_VIEWS.after_commit("reply_id")
 
 
 @strawberry.type(description="A presigned GET of a reply's attachment; hand it on, never store it.")
