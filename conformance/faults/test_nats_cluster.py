@@ -32,7 +32,7 @@ from service_engine.messaging.nats import open_nats
 
 from ..support.harness import wait_until
 from ..support.inbound_support import fast_config
-from ..support.sample_orders import PlaceOrder, place_order
+from ..support.sample_orders import OrdersView, PlaceOrder, place_order
 
 # Spawns processes or servers for seconds: started first in a parallel run.
 pytestmark = pytest.mark.slow
@@ -61,6 +61,7 @@ async def pod(db: Database, url: str, name: str) -> AsyncIterator[tuple[Engine, 
         config = fast_config(pod_id=name, ack_wait=timedelta(seconds=5),
                              publish_ack_timeout=timedelta(seconds=2))
         engine = await Engine.boot(config, db, conn, readiness)
+        engine.register_projector(OrdersView())
         engine.register_reaction(place_order(name))
         task = asyncio.create_task(engine.run())
         try:

@@ -44,6 +44,7 @@ from ..support.sample_orders import (
     WAREHOUSE,
     Order,
     OrderShipped,
+    OrdersView,
     PlaceOrder,
     on_warehouse_fact,
     place_order,
@@ -55,6 +56,7 @@ async def _run_refused(db: Database, server: EmbeddedNats, expected: type[Except
     try:
         readiness = ReadinessHandle()
         engine = await Engine.boot(fast_config(), db, conn, readiness)
+        engine.register_projector(OrdersView())
         engine.register_reaction(place_order("a"))
         engine.register_reaction(on_warehouse_fact(OrderShipped, "on_shipped"))
         with pytest.raises(expected) as refused:

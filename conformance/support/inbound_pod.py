@@ -22,7 +22,7 @@ from service_engine.inbound.dispatch import InboundPoint
 from service_engine.messaging.nats import open_nats
 
 from .inbound_support import fast_config
-from .sample_orders import place_order
+from .sample_orders import OrdersView, place_order
 
 
 async def main(db_url: str, nats_url: str, pod_name: str, kill_at: str, ack_wait: float) -> None:
@@ -38,6 +38,7 @@ async def main(db_url: str, nats_url: str, pod_name: str, kill_at: str, ack_wait
     engine = await Engine.boot(
         fast_config(ack_wait=timedelta(seconds=ack_wait), pod_id=pod_name), db, conn, readiness
     )
+    engine.register_projector(OrdersView())
     engine.register_reaction(place_order(pod_name))
     engine.set_inbound_hook(hook)
     task = asyncio.create_task(engine.run())

@@ -42,7 +42,7 @@ from service_engine.pipeline.reaction import ReactionPrincipal
 
 from .harness import fast_engine_config, wait_until
 from .nats_support import stream_messages
-from .sample_orders import SERVICE
+from .sample_orders import SERVICE, OrdersView
 
 STREAM_MAX_AGE = timedelta(days=1)
 """What the battery declares its integration streams' max_age as (the
@@ -195,6 +195,7 @@ async def pod(
     try:
         readiness = ReadinessHandle()
         engine = await Engine.boot(config or fast_config(), db, conn, readiness)
+        engine.register_projector(OrdersView())
         for reaction in reactions:
             engine.register_reaction(reaction)
         if principal is not None:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
+from service_engine import Projector, TableWindow, Unrestricted
 from service_engine.messaging.envelope import DeclaredSequence
 from service_engine.messaging.reactions import Disposition, ReactionBudget, Retry
 from service_engine.persistence import Aggregate, CrudStore
@@ -128,6 +129,20 @@ class OrderStore(CrudStore[Order, str]):
 
 
 Order.Store = OrderStore()
+
+
+class OrdersView(Projector[Order, Order, Any, None]):
+    """The orders, unrestricted: the projector that watches ``order`` (an
+    engine refuses an impact on a noun no projector watches)."""
+
+    NAME = "orders"
+    NOUN = NOUN
+    STORE = Order.Store
+    VISIBILITY = Unrestricted()
+    WINDOW = TableWindow("sample_order")
+
+    def project(self, row: Order, principal: Any) -> Order:
+        return row
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """The notes service of the tutorial (docs/tutorial/index.md): a table, a
 mutation gated to a note's author, and a live view of the caller's org."""
 
-from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeAlias
+from typing import ClassVar, TypeAlias
 from uuid import uuid4
 
 import strawberry
@@ -69,13 +69,7 @@ class Note(Aggregate):
 
 class NoteStore(CrudStore[Note, str]):
     TABLE = "note"
-    COLUMNS = ("id", "org", "author", "body")
-
-    def to_row(self, note: Note) -> Mapping[str, object]:
-        return asdict(note)
-
-    def from_row(self, row: Mapping[str, Any]) -> Note:
-        return Note(**row)
+    AGGREGATE = Note
 
 
 Note.Store = NoteStore()

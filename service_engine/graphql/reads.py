@@ -121,7 +121,10 @@ class Views(Generic[V]):
 
         return strawberry.field(
             resolver=read, graphql_type=self.view_type | None,
-            description=description or f"The {self.projector} view, read after the commit.",
+            description=description or (
+                "The view as the caller sees it after the commit: null when the caller "
+                "does not see it, or when the read failed (its error is beside it)."
+            ),
         )
 
     async def window(self, context: GraphQLContext[Any], query: Any) -> list[V]:

@@ -16,7 +16,15 @@ A slice declares its table and how a row maps to the aggregate::
     class Board(Aggregate):
         Store = BoardStore()
 
-and gets `load`, a batched `read_many` (``WHERE id = ANY($1)``), `lock`
+An aggregate that is a dataclass whose fields are the columns declares
+``AGGREGATE`` instead: ``COLUMNS`` default to its fields, `to_row` reads
+them and `from_row` builds it from the row::
+
+    class NoteStore(CrudStore[Note, str]):
+        TABLE = "note"
+        AGGREGATE = Note
+
+Either way the store gets `load`, a batched `read_many` (``WHERE id = ANY($1)``), `lock`
 (``SELECT ... FOR UPDATE``, off with ``lock_rows=False``), `load_locked`
 (the pipeline's load: pin and read in one ``SELECT cols ... FOR UPDATE``),
 `create`, `create_locked` (the pipeline's create: its advisory lock and the
@@ -29,19 +37,19 @@ command back.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import uuid
-from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
-from typing import ClassVar, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 from ..db.literals import dollar_quoted
 from ..db.types import Conn
-from ..failures import ConfigError
+from ..failures import ConfigError, DeclarationError
 from .base import NotFound, Persistence, Row, Style, as_row, qualified_name
 
 __all__ = ["CrudStore", "PinnedSave", "quote_ident"]
@@ -167,7 +175,8 @@ class CrudStore(Persistence[A, K]):
     """A store over one table keyed by one column.
 
     Set ``TABLE``, ``KEY`` and ``COLUMNS`` (which include ``KEY``) and
-    implement `to_row` / `from_row`. ``STORE_TYPE`` (default: the store's
+    implement `to_row` / `from_row`, or set ``AGGREGATE`` (a dataclass whose
+    fields are the columns) for all three. ``STORE_TYPE`` (default: the store's
     qualified class name) is what the advisory lock is keyed on.
     ``lock_rows=False`` makes `lock` a no-op; the pipeline's advisory lock
     still serialises commands on one key.
@@ -178,8 +187,28 @@ class CrudStore(Persistence[A, K]):
     KEY: ClassVar[str] = "id"
     COLUMNS: ClassVar[tuple[str, ...]]
     STORE_TYPE: ClassVar[str | None] = None
+    AGGREGATE: ClassVar[type[Any] | None] = None
+    """A dataclass aggregate whose fields are the columns (``COLUMNS``,
+    `to_row` and `from_row` default from it); None: declare them."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        aggregate = cls.__dict__.get("AGGREGATE")
+        if aggregate is None:
+            return
+        if not (isinstance(aggregate, type) and dataclasses.is_dataclass(aggregate)):
+            raise DeclarationError(f"{cls.__qualname__}.AGGREGATE must be a dataclass")
+        if "COLUMNS" not in cls.__dict__:
+            cls.COLUMNS = tuple(f.name for f in dataclasses.fields(aggregate))
 
     def __init__(self, *, lock_rows: bool = True) -> None:
+        cls = type(self)
+        defaults = cls.to_row is CrudStore.to_row or cls.from_row is CrudStore.from_row
+        if cls.AGGREGATE is None and defaults:
+            raise DeclarationError(
+                f"{cls.__qualname__} implements to_row and from_row, or sets AGGREGATE "
+                "(a dataclass whose fields are the columns)"
+            )
         self.lock_rows = lock_rows
         self._sql = _StateSql.build(self.TABLE, self.KEY, self.COLUMNS)
         self._store_type = self.STORE_TYPE or qualified_name(type(self))
@@ -200,13 +229,17 @@ class CrudStore(Persistence[A, K]):
         SELECT, INSERT, UPDATE and DELETE on each; checked at `Engine.run`)."""
         return (self.TABLE,)
 
-    @abstractmethod
     def to_row(self, aggregate: A) -> Mapping[str, object]:
-        """Every column of ``COLUMNS`` for ``aggregate``."""
+        """Every column of ``COLUMNS`` for ``aggregate`` (default: its
+        attributes of those names)."""
+        return {column: getattr(aggregate, column) for column in self.COLUMNS}
 
-    @abstractmethod
     def from_row(self, row: Row) -> A:
-        """The aggregate a row (with ``COLUMNS``) holds."""
+        """The aggregate a row (with ``COLUMNS``) holds (default:
+        ``AGGREGATE(**row)``)."""
+        aggregate = type(self).AGGREGATE
+        assert aggregate is not None  # __init__ refused a store with neither
+        return cast(A, aggregate(**row))
 
     def key_of(self, aggregate: A) -> K:
         return cast(K, self.to_row(aggregate)[self.KEY])

@@ -42,10 +42,7 @@ ORG_BOARDS_UNION = subscription_union(
 class BoardResult(MutationResult):
     board_id: strawberry.Private[str | None] = None
     viewer: strawberry.Private[Principal | None] = None
-    board: BoardView | None = BOARD_VIEWS.after_commit(
-        "board_id", principal="viewer",
-        description="Read after the commit, as the caller sees it, and only when the "
-                    "caller selects it: a mutation answered without board reads nothing.")
+    board: BoardView | None = BOARD_VIEWS.after_commit("board_id", principal="viewer")
 
 
 @strawberry.type(description="An invite's one-shot token: shown to its creator once, never stored.")
@@ -145,11 +142,11 @@ class BoardSubscription:
     @BOARDS_UNION.field(description="The caller's boards, live: a Reset, then Upserts and "
                                     "Removes on a contiguous revision.")
     def boards(self, limit: int = 100) -> Live:
-        return Live(BOARDS, WindowSpec(Query(BoardsQuery(limit))))
+        return BOARD_VIEWS.live(WindowSpec(Query(BoardsQuery(limit))))
 
     @ORG_BOARDS_UNION.field(description="The boards of the caller's org, live, under RLS.")
     def org_boards(self) -> Live:
-        return Live(ORG_BOARDS, WindowSpec(Query(None), rls=True), applier=ORG_CONTEXT)
+        return ORG_BOARD_VIEWS.live(WindowSpec(Query(None), rls=True))
 
 
 TYPES = (

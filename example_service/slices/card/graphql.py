@@ -48,8 +48,7 @@ CARDS_UNION = subscription_union("Cards", CardView, description="the caller's or
                              "sees it, or why nothing changed.")
 class CardResult(MutationResult):
     card_id: strawberry.Private[str | None] = None
-    card: CardView | None = CARD_VIEWS.after_commit(
-        "card_id", description="The card as the caller sees it after the commit.")
+    card: CardView | None = CARD_VIEWS.after_commit("card_id")
     outcome: str | None = strawberry.field(
         default=None,
         description="The typed outcome of a declared command (Started, StaleRevision, ...); "
@@ -203,13 +202,13 @@ class CardMutation:
 class CardSubscription:
     @CARDS_UNION.field(description="The caller's org's newest cards, live.")
     def cards(self, limit: int = 50) -> Live:
-        return Live(CARDS, WindowSpec(Query(CardsQuery(limit))))
+        return CARD_VIEWS.live(WindowSpec(Query(CardsQuery(limit))))
 
     @CARDS_UNION.field(description="The caller's org's newest cards, live, under the client's "
                                    "sessionId: pageCards(sessionId, cursor) appends older cards "
                                    "to this window as Upserts.")
     def card_page_deltas(self, session_id: str, limit: int = 50) -> Live:
-        return Live(CARDS, WindowSpec(Query(CardsQuery(limit))), session_id=session_id)
+        return CARD_VIEWS.live(WindowSpec(Query(CardsQuery(limit))), session_id=session_id)
 
 
 TYPES = (CardView, CardResult, ImportResult, PageResult, CardImport, *CARDS_UNION.types)

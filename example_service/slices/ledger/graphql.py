@@ -29,8 +29,7 @@ LEDGERS_UNION = subscription_union("Ledgers", LedgerView, description="the calle
                              "sees it, or why nothing changed.")
 class LedgerResult(MutationResult):
     key: strawberry.Private[list[str] | None] = None
-    ledger: LedgerView | None = LEDGER_VIEWS.after_commit(
-        "key", description="The ledger as the caller sees it after the commit.")
+    ledger: LedgerView | None = LEDGER_VIEWS.after_commit("key")
 
 
 @strawberry.type(description="The outcome of an erasure: how many ledgers it rewrote.")
@@ -102,7 +101,7 @@ class LedgerSubscription:
     @LEDGERS_UNION.field(description="The caller's org's ledgers, live: a Reset, then Upserts "
                                      "and Removes on a contiguous revision.")
     def ledgers(self, limit: int = 100) -> Live:
-        return Live(LEDGERS, WindowSpec(Query(LedgersQuery(limit))))
+        return LEDGER_VIEWS.live(WindowSpec(Query(LedgersQuery(limit))))
 
 
 TYPES = (LedgerView, LedgerEntryView, LedgerResult, ErasureResult, *LEDGERS_UNION.types)

@@ -32,8 +32,7 @@ TYPING_UNION = presence_subscription_union(
                              "sees it, or why nothing changed.")
 class ReplyResult(MutationResult):
     reply_id: strawberry.Private[str | None] = None
-    reply: ReplyView | None = REPLY_VIEWS.after_commit(
-        "reply_id", description="The reply as the caller sees it after the commit.")
+    reply: ReplyView | None = REPLY_VIEWS.after_commit("reply_id")
 
 
 def _executor(info: Info) -> MutationExecutor:
@@ -65,8 +64,7 @@ class ReplyUpload:
 class AttachResult(MutationResult):
     upload: ReplyUpload | None = None
     reply_id: strawberry.Private[str | None] = None
-    reply: ReplyView | None = REPLY_VIEWS.after_commit(
-        "reply_id", description="The reply as the caller sees it after the commit.")
+    reply: ReplyView | None = REPLY_VIEWS.after_commit("reply_id")
 
 
 @strawberry.type(description="A presigned GET of a reply's attachment; hand it on, never store it.")
@@ -164,7 +162,7 @@ class ReplyMutation:
 class ReplySubscription:
     @REPLIES_UNION.field(description="The caller's org's newest replies, live.")
     def replies(self, limit: int = 50) -> Live:
-        return Live(REPLIES, WindowSpec(Query(RepliesQuery(limit))))
+        return REPLY_VIEWS.live(WindowSpec(Query(RepliesQuery(limit))))
 
     @TYPING_UNION.field(description="Who is typing on reply id, live.")
     def reply_typing(self, id: strawberry.ID) -> Live:

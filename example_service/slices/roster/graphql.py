@@ -25,7 +25,7 @@ class RosterQuery:
 class RosterSubscription:
     @PEOPLE_UNION.field(description="The people of the caller's org, live.")
     def people(self, limit: int = 100) -> Live:
-        return Live(PEOPLE, WindowSpec(Query(PeopleQuery(limit))))
+        return PEOPLE_VIEWS.live(WindowSpec(Query(PeopleQuery(limit))))
 
 
 TYPES = (PersonView, *PEOPLE_UNION.types)
