@@ -27,7 +27,7 @@ as the engine's is.
 Beside it, the same run measures the engine's cell (``e2e.py``'s
 ``1 / 1 / 50``: HTTP ``renameBoard``, a ``boards`` subscription over
 graphql-transport-ws), whose write takes 8 round trips
-(``conformance/test_mutation_statements.py``). Variants alternate, ``--rounds``
+(``conformance/write/test_mutation_statements.py``). Variants alternate, ``--rounds``
 times each. ``cpu us`` is the service process's CPU per write (user + sys;
 not Postgres's).
 """

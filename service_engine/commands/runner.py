@@ -3,7 +3,7 @@
 No run path calls it: `CommandRunner` and `run_in` (`run`) execute a
 command's compiled database function (`compile`). The interpreter says the
 same semantics step by step in Python over the pipeline's context, and
-``conformance/test_commands_compiled.py`` (``test_compiled_command_equals_
+``conformance/write/test_commands_compiled.py`` (``test_compiled_command_equals_
 interpreter``) runs random declarations, rows, principals and inputs
 through both and requires the same outcomes and rows; ``dev/mutate
 commands`` mutates it to prove that test sees a change of semantics.

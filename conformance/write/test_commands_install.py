@@ -37,9 +37,9 @@ from service_engine.commands.compile import compiled
 from service_engine.embedded import EmbeddedPostgres, ProvisionedDatabase
 from service_engine.errors import WorkerStopped
 
-from .serve.test_cli import cli, empty_database
-from .support.harness import fast_engine_config, wait_until
-from .support.sample_commands import ALICE, ALL_COMMANDS, CATALOG, ORG, executor_for, install
+from ..serve.test_cli import cli, empty_database
+from ..support.harness import fast_engine_config, wait_until
+from ..support.sample_commands import ALICE, ALL_COMMANDS, CATALOG, ORG, executor_for, install
 
 
 def _probe() -> CheckedCommand:

@@ -84,7 +84,7 @@ from service_engine.impacts.model import canonical_json
 from service_engine.persistence import Aggregate, RecordsEvents, SoftEdaStore
 from service_engine.pipeline import MutationError, MutationExecutor
 
-from .support.sample_commands import OrgStore, executor_for
+from ..support.sample_commands import OrgStore, executor_for
 
 TABLE = """
 CREATE TABLE IF NOT EXISTS cmp_item (

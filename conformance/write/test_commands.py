@@ -61,8 +61,8 @@ from service_engine.embedded import APP_ROLE, ProvisionedDatabase
 from service_engine.gates import Reason, affordances
 from service_engine.pipeline import Mutation, MutationError
 
-from .support.harness import wait_until
-from .support.sample_commands import (
+from ..support.harness import wait_until
+from ..support.sample_commands import (
     ALICE,
     CATALOG,
     COMMANDS,
@@ -84,7 +84,7 @@ from .support.sample_commands import (
     install,
     runner_for,
 )
-from .support.sample_counter import listen_impacts
+from ..support.sample_counter import listen_impacts
 
 C = COMMANDS
 

@@ -29,9 +29,9 @@ from service_engine.embedded import ProvisionedDatabase
 from service_engine.impacts.model import canonical_json
 from service_engine.pipeline import MutationError, MutationExecutor
 
+from ..support.sample_commands import ALICE, COMMANDS, executor_for
+from ..support.sample_commands import Principal as SamplePrincipal
 from . import test_commands_properties as properties
-from .support.sample_commands import ALICE, COMMANDS, executor_for
-from .support.sample_commands import Principal as SamplePrincipal
 from .test_commands_compiled import (
     RETENTION,
     _answer,

@@ -62,14 +62,14 @@ from service_engine.scheduled.staging import (
     stage_scheduled_message,
 )
 
-from .blackbox.harness import provision_kv
-from .support.example_support import example_config, person, serving_engine
-from .support.harness import Statements, owner_connection, wait_until
-from .support.nats_support import engine_nats
-from .support.sample_commands import ALICE, COMMANDS
-from .support.sample_commands import executor_for as commands_executor_for
-from .support.sample_counter import WRITER, CrudCounter, create_counter, executor_for, increment
-from .support.sample_orders import SERVICE, OrderPlaced
+from ..blackbox.harness import provision_kv
+from ..support.example_support import example_config, person, serving_engine
+from ..support.harness import Statements, owner_connection, wait_until
+from ..support.nats_support import engine_nats
+from ..support.sample_commands import ALICE, COMMANDS
+from ..support.sample_commands import executor_for as commands_executor_for
+from ..support.sample_counter import WRITER, CrudCounter, create_counter, executor_for, increment
+from ..support.sample_orders import SERVICE, OrderPlaced
 
 ADMIN = Passport(sub="root", org="acme", roles=("board:archive",))
 CREATE = ("mutation($id: ID, $title: String!) { createBoard(id: $id, title: $title) "

@@ -27,7 +27,7 @@ from service_engine.commands import IDEMPOTENCY_CONFLICT, CommandOutcome, Comman
 from service_engine.db import connect_pool
 from service_engine.embedded import ProvisionedDatabase
 
-from .support.sample_commands import COMMANDS, Principal, executor_for
+from ..support.sample_commands import COMMANDS, Principal, executor_for
 
 TASKS, TITLES, KEYS = 3, 3, 4
 

@@ -23,8 +23,8 @@ from example_service.slices.card.domain import CARD_ADVANCE
 from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
 from service_engine.graphql import Passport
 
-from .support.example_support import Running, example_config, example_database, running
-from .support.nats_support import engine_nats
+from ..support.example_support import Running, example_config, example_database, running
+from ..support.nats_support import engine_nats
 
 ALICE = Passport(sub="alice", org="acme", roles=(CARD_ADVANCE,))
 BOB = Passport(sub="bob", org="acme")

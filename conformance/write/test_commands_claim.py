@@ -22,9 +22,9 @@ from service_engine.commands import CommandOutcome, CommandRunner
 from service_engine.commands.rows import Occupancy, claim_statement, claimed
 from service_engine.embedded import ProvisionedDatabase
 
-from .support.harness import Statements, logged_pool
-from .support.sample_commands import ALICE, COMMANDS, runner_for
-from .support.sample_counter import listen_impacts
+from ..support.harness import Statements, logged_pool
+from ..support.sample_commands import ALICE, COMMANDS, runner_for
+from ..support.sample_counter import listen_impacts
 
 HOSTILE_TITLES = (
     "it's", 'a "quoted" one', "$m0$", "$m0$ $m1$ tail$m0", "back\\slash", "$$", "$1",
