@@ -1,0 +1,114 @@
+"""What a command writes, against real Postgres: the impacts of every row a
+cascade takes, a create built through its entity's ``construct``, and the
+typed answer to a write that slipped past a checked transition's lock.
+
+Each test states the property it proves (the sample: `sample_commands`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from service_engine import Database
+from service_engine.commands import Catalog, CommandOutcome, CommandRunner
+from service_engine.pipeline import MutationError
+
+from .support.sample_commands import (
+    ADD_STEP,
+    ALICE,
+    CREATE_PROJECT,
+    CREATE_TASK,
+    DELETE_TASK,
+    FACTS,
+    LIFECYCLE,
+    PROJECT,
+    START_TASK,
+    STEP,
+    TASK,
+    Project,
+    runner_for,
+)
+from .support.sample_counter import listen_impacts
+from .test_commands import RacingTask
+
+STEPS_IMPACTED = Catalog([PROJECT, TASK, replace(STEP, nouns=("cmd_step",))], [LIFECYCLE], FACTS)
+
+
+async def ok(runner: CommandRunner, command: Any, **inputs: Any) -> CommandOutcome:
+    outcome = await runner.run(command, ALICE, inputs)
+    assert isinstance(outcome, CommandOutcome) and outcome.ok, outcome
+    return outcome
+
+
+async def test_a_cascade_impacts_every_row_it_deletes(db: Database) -> None:
+    """A delete that cascades impacts the deleted row's nouns and, in the same
+    commit, each cascaded child's nouns under the child's own key."""
+    c = STEPS_IMPACTED
+    runner = runner_for(db)
+    await ok(runner, c.command(CREATE_PROJECT), request_key="p", org="acme", project_id="p1",
+             name="P")
+    await ok(runner, c.command(CREATE_TASK), request_key="t", org="acme", task_id="t1",
+             project_id="p1", title="T")
+    for step in ("s1", "s2"):
+        await ok(runner, c.command(ADD_STEP), org="acme", task_id="t1", step_id=step, label="x")
+    async with listen_impacts(db) as probe:
+        await ok(runner, c.command(DELETE_TASK), org="acme", task_id="t1")
+        impacts = await probe.next()
+        assert sorted((i.noun, i.key) for i in impacts) == [
+            ("cmd_step", ("acme", "s1")), ("cmd_step", ("acme", "s2")),
+            ("cmd_task", ("acme", "t1")),
+        ]
+        await probe.assert_quiet()
+
+
+async def test_a_create_is_built_by_its_entity_construct(db: Database) -> None:
+    """An entity's ``construct`` builds every created aggregate from the
+    fields the command set, its key and its first revision (1); what it
+    returns is the row written."""
+    seen: list[dict[str, Any]] = []
+
+    def construct(fields: Mapping[str, Any]) -> Project:
+        seen.append(dict(fields))
+        return Project(**{**fields, "name": str(fields["name"]).strip()})
+
+    catalog = Catalog([replace(PROJECT, construct=construct), TASK, STEP], [LIFECYCLE], FACTS)
+    runner = runner_for(db)
+    await ok(runner, catalog.command(CREATE_PROJECT), request_key="p", org="acme",
+             project_id="p1", name="  Spaced  ")
+    assert seen == [{"org": "acme", "id": "p1", "name": "  Spaced  ", "version": 1}]
+    row = await db.pool.fetchrow("SELECT name, version FROM cmd_project WHERE id = 'p1'")
+    assert row is not None and (row["name"], row["version"]) == ("Spaced", 1)
+
+
+async def test_a_write_past_the_lock_answers_a_retryable_conflict(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checked transition whose row changed between its check and the
+    commit answers the retryable ``serialization_failure`` (the caller runs
+    it again), and the operator's log names the row and the save stage."""
+    racing = Catalog([PROJECT, replace(TASK, aggregate=RacingTask), STEP], [LIFECYCLE], FACTS)
+    runner = runner_for(db)
+    await ok(runner, racing.command(CREATE_PROJECT), request_key="p", org="acme",
+             project_id="p1", name="P")
+    await ok(runner, racing.command(CREATE_TASK), request_key="t", org="acme", task_id="t1",
+             project_id="p1", title="T")
+    writer = await db.connect_dedicated()
+    try:
+        RacingTask.Store.writer = writer
+        with caplog.at_level(logging.WARNING, logger="service_engine.pipeline.executor"):
+            outcome = await runner.run(racing.command(START_TASK), ALICE, {
+                "request_key": "s", "org": "acme", "task_id": "t1", "expected_revision": 1})
+    finally:
+        RacingTask.Store.writer = None
+        await writer.close()
+    assert isinstance(outcome, MutationError), outcome
+    assert (outcome.code, outcome.retryable) == ("serialization_failure", True)
+    assert any(
+        "at stage save: Task ['acme', 't1'] changed between its check and the commit"
+        in r.getMessage() for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
