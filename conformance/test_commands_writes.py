@@ -9,23 +9,41 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
 from service_engine import Database
-from service_engine.commands import Catalog, CommandOutcome, CommandRunner
+from service_engine.commands import (
+    Catalog,
+    Caused,
+    Command,
+    CommandOutcome,
+    CommandRunner,
+    Const,
+    Create,
+    Fact,
+    IdempotencyKey,
+    Input,
+    Outcome,
+    Return,
+    Set,
+    Var,
+)
 from service_engine.pipeline import MutationError
 
 from .support.sample_commands import (
     ADD_STEP,
     ALICE,
+    CATALOG,
     CREATE_PROJECT,
     CREATE_TASK,
     DELETE_TASK,
     FACTS,
+    KEY,
     LIFECYCLE,
+    ORG,
     PROJECT,
     START_TASK,
     STEP,
@@ -112,3 +130,40 @@ async def test_a_write_past_the_lock_answers_a_retryable_conflict(
         "at stage save: Task ['acme', 't1'] changed between its check and the commit"
         in r.getMessage() for r in caplog.records
     ), [r.getMessage() for r in caplog.records]
+
+
+@dataclass(frozen=True)
+class Nameless:
+    """A principal without the ``id`` fact the sample declares."""
+
+    org: str = "acme"
+    admin: bool = False
+
+
+NAMED_BY_CALLER = Command(
+    "NameByCaller", KEY, ORG, Input("project_id", str), IdempotencyKey("request_key"),
+    Create("Project", (Var("org"), Var("project_id")), as_="project",
+           else_=Outcome("ProjectExists")),
+    Set("project", "name", Fact("id")),
+    Return("Created"),
+)
+CAUSED_BY_CALLER = Command(
+    "CauseByCaller", KEY, ORG, Input("project_id", str), IdempotencyKey("request_key"),
+    Create("Project", (Var("org"), Var("project_id")), as_="project",
+           else_=Outcome("ProjectExists")),
+    Set("project", "name", Const("P")),
+    Caused("project", "cmd_project", "project.created", {"by": Fact("id")}),
+    Return("Created"),
+)
+
+
+async def test_a_value_that_evaluates_to_nothing_names_its_clause(db: Database) -> None:
+    """A set or cause value reading a fact the acting principal lacks fails
+    the command naming the clause that read nothing, and writes nothing."""
+    runner = runner_for(db)
+    for command, message in ((NAMED_BY_CALLER, r"^set name evaluated to nothing"),
+                             (CAUSED_BY_CALLER, r"^by evaluated to nothing")):
+        with pytest.raises(Exception, match=message):
+            await runner.run(CATALOG.command(command), Nameless(),
+                             {"request_key": "k", "org": "acme", "project_id": "p1"})
+    assert await db.pool.fetchval("SELECT count(*) FROM cmd_project") == 0
