@@ -10,22 +10,36 @@ import pytest
 
 from service_engine.commands import (
     BindingError,
+    ClauseOrderError,
+    Command,
     CommandDeclarationError,
     Const,
     DuplicateName,
     Eq,
     Field,
+    IdempotencyDeclarationError,
+    IdempotencyKey,
+    Input,
     MissingOutcome,
     Outcome,
     Read,
     Require,
+    Return,
     TypeMismatch,
     UnboundReference,
     UnknownName,
     Var,
 )
 
-from .test_commands_check import CATALOG, MUTATE_POST, READ_POST, post_command
+from .test_commands_check import (
+    CATALOG,
+    KEY,
+    MUTATE_POST,
+    POST_ID,
+    READ_POST,
+    SITE,
+    post_command,
+)
 from .test_commands_diagnostics import ENGINE_OUTCOMES, TRANSITION
 
 
@@ -38,6 +52,8 @@ def require(left: object, right: object) -> Require:
 
 
 SITE_ID = (Var("site"), Var("post_id"))
+ORDER = ("clauses follow the order inputs and service values, idempotency key, bindings, "
+         "requirements, effects, return")
 CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
     "an outcome a transition declares again": (
         DuplicateName,
@@ -82,6 +98,35 @@ CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
         + ENGINE_OUTCOMES,
         lambda: CATALOG.command(post_command(replace(
             MUTATE_POST, taken={"by_title": Outcome("taken")})))),
+    "a command name that is no identifier": (
+        CommandDeclarationError, "a command name must be an identifier, got 'bad name'",
+        lambda: CATALOG.command(Command("bad name", SITE, POST_ID, READ_POST, Return("X")))),
+    "a command without clauses": (
+        CommandDeclarationError, "command Bad: declares no clauses",
+        lambda: CATALOG.command(Command("Bad"))),
+    "an input after a binding": (
+        ClauseOrderError,
+        "command Bad: Input (inputs and service values) after bindings: " + ORDER,
+        lambda: CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST, Input("late", str),
+                                        Return("X")))),
+    "a binding after a requirement": (
+        ClauseOrderError, "command Bad: Read (bindings) after requirements: " + ORDER,
+        lambda: CATALOG.command(Command("Bad", SITE, POST_ID, require(Var("site"), Const("x")),
+                                        READ_POST, Return("X")))),
+    "something that is no clause": (
+        CommandDeclarationError, "command Bad: clause 2 is not a command clause: 'junk'",
+        lambda: CATALOG.command(Command("Bad", SITE, "junk", Return("X")))),  # type: ignore[arg-type]
+    "two idempotency keys": (
+        IdempotencyDeclarationError, "command Bad: declares two idempotency keys",
+        lambda: CATALOG.command(Command("Bad", SITE, POST_ID, KEY, IdempotencyKey("key"),
+                                        IdempotencyKey("key"), READ_POST, Return("X")))),
+    "two returns": (
+        ClauseOrderError, "command Bad: declares two returns",
+        lambda: CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST, Return("X"),
+                                        Return("Y")))),
+    "no return": (
+        ClauseOrderError, "command Bad: ends without a Return",
+        lambda: CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST))),
 }
 
 
