@@ -27,6 +27,7 @@ from service_engine.commands import (
     IdempotencyKey,
     Input,
     Outcome,
+    Record,
     Return,
     Set,
     Var,
@@ -155,14 +156,23 @@ CAUSED_BY_CALLER = Command(
     Caused("project", "cmd_project", "project.created", {"by": Fact("id")}),
     Return("Created"),
 )
+RECORDED_BY_CALLER = Command(
+    "RecordByCaller", KEY, ORG, Input("project_id", str), IdempotencyKey("request_key"),
+    Create("Project", (Var("org"), Var("project_id")), as_="project",
+           else_=Outcome("ProjectExists")),
+    Set("project", "name", Const("P")),
+    Record("project", "project.created", {"by": Fact("id")}),
+    Return("Created"),
+)
 
 
 async def test_a_value_that_evaluates_to_nothing_names_its_clause(db: Database) -> None:
-    """A set or cause value reading a fact the acting principal lacks fails
+    """A set, cause or record value reading a fact the acting principal lacks fails
     the command naming the clause that read nothing, and writes nothing."""
     runner = runner_for(db)
     for command, message in ((NAMED_BY_CALLER, r"^set name evaluated to nothing"),
-                             (CAUSED_BY_CALLER, r"^by evaluated to nothing")):
+                             (CAUSED_BY_CALLER, r"^by evaluated to nothing"),
+                             (RECORDED_BY_CALLER, r"^by evaluated to nothing")):
         with pytest.raises(Exception, match=message):
             await runner.run(CATALOG.command(command), Nameless(),
                              {"request_key": "k", "org": "acme", "project_id": "p1"})
