@@ -9,12 +9,15 @@ from dataclasses import replace
 import pytest
 
 from service_engine.commands import (
+    UUID_V7,
     BindingError,
+    Caused,
     ClauseOrderError,
     Command,
     CommandDeclarationError,
     Const,
     DuplicateName,
+    Emit,
     Eq,
     Field,
     IdempotencyDeclarationError,
@@ -23,12 +26,18 @@ from service_engine.commands import (
     MissingOutcome,
     Outcome,
     Read,
+    Record,
     Require,
+    RequireGate,
     Return,
+    Service,
+    ServiceValueError,
+    Set,
     TypeMismatch,
     UnboundReference,
     UnknownName,
     Var,
+    WorkflowError,
 )
 
 from .test_commands_check import (
@@ -52,6 +61,7 @@ def require(left: object, right: object) -> Require:
 
 
 SITE_ID = (Var("site"), Var("post_id"))
+OVERWRITE = Set("post", "title", Var("text"), overwrite=True)
 ORDER = ("clauses follow the order inputs and service values, idempotency key, bindings, "
          "requirements, effects, return")
 CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
@@ -127,7 +137,114 @@ CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
     "no return": (
         ClauseOrderError, "command Bad: ends without a Return",
         lambda: CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST))),
+    "a bound on an input that is no str": (
+        CommandDeclarationError,
+        "command Bad: input x: max_length bounds a str input by a positive int",
+        lambda: CATALOG.command(Command("Bad", Input("x", int, max_length=3), SITE, POST_ID,
+                                        READ_POST, Return("X")))),
+    "a bound below one": (
+        CommandDeclarationError,
+        "command Bad: input x: max_length bounds a str input by a positive int",
+        lambda: CATALOG.command(Command("Bad", Input("x", str, max_length=0), SITE, POST_ID,
+                                        READ_POST, Return("X")))),
+    "a service value without an idempotent write": (
+        ServiceValueError,
+        "command Bad: service values need a durably idempotent mutation: declare an "
+        "idempotency_key and a create or mutate binding",
+        lambda: CATALOG.command(Command("Bad", SITE, POST_ID, Service("s", UUID_V7), READ_POST,
+                                        Return("X")))),
+    "a service value of no kind": (
+        ServiceValueError,
+        "command Bad: service s: unknown kind 'nope' (transaction_time or uuid_v7)",
+        lambda: CATALOG.command(Command("Bad", SITE, POST_ID, Service("s", "nope"), READ_POST,
+                                        Return("X")))),
+    "a requirement that is no bool": (
+        TypeMismatch, "command Bad: require R (clause 6 (Require R)) is str, not a bool",
+        lambda: CATALOG.command(post_command(READ_POST, Require(
+            "R", Field("post", "title"), else_=Outcome("No"))))),
+    "a requirement name that is no identifier": (
+        CommandDeclarationError,
+        "command Bad: a requirement name must be an identifier, got 'bad name'",
+        lambda: CATALOG.command(post_command(READ_POST, Require(
+            "bad name", Eq(Var("text"), Const("x")), else_=Outcome("No"))))),
+    "two requirements of one name": (
+        DuplicateName,
+        "command Bad: require R at clause 7 (Require R): requirement 'R' is first declared at "
+        "clause 6 (Require R)",
+        lambda: CATALOG.command(post_command(
+            READ_POST, require(Var("text"), Const("x")),
+            Require("R", Eq(Var("text"), Const("y")), else_=Outcome("No2"))))),
+    "a gate on no binding": (
+        UnboundReference, "command Bad: require gate 'nope': no binding of that name",
+        lambda: CATALOG.command(post_command(RequireGate("nope", "can_edit")))),
+    "a gate the aggregate lacks": (
+        UnknownName, "command Bad: require gate: Post declares no gated 'can_nothing'",
+        lambda: CATALOG.command(post_command(MUTATE_POST, RequireGate("post", "can_nothing"),
+                                             OVERWRITE))),
+    "a set of a workflow state": (
+        WorkflowError,
+        "command Bad: set post.state: a workflow state is initialised by a create (to a "
+        "declared state) and changes only by a revision-checked Transition",
+        lambda: CATALOG.command(post_command(MUTATE_POST, Set("post", "state", Const("x"),
+                                                              overwrite=True)))),
+    "one field set twice": (
+        DuplicateName,
+        "command Bad: set post.title at clause 7 (Set post.title): set 'post.title' is first "
+        "declared at clause 6 (Set post.title)",
+        lambda: CATALOG.command(post_command(MUTATE_POST, OVERWRITE, OVERWRITE))),
+    "a set of another type": (
+        TypeMismatch,
+        "command Bad: set post.title (clause 6 (Set post.title)): the value is int, the field "
+        "is str",
+        lambda: CATALOG.command(post_command(MUTATE_POST, Set("post", "title", Var("rev"),
+                                                              overwrite=True)))),
+    "a record without a fact type": (
+        CommandDeclarationError, "command Bad: record needs a fact type",
+        lambda: CATALOG.command(post_command(MUTATE_POST, Record("post", "", {})))),
+    "a record reading no input": (
+        UnboundReference,
+        "command Bad: record t.x reads 'nope', not an input or service value declared before it",
+        lambda: CATALOG.command(post_command(MUTATE_POST, Record("post", "t",
+                                                                 {"x": Var("nope")})))),
+    "a record on a read": (
+        BindingError,
+        "command Bad: record 'post': a read binding is not written; declare it mutate",
+        lambda: CATALOG.command(post_command(READ_POST, Record("post", "t", {})))),
+    "a cause of a noun the entity lacks": (
+        UnknownName, "command Bad: caused post: Post impacts no noun 'nope' (nouns ())",
+        lambda: CATALOG.command(post_command(MUTATE_POST, OVERWRITE,
+                                             Caused("post", "nope", "c", {})))),
+    "an emit of no callable": (
+        CommandDeclarationError, "command Bad: emit needs a callable",
+        lambda: CATALOG.command(post_command(MUTATE_POST, OVERWRITE,
+                                             Emit(5)))),  # type: ignore[arg-type]
+    "a return in lower case": (
+        MissingOutcome, "command Bad: return 'x' must be PascalCase",
+        lambda: CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST, Return("x")))),
+    "a return of the engine's own": (
+        DuplicateName, "command Bad: return 'Refused' reuses an outcome",
+        lambda: CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST, Return("Refused")))),
+    "a return field that is no identifier": (
+        CommandDeclarationError, "command Bad: a return field must be an identifier, got "
+        "'bad name'",
+        lambda: CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST,
+                                        Return("X", **{"bad name": Var("site")})))),
+    "a return field reading no input": (
+        UnboundReference,
+        "command Bad: return X.t reads 'nope', not an input or service value declared before it",
+        lambda: CATALOG.command(Command("Bad", SITE, POST_ID, READ_POST,
+                                        Return("X", t=Var("nope"))))),
+    "a mutate never written": (
+        BindingError, "command Bad: mutate post is never written: read it",
+        lambda: CATALOG.command(post_command(MUTATE_POST))),
 }
+
+
+def test_a_bound_of_one_is_a_bound() -> None:
+    """A str input may be bounded to one character."""
+    checked = CATALOG.command(Command("Ok", Input("x", str, max_length=1), SITE, POST_ID,
+                                      READ_POST, Return("X")))
+    assert [i.max_length for i in checked.inputs] == [1, None, None]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
