@@ -1,25 +1,35 @@
-"""A `Set` proven by ``checked_by`` needs a requirement that reads the row it
-sets: one reading only inputs or another binding proves nothing and is
-refused at registration, naming the set and the requirement (pure: no
-database)."""
+"""What registration proves about a command's rows (pure: no database): a
+`Set` proven by ``checked_by`` needs a requirement that reads the row it
+sets (one reading only inputs or another binding proves nothing and is
+refused, naming the set and the requirement), and a workflow's states
+type only its own entity's state field."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import pytest
 
 from service_engine.commands import (
+    Catalog,
+    Command,
     Const,
+    Entity,
     Eq,
     Field,
+    Input,
     Outcome,
     Read,
     Require,
+    Return,
     Set,
+    TypeMismatch,
     UnprovenSet,
     Var,
 )
 
-from .test_commands_check import CATALOG, MUTATE_POST, post_command
+from .test_commands_check import CATALOG, FLOW, MUTATE_POST, POST, post_command
 
 OTHER = Read("Post", (Var("site"), Var("text")), as_="other", else_=Outcome("OtherMissing"))
 
@@ -50,3 +60,37 @@ def test_checked_by_a_requirement_reading_another_row_is_refused() -> None:
         MUTATE_POST, Require("Own", Eq(Field("post", "title"), Const("x")), else_=Outcome("No")),
         Set("post", "title", Var("text"), checked_by="Own")))
     assert checked.name == "Bad"
+
+
+class _Store:
+    async def load(self, conn: Any, key: Any) -> None:
+        return None
+
+
+@dataclass
+class Ticket:
+    site: str
+    id: str
+    state: str
+    Store: ClassVar[Any] = _Store()
+
+
+def test_a_workflow_closes_only_its_own_entity_state() -> None:
+    """A workflow's states close the state field of its own entity only:
+    another entity's field of the same name keeps its plain type, and a
+    comparison with a value outside the workflow's states is accepted there
+    and refused on the workflow's entity."""
+    catalog = Catalog([replace(POST, delete_policy=None), Entity("Ticket", Ticket, key=("site", "id"))],
+                      [FLOW])
+
+    def reading(entity: str) -> Command:
+        return Command(
+            "Check", Input("site", str), Input("id", str),
+            Read(entity, (Var("site"), Var("id")), as_="row", else_=Outcome("Missing")),
+            Require("Open", Eq(Field("row", "state"), Const("open")), else_=Outcome("Closed")),
+            Return("Ok"),
+        )
+
+    assert catalog.command(reading("Ticket")).name == "Check"
+    with pytest.raises(TypeMismatch):
+        catalog.command(reading("Post"))
