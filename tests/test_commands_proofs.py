@@ -12,24 +12,35 @@ from typing import Any, ClassVar
 import pytest
 
 from service_engine.commands import (
+    TRANSACTION_TIME,
     Catalog,
     Command,
     Const,
     Entity,
     Eq,
     Field,
+    IdempotencyKey,
     Input,
     Outcome,
     Read,
     Require,
     Return,
+    Service,
     Set,
     TypeMismatch,
     UnprovenSet,
     Var,
 )
 
-from .test_commands_check import CATALOG, FLOW, MUTATE_POST, POST, post_command
+from .test_commands_check import (
+    CATALOG,
+    FLOW,
+    MUTATE_POST,
+    POST,
+    POST_ID,
+    SITE,
+    post_command,
+)
 
 OTHER = Read("Post", (Var("site"), Var("text")), as_="other", else_=Outcome("OtherMissing"))
 
@@ -94,3 +105,26 @@ def test_a_workflow_closes_only_its_own_entity_state() -> None:
     assert catalog.command(reading("Ticket")).name == "Check"
     with pytest.raises(TypeMismatch):
         catalog.command(reading("Post"))
+
+
+def test_a_checked_command_holds_every_part_of_its_declaration() -> None:
+    """Registration answers the command as the runner executes it: its
+    inputs and service values, key, bindings with their entities,
+    requirements, effects in order, return, outcomes and catalog."""
+    key, stamp = Input("key", str), Service("at", TRANSACTION_TIME)
+    requirement = Require("Titled", Eq(Field("post", "title"), Var("text")),
+                          else_=Outcome("Untitled"))
+    effect = Set("post", "title", Var("text"), checked_by="Titled")
+    returned = Return("Done", title=Field("post", "title"))
+    declared = Command("Retitle", key, SITE, POST_ID, Input("text", str), stamp,
+                       IdempotencyKey("key"), MUTATE_POST, requirement, effect, returned)
+    checked = CATALOG.command(declared)
+    assert checked.declaration is declared and checked.name == "Retitle"
+    assert [i.name for i in checked.inputs] == ["key", "site", "post_id", "text"]
+    assert checked.services == (stamp,) and checked.idempotency_key == "key"
+    assert checked.bindings == (MUTATE_POST,) and checked.written == (MUTATE_POST,)
+    assert dict(checked.entities) == {"post": POST}
+    assert checked.requirements == (requirement,) and checked.effects == (effect,)
+    assert dict(checked.transitions) == {} and dict(checked.deletes) == {}
+    assert checked.returns is returned and checked.catalog is CATALOG
+    assert checked.outcomes == frozenset({"PostMissing", "TitleTaken", "Untitled", "Done"})
