@@ -16,6 +16,7 @@ from service_engine.commands import (
     Catalog,
     Command,
     Const,
+    Emit,
     Entity,
     Eq,
     Field,
@@ -23,6 +24,7 @@ from service_engine.commands import (
     Input,
     Outcome,
     Read,
+    Record,
     Require,
     Return,
     Service,
@@ -128,3 +130,20 @@ def test_a_checked_command_holds_every_part_of_its_declaration() -> None:
     assert dict(checked.transitions) == {} and dict(checked.deletes) == {}
     assert checked.returns is returned and checked.catalog is CATALOG
     assert checked.outcomes == frozenset({"PostMissing", "TitleTaken", "Untitled", "Done"})
+
+
+def test_a_checked_command_keeps_its_effects_in_order() -> None:
+    """Records and emits are effects like sets, kept in the order declared,
+    and a service value types like the value it samples."""
+    stamp = Service("at", TRANSACTION_TIME)
+    record = Record("post", "post.retitled", {"at": Var("at")})
+    emit = Emit(lambda values: values)
+    effect = Set("post", "title", Var("text"), overwrite=True)
+    checked = CATALOG.command(Command(
+        "Retitle", Input("key", str), SITE, POST_ID, Input("text", str), stamp,
+        IdempotencyKey("key"), MUTATE_POST, effect, record, emit, Return("Done")))
+    assert checked.effects == (effect, record, emit)
+    with pytest.raises(TypeMismatch):
+        CATALOG.command(Command(
+            "Bad", Input("key", str), SITE, POST_ID, stamp, IdempotencyKey("key"), MUTATE_POST,
+            Set("post", "title", Var("at"), overwrite=True), Return("Done")))

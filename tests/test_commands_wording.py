@@ -16,6 +16,8 @@ from service_engine.commands import (
     Command,
     CommandDeclarationError,
     Const,
+    Create,
+    Delete,
     DuplicateName,
     Emit,
     Eq,
@@ -62,6 +64,7 @@ def require(left: object, right: object) -> Require:
 
 SITE_ID = (Var("site"), Var("post_id"))
 OVERWRITE = Set("post", "title", Var("text"), overwrite=True)
+DELETE = Delete("post", referenced=Outcome("Referenced"))
 ORDER = ("clauses follow the order inputs and service values, idempotency key, bindings, "
          "requirements, effects, return")
 CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
@@ -237,6 +240,46 @@ CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
     "a mutate never written": (
         BindingError, "command Bad: mutate post is never written: read it",
         lambda: CATALOG.command(post_command(MUTATE_POST))),
+    "an idempotency key that is no str input": (
+        IdempotencyDeclarationError,
+        "command Bad: idempotency_key 'n' must name a required str input declared before it",
+        lambda: CATALOG.command(Command("Bad", SITE, POST_ID, Input("n", int), IdempotencyKey("n"),
+                                        MUTATE_POST, OVERWRITE, Return("X")))),
+    "a requirement outcome in lower case": (
+        MissingOutcome,
+        "command Bad: require R: outcome 'no' must be PascalCase and " + ENGINE_OUTCOMES,
+        lambda: CATALOG.command(post_command(READ_POST, Require(
+            "R", Eq(Var("text"), Const("x")), else_=Outcome("no"))))),
+    "a gate on a create": (
+        BindingError,
+        "command Bad: require gate on 'post': a gate judges a row that exists (a create has "
+        "its row policy)",
+        lambda: CATALOG.command(post_command(Create(
+            "Post", SITE_ID, as_="post", else_=Outcome("Exists"),
+            taken={"by_title": Outcome("TitleTaken")}), RequireGate("post", "can_edit")))),
+    "a set after a delete": (
+        BindingError,
+        "command Bad: set post.title (clause 7 (Set post.title)): post is deleted before it",
+        lambda: CATALOG.command(post_command(MUTATE_POST, DELETE, OVERWRITE))),
+    "a transition after a delete": (
+        BindingError,
+        "command Bad: transition on post (clause 7 (Transition Life.Publish)): post is deleted "
+        "before it",
+        lambda: CATALOG.command(post_command(MUTATE_POST, DELETE, TRANSITION))),
+    "a set value reading no input": (
+        UnboundReference,
+        "command Bad: set post.title reads 'nope', not an input or service value declared "
+        "before it",
+        lambda: CATALOG.command(post_command(MUTATE_POST, Set("post", "title", Var("nope"),
+                                                              overwrite=True)))),
+    "a cause on a read": (
+        BindingError,
+        "command Bad: caused 'post': a read binding is not written; declare it mutate",
+        lambda: CATALOG.command(post_command(READ_POST, Caused("post", "n", "c", {})))),
+    "an input of no supported type": (
+        CommandDeclarationError, "command Bad: input x has unsupported type <class 'bytes'>",
+        lambda: CATALOG.command(Command("Bad", Input("x", bytes), SITE, POST_ID,  # type: ignore[arg-type]
+                                        READ_POST, Return("X")))),
 }
 
 
