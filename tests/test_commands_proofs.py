@@ -14,6 +14,7 @@ import pytest
 from service_engine.commands import (
     TRANSACTION_TIME,
     Catalog,
+    Caused,
     Command,
     Const,
     Emit,
@@ -26,16 +27,19 @@ from service_engine.commands import (
     Read,
     Record,
     Require,
+    RequireGate,
     Return,
     Service,
     Set,
     TypeMismatch,
+    UnboundReference,
     UnprovenSet,
     Var,
 )
 
 from .test_commands_check import (
     CATALOG,
+    COMMENT,
     FLOW,
     MUTATE_POST,
     POST,
@@ -147,3 +151,23 @@ def test_a_checked_command_keeps_its_effects_in_order() -> None:
         CATALOG.command(Command(
             "Bad", Input("key", str), SITE, POST_ID, stamp, IdempotencyKey("key"), MUTATE_POST,
             Set("post", "title", Var("at"), overwrite=True), Return("Done")))
+
+
+NOUNED = Catalog([replace(POST, nouns=("post",)), COMMENT], [FLOW])
+
+
+def test_gates_and_causes_are_kept_with_their_kind() -> None:
+    """A gate is a requirement and a cause an effect of the checked command,
+    in declared order; a cause's data is observed like any value and named
+    when it reads nothing."""
+    gate = RequireGate("post", "can_edit")
+    cause = Caused("post", "post", "post.retitled", {"text": Var("text")})
+    effect = Set("post", "title", Var("text"), overwrite=True)
+    checked = NOUNED.command(post_command(MUTATE_POST, gate, effect, cause))
+    assert checked.requirements == (gate,) and checked.effects == (effect, cause)
+    with pytest.raises(UnboundReference) as refused:
+        NOUNED.command(post_command(MUTATE_POST, effect, Caused(
+            "post", "post", "post.retitled", {"text": Var("nope")})))
+    assert str(refused.value) == (
+        "command Bad: caused post.retitled.text reads 'nope', not an input or service value "
+        "declared before it")
