@@ -16,6 +16,7 @@ import pytest
 
 from service_engine import Database
 from service_engine.commands import (
+    UUID_V7,
     Catalog,
     Caused,
     Command,
@@ -23,12 +24,16 @@ from service_engine.commands import (
     CommandRunner,
     Const,
     Create,
+    Delete,
     Fact,
     IdempotencyKey,
     Input,
+    Mutate,
     Outcome,
+    Read,
     Record,
     Return,
+    Service,
     Set,
     Var,
 )
@@ -177,3 +182,51 @@ async def test_a_value_that_evaluates_to_nothing_names_its_clause(db: Database) 
             await runner.run(CATALOG.command(command), Nameless(),
                              {"request_key": "k", "org": "acme", "project_id": "p1"})
     assert await db.pool.fetchval("SELECT count(*) FROM cmd_project") == 0
+
+
+REPLACE_TASK = Command(
+    "ReplaceTask",
+    KEY, ORG, Input("old_id", str), Input("new_id", str), Input("project_id", str),
+    Input("title", str), Service("created_id", UUID_V7),
+    IdempotencyKey("request_key"),
+    Mutate("Task", (Var("org"), Var("old_id")), as_="old", else_=Outcome("Missing")),
+    Read("Project", (Var("org"), Var("project_id")), as_="project",
+         else_=Outcome("ProjectMissing")),
+    Create("Task", (Var("org"), Var("new_id")), as_="new", else_=Outcome("TaskExists"),
+           taken={"by_title": Outcome("TitleTaken")}),
+    Delete("old", too_many=Outcome("TooManySteps")),
+    Set("new", "project_id", Var("project_id")),
+    Set("new", "title", Var("title")),
+    Set("new", "state", Const("queued")),
+    Set("new", "locked", Const(False)),
+    Set("new", "execution_id", Var("created_id")),
+    Set("new", "started_at", Const(None)),
+    Return("Replaced"),
+)
+
+
+async def test_a_command_deleting_one_row_claims_the_unique_values_of_another(
+    db: Database,
+) -> None:
+    """One command that deletes a row and creates another claims the new
+    row's unique values as a create alone does: a title another row holds
+    answers TitleTaken and changes nothing; a free one is taken (a later
+    create of it answers TitleTaken)."""
+    runner = runner_for(db)
+    replace_task = CATALOG.command(REPLACE_TASK)
+    await ok(runner, CATALOG.command(CREATE_PROJECT), request_key="p", org="acme",
+             project_id="p1", name="P")
+    for task_id, title in (("t1", "old"), ("t2", "held")):
+        await ok(runner, CATALOG.command(CREATE_TASK), request_key=task_id, org="acme",
+                 task_id=task_id, project_id="p1", title=title)
+    inputs = {"request_key": "r1", "org": "acme", "old_id": "t1", "new_id": "t3",
+              "project_id": "p1", "title": "held"}
+    taken = await runner.run(replace_task, ALICE, inputs)
+    assert isinstance(taken, CommandOutcome) and taken.name == "TitleTaken", taken
+    ids = await db.pool.fetch("SELECT id FROM cmd_task ORDER BY id")
+    assert [r["id"] for r in ids] == ["t1", "t2"]
+    await ok(runner, replace_task, **{**inputs, "request_key": "r2", "title": "new"})
+    again = await runner.run(CATALOG.command(CREATE_TASK), ALICE, {
+        "request_key": "t4", "org": "acme", "task_id": "t4", "project_id": "p1",
+        "title": "new"})
+    assert isinstance(again, CommandOutcome) and again.name == "TitleTaken", again
