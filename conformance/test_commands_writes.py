@@ -35,6 +35,7 @@ from service_engine.commands import (
     Return,
     Service,
     Set,
+    Unique,
     Var,
 )
 from service_engine.pipeline import MutationError
@@ -51,6 +52,7 @@ from .support.sample_commands import (
     LIFECYCLE,
     ORG,
     PROJECT,
+    RENAME_TASK,
     START_TASK,
     STEP,
     TASK,
@@ -230,3 +232,34 @@ async def test_a_command_deleting_one_row_claims_the_unique_values_of_another(
         "request_key": "t4", "org": "acme", "task_id": "t4", "project_id": "p1",
         "title": "new"})
     assert isinstance(again, CommandOutcome) and again.name == "TitleTaken", again
+
+
+TWO_UNIQUE = Catalog([PROJECT, replace(TASK, unique=(
+    Unique("by_execution", ("org", "execution_id")), Unique("by_title", ("org", "title")),
+)), STEP], [LIFECYCLE], FACTS)
+
+
+def _with_taken(command: Command, taken: dict[str, Outcome]) -> Command:
+    return Command(command.name, *(
+        replace(c, taken=taken) if isinstance(c, Create | Mutate) else c
+        for c in command.clauses
+    ))
+
+
+async def test_a_changed_unique_value_is_claimed_after_an_unchanged_one(db: Database) -> None:
+    """A row with two unique keys claims the one a command changes even when
+    the key declared before it is unchanged: renaming onto a title another
+    row holds answers TitleTaken."""
+    taken = {"by_execution": Outcome("ExecutionTaken"), "by_title": Outcome("TitleTaken")}
+    create = TWO_UNIQUE.command(_with_taken(CREATE_TASK, taken))
+    rename = TWO_UNIQUE.command(_with_taken(RENAME_TASK, {"by_title": Outcome("TitleTaken")}))
+    runner = runner_for(db)
+    await ok(runner, TWO_UNIQUE.command(CREATE_PROJECT), request_key="p", org="acme",
+             project_id="p1", name="P")
+    for task_id, title in (("t1", "a"), ("t2", "b")):
+        await ok(runner, create, request_key=task_id, org="acme", task_id=task_id,
+                 project_id="p1", title=title)
+    clash = await runner.run(rename, ALICE, {"org": "acme", "task_id": "t2", "title": "a"})
+    assert isinstance(clash, CommandOutcome) and clash.name == "TitleTaken", clash
+    row = await db.pool.fetchrow("SELECT title FROM cmd_task WHERE id = 't2'")
+    assert row is not None and row["title"] == "b"
