@@ -263,3 +263,25 @@ async def test_a_changed_unique_value_is_claimed_after_an_unchanged_one(db: Data
     assert isinstance(clash, CommandOutcome) and clash.name == "TitleTaken", clash
     row = await db.pool.fetchrow("SELECT title FROM cmd_task WHERE id = 't2'")
     assert row is not None and row["title"] == "b"
+
+
+LABELLED = Catalog([PROJECT, TASK, replace(STEP, unique=(Unique("by_label", ("org", "label")),))],
+                   [LIFECYCLE], FACTS)
+
+
+async def test_a_cascade_frees_the_unique_values_of_the_rows_it_takes(db: Database) -> None:
+    """A step's unique label is held while the step exists and freed when a
+    cascade deletes it with its task: another step may take it after."""
+    add = LABELLED.command(_with_taken(ADD_STEP, {"by_label": Outcome("LabelTaken")}))
+    runner = runner_for(db)
+    await ok(runner, LABELLED.command(CREATE_PROJECT), request_key="p", org="acme",
+             project_id="p1", name="P")
+    for task_id, title in (("t1", "one"), ("t2", "two")):
+        await ok(runner, LABELLED.command(CREATE_TASK), request_key=task_id, org="acme",
+                 task_id=task_id, project_id="p1", title=title)
+    await ok(runner, add, org="acme", task_id="t1", step_id="s1", label="x")
+    held = await runner.run(add, ALICE, {"org": "acme", "task_id": "t2", "step_id": "s2",
+                                         "label": "x"})
+    assert isinstance(held, CommandOutcome) and held.name == "LabelTaken", held
+    await ok(runner, LABELLED.command(DELETE_TASK), org="acme", task_id="t1")
+    await ok(runner, add, org="acme", task_id="t2", step_id="s2", label="x")
