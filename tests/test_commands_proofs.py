@@ -17,25 +17,25 @@ from service_engine.commands import (
     Caused,
     Command,
     Const,
-    Emit,
     Entity,
     Eq,
     Field,
     IdempotencyKey,
     Input,
     Outcome,
+    Permit,
     Read,
-    Record,
     Require,
-    RequireGate,
     Return,
     Service,
     Set,
     TypeMismatch,
     UnboundReference,
+    Unless,
     UnprovenSet,
     Var,
 )
+from service_engine.gates import Reason
 
 from .test_commands_check import (
     CATALOG,
@@ -97,7 +97,8 @@ def test_a_workflow_closes_only_its_own_entity_state() -> None:
     another entity's field of the same name keeps its plain type, and a
     comparison with a value outside the workflow's states is accepted there
     and refused on the workflow's entity."""
-    catalog = Catalog([replace(POST, delete_policy=None), Entity("Ticket", Ticket, key=("site", "id"))],
+    catalog = Catalog([replace(POST, delete_policy=None), Entity("Ticket", Ticket, key=("site", "id"),
+                                                               table="ticket")],
                       [FLOW])
 
     def reading(entity: str) -> Command:
@@ -137,16 +138,15 @@ def test_a_checked_command_holds_every_part_of_its_declaration() -> None:
 
 
 def test_a_checked_command_keeps_its_effects_in_order() -> None:
-    """Records and emits are effects like sets, kept in the order declared,
-    and a service value types like the value it samples."""
+    """Causes are effects like sets, kept in the order declared, and a
+    service value types like the value it samples."""
     stamp = Service("at", TRANSACTION_TIME)
-    record = Record("post", "post.retitled", {"at": Var("at")})
-    emit = Emit(lambda values: values)
+    cause = Caused("post", "post", "post.retitled", {"at": Var("at")})
     effect = Set("post", "title", Var("text"), overwrite=True)
-    checked = CATALOG.command(Command(
+    checked = NOUNED.command(Command(
         "Retitle", Input("key", str), SITE, POST_ID, Input("text", str), stamp,
-        IdempotencyKey("key"), MUTATE_POST, effect, record, emit, Return("Done")))
-    assert checked.effects == (effect, record, emit)
+        IdempotencyKey("key"), MUTATE_POST, effect, cause, Return("Done")))
+    assert checked.effects == (effect, cause)
     with pytest.raises(TypeMismatch):
         CATALOG.command(Command(
             "Bad", Input("key", str), SITE, POST_ID, stamp, IdempotencyKey("key"), MUTATE_POST,
@@ -156,11 +156,11 @@ def test_a_checked_command_keeps_its_effects_in_order() -> None:
 NOUNED = Catalog([replace(POST, nouns=("post",)), COMMENT], [FLOW])
 
 
-def test_gates_and_causes_are_kept_with_their_kind() -> None:
-    """A gate is a requirement and a cause an effect of the checked command,
+def test_permits_and_causes_are_kept_with_their_kind() -> None:
+    """A permit is a requirement and a cause an effect of the checked command,
     in declared order; a cause's data is observed like any value and named
     when it reads nothing."""
-    gate = RequireGate("post", "can_edit")
+    gate = Permit("edit", Unless(Reason("post.no"), Eq(Field("post", "state"), Const("draft"))))
     cause = Caused("post", "post", "post.retitled", {"text": Var("text")})
     effect = Set("post", "title", Var("text"), overwrite=True)
     checked = NOUNED.command(post_command(MUTATE_POST, gate, effect, cause))

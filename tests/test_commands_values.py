@@ -75,6 +75,7 @@ class Gadget:
 GADGET = Entity(
     "Gadget", Gadget, key=("org", "id"), partition_by=("org",), conflict_key=("id",),
     unique=(Unique("by_code", ("org", "code")), Unique("by_name", ("org", "name"))),
+    table="gadget",
 )
 CATALOG = Catalog([GADGET])
 MAKE = CATALOG.command(Command(

@@ -16,7 +16,6 @@ from service_engine.commands import (
     Command,
     CommandDeclarationError,
     Const,
-    Create,
     Delete,
     DuplicateName,
     Emit,
@@ -26,11 +25,12 @@ from service_engine.commands import (
     IdempotencyKey,
     Input,
     MissingOutcome,
+    NotCompilable,
     Outcome,
+    Permit,
     Read,
     Record,
     Require,
-    RequireGate,
     Return,
     Service,
     ServiceValueError,
@@ -38,9 +38,11 @@ from service_engine.commands import (
     TypeMismatch,
     UnboundReference,
     UnknownName,
+    Unless,
     Var,
     WorkflowError,
 )
+from service_engine.gates import Reason
 
 from .test_commands_check import (
     CATALOG,
@@ -177,13 +179,15 @@ CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
         lambda: CATALOG.command(post_command(
             READ_POST, require(Var("text"), Const("x")),
             Require("R", Eq(Var("text"), Const("y")), else_=Outcome("No2"))))),
-    "a gate on no binding": (
-        UnboundReference, "command Bad: require gate 'nope': no binding of that name",
-        lambda: CATALOG.command(post_command(RequireGate("nope", "can_edit")))),
-    "a gate the aggregate lacks": (
-        UnknownName, "command Bad: require gate: Post declares no gated 'can_nothing'",
-        lambda: CATALOG.command(post_command(MUTATE_POST, RequireGate("post", "can_nothing"),
-                                             OVERWRITE))),
+    "a permit reading no binding": (
+        UnboundReference, "command Bad: permit edit rule 1 reads nope.state before (or without) "
+        "binding it",
+        lambda: CATALOG.command(post_command(Permit("edit", Unless(
+            Reason("post.no"), Eq(Field("nope", "state"), Const("draft"))))))),
+    "a permit without rules": (
+        CommandDeclarationError,
+        "command Bad: permit edit: its rules are one or more Unless(reason, condition, ...)",
+        lambda: CATALOG.command(post_command(MUTATE_POST, Permit("edit"), OVERWRITE))),
     "a set of a workflow state": (
         WorkflowError,
         "command Bad: set post.state: a workflow state is initialised by a create (to a "
@@ -204,9 +208,10 @@ CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
     "a record without a fact type": (
         CommandDeclarationError, "command Bad: record needs a fact type",
         lambda: CATALOG.command(post_command(MUTATE_POST, Record("post", "", {})))),
-    "a record reading no input": (
-        UnboundReference,
-        "command Bad: record t.x reads 'nope', not an input or service value declared before it",
+    "a record on a store without facts": (
+        NotCompilable,
+        "command Bad: record on post (clause 6 (Record post)): Post's store keeps no facts "
+        "table (a soft-EDA store's FACTS_TABLE, keyed by its single KEY column)",
         lambda: CATALOG.command(post_command(MUTATE_POST, Record("post", "t",
                                                                  {"x": Var("nope")})))),
     "a record on a read": (
@@ -217,8 +222,9 @@ CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
         UnknownName, "command Bad: caused post: Post impacts no noun 'nope' (nouns ())",
         lambda: CATALOG.command(post_command(MUTATE_POST, OVERWRITE,
                                              Caused("post", "nope", "c", {})))),
-    "an emit of no callable": (
-        CommandDeclarationError, "command Bad: emit needs a callable",
+    "an emit of no event class": (
+        CommandDeclarationError, "command Bad: emit (clause 7 (Emit)): the event is an "
+        "OutboundEvent class (a pydantic model), got 5",
         lambda: CATALOG.command(post_command(MUTATE_POST, OVERWRITE,
                                              Emit(5)))),  # type: ignore[arg-type]
     "a return in lower case": (
@@ -250,13 +256,10 @@ CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
         "command Bad: require R: outcome 'no' must be PascalCase and " + ENGINE_OUTCOMES,
         lambda: CATALOG.command(post_command(READ_POST, Require(
             "R", Eq(Var("text"), Const("x")), else_=Outcome("no"))))),
-    "a gate on a create": (
-        BindingError,
-        "command Bad: require gate on 'post': a gate judges a row that exists (a create has "
-        "its row policy)",
-        lambda: CATALOG.command(post_command(Create(
-            "Post", SITE_ID, as_="post", else_=Outcome("Exists"),
-            taken={"by_title": Outcome("TitleTaken")}), RequireGate("post", "can_edit")))),
+    "a permit condition that is not a bool": (
+        TypeMismatch, "command Bad: permit edit rule 1 (clause 6 (Permit)) is str, not a bool",
+        lambda: CATALOG.command(post_command(MUTATE_POST, Permit("edit", Unless(
+            Reason("post.no"), Field("post", "title"))), OVERWRITE))),
     "a set after a delete": (
         BindingError,
         "command Bad: set post.title (clause 7 (Set post.title)): post is deleted before it",

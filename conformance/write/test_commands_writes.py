@@ -1,27 +1,26 @@
 """What a command writes, against real Postgres: the impacts of every row a
-cascade takes, a create built through its entity's ``construct``, and the
-typed answer to a write that slipped past a checked transition's lock.
+cascade takes, the unique values it claims and frees, and the clause named
+when a value reads nothing.
 
 Each test states the property it proves (the sample: `sample_commands`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
-from service_engine import Database
+from service_engine import Database, MutationError
 from service_engine.commands import (
     UUID_V7,
     Catalog,
     Caused,
+    CheckedCommand,
     Command,
     CommandOutcome,
-    CommandRunner,
     Const,
     Create,
     Delete,
@@ -31,16 +30,15 @@ from service_engine.commands import (
     Mutate,
     Outcome,
     Read,
-    Record,
     Return,
     Service,
     Set,
     Unique,
     Var,
 )
-from service_engine.pipeline import MutationError
+from service_engine.embedded import ProvisionedDatabase
 
-from .support.sample_commands import (
+from ..support.sample_commands import (
     ADD_STEP,
     ALICE,
     CATALOG,
@@ -53,29 +51,46 @@ from .support.sample_commands import (
     ORG,
     PROJECT,
     RENAME_TASK,
-    START_TASK,
     STEP,
     TASK,
-    Project,
+    install,
     runner_for,
 )
-from .support.sample_counter import listen_impacts
-from .test_commands import RacingTask
+from ..support.sample_counter import listen_impacts
 
 STEPS_IMPACTED = Catalog([PROJECT, TASK, replace(STEP, nouns=("cmd_step",))], [LIFECYCLE], FACTS)
 
 
-async def ok(runner: CommandRunner, command: Any, **inputs: Any) -> CommandOutcome:
+class Installing:
+    """A runner that installs each command's function as the schema owner
+    (what the service's migrate does) before its first run: these tests
+    declare commands of their own."""
+
+    def __init__(self, db: Database, database: ProvisionedDatabase) -> None:
+        self.runner = runner_for(db)
+        self.owner_url = database.owner_url
+        self.installed: set[str] = set()
+
+    async def run(
+        self, command: CheckedCommand, principal: Any, inputs: Mapping[str, Any]
+    ) -> CommandOutcome | MutationError:
+        if command.name not in self.installed:
+            await install(self.owner_url, command)
+            self.installed.add(command.name)
+        return await self.runner.run(command, principal, inputs)
+
+
+async def ok(runner: Installing, command: Any, **inputs: Any) -> CommandOutcome:
     outcome = await runner.run(command, ALICE, inputs)
     assert isinstance(outcome, CommandOutcome) and outcome.ok, outcome
     return outcome
 
 
-async def test_a_cascade_impacts_every_row_it_deletes(db: Database) -> None:
+async def test_a_cascade_impacts_every_row_it_deletes(db: Database, database: ProvisionedDatabase) -> None:
     """A delete that cascades impacts the deleted row's nouns and, in the same
     commit, each cascaded child's nouns under the child's own key."""
     c = STEPS_IMPACTED
-    runner = runner_for(db)
+    runner = Installing(db, database)
     await ok(runner, c.command(CREATE_PROJECT), request_key="p", org="acme", project_id="p1",
              name="P")
     await ok(runner, c.command(CREATE_TASK), request_key="t", org="acme", task_id="t1",
@@ -90,54 +105,6 @@ async def test_a_cascade_impacts_every_row_it_deletes(db: Database) -> None:
             ("cmd_task", ("acme", "t1")),
         ]
         await probe.assert_quiet()
-
-
-async def test_a_create_is_built_by_its_entity_construct(db: Database) -> None:
-    """An entity's ``construct`` builds every created aggregate from the
-    fields the command set, its key and its first revision (1); what it
-    returns is the row written."""
-    seen: list[dict[str, Any]] = []
-
-    def construct(fields: Mapping[str, Any]) -> Project:
-        seen.append(dict(fields))
-        return Project(**{**fields, "name": str(fields["name"]).strip()})
-
-    catalog = Catalog([replace(PROJECT, construct=construct), TASK, STEP], [LIFECYCLE], FACTS)
-    runner = runner_for(db)
-    await ok(runner, catalog.command(CREATE_PROJECT), request_key="p", org="acme",
-             project_id="p1", name="  Spaced  ")
-    assert seen == [{"org": "acme", "id": "p1", "name": "  Spaced  ", "version": 1}]
-    row = await db.pool.fetchrow("SELECT name, version FROM cmd_project WHERE id = 'p1'")
-    assert row is not None and (row["name"], row["version"]) == ("Spaced", 1)
-
-
-async def test_a_write_past_the_lock_answers_a_retryable_conflict(
-    db: Database, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A checked transition whose row changed between its check and the
-    commit answers the retryable ``serialization_failure`` (the caller runs
-    it again), and the operator's log names the row and the save stage."""
-    racing = Catalog([PROJECT, replace(TASK, aggregate=RacingTask), STEP], [LIFECYCLE], FACTS)
-    runner = runner_for(db)
-    await ok(runner, racing.command(CREATE_PROJECT), request_key="p", org="acme",
-             project_id="p1", name="P")
-    await ok(runner, racing.command(CREATE_TASK), request_key="t", org="acme", task_id="t1",
-             project_id="p1", title="T")
-    writer = await db.connect_dedicated()
-    try:
-        RacingTask.Store.writer = writer
-        with caplog.at_level(logging.WARNING, logger="service_engine.pipeline.executor"):
-            outcome = await runner.run(racing.command(START_TASK), ALICE, {
-                "request_key": "s", "org": "acme", "task_id": "t1", "expected_revision": 1})
-    finally:
-        RacingTask.Store.writer = None
-        await writer.close()
-    assert isinstance(outcome, MutationError), outcome
-    assert (outcome.code, outcome.retryable) == ("serialization_failure", True)
-    assert any(
-        "at stage save: Task ['acme', 't1'] changed between its check and the commit"
-        in r.getMessage() for r in caplog.records
-    ), [r.getMessage() for r in caplog.records]
 
 
 @dataclass(frozen=True)
@@ -163,23 +130,14 @@ CAUSED_BY_CALLER = Command(
     Caused("project", "cmd_project", "project.created", {"by": Fact("id")}),
     Return("Created"),
 )
-RECORDED_BY_CALLER = Command(
-    "RecordByCaller", KEY, ORG, Input("project_id", str), IdempotencyKey("request_key"),
-    Create("Project", (Var("org"), Var("project_id")), as_="project",
-           else_=Outcome("ProjectExists")),
-    Set("project", "name", Const("P")),
-    Record("project", "project.created", {"by": Fact("id")}),
-    Return("Created"),
-)
 
 
-async def test_a_value_that_evaluates_to_nothing_names_its_clause(db: Database) -> None:
-    """A set, cause or record value reading a fact the acting principal lacks fails
+async def test_a_value_that_evaluates_to_nothing_names_its_clause(db: Database, database: ProvisionedDatabase) -> None:
+    """A set or cause value reading a fact the acting principal lacks fails
     the command naming the clause that read nothing, and writes nothing."""
-    runner = runner_for(db)
-    for command, message in ((NAMED_BY_CALLER, r"^set name evaluated to nothing"),
-                             (CAUSED_BY_CALLER, r"^by evaluated to nothing"),
-                             (RECORDED_BY_CALLER, r"^by evaluated to nothing")):
+    runner = Installing(db, database)
+    for command, message in ((NAMED_BY_CALLER, r"^set project\.name evaluated to nothing"),
+                             (CAUSED_BY_CALLER, r"^caused project\.created: by evaluated to nothing")):
         with pytest.raises(Exception, match=message):
             await runner.run(CATALOG.command(command), Nameless(),
                              {"request_key": "k", "org": "acme", "project_id": "p1"})
@@ -208,13 +166,13 @@ REPLACE_TASK = Command(
 
 
 async def test_a_command_deleting_one_row_claims_the_unique_values_of_another(
-    db: Database,
+    db: Database, database: ProvisionedDatabase,
 ) -> None:
     """One command that deletes a row and creates another claims the new
     row's unique values as a create alone does: a title another row holds
     answers TitleTaken and changes nothing; a free one is taken (a later
     create of it answers TitleTaken)."""
-    runner = runner_for(db)
+    runner = Installing(db, database)
     replace_task = CATALOG.command(REPLACE_TASK)
     await ok(runner, CATALOG.command(CREATE_PROJECT), request_key="p", org="acme",
              project_id="p1", name="P")
@@ -246,14 +204,14 @@ def _with_taken(command: Command, taken: dict[str, Outcome]) -> Command:
     ))
 
 
-async def test_a_changed_unique_value_is_claimed_after_an_unchanged_one(db: Database) -> None:
+async def test_a_changed_unique_value_is_claimed_after_an_unchanged_one(db: Database, database: ProvisionedDatabase) -> None:
     """A row with two unique keys claims the one a command changes even when
     the key declared before it is unchanged: renaming onto a title another
     row holds answers TitleTaken."""
     taken = {"by_execution": Outcome("ExecutionTaken"), "by_title": Outcome("TitleTaken")}
     create = TWO_UNIQUE.command(_with_taken(CREATE_TASK, taken))
     rename = TWO_UNIQUE.command(_with_taken(RENAME_TASK, {"by_title": Outcome("TitleTaken")}))
-    runner = runner_for(db)
+    runner = Installing(db, database)
     await ok(runner, TWO_UNIQUE.command(CREATE_PROJECT), request_key="p", org="acme",
              project_id="p1", name="P")
     for task_id, title in (("t1", "a"), ("t2", "b")):
@@ -269,11 +227,11 @@ LABELLED = Catalog([PROJECT, TASK, replace(STEP, unique=(Unique("by_label", ("or
                    [LIFECYCLE], FACTS)
 
 
-async def test_a_cascade_frees_the_unique_values_of_the_rows_it_takes(db: Database) -> None:
+async def test_a_cascade_frees_the_unique_values_of_the_rows_it_takes(db: Database, database: ProvisionedDatabase) -> None:
     """A step's unique label is held while the step exists and freed when a
     cascade deletes it with its task: another step may take it after."""
     add = LABELLED.command(_with_taken(ADD_STEP, {"by_label": Outcome("LabelTaken")}))
-    runner = runner_for(db)
+    runner = Installing(db, database)
     await ok(runner, LABELLED.command(CREATE_PROJECT), request_key="p", org="acme",
              project_id="p1", name="P")
     for task_id, title in (("t1", "one"), ("t2", "two")):
