@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service_engine.render.deltas import Remove, Reset, Upsert
-from service_engine.render.session import SessionId
+from service_engine.render.session_id import SessionId
 from service_engine.render.stream import SessionStream
 from service_engine.server import wire_protocol as wp
 from service_engine.server.live_op import LiveOp

@@ -24,7 +24,7 @@ from service_engine.config import EngineConfig
 from service_engine.graphql.delivery_plan import dumps
 from service_engine.graphql.subscriptions import Live
 from service_engine.render.deltas import Remove, Reset, Upsert
-from service_engine.render.session import SessionId
+from service_engine.render.session_id import SessionId
 from service_engine.render.stream import SessionStream
 from service_engine.render.windows import Keys, WindowSpec
 from service_engine.server.app import _DOCUMENT_FIXED, limited_schema
