@@ -39,7 +39,7 @@ from .mirrors.worker import MirrorBounds
 from .offers.component import Offers
 from .offers.drain import OfferDrainBounds
 from .pipeline import MutationExecutor
-from .pipeline.contexts import Ops
+from .pipeline.ops import Ops
 from .pipeline.run import run_pipeline
 from .principal_facts import PrincipalFactLoader, PrincipalFactLoaders
 from .readiness import REASON_BOOTING, REASON_SHUTTING_DOWN, ReadinessHandle

@@ -62,6 +62,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.persistence",
         "service_engine.messaging",
         "service_engine.outbox.staging",
+        "service_engine.outbox.gestures",
         "service_engine.scheduled.staging",
         "service_engine.offers.model",
         "service_engine.offers.staging",
