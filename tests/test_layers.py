@@ -91,6 +91,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.props",
         "service_engine.ops",
         "service_engine.erasure",
+        "service_engine.preflight",
     )),
     ("engine", ("service_engine.engine",)),
     # The author's kit never imports the server that serves what it composed.
