@@ -14,16 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from .beat.component import BeatStep, Component, Delegate, run_beat
-from .beat.upkeep import LOOP_LAG_INTERVAL, Upkeep, UpkeepBounds, check_grants, probe_listener
+from .beat.upkeep import LOOP_LAG_INTERVAL, Upkeep, UpkeepBounds
 from .blobs.model import DownloadUrl
 from .blobs.runtime import BlobRuntime
 from .clock import SystemClock
 from .commands.checked import CheckedCommand
-from .commands.install import assert_commands_installed
 from .config import EngineConfig
 from .db.pool import Database
-from .db.posture import assert_posture
-from .db.schema_version import VersionIdentity, claim_at_boot
+from .db.schema_version import VersionIdentity
 from .erasure import Eraser, ErasureResult
 from .failures import DuplicateRegistration, EngineError, ShuttingDown, WorkerStopped
 from .impacts.model import JsonValue
@@ -39,8 +37,9 @@ from .mirrors.worker import MirrorBounds
 from .offers.component import Offers
 from .offers.drain import OfferDrainBounds
 from .pipeline import MutationExecutor
-from .pipeline.contexts import Ops
+from .pipeline.ops import Ops
 from .pipeline.run import run_pipeline
+from .preflight import check_boot, check_start
 from .principal_facts import PrincipalFactLoader, PrincipalFactLoaders
 from .readiness import REASON_BOOTING, REASON_SHUTTING_DOWN, ReadinessHandle
 from .render.projector import Projector, RlsApplier
@@ -86,20 +85,11 @@ class Engine:
         )
         self.offers = Offers(
             db, nats, readiness, metrics, holder=config.pod_id, lease=config.lease,
-            bounds=OfferDrainBounds(
-                batch=config.offer_drain_batch, reconcile=config.offer_reconcile,
-                lease=config.lease, interval=config.beat_interval,
-            ),
+            bounds=OfferDrainBounds.of(config),
         )
         self.mirrors = Mirrors(
             db, nats, readiness, metrics, self.dead_letters, holder=config.pod_id,
-            bounds=MirrorBounds(
-                interval=config.beat_interval, lease=config.lease,
-                reconcile=config.mirror_reconcile,
-                failure_threshold=config.mirror_failure_threshold,
-                backoff=config.mirror_restart_backoff,
-                backoff_cap=config.mirror_restart_backoff_cap,
-            ),
+            bounds=MirrorBounds.of(config),
         )
         self.blobs = BlobRuntime(db, readiness)
         """The blob kinds and the bound bucket (`register_blobs`, `use_blob_store`)."""
@@ -131,24 +121,15 @@ class Engine:
     async def boot(
         cls, config: EngineConfig, db: Database, nats: Nats | None, readiness: ReadinessHandle
     ) -> Engine:
-        """Check the pod may serve, in order: posture, schema version, listener.
+        """Check the pod may serve, in order: posture, schema version, listener
+        (`check_boot`).
 
         A refusal raises its typed error and leaves ``readiness`` DOWN with
         the reason; success leaves it DOWN only until `run` starts.
         """
         readiness.set_down(REASON_BOOTING, "the engine is booting")
         engine = cls(config, db, nats, readiness)
-        try:
-            async with db.pool.acquire() as conn:
-                await assert_posture(conn)
-                await claim_at_boot(
-                    conn, engine.version, pod_id=config.pod_id,
-                    service=config.service, liveness=config.schema_version_liveness,
-                )
-            await probe_listener(db, config.listener_probe_timeout)
-        except EngineError as exc:
-            readiness.set_down(getattr(exc, "reason", "boot"), str(exc))
-            raise
+        await check_boot(db, config, engine.version, readiness)
         readiness.clear(REASON_BOOTING)
         readiness.set_down(REASON_NOT_RUNNING, "booted; run() has not started")
         engine._supervisor.add("beat", engine._beat)
@@ -315,14 +296,9 @@ class Engine:
             raise EngineError("Engine.run() was already started")
         self._running = True
         try:
-            await check_grants(self.db, self.readiness, self._nouns.tables())
-            if self._commands:
-                try:
-                    async with self.db.pool.acquire() as conn:
-                        await assert_commands_installed(conn, self._commands.values())
-                except EngineError as exc:
-                    self.readiness.set_down(exc.code, str(exc))
-                    raise
+            await check_start(
+                self.db, self.readiness, self._nouns.tables(), self._commands.values()
+            )
             for component in self.components:
                 await component.start()
                 for name, worker in component.tasks().items():

@@ -58,7 +58,7 @@ from .lanes.accumulated.runtime import Accumulators
 from .messaging.envelope import DeclaredSequence, build_event, check_token
 from .metrics import Metrics
 from .persistence.full_eda import EventSourced, Redactor
-from .pipeline.contexts import Ops
+from .pipeline.ops import Ops
 from .pipeline.run import run_pipeline
 from .supervisor import Worker
 

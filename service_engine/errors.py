@@ -232,8 +232,10 @@ from .render.registry import (
 )
 from .render.session import (
     IllegalTransition,
-    InvalidSessionId,
     PrincipalChanged,
+)
+from .render.session_id import (
+    InvalidSessionId,
 )
 from .render.sharing import (
     InvalidViewKey,

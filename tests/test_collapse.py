@@ -23,7 +23,7 @@ from service_engine.impacts.model import Cause, canonical_json
 from service_engine.render import Remove, Reset, Upsert, WindowReplica
 from service_engine.render.deltas import Delta, renumbered
 from service_engine.render.plan import latest_causes
-from service_engine.render.session import new_session_id
+from service_engine.render.session_id import new_session_id
 from service_engine.render.stream import Backlog, SessionStream
 
 _KEYS = [canonical_json(k) for k in range(6)]

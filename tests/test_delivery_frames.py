@@ -16,7 +16,7 @@ from service_engine.graphql.delivery_plan import Encoded
 from service_engine.graphql.subscriptions import LanesPaused
 from service_engine.render.deltas import Remove, Reset, Upsert
 from service_engine.server import delivery
-from service_engine.server.live_ops import next_frame, next_frame_head
+from service_engine.server.live_op import next_frame, next_frame_head
 
 from .test_delivery_plan import ALPHA, BETA, CAUSE, FULL, GRAPHQL_SCHEMA, THINGS
 

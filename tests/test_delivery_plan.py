@@ -34,7 +34,7 @@ from service_engine.graphql.subscriptions import LanesPaused, subscription_union
 from service_engine.impacts.model import Cause
 from service_engine.render.deltas import Remove, Reset, Upsert
 from service_engine.server import delivery
-from service_engine.server.live_ops import next_frame, next_frame_head
+from service_engine.server.live_op import next_frame, next_frame_head
 
 
 @strawberry.enum

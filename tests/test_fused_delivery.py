@@ -23,10 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service_engine.render.deltas import Remove, Reset, Upsert
-from service_engine.render.session import SessionId
+from service_engine.render.session_id import SessionId
 from service_engine.render.stream import SessionStream
 from service_engine.server import wire_protocol as wp
-from service_engine.server.live_ops import LiveOp, LiveOps
+from service_engine.server.live_op import LiveOp
+from service_engine.server.live_ops import LiveOps
 
 from .test_delivery_frames import DELTAS as LEARNED
 from .test_delivery_plan import ALPHA, BETA, CAUSE, FULL

@@ -62,6 +62,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.persistence",
         "service_engine.messaging",
         "service_engine.outbox.staging",
+        "service_engine.outbox.gestures",
         "service_engine.scheduled.staging",
         "service_engine.offers.model",
         "service_engine.offers.staging",
@@ -90,6 +91,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "service_engine.props",
         "service_engine.ops",
         "service_engine.erasure",
+        "service_engine.preflight",
     )),
     ("engine", ("service_engine.engine",)),
     # The author's kit never imports the server that serves what it composed.

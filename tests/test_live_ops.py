@@ -24,11 +24,12 @@ from service_engine.config import EngineConfig
 from service_engine.graphql.delivery_plan import dumps
 from service_engine.graphql.subscriptions import Live
 from service_engine.render.deltas import Remove, Reset, Upsert
-from service_engine.render.session import SessionId
+from service_engine.render.session_id import SessionId
 from service_engine.render.stream import SessionStream
 from service_engine.render.windows import Keys, WindowSpec
 from service_engine.server.app import _DOCUMENT_FIXED, limited_schema
-from service_engine.server.live_ops import LiveOp, LiveOps, per_operation_extensions
+from service_engine.server.live_op import LiveOp
+from service_engine.server.live_ops import LiveOps, per_operation_extensions
 
 from .test_delivery_frames import DELTAS
 from .test_delivery_plan import (

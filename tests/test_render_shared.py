@@ -28,7 +28,7 @@ from service_engine.render import (
     Upsert,
 )
 from service_engine.render.membership import RenderPlan
-from service_engine.render.session import SHARED_RENDERS, SharedRender, SharedWindow
+from service_engine.render.window_diff import SHARED_RENDERS, SharedRender, SharedWindow
 from tests.render_support import RankQuery
 
 _KEYS = ["1", "2", "3", "4", "5"]

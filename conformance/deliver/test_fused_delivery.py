@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from service_engine.server.live_ops import LiveOp
+from service_engine.server.live_op import LiveOp
 from service_engine.server.wire import WireSocket
 
 from ..blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME

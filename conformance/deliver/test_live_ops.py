@@ -25,7 +25,8 @@ from service_engine.embedded import ProvisionedDatabase
 from service_engine.graphql import GraphQLContext
 from service_engine.render.session import Session
 from service_engine.render.stream import SessionStream
-from service_engine.server.live_ops import LiveOp, LiveOps
+from service_engine.server.live_op import LiveOp
+from service_engine.server.live_ops import LiveOps
 from service_engine.server.wire import WireSocket
 
 from ..blackbox.harness import ADMIN, BOARDS_SUBSCRIPTION, CREATE, RENAME, GqlSocket

@@ -31,7 +31,7 @@ from websockets.exceptions import ConnectionClosed
 from service_engine import Database
 from service_engine.graphql import PASSPORT_HEADER, graphql_app
 from service_engine.server.host import _Server, bind_listener, http_config
-from service_engine.server.live_ops import LiveOp
+from service_engine.server.live_op import LiveOp
 from service_engine.server.wire import WireSocket
 
 from ..support.harness import wait_until

@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..beat.leader import LeaderLease
 from ..db.errors import Stage, translating
@@ -49,6 +49,9 @@ from ..offers.model import Published
 from ..readiness import ReadinessHandle
 from .declaration import Merged, Mirror, Shadow, ShadowEntry
 from .projection import Projection
+
+if TYPE_CHECKING:
+    from ..config import EngineConfig
 
 __all__ = ["MirrorBounds", "MirrorRuntime", "MirrorSupervisor"]
 
@@ -70,6 +73,16 @@ class MirrorBounds:
     failure_threshold: int = 3
     backoff: timedelta = timedelta(seconds=0.5)
     backoff_cap: timedelta = timedelta(seconds=30)
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> MirrorBounds:
+        return cls(
+            interval=config.beat_interval, lease=config.lease,
+            reconcile=config.mirror_reconcile,
+            failure_threshold=config.mirror_failure_threshold,
+            backoff=config.mirror_restart_backoff,
+            backoff_cap=config.mirror_restart_backoff_cap,
+        )
 
 
 def reason_of(name: str) -> str:

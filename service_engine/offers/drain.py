@@ -105,7 +105,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..beat.leader import LeaderLease, Lease, LeaseLost
 from ..db.errors import Stage, translating
@@ -116,6 +116,9 @@ from ..metrics import Metrics
 from ..persistence.base import store_of
 from .model import Offer
 from .staging import OFFER_CHANNEL
+
+if TYPE_CHECKING:
+    from ..config import EngineConfig
 
 __all__ = [
     "REVISION_CACHE_KEYS",
@@ -144,6 +147,13 @@ class OfferDrainBounds:
     interval: timedelta = timedelta(seconds=1)
     coalesce: timedelta = timedelta(milliseconds=50)
     """How long a wake waits for more commits before its pass (0: none)."""
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> OfferDrainBounds:
+        return cls(
+            batch=config.offer_drain_batch, reconcile=config.offer_reconcile,
+            lease=config.lease, interval=config.beat_interval,
+        )
 
 
 @dataclass(slots=True)

@@ -17,8 +17,10 @@ from ..db.errors import (
     TransientConflict,
     translate_db_error,
 )
-from .contexts import BULK_PATH, Bulk, Mutation, Ops, OutboxRow, Reaction, Staged, principal_actor
+from ..outbox.staging import OutboxRow
+from .contexts import Bulk, Mutation, Reaction, principal_actor
 from .executor import MutationExecutor
+from .ops import BULK_PATH, Ops, Staged
 from .outcomes import (
     DATABASE_FAULT_MESSAGE,
     MutationError,

@@ -56,8 +56,9 @@ from ..messaging.envelope import Actor
 from ..messaging.reactions import Disposition, ReactionDelivery
 from ..metrics import Metrics
 from ..outbox.staging import OutboxRow
-from .contexts import ClaimedBefore, Reaction
+from .contexts import Reaction
 from .run import StageHook, run_pipeline
+from .transaction import ClaimedBefore
 
 __all__ = [
     "Applied",

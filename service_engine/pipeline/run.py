@@ -53,7 +53,7 @@ from ..metrics import Metrics
 from ..offers.staging import offer_dirty_statement
 from ..outbox.staging import outbox_statement
 from ..scheduled.staging import scheduled_message_statement
-from .contexts import Ops, Staged
+from .ops import Ops, Staged
 from .transaction import Transaction
 
 __all__ = ["StageHook", "flush", "run_pipeline"]

@@ -5,6 +5,8 @@
 * `interest` — interest routing (`Interest`, `Route`, `Dirty`, `RenderFrame`);
 * `membership` — a window's head and what a pass renders of it;
 * `session` — one session's state machine; `paging` — pages behind a window;
+* `session_id` — a session's identity; `window_diff` — one window's diff and
+  the renders sessions share;
 * `deltas` — Reset / Upsert / Remove and the window diff;
 * `cohort` — collision-free cohort keys; `cohort_index` — which discovering
   sessions a changed row concerns;
@@ -81,12 +83,14 @@ from service_engine.render.report import PassReport, PassTally
 from service_engine.render.session import (
     DEFAULT_BARRIER_CAPACITY,
     IllegalTransition,
-    InvalidSessionId,
     PrincipalChanged,
     Session,
-    SessionId,
     SessionState,
     authorize_page,
+)
+from service_engine.render.session_id import (
+    InvalidSessionId,
+    SessionId,
     new_session_id,
     parse_session_id,
 )

@@ -59,16 +59,11 @@ from .projector import (
     route_of,
 )
 from .report import PassTally
-from .session import (
-    Session,
-    SessionId,
-    SharedWindow,
-    authorize_page,
-    new_session_id,
-    parse_session_id,
-)
+from .session import Session, authorize_page
+from .session_id import SessionId, new_session_id, parse_session_id
 from .sharing import HeldViews, Interned, SharedViews, view_key_of
 from .stream import SessionStream
+from .window_diff import SharedWindow
 from .windows import Keys, WindowSpec, keyed
 
 __all__ = ["AttachedSession", "PrincipalRefresh", "RenderRegistry", "UnknownProjectorName"]

@@ -61,8 +61,9 @@ from .plan import FramePlan, batches, latest_causes, plan_frame
 from .projector import Projector, cohort_of, reset_threshold_for
 from .registry import AttachedSession, RenderRegistry
 from .report import PassReport, PassTally
-from .session import Session, SharedRender
+from .session import Session
 from .sharing import SharedViews, view_key_of
+from .window_diff import SharedRender
 
 __all__ = ["BEHIND_SECONDS", "SLICE_SECONDS", "SLICE_SESSIONS", "RenderRuntime"]
 

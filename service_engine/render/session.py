@@ -34,183 +34,44 @@ views to `go_live` / `repaired` / `resnapshot`, enqueue the Reset; then
 replay `take_held` as a pass. For a render pass: `needs_populate`, `plan`,
 load and render ``plan.scope``, `render`, enqueue the deltas.
 
-All methods are synchronous and pure, so a call is atomic with respect to
-the event loop; the runtime's per-session lock only needs to span the
-awaits between `open_page` and `settle_page`, or a snapshot's reads.
+A session's identity is `session_id`'s; the diff of one window and the
+renders sessions share, `window_diff`'s. All methods are synchronous and
+pure, so a call is atomic with respect to the event loop; the runtime's
+per-session lock only needs to span the awaits between `open_page` and
+`settle_page`, or a snapshot's reads.
 """
 
 from __future__ import annotations
 
 import enum
-import re
-import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any, Generic, NewType, TypeVar
+from typing import Any, Generic, TypeVar
 
-from ..failures import AttachError, ConfigError, EngineError
+from ..failures import ConfigError, EngineError
 from ..impacts.model import Cause, JsonValue
 from .cohort import CohortKey
-from .deltas import Delta, KeyText, Remove, Reset, Revision, Upsert, new_upsert
+from .deltas import Delta, KeyText, Reset, Revision, Upsert
 from .interest import Dirty
 from .membership import Membership, RenderPlan
-from .paging import (
-    NoLiveSession,
-    NotPageable,
-    PageInterrupted,
-    PageResult,
-    Pages,
-    PageTicket,
-)
+from .paging import NoLiveSession, NotPageable, PageInterrupted, PageResult, Pages, PageTicket
+from .session_id import SessionId
+from .window_diff import SHARED_RENDERS, SharedRender, SharedWindow, diff_into, same_window
 from .windows import MembershipRule, Population
 
 __all__ = [
     "DEFAULT_BARRIER_CAPACITY",
     "IllegalTransition",
-    "InvalidSessionId",
     "PrincipalChanged",
     "Session",
-    "SessionId",
     "SessionState",
-    "SharedRender",
-    "SharedWindow",
     "authorize_page",
-    "diff_into",
-    "new_session_id",
-    "parse_session_id",
 ]
 
 P = TypeVar("P")
 V = TypeVar("V")
 
-SessionId = NewType("SessionId", str)
-"""A session's identity: generated, or supplied by the client
-(`attach_with_session`) to correlate a subscription with page requests."""
-
-_SESSION_ID = re.compile(r"[A-Za-z0-9_.:~-]{1,128}")
-
 DEFAULT_BARRIER_CAPACITY = 10_000
 """Held entries past which a barrier collapses to "everything changed"."""
-
-_MISSING: Any = object()
-
-SHARED_RENDERS = 4
-"""Distinct windows one group's memo holds (`Session.render_shared`); the
-sessions of a cohort that hold yet another render alone."""
-
-
-def diff_into(
-    last: dict[KeyText, V],
-    plan: RenderPlan,
-    rendered: Mapping[KeyText, V],
-    caused: Sequence[tuple[KeyText, Cause]],
-    revision: Revision,
-) -> list[Delta[V]]:
-    """The deltas that turn ``last`` into the pass's views (`Session.render`),
-    numbered from ``revision`` + 1, applied to ``last`` as it goes.
-
-    ``caused`` first yields one delta per caused impact on a scoped key,
-    carrying its cause, even when the view is unchanged; the rest is
-    `diff_window(last, rendered, scope=plan.scope)` in one walk of the scope
-    (no diff and second apply loop: this runs per window per frame; tests
-    pin it to diff_window), then the plan's leaving keys are Removed.
-    """
-    rev = revision
-    out: list[Delta[V]] = []
-    scope = plan.scope
-    get = rendered.get
-    for key, cause in caused:
-        if key not in scope:
-            continue
-        view = get(key, _MISSING)
-        if view is not _MISSING:
-            rev += 1
-            out.append(new_upsert(rev, key, view, cause))
-            last[key] = view
-        elif key in last:
-            rev += 1
-            out.append(Remove(rev, key, cause))
-            del last[key]
-    sent = last.get
-    for key in scope:
-        view = get(key, _MISSING)
-        if view is _MISSING:
-            if key in last:
-                rev += 1
-                out.append(Remove(rev, key))
-                del last[key]
-            continue
-        old = sent(key, _MISSING)
-        if old is view or (old is not _MISSING and old == view):
-            continue
-        rev += 1
-        out.append(new_upsert(rev, key, view))
-        last[key] = view
-    leaving = plan.leaving
-    if leaving:
-        for key in leaving:
-            if key in last:
-                rev += 1
-                out.append(Remove(rev, key))
-                del last[key]
-    return out
-
-
-def _same_window(a: Mapping[KeyText, Any], b: Mapping[KeyText, Any]) -> bool:
-    """The same object, or equal items in the same (window) order."""
-    return a is b or (a == b and list(a) == list(b))
-
-
-class SharedWindow(Generic[V]):
-    """A window and head held by the sessions that completed a batch of
-    snapshots with equal ones (`Session.go_live`'s ``shares``)."""
-
-    __slots__ = ("head", "last")
-
-    def __init__(self, last: dict[KeyText, V], head: dict[KeyText, JsonValue]) -> None:
-        self.last = last
-        self.head = head
-
-
-class SharedRender(Generic[V]):
-    """One render of a window, shared by the sessions that held it
-    (`Session.render_shared`): the window before (``old_last``, ``old_head``)
-    and after (``last``, ``head``), the deltas, and whether it came out as
-    a Reset (more deltas than the threshold)."""
-
-    __slots__ = ("deltas", "head", "last", "old_head", "old_last", "reset")
-
-    def __init__(
-        self,
-        old_last: dict[KeyText, V],
-        old_head: dict[KeyText, JsonValue],
-        last: dict[KeyText, V],
-        head: dict[KeyText, JsonValue],
-        deltas: list[Delta[V]],
-        reset: bool,
-    ) -> None:
-        self.old_last = old_last
-        self.old_head = old_head
-        self.last = last
-        self.head = head
-        self.deltas = deltas
-        self.reset = reset
-
-
-def new_session_id() -> SessionId:
-    """A fresh random id (128 bits, URL-safe)."""
-    return SessionId(secrets.token_urlsafe(16))
-
-
-class InvalidSessionId(AttachError):
-    """A client-supplied session id is not 1-128 characters of
-    ``[A-Za-z0-9_.:~-]``."""
-
-
-def parse_session_id(text: object) -> SessionId:
-    """Validate a client-supplied session id; raises `InvalidSessionId`."""
-    if not isinstance(text, str) or _SESSION_ID.fullmatch(text) is None:
-        raise InvalidSessionId("a session id is 1-128 characters of [A-Za-z0-9_.:~-]")
-    return SessionId(text)
 
 
 class SessionState(enum.Enum):
@@ -442,7 +303,7 @@ class Session(Generic[P, V]):
         else:
             head = membership.head
             for share in shares:
-                if _same_window(share.last, rendered) and _same_window(share.head, head):
+                if same_window(share.last, rendered) and same_window(share.head, head):
                     self.last_sent = share.last
                     membership.head = share.head
                     self._shared = True
@@ -558,8 +419,8 @@ class Session(Generic[P, V]):
         head = membership.head
         for entry in renders:
             # (Identity first, inline: a cohort's sessions mostly hold the very same.)
-            if ((entry.old_last is last or _same_window(entry.old_last, last))
-                    and (entry.old_head is head or _same_window(entry.old_head, head))):
+            if ((entry.old_last is last or same_window(entry.old_last, last))
+                    and (entry.old_head is head or same_window(entry.old_head, head))):
                 break
         else:
             if len(renders) >= SHARED_RENDERS:

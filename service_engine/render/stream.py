@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from ..failures import EngineError
 from .deltas import Delta, KeyText, Remove, Reset, Revision, Upsert, renumbered
-from .session import SessionId
+from .session_id import SessionId
 
 __all__ = ["BEHIND", "Backlog", "SessionEnded", "SessionStream"]
 

@@ -14,96 +14,38 @@ Strawberry operation, no graphql-core execution, no task per operation.
 Anything else (a first subscribe, variables that fail coercion, a request
 that raises) is left to the ordinary path, which gives the same messages.
 
-The socket drives a `LiveOp` by callbacks: `LiveOp.start` attaches (one
-short task), then the session stream calls back (`SessionStream.set_waker`)
-when a delta or the end is queued; the socket calls `LiveOp.drain`, which
-turns every queued delta into its frame text and hands them to
-``write(texts)`` in one call; `pause` / `resume` follow the transport's flow
-control (a paused op takes nothing: its session collapses or Resets as the
-render side does for any slow subscriber). With the socket's ``direct``
-write, a delta put while the session is caught up skips the queue: the
-socket writes `LiveOp.frame_bytes` from inside the put (the fused write), or
-declines and it is queued. A projector watching NATS lanes has their
-notices read in one task per such operation.
-
-Every frame is byte for byte what the ordinary path sends: the plan's
-shared serialisation with this session's revision and this operation's id
-spliced in (`next_frame`); an event the plan refuses (`NotPlanned`)
-is executed by graphql-core and formatted as Strawberry formats it.
+The operation itself, its frames and flow control, is `LiveOp`
+(`live_op`); what a document's first run established, `Known`
+(`live_known`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import enum
-import functools
-import inspect
-import logging
-import sys
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from graphql import (
-    DocumentNode,
-    FieldNode,
-    FragmentDefinitionNode,
-    GraphQLEnumType,
-    GraphQLError,
-    GraphQLField,
-    GraphQLScalarType,
-    GraphQLSchema,
-    OperationDefinitionNode,
-    get_named_type,
-)
-from graphql.execution import (
-    execute_subscription_event,
-    get_argument_values,
-    get_variable_values,
-)
+from graphql import FieldNode
+from graphql.execution import get_argument_values, get_variable_values
 from strawberry.extensions import SchemaExtension
-from strawberry.relay import GlobalID
 
 from ..graphql import subscriptions
-from ..graphql.delivery_plan import Encoded, NotPlanned, dumps
 from ..graphql.subscriptions import Live, LiveRequest, SubscriptionUnion
-from ..logs import bind_session
-from ..render.deltas import Remove, Upsert, renumbered
-from ..render.stream import SessionStream
-from .delivery import SharedPlan, plan_for, report_errors, seen
-from .wire_protocol import text_frame
+from .delivery import plan_for, seen
+from .live_known import Known, document_key, known_parameters
+from .live_op import LiveOp
 
 if TYPE_CHECKING:
     from strawberry import Schema
-    from strawberry.types.field import StrawberryField
 
-__all__ = [
-    "DRAIN_BUDGET",
-    "KNOWN_DOCUMENTS",
-    "LiveOp",
-    "LiveOps",
-    "Write",
-    "next_frame",
-    "next_frame_head",
-    "per_operation_extensions",
-    "planned",
-]
+__all__ = ["KNOWN_DOCUMENTS", "LiveOps", "per_operation_extensions"]
 
 KNOWN_DOCUMENTS = 1024
 """Known-planned (document text, operationName) kept per app (an LRU)."""
 
-DRAIN_BUDGET = 256
-"""Deltas one `LiveOp.drain` takes at most (the rest wait for the next call)."""
-
 MAX_COERCION_ERRORS = 50
 """graphql-core's default bound on variable coercion errors (as the ordinary path)."""
-
-Write = Callable[[list[str]], object]
-"""Callback mode's writer: every frame text of one drain, in order, in one call."""
-
-_log = logging.getLogger(__name__)
 
 _OPERATION_HOOKS = (
     "on_operation", "on_parse", "on_validate", "on_execute", "resolve",
@@ -129,91 +71,6 @@ def per_operation_extensions(
     return acting
 
 
-_TAIL = "}}"
-
-
-def next_frame_head(operation_id: str) -> str:
-    """The text of a ``next`` message up to its data, for ``operation_id``
-    (interned: operations under one id share the one string, and a frame
-    kept for one of them is found for the others by identity)."""
-    return sys.intern(f'{{"id":{dumps(operation_id)},"type":"next","payload":{{"data":')
-
-
-def next_frame(head: str, data: Encoded, revision: int | None = None) -> str:
-    """The whole ``next`` message: ``head`` (`next_frame_head`), ``data``'s
-    text (cut at its revision: ``revision`` spliced in when given)."""
-    chunks = data.chunks
-    if len(chunks) == 1:
-        return head + chunks[0] + _TAIL
-    if revision is None:
-        revision = data.revision
-    if len(chunks) == 2:
-        return f"{head}{chunks[0]}{revision}{chunks[1]}{_TAIL}"
-    return head + str(revision).join(chunks) + _TAIL
-
-
-def planned(union: SubscriptionUnion[Any], shared: SharedPlan, item: Any) -> Encoded | None:
-    """``item``'s member serialised by the plan, or None (it refuses it)."""
-    try:
-        return shared.encode(union.message(item))
-    except NotPlanned:
-        return None
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Known:
-    """A known-planned document: what its ordinary run established."""
-
-    operation: OperationDefinitionNode
-    fragments: Mapping[str, FragmentDefinitionNode]
-    operation_name: str | None
-    schema: GraphQLSchema
-    field_def: GraphQLField
-    field_node: FieldNode
-    arguments: Mapping[str, str]
-    """The field's GraphQL argument names to the request's parameter names."""
-    takes_self: bool
-    union: SubscriptionUnion[Any]
-    request: LiveRequest
-
-    def document(self) -> DocumentNode:
-        return DocumentNode(definitions=(self.operation, *self.fragments.values()))
-
-
-def _parameters(
-    field: StrawberryField, field_def: GraphQLField, request: LiveRequest, config: Any
-) -> tuple[dict[str, str], bool] | None:
-    """The field's GraphQL argument names to ``request``'s parameter names,
-    and whether it takes ``self``; None unless every argument is a scalar or
-    an enum (or a list of them), which graphql-core's coercion hands over as
-    the value Strawberry passes (Strawberry converts only input objects,
-    ``Maybe``, ``GlobalID`` and what field extensions map): a field with any
-    other argument stays on the ordinary path."""
-    if field.extensions:
-        return None
-    names: dict[str, str] = {}
-    for argument in field.arguments:
-        name = config.name_converter.from_argument(argument)
-        graphql_argument = field_def.args.get(name)
-        if graphql_argument is None or argument.is_maybe or _innermost(argument.type) is GlobalID:
-            return None
-        named = get_named_type(graphql_argument.type)
-        if not isinstance(named, GraphQLScalarType | GraphQLEnumType):
-            return None
-        names[name] = argument.python_name
-    parameters = list(inspect.signature(request).parameters)
-    takes_self = bool(parameters) and parameters[0] == "self"
-    if set(parameters[1 if takes_self else 0:]) != set(names.values()):
-        return None  # a parameter Strawberry fills itself (root, parent, info)
-    return names, takes_self
-
-
-def _innermost(declared: Any) -> Any:
-    while hasattr(declared, "of_type"):  # StrawberryOptional, StrawberryList
-        declared = declared.of_type
-    return declared
-
-
 class LiveOps:
     """The known-planned live documents of one app, and their operations.
 
@@ -236,7 +93,7 @@ class LiveOps:
         self._encode = encode
         self.enabled = enabled
         self._size = size
-        self._known: OrderedDict[tuple[str, str | None], _Known] = OrderedDict()
+        self._known: OrderedDict[tuple[str, str | None], Known] = OrderedDict()
 
     @property
     def known(self) -> int:
@@ -254,7 +111,7 @@ class LiveOps:
         operationName): if the kit's live resolver runs under it and its
         document is one `open` can serve, the document becomes known. Enter
         it in the operation's own task (it sets a context variable)."""
-        key = _key(payload)
+        key = document_key(payload)
         if not self.enabled or key is None or key in self._known:
             return contextlib.nullcontext()
         return subscriptions.reporting(
@@ -283,12 +140,12 @@ class LiveOps:
         field = self.schema.get_field_for_type(node.name.value, root.name)
         if field_def is None or field is None:
             return
-        parameters = _parameters(field, field_def, request, self.schema.config)
+        parameters = known_parameters(field, field_def, request, self.schema.config)
         if parameters is None or plan_for(
             found.schema, found.operation, found.fragments, info.variable_values
         ) is None:
             return
-        self._known[key] = _Known(
+        self._known[key] = Known(
             found.operation, found.fragments, key[1], found.schema, field_def, node,
             parameters[0], parameters[1], union, request,
         )
@@ -307,7 +164,7 @@ class LiveOps:
         (acknowledged, the id free, the socket's subscription bound)."""
         if not self.enabled:
             return None
-        key = _key(payload)
+        key = document_key(payload)
         known = self._known.get(key) if key is not None else None
         if key is None or known is None:
             return None
@@ -335,9 +192,9 @@ class LiveOps:
         return LiveOp(self, known, operation_id, context, principal, live, shared,
                       payload.get("variables"), lanes)
 
-    def _request(self, known: _Known, coerced: Any) -> Live:
+    def _request(self, known: Known, coerced: Any) -> Live:
         """The field's `Live`: the request called with the field's
-        arguments as graphql-core coerced them (`_parameters`)."""
+        arguments as graphql-core coerced them (`known_parameters`)."""
         values = get_argument_values(known.field_def, known.field_node, coerced)
         names = known.arguments
         # (A list copied, as Strawberry does: graphql-core shares a default's.)
@@ -349,398 +206,3 @@ class LiveOps:
         return live
 
 
-def _key(payload: Mapping[str, object]) -> tuple[str, str | None] | None:
-    query = payload.get("query")
-    name = payload.get("operationName")
-    if not isinstance(query, str) or not (name is None or isinstance(name, str)):
-        return None
-    return query, name
-
-
-class _State(enum.Enum):
-    OPENED = "opened"
-    ATTACHING = "attaching"
-    LIVE = "live"
-    ENDED = "ended"
-    """The session ended (or failed to attach): its last frames are queued
-    or sent, ``complete`` among them."""
-    DONE = "done"
-    """The owner was told (``on_done``); nothing more."""
-    CLOSED = "closed"
-
-
-class _Closed(Exception):
-    """The op was closed while its attach was pending."""
-
-
-class LiveOp:
-    """One known-planned live subscription on one socket, under its id.
-
-    States: ``opened`` (built by `LiveOps.open`) → ``attaching`` →
-    ``live`` → ``ended`` (its session ended or could not attach:
-    ``complete`` queued) → ``done`` (the owner told); or ``closed``
-    (`close`: the client completed, the socket went away; no more frames).
-    """
-
-    __slots__ = (
-        "_context", "_direct", "_ending", "_executor", "_head", "_known", "_lanes", "_live",
-        "_notices", "_on_done", "_ops", "_outbox", "_paused", "_principal", "_shared", "_state",
-        "_stream", "_task", "_variables", "_wake", "_waker", "id",
-    )
-
-    def __init__(
-        self, ops: LiveOps, known: _Known, operation_id: str, context: Any, principal: Any,
-        live: Live, shared: SharedPlan, variables: object, lanes: frozenset[str] = frozenset(),
-    ) -> None:
-        self.id = operation_id
-        """The graphql-transport-ws operation id."""
-        self._ops = ops
-        self._known = known
-        self._context = context
-        self._principal = principal
-        self._live = live
-        self._shared = shared
-        self._variables = variables
-        self._head = next_frame_head(operation_id)
-        self._state = _State.OPENED
-        self._stream: SessionStream[Any] | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._wake: Callable[[LiveOp], None] | None = None
-        self._waker: Callable[[], None] | None = None
-        self._direct: Callable[[Any, int], bool] | None = None
-        """The owner's fused write (`start`), bound to this op: the stream
-        offers it a delta put while the session is caught up."""
-        self._on_done: Callable[[str], None] | None = None
-        self._outbox: list[str] | None = None
-        self._ending: list[str] | None = None
-        """What ends the operation after a frame failed (`_frame_or_end`)."""
-        self._paused = False
-        self._executor: Any = None
-        self._lanes = lanes
-        """The NATS lanes the session watches: their notices are merged in."""
-        self._notices: Any = None
-        """The task reading the lane notices (`_read_notices`)."""
-
-    @property
-    def state(self) -> str:
-        return self._state.value
-
-    # -- attach -------------------------------------------------------------------
-
-    async def _attach(self) -> SessionStream[Any]:
-        self._state = _State.ATTACHING
-        live = self._live
-        stream: SessionStream[Any] = await self._context.engine.attach(
-            self._principal, live.projector, live.window,
-            applier=live.applier, session_id=live.session_id,
-        )
-        if self._state is _State.CLOSED:
-            stream.detach()
-            raise _Closed
-        bind_session(str(stream.id))
-        self._stream = stream
-        self._state = _State.LIVE
-        return stream
-
-    def _failed(self, error: Exception) -> list[str]:
-        """What the ordinary path sends when the stream fails before its
-        first event (the attach refused): a ``next`` with the error, then
-        ``complete`` (Strawberry's `_stream` coerces the error)."""
-        graphql_error = error if isinstance(error, GraphQLError) else GraphQLError(
-            str(error), original_error=error)
-        report_errors(self._ops.schema, [graphql_error])
-        return [
-            self._ops.encode({"id": self.id, "type": "next", "payload": {
-                "data": None, "errors": [graphql_error.formatted]}}),
-            self._complete(),
-        ]
-
-    def _complete(self) -> str:
-        self._state = _State.ENDED
-        return self._ops.encode({"id": self.id, "type": "complete"})
-
-    # -- frames -------------------------------------------------------------------
-
-    def _frame(self, delta: Any, revision: int | None = None) -> str:
-        """The frame of one delta, as the ordinary path would send it;
-        ``revision`` (when given) is the reader's, whatever ``delta`` carries
-        (`SessionStream.get_raw_nowait`)."""
-        text = self._planned_frame(delta, revision)
-        if text is not None:
-            return text
-        if revision is not None and delta.revision != revision:
-            delta = renumbered(delta, revision)
-        return self._executed(self._known.union.message(delta))
-
-    def _planned_frame(self, delta: Any, revision: int | None) -> str | None:
-        """`_frame` when the plan renders ``delta``; None when it refuses it
-        (the frame is then an execution's)."""
-        kind = type(delta)
-        union = self._known.union
-        shared = self._shared
-        if kind is Upsert or kind is Remove:
-            hit = shared.shared(union.upsert if kind is Upsert else union.remove, delta)
-            if hit is not None:
-                return next_frame(self._head, hit,
-                                  delta.revision if revision is None else revision)
-        if revision is not None and delta.revision != revision:
-            delta = renumbered(delta, revision)
-        data = planned(union, shared, delta)
-        return None if data is None else next_frame(self._head, data)
-
-    def frame_bytes(self, delta: Any, revision: int) -> bytes | None:
-        """The whole WebSocket frame (an uncompressed text frame) of
-        ``delta`` at this reader's ``revision``, for the owner's fused write;
-        None when it must go the ordinary way (the op has frames waiting,
-        the plan refuses the delta, building it failed: the drain builds it
-        again and ends the op with the error as it does).
-
-        A cohort's sessions are given the very same delta objects and
-        mostly read at the same revision under the same operation id: the
-        plan keeps the last such frame (`SharedPlan.last_frame`), so the bytes
-        are built once per (delta, revision, operation id), not per session."""
-        if self._outbox is not None:
-            return None
-        shared = self._shared
-        last = shared.last_frame
-        if (last is not None and last[0] is delta and last[1] == revision
-                and last[2] is self._head):
-            return last[3]
-        try:
-            text = self._planned_frame(delta, revision)
-        except Exception:
-            return None
-        if text is None:
-            return None
-        data = text_frame(text.encode())
-        kind = type(delta)
-        if kind is Upsert or kind is Remove:
-            # (A Reset is one session's window: not kept, not held here.)
-            shared.last_frame = (delta, revision, self._head, data)
-        return data
-
-    def _frame_or_end(self, item: Any) -> str | None:
-        """``item``'s frame; None when building it failed: the operation
-        then ends as the ordinary path ends a stream that raised (a ``next``
-        carrying the error, then ``complete``: `_ending`), and only this
-        operation, never its socket's others."""
-        try:
-            return self._frame(item)
-        except Exception as error:
-            _log.exception("live operation %s: a frame could not be built", self.id)
-            self._ending = self._failed(error)
-            return None
-
-    def _executed(self, member: object) -> str:
-        """A member the plan refuses, executed by graphql-core as the
-        ordinary path's per-event execution does, formatted as Strawberry's
-        ``send_next`` formats it."""
-        executor = self._executor
-        if executor is None:
-            schema = self._ops.schema
-            known = self._known
-            built = schema.execution_context_class.build(
-                known.schema, known.document(), None, self._context,
-                self._variables if isinstance(self._variables, dict) else None,
-                known.operation_name, operation_extensions=None,
-            )
-            if isinstance(built, list):  # cannot be: these variables coerced at open
-                raise RuntimeError(f"live operation {self.id}: {built}")
-            executor = self._executor = built
-        result = execute_subscription_event(executor.build_per_event_executor(member))
-        if inspect.isawaitable(result):
-            result = _finish_now(result)
-        payload: dict[str, object] = {"data": result.data}
-        if result.errors:
-            report_errors(self._ops.schema, list(result.errors))
-            payload["errors"] = [e.formatted for e in result.errors]
-        return self._ops.encode({"id": self.id, "type": "next", "payload": payload})
-
-    # -- (b) callback mode --------------------------------------------------------
-
-    def start(
-        self,
-        wake: Callable[[LiveOp], None],
-        on_done: Callable[[str], None],
-        direct: Callable[[LiveOp, Any, int], bool] | None = None,
-    ) -> None:
-        """Callback mode: attach (in one short task), then call
-        ``wake(self)`` whenever frames are ready to `drain` (at most once
-        until the next drain). Once the session ended and its ``complete``
-        was drained, ``on_done(self.id)`` is called; after `close` neither
-        callback is called again.
-
-        ``direct(self, delta, revision)``, when given, is the owner's fused
-        write: a delta put while the session is caught up (nothing queued)
-        is offered to it first, from inside the render pass; it writes
-        `frame_bytes` now and answers True, or answers False (not writable
-        now, a frame waiting: the ordinary wake and drain then carry it)."""
-        if self._state is not _State.OPENED:
-            raise RuntimeError(f"live operation {self.id} was started already")
-        self._wake = wake
-        self._on_done = on_done
-        # The stream calls the owner's wake with this op directly (one call
-        # per put that wakes, from inside the render pass).
-        self._waker = functools.partial(wake, self)
-        if direct is not None:
-            self._direct = functools.partial(direct, self)
-        self._state = _State.ATTACHING
-        self._task = asyncio.get_running_loop().create_task(self._start())
-
-    def _woken(self) -> None:
-        wake = self._wake
-        if wake is not None:
-            wake(self)
-
-    async def _start(self) -> None:
-        try:
-            stream = await self._attach()
-        except _Closed:
-            return
-        except Exception as error:
-            if self._state is _State.CLOSED:
-                return
-            self._outbox = self._failed(error)
-            self._woken()
-            return
-        finally:
-            self._task = None
-        if self._lanes:
-            self._notices = asyncio.get_running_loop().create_task(
-                self._read_notices(self._context.engine.lane_notices(self._lanes)))
-        if not self._paused:
-            stream.set_waker(self._waker, self._direct)  # wakes at once: the Reset is queued
-
-    async def _read_notices(self, notices: Any) -> None:
-        """Callback mode's lane notices: each one's frame queued ahead of
-        the deltas not yet drained (as merging prefers a ready notice)."""
-        try:
-            async for notice in notices:
-                if self._state is not _State.LIVE:
-                    return
-                text = self._frame_or_end(notice)
-                if text is None:
-                    # The notice could not be framed: the operation ends
-                    # with the error, as the ordinary path's stream would.
-                    stream = self._stream
-                    if stream is not None:
-                        stream.set_waker(None)
-                    self._outbox = (self._outbox or []) + (self._ending or [])
-                    if not self._paused:
-                        self._woken()
-                    return
-                if self._outbox is None:
-                    self._outbox = [text]
-                else:
-                    self._outbox.append(text)
-                if not self._paused:
-                    self._woken()
-        finally:
-            await notices.aclose()
-
-    def drain(self, write: Write, budget: int = DRAIN_BUDGET) -> bool:
-        """Take up to ``budget`` queued deltas, turn them into frame texts
-        and hand them to ``write`` in one call (none: no call). Returns True
-        when more are queued (call again), False otherwise. Takes nothing
-        while paused. The session's end drains its ``complete`` (the owner's
-        ``on_done`` is called first, as the ordinary path forgets the id
-        before sending it)."""
-        state = self._state
-        if state is _State.CLOSED or state is _State.DONE:
-            return False
-        out = self._outbox
-        self._outbox = None
-        more = False
-        stream = self._stream
-        if out is None:
-            out = []
-        if state is _State.LIVE and stream is not None and not self._paused:
-            take = stream.get_raw_nowait
-            frame = self._frame
-            append = out.append
-            for _ in range(budget):
-                delta = take()
-                if delta is None:
-                    if stream.end_reason is not None:
-                        stream.set_waker(None)
-                        append(self._complete())
-                    break
-                try:
-                    append(frame(delta, stream.taken))
-                except Exception as error:
-                    # This operation ends (an errors `next`, then `complete`);
-                    # what it and the socket's other ops took is still written.
-                    _log.exception("live operation %s: a frame could not be built", self.id)
-                    stream.set_waker(None)
-                    out.extend(self._failed(error))
-                    break
-            else:
-                more = stream.pending() > 0
-        if self._state is _State.ENDED:
-            self._state = _State.DONE
-            on_done = self._on_done
-            self._release()
-            if on_done is not None:
-                on_done(self.id)
-        if out:
-            write(out)
-        return more
-
-    def pause(self) -> None:
-        """The writer cannot take more (the transport paused writing): take
-        nothing until `resume`; the session counts as a subscriber not
-        reading (its backlog collapses, then Resets)."""
-        if self._paused:
-            return
-        self._paused = True
-        if self._stream is not None and self._state is _State.LIVE:
-            self._stream.set_waker(None)
-
-    def resume(self) -> None:
-        """The writer can take again: ``wake`` is called if frames wait."""
-        if not self._paused:
-            return
-        self._paused = False
-        if self._outbox:
-            self._woken()
-        if self._state is _State.LIVE and self._stream is not None:
-            self._stream.set_waker(self._waker, self._direct)
-
-    def close(self) -> None:
-        """Stop for good (a ``complete`` from the client, the socket closed,
-        shutdown): cancel a pending attach, detach the session, send nothing
-        more. Idempotent."""
-        if self._state is _State.CLOSED:
-            return
-        self._state = _State.CLOSED
-        task = self._task
-        if task is not None:
-            self._task = None
-            task.cancel()
-        self._outbox = None
-        self._release()
-
-    def _release(self) -> None:
-        """Detach the session (once) and drop the callbacks."""
-        self._wake = self._waker = self._on_done = self._direct = None
-        notices, self._notices = self._notices, None
-        if isinstance(notices, asyncio.Task):
-            notices.cancel()  # its finally closes the stream
-        stream = self._stream
-        if stream is not None:
-            self._stream = None
-            stream.detach()
-
-
-def _finish_now(awaitable: Awaitable[Any]) -> Any:
-    """The value of an awaitable that completes without suspending (an
-    event execution over basic fields only, as a planned document's are)."""
-    coroutine = awaitable.__await__()
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        return done.value
-    close = getattr(coroutine, "close", None)
-    if close is not None:
-        close()
-    raise RuntimeError("an executed live event suspended")

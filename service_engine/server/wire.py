@@ -40,7 +40,8 @@ from .app import (
     GraphQLContext,
     _EngineGraphQL,
 )
-from .live_ops import LiveOp, LiveOps
+from .live_op import LiveOp
+from .live_ops import LiveOps
 from .wire_admission import AttachGate, SocketAdmission, WireRequest
 from .wire_deadlines import DeadlineWheel, SocketDeadlines
 from .wire_operations import Drains, Operation, SocketOperations

@@ -14,7 +14,7 @@ from strawberry.types.execution import ExecutionResult, PreExecutionError
 
 from . import wire_protocol as wp
 from .app import refusal_of
-from .live_ops import LiveOp
+from .live_op import LiveOp
 from .wire_state import GATE_HOLDING, GATE_NONE, SocketState
 
 _task_log = logging.getLogger("strawberry.ws.task")

@@ -16,7 +16,7 @@ from . import wire_protocol as wp
 from .app import (
     GraphQLContext,
 )
-from .live_ops import LiveOp
+from .live_op import LiveOp
 
 _log = logging.getLogger(__name__)
 

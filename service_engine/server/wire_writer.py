@@ -9,7 +9,7 @@ from strawberry.http.exceptions import WebSocketDisconnected
 from websockets.exceptions import InvalidState
 
 from . import wire_protocol as wp
-from .live_ops import LiveOp
+from .live_op import LiveOp
 from .wire_state import GATE_HOLDING, SocketState
 
 __all__ = ["SocketWriter"]
