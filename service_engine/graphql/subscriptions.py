@@ -308,19 +308,41 @@ class SubscriptionUnion(Generic[V]):
         `strawberry.subscription`.
         """
 
-        def declare(function: LiveRequest) -> Any:
-            return strawberry.subscription(
-                _live_resolver(self, function),
-                name=name,
-                description=description,
-                deprecation_reason=deprecation_reason,
-                graphql_type=self.type,
-            )
-
-        return declare if request is None else declare(request)
+        return live_field(
+            self, request, name=name, description=description,
+            deprecation_reason=deprecation_reason,
+        )
 
 
-def _live_resolver(union: SubscriptionUnion[Any], request: LiveRequest) -> Callable[..., Any]:
+def live_field(
+    union: SubscriptionUnion[Any],
+    request: LiveRequest | None,
+    *,
+    name: str | None,
+    description: str | None,
+    deprecation_reason: str | None,
+    session: Callable[[WindowSpec[Any]], Live] | None = None,
+) -> Any:
+    """`SubscriptionUnion.field`'s body; ``session`` turns a request's
+    `WindowSpec` into the `Live` it attaches (`Views.field`)."""
+
+    def declare(function: LiveRequest) -> Any:
+        return strawberry.subscription(
+            _live_resolver(union, function, session),
+            name=name,
+            description=description,
+            deprecation_reason=deprecation_reason,
+            graphql_type=union.type,
+        )
+
+    return declare if request is None else declare(request)
+
+
+def _live_resolver(
+    union: SubscriptionUnion[Any],
+    request: LiveRequest,
+    session: Callable[[WindowSpec[Any]], Live] | None = None,
+) -> Callable[..., Any]:
     """The resolver of a live field: ``request``'s signature (plus ``info``
     when it does not declare it), returning the union's stream."""
     if not callable(request):
@@ -342,6 +364,8 @@ def _live_resolver(union: SubscriptionUnion[Any], request: LiveRequest) -> Calla
         # reading the principal) runs before the client reads the stream.
         info = kwargs[_INFO] if declares_info else kwargs.pop(_INFO)
         live = request(*args, **kwargs)
+        if session is not None and isinstance(live, WindowSpec):
+            live = session(live)
         if not isinstance(live, Live):
             raise TypeError(
                 f"live field {request.__qualname__} returned {type(live).__name__}, not Live"
