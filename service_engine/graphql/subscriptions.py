@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import inspect
 import re
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterator
@@ -327,8 +328,10 @@ def live_field(
     `WindowSpec` into the `Live` it attaches (`Views.field`)."""
 
     def declare(function: LiveRequest) -> Any:
+        if session is not None:
+            function = _session_of(function, session)
         return strawberry.subscription(
-            _live_resolver(union, function, session),
+            _live_resolver(union, function),
             name=name,
             description=description,
             deprecation_reason=deprecation_reason,
@@ -338,11 +341,21 @@ def live_field(
     return declare if request is None else declare(request)
 
 
-def _live_resolver(
-    union: SubscriptionUnion[Any],
-    request: LiveRequest,
-    session: Callable[[WindowSpec[Any]], Live] | None = None,
-) -> Callable[..., Any]:
+def _session_of(
+    function: Callable[..., Any], session: Callable[[WindowSpec[Any]], Live]
+) -> LiveRequest:
+    """``function`` (its signature kept) with a `WindowSpec` it returns
+    turned into its `Live` by ``session``."""
+
+    @functools.wraps(function)
+    def request(*args: Any, **kwargs: Any) -> Live:
+        live = function(*args, **kwargs)
+        return session(live) if isinstance(live, WindowSpec) else live
+
+    return request
+
+
+def _live_resolver(union: SubscriptionUnion[Any], request: LiveRequest) -> Callable[..., Any]:
     """The resolver of a live field: ``request``'s signature (plus ``info``
     when it does not declare it), returning the union's stream."""
     if not callable(request):
@@ -364,8 +377,6 @@ def _live_resolver(
         # reading the principal) runs before the client reads the stream.
         info = kwargs[_INFO] if declares_info else kwargs.pop(_INFO)
         live = request(*args, **kwargs)
-        if session is not None and isinstance(live, WindowSpec):
-            live = session(live)
         if not isinstance(live, Live):
             raise TypeError(
                 f"live field {request.__qualname__} returned {type(live).__name__}, not Live"
