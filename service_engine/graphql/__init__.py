@@ -7,9 +7,10 @@ the close codes) are also importable from here, loaded on first use.
 * `compose_service` / `SliceFragment`: each slice named once, its root
   fields and types merged and checked at assembly;
 * `subscription_union`: the typed Reset / Upsert / Remove (+ lane notice)
-  members of one projector, and the stream feeding them; its
-  `SubscriptionUnion.field` declares a live subscription field from a
-  function of the field's arguments to the `Live` session to attach;
+  members of one projector, and the stream feeding them (a `Views` builds
+  its own); its `SubscriptionUnion.field` declares a live subscription
+  field from a function of the field's arguments to the `Live` session to
+  attach;
 * `MutationResult` / `Refusal`: the ``{ success error { code message
   retryable action } }`` shape every mutation's result type extends, and
   `MutationResult.of`, which answers whatever the executor answered (a

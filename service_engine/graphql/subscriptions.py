@@ -20,20 +20,23 @@ the projector emits causes. The lane notices carry no revision, so they
 never disturb Reset / Upsert / Remove contiguity; a LanesResumed is
 followed by a Reset.
 
-A slice declares a live field with `SubscriptionUnion.field`: the
-function names the projector and the window from the field's arguments
-(`Live`), and the kit attaches a session for the caller, streams its
-members and detaches when the client completes or disconnects::
+A slice usually declares a live field on its `Views` (`Views.field`),
+which builds the union from the projector's name: the function maps the
+field's arguments to the window, and the kit attaches a session of that
+projector for the caller, streams its members and detaches when the client
+completes or disconnects::
 
-    BOARDS = subscription_union("Boards", BoardView)
+    BOARD_VIEWS = Views("boards", BoardView)      # the union BoardsMessage
 
     @strawberry.type
     class BoardSubscription:
-        @BOARDS.field(description="The caller's boards, live.")
-        def boards(self, limit: int = 100) -> Live:
-            return Live("boards", WindowSpec(Query(BoardsQuery(limit))))
+        @BOARD_VIEWS.field(description="The caller's boards, live.")
+        def boards(self, limit: int = 100) -> WindowSpec[BoardsQuery]:
+            return WindowSpec(Query(BoardsQuery(limit)))
 
-and declares ``BOARDS.types`` in its `SliceFragment`. The field's GraphQL
+and declares ``BOARD_VIEWS.types`` in its `SliceFragment`. With no `Views`
+(a presence lane), `SubscriptionUnion.field` does the same over a function
+answering the whole `Live` (``Live("boards", window)``). The field's GraphQL
 type is the union (``BoardsMessage!``); its arguments are the function's;
 the caller is ``info.context.principal`` (a `GraphQLContext`), and a
 function that needs ``info`` itself declares it. A stream the kit does not
