@@ -17,7 +17,6 @@ from service_engine import (
     Engine,
     Gate,
     Mutation,
-    MutationError,
     Projector,
     Query,
     TableWindow,
@@ -28,12 +27,10 @@ from service_engine import (
 )
 from service_engine.graphql import (
     GraphQLContext,
-    Live,
     MutationResult,
     SliceFragment,
     Views,
     compose_service,
-    subscription_union,
 )
 from service_engine.server import Passport, PassportRefused, graphql_app
 
@@ -121,8 +118,7 @@ async def edit_note(cx: Mutation[Principal], note_id: str, body: str) -> str:
 
 
 Info: TypeAlias = strawberry.Info[GraphQLContext[Principal], None]
-NOTES = subscription_union("Notes", NoteView)
-NOTE_VIEWS = Views(NotesView.NAME, NoteView)
+NOTES = Views(NotesView.NAME, NoteView)
 
 
 @strawberry.type
@@ -130,30 +126,22 @@ class NoteResult(MutationResult):
     id: strawberry.ID | None = None
 
 
-def answer(outcome: str | MutationError) -> NoteResult:
-    if isinstance(outcome, MutationError):
-        return NoteResult.refused(outcome)
-    return NoteResult(success=True, id=strawberry.ID(outcome))
-
-
 @strawberry.type
 class NotesMutation:
     @strawberry.mutation
     async def create_note(self, info: Info, body: str) -> NoteResult:
-        executor = info.context.engine.mutation_executor()
-        return answer(await executor.execute(info.context.principal, create_note, body))
+        return NoteResult.of(await info.context.execute(create_note, body), "id")
 
     @strawberry.mutation
     async def edit_note(self, info: Info, id: strawberry.ID, body: str) -> NoteResult:
-        executor = info.context.engine.mutation_executor()
-        return answer(await executor.execute(info.context.principal, edit_note, id, body))
+        return NoteResult.of(await info.context.execute(edit_note, id, body), "id")
 
 
 @strawberry.type
 class NotesSubscription:
     @NOTES.field(description="The notes of the caller's org, live.")
-    def notes(self) -> Live:
-        return NOTE_VIEWS.live(WindowSpec(Query(None)))
+    def notes(self) -> WindowSpec[None]:
+        return WindowSpec(Query(None))
 
 
 SLICE = SliceFragment(

@@ -7,13 +7,19 @@ the close codes) are also importable from here, loaded on first use.
 * `compose_service` / `SliceFragment`: each slice named once, its root
   fields and types merged and checked at assembly;
 * `subscription_union`: the typed Reset / Upsert / Remove (+ lane notice)
-  members of one projector, and the stream feeding them; its
-  `SubscriptionUnion.field` declares a live subscription field from a
-  function of the field's arguments to the `Live` session to attach;
+  members of one projector, and the stream feeding them (a `Views` builds
+  its own); its `SubscriptionUnion.field` declares a live subscription
+  field from a function of the field's arguments to the `Live` session to
+  attach;
 * `MutationResult` / `Refusal`: the ``{ success error { code message
-  retryable action } }`` shape every mutation's result type extends;
-* `Views`: a query field's read of one projector's views for the caller,
-  exactly as a session renders them;
+  retryable action } }`` shape every mutation's result type extends, and
+  `MutationResult.of`, which answers whatever the executor answered (a
+  value, a `MutationError`, a declared command's outcome); `CommandResult`
+  adds the declared outcome's name; `require_ok` raises a declared
+  command's refusal inside a handler;
+* `Views`: one projector's views declared once: a query field's read of
+  them for the caller, exactly as a session renders them, and its live
+  subscription field (`Views.field`) over the generated union;
 * `GraphQLContext`: what a resolver receives as ``info.context``;
 * `graphql_app` (`service_engine.server`): the Starlette app, the principal
   from the trusted ``X-Passport`` header, sockets bounded by
@@ -31,7 +37,7 @@ from .compose import (
 )
 from .context import GraphQLContext
 from .reads import ProjectorViewMismatch, UnregisteredProjector, Views
-from .results import MutationResult, Refusal
+from .results import CommandResult, MutationResult, Refusal, require_ok
 from .subscriptions import (
     DeltaCause,
     LaneNotice,
@@ -51,6 +57,7 @@ __all__ = [
     "PASSPORT_HEADER",
     "SESSION_MAX_AGE_CLOSE_CODE",
     "SESSION_MAX_AGE_CLOSE_REASON",
+    "CommandResult",
     "ComposedService",
     "DeltaCause",
     "DuplicateSchemaMember",
@@ -79,6 +86,7 @@ __all__ = [
     "merge_streams",
     "parse_passport",
     "presence_subscription_union",
+    "require_ok",
     "subscription_union",
 ]
 

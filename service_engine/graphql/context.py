@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 if TYPE_CHECKING:
     from ..engine import Engine
+    from ..pipeline import MutationError
+    from ..pipeline.executor import MutationHandler
 
 __all__ = ["GraphQLContext"]
 
 P = TypeVar("P")
+Ps = ParamSpec("Ps")
+T = TypeVar("T")
 
 
 class GraphQLContext(Generic[P]):
@@ -66,6 +70,17 @@ class GraphQLContext(Generic[P]):
             # grow one traceback across unrelated resolvers.
             raise type(refusal)(str(refusal))
         return cast(P, self._principal)
+
+    async def execute(
+        self, handler: MutationHandler[P, Ps, T], /, *args: Ps.args, **kwargs: Ps.kwargs
+    ) -> T | MutationError:
+        """Run the mutation ``handler(cx, *args, **kwargs)`` as the caller on
+        the engine's executor: its value once committed, or the
+        `MutationError` that refused it (answer either with
+        `MutationResult.of`)."""
+        return await self.engine.mutation_executor().execute(
+            self.principal, handler, *args, **kwargs
+        )
 
     @property
     def refusal(self) -> Exception | None:

@@ -18,8 +18,9 @@ The caller is ``context.principal``; a view the projector renders that is
 not of the bound type is refused (`ProjectorViewMismatch`), never served
 under the wrong GraphQL type.
 
-The same declaration gives the live field its session (`Views.live`) and a
-mutation's result its view, read after the commit (`Views.after_commit`).
+The same declaration gives the live field (`Views.field`, its union's
+types `Views.types`) and a mutation's result its view, read after the
+commit (`Views.after_commit`): the projector is named once.
 ``graphql_app`` refuses to build a service whose schema serves a `Views`
 naming a projector the engine never registered (`UnregisteredProjector`).
 """
@@ -27,8 +28,10 @@ naming a projector the engine never registered (`UnregisteredProjector`).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from dataclasses import field as dataclass_field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import strawberry
 from strawberry.types.base import has_object_definition
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
     from ..render.projector import RlsApplier
     from ..render.windows import WindowSpec
     from .context import GraphQLContext
-    from .subscriptions import Live
+    from .subscriptions import Live, SubscriptionUnion
 
 __all__ = ["ProjectorViewMismatch", "UnregisteredProjector", "Views", "check_views"]
 
@@ -72,6 +75,10 @@ class UnregisteredProjector(ConfigError):
         self.registered = registered
 
 
+LiveFunction = Callable[..., Any]
+"""A live field's function over `Views`: its arguments to the `WindowSpec`
+to attach (or a whole `Live`)."""
+
 _DECLARED: weakref.WeakSet[Views[Any]] = weakref.WeakSet()
 """Every `Views` built, so a schema that serves one can be checked at boot."""
 
@@ -79,15 +86,79 @@ _DECLARED: weakref.WeakSet[Views[Any]] = weakref.WeakSet()
 @dataclass(frozen=True, slots=True, weakref_slot=True, eq=False)
 class Views(Generic[V]):
     """The views ``projector`` renders (each a ``view_type``), read for a
-    query field; ``applier`` is the projector's RLS applier, if it reads
-    under RLS."""
+    query field and streamed by a live field (`field`); ``applier`` is the
+    projector's RLS applier, if it reads under RLS. ``union_name`` names the
+    subscription's generated types (default: the projector's name in
+    CamelCase, ``"org_boards"``: ``OrgBoards``); ``description`` says
+    whose views they are in those types' descriptions."""
 
     projector: str
     view_type: type[V]
     applier: RlsApplier[Any] | None = None
+    union_name: str | None = dataclass_field(default=None, kw_only=True)
+    description: str | None = dataclass_field(default=None, kw_only=True)
+    _union: SubscriptionUnion[V] | None = dataclass_field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         _DECLARED.add(self)
+
+    @property
+    def union(self) -> SubscriptionUnion[V]:
+        """The typed subscription union of these views (built on first use)."""
+        if self._union is None:
+            from .subscriptions import subscription_union
+
+            name = self.union_name or "".join(
+                part[:1].upper() + part[1:] for part in self.projector.split("_")
+            )
+            union = subscription_union(name, self.view_type, description=self.description)
+            object.__setattr__(self, "_union", union)
+            return union
+        return self._union
+
+    @property
+    def types(self) -> tuple[type[Any], ...]:
+        """The subscription's generated types, for the slice's `SliceFragment`."""
+        return self.union.types
+
+    @overload
+    def field(self, request: LiveFunction, /) -> Any: ...
+
+    @overload
+    def field(
+        self,
+        request: None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        deprecation_reason: str | None = None,
+    ) -> Callable[[LiveFunction], Any]: ...
+
+    def field(
+        self,
+        request: LiveFunction | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        deprecation_reason: str | None = None,
+    ) -> Any:
+        """Declare a live subscription field over these views (a decorator,
+        with or without arguments): its function maps the field's arguments
+        to the `WindowSpec` to attach (or to a whole `Live`, for a client's
+        ``session_id``), as `SubscriptionUnion.field`::
+
+            @NOTE_VIEWS.field(description="The notes of the caller's org, live.")
+            def notes(self) -> WindowSpec[None]:
+                return WindowSpec(Query(None))
+        """
+        from .subscriptions import live_field
+
+        return live_field(
+            self.union, request, name=name, description=description,
+            deprecation_reason=deprecation_reason, session=self.live,
+        )
 
     def live(self, window: WindowSpec[Any], *, session_id: str | None = None) -> Live:
         """The `Live` session a subscription field over these views attaches."""

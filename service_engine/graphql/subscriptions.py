@@ -20,20 +20,23 @@ the projector emits causes. The lane notices carry no revision, so they
 never disturb Reset / Upsert / Remove contiguity; a LanesResumed is
 followed by a Reset.
 
-A slice declares a live field with `SubscriptionUnion.field`: the
-function names the projector and the window from the field's arguments
-(`Live`), and the kit attaches a session for the caller, streams its
-members and detaches when the client completes or disconnects::
+A slice usually declares a live field on its `Views` (`Views.field`),
+which builds the union from the projector's name: the function maps the
+field's arguments to the window, and the kit attaches a session of that
+projector for the caller, streams its members and detaches when the client
+completes or disconnects::
 
-    BOARDS = subscription_union("Boards", BoardView)
+    BOARD_VIEWS = Views("boards", BoardView)      # the union BoardsMessage
 
     @strawberry.type
     class BoardSubscription:
-        @BOARDS.field(description="The caller's boards, live.")
-        def boards(self, limit: int = 100) -> Live:
-            return Live("boards", WindowSpec(Query(BoardsQuery(limit))))
+        @BOARD_VIEWS.field(description="The caller's boards, live.")
+        def boards(self, limit: int = 100) -> WindowSpec[BoardsQuery]:
+            return WindowSpec(Query(BoardsQuery(limit)))
 
-and declares ``BOARDS.types`` in its `SliceFragment`. The field's GraphQL
+and declares ``BOARD_VIEWS.types`` in its `SliceFragment`. With no `Views`
+(a presence lane), `SubscriptionUnion.field` does the same over a function
+answering the whole `Live` (``Live("boards", window)``). The field's GraphQL
 type is the union (``BoardsMessage!``); its arguments are the function's;
 the caller is ``info.context.principal`` (a `GraphQLContext`), and a
 function that needs ``info`` itself declares it. A stream the kit does not
@@ -49,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import inspect
 import re
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterator
@@ -308,16 +312,50 @@ class SubscriptionUnion(Generic[V]):
         `strawberry.subscription`.
         """
 
-        def declare(function: LiveRequest) -> Any:
-            return strawberry.subscription(
-                _live_resolver(self, function),
-                name=name,
-                description=description,
-                deprecation_reason=deprecation_reason,
-                graphql_type=self.type,
-            )
+        return live_field(
+            self, request, name=name, description=description,
+            deprecation_reason=deprecation_reason,
+        )
 
-        return declare if request is None else declare(request)
+
+def live_field(
+    union: SubscriptionUnion[Any],
+    request: LiveRequest | None,
+    *,
+    name: str | None,
+    description: str | None,
+    deprecation_reason: str | None,
+    session: Callable[[WindowSpec[Any]], Live] | None = None,
+) -> Any:
+    """`SubscriptionUnion.field`'s body; ``session`` turns a request's
+    `WindowSpec` into the `Live` it attaches (`Views.field`)."""
+
+    def declare(function: LiveRequest) -> Any:
+        if session is not None:
+            function = _session_of(function, session)
+        return strawberry.subscription(
+            _live_resolver(union, function),
+            name=name,
+            description=description,
+            deprecation_reason=deprecation_reason,
+            graphql_type=union.type,
+        )
+
+    return declare if request is None else declare(request)
+
+
+def _session_of(
+    function: Callable[..., Any], session: Callable[[WindowSpec[Any]], Live]
+) -> LiveRequest:
+    """``function`` (its signature kept) with a `WindowSpec` it returns
+    turned into its `Live` by ``session``."""
+
+    @functools.wraps(function)
+    def request(*args: Any, **kwargs: Any) -> Live:
+        live = function(*args, **kwargs)
+        return session(live) if isinstance(live, WindowSpec) else live
+
+    return request
 
 
 def _live_resolver(union: SubscriptionUnion[Any], request: LiveRequest) -> Callable[..., Any]:

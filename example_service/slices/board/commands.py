@@ -4,16 +4,17 @@ pipeline (one transaction: load, gate, domain command, save, impacts).
 Creating, renaming and deleting a board run its declared commands (`policy`)
 inside the handler's transaction: the title's uniqueness per org and the
 delete's cascade are the command layer's; a declared refusal is answered as
-a `MutationError` with its stable code (`answer`)."""
+a `MutationError` with its stable code (the kit's `require_ok`)."""
 
 from __future__ import annotations
 
 import secrets
 import uuid
 
-from service_engine import ActionName, Cause, Mutation, OneShot, Reason
+from service_engine import ActionName, Cause, Mutation, OneShot
 from service_engine.commands import CommandOutcome, run_in
-from service_engine.errors import NotFound, Refused
+from service_engine.errors import Refused
+from service_engine.graphql import require_ok
 
 from ...kernel import Principal
 from .domain import (
@@ -45,25 +46,17 @@ __all__ = [
 Cx = Mutation[Principal]
 
 
+def _answer(outcome: CommandOutcome, board_id: str) -> CommandOutcome:
+    """A declared command's refusal as the handler's (``BoardMissing`` is ``not_found``)."""
+    return require_ok(outcome, NOUN, reasons=REASONS,
+                      missing=("BoardMissing", Board.Store.store_type, board_id))
+
+
 def _changed(cx: Cx, board: Board, event: str, **data: str | bool) -> None:
     """Both projectors re-render the board; BoardsView carries the cause."""
     cause = Cause(event, {"board": board.id, "by": cx.principal.id, **data})
     cx.impact_caused(NOUN, board.id, cause)
     cx.impact(ORG_NOUN, board.id)
-
-
-def answer(outcome: CommandOutcome, board_id: str) -> None:
-    """A declared command's refusal as the mutation's refusal (nothing of it
-    was written): ``BoardMissing`` is ``not_found``, a gate's refusal keeps
-    its reason and action, any other outcome is ``board.<outcome>``."""
-    if outcome.ok:
-        return
-    if outcome.name == "BoardMissing":
-        raise NotFound(Board.Store.store_type, board_id)
-    action = outcome.data.get("action")
-    code = outcome.code(NOUN) or outcome.name
-    reason = REASONS.get(code) or Reason(code, f"{outcome.command}: {outcome.name}")
-    raise Refused(reason, ActionName(action) if isinstance(action, str) else None)
 
 
 async def create_board(cx: Cx, title: str, board_id: str | None = None) -> str:
@@ -74,8 +67,8 @@ async def create_board(cx: Cx, title: str, board_id: str | None = None) -> str:
     if not valid_title(title):
         raise Refused(BAD_TITLE)
     board_id = board_id or f"b-{uuid.uuid4().hex[:12]}"
-    answer(await run_in(cx, CREATE_BOARD, {"board_id": board_id, "title": title.strip()}),
-           board_id)
+    _answer(await run_in(cx, CREATE_BOARD, {"board_id": board_id, "title": title.strip()}),
+            board_id)
     await cx.create(OrgBoard(board_id, org, title.strip()))
     return board_id
 
@@ -87,8 +80,9 @@ async def rename_board(cx: Cx, board_id: str, title: str) -> None:
         raise Refused(BAD_TITLE, ActionName("rename"))
     # The command locks and writes the board; the org projection's row is
     # written after it (the board first, as every writer of it does).
-    renamed = await run_in(cx, RENAME_BOARD, {"board_id": board_id, "title": title.strip()})
-    answer(renamed, board_id)
+    renamed = _answer(
+        await run_in(cx, RENAME_BOARD, {"board_id": board_id, "title": title.strip()}), board_id
+    )
     org, archived = renamed.data["org"], renamed.data["archived"]
     assert isinstance(org, str) and isinstance(archived, bool)
     await cx.save(OrgBoard(board_id, org, title.strip(), archived))
@@ -97,7 +91,7 @@ async def rename_board(cx: Cx, board_id: str, title: str) -> None:
 async def delete_board(cx: Cx, board_id: str) -> None:
     """Delete an archived board (gated) with its memberships and invites, at
     most the cascade's maximum of each; more answer ``board.too_many_attached``."""
-    answer(await run_in(cx, DELETE_BOARD, {"board_id": board_id}), board_id)
+    _answer(await run_in(cx, DELETE_BOARD, {"board_id": board_id}), board_id)
 
 
 async def archive_board(cx: Cx, board_id: str) -> None:

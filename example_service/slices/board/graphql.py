@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import strawberry
 
-from service_engine import MutationError, MutationExecutor, OneShot, Query, WindowSpec
-from service_engine.graphql import Live, MutationResult, Views, subscription_union
+from service_engine import MutationError, Query, WindowSpec
+from service_engine.graphql import MutationResult, Views
 
 from ...kernel import Info, Principal
 from .commands import (
@@ -29,12 +29,9 @@ from .commands import (
 )
 from .views import BOARDS, ORG_BOARDS, ORG_CONTEXT, BoardsQuery, BoardView, OrgBoardView
 
-BOARD_VIEWS = Views(BOARDS, BoardView)
-ORG_BOARD_VIEWS = Views(ORG_BOARDS, OrgBoardView, ORG_CONTEXT)
-BOARDS_UNION = subscription_union("Boards", BoardView, description="the caller's boards")
-ORG_BOARDS_UNION = subscription_union(
-    "OrgBoards", OrgBoardView, description="the boards of the caller's org (under RLS)"
-)
+BOARD_VIEWS = Views(BOARDS, BoardView, description="the caller's boards")
+ORG_BOARD_VIEWS = Views(ORG_BOARDS, OrgBoardView, ORG_CONTEXT, union_name="OrgBoards",
+                        description="the boards of the caller's org (under RLS)")
 
 
 @strawberry.type(description="The outcome of a board mutation: the board as the caller now "
@@ -48,18 +45,6 @@ class BoardResult(MutationResult):
 @strawberry.type(description="An invite's one-shot token: shown to its creator once, never stored.")
 class InviteResult(MutationResult):
     token: str | None = None
-
-
-def _executor(info: Info) -> MutationExecutor:
-    return info.context.engine.mutation_executor()
-
-
-def _board_result(
-    outcome: object, board_id: str, principal: Principal | None = None
-) -> BoardResult:
-    if isinstance(outcome, MutationError):
-        return BoardResult.refused(outcome)
-    return BoardResult(success=True, board_id=board_id, viewer=principal)
 
 
 @strawberry.type
@@ -87,69 +72,61 @@ class BoardMutation:
     async def create_board(
         self, info: Info, title: str, id: strawberry.ID | None = None
     ) -> BoardResult:
-        outcome = await _executor(info).execute(
-            info.context.principal, create_board, title, None if id is None else str(id)
-        )
-        if isinstance(outcome, MutationError):
-            return _board_result(outcome, "")
-        return _board_result(outcome, outcome)
+        outcome = await info.context.execute(create_board, title, None if id is None else str(id))
+        return BoardResult.of(outcome, "board_id")
 
     @strawberry.mutation
     async def rename_board(self, info: Info, id: strawberry.ID, title: str) -> BoardResult:
-        outcome = await _executor(info).ack(info.context.principal, rename_board, str(id), title)
-        return _board_result(outcome, str(id))
+        outcome = await info.context.execute(rename_board, str(id), title)
+        return BoardResult.of(outcome, board_id=str(id))
 
     @strawberry.mutation
     async def archive_board(self, info: Info, id: strawberry.ID) -> BoardResult:
-        outcome = await _executor(info).ack(info.context.principal, archive_board, str(id))
-        return _board_result(outcome, str(id))
+        outcome = await info.context.execute(archive_board, str(id))
+        return BoardResult.of(outcome, board_id=str(id))
 
     @strawberry.mutation
     async def unarchive_board(self, info: Info, id: strawberry.ID) -> BoardResult:
-        outcome = await _executor(info).ack(info.context.principal, unarchive_board, str(id))
-        return _board_result(outcome, str(id))
+        outcome = await info.context.execute(unarchive_board, str(id))
+        return BoardResult.of(outcome, board_id=str(id))
 
     @strawberry.mutation(description="Delete an archived board with its memberships and "
                                      "invites (a declared cascade, at most 100 of each: "
                                      "more answer board.too_many_attached).")
     async def delete_board(self, info: Info, id: strawberry.ID) -> BoardResult:
-        outcome = await _executor(info).ack(info.context.principal, delete_board, str(id))
-        if isinstance(outcome, MutationError):
-            return BoardResult.refused(outcome)
-        return BoardResult(success=True)
+        return BoardResult.of(await info.context.execute(delete_board, str(id)))
 
     @strawberry.mutation(description="Mint a one-shot invite onto a board; the token is "
                                      "returned here once and stored only as a hash.")
     async def invite_to_board(self, info: Info, id: strawberry.ID) -> InviteResult:
-        outcome = await _executor(info).execute(info.context.principal, invite_to_board, str(id))
+        outcome = await info.context.execute(invite_to_board, str(id))
         if isinstance(outcome, MutationError):
             return InviteResult.refused(outcome)
-        secret: OneShot[str] = outcome
-        return InviteResult(success=True, token=secret.reveal())
+        return InviteResult(success=True, token=outcome.reveal())
 
     @strawberry.mutation(description="Join a board (from any org) with an invite token.")
     async def accept_invite(self, info: Info, token: str) -> BoardResult:
-        outcome = await _executor(info).execute(info.context.principal, accept_invite, token)
+        outcome = await info.context.execute(accept_invite, token)
         if isinstance(outcome, MutationError):
-            return _board_result(outcome, "")
+            return BoardResult.refused(outcome)
         # The caller's facts just changed: answer with the view they now have.
         joined = await info.context.engine.load_principal_facts(info.context.principal)
-        return _board_result(outcome, outcome, joined)
+        return BoardResult.of(outcome, "board_id", viewer=joined)
 
 
 @strawberry.type
 class BoardSubscription:
-    @BOARDS_UNION.field(description="The caller's boards, live: a Reset, then Upserts and "
-                                    "Removes on a contiguous revision.")
-    def boards(self, limit: int = 100) -> Live:
-        return BOARD_VIEWS.live(WindowSpec(Query(BoardsQuery(limit))))
+    @BOARD_VIEWS.field(description="The caller's boards, live: a Reset, then Upserts and "
+                                   "Removes on a contiguous revision.")
+    def boards(self, limit: int = 100) -> WindowSpec[BoardsQuery]:
+        return WindowSpec(Query(BoardsQuery(limit)))
 
-    @ORG_BOARDS_UNION.field(description="The boards of the caller's org, live, under RLS.")
-    def org_boards(self) -> Live:
-        return ORG_BOARD_VIEWS.live(WindowSpec(Query(None), rls=True))
+    @ORG_BOARD_VIEWS.field(description="The boards of the caller's org, live, under RLS.")
+    def org_boards(self) -> WindowSpec[None]:
+        return WindowSpec(Query(None), rls=True)
 
 
 TYPES = (
     BoardView, OrgBoardView, BoardResult, InviteResult,
-    *BOARDS_UNION.types, *ORG_BOARDS_UNION.types,
+    *BOARD_VIEWS.types, *ORG_BOARD_VIEWS.types,
 )

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import strawberry
 
-from service_engine import MutationError, MutationExecutor, Query, WindowSpec
-from service_engine.commands import CheckedCommand, CommandOutcome, CommandRunner
+from service_engine import MutationError, Query, WindowSpec
+from service_engine.commands import CheckedCommand, CommandRunner
 from service_engine.errors import EngineError, NoLiveSession
-from service_engine.graphql import Live, MutationResult, Refusal, Views, subscription_union
+from service_engine.graphql import CommandResult, Live, MutationResult, Views
 
 from ...kernel import Info
 from .commands import ImportedCard, create_card, import_cards, rename_card
@@ -40,24 +40,14 @@ from .domain import NOUN, BadCursor, decode_cursor
 from .views import CARDS, CardsQuery, CardView
 from .workflow import FINISH_CARD, START_CARD
 
-CARD_VIEWS = Views(CARDS, CardView)
-CARDS_UNION = subscription_union("Cards", CardView, description="the caller's org's cards")
+CARD_VIEWS = Views(CARDS, CardView, description="the caller's org's cards")
 
 
 @strawberry.type(description="The outcome of a card mutation: the card as the caller now "
                              "sees it, or why nothing changed.")
-class CardResult(MutationResult):
+class CardResult(CommandResult):
     card_id: strawberry.Private[str | None] = None
     card: CardView | None = CARD_VIEWS.after_commit("card_id")
-    outcome: str | None = strawberry.field(
-        default=None,
-        description="The typed outcome of a declared command (Started, StaleRevision, ...); "
-                    "null for the other mutations and for a failure of the pipeline.",
-    )
-    replayed: bool = strawberry.field(
-        default=False,
-        description="The outcome was answered from the idempotency key's first run.",
-    )
 
 
 @strawberry.type(description="The outcome of a bulk import.")
@@ -80,42 +70,16 @@ class CardImport:
     id: strawberry.ID | None = None
 
 
-def _executor(info: Info) -> MutationExecutor:
-    return info.context.engine.mutation_executor()
-
-
-async def _card_result(info: Info, outcome: object, card_id: str) -> CardResult:
-    if isinstance(outcome, MutationError):
-        return CardResult.refused(outcome)
-    return CardResult(success=True, card_id=card_id)
-
-
 async def _command(
     info: Info, command: CheckedCommand, card_id: str, expected_revision: int,
     idempotency_key: str,
 ) -> CardResult:
-    runner = CommandRunner(_executor(info))
-    outcome = await runner.run(command, info.context.principal, {
-        "idempotency_key": idempotency_key, "card_id": card_id,
-        "expected_revision": expected_revision,
-    })
-    if isinstance(outcome, MutationError):
-        return CardResult.refused(outcome)
-    return _outcome_result(outcome, card_id)
-
-
-def _outcome_result(outcome: CommandOutcome, card_id: str) -> CardResult:
-    if outcome.ok:
-        return CardResult(success=True, card_id=card_id, outcome=outcome.name,
-                          replayed=outcome.replayed)
-    code = outcome.code(NOUN) or outcome.name
-    action = outcome.data.get("action")
-    error = Refusal(
-        code=code, message=f"{outcome.command}: {outcome.name}", retryable=False,
-        action=action if isinstance(action, str) else None,
-    )
-    return CardResult(success=False, error=error, card_id=card_id, outcome=outcome.name,
-                      replayed=outcome.replayed)
+    outcome = await CommandRunner(info.context.engine.mutation_executor()).run(
+        command, info.context.principal, {
+            "idempotency_key": idempotency_key, "card_id": card_id,
+            "expected_revision": expected_revision,
+        })
+    return CardResult.of(outcome, noun=NOUN, card_id=card_id)
 
 
 def _refused(code: str, message: str, retryable: bool = False) -> PageResult:
@@ -141,18 +105,15 @@ class CardMutation:
         self, info: Info, title: str, id: strawberry.ID | None = None,
         due_in_seconds: float | None = None,
     ) -> CardResult:
-        outcome = await _executor(info).execute(
-            info.context.principal, create_card, title, None if id is None else str(id),
-            due_in_seconds,
+        outcome = await info.context.execute(
+            create_card, title, None if id is None else str(id), due_in_seconds
         )
-        if isinstance(outcome, MutationError):
-            return CardResult.refused(outcome)
-        return await _card_result(info, outcome, outcome)
+        return CardResult.of(outcome, "card_id")
 
     @strawberry.mutation
     async def rename_card(self, info: Info, id: strawberry.ID, title: str) -> CardResult:
-        outcome = await _executor(info).ack(info.context.principal, rename_card, str(id), title)
-        return await _card_result(info, outcome, str(id))
+        outcome = await info.context.execute(rename_card, str(id), title)
+        return CardResult.of(outcome, card_id=str(id))
 
     @strawberry.mutation(description="Move a card from todo to doing (needs card:advance), "
                                      "if it is still at expectedRevision; idempotent under "
@@ -174,10 +135,10 @@ class CardMutation:
                                      "one Reset rather than one Upsert per card.")
     async def import_cards(self, info: Info, cards: list[CardImport]) -> ImportResult:
         items = [ImportedCard(c.title, None if c.id is None else str(c.id)) for c in cards]
-        outcome = await _executor(info).execute_bulk(info.context.principal, import_cards, items)
-        if isinstance(outcome, MutationError):
-            return ImportResult.refused(outcome)
-        return ImportResult(success=True, imported=outcome)
+        outcome = await info.context.engine.mutation_executor().execute_bulk(
+            info.context.principal, import_cards, items
+        )
+        return ImportResult.of(outcome, "imported")
 
     @strawberry.mutation(description="Append the page of cards older than cursor behind the "
                                      "live window of the caller's cardPageDeltas session.")
@@ -200,15 +161,15 @@ class CardMutation:
 
 @strawberry.type
 class CardSubscription:
-    @CARDS_UNION.field(description="The caller's org's newest cards, live.")
-    def cards(self, limit: int = 50) -> Live:
-        return CARD_VIEWS.live(WindowSpec(Query(CardsQuery(limit))))
+    @CARD_VIEWS.field(description="The caller's org's newest cards, live.")
+    def cards(self, limit: int = 50) -> WindowSpec[CardsQuery]:
+        return WindowSpec(Query(CardsQuery(limit)))
 
-    @CARDS_UNION.field(description="The caller's org's newest cards, live, under the client's "
-                                   "sessionId: pageCards(sessionId, cursor) appends older cards "
-                                   "to this window as Upserts.")
+    @CARD_VIEWS.field(description="The caller's org's newest cards, live, under the client's "
+                                  "sessionId: pageCards(sessionId, cursor) appends older cards "
+                                  "to this window as Upserts.")
     def card_page_deltas(self, session_id: str, limit: int = 50) -> Live:
         return CARD_VIEWS.live(WindowSpec(Query(CardsQuery(limit))), session_id=session_id)
 
 
-TYPES = (CardView, CardResult, ImportResult, PageResult, CardImport, *CARDS_UNION.types)
+TYPES = (CardView, CardResult, ImportResult, PageResult, CardImport, *CARD_VIEWS.types)

@@ -8,7 +8,7 @@ import strawberry
 
 from service_engine import MutationError, MutationExecutor, Query, WindowSpec
 from service_engine.errors import Refused
-from service_engine.graphql import Live, MutationResult, Views, subscription_union
+from service_engine.graphql import MutationResult, Views
 
 from ...kernel import Info
 from .commands import (
@@ -21,8 +21,7 @@ from .commands import (
 from .domain import LedgerKey
 from .views import LEDGERS, LedgerEntryView, LedgersQuery, LedgerView
 
-LEDGER_VIEWS = Views(LEDGERS, LedgerView)
-LEDGERS_UNION = subscription_union("Ledgers", LedgerView, description="the caller's org's ledgers")
+LEDGER_VIEWS = Views(LEDGERS, LedgerView, description="the caller's org's ledgers")
 
 
 @strawberry.type(description="The outcome of a ledger mutation: the ledger as the caller now "
@@ -98,10 +97,10 @@ class LedgerMutation:
 
 @strawberry.type
 class LedgerSubscription:
-    @LEDGERS_UNION.field(description="The caller's org's ledgers, live: a Reset, then Upserts "
-                                     "and Removes on a contiguous revision.")
-    def ledgers(self, limit: int = 100) -> Live:
-        return LEDGER_VIEWS.live(WindowSpec(Query(LedgersQuery(limit))))
+    @LEDGER_VIEWS.field(description="The caller's org's ledgers, live: a Reset, then Upserts "
+                                    "and Removes on a contiguous revision.")
+    def ledgers(self, limit: int = 100) -> WindowSpec[LedgersQuery]:
+        return WindowSpec(Query(LedgersQuery(limit)))
 
 
-TYPES = (LedgerView, LedgerEntryView, LedgerResult, ErasureResult, *LEDGERS_UNION.types)
+TYPES = (LedgerView, LedgerEntryView, LedgerResult, ErasureResult, *LEDGER_VIEWS.types)

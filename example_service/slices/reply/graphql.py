@@ -13,7 +13,6 @@ from service_engine.graphql import (
     MutationResult,
     Views,
     presence_subscription_union,
-    subscription_union,
 )
 
 from ...kernel import Info
@@ -21,8 +20,7 @@ from .commands import attach_to_reply, cancel_reply, start_reply, typing
 from .domain import ATTACHMENT, REPLY_TEXT, decode
 from .views import REPLIES, TYPING, RepliesQuery, ReplyView, TypingView
 
-REPLY_VIEWS = Views(REPLIES, ReplyView)
-REPLIES_UNION = subscription_union("Replies", ReplyView, description="the caller's org's replies")
+REPLY_VIEWS = Views(REPLIES, ReplyView, description="the caller's org's replies")
 TYPING_UNION = presence_subscription_union(
     "ReplyTyping", TypingView, description="who is typing on a reply"
 )
@@ -160,9 +158,9 @@ class ReplyMutation:
 
 @strawberry.type
 class ReplySubscription:
-    @REPLIES_UNION.field(description="The caller's org's newest replies, live.")
-    def replies(self, limit: int = 50) -> Live:
-        return REPLY_VIEWS.live(WindowSpec(Query(RepliesQuery(limit))))
+    @REPLY_VIEWS.field(description="The caller's org's newest replies, live.")
+    def replies(self, limit: int = 50) -> WindowSpec[RepliesQuery]:
+        return WindowSpec(Query(RepliesQuery(limit)))
 
     @TYPING_UNION.field(description="Who is typing on reply id, live.")
     def reply_typing(self, id: strawberry.ID) -> Live:
@@ -171,5 +169,5 @@ class ReplySubscription:
 
 TYPES = (
     ReplyView, TypingView, ReplyResult, ReplyProgress, UploadField, ReplyUpload, AttachResult,
-    ReplyDownload, *REPLIES_UNION.types, *TYPING_UNION.types,
+    ReplyDownload, *REPLY_VIEWS.types, *TYPING_UNION.types,
 )

@@ -5,13 +5,12 @@ from __future__ import annotations
 import strawberry
 
 from service_engine import Query, WindowSpec
-from service_engine.graphql import Live, Views, subscription_union
+from service_engine.graphql import Views
 
 from ...kernel import Info
 from .views import PEOPLE, PeopleQuery, PersonView
 
-PEOPLE_VIEWS = Views(PEOPLE, PersonView)
-PEOPLE_UNION = subscription_union("People", PersonView, description="the caller's org's people")
+PEOPLE_VIEWS = Views(PEOPLE, PersonView, description="the caller's org's people")
 
 
 @strawberry.type
@@ -23,9 +22,9 @@ class RosterQuery:
 
 @strawberry.type
 class RosterSubscription:
-    @PEOPLE_UNION.field(description="The people of the caller's org, live.")
-    def people(self, limit: int = 100) -> Live:
-        return PEOPLE_VIEWS.live(WindowSpec(Query(PeopleQuery(limit))))
+    @PEOPLE_VIEWS.field(description="The people of the caller's org, live.")
+    def people(self, limit: int = 100) -> WindowSpec[PeopleQuery]:
+        return WindowSpec(Query(PeopleQuery(limit)))
 
 
-TYPES = (PersonView, *PEOPLE_UNION.types)
+TYPES = (PersonView, *PEOPLE_VIEWS.types)
