@@ -16,28 +16,26 @@ import os
 import signal
 import socket
 import sys
+from typing import TYPE_CHECKING
 
-from service_engine import (
-    Engine,
-    EngineConfig,
-    ReadinessHandle,
-    connect_pool,
-    open_nats,
-    run_on_allocator,
-)
-from service_engine.errors import ConfigError, WorkerStopped
-from service_engine.server import PodSlot, bind_listener, run_pods, run_with_listener
+from service_engine import run_on_allocator
 
-from .dev_infra import SERVICE, announce, data_dir, env, flag, infrastructure
-from .graphql import build_app
-from .kernel import ConfigurationError
-from .props import open_props
-from .register import register
+if TYPE_CHECKING:
+    from service_engine import EngineConfig
+
+# The service is imported in `run` and `main`, once the process runs on its allocator:
+# `run_on_allocator` executes the process again, and what the first process
+# imported before that would be imported twice.
 
 _log = logging.getLogger("example_service")
 
 
 def _listen(config: EngineConfig, *, reuse_port: bool = False) -> socket.socket:
+    from service_engine.server import bind_listener
+
+    from .dev_infra import env
+    from .kernel import ConfigurationError
+
     addr = env("HTTP_ADDR") or config.http_addr or "127.0.0.1:8000"
     try:  # bound first: a busy port fails before anything is started
         return bind_listener(addr, reuse_port=reuse_port)
@@ -56,6 +54,11 @@ def _signals_cancel_startup(on: bool) -> None:
 
 
 async def main(pods: int = 1) -> None:
+    from service_engine import EngineConfig
+    from service_engine.server import PodSlot, run_pods
+
+    from .dev_infra import SERVICE, announce, data_dir, flag, infrastructure
+
     config = EngineConfig.from_env(service=os.environ.get("SERVICE_ENGINE_SERVICE", SERVICE))
     slot = PodSlot.from_env()  # a child of run_pods: one of N pods
     pods = 1 if slot is not None else pods
@@ -74,6 +77,13 @@ async def main(pods: int = 1) -> None:
             return await run_pods(pods, sock, [sys.executable, "-m", "example_service"],
                                   state_dir=data_dir() / "pods", env=shared,
                                   on_ready=lambda: announce(sock, passport_in_params, pods))
+        from service_engine import Engine, ReadinessHandle, connect_pool, open_nats
+        from service_engine.server import run_with_listener
+
+        from .graphql import build_app
+        from .props import open_props
+        from .register import register
+
         db = await connect_pool(database_url)
         stack.push_async_callback(db.aclose)
         nats = await open_nats(nats_url, name=f"{config.service}-{config.pod_id}")
@@ -96,9 +106,14 @@ def run(argv: list[str] | None = None) -> int:
     """Run until stopped; the process exit code."""
     try:  # before anything else: the process runs again on mimalloc (SERVICE_ENGINE_ALLOCATOR)
         allocator = run_on_allocator()
-    except ConfigError as exc:
+    except ValueError as exc:  # the engine's ConfigError (a ValueError): a bad allocator name
         print(f"example_service: {exc}", file=sys.stderr)
         return 2
+    from service_engine.errors import ConfigError, WorkerStopped
+
+    from .dev_infra import env
+    from .kernel import ConfigurationError
+
     logging.basicConfig(level=env("LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     _log.info("Python's objects on %s", allocator)

@@ -42,48 +42,138 @@ the engine's own and may move between releases.
 not part of the surface.
 """
 
-from .clock import Clock, Timestamp
-from .config import EngineConfig
-from .db import Database, connect_pool, service_migrations
-from .db.types import Conn
-from .engine import Engine
-from .erasure import Erasable, Erase
-from .gates import ActionName, Affordances, Gate, Reason, affordances, gated
-from .impacts import Cause, Impact
-from .integration import (
-    Actor,
-    EventMetadata,
-    InboundReaction,
-    IntegrationCommand,
-    IntegrationEvent,
-    Nats,
-    open_nats,
-)
-from .memory import run_on_allocator
-from .persistence import (
-    Aggregate,
-    CrudStore,
-    DomainEvent,
-    EventSourced,
-    FullEda,
-    RecordsEvents,
-    SoftEdaStore,
-)
-from .pipeline import Bulk, Mutation, MutationError, MutationExecutor, OneShot, Reaction, Success
-from .principal_facts import PrincipalFactLoader
-from .readiness import ReadinessHandle
-from .render import CohortKey, Keys, Ordered, Query
-from .render.projector import (
-    Coalesced,
-    PerImpact,
-    Populate,
-    Projector,
-    RlsApplier,
-    Unrestricted,
-    Visibility,
-)
-from .render.table_window import TableWindow
-from .render.windows import Emission, WindowSpec
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .clock import Clock, Timestamp
+    from .config import EngineConfig
+    from .db import Database, connect_pool, service_migrations
+    from .db.types import Conn
+    from .engine import Engine
+    from .erasure import Erasable, Erase
+    from .gates import ActionName, Affordances, Gate, Reason, affordances, gated
+    from .impacts import Cause, Impact
+    from .integration import (
+        Actor,
+        EventMetadata,
+        InboundReaction,
+        IntegrationCommand,
+        IntegrationEvent,
+        Nats,
+        open_nats,
+    )
+    from .memory import run_on_allocator
+    from .persistence import (
+        Aggregate,
+        CrudStore,
+        DomainEvent,
+        EventSourced,
+        FullEda,
+        RecordsEvents,
+        SoftEdaStore,
+    )
+    from .pipeline import (
+        Bulk,
+        Mutation,
+        MutationError,
+        MutationExecutor,
+        OneShot,
+        Reaction,
+        Success,
+    )
+    from .principal_facts import PrincipalFactLoader
+    from .readiness import ReadinessHandle
+    from .render import CohortKey, Keys, Ordered, Query
+    from .render.projector import (
+        Coalesced,
+        PerImpact,
+        Populate,
+        Projector,
+        RlsApplier,
+        Unrestricted,
+        Visibility,
+    )
+    from .render.table_window import TableWindow
+    from .render.windows import Emission, WindowSpec
+
+_EXPORTS: dict[str, str] = {
+    "ActionName": ".gates",
+    "Actor": ".integration",
+    "Affordances": ".gates",
+    "Aggregate": ".persistence",
+    "Bulk": ".pipeline",
+    "Cause": ".impacts",
+    "Clock": ".clock",
+    "Coalesced": ".render.projector",
+    "CohortKey": ".render",
+    "Conn": ".db.types",
+    "CrudStore": ".persistence",
+    "Database": ".db",
+    "DomainEvent": ".persistence",
+    "Emission": ".render.windows",
+    "Engine": ".engine",
+    "EngineConfig": ".config",
+    "Erasable": ".erasure",
+    "Erase": ".erasure",
+    "EventMetadata": ".integration",
+    "EventSourced": ".persistence",
+    "FullEda": ".persistence",
+    "Gate": ".gates",
+    "Impact": ".impacts",
+    "InboundReaction": ".integration",
+    "IntegrationCommand": ".integration",
+    "IntegrationEvent": ".integration",
+    "Keys": ".render",
+    "Mutation": ".pipeline",
+    "MutationError": ".pipeline",
+    "MutationExecutor": ".pipeline",
+    "Nats": ".integration",
+    "OneShot": ".pipeline",
+    "Ordered": ".render",
+    "PerImpact": ".render.projector",
+    "Populate": ".render.projector",
+    "PrincipalFactLoader": ".principal_facts",
+    "Projector": ".render.projector",
+    "Query": ".render",
+    "Reaction": ".pipeline",
+    "ReadinessHandle": ".readiness",
+    "Reason": ".gates",
+    "RecordsEvents": ".persistence",
+    "RlsApplier": ".render.projector",
+    "SoftEdaStore": ".persistence",
+    "Success": ".pipeline",
+    "TableWindow": ".render.table_window",
+    "Timestamp": ".clock",
+    "Unrestricted": ".render.projector",
+    "Visibility": ".render.projector",
+    "WindowSpec": ".render.windows",
+    "affordances": ".gates",
+    "connect_pool": ".db",
+    "gated": ".gates",
+    "open_nats": ".integration",
+    "run_on_allocator": ".memory",
+    "service_migrations": ".db",
+}
+"""Each exported name and the module defining it: a name is imported on
+first use (PEP 562), so ``import service_engine``, the operator CLI and a
+pod's re-execution on its allocator load only what they touch. The
+``TYPE_CHECKING`` imports above state the same list for type checkers and
+editors; ``tests/test_import_cost.py`` keeps the two in step."""
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "ActionName",

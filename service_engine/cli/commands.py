@@ -3,7 +3,6 @@ own functions: it parses, calls, and renders one result as text or JSON."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import enum
 import functools
@@ -11,38 +10,25 @@ import importlib
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from ..commands import CheckedCommand, install_commands
-from ..config import check_environment, describe_config
-from ..db import (
-    Database,
-    connect_pool,
-    engine_migrations,
-    grant_engine_access,
-    migrate,
-    service_migrations,
-)
 from ..failures import ConfigError, EngineError, MigrationError
-from ..integration import (
-    Acked,
-    DeadLetter,
-    DeadLetters,
-    DeadLetterSource,
-    Duplicate,
-    Rejected,
-    Unanswered,
-    open_nats,
-)
-from ..ops.queries import outbox_status as read_outbox_status
+
+if TYPE_CHECKING:
+    from ..commands import CheckedCommand
+    from ..db import Database
+    from ..messaging.dead_letters import DeadLetter, DeadLetters, DeadLetterSource
+
+# Each command imports what it runs on in its body (asyncio and urllib too):
+# ``--help`` loads click and nothing of the engine; ``check-config`` no
+# database driver (unless it checks DATABASE_URL), ``migrate`` no pipeline
+# (unless it installs --commands), the ops commands no integration loop.
 
 
 class ExitCode(enum.IntEnum):
@@ -115,6 +101,8 @@ def _runs(body: Callable[..., Coroutine[Any, Any, Outcome]]) -> Callable[..., No
 
     @functools.wraps(body)
     def command(*args: Any, as_json: bool, **kwargs: Any) -> None:
+        import asyncio
+
         try:
             data, text, exit_code = asyncio.run(body(*args, **kwargs))
         except Failed as failed:
@@ -128,6 +116,8 @@ def _runs(body: Callable[..., Coroutine[Any, Any, Outcome]]) -> Callable[..., No
 def _declared_commands(ref: str) -> list[CheckedCommand]:
     """The checked commands ``MODULE:ATTR`` names (an iterable of them, or a
     function returning one); `ConfigError` for a reference that names none."""
+    from ..commands import CheckedCommand
+
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"--commands {ref!r}: expected MODULE:ATTR")
@@ -145,6 +135,8 @@ def _declared_commands(ref: str) -> list[CheckedCommand]:
 
 
 async def _open_database(url: str) -> Database:
+    from ..db import connect_pool
+
     try:
         return await connect_pool(url, min_size=1, max_size=2)
     except ConfigError as exc:
@@ -227,6 +219,9 @@ async def migrate_command(
 ) -> tuple[dict[str, Any], str, ExitCode]:
     """Apply the engine's migrations (and the service's) as the owner role,
     then install the declared commands' functions."""
+    from ..commands import install_commands
+    from ..db import engine_migrations, grant_engine_access, migrate, service_migrations
+
     try:
         migrations = [*engine_migrations()]
         for directory in service_dirs:
@@ -293,13 +288,15 @@ def _read_env_file(path: Path) -> dict[str, str]:
 async def check_config(env_file: Path | None) -> tuple[dict[str, Any], str, ExitCode]:
     """Validate a configuration without booting: every EngineConfig bound and
     relation, misspelt SERVICE_ENGINE_* names, and DATABASE_URL's TLS rules."""
-    from ..db import trusted_hosts_from_env, validate_database_tls
+    from ..config import check_environment, describe_config
 
     environ = _read_env_file(env_file) if env_file is not None else dict(os.environ)
     check = check_environment(environ)
     problems = list(check.problems)
     url = environ.get("DATABASE_URL")
     if url:
+        from ..db import trusted_hosts_from_env, validate_database_tls
+
         try:
             validate_database_tls(url, trusted_hosts_from_env(environ))
         except ConfigError as exc:
@@ -328,6 +325,9 @@ def _default_ready_url() -> str:
 
 
 def _get_readyz(url: str, timeout: float) -> tuple[int, dict[str, Any]]:
+    import urllib.error
+    import urllib.request
+
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -349,6 +349,8 @@ def _get_readyz(url: str, timeout: float) -> tuple[int, dict[str, Any]]:
 @_runs
 async def ready(url: str | None, wait: float) -> tuple[dict[str, Any], str, ExitCode]:
     """Ask a running pod whether it is ready (GET /readyz): exit 0 UP, 1 DOWN."""
+    import asyncio
+
     target = url or _default_ready_url()
     try:
         status, body = await asyncio.to_thread(_get_readyz, target, wait)
@@ -377,6 +379,8 @@ def dead_letters() -> None:
 def _source(value: str | None) -> DeadLetterSource | None:
     if value is None:
         return None
+    from ..messaging.dead_letters import DeadLetterSource
+
     for source in DeadLetterSource:
         if value.lower() in (source.value.lower(), source.name.lower()):
             return source
@@ -434,6 +438,8 @@ async def list_dead_letters(
     source: str | None, limit: int, database_url: str
 ) -> tuple[dict[str, Any], str, ExitCode]:
     """Dead letters waiting on a human, oldest first."""
+    from ..messaging.dead_letters import DeadLetters
+
     wanted = _source(source)
     db = await _open_database(database_url)
     async with db:
@@ -457,6 +463,8 @@ async def show_dead_letter(
     letter_id: str, database_url: str
 ) -> tuple[dict[str, Any], str, ExitCode]:
     """One dead letter in full: reason, detail, headers and payload."""
+    from ..messaging.dead_letters import DeadLetters
+
     db = await _open_database(database_url)
     async with db:
         letter = await _find(DeadLetters(db), _letter_id(letter_id))
@@ -478,6 +486,11 @@ async def retry_dead_letter(
     letter_id: str, database_url: str, nats_url: str, connect_timeout: float
 ) -> tuple[dict[str, Any], str, ExitCode]:
     """Republish a dead message; it is deleted only once JetStream acknowledged it."""
+    import asyncio
+
+    from ..messaging.dead_letters import DeadLetters
+    from ..messaging.nats import Acked, Duplicate, Rejected, Unanswered, open_nats
+
     wanted = _letter_id(letter_id)
     db = await _open_database(database_url)
     async with db:
@@ -524,6 +537,8 @@ async def discard_dead_letter(
     letter_id: str, database_url: str
 ) -> tuple[dict[str, Any], str, ExitCode]:
     """Delete a dead letter a human resolved (the work will not run)."""
+    from ..messaging.dead_letters import DeadLetters
+
     wanted = _letter_id(letter_id)
     db = await _open_database(database_url)
     async with db:
@@ -548,6 +563,8 @@ def outbox() -> None:
 @_runs
 async def outbox_status(database_url: str) -> tuple[dict[str, Any], str, ExitCode]:
     """Rows waiting to be published, the oldest one's age, failed and published rows."""
+    from ..ops.queries import outbox_status as read_outbox_status
+
     db = await _open_database(database_url)
     async with db:
         status = await read_outbox_status(db)
