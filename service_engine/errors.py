@@ -57,6 +57,7 @@ from .commands.errors import (
     UniqueKeyOutsidePartition,
     UnknownName,
     UnprovenSet,
+    ValueMissing,
     WorkflowError,
 )
 from .commands.plan import (
@@ -416,6 +417,7 @@ __all__ = [
     "UnprovenSet",
     "UnregisteredProjector",
     "UnwatchedNoun",
+    "ValueMissing",
     "VisibilityMismatch",
     "WorkerStopped",
     "WorkflowError",

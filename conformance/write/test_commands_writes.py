@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import pytest
-
 from service_engine import Database, MutationError
 from service_engine.commands import (
     UUID_V7,
@@ -132,15 +130,21 @@ CAUSED_BY_CALLER = Command(
 )
 
 
-async def test_a_value_that_evaluates_to_nothing_names_its_clause(db: Database, database: ProvisionedDatabase) -> None:
-    """A set or cause value reading a fact the acting principal lacks fails
-    the command naming the clause that read nothing, and writes nothing."""
+async def test_a_value_that_evaluates_to_nothing_names_its_clause(
+    db: Database, database: ProvisionedDatabase,
+) -> None:
+    """A set or cause value reading a fact the acting principal lacks answers
+    the typed ``value_missing`` naming the clause that read nothing, and
+    writes nothing."""
     runner = Installing(db, database)
-    for command, message in ((NAMED_BY_CALLER, r"^set project\.name evaluated to nothing"),
-                             (CAUSED_BY_CALLER, r"^caused project\.created: by evaluated to nothing")):
-        with pytest.raises(Exception, match=message):
-            await runner.run(CATALOG.command(command), Nameless(),
-                             {"request_key": "k", "org": "acme", "project_id": "p1"})
+    for command, message in (
+        (NAMED_BY_CALLER, "set project.name evaluated to nothing"),
+        (CAUSED_BY_CALLER, "caused project.created: by evaluated to nothing"),
+    ):
+        answer = await runner.run(CATALOG.command(command), Nameless(),
+                                  {"request_key": "k", "org": "acme", "project_id": "p1"})
+        assert isinstance(answer, MutationError) and answer.code == "value_missing", answer
+        assert answer.message.startswith(message), answer
     assert await db.pool.fetchval("SELECT count(*) FROM cmd_project") == 0
 
 

@@ -78,6 +78,7 @@ from .errors import (
     UniqueKeyOutsidePartition,
     UnknownName,
     UnprovenSet,
+    ValueMissing,
     WorkflowError,
 )
 from .expr import (
@@ -183,6 +184,7 @@ __all__ = [
     "UnknownName",
     "Unless",
     "UnprovenSet",
+    "ValueMissing",
     "Var",
     "Workflow",
     "WorkflowError",

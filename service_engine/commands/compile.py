@@ -98,7 +98,7 @@ from .declaration import (
     Set,
     Transition,
 )
-from .errors import CommandNotInstalled, NotCompilable
+from .errors import CommandNotInstalled, NotCompilable, ValueMissing
 from .expr import (
     INVALID,
     Add,
@@ -1103,8 +1103,9 @@ async def run_compiled(
     parameters, and asyncpg sends such a statement alone), its impacts,
     offer marks and emitted events staged for the commit. Raises
     `InvalidInput` for inputs (or a set value) the declaration refuses,
-    `TypeError` for a set, cause or return that evaluates to nothing (as the
-    interpreter does), `CommandNotInstalled` when its function is missing."""
+    `ValueMissing` (a `TypeError`, as the interpreter raises) for a set,
+    cause or return that evaluates to nothing, `CommandNotInstalled` when
+    its function is missing."""
     values = validate_inputs(compiled.command, inputs)
     inputs_json, facts, control, locks = compiled.arguments(
         principal, values, cx.now().value, retention
@@ -1128,8 +1129,8 @@ async def run_compiled(
                                    f"{compiled.described.get(detail, 'value of the field')}"
                                    ) from None
             if exc.args and "service_engine.command_invalid" in str(exc):
-                raise TypeError(f"{detail} evaluated to nothing (a missing field or mistyped"
-                                " value)") from None
+                raise ValueMissing(f"{detail} evaluated to nothing (a missing field or "
+                                   "mistyped value)") from None
             raise
 
     answer = _decode(await tx.run(Stage.SAVE, call))

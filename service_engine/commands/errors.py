@@ -30,6 +30,7 @@ __all__ = [
     "UniqueKeyOutsidePartition",
     "UnknownName",
     "UnprovenSet",
+    "ValueMissing",
     "WorkflowError",
 ]
 
@@ -134,3 +135,12 @@ class CommandNotInstalled(EngineError):
     --commands``, or `install_commands` on the owner's connection)."""
 
     code = "commands_not_installed"
+
+
+class ValueMissing(EngineError, TypeError):
+    """A set, cause or record value evaluated to nothing when the command
+    ran (a declared fact the acting principal lacks, a field its row does
+    not hold): the command wrote nothing. `CommandRunner.run` answers it as
+    the `MutationError` ``value_missing`` naming the clause."""
+
+    code = "value_missing"

@@ -20,6 +20,7 @@ from ..pipeline import Mutation, MutationError, MutationExecutor, Ops
 from .checked import CheckedCommand
 from .compile import compiled, run_compiled
 from .config import CommandConfig
+from .errors import ValueMissing
 from .outcomes import CommandOutcome
 from .plan import InvalidInput, validate_inputs
 
@@ -43,7 +44,8 @@ class CommandRunner:
     ) -> CommandOutcome | MutationError:
         """Run ``command`` as ``principal`` with ``inputs``: its typed outcome,
         or the pipeline's `MutationError` (``invalid_input`` for inputs that do
-        not match the declaration)."""
+        not match the declaration, ``value_missing`` for a value that
+        evaluated to nothing: see `ValueMissing`)."""
         retention = self.config.idempotency_retention
         function = compiled(command)
         try:
@@ -56,6 +58,8 @@ class CommandRunner:
         except InvalidInput as exc:
             # Before the pipeline, or from a set effect (rolled back).
             return MutationError(INVALID_INPUT, str(exc))
+        except ValueMissing as exc:  # rolled back: nothing of it was written
+            return MutationError(ValueMissing.code, str(exc))
 
 
 async def run_in(
