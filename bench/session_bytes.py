@@ -174,7 +174,7 @@ class _Probe:
 
 
 async def _serve(folder: Path, frames: int) -> None:
-    from example_service.__main__ import main as service_main
+    from example_service.boot import main as service_main
 
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGUSR1, _Probe(folder, frames))
