@@ -17,16 +17,9 @@ CONFORMANCE = ROOT / "conformance"
 SHARED = ("store", "database", "db", "pg_server", "nats_server", "streams")
 """The fixtures `conformance/conftest.py` defines for the whole battery."""
 
-KNOWN_COPIES = frozenset({"conformance/write/test_commands_reference.py::store"})
-"""Copies in files being written elsewhere while this check lands; each must
-still exist, so the list only shrinks."""
-
 SUPPORT = CONFORMANCE / "support"
 MAX_LINES = 700
 """No conformance module is longer: a longer one is split by what it proves."""
-KNOWN_LONG = frozenset({"conformance/write/test_commands.py"})
-"""Modules over `MAX_LINES` being rewritten elsewhere; each must still be
-over it, so the list only shrinks."""
 TOP_LEVEL = frozenset({"__init__.py", "conftest.py"})
 """The modules at the top of conformance/ that are not test modules."""
 FLOWS = frozenset({
@@ -70,15 +63,10 @@ def test_the_shared_fixtures_are_defined_in_the_conftest() -> None:
 
 def test_no_module_defines_its_own_copy_of_a_shared_fixture() -> None:
     """No other conformance module (the black-box conftest included) defines
-    a fixture of a shared name, apart from the known copies, each of which
-    must still be there."""
+    a fixture of a shared name."""
     copies = shared_copies()
-    assert copies <= KNOWN_COPIES, "define these once, in conformance/conftest.py: " + ", ".join(
-        sorted(copies - KNOWN_COPIES)
-    )
-    assert copies >= KNOWN_COPIES, "remove from KNOWN_COPIES: " + ", ".join(
-        sorted(KNOWN_COPIES - copies)
-    )
+    assert not copies, "define these once, in conformance/conftest.py: " + ", ".join(
+        sorted(copies))
 
 
 def test_the_scan_reads_plain_and_called_fixture_decorators() -> None:
@@ -129,14 +117,11 @@ def test_the_support_package_holds_no_tests() -> None:
 
 
 def test_no_conformance_module_is_over_the_line_bound() -> None:
-    """Every conformance module is at most `MAX_LINES` lines, apart from the
-    known long ones, each of which must still be long."""
+    """Every conformance module is at most `MAX_LINES` lines."""
     long = {
         path.relative_to(ROOT).as_posix()
         for path in CONFORMANCE.rglob("*.py")
         if len(path.read_text().splitlines()) > MAX_LINES
     }
-    assert long <= KNOWN_LONG, f"split by what they prove (at most {MAX_LINES} lines): " + ", ".join(
-        sorted(long - KNOWN_LONG)
-    )
-    assert long >= KNOWN_LONG, "remove from KNOWN_LONG: " + ", ".join(sorted(KNOWN_LONG - long))
+    assert not long, f"split by what they prove (at most {MAX_LINES} lines): " + ", ".join(
+        sorted(long))

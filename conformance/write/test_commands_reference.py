@@ -20,10 +20,10 @@ import pytest
 
 from example_service.slices.board.policy import MAX_INVITES
 from example_service.slices.card.domain import CARD_ADVANCE
-from service_engine.embedded import EmbeddedNats, EmbeddedPostgres, ProvisionedDatabase
+from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import Passport
 
-from ..support.example_support import Running, example_config, example_database, running
+from ..support.example_support import Running, example_config, running
 from ..support.nats_support import engine_nats
 
 ALICE = Passport(sub="alice", org="acme", roles=(CARD_ADVANCE,))
@@ -40,12 +40,6 @@ def _stage_mutation(field: str) -> str:
 
 
 START, FINISH = _stage_mutation("startCard"), _stage_mutation("finishCard")
-
-
-@pytest.fixture
-async def store(pg_server: EmbeddedPostgres) -> AsyncIterator[ProvisionedDatabase]:
-    async with example_database(pg_server) as provisioned:
-        yield provisioned
 
 
 @pytest.fixture
