@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from service_engine.db.errors import DatabaseFault
 from service_engine.errors import ConfigError
 from service_engine.gates import Reason, Refused
+from service_engine.inbound.declaration import InboundReaction
 from service_engine.inbound.dispatch import classify_failure
 from service_engine.messaging.claims import confirmations_json, parse_confirmations
 from service_engine.messaging.envelope import (
@@ -44,7 +45,6 @@ from service_engine.messaging.reactions import (
 from service_engine.outbox.staging import OutboxRow
 from service_engine.persistence.base import NotFound
 from service_engine.pipeline import ConstraintViolation, LockTimeout, Stage, principal_actor
-from service_engine.pipeline.inbound import InboundReaction
 
 MS = timedelta(milliseconds=1)
 BUDGET = ReactionBudget(

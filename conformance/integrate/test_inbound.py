@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from service_engine import Database
 from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
+from service_engine.inbound.declaration import EVENT_STREAM, InboundReaction
 from service_engine.messaging.dead_letters import DeadLetterSource
 from service_engine.messaging.envelope import (
     HEADER_MESSAGE_ID,
@@ -27,7 +28,6 @@ from service_engine.messaging.envelope import (
 )
 from service_engine.messaging.reactions import Disposition, Park, Retry, Terminal
 from service_engine.pipeline import Reaction
-from service_engine.pipeline.inbound import EVENT_STREAM, InboundReaction
 
 from ..support.harness import owner_connection, wait_until
 from ..support.inbound_support import (

@@ -21,6 +21,7 @@ import pytest
 from pydantic import BaseModel
 
 from service_engine import Database, EngineConfig
+from service_engine.inbound.declaration import InboundReaction
 from service_engine.inbound.dispatch import InboundFrame, ReactionRunner
 from service_engine.messaging.dead_letters import DeadLetters
 from service_engine.messaging.envelope import (
@@ -34,7 +35,6 @@ from service_engine.messaging.envelope import (
 )
 from service_engine.messaging.reactions import Ack, Nak, Park, Retry, Term
 from service_engine.pipeline import Reaction
-from service_engine.pipeline.inbound import InboundReaction
 
 from ..support.harness import Statements
 from ..support.sample_orders import (

@@ -20,11 +20,11 @@ from pydantic import BaseModel
 from service_engine import Database, Engine, ReadinessHandle
 from service_engine.db.errors import DatabaseError
 from service_engine.embedded import EmbeddedNats
+from service_engine.inbound.declaration import EVENT_STREAM
 from service_engine.messaging.nats import StreamMissing, open_nats
 from service_engine.messaging.reactions import Disposition
 from service_engine.outbox.relay import MessageRetentionTooShort
 from service_engine.pipeline import Reaction
-from service_engine.pipeline.inbound import EVENT_STREAM
 from service_engine.readiness import REASON_INBOUND_STOPPED
 
 from ..support.harness import assert_never, wait_until

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from service_engine import Database, Engine, EngineConfig, ReadinessHandle
 from service_engine.embedded import INTEGRATION_STREAMS, EmbeddedNats
 from service_engine.errors import WorkerStopped
+from service_engine.inbound.declaration import EVENT_STREAM, InboundReaction
 from service_engine.inbound.dispatch import InboundHook
 from service_engine.messaging.envelope import (
     HEADER_MESSAGE_ID,
@@ -37,7 +38,6 @@ from service_engine.messaging.envelope import (
 from service_engine.messaging.nats import open_nats
 from service_engine.messaging.reactions import Disposition, ReactionBudget
 from service_engine.pipeline import Reaction
-from service_engine.pipeline.inbound import EVENT_STREAM, InboundReaction
 from service_engine.pipeline.reaction import ReactionPrincipal
 
 from .harness import fast_engine_config, wait_until

@@ -20,12 +20,12 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from service_engine import Projector, TableWindow, Unrestricted
+from service_engine.inbound.declaration import InboundReaction
 from service_engine.messaging.envelope import DeclaredSequence
 from service_engine.messaging.reactions import Disposition, ReactionBudget, Retry
 from service_engine.persistence import Aggregate, CrudStore
 from service_engine.persistence.base import Row
 from service_engine.pipeline import DatabaseError, Reaction
-from service_engine.pipeline.inbound import InboundReaction
 
 SERVICE = "orders"
 WAREHOUSE = "warehouse"

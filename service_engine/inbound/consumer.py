@@ -1,5 +1,5 @@
 """The inbound NATS loop: one shared durable consumer per registered reaction
-(declared with `pipeline.inbound.InboundReaction`).
+(declared with `inbound.declaration.InboundReaction`).
 
 Each reaction gets one durable consumer on the gitops-declared
 ``INTEGRATION_CMD`` / ``INTEGRATION_EVT`` stream (bind-only: an absent
@@ -46,9 +46,9 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ReplayPolicy
 
 from ..config import EngineConfig
 from ..failures import EngineError
+from ..inbound.declaration import InboundReaction
 from ..messaging.nats import Nats, NatsUnavailable, StreamMissing, delivery_of
 from ..messaging.reactions import Ack, Nak, Settlement, Term, backoff_delay
-from ..pipeline.inbound import InboundReaction
 from .dispatch import InboundFrame, ReactionRunner
 
 __all__ = [

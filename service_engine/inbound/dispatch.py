@@ -59,7 +59,7 @@ from ..pipeline.reaction import ReactionPrincipal, Replayed, Stale, run_reaction
 from ..pipeline.run import StageHook
 
 if TYPE_CHECKING:
-    from ..pipeline.inbound import InboundReaction
+    from ..inbound.declaration import InboundReaction
 
 __all__ = [
     "InboundFrame",

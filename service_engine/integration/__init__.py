@@ -12,6 +12,7 @@ The loops themselves are the engine's own, each in its feature's folder
 dispatch, cron, NATS health); this package's component composes them."""
 
 from ..beat.cron import Cron, Tick
+from ..inbound.declaration import InboundReaction
 from ..messaging.dead_letters import DEAD_LETTER_NOUN, DeadLetter, DeadLetters, DeadLetterSource
 from ..messaging.envelope import (
     Actor,
@@ -48,7 +49,6 @@ from ..messaging.reactions import (
     Terminal,
 )
 from ..outbox.staging import stage_outbox_row
-from ..pipeline.inbound import InboundReaction
 from ..scheduled.staging import stage_scheduled
 
 __all__ = [

@@ -21,6 +21,7 @@ from ..config import EngineConfig
 from ..db.pool import Database
 from ..failures import ConfigError, DuplicateRegistration, EngineError
 from ..inbound.consumer import InboundConsumer
+from ..inbound.declaration import InboundReaction
 from ..inbound.dispatch import InboundHook, ReactionRunner
 from ..inbound.health import ConsumerSupervisor, InboundHealth
 from ..messaging.dead_letters import DeadLetters
@@ -34,7 +35,6 @@ from ..outbox.relay import (
     check_message_retention,
     outbox_relay,
 )
-from ..pipeline.inbound import InboundReaction
 from ..pipeline.reaction import ReactionPrincipal
 from ..readiness import ReadinessHandle
 from ..scheduled.publisher import ScheduledBounds, ScheduledPublisher

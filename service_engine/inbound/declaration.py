@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from ..failures import ConfigError
 from ..messaging.envelope import EnvelopeError, check_token, command_subject, event_subject
 from ..messaging.reactions import ReactionBudget
-from .contexts import Reaction
+from ..pipeline.contexts import Reaction
 
 __all__ = ["COMMAND_STREAM", "EVENT_STREAM", "InboundReaction", "ReactionHandler"]
 
