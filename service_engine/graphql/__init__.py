@@ -95,7 +95,7 @@ _SERVED = {
     "SESSION_MAX_AGE_CLOSE_CODE": "app",
     "SESSION_MAX_AGE_CLOSE_REASON": "app",
     "graphql_app": "app",
-    "DEFAULT_OPS_ROLE": "ops",
+    "DEFAULT_OPS_ROLE": "ops_page",
     "PASSPORT_HEADER": "passport",
     "Passport": "passport",
     "PassportError": "passport",

@@ -1,4 +1,4 @@
-"""Operator reads the ops page (`service_engine.server.ops`) and the CLI
+"""Operator reads the ops page (`service_engine.server.ops_page`) and the CLI
 share: the outbox backlog, the dead letters waiting, rates over time."""
 
 from __future__ import annotations

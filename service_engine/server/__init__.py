@@ -12,7 +12,7 @@ from .app import (
     graphql_app,
 )
 from .host import PodSlot, bind_listener, run_pods, run_with, run_with_listener
-from .ops import DEFAULT_OPS_ROLE
+from .ops_page import DEFAULT_OPS_ROLE
 from .passport import (
     PASSPORT_HEADER,
     Passport,

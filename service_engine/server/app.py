@@ -62,7 +62,7 @@ from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
 from . import delivery
 from .live_ops import LiveOps, per_operation_extensions
-from .ops import DEFAULT_OPS_ROLE, ops_routes
+from .ops_page import DEFAULT_OPS_ROLE, ops_routes
 from .passport import (
     PASSPORT_HEADER,
     PassportError,
@@ -704,7 +704,7 @@ def graphql_app(
     socket (same-origin pages and non-browser clients always may);
     ``routes`` are appended to the app's routes.
 
-    ``/ops`` serves the ops page (`service_engine.server.ops`) to passports with
+    ``/ops`` serves the ops page (`service_engine.server.ops_page`) to passports with
     ``ops_role``; None leaves it out.
 
     The edge bounds (body size, query limits, socket bounds) come from
