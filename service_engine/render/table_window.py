@@ -54,11 +54,11 @@ def cohort_values(cohorts: Iterable[Hashable] | None, kind: str | None = None) -
     cohort that is not such a pair. ``None`` (no filter) gives ``[]``."""
     found: list[Any] = []
     for cohort in cohorts or ():
-        pair = isinstance(cohort, tuple) and len(cohort) == 2
-        if kind is None and not pair:
+        if isinstance(cohort, tuple) and len(cohort) == 2:
+            if kind is not None and cohort[0] == kind:
+                found.append(cohort[1])
+        elif kind is None:
             found.append(cohort)
-        elif kind is not None and pair and cohort[0] == kind:  # type: ignore[index]
-            found.append(cohort[1])  # type: ignore[index]
     return found
 
 
