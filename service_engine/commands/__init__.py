@@ -11,10 +11,14 @@ pipeline's `MutationError` for a failure of the pipeline itself).
 
 Modules: `declaration` (the clauses and entity declarations), `expr`
 (expressions, strict evaluation), `typecheck` (field types derived from
-the aggregate dataclass, expression types), `check` (registration), `policy` (row
+the aggregate dataclass, expression types), `check` (registration: the
+`Catalog` and its entity graph), `clauses` (one command checked clause by
+clause), `proofs` (what the whole command must prove), `policy` (row
 policies as gates), `plan` (the run's pure steps), `outcomes`, `config`,
 `rows` (the engine rows of migration 0010), `compile` (a command's
-generated database function), `install` (the schema owner creates the
+generated database function: its name, creation and call),
+`function_body` (the function's PL/pgSQL body), `sql_expr` (the SQL of
+expressions and its helper functions), `install` (the schema owner creates the
 functions; a pod checks them at boot), `run` (`CommandRunner`, `run_in`:
 the compiled run path), `runner` (the interpreter: the oracle the compiled
 functions are proven equal to), `errors`.

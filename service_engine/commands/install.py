@@ -19,8 +19,9 @@ from collections.abc import Iterable
 from ..db.locks import named_lock_key
 from ..db.types import Conn
 from .checked import CheckedCommand
-from .compile import PRELUDE, SCHEMA, compiled
+from .compile import compiled
 from .errors import CommandNotInstalled
+from .sql_expr import PRELUDE, SCHEMA
 
 __all__ = ["assert_commands_installed", "install_commands", "missing_commands"]
 
