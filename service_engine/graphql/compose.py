@@ -1,10 +1,18 @@
 """Compose a service's GraphQL schema from its slices, naming each slice once.
 
 Each slice declares what it adds to the service's schema as one
-`SliceFragment`: its root objects (Strawberry types whose fields become
-fields of the service's ``Query`` / ``Mutation`` / ``Subscription``), the
-GraphQL types it owns, and the function registering its projectors,
-reactions and offers with the engine::
+`SliceFragment`. The common case is data: its projectors (each a query
+field and a live subscription field of its ``NAME``, registered with the
+engine) and its mutation handlers (each a mutation field; see
+`service_engine.graphql.declared`)::
+
+    SLICE = SliceFragment("notes", projectors=[NotesView()],
+                          mutations=[create_note, edit_note])
+
+Beside them (or instead) a slice lists its own root objects (Strawberry
+types whose fields become fields of the service's ``Query`` / ``Mutation``
+/ ``Subscription``), the GraphQL types it owns, and the function
+registering its reactions, offers and the rest with the engine::
 
     # slices/board/__init__.py
     SLICE = SliceFragment(
@@ -46,6 +54,7 @@ from strawberry.types.scalar import ScalarDefinition, ScalarWrapper
 from strawberry.types.union import StrawberryUnion
 
 from ..failures import EngineError
+from .declared import derive_fields
 from .results import Refusal
 from .subscriptions import DeltaCause, LanesPaused, LanesResumed
 
@@ -133,8 +142,17 @@ class SliceFragment:
     a slice defines, including ``subscription_union(...).types``, so that two
     slices defining one name are caught at assembly rather than by a
     confusing schema error; types shared through the kernel are declared by
-    nobody. ``register`` registers the slice's projectors, reactions and
-    offers with the engine.
+    nobody. ``register`` registers the slice's reactions, offers and the
+    rest with the engine.
+
+    ``projectors`` (instances, or classes taking no argument) are registered
+    with the engine in `ComposedService.register`; each whose window takes
+    no query gets a query field and a live subscription field named by its
+    ``NAME`` over its view type, the types of both owned by the slice.
+    ``mutations`` are handlers (``async def create_note(cx, body: str) ->
+    strawberry.ID``), each a mutation field named after it answering the
+    kit's result type (`service_engine.graphql.declared`). The derived
+    fields join the slice's own root objects.
     """
 
     name: str
@@ -143,10 +161,27 @@ class SliceFragment:
     subscription: type[Any] | None = None
     types: tuple[Any, ...] = ()
     register: RegisterFn | None = None
+    projectors: Sequence[Any] = ()
+    mutations: Sequence[Callable[..., Any]] = ()
+    views: tuple[Any, ...] = field(default=(), init=False, repr=False)
+    """The `Views` of the derived live fields (kept for ``graphql_app``'s check)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _SLICE_NAME.fullmatch(self.name):
             raise ValueError(f"a slice name is [a-z][a-z0-9_]*, got {self.name!r}")
+        projectors = tuple(p() if isinstance(p, type) else p for p in self.projectors)
+        object.__setattr__(self, "projectors", projectors)
+        object.__setattr__(self, "mutations", tuple(self.mutations))
+        if projectors or self.mutations:
+            derived = derive_fields(self.name, projectors, self.mutations)
+            for kind in ROOT_KINDS:
+                own, more = self.root(kind), getattr(derived, kind)
+                if more is not None:
+                    merged = more if own is None else merge_types(
+                        f"{_camel(self.name)}{_ROOT_TYPE_NAMES[kind]}", (own, more))
+                    object.__setattr__(self, kind, merged)
+            object.__setattr__(self, "types", (*self.types, *derived.types))
+            object.__setattr__(self, "views", derived.views)
         for kind in ROOT_KINDS:
             root = self.root(kind)
             if root is not None and not has_object_definition(root):
@@ -176,6 +211,10 @@ class SliceFragment:
     def type_names(self) -> tuple[str, ...]:
         """The GraphQL names of the types this slice declares it owns."""
         return tuple(graphql_type_name(t) for t in self.types)
+
+
+def _camel(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
 def graphql_type_name(declared: Any) -> str:
@@ -227,8 +266,11 @@ class ComposedService:
         return tuple(s.name for s in self.slices)
 
     def register(self, engine: Engine) -> None:
-        """Run each slice's ``register`` with ``engine``, in listing order."""
+        """Register each slice's ``projectors`` and run its ``register``
+        with ``engine``, in listing order."""
         for fragment in self.slices:
+            for projector in fragment.projectors:
+                engine.register_projector(projector)
             if fragment.register is not None:
                 fragment.register(engine)
 

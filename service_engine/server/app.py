@@ -56,6 +56,7 @@ from strawberry.types.graphql import OperationType
 
 from ..config import EngineConfig
 from ..failures import ConfigError
+from ..graphql.compose import ComposedService
 from ..graphql.context import GraphQLContext
 from ..graphql.reads import check_views
 from ..metrics import PROMETHEUS_CONTENT_TYPE
@@ -66,6 +67,7 @@ from .live_ops import LiveOps, per_operation_extensions
 from .ops_page import DEFAULT_OPS_ROLE, ops_routes
 from .passport import (
     PASSPORT_HEADER,
+    OrgMember,
     PassportError,
     PassportMissing,
     PassportPrincipal,
@@ -586,8 +588,8 @@ def close_reason(refusal: PassportError) -> str:
 
 def graphql_app(
     engine: Engine,
-    schema: BaseSchema,
-    principal_resolver: PassportPrincipal[Any],
+    schema: BaseSchema | ComposedService,
+    principal_resolver: PassportPrincipal[Any] = OrgMember.of,
     *,
     path: str = "/graphql",
     ws_path: str = "/graphql/ws",
@@ -601,8 +603,14 @@ def graphql_app(
     """The service's Starlette app: GraphQL, GraphiQL, the subscription
     socket, ``/readyz`` and ``/metrics``. Serve it with `run_with`.
 
+    ``schema`` is the service's schema, or its `ComposedService`, which is
+    then registered with ``engine`` (`ComposedService.register`) and served
+    as its `ComposedService.schema`.
+
     ``principal_resolver`` maps each passport to the service's principal
-    (see `PassportPrincipal`); resolvers read it as ``info.context.principal``.
+    (see `PassportPrincipal`; default `OrgMember.of`: the subject in its
+    org, a passport naming no org refused with ``passport_refused``);
+    resolvers read it as ``info.context.principal``.
     Sockets are closed at ``engine.config.session_max_age`` from the
     handshake.
 
@@ -625,6 +633,9 @@ def graphql_app(
     ``engine.config``; see the module docstring. Raises `UnregisteredProjector`
     when the schema serves a `Views` of a projector ``engine`` never registered.
     """
+    if isinstance(schema, ComposedService):
+        schema.register(engine)
+        schema = schema.schema()
     check_views(engine, schema)
     view = _EngineGraphQL(
         engine,
