@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import logging
 import re
 import secrets
 from collections.abc import AsyncIterator
@@ -152,11 +153,18 @@ async def test_another_orgs_subscriber_sees_nothing_of_a_write(notes: Running) -
         assert [n["body"] for n in (await notes.gql(READ, passport=BOB))["notes"]] == ["Buy milk"]
 
 
-async def test_a_passport_without_an_org_is_refused_by_name(notes: Running) -> None:
-    """The tutorial's principal resolver refuses a passport naming no org
-    with ``passport_refused``: a note always belongs to an org."""
-    answer = await notes.post(CREATE, passport=Passport(sub="nobody"))
+async def test_a_passport_without_an_org_is_refused_by_name(
+    notes: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default principal (`OrgMember`) refuses a passport naming no org
+    with ``passport_refused``: a note always belongs to an org. The refusal
+    is the client's: logged as one line naming its code, with no traceback
+    and nothing at error level."""
+    with caplog.at_level(logging.INFO):
+        answer = await notes.post(CREATE, passport=Passport(sub="nobody"))
     assert answer["errors"][0]["extensions"]["code"] == "passport_refused", answer
+    assert any("passport_refused" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
 
 
 # -- the tutorial quotes the finished code ---------------------------------------------
