@@ -13,14 +13,18 @@ subscriber of another org is sent nothing of it.
 from __future__ import annotations
 
 import ast
+import asyncio
 import contextlib
 import logging
 import re
 import secrets
+import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 
 from examples.notes import SERVICE
@@ -30,13 +34,15 @@ from service_engine.embedded import (
     EmbeddedPostgres,
     ProvisionedDatabase,
     drop_database,
+    free_port,
     provision_database,
 )
-from service_engine.graphql import Passport
+from service_engine.graphql import PASSPORT_HEADER, Passport
 from service_engine.server import graphql_app
 
 from ..blackbox.harness import GqlSocket
 from ..support.example_support import Running, serving_engine
+from ..support.harness import wait_until
 from ..support.nats_support import engine_nats
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,6 +171,53 @@ async def test_a_passport_without_an_org_is_refused_by_name(
     assert answer["errors"][0]["extensions"]["code"] == "passport_refused", answer
     assert any("passport_refused" in r.getMessage() for r in caplog.records)
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+SERVE = """
+import sys
+from pathlib import Path
+
+from examples.notes import SERVICE
+from service_engine.server import serve_embedded
+
+serve_embedded(SERVICE, "notes", migrations=Path(sys.argv[1]), data=Path(sys.argv[2]),
+               addr=sys.argv[3])
+"""
+"""The tutorial's ``__main__``, its data folder and address the test's."""
+
+
+async def test_serve_embedded_serves_the_service_until_interrupted(tmp_path: Path) -> None:
+    """`serve_embedded`, as the tutorial's ``__main__`` calls it, starts
+    Postgres and NATS under its data folder, applies the tutorial's
+    migration and serves the service: it goes UP and a note created over
+    HTTP commits; SIGINT stops the service and the servers it started
+    (exit status 0, no Postgres left running on the folder)."""
+    data, addr = tmp_path / "data", f"127.0.0.1:{free_port()}"
+    with (tmp_path / "serve.log").open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", SERVE, str(CODE / "migrations"), str(data), addr,
+            cwd=ROOT, stdout=log, stderr=log,
+        )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://{addr}") as http:
+            async def up() -> bool:
+                try:
+                    return (await http.get("/readyz")).status_code == 200
+                except httpx.TransportError:
+                    return process.returncode is not None  # it died: fail below, not by timeout
+
+            await wait_until(up, timeout=120, what="the served notes service UP")
+            assert process.returncode is None, (tmp_path / "serve.log").read_text()
+            answer = await http.post("/graphql", json={"query": CREATE},
+                                     headers={PASSPORT_HEADER: ALICE.to_header()})
+            assert answer.json()["data"]["createNote"]["success"] is True, answer.text
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), 60) == 0, (tmp_path / "serve.log").read_text()
+        assert not (data / "postgres" / "pgdata" / "postmaster.pid").exists()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 # -- the tutorial quotes the finished code ---------------------------------------------
