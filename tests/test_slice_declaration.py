@@ -5,6 +5,7 @@ like them."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,7 @@ class MemosView(Projector[Memo, MemoView, OrgMember, None]):
 @dataclass(frozen=True)
 class MemoQuery:
     limit: int
+    newest_first: bool = True
 
 
 class PagedMemos(Projector[Memo, MemoView, OrgMember, MemoQuery]):
@@ -60,6 +62,25 @@ class PagedMemos(Projector[Memo, MemoView, OrgMember, MemoQuery]):
 
     def project(self, memo: Memo, member: OrgMember) -> MemoView:
         return MemoView(id=strawberry.ID(memo.id), text=memo.text)
+
+
+class Keyed:
+    """A query that is no dataclass: its fields cannot be derived."""
+
+
+class KeyedMemos(Projector[Memo, MemoView, OrgMember, Keyed]):
+    NAME = "keyed_memos"
+    WINDOW = TableWindow("memo", cohort="org")
+
+    def project(self, memo: Memo, member: OrgMember) -> MemoView:
+        return MemoView(id=strawberry.ID(memo.id), text=memo.text)
+
+
+@strawberry.type
+class MemoSubscription:
+    @strawberry.subscription
+    async def paged_memos(self) -> AsyncGenerator[int, None]:
+        yield 1
 
 
 async def write_memo(cx: Mutation[OrgMember], text: str, pinned: bool = False) -> strawberry.ID:
@@ -96,20 +117,53 @@ def test_a_projector_listed_by_a_slice_derives_its_query_and_live_fields() -> No
     assert [v.projector for v in fragment.views] == ["org_memos"]
 
 
-def test_a_projector_taking_a_query_is_registered_without_derived_fields() -> None:
-    """A window that takes a query derives no field (the slice declares
-    its own), but the projector is registered with the rest, in order."""
+@strawberry.type
+class PagedQuery:
+    @strawberry.field
+    def paged_memos(self) -> int:
+        return 1
+
+
+def test_a_dataclass_query_gives_the_fields_its_arguments() -> None:
+    """A window taking a dataclass query derives fields whose arguments are
+    its fields (their defaults kept)."""
+    sdl = compose_service([SliceFragment("memo", projectors=[PagedMemos()])]).schema().as_str()
+    assert "pagedMemos(limit: Int!, newestFirst: Boolean! = true): [MemoView!]!" in sdl
+    assert "pagedMemos(limit: Int!, newestFirst: Boolean! = true): PagedMemosMessage!" in sdl
+
+
+def test_a_field_the_slice_declares_itself_wins() -> None:
+    """A derived field of a name the slice's own root declares is left out."""
+    fragment = SliceFragment("memo", subscription=MemoSubscription, projectors=[PagedMemos()])
+    sdl = compose_service([fragment]).schema().as_str()
+    assert "pagedMemos: Int!" in sdl and "PagedMemosMessage!" not in sdl
+    assert fragment.root_fields("subscription") == ("pagedMemos",)
+    assert fragment.root_fields("query") == ("pagedMemos",)
+
+
+def test_a_projector_whose_fields_are_all_the_slices_own_adds_no_type() -> None:
+    """With both fields its own, the slice declares the union's types
+    itself: the projector is only registered."""
+    own = SliceFragment("memo", query=PagedQuery, subscription=MemoSubscription,
+                        projectors=[PagedMemos()])
+    assert own.types == () and own.views == ()
+
+
+def test_a_projector_taking_another_query_is_registered_without_derived_fields() -> None:
+    """A window taking a query that is no dataclass derives no field (the
+    slice declares its own), but the projector is registered with the
+    rest, in order."""
     registered: list[str] = []
 
     class Recorder:
         def register_projector(self, projector: Projector[Any, Any, Any, Any]) -> None:
             registered.append(type(projector).NAME)
 
-    fragment = SliceFragment("memo", projectors=[PagedMemos, MemosView()],
+    fragment = SliceFragment("memo", projectors=[KeyedMemos, MemosView()],
                              register=lambda engine: registered.append("register"))
     assert fragment.root_fields("query") == ("orgMemos",)
     compose_service([fragment]).register(Recorder())  # type: ignore[arg-type]
-    assert registered == ["paged_memos", "org_memos", "register"]
+    assert registered == ["keyed_memos", "org_memos", "register"]
 
 
 def test_a_handler_listed_by_a_slice_is_a_mutation_field() -> None:
@@ -184,3 +238,29 @@ def test_an_unrestricted_projector_without_a_cohort_column_still_derives_fields(
 
     assert SliceFragment("memo", projectors=[Everyone()]).root_fields("subscription") == (
         "allMemos",)
+
+
+def test_what_a_slice_lists_is_registered_with_the_engine_in_order() -> None:
+    """Projectors, mirrors, offers, reactions, commands, scopes and the
+    erasure (under the slice's name), then ``register``; a string where a
+    list belongs is refused."""
+    calls: list[tuple[str, object]] = []
+
+    class Recorder:
+        def __getattr__(self, verb: str) -> Any:
+            return lambda *args: calls.append((verb, args))
+
+    mirror, offer, reaction, command, erasure = (object() for _ in range(5))
+    fragment = SliceFragment(
+        "memo", mirrors=[mirror], offers=[offer], reactions=[reaction], commands=[command],
+        scopes=["memo:erase"], erasure=erasure, register=lambda e: calls.append(("own", ())),
+    )
+    compose_service([fragment]).register(Recorder())  # type: ignore[arg-type]
+    assert calls == [
+        ("register_mirror", (mirror,)), ("register_offer", (offer,)),
+        ("register_reaction", (reaction,)), ("register_commands", (command,)),
+        ("contribute_scopes", (["memo:erase"],)), ("register_erasable", ("memo", erasure)),
+        ("own", ()),
+    ]
+    with pytest.raises(TypeError, match="scopes is a list"):
+        SliceFragment("memo", scopes="memo:erase")

@@ -6,10 +6,13 @@ A projector listed by a slice is declared once: its ``NAME`` names a query
 field (the caller's views, in window order) and a live subscription field
 over its generated union (`service_engine.graphql.Views`), both of the view
 type its ``Projector[Row, View, Principal, Query]`` base names; its class
-docstring describes them. Only a projector whose window takes no query
-(``Query`` is ``None``) and whose view is a Strawberry type gets fields
-(one reading under RLS, or taking a query, is registered only: declare its
-fields with a `Views`)::
+docstring describes them. A window that takes no query (``Query`` is
+``None``) gives fields without arguments; a dataclass query's fields are
+the fields' arguments (``PeopleQuery(limit: int = 100)``: ``people(limit:
+Int! = 100)``), the query built from them. A projector reading under RLS,
+taking another query or rendering a view that is not a Strawberry type is
+registered only: declare its fields with a `Views`. A field the slice
+declares itself (of the same Python name, on the same root) wins::
 
     notes: [NoteView!]!                 # the caller's views, now
     subscription { notes: NotesMessage! }  # Reset / Upsert / Remove, live
@@ -31,11 +34,12 @@ shared by every slice.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union, get_args, get_origin
 
@@ -70,23 +74,40 @@ def derive_fields(
     slice_name: str,
     projectors: Sequence[Projector[Any, Any, Any, Any]],
     mutations: Sequence[Callable[..., Any]],
+    *,
+    declared: Mapping[str, Collection[str]] | None = None,
 ) -> Derived:
     """The root objects, types and `Views` ``projectors`` and ``mutations``
-    declare (see the module docstring)."""
+    declare (see the module docstring). ``declared`` maps a root kind
+    (``"query"``, ...) to the Python names of the fields the slice declares
+    itself: a derived field of one of those names is left out (the slice's
+    own wins)."""
+    own = declared or {}
     queries: dict[str, Any] = {}
     lives: dict[str, Any] = {}
     owned: list[Any] = []
     views: list[Views[Any]] = []
     for projector in projectors:
-        declared = live_views(projector)
-        if declared is None:
+        found = live_views(projector)
+        if found is None:
             continue
+        served, query_type = found
         name, description = type(projector).NAME, _doc(type(projector))
-        queries[name] = _window_field(declared, description)
-        lives[name] = declared.field(description=description)(_default_window)
-        owned.extend((declared.view_type, *declared.types))
-        views.append(declared)
-    changes = {handler.__name__: mutation_field(handler) for handler in mutations}
+        arguments = _query_arguments(query_type)
+        kept = False
+        if name not in own.get("query", ()):
+            queries[name] = _window_field(served, query_type, arguments, description)
+            kept = True
+        if name not in own.get("subscription", ()):
+            lives[name] = served.field(description=description)(_window(query_type, arguments))
+            kept = True
+        if kept:  # both its own: the slice declares the types with its fields
+            owned.extend((served.view_type, *served.types))
+            views.append(served)
+    changes = {
+        handler.__name__: mutation_field(handler) for handler in mutations
+        if handler.__name__ not in own.get("mutation", ())
+    }
     camel = _camel(slice_name)
     return Derived(
         query=_root(f"{camel}DerivedQuery", queries),
@@ -97,27 +118,72 @@ def derive_fields(
     )
 
 
-def live_views(projector: Projector[Any, Any, Any, Any]) -> Views[Any] | None:
-    """The `Views` of a projector whose window takes no query and whose
-    view type is a Strawberry type (and that reads without RLS); None
-    for any other (it is registered only)."""
+def live_views(projector: Projector[Any, Any, Any, Any]) -> tuple[Views[Any], Any] | None:
+    """The `Views` of a projector whose view type is a Strawberry type and
+    whose window takes no query (``None``) or a dataclass (its fields the
+    fields' arguments), reading without RLS, and that query type; None for
+    any other (it is registered only)."""
     found = projector_types(type(projector))
     if found is None or projector.RLS:
         return None
     _, view_type, _, query_type = found
-    if query_type not in (None, type(None)) or not has_object_definition(view_type):
+    if query_type is type(None):
+        query_type = None
+    takes = query_type is None or (
+        isinstance(query_type, type) and dataclasses.is_dataclass(query_type))
+    if not takes or not has_object_definition(view_type):
         return None
-    return Views(type(projector).NAME, view_type)
+    return Views(type(projector).NAME, view_type), query_type
 
 
-def _default_window(self: Any) -> WindowSpec[None]:
-    return WindowSpec(Query(None))
+def _query_arguments(query_type: Any) -> list[inspect.Parameter]:
+    """A dataclass query's init fields as keyword parameters (its
+    annotations and defaults); none for no query."""
+    if query_type is None:
+        return []
+    hints = typing.get_type_hints(query_type)
+    parameters = []
+    for f in dataclasses.fields(query_type):
+        if not f.init:
+            continue
+        default: Any = inspect.Parameter.empty
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        parameters.append(inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name], default=default))
+    return parameters
 
 
-def _window_field(views: Views[Any], description: str | None) -> Any:
-    async def read(self: Any, info: strawberry.Info) -> Any:
-        return await views.window(info.context, None)
+def _query_of(query_type: Any, arguments: Mapping[str, Any]) -> Any:
+    return None if query_type is None else query_type(**arguments)
 
+
+def _window(query_type: Any, arguments: list[inspect.Parameter]) -> Callable[..., Any]:
+    """A live field's function: its arguments to the window of their query."""
+
+    def window(self: Any, **given: Any) -> WindowSpec[Any]:
+        return WindowSpec(Query(_query_of(query_type, given)))
+
+    window.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *arguments,
+    ])
+    return window
+
+
+def _window_field(
+    views: Views[Any], query_type: Any, arguments: list[inspect.Parameter],
+    description: str | None,
+) -> Any:
+    async def read(self: Any, info: strawberry.Info, **given: Any) -> Any:
+        return await views.window(info.context, _query_of(query_type, given))
+
+    read.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("info", inspect.Parameter.KEYWORD_ONLY, annotation=strawberry.Info),
+        *arguments,
+    ])
     return strawberry.field(
         resolver=read, graphql_type=list[views.view_type],  # type: ignore[name-defined]
         description=description,
