@@ -147,8 +147,9 @@ class SliceFragment:
 
     ``projectors`` (instances, or classes taking no argument) are registered
     with the engine in `ComposedService.register`; each whose window takes
-    no query gets a query field and a live subscription field named by its
-    ``NAME`` over its view type, the types of both owned by the slice.
+    no query (or a dataclass query, whose fields are the arguments) gets a
+    query field and a live subscription field named by its ``NAME`` over
+    its view type, the types of both owned by the slice.
     ``mutations`` are handlers (``async def create_note(cx, body: str) ->
     strawberry.ID``), each a mutation field named after it answering the
     kit's result type (`service_engine.graphql.declared`). The derived
