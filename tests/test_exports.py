@@ -49,6 +49,13 @@ NAMESPACES = {
         "EmptyScopeManifest", "MalformedScopeKey", "ScopeDeclaration", "ScopeError",
         "ScopeManifest", "ScopeManifestSpansServices", "ScopeRejected", "ScopeWithoutNats",
     },
+    "service_engine.server": {
+        "CONNECTION_REFUSED_CLOSE_CODE", "DEFAULT_OPS_ROLE", "PASSPORT_HEADER",
+        "SESSION_MAX_AGE_CLOSE_CODE", "SESSION_MAX_AGE_CLOSE_REASON", "OrgMember", "Passport",
+        "PassportError", "PassportMalformed", "PassportMissing", "PassportPrincipal",
+        "PassportRefused", "PodSlot", "bind_listener", "graphql_app", "parse_passport",
+        "run_pods", "run_with", "run_with_listener", "serve_embedded",
+    },
 }
 """The new namespaces' surfaces in full (lanes, integration, erasure,
 commands and props carry longer lists of their own)."""

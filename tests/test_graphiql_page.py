@@ -7,7 +7,7 @@ import re
 
 from strawberry.http.ides import get_graphql_ide_html
 
-from service_engine.server.app import GRAPHIQL_ASSET_TIMEOUT_SECONDS, graphiql_html
+from service_engine.server.graphiql import GRAPHIQL_ASSET_TIMEOUT_SECONDS, graphiql_html
 
 TEMPLATE = get_graphql_ide_html("graphiql")
 

@@ -18,7 +18,8 @@ from service_engine.graphql import (
     Refusal,
     Views,
 )
-from service_engine.server.app import close_reason, graphiql_html, new_context, resolve_context
+from service_engine.server.app import close_reason, new_context, resolve_context
+from service_engine.server.graphiql import graphiql_html
 from service_engine.server.passport import PassportMalformed
 
 

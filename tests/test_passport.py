@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from service_engine.errors import EngineError
 from service_engine.server.passport import (
     MAX_PASSPORT_BYTES,
+    OrgMember,
     Passport,
     PassportError,
     PassportMalformed,
@@ -203,3 +204,17 @@ async def test_resolve_principal_accepts_plain_and_coroutine_resolvers() -> None
 
     with pytest.raises(PassportRefused):
         await resolve_principal(refusing, passport)
+
+
+def test_the_default_principal_is_the_subject_in_its_org() -> None:
+    """`OrgMember.of` keeps the subject, the org and the roles."""
+    passport = parse_passport('{"sub": "alice", "org": "acme", "roles": ["admin"]}')
+    assert OrgMember.of(passport) == OrgMember("alice", "acme", ("admin",))
+
+
+def test_the_default_principal_refuses_a_passport_without_an_org() -> None:
+    """A passport naming no org is a typed refusal (``passport_refused``),
+    which the edge logs as one line, never as a fault."""
+    with pytest.raises(PassportRefused) as refused:
+        OrgMember.of(parse_passport('{"sub": "nobody"}'))
+    assert refused.value.code == "passport_refused"

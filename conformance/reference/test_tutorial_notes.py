@@ -13,33 +13,42 @@ subscriber of another org is sent nothing of it.
 from __future__ import annotations
 
 import ast
+import asyncio
 import contextlib
+import logging
 import re
 import secrets
+import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 
-from examples.notes import MIGRATIONS, SERVICE, app
-from service_engine import Engine, EngineConfig, ReadinessHandle, connect_pool
+from examples.notes import SERVICE
+from service_engine import Engine, EngineConfig, ReadinessHandle, connect_pool, service_migrations
 from service_engine.embedded import (
     EmbeddedNats,
     EmbeddedPostgres,
     ProvisionedDatabase,
     drop_database,
+    free_port,
     provision_database,
 )
-from service_engine.graphql import Passport
+from service_engine.graphql import PASSPORT_HEADER, Passport
+from service_engine.server import graphql_app
 
 from ..blackbox.harness import GqlSocket
 from ..support.example_support import Running, serving_engine
+from ..support.harness import wait_until
 from ..support.nats_support import engine_nats
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "docs" / "tutorial"
 CODE = ROOT / "examples" / "notes"
+MIGRATIONS = service_migrations(CODE / "migrations")
 TEMPLATE = "notes_tutorial_template"
 QUIET = 0.5
 """How long a subscriber of another org is watched for a message it must not get."""
@@ -52,6 +61,7 @@ SUBSCRIBE = """subscription { notes { __typename
   ... on NotesReset { revision views { id author body canEdit } }
   ... on NotesUpsert { revision key view { id author body canEdit } } } }"""
 CREATE = 'mutation { createNote(body: "Buy milk") { success id error { code } } }'
+READ = "{ notes { id body canEdit } }"
 EDIT = """mutation($id: ID!, $body: String!) {
   editNote(id: $id, body: $body) { success id error { code action } } }"""
 
@@ -70,14 +80,16 @@ async def notes_database(pg: EmbeddedPostgres) -> ProvisionedDatabase:
 
 @pytest.fixture
 async def notes(pg_server: EmbeddedPostgres, nats_server: EmbeddedNats) -> AsyncIterator[Running]:
-    """The tutorial's service, composed by its own ``app``, served on a free port."""
+    """The tutorial's service, served by ``graphql_app`` as its ``__main__``
+serves it (registered with the engine, its principal the default
+`OrgMember`), on a free port."""
     store = await notes_database(pg_server)
     db = await connect_pool(store.app_url)
     try:
         async with engine_nats(nats_server) as nats:
             readiness = ReadinessHandle()
             engine = await Engine.boot(EngineConfig(service="notes"), db, nats, readiness)
-            async with serving_engine(engine, app(engine)) as (addr, http):
+            async with serving_engine(engine, graphql_app(engine, SERVICE)) as (addr, http):
                 yield Running(engine, db, SERVICE, readiness, addr, http)
     finally:
         await db.aclose()
@@ -131,7 +143,8 @@ async def test_a_note_reaches_its_org_live_and_only_its_author_edits_it(notes: R
 async def test_another_orgs_subscriber_sees_nothing_of_a_write(notes: Running) -> None:
     """A note written in one org is never sent to a subscriber of another,
     while a subscriber of the writer's org gets it (the bound on the
-    absence is measured from that delivery)."""
+    absence is measured from that delivery); the ``notes`` query field
+    answers each org its own notes."""
     async with contextlib.AsyncExitStack() as stack:
         alice, _ = await subscribed(stack, notes, ALICE)
         gina, _ = await subscribed(stack, notes, GINA)
@@ -141,13 +154,70 @@ async def test_another_orgs_subscriber_sees_nothing_of_a_write(notes: Running) -
         # Her own org's window is still empty: a new subscription's Reset says so.
         _, views = await subscribed(stack, notes, GINA)
         assert views == []
+        # The query field the projector also declares reads the same windows.
+        assert (await notes.gql(READ, passport=GINA))["notes"] == []
+        assert [n["body"] for n in (await notes.gql(READ, passport=BOB))["notes"]] == ["Buy milk"]
 
 
-async def test_a_passport_without_an_org_is_refused_by_name(notes: Running) -> None:
-    """The tutorial's principal resolver refuses a passport naming no org
-    with ``passport_refused``: a note always belongs to an org."""
-    answer = await notes.post(CREATE, passport=Passport(sub="nobody"))
+async def test_a_passport_without_an_org_is_refused_by_name(
+    notes: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default principal (`OrgMember`) refuses a passport naming no org
+    with ``passport_refused``: a note always belongs to an org. The refusal
+    is the client's: logged as one line naming its code, with no traceback
+    and nothing at error level."""
+    with caplog.at_level(logging.INFO):
+        answer = await notes.post(CREATE, passport=Passport(sub="nobody"))
     assert answer["errors"][0]["extensions"]["code"] == "passport_refused", answer
+    assert any("passport_refused" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+SERVE = """
+import sys
+from pathlib import Path
+
+from examples.notes import SERVICE
+from service_engine.server import serve_embedded
+
+serve_embedded(SERVICE, "notes", migrations=Path(sys.argv[1]), data=Path(sys.argv[2]),
+               addr=sys.argv[3])
+"""
+"""The tutorial's ``__main__``, its data folder and address the test's."""
+
+
+async def test_serve_embedded_serves_the_service_until_interrupted(tmp_path: Path) -> None:
+    """`serve_embedded`, as the tutorial's ``__main__`` calls it, starts
+    Postgres and NATS under its data folder, applies the tutorial's
+    migration and serves the service: it goes UP and a note created over
+    HTTP commits; SIGINT stops the service and the servers it started
+    (exit status 0, no Postgres left running on the folder)."""
+    data, addr = tmp_path / "data", f"127.0.0.1:{free_port()}"
+    with (tmp_path / "serve.log").open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", SERVE, str(CODE / "migrations"), str(data), addr,
+            cwd=ROOT, stdout=log, stderr=log,
+        )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://{addr}") as http:
+            async def up() -> bool:
+                try:
+                    return (await http.get("/readyz")).status_code == 200
+                except httpx.TransportError:
+                    return process.returncode is not None  # it died: fail below, not by timeout
+
+            await wait_until(up, timeout=120, what="the served notes service UP")
+            assert process.returncode is None, (tmp_path / "serve.log").read_text()
+            answer = await http.post("/graphql", json={"query": CREATE},
+                                     headers={PASSPORT_HEADER: ALICE.to_header()})
+            assert answer.json()["data"]["createNote"]["success"] is True, answer.text
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), 60) == 0, (tmp_path / "serve.log").read_text()
+        assert not (data / "postgres" / "pgdata" / "postmaster.pid").exists()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 # -- the tutorial quotes the finished code ---------------------------------------------

@@ -23,25 +23,16 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
 import pytest
 import strawberry
 
-from examples.notes import (
-    SERVICE,
-    Info,
-    Note,
-    NoteStore,
-    NotesView,
-    NoteView,
-    app,
-    create_note,
-    principal_of,
-)
+from examples.notes import SERVICE, Note, NotesView, NoteView, create_note
 from service_engine import (
     Cause,
+    CrudStore,
     Engine,
     EngineConfig,
     Mutation,
@@ -63,16 +54,25 @@ from service_engine.errors import (
     UnregisteredProjector,
     UnwatchedNoun,
 )
-from service_engine.graphql import MutationResult, SliceFragment, Views, compose_service
+from service_engine.graphql import (
+    GraphQLContext,
+    MutationResult,
+    SliceFragment,
+    Views,
+    compose_service,
+)
 from service_engine.impacts.transport import CHANNEL
 from service_engine.readiness import REASON_MISSING_GRANT
-from service_engine.server import Passport, graphql_app
+from service_engine.server import OrgMember, Passport, graphql_app
 
 from ..reference.test_tutorial_notes import ALICE, notes_database
 from ..support.example_support import Running, serving_engine
 from ..support.harness import wait_until
 from ..support.nats_support import engine_nats
 from ..support.sample_counter import ImpactProbe
+
+Info: TypeAlias = strawberry.Info[GraphQLContext[OrgMember], None]
+principal_of = OrgMember.of
 
 
 @contextlib.asynccontextmanager
@@ -242,7 +242,7 @@ async def test_a_store_table_without_its_grant_holds_the_pod_down_naming_it(
         await as_superuser(pg_server, store.name,
                            f"GRANT SELECT, INSERT, UPDATE, DELETE ON note TO {APP_ROLE}")
         again = ReadinessHandle()
-        async with booted(store, again, register=False) as engine, serving_engine(engine, app(engine)):
+        async with booted(store, again, register=False) as engine, serving_engine(engine, graphql_app(engine, SERVICE)):
             assert again.is_up and not again.holds(REASON_MISSING_GRANT)
 
 
@@ -274,9 +274,12 @@ async def test_a_migration_altered_after_it_was_applied_says_how_to_proceed(
 # -- a committed write is never answered as a failure -------------------------------------
 
 
-class GuardedNoteStore(NoteStore):
-    """The note store, whose batched read also reads a table the app role
-    may not: every read after the commit fails (42501), no write does."""
+class GuardedNoteStore(CrudStore[Note, str]):
+    """A store of the note table, whose batched read also reads a table the
+    app role may not: every read after the commit fails (42501), no write does."""
+
+    TABLE = "note"
+    AGGREGATE = Note
 
     async def read_many(self, conn: Any, keys: Sequence[str]) -> list[Note]:
         await conn.fetch("SELECT 1 FROM guarded")

@@ -5,7 +5,10 @@ the kit never imports it. Its public names (`graphql_app`, the passport,
 the close codes) are also importable from here, loaded on first use.
 
 * `compose_service` / `SliceFragment`: each slice named once, its root
-  fields and types merged and checked at assembly;
+  fields and types merged and checked at assembly; a slice's projectors
+  and mutation handlers listed as data derive their query, live and
+  mutation fields and the kit's result types
+  (`service_engine.graphql.declared`);
 * `subscription_union`: the typed Reset / Upsert / Remove (+ lane notice)
   members of one projector, and the stream feeding them (a `Views` builds
   its own); its `SubscriptionUnion.field` declares a live subscription
@@ -22,8 +25,8 @@ the close codes) are also importable from here, loaded on first use.
   subscription field (`Views.field`) over the generated union;
 * `GraphQLContext`: what a resolver receives as ``info.context``;
 * `graphql_app` (`service_engine.server`): the Starlette app, the principal
-  from the trusted ``X-Passport`` header, sockets bounded by
-  ``session_max_age``.
+  from the trusted ``X-Passport`` header (by default an `OrgMember`),
+  sockets bounded by ``session_max_age``.
 """
 
 from typing import Any
@@ -68,6 +71,7 @@ __all__ = [
     "Live",
     "LiveRequest",
     "MutationResult",
+    "OrgMember",
     "Passport",
     "PassportError",
     "PassportMalformed",
@@ -97,6 +101,7 @@ _SERVED = {
     "graphql_app": "app",
     "DEFAULT_OPS_ROLE": "ops_page",
     "PASSPORT_HEADER": "passport",
+    "OrgMember": "passport",
     "Passport": "passport",
     "PassportError": "passport",
     "PassportMalformed": "passport",

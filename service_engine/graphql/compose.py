@@ -1,10 +1,18 @@
 """Compose a service's GraphQL schema from its slices, naming each slice once.
 
 Each slice declares what it adds to the service's schema as one
-`SliceFragment`: its root objects (Strawberry types whose fields become
-fields of the service's ``Query`` / ``Mutation`` / ``Subscription``), the
-GraphQL types it owns, and the function registering its projectors,
-reactions and offers with the engine::
+`SliceFragment`. The common case is data: its projectors (each a query
+field and a live subscription field of its ``NAME``, registered with the
+engine) and its mutation handlers (each a mutation field; see
+`service_engine.graphql.declared`)::
+
+    SLICE = SliceFragment("notes", projectors=[NotesView()],
+                          mutations=[create_note, edit_note])
+
+Beside them (or instead) a slice lists its own root objects (Strawberry
+types whose fields become fields of the service's ``Query`` / ``Mutation``
+/ ``Subscription``), the GraphQL types it owns, and the function
+registering its reactions, offers and the rest with the engine::
 
     # slices/board/__init__.py
     SLICE = SliceFragment(
@@ -46,6 +54,7 @@ from strawberry.types.scalar import ScalarDefinition, ScalarWrapper
 from strawberry.types.union import StrawberryUnion
 
 from ..failures import EngineError
+from .declared import derive_fields
 from .results import Refusal
 from .subscriptions import DeltaCause, LanesPaused, LanesResumed
 
@@ -133,8 +142,29 @@ class SliceFragment:
     a slice defines, including ``subscription_union(...).types``, so that two
     slices defining one name are caught at assembly rather than by a
     confusing schema error; types shared through the kernel are declared by
-    nobody. ``register`` registers the slice's projectors, reactions and
-    offers with the engine.
+    nobody. ``register`` registers the slice's reactions, offers and the
+    rest with the engine.
+
+    ``projectors`` (instances, or classes taking no argument) are registered
+    with the engine in `ComposedService.register`; each whose window takes
+    no query (or a dataclass query, whose fields are the arguments) gets a
+    query field and a live subscription field named by its ``NAME`` over
+    its view type, the types of both owned by the slice.
+    ``mutations`` are handlers (``async def create_note(cx, body: str) ->
+    strawberry.ID``), each a mutation field named after it answering the
+    kit's result type (`service_engine.graphql.declared`). The derived
+    fields join the slice's own root objects (a field of its own of the
+    same name wins).
+
+    The rest of what a slice registers is data too, each registered with
+    the engine in `ComposedService.register`, which decides what each needs
+    (an engine without NATS keeps a mirror's table as it is and leaves an
+    offer unpublished; the slice never asks): ``mirrors`` (`Mirror`),
+    ``offers`` (`Offer`), ``reactions`` (`InboundReaction`), ``commands``
+    (checked commands), ``scopes`` (the scope keys the slice contributes)
+    and ``erasure`` (its `Erasable`, registered under the slice's name).
+    ``register`` remains for what takes the engine itself (a principal
+    fact loader reading its database, a cron naming its service).
     """
 
     name: str
@@ -143,6 +173,16 @@ class SliceFragment:
     subscription: type[Any] | None = None
     types: tuple[Any, ...] = ()
     register: RegisterFn | None = None
+    projectors: Sequence[Any] = ()
+    mutations: Sequence[Callable[..., Any]] = ()
+    mirrors: Sequence[Any] = ()
+    offers: Sequence[Any] = ()
+    reactions: Sequence[Any] = ()
+    commands: Sequence[Any] = ()
+    scopes: Sequence[str] = ()
+    erasure: Any = None
+    views: tuple[Any, ...] = field(default=(), init=False, repr=False)
+    """The `Views` of the derived live fields (kept for ``graphql_app``'s check)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _SLICE_NAME.fullmatch(self.name):
@@ -154,9 +194,36 @@ class SliceFragment:
                     f"slice {self.name!r}: {kind} root {root!r} is not a Strawberry type "
                     "(decorate it with @strawberry.type)"
                 )
+        projectors = tuple(p() if isinstance(p, type) else p for p in self.projectors)
+        object.__setattr__(self, "projectors", projectors)
+        for listed in ("mutations", "mirrors", "offers", "reactions", "commands", "scopes"):
+            value = getattr(self, listed)
+            if isinstance(value, str):
+                raise TypeError(f"slice {self.name!r}: {listed} is a list, got {value!r}")
+            object.__setattr__(self, listed, tuple(value))
+        if projectors or self.mutations:
+            self._derive(projectors)
         object.__setattr__(self, "types", tuple(self.types))
         for declared in self.types:
             graphql_type_name(declared)  # refuses what is not a GraphQL type
+
+    def _derive(self, projectors: tuple[Any, ...]) -> None:
+        """Join the fields ``projectors`` and ``mutations`` derive to the
+        slice's own roots (a field of its own wins), and their types."""
+        own: dict[str, set[str]] = {
+            kind: {f.python_name for f in root.__strawberry_definition__.fields}
+            for kind in ROOT_KINDS if (root := self.root(kind)) is not None
+        }
+        derived = derive_fields(self.name, projectors, self.mutations, declared=own)
+        for kind in ROOT_KINDS:
+            mine, more = self.root(kind), getattr(derived, kind)
+            if more is not None:
+                merged = more if mine is None else merge_types(
+                    f"{_camel(self.name)}{_ROOT_TYPE_NAMES[kind]}", (mine, more))
+                object.__setattr__(self, kind, merged)
+        types = (*self.types, *(t for t in derived.types if t not in self.types))
+        object.__setattr__(self, "types", types)
+        object.__setattr__(self, "views", derived.views)
 
     def root(self, kind: RootKind) -> type[Any] | None:
         root: type[Any] | None = getattr(self, kind)
@@ -176,6 +243,10 @@ class SliceFragment:
     def type_names(self) -> tuple[str, ...]:
         """The GraphQL names of the types this slice declares it owns."""
         return tuple(graphql_type_name(t) for t in self.types)
+
+
+def _camel(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
 def graphql_type_name(declared: Any) -> str:
@@ -227,8 +298,24 @@ class ComposedService:
         return tuple(s.name for s in self.slices)
 
     def register(self, engine: Engine) -> None:
-        """Run each slice's ``register`` with ``engine``, in listing order."""
+        """Register what each slice declares with ``engine``, slice by slice
+        in listing order: its projectors, mirrors, offers, reactions,
+        commands, scopes and erasure, then its ``register``."""
         for fragment in self.slices:
+            for projector in fragment.projectors:
+                engine.register_projector(projector)
+            for mirror in fragment.mirrors:
+                engine.register_mirror(mirror)
+            for offer in fragment.offers:
+                engine.register_offer(offer)
+            for reaction in fragment.reactions:
+                engine.register_reaction(reaction)
+            if fragment.commands:
+                engine.register_commands(*fragment.commands)
+            if fragment.scopes:
+                engine.contribute_scopes(list(fragment.scopes))
+            if fragment.erasure is not None:
+                engine.register_erasable(fragment.name, fragment.erasure)
             if fragment.register is not None:
                 fragment.register(engine)
 

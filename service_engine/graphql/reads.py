@@ -18,6 +18,11 @@ The caller is ``context.principal``; a view the projector renders that is
 not of the bound type is refused (`ProjectorViewMismatch`), never served
 under the wrong GraphQL type.
 
+A slice that lists a projector in its `SliceFragment` (``projectors=``)
+gets a `Views` of it, its query field and its live field derived
+(`service_engine.graphql.declared`); a `Views` by hand is for a window
+that takes arguments, a read under RLS, or a field of another shape.
+
 The same declaration gives the live field (`Views.field`, its union's
 types `Views.types`) and a mutation's result its view, read after the
 commit (`Views.after_commit`): the projector is named once.

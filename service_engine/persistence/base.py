@@ -211,7 +211,9 @@ class Aggregate(Protocol):
     # Typed Any: a protocol's class attribute is matched invariantly, so a
     # precisely typed store (``FullEda[Ledger]``, ``BoardStore``) would not
     # satisfy ``Persistence[Any, Any]``. `store_of` checks it at runtime.
-    Store: ClassVar[Any]
+    # None until assigned: an aggregate may name its store after its class
+    # body (``Note.Store = CrudStore.of(Note, "note")``).
+    Store: ClassVar[Any] = None
 
     def pending_events(self) -> Sequence[DomainEvent]:
         """The events the current command produced, not yet saved."""

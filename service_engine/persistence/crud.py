@@ -24,6 +24,10 @@ them and `from_row` builds it from the row::
         TABLE = "note"
         AGGREGATE = Note
 
+or, with nothing else to declare, in one line (`CrudStore.of`)::
+
+    Note.Store = CrudStore.of(Note, "note")
+
 Either way the store gets `load`, a batched `read_many` (``WHERE id = ANY($1)``), `lock`
 (``SELECT ... FOR UPDATE``, off with ``lock_rows=False``), `load_locked`
 (the pipeline's load: pin and read in one ``SELECT cols ... FOR UPDATE``),
@@ -200,6 +204,25 @@ class CrudStore(Persistence[A, K]):
             raise DeclarationError(f"{cls.__qualname__}.AGGREGATE must be a dataclass")
         if "COLUMNS" not in cls.__dict__:
             cls.COLUMNS = tuple(f.name for f in dataclasses.fields(aggregate))
+
+    @classmethod
+    def of(
+        cls, aggregate: type[A], table: str, *, key: str = "id", lock_rows: bool = True
+    ) -> CrudStore[A, Any]:
+        """A store over ``table`` keyed by its column ``key`` for ``aggregate``
+        (a dataclass whose fields are the columns): the class a slice would
+        declare with ``TABLE``, ``KEY`` and ``AGGREGATE``, named
+        ``<Aggregate>Store`` in the aggregate's module (its ``store_type``,
+        the advisory locks' key), instantiated::
+
+            Note.Store = CrudStore.of(Note, "note")
+        """
+        name = f"{aggregate.__name__}Store"
+        declared = type(name, (cls,), {
+            "TABLE": table, "KEY": key, "AGGREGATE": aggregate,
+            "__module__": aggregate.__module__, "__qualname__": f"{aggregate.__qualname__}Store",
+        })
+        return cast("CrudStore[A, Any]", declared(lock_rows=lock_rows))
 
     def __init__(self, *, lock_rows: bool = True) -> None:
         cls = type(self)

@@ -19,6 +19,15 @@ Upserted), and the removal of rows when the principal's facts change.
 `Unrestricted` is the explicit "no cohort gate here" (RLS-gated or public
 projectors).
 
+The common case is declared by its window alone: a projector with a
+``WINDOW = TableWindow("note", cohort="org")`` and no ``VISIBILITY`` sees
+a row when the row's ``org`` equals its principal's ``org``
+(`CohortColumn`), groups its sessions by that value (`Projector.cohort`),
+watches the noun ``"note"`` (the window's table) and reads through its row
+type's ``Store`` (``Projector[Note, ...]``: ``Note.Store``); each of
+``NOUN``, ``STORE`` and ``VISIBILITY`` declared explicitly wins
+(`derive_declaration`).
+
 The render-pass hooks have defaults: `Projector.cohort` (one cohort per
 principal), `Projector.view_key` (none: every session projects its own
 views), ``RESET_THRESHOLD`` (the engine's ``reset_threshold``),
@@ -32,7 +41,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, get_args, get_origin
 
 from ..failures import AttachError, ConfigError, EngineError
 from ..impacts.model import Impact, JsonValue
@@ -48,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Coalesced",
+    "CohortColumn",
     "Emission",
     "InvalidProjector",
     "MissingRlsApplier",
@@ -63,6 +73,8 @@ __all__ = [
     "check_window_matches_visibility",
     "check_window_spec",
     "cohort_of",
+    "derive_declaration",
+    "projector_types",
     "reset_threshold_for",
     "route_of",
 ]
@@ -148,6 +160,37 @@ def _always(row: object) -> bool:
     return True
 
 
+class CohortColumn(Visibility[Any, Any]):
+    """A principal sees a row when the row's attribute ``column`` equals
+    the principal's attribute of the same name (``"org"``: the row's org is
+    the caller's); with ``kind``, the cohorts are ``(kind, value)`` pairs,
+    as a `TableWindow` with that ``kind`` filters them. What a projector
+    with a cohort `TableWindow` and no ``VISIBILITY`` declares."""
+
+    __slots__ = ("column", "kind")
+
+    def __init__(self, column: str, kind: str | None = None) -> None:
+        self.column = column
+        self.kind = kind
+
+    def _cohort(self, value: Any) -> Hashable:
+        return value if self.kind is None else (self.kind, value)
+
+    def cohorts(self, row: Any) -> Iterable[Hashable]:
+        return (self._cohort(getattr(row, self.column)),)
+
+    def memberships(self, principal: Any) -> Iterable[Hashable]:
+        return (self._cohort(getattr(principal, self.column)),)
+
+    def gate(self, principal: Any) -> Callable[[Any], bool]:
+        wanted = getattr(principal, self.column)
+        column = self.column
+        return lambda row: getattr(row, column) == wanted
+
+    def __repr__(self) -> str:
+        return f"CohortColumn({self.column!r}, {self.kind!r})"
+
+
 # -- what the runtime hands the author ---------------------------------------------
 
 
@@ -203,9 +246,17 @@ class Projector(ABC, Generic[RowT, ViewT, PrincipalT, QueryT]):
     the engine's ``reset_threshold``) and ``RLS`` (rows are read under the
     principal's RLS context; every read then groups per principal).
 
+    With a ``WINDOW``, ``NOUN``, ``STORE`` and ``VISIBILITY`` may be left
+    out: they derive from the window and the row type (see the module
+    docstring and `derive_declaration`).
+
     Register the class (or an instance) with the engine. Methods must not
     keep per-session state: one instance serves every session.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        derive_declaration(cls)
 
     NAME: ClassVar[str]
     NOUN: ClassVar[str]
@@ -262,8 +313,13 @@ class Projector(ABC, Generic[RowT, ViewT, PrincipalT, QueryT]):
         parts sees exactly the same rows (say, ``("org", principal.org_id)``
         under an org-cohort `Visibility`). It must be a pure function of the
         principal; the debug check of the render pass enforces it. An
-        ``RLS`` projector may not override it.
+        ``RLS`` projector may not override it. Under a `CohortColumn`
+        visibility (and `visible` not narrowed) the default is already the
+        column's value: every principal of one org loads together.
         """
+        visibility = getattr(type(self), "VISIBILITY", None)
+        if isinstance(visibility, CohortColumn) and type(self).visible is Projector.visible:
+            return CohortKey.of_parts(visibility.column, getattr(principal, visibility.column))
         return CohortKey.of_principal(principal.id)
 
     def view_key(self, principal: PrincipalT) -> Hashable | None:
@@ -310,10 +366,44 @@ class VisibilityMismatch(EngineError):
     """A window holds a row its principal may not see, or lacks one they may."""
 
 
+def projector_types(cls: type) -> tuple[Any, Any, Any, Any] | None:
+    """The ``(row, view, principal, query)`` types a projector class names
+    in its ``Projector[...]`` base (its own or an ancestor's), or None when
+    it names none (a TypeVar is answered as is)."""
+    for klass in cls.__mro__:
+        for base in klass.__dict__.get("__orig_bases__", ()):
+            if get_origin(base) is Projector:
+                row, view, principal, query = get_args(base)
+                return row, view, principal, query
+    return None
+
+
+def derive_declaration(cls: type[Projector[Any, Any, Any, Any]]) -> None:
+    """Fill what a projector class leaves out and its ``WINDOW`` and row
+    type say: ``NOUN`` (the window's table), ``STORE`` (the row type's
+    ``Store``) and ``VISIBILITY`` (`CohortColumn` of the window's cohort
+    column; a window without one derives none). Idempotent; run when the
+    class is made and again at registration (a ``Store`` assigned after
+    the class is found then)."""
+    window = getattr(cls, "WINDOW", None)
+    if not isinstance(window, TableWindow):
+        window = None
+    if window is not None and getattr(cls, "NOUN", None) is None:
+        cls.NOUN = window.table
+    if window is not None and window.cohort and getattr(cls, "VISIBILITY", None) is None:
+        cls.VISIBILITY = CohortColumn(window.cohort, window.kind)
+    if getattr(cls, "STORE", None) is None:
+        types = projector_types(cls)
+        store = getattr(types[0], "Store", None) if types is not None else None
+        if store is not None:
+            cls.STORE = store
+
+
 def check_projector(projector: Projector[Any, Any, Any, Any]) -> None:
     """Refuse an incomplete or contradictory declaration at registration
     with `InvalidProjector` naming every problem."""
     cls = type(projector)
+    derive_declaration(cls)
     problems: list[str] = []
     for attr in ("NAME", "NOUN"):
         value = getattr(cls, attr, None)
@@ -322,8 +412,15 @@ def check_projector(projector: Projector[Any, Any, Any, Any]) -> None:
     store = getattr(cls, "STORE", None)
     if not all(callable(getattr(store, name, None)) for name in ("read_many", "key_of")):
         problems.append("STORE must be a Persistence store (read_many, key_of)")
-    if not isinstance(getattr(cls, "VISIBILITY", None), Visibility):
-        problems.append("VISIBILITY must be a Visibility instance (Unrestricted() for none)")
+    visibility = getattr(cls, "VISIBILITY", None)
+    if not isinstance(visibility, Visibility):
+        problems.append("VISIBILITY must be a Visibility instance (Unrestricted() for none), "
+                        "or WINDOW a TableWindow with a cohort column")
+    elif isinstance(visibility, CohortColumn):
+        principal = (projector_types(cls) or (None,) * 4)[2]
+        if isinstance(principal, type) and not _declares(principal, visibility.column):
+            problems.append(f"the cohort column {visibility.column!r} is no attribute of the "
+                            f"principal type {principal.__qualname__}")
     threshold = getattr(cls, "RESET_THRESHOLD", None)
     if threshold is not None and (type(threshold) is not int or threshold < 1):
         problems.append("RESET_THRESHOLD must be None or a positive int")
@@ -345,6 +442,12 @@ def check_projector(projector: Projector[Any, Any, Any, Any]) -> None:
         problems.append("an RLS projector renders per principal: it may not override cohort()")
     if problems:
         raise InvalidProjector(f"projector {cls.__qualname__}: " + "; ".join(problems))
+
+
+def _declares(cls: type, name: str) -> bool:
+    return hasattr(cls, name) or any(
+        name in getattr(klass, "__annotations__", {}) for klass in cls.__mro__
+    )
 
 
 def route_of(projector: Projector[Any, Any, Any, Any]) -> Route:

@@ -4,12 +4,12 @@ Most windows are "the rows of my cohorts, in this order, one page at a
 time". A projector declares that as data instead of writing the SQL, the
 cohort filter and the paging itself::
 
-    class NotesView(Projector[Note, NoteView, Principal, None]):
+    class NotesView(Projector[Note, NoteView, OrgMember, None]):
         NAME = "notes"
-        NOUN = "note"
-        STORE = Note.Store
-        VISIBILITY = SameOrg()
         WINDOW = TableWindow("note", cohort="org")
+
+(its noun, store and `CohortColumn` visibility derived from the window
+and the row type: see `service_engine.render.projector`).
 
 The window lists ``key`` of ``table`` whose ``cohort`` column holds one of
 the caller's cohort values (`cohort_values`: the plain cohorts, or with

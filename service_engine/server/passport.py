@@ -36,7 +36,9 @@ blank header with `PassportMissing`. Error messages never echo the value.
 
 A service maps a `Passport` to its own principal type with a
 `PassportPrincipal` resolver; the resolver refuses a passport the service
-will not serve by raising `PassportRefused`.
+will not serve by raising `PassportRefused`. A service that needs no more
+than who the caller is and in which org takes the default, `OrgMember`
+(`OrgMember.of`, what `graphql_app` resolves when given no resolver).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from ..impacts.model import JsonValue
 __all__ = [
     "MAX_PASSPORT_BYTES",
     "PASSPORT_HEADER",
+    "OrgMember",
     "Passport",
     "PassportError",
     "PassportKind",
@@ -189,6 +192,29 @@ A plain function or a coroutine function. Raise `PassportRefused` for a
 passport the service will not serve; any other exception is a fault of the
 service and propagates.
 """
+
+
+@dataclass(frozen=True, slots=True)
+class OrgMember:
+    """The default principal: the passport's subject (``id``) acting in its
+    ``org``, with its ``roles``.
+
+    `OrgMember.of` is `graphql_app`'s resolver when a service names none.
+    Its ``org`` matches a `TableWindow`'s ``cohort="org"`` column, so a
+    projector over an org's rows needs no `Visibility` of its own.
+    """
+
+    id: str
+    org: str
+    roles: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, passport: Passport) -> OrgMember:
+        """The member ``passport`` names; `PassportRefused` when it names no
+        org (every row such a service serves belongs to one)."""
+        if passport.org is None:
+            raise PassportRefused("the passport names no org: this service serves an org's members")
+        return cls(passport.sub, passport.org, passport.roles)
 
 
 @overload

@@ -11,8 +11,9 @@ tables, so it brings no migration.
 from service_engine.graphql import SliceFragment
 
 from .domain import LEDGER_ERASE
+from .erasure import LedgerErasure
 from .graphql import TYPES, LedgerMutation, LedgerQuery, LedgerSubscription
-from .register import register
+from .views import LedgersView
 
 SLICE = SliceFragment(
     "ledger",
@@ -20,7 +21,9 @@ SLICE = SliceFragment(
     mutation=LedgerMutation,
     subscription=LedgerSubscription,
     types=TYPES,
-    register=register,
+    projectors=[LedgersView()],
+    scopes=[LEDGER_ERASE],  # Identity grants what eraseLedgerPerson gates on
+    erasure=LedgerErasure(),
 )
 
 __all__ = ["LEDGER_ERASE", "SLICE"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
 
 import strawberry
 
@@ -44,9 +43,10 @@ class OrgVisibility(Visibility[Person, Principal]):
 
 
 class PeopleView(Projector[Person, PersonView, Principal, PeopleQuery]):
+    """The people of the caller's org (the twin's roster)."""
+
     NAME = PEOPLE
     NOUN = NOUN
-    STORE: ClassVar[Any] = Person.Store
     VISIBILITY = OrgVisibility()
     WINDOW = TableWindow("known_persons", cohort="org", kind="org", limit=MAX_WINDOW)
 
