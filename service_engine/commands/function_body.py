@@ -121,10 +121,11 @@ class _Generator:
                 "  taken jsonb := '[]';", "  emits jsonb := '[]';", "  j integer;"]
         for b in c.bindings:
             i = self.index[b.as_]
-            # The key and the row typed as the table types them (records:
-            # the table need not exist when the function is created).
+            # The key and the row typed as the table types them (its row
+            # type: `install` creates the function without resolving it).
+            table = self.table(c.entities[b.as_])
             decl += [f"  r{i} jsonb;", f"  n{i} jsonb;", f"  ch{i} boolean := false;",
-                     f"  kt{i} record;", f"  nt{i} record;",
+                     f"  kt{i} {table};", f"  nt{i} {table};",
                      f"  d{i} boolean := false;", f"  f{i} jsonb := '[]';",
                      f"  k{i} jsonb := ctl -> 'keys' -> {_name_lit(b.as_)};"]
         s: list[str] = ["BEGIN", "  FOREACH l IN ARRAY locks LOOP",
