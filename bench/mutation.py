@@ -34,8 +34,14 @@ over the variants, ``--rounds`` times. ``create`` sends ``createBoard``
 writer's own board (no two writers contend for one board's lock), both
 with their values as variables. Per cell: mutations/s, the answer p50 /
 p99, and the CPU per mutation of the service process and of its Postgres
-(the postmaster and its backends), their sum, and the mutations that
-failed (answered an error: not counted in mutations/s, their CPU is).
+(the postmaster and every process under it alive at both ends of the
+cell: the backends, walwriter, checkpointer, background writer, io
+workers, autovacuum launcher; an autovacuum worker that exits within the
+cell is not counted), their sum, the mutations that failed (answered an
+error: not counted in mutations/s, their CPU is), and the cluster's WAL
+flushes (``fsyncs``, every process's, from ``pg_stat_io``) and WAL bytes
+per mutation (a flush costs CPU in the kernel; commits that overlap share
+one).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 from lean_http import LeanClient
 from websockets.asyncio.client import connect
@@ -202,6 +209,28 @@ def postmaster(data: Path) -> int | None:
     return None
 
 
+async def postgres_admin(variant: Variant) -> asyncpg.Connection:
+    """A superuser connection to the variant's embedded Postgres (its port
+    from ``postmaster.pid``, its password from the data directory)."""
+    assert variant.data is not None
+    pidfile = next(variant.data.rglob("postmaster.pid"))
+    port = int(pidfile.read_text().splitlines()[3])
+    password = (pidfile.parent.parent / "superuser.password").read_text().strip()
+    return await asyncpg.connect(host="127.0.0.1", port=port, user="postgres",
+                                 password=password, database="postgres")
+
+
+_WAL = ("SELECT (SELECT coalesce(sum(fsyncs), 0) FROM pg_stat_io WHERE object = 'wal'),"
+        " pg_current_wal_lsn() - '0/0'::pg_lsn")
+
+
+async def wal_position(admin: asyncpg.Connection) -> tuple[int, int]:
+    """The cluster's WAL flushes (fsyncs) so far and its WAL position in bytes."""
+    row = await admin.fetchrow(_WAL)
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
 def postgres_cpu(variant: Variant) -> float:
     """CPU seconds of the variant's Postgres: the postmaster and every
     backend under it (the pool's backends live as long as its connections:
@@ -212,8 +241,9 @@ def postgres_cpu(variant: Variant) -> float:
 
 
 async def writers_cell(variant: Variant, mutation: str, writers: int, seconds: float,
-                       seq: list[int]) -> dict[str, float]:
-    """K closed-loop writers for ``seconds``: mutations/s, answers, CPU."""
+                       seq: list[int], admin: asyncpg.Connection) -> dict[str, float]:
+    """K closed-loop writers for ``seconds``: mutations/s, answers, CPU, and
+    the cluster's WAL flushes and bytes (``admin``: `postgres_admin`)."""
     assert variant.proc is not None
     svc = variant.proc.pid
     answers: list[float] = []
@@ -240,6 +270,7 @@ async def writers_cell(variant: Variant, mutation: str, writers: int, seconds: f
             else:  # counted, not timed: mutations/s counts the committed ones
                 failed.append(outcome["error"]["code"])
 
+    fsyncs0, wal0 = await wal_position(admin)
     own0, pg0 = cpu_seconds(svc), postgres_cpu(variant)
     began = time.monotonic()
     try:
@@ -249,6 +280,7 @@ async def writers_cell(variant: Variant, mutation: str, writers: int, seconds: f
             await client.aclose()
     elapsed = time.monotonic() - began
     own1, pg1 = cpu_seconds(svc), postgres_cpu(variant)
+    fsyncs1, wal1 = await wal_position(admin)
     count = max(1, len(answers))
     return {
         "per_s": len(answers) / elapsed,
@@ -256,6 +288,7 @@ async def writers_cell(variant: Variant, mutation: str, writers: int, seconds: f
         "svc_us": (own1 - own0) / count * 1e6, "pg_us": (pg1 - pg0) / count * 1e6,
         "sum_us": (own1 - own0 + pg1 - pg0) / count * 1e6,
         "failed": len(failed),
+        "fsyncs": (fsyncs1 - fsyncs0) / count, "wal_b": float(wal1 - wal0) / count,
     }
 
 
@@ -264,16 +297,19 @@ async def writers_main(args: argparse.Namespace, variants: list[Variant]) -> Non
     mutations = args.mutations.split(",")
     rows: dict[tuple[str, str, int], list[dict[str, float]]] = {}
     loads: list[float] = []
+    admins: dict[str, asyncpg.Connection] = {}
     async with contextlib.AsyncExitStack() as stack:
         for variant in variants:
             await stack.enter_async_context(started(variant))
+            admins[variant.name] = admin = await postgres_admin(variant)
+            stack.push_async_callback(admin.close)
             async with LeanClient(variant.addr, max_connections=8) as lean:
                 for w in range(max(ks)):  # each rename writer's own board
                     _s, got = await lean.post_json("/graphql", {"query": CREATE, "variables": {
                         "id": f"w-{w}", "title": f"start {w}"}}, WRITER)
                     assert got["data"]["createBoard"]["success"], got
             for mutation in mutations:  # warm-up
-                await writers_cell(variant, mutation, 4, 2.0, [10**6])
+                await writers_cell(variant, mutation, 4, 2.0, [10**6], admin)
         seq = [10**7]
         for _ in range(args.rounds):
             for mutation in mutations:
@@ -288,7 +324,8 @@ async def writers_main(args: argparse.Namespace, variants: list[Variant]) -> Non
                                  "-p", str(variant.proc.pid if variant.proc else 0)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                             await asyncio.sleep(1)
-                        row = await writers_cell(variant, mutation, k, args.seconds, seq)
+                        row = await writers_cell(variant, mutation, k, args.seconds, seq,
+                                                 admins[variant.name])
                         loads.append(os.getloadavg()[0])
                         rows.setdefault((variant.name, mutation, k), []).append(row)
                         if spy is not None:
@@ -297,12 +334,13 @@ async def writers_main(args: argparse.Namespace, variants: list[Variant]) -> Non
     print(f"load average over the cells {min(loads):.2f}-{max(loads):.2f}; "
           f"{args.seconds:g} s per cell x {args.rounds} rounds; 0 subscribers; values as variables")
     print(f"{'variant':<10} {'mutation':<8} {'K':>3} {'mut/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'svc us':>7} {'pg us':>7} {'sum us':>7} {'failed':>6}")
+          f"{'svc us':>7} {'pg us':>7} {'sum us':>7} {'failed':>6} {'fsyncs':>6} {'WAL B':>6}")
     for (name, mutation, k), got in rows.items():
         for row in got:
             print(f"{name:<10} {mutation:<8} {k:>3} {row['per_s']:>7.0f} {row['p50']:>8.1f} "
                   f"{row['p99']:>8.1f} {row['svc_us']:>7.0f} {row['pg_us']:>7.0f} "
-                  f"{row['sum_us']:>7.0f} {row['failed']:>6.0f}")
+                  f"{row['sum_us']:>7.0f} {row['failed']:>6.0f} {row['fsyncs']:>6.2f}"
+                  f" {row['wal_b']:>6.0f}")
 
 
 async def pipeline_child(count: int, rounds: int, profile: str) -> None:

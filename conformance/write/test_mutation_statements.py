@@ -196,8 +196,9 @@ async def test_a_rename_over_graphql_takes_its_pinned_round_trips(
     last = sent[-1]
     assert last.startswith("SELECT pg_notify('service_engine_impacts', $m0$1|")
     assert '"c":"board.renamed"' in last and last.index("board.renamed") < last.index("COMMIT")
-    assert "; WITH staged AS ( INSERT INTO service_engine.offer_dirty" in last
-    assert "pg_notify('service_engine_offer'" in last and '$m0$"b-1"$m0$' in last
+    # The offer's mark (and the drain's wake-up): one call, planned once per session.
+    assert "; SELECT service_engine.mark_offers_dirty(ARRAY[$m0$boards$m0$]" in last
+    assert '$m0$"b-1"$m0$' in last
     assert last.endswith("COMMIT; SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL;")
     assert not any(s.startswith("SELECT pg_advisory_unlock_all") for s in sent), sent
 

@@ -60,6 +60,15 @@ def _defaults(entity: Entity) -> dict[str, object]:
     return found
 
 
+_OCCUPIED = ("jsonb_build_object('e', claim -> 'e', 'i', claim -> 'i', 'p', claim -> 'p',"
+             " 'v', claim -> 'v')")
+"""The occupied value ``claim`` names (entity, index, partition, value)."""
+
+_AT_CLAIM = ("entity = claim ->> 'e' AND index_name = claim ->> 'i' AND partition = claim ->> 'p'"
+             " AND value = claim ->> 'v'")
+"""The ``command_occupancy`` row of the value ``claim`` names (its primary key)."""
+
+
 class _Generator:
     def __init__(self, command: CheckedCommand, tables: Mapping[str, str]) -> None:
         self.command = command
@@ -109,10 +118,14 @@ class _Generator:
                 "  written jsonb := '[]';", "  causes jsonb := '{}';",
                 "  claims jsonb := '[]';", "  releases jsonb := '[]';", "  made jsonb := '[]';",
                 "  transfers jsonb := '[]';", "  claim jsonb;", "  children jsonb := '[]';",
-                "  taken jsonb := '[]';", "  emits jsonb := '[]';"]
+                "  taken jsonb := '[]';", "  emits jsonb := '[]';", "  j integer;"]
         for b in c.bindings:
             i = self.index[b.as_]
+            # The key and the row typed as the table types them (its row
+            # type: `install` creates the function without resolving it).
+            table = self.table(c.entities[b.as_])
             decl += [f"  r{i} jsonb;", f"  n{i} jsonb;", f"  ch{i} boolean := false;",
+                     f"  kt{i} {table};", f"  nt{i} {table};",
                      f"  d{i} boolean := false;", f"  f{i} jsonb := '[]';",
                      f"  k{i} jsonb := ctl -> 'keys' -> {_name_lit(b.as_)};"]
         s: list[str] = ["BEGIN", "  FOREACH l IN ARRAY locks LOOP",
@@ -176,12 +189,11 @@ class _Generator:
         for b in c.bindings:
             i = self.index[b.as_]
             entity = c.entities[b.as_]
-            cols = ", ".join(f"p.{quote_ident(f)}" for f in entity.key)
             match = ", ".join(f"t.{quote_ident(f)}" for f in entity.key)
             s += [f"    IF k{i} IS NOT NULL AND jsonb_typeof(k{i}) = 'object' THEN",
+                  f"      kt{i} := jsonb_populate_record(NULL::{self.table(entity)}, k{i});",
                   f"      SELECT to_jsonb(t) INTO r{i} FROM {self.table(entity)} t"
-                  f" WHERE ({match}) = (SELECT {cols} FROM jsonb_populate_record("
-                  f"NULL::{self.table(entity)}, k{i}) p) FOR UPDATE;",
+                  f" WHERE ({match}) = ({self.typed_key(i, entity)}) FOR UPDATE;",
                   "    END IF;"]
         for b in c.bindings:
             i = self.index[b.as_]
@@ -194,6 +206,12 @@ class _Generator:
                 s += [f"    IF r{i} IS NULL THEN", *self.answer(b.else_.name, indent="      "),
                       "    END IF;", f"    n{i} := r{i};"]
         return s
+
+    @staticmethod
+    def typed_key(i: int, entity: Entity) -> str:
+        """The binding's key, typed as its table's columns (``kt<i>``, set
+        from the key by the binding's read)."""
+        return ", ".join(f"kt{i}.{quote_ident(f)}" for f in entity.key)
 
     def require(self) -> list[str]:
         s: list[str] = []
@@ -491,13 +509,19 @@ class _Generator:
         # Claims in the one fixed order (the canonical text of each value's
         # key, as the interpreter's lock order sorts it), the first of
         # equal values kept.
+        # Sorted (and the duplicates dropped) by a query only when there
+        # is more than one claim to order.
         s += [
-            "    FOR claim IN SELECT x.c FROM (SELECT DISTINCT ON (t.id) t.c, t.id FROM"
-            " (SELECT e AS c,"
+            "    IF jsonb_array_length(claims) > 1 THEN",
+            "      claims := (SELECT jsonb_agg(x.c ORDER BY x.id) FROM (SELECT DISTINCT ON (t.id)"
+            " t.c, t.id FROM (SELECT e AS c,"
             " ('[' || (e -> 'e')::text || ',' || (e -> 'i')::text || ',' || (e -> 'p')::text"
             " || ',' || (e -> 'v')::text || ']')"
             " COLLATE \"C\" AS id, n FROM jsonb_array_elements(claims) WITH ORDINALITY q(e, n)) t"
-            " ORDER BY t.id, t.n) x ORDER BY x.id LOOP",
+            " ORDER BY t.id, t.n) x);",
+            "    END IF;",
+            "    FOR j IN 0 .. jsonb_array_length(claims) - 1 LOOP",
+            "      claim := claims -> j;",
             "      INSERT INTO service_engine.command_occupancy"
             " (entity, index_name, partition, value, owner) VALUES (claim ->> 'e', claim ->> 'i',"
             " claim ->> 'p', claim ->> 'v', claim ->> 'w') ON CONFLICT DO NOTHING"
@@ -540,7 +564,12 @@ class _Generator:
             entity = c.entities[b.as_]
             t = self.table(entity)
             cols = ", ".join(quote_ident(f) for f in entity.all_fields)
-            picked = ", ".join(f"p.{quote_ident(f)}" for f in entity.all_fields)
+            # The row as the table types it, read once into a typed variable
+            # (no function scan in the statement that writes it).
+            typed = f"      nt{i} := jsonb_populate_record(NULL::{t}, n{i});"
+            picked = ", ".join(f"nt{i}.{quote_ident(f)}" for f in entity.all_fields)
+            key_match = f"({', '.join(f't.{quote_ident(f)}' for f in entity.key)}) = (" + (
+                f"{self.typed_key(i, entity)})")
             mark = ("    written := written || jsonb_build_array(jsonb_build_object('b',"
                     f" {_name_lit(b.as_)}, 'e', {_name_lit(entity.name)}, 'k', k{i}));")
             log = entity.fact_log
@@ -552,19 +581,14 @@ class _Generator:
                 key = quote_ident(entity.key[0])
                 mark += (f" INSERT INTO {quote_ident(table)} ({quote_ident(key_column)},"
                          f" {quote_ident(type_column)}, {quote_ident(payload_column)})"
-                         f" SELECT (SELECT q.{key} FROM jsonb_populate_record(NULL::{t},"
-                         f" k{i}) q), x ->> 't', x -> 'd' FROM jsonb_array_elements(f{i})"
+                         f" SELECT kt{i}.{key}, x ->> 't', x -> 'd' FROM jsonb_array_elements(f{i})"
                          " WITH ORDINALITY y(x, o) ORDER BY o;")
             if isinstance(b, Create):
-                s += [f"    INSERT INTO {t} ({cols}) SELECT {picked} FROM"
-                      f" jsonb_populate_record(NULL::{t}, n{i}) p;", mark]
+                s += [typed[2:], f"    INSERT INTO {t} ({cols}) VALUES ({picked});", mark]
                 continue
             if b.as_ in c.deletes:
-                match = ", ".join(f"t.{quote_ident(f)}" for f in entity.key)
-                keys = ", ".join(f"q.{quote_ident(f)}" for f in entity.key)
                 s += [f"    IF d{i} THEN",
-                      f"      DELETE FROM {t} t WHERE ({match}) = (SELECT {keys} FROM"
-                      f" jsonb_populate_record(NULL::{t}, k{i}) q);", "  " + mark,
+                      f"      DELETE FROM {t} t WHERE {key_match};", "  " + mark,
                       f"    ELSIF ch{i} THEN"]
             else:
                 s.append(f"    IF ch{i} THEN")
@@ -573,26 +597,24 @@ class _Generator:
                 s.append(f"      IF jsonb_typeof(r{i} -> {rev}) = 'number' THEN n{i} := n{i} ||"
                          f" jsonb_build_object({rev}, to_jsonb((r{i} ->> {rev})::numeric + 1));"
                          " END IF;" + self.sync(b.as_))
-            match = ", ".join(f"t.{quote_ident(f)}" for f in entity.key)
-            keys = ", ".join(f"q.{quote_ident(f)}" for f in entity.key)
-            s += [f"      UPDATE {t} t SET ({cols}) = (SELECT {picked} FROM"
-                  f" jsonb_populate_record(NULL::{t}, n{i}) p)"
-                  f" WHERE ({match}) = (SELECT {keys} FROM"
-                  f" jsonb_populate_record(NULL::{t}, k{i}) q);",
+            s += [typed, f"      UPDATE {t} t SET ({cols}) = ROW({picked}) WHERE {key_match};",
                   "  " + mark, "    END IF;"]
         if any(c.entities[b.as_].unique for b in c.bindings if not isinstance(b, Read)) or any(
             child.unique for child in self.child_entities()
         ):
+            # One indexed statement per value released (a value transferred
+            # stays, its owner changed) and none when there is none.
             s += [
-                "    DELETE FROM service_engine.command_occupancy o USING"
-                " jsonb_array_elements(releases) r WHERE o.entity = r ->> 'e' AND o.index_name ="
-                " r ->> 'i' AND o.partition = r ->> 'p' AND o.value = r ->> 'v'"
-                " AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(transfers) x WHERE"
-                " x ->> 'e' = r ->> 'e' AND x ->> 'i' = r ->> 'i' AND x ->> 'p' = r ->> 'p'"
-                " AND x ->> 'v' = r ->> 'v');",
-                "    UPDATE service_engine.command_occupancy o SET owner = x ->> 'w' FROM"
-                " jsonb_array_elements(transfers) x WHERE o.entity = x ->> 'e' AND"
-                " o.index_name = x ->> 'i' AND o.partition = x ->> 'p' AND o.value = x ->> 'v';",
+                "    FOR j IN 0 .. jsonb_array_length(releases) - 1 LOOP",
+                "      claim := releases -> j;",
+                f"      CONTINUE WHEN transfers @> jsonb_build_array({_OCCUPIED});",
+                f"      DELETE FROM service_engine.command_occupancy WHERE {_AT_CLAIM};",
+                "    END LOOP;",
+                "    FOR j IN 0 .. jsonb_array_length(transfers) - 1 LOOP",
+                "      claim := transfers -> j;",
+                "      UPDATE service_engine.command_occupancy SET owner = claim ->> 'w'"
+                f" WHERE {_AT_CLAIM};",
+                "    END LOOP;",
             ]
         return s
 

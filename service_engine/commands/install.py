@@ -36,6 +36,10 @@ async def install_commands(conn: Conn, commands: Iterable[CheckedCommand]) -> li
     functions = {compiled(c).name: compiled(c) for c in commands}
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK)
+        # A function's body is resolved at its first call, not here: its
+        # variables of a table's row type do not need the table yet (a
+        # service's tables may be migrated after its commands are installed).
+        await conn.execute("SET LOCAL check_function_bodies = off")
         await conn.execute(PRELUDE)
         for function in functions.values():
             await conn.execute(function.ddl)

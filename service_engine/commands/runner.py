@@ -53,6 +53,7 @@ from .declaration import (
     Set,
     Transition,
 )
+from .errors import ValueMissing
 from .expr import INVALID, Env, evaluate, truth
 from .outcomes import IDEMPOTENCY_CONFLICT, REFUSED, CommandOutcome
 from .plan import (
@@ -544,7 +545,7 @@ class _Run:
 
 def _valued(value: Any, what: str) -> Any:
     if value is INVALID:
-        raise TypeError(f"{what} evaluated to nothing (a missing field or mistyped value)")
+        raise ValueMissing(f"{what} evaluated to nothing (a missing field or mistyped value)")
     return value
 
 

@@ -68,11 +68,11 @@ LANGUAGE sql IMMUTABLE AS $f$
 $f$;
 CREATE OR REPLACE FUNCTION {SCHEMA}.cmd_eq(a jsonb, b jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $f$
-  SELECT CASE WHEN {SCHEMA}.cmd_kind(a, b) THEN to_jsonb(a = b) END
+  SELECT CASE WHEN {SCHEMA}.cmd_kind(a, b) THEN (a = b)::text::jsonb END
 $f$;
 CREATE OR REPLACE FUNCTION {SCHEMA}.cmd_ne(a jsonb, b jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $f$
-  SELECT CASE WHEN {SCHEMA}.cmd_kind(a, b) THEN to_jsonb(a <> b) END
+  SELECT CASE WHEN {SCHEMA}.cmd_kind(a, b) THEN (a <> b)::text::jsonb END
 $f$;
 CREATE OR REPLACE FUNCTION {SCHEMA}.cmd_cmp(a jsonb, b jsonb) RETURNS integer
 LANGUAGE sql IMMUTABLE AS $f$
@@ -86,17 +86,17 @@ LANGUAGE sql IMMUTABLE AS $f$
 $f$;
 CREATE OR REPLACE FUNCTION {SCHEMA}.cmd_not(a jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $f$
-  SELECT CASE WHEN jsonb_typeof(a) = 'boolean' THEN to_jsonb(a <> 'true'::jsonb) END
+  SELECT CASE WHEN jsonb_typeof(a) = 'boolean' THEN (a <> 'true'::jsonb)::text::jsonb END
 $f$;
 CREATE OR REPLACE FUNCTION {SCHEMA}.cmd_and(a jsonb, b jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $f$
   SELECT CASE WHEN jsonb_typeof(a) = 'boolean' AND jsonb_typeof(b) = 'boolean'
-    THEN to_jsonb(a = 'true'::jsonb AND b = 'true'::jsonb) END
+    THEN (a = 'true'::jsonb AND b = 'true'::jsonb)::text::jsonb END
 $f$;
 CREATE OR REPLACE FUNCTION {SCHEMA}.cmd_or(a jsonb, b jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $f$
   SELECT CASE WHEN jsonb_typeof(a) = 'boolean' AND jsonb_typeof(b) = 'boolean'
-    THEN to_jsonb(a = 'true'::jsonb OR b = 'true'::jsonb) END
+    THEN (a = 'true'::jsonb OR b = 'true'::jsonb)::text::jsonb END
 $f$;
 CREATE OR REPLACE FUNCTION {SCHEMA}.cmd_add(a jsonb, b jsonb, sign integer) RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE AS $f$
@@ -122,7 +122,12 @@ LANGUAGE sql IMMUTABLE AS $f$
     THEN to_jsonb(EXISTS (SELECT 1 FROM jsonb_array_elements(c) e WHERE e = i)) END
 $f$;
 """
-"""The helper functions every compiled command calls (created once, before them)."""
+"""The helper functions every compiled command calls (created once, before them).
+
+The SQL ones are immutable through and through (a boolean becomes ``jsonb``
+through its text, not the stable ``to_jsonb``), so Postgres inlines each
+call without a subquery into the expression that makes it instead of
+running it as a function of its own."""
 
 _NUMERIC = (int, float)
 

@@ -63,16 +63,10 @@ class DirtyMarks:
         return list(self._marks.values())
 
 
-_STAGE = """
-WITH staged AS (
-    INSERT INTO service_engine.offer_dirty AS d (offer, kv_key, agg_key)
-    SELECT o, k, a::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) AS m(o, k, a)
-    ON CONFLICT (offer, kv_key) DO UPDATE
-       SET gen = d.gen + 1, agg_key = EXCLUDED.agg_key, dirtied_at = clock_timestamp()
-    RETURNING 1
-)
-SELECT pg_notify('service_engine_offer', '') WHERE EXISTS (SELECT 1 FROM staged)
-"""
+_STAGE = "SELECT service_engine.mark_offers_dirty($1::text[], $2::text[], $3::text[])"
+"""The marks as three parallel arrays: inserted, or a waiting mark's
+generation bumped, and `OFFER_CHANNEL` notified (migration 0011's
+function, whose statement each session plans once)."""
 
 
 async def stage_offer_dirty(conn: Conn, marks: Iterable[DirtyMark]) -> int:
@@ -86,17 +80,9 @@ async def stage_offer_dirty(conn: Conn, marks: Iterable[DirtyMark]) -> int:
     return len(rows)
 
 
-_STAGE_LITERAL = """
-WITH staged AS (
-    INSERT INTO service_engine.offer_dirty AS d (offer, kv_key, agg_key)
-    SELECT o, k, a::jsonb
-      FROM unnest({offers}::text[], {keys}::text[], {aggs}::text[]) AS m(o, k, a)
-    ON CONFLICT (offer, kv_key) DO UPDATE
-       SET gen = d.gen + 1, agg_key = EXCLUDED.agg_key, dirtied_at = clock_timestamp()
-    RETURNING 1
+_STAGE_LITERAL = (
+    "SELECT service_engine.mark_offers_dirty({offers}::text[], {keys}::text[], {aggs}::text[])"
 )
-SELECT pg_notify('service_engine_offer', '') WHERE EXISTS (SELECT 1 FROM staged)
-"""
 
 
 def _array(values: list[str | None]) -> str:
@@ -113,4 +99,4 @@ def offer_dirty_statement(marks: Iterable[DirtyMark]) -> str:
     return _STAGE_LITERAL.format(
         offers=_array([m.offer for m in rows]), keys=_array([m.kv_key for m in rows]),
         aggs=_array([m.agg_key for m in rows]),
-    ).strip()
+    )
