@@ -92,7 +92,7 @@ class TableWindow:
 
     def sql(self, *, filtered: bool) -> str:
         """The page's query: ``$1`` the cohort values (when ``filtered``),
-        ``$2`` the cursor as a JSON object of the order columns (or null),
+        ``$2`` the cursor as the text of a JSON object of the order columns (or null),
         ``$3`` the limit."""
         t = _ident(self.table)
         cols = ", ".join(f"t.{_ident(c)}" for c in self.order)
@@ -100,10 +100,12 @@ class TableWindow:
         direction = " DESC" if self.descending else ""
         where = [f"t.{_ident(self.cohort)} = ANY($1)" if filtered and self.cohort
                  else "$1::int IS NULL"]
-        where.append(f"($2::jsonb IS NULL OR ({cols}) {'<' if self.descending else '>'} ({after}))")
+        where.append(f"($2::text IS NULL OR ({cols}) {'<' if self.descending else '>'} ({after}))")
         return (
             f"SELECT t.{_ident(self.key)} AS key FROM {t} AS t, "
-            f"jsonb_populate_record(NULL::{t}, coalesce($2::jsonb, '{{}}')) AS p "
+            # The cursor is sent as text and parsed here: a pool whose jsonb
+            # codec encodes values itself would send a str as a JSON string.
+            f"jsonb_populate_record(NULL::{t}, coalesce($2::text::jsonb, '{{}}')) AS p "
             f"WHERE {' AND '.join(where)} "
             f"ORDER BY {', '.join(f't.{_ident(c)}{direction}' for c in self.order)} LIMIT $3"
         )

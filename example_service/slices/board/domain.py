@@ -11,9 +11,9 @@ same function.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from service_engine import Aggregate, CrudStore, Database, Gate, Reason, gated
 
@@ -52,8 +52,6 @@ class Board(Aggregate):
     title: str
     owner: str
     archived: bool = False
-
-    Store: ClassVar[BoardStore]
 
     # -- who -----------------------------------------------------------------
 
@@ -128,21 +126,7 @@ class Board(Aggregate):
         self.archived = archived
 
 
-class BoardStore(CrudStore[Board, str]):
-    TABLE = "board"
-    COLUMNS = ("id", "org", "title", "owner", "archived")
-
-    def to_row(self, board: Board) -> Mapping[str, object]:
-        return {
-            "id": board.id, "org": board.org, "title": board.title,
-            "owner": board.owner, "archived": board.archived,
-        }
-
-    def from_row(self, row: Mapping[str, Any]) -> Board:
-        return Board(row["id"], row["org"], row["title"], row["owner"], row["archived"])
-
-
-Board.Store = BoardStore()
+Board.Store = CrudStore.of(Board, "board")
 
 
 # -- the RLS projection ---------------------------------------------------------
@@ -156,8 +140,6 @@ class OrgBoard(Aggregate):
     org: str
     title: str
     archived: bool = False
-
-    Store: ClassVar[OrgBoardStore]
 
     @classmethod
     def of(cls, board: Board) -> OrgBoard:
@@ -175,13 +157,7 @@ class OrgBoardStore(CrudStore[OrgBoard, str]):
     setting, gone at commit)."""
 
     TABLE = "org_board"
-    COLUMNS = ("id", "org", "title", "archived")
-
-    def to_row(self, row: OrgBoard) -> Mapping[str, object]:
-        return {"id": row.id, "org": row.org, "title": row.title, "archived": row.archived}
-
-    def from_row(self, row: Mapping[str, Any]) -> OrgBoard:
-        return OrgBoard(row["id"], row["org"], row["title"], row["archived"])
+    AGGREGATE = OrgBoard
 
     async def create(self, conn: Any, aggregate: OrgBoard) -> None:
         await enter_org(conn, aggregate.org)
@@ -207,8 +183,6 @@ class BoardMember(Aggregate):
     board_id: str
     person: str
 
-    Store: ClassVar[BoardMemberStore]
-
     @property
     def id(self) -> str:
         return member_id(self.board_id, self.person)
@@ -219,11 +193,12 @@ def member_id(board_id: str, person: str) -> str:
 
 
 class BoardMemberStore(CrudStore[BoardMember, str]):
-    TABLE = "board_member"
-    COLUMNS = ("id", "board_id", "person")
+    """Keyed by the member's derived ``id`` (``board/person``), a column
+    the aggregate computes rather than holds."""
 
-    def to_row(self, member: BoardMember) -> Mapping[str, object]:
-        return {"id": member.id, "board_id": member.board_id, "person": member.person}
+    TABLE = "board_member"
+    AGGREGATE = BoardMember
+    COLUMNS = ("id", "board_id", "person")
 
     def from_row(self, row: Mapping[str, Any]) -> BoardMember:
         return BoardMember(row["board_id"], row["person"])
@@ -241,34 +216,17 @@ class Invite(Aggregate):
     created_by: str
     redeemed_by: str | None = None
 
-    Store: ClassVar[InviteStore]
-
     @staticmethod
     def hash_of(token: str) -> str:
         return hashlib.sha256(token.encode()).hexdigest()
 
 
-class InviteStore(CrudStore[Invite, str]):
-    TABLE = "board_invite"
-    KEY = "token_hash"
-    COLUMNS = ("token_hash", "board_id", "created_by", "redeemed_by")
-
-    def to_row(self, invite: Invite) -> Mapping[str, object]:
-        return {
-            "token_hash": invite.token_hash, "board_id": invite.board_id,
-            "created_by": invite.created_by, "redeemed_by": invite.redeemed_by,
-        }
-
-    def from_row(self, row: Mapping[str, Any]) -> Invite:
-        return Invite(row["token_hash"], row["board_id"], row["created_by"], row["redeemed_by"])
+Invite.Store = CrudStore.of(Invite, "board_invite", key="token_hash")
 
 
-Invite.Store = InviteStore()
-
-
-async def load_memberships(db: Database, subject: str) -> Iterable[str]:
-    """The `BOARD_MEMBERSHIPS` fact of ``subject``: the boards they joined."""
+async def with_memberships(db: Database, principal: Principal) -> Principal:
+    """``principal`` with its `BOARD_MEMBERSHIPS` fact: the boards they joined."""
     # One autocommit read that leaves no session state: released without
     # the pool's reset round trip.
-    rows = await db.fetch("SELECT board_id FROM board_member WHERE person = $1", subject)
-    return [row["board_id"] for row in rows]
+    rows = await db.fetch("SELECT board_id FROM board_member WHERE person = $1", principal.id)
+    return principal.with_fact(BOARD_MEMBERSHIPS, [row["board_id"] for row in rows])

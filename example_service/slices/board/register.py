@@ -1,40 +1,22 @@
-"""The board slice registers its projectors, its principal fact loader, its
-scope (`BOARD_ARCHIVE`), its erasure (the person's memberships) and its
-published-language offer (which an engine without NATS leaves unpublished)."""
+"""What the board slice registers beyond its declared data: its principal
+fact loader (it reads the engine's database) and its erasure (the person's
+memberships)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from functools import partial
 
-from service_engine import Database, Engine, Erase
+from service_engine import Engine, Erase
 
-from ...kernel import Principal
-from .domain import BOARD_ARCHIVE, BOARD_MEMBERSHIPS, NOUN, Board, load_memberships
-from .offer import BoardOffer
-from .policy import COMMANDS
-from .views import BoardsView, OrgBoardsRls
+from .domain import NOUN, Board, with_memberships
 
 ERASED = "erased"
 """What an erased person's name is replaced with on a board or an invite."""
 
 
 def register(engine: Engine) -> None:
-    engine.register_projector(BoardsView())
-    engine.register_projector(OrgBoardsRls())
-    engine.register_principal_fact(memberships_loader(engine.db))
-    engine.contribute_scopes([BOARD_ARCHIVE])
-    engine.register_erasable("board", BoardErasure())
-    engine.register_offer(BoardOffer())
-    engine.register_commands(*COMMANDS)
-
-
-def memberships_loader(db: Database) -> Callable[[Principal], Awaitable[Principal]]:
     """The `BOARD_MEMBERSHIPS` fact loader: the boards the principal joined."""
-
-    async def load(principal: Principal) -> Principal:
-        return principal.with_fact(BOARD_MEMBERSHIPS, await load_memberships(db, principal.id))
-
-    return load
+    engine.register_principal_fact(partial(with_memberships, engine.db))
 
 
 class BoardErasure:

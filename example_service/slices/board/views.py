@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import strawberry
 
@@ -26,12 +26,13 @@ from service_engine import (
     PerImpact,
     Populate,
     Projector,
+    TableWindow,
     Unrestricted,
     Visibility,
 )
 
 from ...kernel import Affordance, Principal, affordance_list
-from .domain import BOARD_MEMBERSHIPS, NOUN, ORG_NOUN, Board, OrgBoard, enter_org
+from .domain import BOARD_MEMBERSHIPS, NOUN, Board, OrgBoard, enter_org
 
 BOARDS = "boards"
 ORG_BOARDS = "org_boards_rls"
@@ -81,7 +82,6 @@ class BoardVisibility(Visibility[Board, Principal]):
 class BoardsView(Projector[Board, BoardView, Principal, BoardsQuery]):
     NAME = BOARDS
     NOUN = NOUN
-    STORE: ClassVar[Any] = Board.Store
     VISIBILITY = BoardVisibility()
 
     async def populate(self, cx: Populate[Principal], query: BoardsQuery) -> Sequence[Any]:
@@ -111,18 +111,11 @@ class BoardsView(Projector[Board, BoardView, Principal, BoardsQuery]):
 
 class OrgBoardsRls(Projector[OrgBoard, OrgBoardView, Principal, None]):
     NAME = ORG_BOARDS
-    NOUN = ORG_NOUN
-    STORE: ClassVar[Any] = OrgBoard.Store
-    VISIBILITY = Unrestricted()  # the policy on org_board is the gate
+    # No cohort filter: the policy on org_board scopes the rows to the
+    # applied context, and is the gate.
+    WINDOW = TableWindow("org_board", limit=MAX_WINDOW)
+    VISIBILITY = Unrestricted()
     RLS = True
-
-    async def populate(self, cx: Populate[Principal], query: None) -> Sequence[Any]:
-        # No WHERE on org: the policy scopes the rows to the applied context.
-        rows = await cx.conn.fetch(
-            "SELECT id FROM org_board WHERE ($1::text IS NULL OR id > $1) ORDER BY id LIMIT $2",
-            cx.cursor, MAX_WINDOW,
-        )
-        return [row["id"] for row in rows]
 
     def project(self, row: OrgBoard, principal: Principal) -> OrgBoardView:
         return OrgBoardView(

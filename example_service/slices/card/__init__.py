@@ -13,7 +13,8 @@ from service_engine.graphql import SliceFragment
 
 from .domain import CARD_ADVANCE
 from .graphql import TYPES, CardMutation, CardQuery, CardSubscription
-from .register import register
+from .register import CardErasure, register
+from .views import CardsView
 from .workflow import COMMANDS
 
 SLICE = SliceFragment(
@@ -22,6 +23,10 @@ SLICE = SliceFragment(
     mutation=CardMutation,
     subscription=CardSubscription,
     types=TYPES,
+    projectors=[CardsView],
+    commands=COMMANDS,
+    scopes=[CARD_ADVANCE],  # Identity grants what startCard and finishCard gate on
+    erasure=CardErasure(),
     register=register,
 )
 

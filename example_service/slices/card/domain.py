@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar, Literal
 
 from service_engine import DomainEvent, Gate, Reason, RecordsEvents, SoftEdaStore, gated
 
@@ -145,27 +145,9 @@ class Card(RecordsEvents):
 
 class CardStore(SoftEdaStore[Card, str]):
     TABLE = "card"
-    COLUMNS = (
-        "id", "org", "title", "stage", "owner", "due_at", "overdue", "reviewed_by",
-        "created_at", "version",
-    )
+    AGGREGATE = Card
     FACTS_TABLE = "card_fact"
     FACT_KEY = "card_id"
-
-    def to_row(self, card: Card) -> Mapping[str, object]:
-        return {
-            "id": card.id, "org": card.org, "title": card.title, "stage": card.stage,
-            "owner": card.owner, "due_at": card.due_at, "overdue": card.overdue,
-            "reviewed_by": card.reviewed_by, "created_at": card.created_at,
-            "version": card.version,
-        }
-
-    def from_row(self, row: Mapping[str, Any]) -> Card:
-        return Card(
-            row["id"], row["org"], row["title"], row["owner"], row["created_at"],
-            stage=cast(Stage, row["stage"]), due_at=row["due_at"], overdue=row["overdue"],
-            reviewed_by=row["reviewed_by"], version=row["version"],
-        )
 
 
 Card.Store = CardStore()

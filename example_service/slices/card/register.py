@@ -1,5 +1,6 @@
-"""The card slice registers its projector, its reactions, the resolver of
-their senders, its cron, its scope (`CARD_ADVANCE`) and its erasure (the
+"""What the card slice registers beyond its declared data: its reactions
+and its cron (both name the engine's service) and the resolver of their
+senders (it loads their facts through the engine); and its erasure (the
 person's name on cards and their facts)."""
 
 from __future__ import annotations
@@ -7,26 +8,20 @@ from __future__ import annotations
 from service_engine import Engine, Erase
 
 from ...kernel import ConfigurationError
-from .domain import CARD_ADVANCE, NOUN
+from .domain import NOUN
 from .reactions import digest_cron, reactions, sender_resolver
-from .views import CardsView
-from .workflow import COMMANDS
 
 
 def register(engine: Engine) -> None:
     service = engine.config.service
     if not service:
         raise ConfigurationError("the card slice needs EngineConfig.service: its events name it")
-    engine.register_projector(CardsView())
     engine.register_cron(digest_cron(service))
     # The one resolver of the service's reaction senders: the card slice's
     # reactions are the ones that gate on who sent a message.
     engine.register_reaction_principal(sender_resolver(engine))
-    engine.contribute_scopes([CARD_ADVANCE])
-    engine.register_erasable("card", CardErasure())
     for reaction in reactions(service):
         engine.register_reaction(reaction)
-    engine.register_commands(*COMMANDS)
 
 
 ERASED = "erased"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import strawberry
 
-from service_engine import MutationError, MutationExecutor, Query, WindowSpec
+from service_engine import MutationError, Query, WindowSpec
 from service_engine.errors import Refused
 from service_engine.graphql import MutationResult, Views
 
@@ -36,11 +36,7 @@ class ErasureResult(MutationResult):
     ledgers: int = 0
 
 
-def _executor(info: Info) -> MutationExecutor:
-    return info.context.engine.mutation_executor()
-
-
-async def _result(info: Info, outcome: LedgerKey | MutationError) -> LedgerResult:
+def _result(outcome: LedgerKey | MutationError) -> LedgerResult:
     if isinstance(outcome, MutationError):
         return LedgerResult.refused(outcome)
     return LedgerResult(success=True, key=list(outcome))
@@ -65,29 +61,23 @@ class LedgerQuery:
 class LedgerMutation:
     @strawberry.mutation(description="Open a ledger in the caller's org; the caller owns it.")
     async def open_ledger(self, info: Info, name: str) -> LedgerResult:
-        return await _result(
-            info, await _executor(info).execute(info.context.principal, open_ledger, name)
-        )
+        return _result(await info.context.execute(open_ledger, name))
 
     @strawberry.mutation(description="Post to a ledger: a deposit (cents > 0) or a withdrawal.")
     async def post_to_ledger(
         self, info: Info, name: str, cents: int, memo: str = ""
     ) -> LedgerResult:
-        return await _result(info, await _executor(info).execute(
-            info.context.principal, post_to_ledger, name, cents, memo
-        ))
+        return _result(await info.context.execute(post_to_ledger, name, cents, memo))
 
     @strawberry.mutation(description="Close a settled ledger (its owner only).")
     async def close_ledger(self, info: Info, name: str) -> LedgerResult:
-        return await _result(
-            info, await _executor(info).execute(info.context.principal, close_ledger, name)
-        )
+        return _result(await info.context.execute(close_ledger, name))
 
     @strawberry.mutation(description="Erase a person from every ledger's log (needs "
                                      "ledger:erase): their postings keep their amounts but "
                                      "lose their author and memo.")
     async def erase_ledger_person(self, info: Info, person: str) -> ErasureResult:
-        touched = await _executor(info).execute_bulk(
+        touched = await info.context.engine.mutation_executor().execute_bulk(
             info.context.principal, erase_person, person
         )
         if isinstance(touched, MutationError):

@@ -9,8 +9,8 @@ it holds no data, registers nothing and brings no migration.
 
 from service_engine.graphql import SliceFragment
 
-from .graphql import TYPES, OperatorMutation
+from .graphql import ErasePersonResult, OperatorMutation
 
-SLICE = SliceFragment("operator", mutation=OperatorMutation, types=TYPES)
+SLICE = SliceFragment("operator", mutation=OperatorMutation, types=(ErasePersonResult,))
 
 __all__ = ["SLICE"]

@@ -58,6 +58,3 @@ class OperatorMutation:
             success=True, person=strawberry.ID(result.person), fresh=result.fresh,
             purged=result.purged,
         )
-
-
-TYPES = (ErasePersonResult,)

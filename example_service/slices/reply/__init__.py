@@ -11,7 +11,9 @@ Remove it by deleting this folder and its line in ``slices/__init__.py``.
 from service_engine.graphql import SliceFragment
 
 from .graphql import TYPES, ReplyMutation, ReplyQuery, ReplySubscription
-from .register import register
+from .reactions import reactions
+from .register import ReplyErasure, register
+from .views import RepliesView
 
 SLICE = SliceFragment(
     "reply",
@@ -19,6 +21,9 @@ SLICE = SliceFragment(
     mutation=ReplyMutation,
     subscription=ReplySubscription,
     types=TYPES,
+    projectors=[RepliesView],
+    reactions=reactions(),
+    erasure=ReplyErasure(),
     register=register,
 )
 

@@ -15,10 +15,9 @@ it in ``blob_refs``, so a replaced attachment's blob is released.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Literal
+from typing import Literal
 
 from service_engine import Aggregate, CrudStore, Gate, Reason, gated
 from service_engine.blobs import BlobPolicy
@@ -81,8 +80,6 @@ class Reply(Aggregate):
     attachment: str | None = None
     """The reference of the reply's attached blob (`ATTACHMENT`), if any."""
 
-    Store: ClassVar[ReplyStore]
-
     def in_org(self, principal: Principal) -> bool:
         return principal.org == self.org
 
@@ -128,27 +125,4 @@ class Reply(Aggregate):
         self.version += 1
 
 
-class ReplyStore(CrudStore[Reply, str]):
-    TABLE = "reply"
-    COLUMNS = (
-        "id", "org", "author", "status", "text", "hash", "chunks", "created_at", "version",
-        "attachment",
-    )
-
-    def to_row(self, reply: Reply) -> Mapping[str, object]:
-        return {
-            "id": reply.id, "org": reply.org, "author": reply.author, "status": reply.status,
-            "text": reply.text, "hash": reply.hash, "chunks": reply.chunks,
-            "created_at": reply.created_at, "version": reply.version,
-            "attachment": reply.attachment,
-        }
-
-    def from_row(self, row: Mapping[str, Any]) -> Reply:
-        return Reply(
-            row["id"], row["org"], row["author"], row["created_at"], row["status"],
-            row["text"], row["hash"], int(row["chunks"]), int(row["version"]),
-            row["attachment"],
-        )
-
-
-Reply.Store = ReplyStore()
+Reply.Store = CrudStore.of(Reply, "reply")

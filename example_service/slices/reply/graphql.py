@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import strawberry
 
-from service_engine import MutationError, MutationExecutor, Query, WindowSpec
-from service_engine.blobs import UploadUrl
+from service_engine import MutationError, Query, WindowSpec
 from service_engine.graphql import (
     Live,
     MutationResult,
@@ -31,16 +30,6 @@ TYPING_UNION = presence_subscription_union(
 class ReplyResult(MutationResult):
     reply_id: strawberry.Private[str | None] = None
     reply: ReplyView | None = REPLY_VIEWS.after_commit("reply_id")
-
-
-def _executor(info: Info) -> MutationExecutor:
-    return info.context.engine.mutation_executor()
-
-
-async def _reply_result(info: Info, outcome: object, reply_id: str) -> ReplyResult:
-    if isinstance(outcome, MutationError):
-        return ReplyResult.refused(outcome)
-    return ReplyResult(success=True, reply_id=reply_id)
 
 
 @strawberry.type(description="One form field of a presigned upload.")
@@ -120,12 +109,9 @@ class ReplyMutation:
         self, info: Info, id: strawberry.ID, content_type: str
     ) -> AttachResult:
         kind = info.context.engine.blob_kind(ATTACHMENT)
-        outcome = await _executor(info).execute(
-            info.context.principal, attach_to_reply, kind, str(id), content_type
-        )
+        outcome = await info.context.execute(attach_to_reply, kind, str(id), content_type)
         if isinstance(outcome, MutationError):
             return AttachResult.refused(outcome)
-        assert isinstance(outcome, UploadUrl)
         upload = ReplyUpload(
             reference=strawberry.ID(outcome.reference), url=outcome.url,
             fields=[UploadField(name=k, value=v) for k, v in outcome.fields.items()],
@@ -136,24 +122,20 @@ class ReplyMutation:
     @strawberry.mutation(description="Open a streaming reply in the caller's org; its chunks "
                                      "arrive on stream.{service}.{id}.")
     async def start_reply(self, info: Info, id: strawberry.ID | None = None) -> ReplyResult:
-        outcome = await _executor(info).execute(
-            info.context.principal, start_reply, None if id is None else str(id)
-        )
-        if isinstance(outcome, MutationError):
-            return ReplyResult.refused(outcome)
-        return await _reply_result(info, outcome, outcome)
+        outcome = await info.context.execute(start_reply, None if id is None else str(id))
+        return ReplyResult.of(outcome, "reply_id")
 
     @strawberry.mutation(description="Cancel a streaming reply: what is durable is kept.")
     async def cancel_reply(self, info: Info, id: strawberry.ID) -> ReplyResult:
-        outcome = await _executor(info).ack(info.context.principal, cancel_reply, str(id))
-        return await _reply_result(info, outcome, str(id))
+        outcome = await info.context.execute(cancel_reply, str(id))
+        return ReplyResult.of(outcome, reply_id=str(id))
 
     @strawberry.mutation(description="Say the caller is typing on a streaming reply "
                                      "(presence: gone at its ttl unless repeated).")
     async def reply_typing(self, info: Info, id: strawberry.ID) -> ReplyResult:
         presence = info.context.engine.presence(TYPING)
-        outcome = await _executor(info).ack(info.context.principal, typing, presence, str(id))
-        return await _reply_result(info, outcome, str(id))
+        outcome = await info.context.execute(typing, presence, str(id))
+        return ReplyResult.of(outcome, reply_id=str(id))
 
 
 @strawberry.type

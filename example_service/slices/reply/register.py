@@ -1,6 +1,7 @@
-"""The reply slice registers its accumulator, its projectors (the typing
-lane with its ttl), its reaction and its erasure (the person's replies, their
-lane-A chunks and their typing marks)."""
+"""What the reply slice registers beyond its declared data: its
+accumulator, its typing lane (with its ttl) and its attachments' blob kind;
+and its erasure (the person's replies, their lane-A chunks and their typing
+marks)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from service_engine import Engine, Erase
 from ...kernel import ConfigurationError
 from .commands import typing_key
 from .domain import ATTACHMENT, ATTACHMENT_POLICY, NOUN, REPLY_TEXT
-from .reactions import reactions
-from .views import TYPING, RepliesView, TypingProjector
+from .views import TYPING, TypingProjector
 
 TYPING_TTL = timedelta(seconds=10)
 """How long a typing mark lasts without a repeat."""
@@ -24,15 +24,11 @@ def register(engine: Engine) -> None:
             "the reply slice needs EngineConfig.service: its chunks ride STREAMING_{service}"
         )
     engine.register_accumulator(REPLY_TEXT)
-    engine.register_projector(RepliesView())
     engine.register_presence(TypingProjector(), TYPING_TTL)
-    engine.register_erasable("reply", ReplyErasure())
     # Attachments need a blob store: without one the service runs without S3
     # (the engine says so at run) and attachToReply is refused.
     if engine.blob_store_configured:
         engine.register_blobs(ATTACHMENT, ATTACHMENT_POLICY)
-    for reaction in reactions():
-        engine.register_reaction(reaction)
 
 
 class ReplyErasure:

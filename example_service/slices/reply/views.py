@@ -7,15 +7,14 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar
 
 import strawberry
 
-from service_engine import CohortKey, Projector, TableWindow, Visibility
+from service_engine import Projector, TableWindow, Visibility
 from service_engine.lanes import PresenceEntry, PresenceProjector
 
 from ...kernel import Affordance, Principal, affordance_list
-from .domain import NOUN, Reply
+from .domain import Reply
 
 REPLIES = "replies"
 TYPING = "reply_typing"
@@ -50,20 +49,11 @@ class RepliesQuery:
     limit: int = 50
 
 
-class OrgVisibility(Visibility[Reply, Principal]):
-    def cohorts(self, row: Reply) -> Iterable[Hashable]:
-        return (("org", row.org),)
-
-    def memberships(self, principal: Principal) -> Iterable[Hashable]:
-        if principal.org is not None:
-            yield ("org", principal.org)
-
-
 class RepliesView(Projector[Reply, ReplyView, Principal, RepliesQuery]):
+    """The caller's org's replies, newest first (the principals of one org
+    share one load)."""
+
     NAME = REPLIES
-    NOUN = NOUN
-    STORE: ClassVar[Any] = Reply.Store
-    VISIBILITY = OrgVisibility()
     WINDOW = TableWindow("reply", cohort="org", kind="org", order=("created_at", "id"),
                          descending=True, limit=MAX_WINDOW)
 
@@ -74,9 +64,6 @@ class RepliesView(Projector[Reply, ReplyView, Principal, RepliesQuery]):
             affordances=affordance_list(row, principal),
             attachment=None if row.attachment is None else strawberry.ID(row.attachment),
         )
-
-    def cohort(self, principal: Principal) -> CohortKey:
-        return CohortKey.of_parts("org", principal.org or "")
 
 
 class TypingVisibility(Visibility[PresenceEntry, Principal]):

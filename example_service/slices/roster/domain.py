@@ -8,7 +8,6 @@ live view.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -55,18 +54,5 @@ class Person(Aggregate):
     name: str
     org: str
 
-    Store: ClassVar[PersonStore]
 
-
-class PersonStore(CrudStore[Person, str]):
-    TABLE = "known_persons"
-    COLUMNS = ("id", "name", "org")
-
-    def to_row(self, person: Person) -> Mapping[str, object]:
-        return {"id": person.id, "name": person.name, "org": person.org}
-
-    def from_row(self, row: Mapping[str, Any]) -> Person:
-        return Person(row["id"], row["name"], row["org"])
-
-
-Person.Store = PersonStore()
+Person.Store = CrudStore.of(Person, "known_persons")

@@ -7,12 +7,11 @@ subscriber of that org as an Upsert, a retracted one as a Remove.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 import strawberry
 
-from service_engine import Projector, TableWindow, Visibility
+from service_engine import Projector, TableWindow
 
 from ...kernel import Principal
 from .domain import NOUN, Person
@@ -33,21 +32,11 @@ class PeopleQuery:
     limit: int = 100
 
 
-class OrgVisibility(Visibility[Person, Principal]):
-    def cohorts(self, row: Person) -> Iterable[Hashable]:
-        return (("org", row.org),)
-
-    def memberships(self, principal: Principal) -> Iterable[Hashable]:
-        if principal.org is not None:
-            yield ("org", principal.org)
-
-
 class PeopleView(Projector[Person, PersonView, Principal, PeopleQuery]):
     """The people of the caller's org (the twin's roster)."""
 
     NAME = PEOPLE
     NOUN = NOUN
-    VISIBILITY = OrgVisibility()
     WINDOW = TableWindow("known_persons", cohort="org", kind="org", limit=MAX_WINDOW)
 
     def project(self, row: Person, principal: Principal) -> PersonView:
