@@ -79,7 +79,8 @@ def canonical(name: str) -> str:
 
 def freeze(venv: Path) -> dict[str, Version]:
     out = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "freeze", "--all", "--exclude-editable"],
+        [str(venv / "bin" / "uv"), "pip", "freeze", "--exclude-editable",
+         "--python", str(venv / "bin" / "python")],
         check=True, capture_output=True, text=True,
     ).stdout
     pins: dict[str, Version] = {}

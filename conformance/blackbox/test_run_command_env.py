@@ -3,8 +3,9 @@
 ``bash dev/serve`` installs the package with only the ``embedded`` extra
 (``dev/bootstrap.sh embedded``) into a fresh ``.venv``. Without a WebSocket
 library in that set uvicorn answers 404 on ``/graphql/ws``; this scenario
-installs a copy of the tree exactly that way (pip's cache keeps it quick)
-and drives one live subscription through the service it runs.
+installs a copy of the tree exactly that way (uv links the packages from its
+cache: seconds, once the cache holds them) and drives one live subscription
+through the service it runs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 from .harness import ADMIN, BOARDS_SUBSCRIPTION, REPO, Pods, create_board, key
 
 INSTALL_BOUND = 600.0
-"""The bound on installing the run command's environment (pip, from its cache)."""
+"""The bound on installing the run command's environment (uv; downloads on a cold cache)."""
 
 _SKIPPED = (".venv", ".data", ".git", "__pycache__", ".mypy_cache", ".ruff_cache",
             ".pytest_cache", "node_modules", "*.egg-info")
