@@ -405,6 +405,11 @@ def _answer(result: Any, org: str) -> Any:
                 sorted(result.sealed))
     if isinstance(result, MutationError):
         return ("error", result.code)
+    if isinstance(result, TypeError) and "evaluated to nothing" in str(result):
+        # A value that evaluated to nothing: the compiled function raises the
+        # typed `ValueMissing`, the interpreter a plain `TypeError` (each
+        # naming the clause in its own words).
+        return ("raised", "value_missing")
     return ("raised", type(result).__name__)
 
 
