@@ -518,8 +518,8 @@ def _unsealed(data: Any, sealed: Any) -> Any:
 def _answer(result: Any, org: str) -> Any:
     if isinstance(result, CommandOutcome):
         data = _unsealed(dict(result.data), result.sealed)
-        return ("outcome", result.name, result.ok, _normal(data, org), result.replayed,
-                sorted(result.sealed))
+        return ("outcome", result.command, result.name, result.ok, _normal(data, org),
+                result.replayed, sorted(result.sealed))
     if isinstance(result, MutationError):
         return ("error", result.code)
     if isinstance(result, TypeError) and "evaluated to nothing" in str(result):
