@@ -212,7 +212,7 @@ class NoteTouched(BaseModel):
 
     def sequence(self) -> None:
         return None
-FACTS = {"org": str | None, "admin": bool, "level": int | None}
+FACTS = {"org": str | None, "admin": bool, "level": int | None, "home": str}
 LIFE = Workflow("Life", "Item", "state", ("a", "b", "c"),
                 (WorkflowTransition("Go", ("a",), "b"), WorkflowTransition("End", ("a", "b"), "c")))
 
@@ -223,6 +223,7 @@ class Principal:
     org: Any = None
     admin: Any = False
     level: Any = None
+    home: Any = None
 
 
 class Grammar:
@@ -319,15 +320,18 @@ class Grammar:
         and emitting an event."""
         r = self.r
         fields = [Field("note", "hits"), Field("note", "version"), Var("n")]
+        # The caller's own note (a key read from a fact the principal may
+        # lack or hold mistyped: the binding's else outcome) or a given one.
+        key = Fact("home") if r.random() < 0.3 else Var("nid")
         if r.random() < 0.4:
-            clauses: list[Any] = [Create("Note", (Var("nid"),), as_="note",
+            clauses: list[Any] = [Create("Note", (key,), as_="note",
                                          else_=Outcome("NoteExists"))]
             if r.random() < 0.6:
                 clauses.append(self.permit([Var("n")], [Var("flag")], [Var("title")]))
             clauses += [Set("note", "org", Var("org")), Set("note", "text", Var("title")),
                         Set("note", "hits", Var("n"))]
         else:
-            clauses = [Mutate("Note", (Var("nid"),), as_="note", else_=Outcome("NoteMissing"))]
+            clauses = [Mutate("Note", (key,), as_="note", else_=Outcome("NoteMissing"))]
             if r.random() < 0.7:
                 clauses.append(self.permit(fields, [Var("flag")], [Field("note", "text")]))
             clauses.append(Set("note", "hits", Add(Field("note", "hits"), Var("n"))))
@@ -484,6 +488,7 @@ class Grammar:
         return Principal(
             f"p-{side}", org=r.choice([org, org, org, None, "zz"]),
             admin=r.choice([True, False, False, "yes"]), level=r.choice([0, 5, None, "x"]),
+            home=r.choice([f"{org}-n0", f"{org}-n1", None]),
         )
 
     def inputs(self, org: str, keyed: bool) -> dict[str, Any]:
