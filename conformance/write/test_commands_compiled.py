@@ -114,7 +114,8 @@ CREATE TABLE IF NOT EXISTS cmp_part (
     pinned boolean NOT NULL, version integer NOT NULL, PRIMARY KEY (org, id));
 GRANT SELECT, INSERT, UPDATE, DELETE ON cmp_part TO service_engine_app;
 """
-IDS, PIDS, TITLES = ("i0", "i1", "i2"), ("p0", "p1", "p2"), ("t0", "t1", "t2", "t3")
+IDS, PIDS, TITLES = ("i0", "i1", "i2"), ("i0", "p1", "p2"), ("t0", "t1", "t2", "t3")
+"""Ids of items and parts (one id names an item and a part: two tables, two rows)."""
 RETENTION = timedelta(days=1)
 
 
