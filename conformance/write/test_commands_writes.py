@@ -224,7 +224,8 @@ def _with_taken(command: Command, taken: dict[str, Outcome]) -> Command:
 async def test_a_changed_unique_value_is_claimed_after_an_unchanged_one(db: Database, database: ProvisionedDatabase, kind: str) -> None:
     """A row with two unique keys claims the one a command changes even when
     the key declared before it is unchanged: renaming onto a title another
-    row holds answers TitleTaken."""
+    row holds answers TitleTaken; a create whose execution id is free and
+    whose title is held answers TitleTaken and keeps neither value."""
     taken = {"by_execution": Outcome("ExecutionTaken"), "by_title": Outcome("TitleTaken")}
     create = TWO_UNIQUE.command(_with_taken(CREATE_TASK, taken))
     rename = TWO_UNIQUE.command(_with_taken(RENAME_TASK, {"by_title": Outcome("TitleTaken")}))
@@ -238,6 +239,13 @@ async def test_a_changed_unique_value_is_claimed_after_an_unchanged_one(db: Data
     assert isinstance(clash, CommandOutcome) and clash.name == "TitleTaken", clash
     row = await db.pool.fetchrow("SELECT title FROM cmd_task WHERE id = 't2'")
     assert row is not None and row["title"] == "b"
+    # A create claiming a free execution id and a held title keeps neither.
+    held = await runner.run(create, ALICE, {"request_key": "t3", "org": "acme",
+                                            "task_id": "t3", "project_id": "p1", "title": "b"})
+    assert isinstance(held, CommandOutcome) and held.name == "TitleTaken", held
+    assert await db.pool.fetchval(
+        "SELECT count(*) FROM service_engine.command_occupancy"
+        " WHERE index_name = 'by_execution'") == 2
 
 
 LABELLED = Catalog([PROJECT, TASK, replace(STEP, unique=(Unique("by_label", ("org", "label")),))],
