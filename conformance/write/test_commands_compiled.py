@@ -380,7 +380,9 @@ class Grammar:
         elif shape == "part":
             clauses = [Read("Item", (Var("org"), Var("id")), as_="item",
                             else_=Outcome("ItemMissing")),
-                       Create("Part", (Var("org"), Var("pid")), as_="part",
+                       # A part named by its item's id (two tables, one key) or its own.
+                       Create("Part", (Var("org"), r.choice([Var("pid"), Var("id")])),
+                              as_="part",
                               else_=Outcome("PartExists"),
                               taken={"by_label": Outcome("LabelTaken")}),
                        Set("part", "item_id", Var("id")), Set("part", "label", Var("title"))]
