@@ -2,13 +2,14 @@
 
 For random declarations drawn from a small grammar (creates, mutates,
 reads, requirements, permits, revision-checked transitions, sets, causes,
-recorded facts of a soft-EDA store, emitted events, unique titles,
-create/update row policies, idempotency keys), random stored rows,
+recorded facts of a soft-EDA store, emitted events, unique titles and
+labels, create/update/delete row policies, deletes under a restrict or a
+bounded cascade of child rows, idempotency keys), random stored rows,
 principals (facts missing and mistyped included) and inputs, the compiled
 function (`compile_command`, `run_compiled`) and the interpreter
 (`runner.interpret`, the oracle no run path calls) run the same calls on
 two partitions holding the same rows: every call answers the same outcome
-and stages the same events, and both partitions end with the same rows,
+and stages the same events and impacts, and both partitions end with the same rows,
 recorded facts, occupancy rows and idempotency records.
 """
 
@@ -33,6 +34,8 @@ from service_engine.commands import (
     UUID_V7,
     Add,
     And,
+    Cascade,
+    CascadeEdge,
     Catalog,
     Caused,
     CheckedCommand,
@@ -43,6 +46,7 @@ from service_engine.commands import (
     Const,
     Contains,
     Create,
+    Delete,
     Emit,
     Entity,
     Eq,
@@ -50,18 +54,23 @@ from service_engine.commands import (
     Field,
     Ge,
     IdempotencyKey,
+    IndexRef,
     Input,
     Lt,
     Mutate,
     Ne,
+    NoInbound,
     Not,
     Or,
     Outcome,
     Permit,
     Read,
     Record,
+    Relationship,
     Require,
+    Restrict,
     Return,
+    ReverseIndex,
     Row,
     RowPolicy,
     Service,
@@ -100,8 +109,13 @@ CREATE TABLE IF NOT EXISTS cmp_note_fact (
     payload jsonb NOT NULL);
 GRANT SELECT, INSERT, UPDATE, DELETE ON cmp_note, cmp_note_fact TO service_engine_app;
 GRANT USAGE ON SEQUENCE cmp_note_fact_seq_seq TO service_engine_app;
+CREATE TABLE IF NOT EXISTS cmp_part (
+    org text NOT NULL, id text NOT NULL, item_id text NOT NULL, label text NOT NULL,
+    pinned boolean NOT NULL, version integer NOT NULL, PRIMARY KEY (org, id));
+GRANT SELECT, INSERT, UPDATE, DELETE ON cmp_part TO service_engine_app;
 """
-IDS, TITLES = ("i0", "i1", "i2"), ("t0", "t1", "t2", "t3")
+IDS, PIDS, TITLES = ("i0", "i1", "i2"), ("i0", "p1", "p2"), ("t0", "t1", "t2", "t3")
+"""Ids of items and parts (one id names an item and a part: two tables, two rows)."""
 RETENTION = timedelta(days=1)
 
 
@@ -127,6 +141,32 @@ class ItemStore(OrgStore):
 
 
 Item.Store = ItemStore()
+
+
+@dataclass
+class Part(Aggregate):
+    """An item's child: its delete is restricted by its parts or takes
+    them (a bounded cascade); a label is unique per org."""
+
+    org: str
+    id: str
+    item_id: str
+    label: str
+    pinned: bool = False
+    version: int = 1
+
+    Store: ClassVar[PartStore]
+
+
+class PartStore(OrgStore):
+    TABLE = "cmp_part"
+    COLUMNS = ("org", "id", "item_id", "label", "pinned", "version")
+
+    def from_row(self, row: Any) -> Part:
+        return Part(**dict(row))
+
+
+Part.Store = PartStore()
 
 
 @dataclass
@@ -173,7 +213,7 @@ class NoteTouched(BaseModel):
 
     def sequence(self) -> None:
         return None
-FACTS = {"org": str | None, "admin": bool, "level": int | None}
+FACTS = {"org": str | None, "admin": bool, "level": int | None, "home": str}
 LIFE = Workflow("Life", "Item", "state", ("a", "b", "c"),
                 (WorkflowTransition("Go", ("a",), "b"), WorkflowTransition("End", ("a", "b"), "c")))
 
@@ -184,6 +224,7 @@ class Principal:
     org: Any = None
     admin: Any = False
     level: Any = None
+    home: Any = None
 
 
 class Grammar:
@@ -191,6 +232,8 @@ class Grammar:
 
     def __init__(self, rnd: random.Random) -> None:
         self.r = rnd
+        self.cascade = False
+        """Whether the catalog drawn last cascades an item's delete to its parts."""
 
     def ints(self, fields: list[Any], depth: int = 0, facts: bool = True) -> Any:
         leaves = [Const(self.r.randint(-2, 3)), *fields]
@@ -223,22 +266,46 @@ class Grammar:
                                        self.bools(ints, flags, titles, depth + 1))
         return r.choice([Eq, Lt, Ge])(self.ints(ints, depth + 1), self.ints(ints, depth + 1))
 
-    def policy(self) -> RowPolicy | None:
+    def policy(self, code: str = "item.denied") -> RowPolicy | None:
         if self.r.random() < 0.4:
             return None
         pred = self.bools([Row("n"), Row("version")], [Row("flag")], [Row("title")])
         if self.r.random() < 0.5:
             pred = And(Eq(Row("org"), Fact("org")), pred)
-        return RowPolicy(pred, Reason("item.denied", "denied"))
+        return RowPolicy(pred, Reason(code, "denied"))
+
+    def part_policy(self) -> RowPolicy | None:
+        if self.r.random() < 0.4:
+            return None
+        pred = self.bools([Row("version")], [Row("pinned")], [Row("label")])
+        if self.r.random() < 0.5:
+            pred = And(Eq(Row("org"), Fact("org")), pred)
+        return RowPolicy(pred, Reason("part.denied", "denied"))
 
     def catalog(self) -> tuple[Catalog, Entity]:
+        self.cascade = self.r.random() < 0.6
+        deletes: Any = (
+            Cascade((CascadeEdge("Part", "item", "by_item", self.r.randint(1, 2)),))
+            if self.cascade else Restrict((IndexRef("Part", "by_item"),))
+        )
         item = Entity(
             "Item", Item, key=("org", "id"), partition_by=("org",), conflict_key=("id",),
             revision="version", unique=(Unique("by_title", ("org", "title")),),
-            create_policy=self.policy(), update_policy=self.policy(), nouns=("cmp_item",),
+            delete_policy=deletes, create_policy=self.policy(), update_policy=self.policy(),
+            delete_row_policy=self.policy("item.delete_denied") if self.r.random() < 0.5
+            else None,
+            nouns=("cmp_item",),
+        )
+        part = Entity(
+            "Part", Part, key=("org", "id"), partition_by=("org",), conflict_key=("id",),
+            revision="version", unique=(Unique("by_label", ("org", "label")),),
+            relationships=(Relationship("item", "Item", ("org", "item_id")),),
+            indexes=(ReverseIndex("by_item", ("org", "item_id"), table="cmp_part"),),
+            delete_policy=NoInbound(), delete_row_policy=self.part_policy(),
+            nouns=("cmp_part",) if self.r.random() < 0.7 else (),
         )
         note = Entity("Note", Note, key=("id",), revision="version", nouns=("cmp_note",))
-        return Catalog([item, note], [LIFE], FACTS), item
+        return Catalog([item, part, note], [LIFE], FACTS), item
 
     def permit(self, fields: list[Any], flags: list[Any], titles: list[Any]) -> Permit:
         """A permit of one to three rules, each of one or two conditions."""
@@ -254,15 +321,18 @@ class Grammar:
         and emitting an event."""
         r = self.r
         fields = [Field("note", "hits"), Field("note", "version"), Var("n")]
+        # The caller's own note (a key read from a fact the principal may
+        # lack or hold mistyped: the binding's else outcome) or a given one.
+        key = Fact("home") if r.random() < 0.3 else Var("nid")
         if r.random() < 0.4:
-            clauses: list[Any] = [Create("Note", (Var("nid"),), as_="note",
+            clauses: list[Any] = [Create("Note", (key,), as_="note",
                                          else_=Outcome("NoteExists"))]
             if r.random() < 0.6:
                 clauses.append(self.permit([Var("n")], [Var("flag")], [Var("title")]))
             clauses += [Set("note", "org", Var("org")), Set("note", "text", Var("title")),
                         Set("note", "hits", Var("n"))]
         else:
-            clauses = [Mutate("Note", (Var("nid"),), as_="note", else_=Outcome("NoteMissing"))]
+            clauses = [Mutate("Note", (key,), as_="note", else_=Outcome("NoteMissing"))]
             if r.random() < 0.7:
                 clauses.append(self.permit(fields, [Var("flag")], [Field("note", "text")]))
             clauses.append(Set("note", "hits", Add(Field("note", "hits"), Var("n"))))
@@ -280,10 +350,61 @@ class Grammar:
         clauses.append(Return("Touched", v=Field("note", "version"), h=Field("note", "hits")))
         return self.keyed(name, clauses)
 
+    def parts(self, name: str, shape: str) -> Command:
+        """A delete of an item (its parts restricting it or cascaded), a
+        part added to an item, or a part deleted."""
+        r = self.r
+        clauses: list[Any]
+        if shape == "delete":
+            clauses = [Mutate("Item", (Var("org"), Var("id")), as_="item",
+                              else_=Outcome("Missing"))]
+            # A delete and a create in one command: a title the deleted row
+            # frees may be claimed by the created one.
+            replace = r.random() < 0.5
+            if replace:
+                clauses.append(Create("Item", (Var("org"), Var("other")), as_="new",
+                                      else_=Outcome("Exists"),
+                                      taken={"by_title": Outcome("TitleTaken")}))
+            if r.random() < 0.4:
+                clauses.append(Require("Ok", self.bools(
+                    [Field("item", "n"), Var("n")], [Field("item", "flag")],
+                    [Field("item", "title")]), Outcome("NotOk")))
+            clauses.append(Delete("item", too_many=Outcome("TooMany")) if self.cascade
+                           else Delete("item", referenced=Outcome("Referenced")))
+            if replace:
+                clauses += [Set("new", "title", Var("title")), Set("new", "n", Var("n")),
+                            Set("new", "flag", Var("flag"))]
+            if r.random() < 0.5:
+                clauses.append(Caused("item", "cmp_item", "item.deleted", {"n": Var("n")}))
+            clauses.append(Return("Deleted", n=Var("n")))
+        elif shape == "part":
+            clauses = [Read("Item", (Var("org"), Var("id")), as_="item",
+                            else_=Outcome("ItemMissing")),
+                       # A part named by its item's id (two tables, one key) or its own.
+                       Create("Part", (Var("org"), r.choice([Var("pid"), Var("id")])),
+                              as_="part",
+                              else_=Outcome("PartExists"),
+                              taken={"by_label": Outcome("LabelTaken")}),
+                       Set("part", "item_id", Var("id")), Set("part", "label", Var("title"))]
+            if r.random() < 0.5:
+                clauses.append(Set("part", "pinned", Var("flag")))
+            clauses.append(Return("Added", v=Field("part", "version")))
+        else:
+            clauses = [Mutate("Part", (Var("org"), Var("pid")), as_="part",
+                              else_=Outcome("PartMissing"),
+                              taken={"by_label": Outcome("LabelTaken")})]
+            if r.random() < 0.5:
+                clauses.append(Delete("part"))
+                clauses.append(Return("Dropped", n=Var("n")))
+            else:
+                clauses.append(Set("part", "label", Var("title"), overwrite=True))
+                clauses.append(Return("Relabelled", v=Field("part", "version")))
+        return self.keyed(name, clauses)
+
     def keyed(self, name: str, clauses: list[Any]) -> Command:
         head: list[Any] = [Input("org", str), Input("id", str), Input("other", str),
                            Input("title", str), Input("n", int), Input("rev", int),
-                           Input("flag", bool), Input("nid", str)]
+                           Input("flag", bool), Input("nid", str), Input("pid", str)]
         if self.r.random() < 0.5:
             head += [Input("key", str, max_length=8), Service("at", TRANSACTION_TIME),
                      Service("made", UUID_V7), IdempotencyKey("key")]
@@ -291,9 +412,12 @@ class Grammar:
 
     def command(self, name: str) -> Command:
         r = self.r
-        shape = r.choice(["create", "mutate", "pair", "swap", "note"])
+        shape = r.choice(["create", "mutate", "pair", "swap", "note", "delete", "part",
+                          "drop"])
         if shape == "note":
             return self.note(name)
+        if shape in ("delete", "part", "drop"):
+            return self.parts(name, shape)
         taken = {"by_title": Outcome("TitleTaken")}
         if shape == "create":
             clauses: list[Any] = [Create("Item", (Var("org"), Var("id")), as_="item",
@@ -367,6 +491,7 @@ class Grammar:
         return Principal(
             f"p-{side}", org=r.choice([org, org, org, None, "zz"]),
             admin=r.choice([True, False, False, "yes"]), level=r.choice([0, 5, None, "x"]),
+            home=r.choice([f"{org}-n0", f"{org}-n1", None]),
         )
 
     def inputs(self, org: str, keyed: bool) -> dict[str, Any]:
@@ -374,7 +499,7 @@ class Grammar:
         values: dict[str, Any] = {
             "org": org, "id": r.choice(IDS), "other": r.choice(IDS), "title": r.choice(TITLES),
             "n": r.randint(-2, 3), "rev": r.randint(1, 3), "flag": r.random() < 0.5,
-            "nid": f"{org}-n{r.randrange(2)}",
+            "nid": f"{org}-n{r.randrange(2)}", "pid": r.choice(PIDS),
         }
         if keyed:
             values["key"] = r.choice(["k0", "k1"])
@@ -401,17 +526,25 @@ def _unsealed(data: Any, sealed: Any) -> Any:
 def _answer(result: Any, org: str) -> Any:
     if isinstance(result, CommandOutcome):
         data = _unsealed(dict(result.data), result.sealed)
-        return ("outcome", result.name, result.ok, _normal(data, org), result.replayed,
-                sorted(result.sealed))
+        return ("outcome", result.command, result.name, result.ok, _normal(data, org),
+                result.replayed, sorted(result.sealed))
     if isinstance(result, MutationError):
         return ("error", result.code)
+    if isinstance(result, TypeError) and "evaluated to nothing" in str(result):
+        # A value that evaluated to nothing: the compiled function raises the
+        # typed `ValueMissing`, the interpreter a plain `TypeError` (each
+        # naming the clause in its own words).
+        return ("raised", "value_missing")
     return ("raised", type(result).__name__)
 
 
 def _emitted(cx: Any, into: list[Any] | None) -> None:
-    """The events ``cx`` staged (subject and payload), kept in ``into``."""
+    """The events ``cx`` staged (subject and payload) and its impacts (noun,
+    key, cause), kept in ``into``."""
     if into is not None:
         into.extend((m.subject, m.body.get("payload")) for m in cx._messages)
+        into.extend((i.noun, i.key, None if i.cause is None else (i.cause.name, i.cause.data))
+                    for i in cx._impacts)
 
 
 async def _compiled(
@@ -449,8 +582,9 @@ async def _state(conn: Any, org: str, scope: str) -> Any:
     rows = await conn.fetch("SELECT id, title, n, flag, state, version FROM cmp_item"
                             " WHERE org = $1 ORDER BY id", org)
     occupied = await conn.fetch(
-        "SELECT value, owner FROM service_engine.command_occupancy WHERE entity = 'Item'"
-        " AND partition = $1 ORDER BY value", canonical_json([org]))
+        "SELECT entity, value, owner FROM service_engine.command_occupancy"
+        " WHERE entity IN ('Item', 'Part') AND partition = $1 ORDER BY entity, value",
+        canonical_json([org]))
     records = await conn.fetch(
         "SELECT command, key, outcome FROM service_engine.command_idempotency"
         " WHERE scope = $1 ORDER BY command, key", scope)
@@ -458,7 +592,10 @@ async def _state(conn: Any, org: str, scope: str) -> Any:
                              " WHERE org = $1 ORDER BY id", org)
     facts = await conn.fetch("SELECT note_id, fact_type, payload FROM cmp_note_fact"
                              " WHERE note_id LIKE $1 || '-%' ORDER BY seq", org)
-    return ([tuple(r) for r in rows], [(r["value"], _normal(r["owner"], org)) for r in occupied],
+    parts = await conn.fetch("SELECT id, item_id, label, pinned, version FROM cmp_part"
+                             " WHERE org = $1 ORDER BY id", org)
+    return ([tuple(r) for r in rows], [tuple(r) for r in parts],
+            [(r["entity"], r["value"], _normal(r["owner"], org)) for r in occupied],
             [(r["command"], r["key"], _normal(r["outcome"], org)) for r in records],
             [_normal(tuple(r), org) for r in notes], [_normal(tuple(r), org) for r in facts])
 
@@ -481,7 +618,8 @@ async def _example(database: ProvisionedDatabase, seed: int) -> None:
             continue  # a draw registration refuses (an unproven set, a type): skipped
     if not commands:
         return
-    compiled = {c.name: compile_command(c, {"Item": "cmp_item"}) for c in commands}
+    compiled = {c.name: compile_command(c, {"Item": "cmp_item", "Part": "cmp_part"})
+                for c in commands}
     owner = await asyncpg.connect(database.owner_url)
     try:
         await owner.execute(TABLE)
@@ -498,6 +636,9 @@ async def _example(database: ProvisionedDatabase, seed: int) -> None:
             if rnd.random() < 0.7:
                 rows.append((ident, title, rnd.randint(-2, 3), rnd.random() < 0.5,
                              rnd.choice(["a", "b", "c"]), rnd.randint(1, 3)))
+        parts = [(ident, rnd.choice(IDS[:2]), label, rnd.random() < 0.5, rnd.randint(1, 3))
+                 for ident, label in zip(PIDS, rnd.sample(TITLES, len(PIDS)), strict=False)
+                 if rnd.random() < 0.6]
         for org in orgs.values():
             for ident, title, n, flag, state, version in rows:
                 await db.pool.execute(
@@ -508,6 +649,14 @@ async def _example(database: ProvisionedDatabase, seed: int) -> None:
                     " (entity, index_name, partition, value, owner) VALUES"
                     " ('Item', 'by_title', $1, $2, $3)",
                     canonical_json([org]), canonical_json([title]), canonical_json([org, ident]))
+            for ident, item_id, label, pinned, version in parts:
+                await db.pool.execute("INSERT INTO cmp_part VALUES ($1, $2, $3, $4, $5, $6)",
+                                      org, ident, item_id, label, pinned, version)
+                await db.pool.execute(
+                    "INSERT INTO service_engine.command_occupancy"
+                    " (entity, index_name, partition, value, owner) VALUES"
+                    " ('Part', 'by_label', $1, $2, $3)",
+                    canonical_json([org]), canonical_json([label]), canonical_json([org, ident]))
         executor = executor_for(db, lock_timeout=timedelta(seconds=5))
         command = commands[0]
         principals: dict[str, Principal] = {}

@@ -2,7 +2,9 @@
 cascade takes, the unique values it claims and frees, and the clause named
 when a value reads nothing.
 
-Each test states the property it proves (the sample: `sample_commands`).
+Each test states the property it proves (the sample: `sample_commands`);
+each but the typed value_missing runs through the compiled function and
+through the interpreter (its oracle, `test_commands_oracle.Interpreting`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
+
+import pytest
 
 from service_engine import Database, MutationError
 from service_engine.commands import (
@@ -19,6 +23,7 @@ from service_engine.commands import (
     CheckedCommand,
     Command,
     CommandOutcome,
+    CommandRunner,
     Const,
     Create,
     Delete,
@@ -51,10 +56,12 @@ from ..support.sample_commands import (
     RENAME_TASK,
     STEP,
     TASK,
+    executor_for,
     install,
     runner_for,
 )
 from ..support.sample_counter import listen_impacts
+from .test_commands_oracle import RUNNERS, Interpreting
 
 STEPS_IMPACTED = Catalog([PROJECT, TASK, replace(STEP, nouns=("cmd_step",))], [LIFECYCLE], FACTS)
 
@@ -64,8 +71,11 @@ class Installing:
     (what the service's migrate does) before its first run: these tests
     declare commands of their own."""
 
-    def __init__(self, db: Database, database: ProvisionedDatabase) -> None:
-        self.runner = runner_for(db)
+    def __init__(self, db: Database, database: ProvisionedDatabase,
+                 kind: str = "compiled") -> None:
+        self.runner: CommandRunner | Interpreting = (
+            runner_for(db) if kind == "compiled" else Interpreting(executor_for(db))
+        )
         self.owner_url = database.owner_url
         self.installed: set[str] = set()
 
@@ -84,11 +94,12 @@ async def ok(runner: Installing, command: Any, **inputs: Any) -> CommandOutcome:
     return outcome
 
 
-async def test_a_cascade_impacts_every_row_it_deletes(db: Database, database: ProvisionedDatabase) -> None:
+@pytest.mark.parametrize("kind", RUNNERS)
+async def test_a_cascade_impacts_every_row_it_deletes(db: Database, database: ProvisionedDatabase, kind: str) -> None:
     """A delete that cascades impacts the deleted row's nouns and, in the same
     commit, each cascaded child's nouns under the child's own key."""
     c = STEPS_IMPACTED
-    runner = Installing(db, database)
+    runner = Installing(db, database, kind)
     await ok(runner, c.command(CREATE_PROJECT), request_key="p", org="acme", project_id="p1",
              name="P")
     await ok(runner, c.command(CREATE_TASK), request_key="t", org="acme", task_id="t1",
@@ -169,14 +180,15 @@ REPLACE_TASK = Command(
 )
 
 
+@pytest.mark.parametrize("kind", RUNNERS)
 async def test_a_command_deleting_one_row_claims_the_unique_values_of_another(
-    db: Database, database: ProvisionedDatabase,
+    db: Database, database: ProvisionedDatabase, kind: str,
 ) -> None:
     """One command that deletes a row and creates another claims the new
     row's unique values as a create alone does: a title another row holds
     answers TitleTaken and changes nothing; a free one is taken (a later
     create of it answers TitleTaken)."""
-    runner = Installing(db, database)
+    runner = Installing(db, database, kind)
     replace_task = CATALOG.command(REPLACE_TASK)
     await ok(runner, CATALOG.command(CREATE_PROJECT), request_key="p", org="acme",
              project_id="p1", name="P")
@@ -208,14 +220,16 @@ def _with_taken(command: Command, taken: dict[str, Outcome]) -> Command:
     ))
 
 
-async def test_a_changed_unique_value_is_claimed_after_an_unchanged_one(db: Database, database: ProvisionedDatabase) -> None:
+@pytest.mark.parametrize("kind", RUNNERS)
+async def test_a_changed_unique_value_is_claimed_after_an_unchanged_one(db: Database, database: ProvisionedDatabase, kind: str) -> None:
     """A row with two unique keys claims the one a command changes even when
     the key declared before it is unchanged: renaming onto a title another
-    row holds answers TitleTaken."""
+    row holds answers TitleTaken; a create whose execution id is free and
+    whose title is held answers TitleTaken and keeps neither value."""
     taken = {"by_execution": Outcome("ExecutionTaken"), "by_title": Outcome("TitleTaken")}
     create = TWO_UNIQUE.command(_with_taken(CREATE_TASK, taken))
     rename = TWO_UNIQUE.command(_with_taken(RENAME_TASK, {"by_title": Outcome("TitleTaken")}))
-    runner = Installing(db, database)
+    runner = Installing(db, database, kind)
     await ok(runner, TWO_UNIQUE.command(CREATE_PROJECT), request_key="p", org="acme",
              project_id="p1", name="P")
     for task_id, title in (("t1", "a"), ("t2", "b")):
@@ -225,17 +239,25 @@ async def test_a_changed_unique_value_is_claimed_after_an_unchanged_one(db: Data
     assert isinstance(clash, CommandOutcome) and clash.name == "TitleTaken", clash
     row = await db.pool.fetchrow("SELECT title FROM cmd_task WHERE id = 't2'")
     assert row is not None and row["title"] == "b"
+    # A create claiming a free execution id and a held title keeps neither.
+    held = await runner.run(create, ALICE, {"request_key": "t3", "org": "acme",
+                                            "task_id": "t3", "project_id": "p1", "title": "b"})
+    assert isinstance(held, CommandOutcome) and held.name == "TitleTaken", held
+    assert await db.pool.fetchval(
+        "SELECT count(*) FROM service_engine.command_occupancy"
+        " WHERE index_name = 'by_execution'") == 2
 
 
 LABELLED = Catalog([PROJECT, TASK, replace(STEP, unique=(Unique("by_label", ("org", "label")),))],
                    [LIFECYCLE], FACTS)
 
 
-async def test_a_cascade_frees_the_unique_values_of_the_rows_it_takes(db: Database, database: ProvisionedDatabase) -> None:
+@pytest.mark.parametrize("kind", RUNNERS)
+async def test_a_cascade_frees_the_unique_values_of_the_rows_it_takes(db: Database, database: ProvisionedDatabase, kind: str) -> None:
     """A step's unique label is held while the step exists and freed when a
     cascade deletes it with its task: another step may take it after."""
     add = LABELLED.command(_with_taken(ADD_STEP, {"by_label": Outcome("LabelTaken")}))
-    runner = Installing(db, database)
+    runner = Installing(db, database, kind)
     await ok(runner, LABELLED.command(CREATE_PROJECT), request_key="p", org="acme",
              project_id="p1", name="P")
     for task_id, title in (("t1", "one"), ("t2", "two")):
