@@ -153,7 +153,7 @@ class Part(Aggregate):
     item_id: str
     label: str
     pinned: bool = False
-    version: int = 1
+    version: int = 0  # a create still starts it at revision 1
 
     Store: ClassVar[PartStore]
 

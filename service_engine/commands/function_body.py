@@ -307,7 +307,8 @@ class _Generator:
             entity = self.command.entities[b.as_]
             defaults = _defaults(entity)
             if entity.revision is not None:
-                defaults.setdefault(entity.revision, 1)
+                # A created row is at revision 1, whatever the dataclass defaults to.
+                defaults[entity.revision] = 1
             for name in entity.all_fields:
                 if name in defaults:
                     s.append(f"    IF NOT n{i} ? {_name_lit(name)} THEN n{i} := n{i} ||"
