@@ -24,13 +24,14 @@ from service_engine.embedded import EmbeddedNats, ProvisionedDatabase
 from service_engine.graphql import Passport
 
 from ..support.harness import owner_connection
-from .harness import REPO, Pods
+from .harness import REPO, START_BOUND, Pods
 
 # Spawns processes or servers for seconds: started first in a parallel run.
 pytestmark = pytest.mark.slow
 
 CYCLES = 3
-TWIN_BOUND = 30.0
+TWIN_BOUND = START_BOUND + 30.0
+"""The bound on one twin run: its interpreter's start (bounded as a pod's is) and its stream."""
 ACME = Passport(sub="dana", org="acme")
 
 CARDS_SUBSCRIPTION = """subscription { cards(limit: 50) {
