@@ -19,11 +19,12 @@ import asyncio
 import random
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, ClassVar, Literal
 
 import asyncpg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -705,3 +706,17 @@ def test_compiled_command_equals_interpreter(database: ProvisionedDatabase) -> N
         asyncio.run(_example(database, seed))
 
     check()
+
+
+def test_a_key_read_from_a_fact_of_the_wrong_type_names_no_row(
+    database: ProvisionedDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A principal fact the service declares ``str`` but hands over as an int, read as a
+    binding's key, names no row on either path: the compiled function and the interpreter
+    both answer the binding's else outcome (the compiled function does not turn ``7`` into
+    the key ``"7"``, the interpreter does not fail on the store)."""
+    drawn = Grammar.principal
+    monkeypatch.setattr(Grammar, "principal",
+                        lambda self, side, org: replace(drawn(self, side, org), home=7))
+    for seed in range(100, 120):
+        asyncio.run(_example(database, seed))

@@ -154,7 +154,7 @@ class CompiledCommand:
         for binding in command.bindings:
             entity = command.entities[binding.as_]
             parts = [evaluate(e, key_env) for e in binding.key]
-            if any(p is INVALID or p is None for p in parts):
+            if any(p is INVALID or p is None for p in parts) or not entity.admits_key(parts):
                 keys[binding.as_] = None
                 continue
             store_key = entity.key_of_values(dict(zip(entity.key, parts, strict=True)))

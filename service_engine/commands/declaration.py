@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -38,7 +38,7 @@ from typing import Any, Literal, TypeAlias
 
 from ..gates import Reason
 from .expr import Expr
-from .typecheck import ValueType, field_types
+from .typecheck import UNKNOWN, ValueType, admits, field_types
 
 __all__ = [
     "TRANSACTION_TIME",
@@ -247,6 +247,13 @@ class Entity:
             name: t for name, t in derived.items()
             if name not in self.key and name != self.revision
         }))
+
+    def admits_key(self, parts: Sequence[object]) -> bool:
+        """Whether each key part is a value its key field's type admits: a
+        part of another type (a service's fact of the wrong type, say) names
+        no row, so its binding answers its else outcome."""
+        return all(admits(self.types.get(name, UNKNOWN), part)
+                   for name, part in zip(self.key, parts, strict=True))
 
     @property
     def table_name(self) -> str | None:

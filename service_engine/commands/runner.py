@@ -241,7 +241,7 @@ class _Run:
         for binding in self.command.bindings:
             entity = self.command.entities[binding.as_]
             parts = [evaluate(e, key_env) for e in binding.key]
-            if any(p is INVALID or p is None for p in parts):
+            if any(p is INVALID or p is None for p in parts) or not entity.admits_key(parts):
                 invalid[binding.as_] = binding.else_
                 continue
             values = dict(zip(entity.key, parts, strict=True))
