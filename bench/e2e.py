@@ -592,7 +592,7 @@ async def run(args: argparse.Namespace) -> None:
             spy = None
             if args.py_spy:
                 command = [str(Path(sys.executable).parent / "py-spy"), "record", "--format",
-                           "raw", "-r", "200", "-o", f"{args.py_spy}.{label.replace(' ', '_')}.txt",
+                           "raw", "-r", "200", "-o", f"{args.py_spy}.{label.replace(' ', '_').replace('/', '_')}.txt",
                            "-p", str(svc.pids[0])]
                 spy = subprocess.Popen(command, stdout=subprocess.DEVNULL,  # noqa: ASYNC220
                                        stderr=subprocess.DEVNULL)
