@@ -19,12 +19,12 @@ import asyncio
 import random
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import asyncpg
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -96,25 +96,8 @@ from service_engine.pipeline import MutationError, MutationExecutor
 
 from ..support.sample_commands import OrgStore, executor_for
 
-TABLE = """
-CREATE TABLE IF NOT EXISTS cmp_item (
-    org text NOT NULL, id text NOT NULL, title text NOT NULL, n bigint NOT NULL,
-    flag boolean NOT NULL, state text NOT NULL, version integer NOT NULL,
-    PRIMARY KEY (org, id));
-GRANT SELECT, INSERT, UPDATE, DELETE ON cmp_item TO service_engine_app;
-CREATE TABLE IF NOT EXISTS cmp_note (
-    id text PRIMARY KEY, org text NOT NULL, text text NOT NULL, hits bigint NOT NULL,
-    version integer NOT NULL);
-CREATE TABLE IF NOT EXISTS cmp_note_fact (
-    seq bigserial PRIMARY KEY, note_id text NOT NULL, fact_type text NOT NULL,
-    payload jsonb NOT NULL);
-GRANT SELECT, INSERT, UPDATE, DELETE ON cmp_note, cmp_note_fact TO service_engine_app;
-GRANT USAGE ON SEQUENCE cmp_note_fact_seq_seq TO service_engine_app;
-CREATE TABLE IF NOT EXISTS cmp_part (
-    org text NOT NULL, id text NOT NULL, item_id text NOT NULL, label text NOT NULL,
-    pinned boolean NOT NULL, version integer NOT NULL, PRIMARY KEY (org, id));
-GRANT SELECT, INSERT, UPDATE, DELETE ON cmp_part TO service_engine_app;
-"""
+TABLE = Path(__file__).with_suffix(".sql").read_text()
+"""The random comparison's tables (``test_commands_compiled.sql``)."""
 IDS, PIDS, TITLES = ("i0", "i1", "i2"), ("i0", "p1", "p2"), ("t0", "t1", "t2", "t3")
 """Ids of items and parts (one id names an item and a part: two tables, two rows)."""
 RETENTION = timedelta(days=1)
@@ -707,16 +690,3 @@ def test_compiled_command_equals_interpreter(database: ProvisionedDatabase) -> N
 
     check()
 
-
-def test_a_key_read_from_a_fact_of_the_wrong_type_names_no_row(
-    database: ProvisionedDatabase, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A principal fact the service declares ``str`` but hands over as an int, read as a
-    binding's key, names no row on either path: the compiled function and the interpreter
-    both answer the binding's else outcome (the compiled function does not turn ``7`` into
-    the key ``"7"``, the interpreter does not fail on the store)."""
-    drawn = Grammar.principal
-    monkeypatch.setattr(Grammar, "principal",
-                        lambda self, side, org: replace(drawn(self, side, org), home=7))
-    for seed in range(100, 120):
-        asyncio.run(_example(database, seed))
