@@ -156,6 +156,20 @@ def _query_arguments(query_type: Any) -> list[inspect.Parameter]:
     return parameters
 
 
+_SELF = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_INFO = inspect.Parameter("info", inspect.Parameter.KEYWORD_ONLY, annotation=strawberry.Info)
+
+_F = typing.TypeVar("_F", bound=Callable[..., Any])
+
+
+def _signed(function: _F, parameters: list[inspect.Parameter]) -> _F:
+    """``function``, whose `inspect.signature` answers ``parameters`` (its
+    ``__signature__``, PEP 362): how Strawberry reads a derived resolver's
+    arguments, which exist only at run time."""
+    vars(function)["__signature__"] = inspect.Signature(parameters)
+    return function
+
+
 def _query_of(query_type: Any, arguments: Mapping[str, Any]) -> Any:
     return None if query_type is None else query_type(**arguments)
 
@@ -166,10 +180,7 @@ def _window(query_type: Any, arguments: list[inspect.Parameter]) -> Callable[...
     def window(self: Any, **given: Any) -> WindowSpec[Any]:
         return WindowSpec(Query(_query_of(query_type, given)))
 
-    window.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
-        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *arguments,
-    ])
-    return window
+    return _signed(window, [_SELF, *arguments])
 
 
 def _window_field(
@@ -179,13 +190,9 @@ def _window_field(
     async def read(self: Any, info: strawberry.Info, **given: Any) -> Any:
         return await views.window(info.context, _query_of(query_type, given))
 
-    read.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
-        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        inspect.Parameter("info", inspect.Parameter.KEYWORD_ONLY, annotation=strawberry.Info),
-        *arguments,
-    ])
     return strawberry.field(
-        resolver=read, graphql_type=list[views.view_type],  # type: ignore[name-defined]
+        resolver=_signed(read, [_SELF, _INFO, *arguments]),
+        graphql_type=types.GenericAlias(list, (views.view_type,)),
         description=description,
     )
 
@@ -208,12 +215,9 @@ def mutation_field(handler: Callable[..., Any]) -> Any:
     async def resolve(self: Any, info: strawberry.Info, **arguments: Any) -> Any:
         return result.of(await info.context.execute(handler, **arguments), into)
 
-    resolve.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
-        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        inspect.Parameter("info", inspect.Parameter.KEYWORD_ONLY, annotation=strawberry.Info),
-        *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name])
-          for p in parameters),
-    ])
+    _signed(resolve, [_SELF, _INFO, *(
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name])
+        for p in parameters)])
     resolve.__name__ = resolve.__qualname__ = handler.__name__
     return strawberry.mutation(
         resolver=resolve, graphql_type=result, description=inspect.getdoc(handler)
