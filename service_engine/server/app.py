@@ -27,18 +27,16 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from graphql import ASTValidationRule, GraphQLError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
-from starlette.websockets import WebSocket
 from strawberry import Schema
-from strawberry.asgi import GraphQL
 from strawberry.extensions import (
     AddValidationRules,
     DisableIntrospection,
@@ -49,10 +47,15 @@ from strawberry.extensions import (
     SchemaExtension,
     ValidationCache,
 )
-from strawberry.http.websocket_origin import is_same_origin
+from strawberry.http.ides import get_graphql_ide_html
+from strawberry.http.websocket_origin import (
+    is_same_origin,
+    normalize_allowed_origins,
+    normalize_origin,
+)
 from strawberry.schema import BaseSchema
-from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.types.graphql import OperationType
+from strawberry.types.unset import UnsetType
 
 from ..config import EngineConfig
 from ..failures import ConfigError
@@ -63,17 +66,11 @@ from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
 from . import delivery
 from .graphiql import graphiql_html
+from .http_route import GraphQLHttp, encode_json, resolve_context
+from .http_route import new_context as new_context  # the socket's context (wire_admission)
 from .live_ops import LiveOps, per_operation_extensions
 from .ops_page import DEFAULT_OPS_ROLE, ops_routes
-from .passport import (
-    PASSPORT_HEADER,
-    OrgMember,
-    PassportError,
-    PassportMissing,
-    PassportPrincipal,
-    parse_passport,
-    resolve_principal,
-)
+from .passport import PASSPORT_HEADER, OrgMember, PassportError, PassportPrincipal
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -146,34 +143,6 @@ _MAX_CLOSE_REASON_BYTES = 123  # RFC 6455: a close frame's payload is at most 12
 P = TypeVar("P")
 
 _log = logging.getLogger(__name__)
-
-
-async def resolve_context(
-    context: GraphQLContext[Any], resolver: PassportPrincipal[Any], value: str | None
-) -> None:
-    """Resolve ``context``'s principal from an ``X-Passport`` value.
-
-    A `PassportError` is kept as the context's refusal; any other error of
-    the resolver (or of the slices' principal facts) propagates (fail-closed).
-    """
-    try:
-        passport = parse_passport(value)
-        principal = await resolve_principal(resolver, passport)
-        # The slices' facts, right after the resolve.
-        principal = await context.engine.load_principal_facts(principal)
-    except PassportError as exc:
-        context.refuse(exc)
-        return
-    context.admit(passport, principal)
-
-
-def new_context(engine: Engine, request: Any, response: Any, *,
-                handshake_at: float | None = None) -> GraphQLContext[Any]:
-    """A request's or socket's context, its principal not resolved yet."""
-    return GraphQLContext(
-        engine, request, response, handshake_at=handshake_at,
-        refusal=PassportMissing("no principal: the passport has not been resolved"),
-    )
 
 
 _REFUSAL_MESSAGES: tuple[tuple[re.Pattern[str], EdgeRefusal], ...] = (
@@ -466,7 +435,10 @@ class HandshakeSlots:
         self.free += 1
 
 
-class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
+class _EngineGraphQL:
+    """One app's GraphQL: its HTTP route (`GraphQLHttp`) and what the
+    engine's socket (`service_engine.server.wire`) serves: the limited
+    schema, the bounds, admission and the known live documents."""
 
     def __init__(
         self,
@@ -481,15 +453,8 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         connection_init_wait_timeout: timedelta,
         allowed_origins: Sequence[str],
     ) -> None:
-        super().__init__(
-            limited_schema(schema, engine.config, ws_path=ws_path),
-            graphql_ide="graphiql" if graphiql else None,
-            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
-            connection_init_wait_timeout=connection_init_wait_timeout,
-            # The handler enforces ws_max_subscriptions_per_socket with a typed code.
-            max_subscriptions_per_connection=None,
-            allowed_origins=allowed_origins,
-        )
+        served = limited_schema(schema, engine.config, ws_path=ws_path)
+        self.schema = served
         self.engine = engine
         self.config: EngineConfig = engine.config
         self.open_sockets = 0
@@ -499,52 +464,44 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         self.ws_path = ws_path
         self.resolver = resolver
         self.session_max_age: timedelta = engine.config.session_max_age
+        self.connection_init_wait_timeout = connection_init_wait_timeout
         self.passport_from_connection_params = passport_from_connection_params
-        served = cast(Schema, self.schema)  # limited_schema's
+        self.allowed_origins = normalize_allowed_origins(allowed_origins)
+        self.encode_json = encode_json
         self.live_ops = LiveOps(
             served,
-            encode=self.encode_json,
+            encode=encode_json,
             # Nothing of the schema may act per operation or per field.
             enabled=not served.directives
             and not per_operation_extensions(served, _DOCUMENT_FIXED),
         )
         """Known-planned live documents, served without Strawberry per operation."""
-        self._ide_html = (
-            graphiql_html(
-                self.graphql_ide_html, http_path, ws_path,
-                asset_base=engine.config.graphiql_asset_base_url,
-            )
-            if graphiql
-            else ""
-        )
+        ide_html = graphiql_html(
+            get_graphql_ide_html("graphiql"), http_path, ws_path,
+            asset_base=engine.config.graphiql_asset_base_url,
+        ) if graphiql else None
+        self.http = GraphQLHttp(engine, served, resolver, ide_html=ide_html)
+        """The ASGI app of ``POST /graphql`` and ``GET`` queries."""
 
     def origin_allowed(self, headers: Mapping[str, str]) -> bool:
         """Whether an upgrade with ``headers`` may open the socket: no
         ``Origin`` (not a browser), a same-origin page, or an origin of
-        ``allowed_origins`` (Strawberry's ``is_websocket_origin_allowed``)."""
+        ``allowed_origins`` (``"*"``: any), as Strawberry's view decides."""
         origin = headers.get("origin")
         if origin is None:
             return True
         host = headers.get("host")
         if headers.get("sec-fetch-site") == "same-origin" or is_same_origin(origin, host):
             return True
-        if self.is_websocket_origin_allowed(cast(Any, None), origin):
+        if "*" in self.allowed_origins or normalize_origin(origin) in self.allowed_origins:
             return True
         _log.warning("refused a WebSocket from origin %r to host %r: add it to "
                      "allowed_origins if its pages may connect", origin, host)
         return False
 
-    async def get_context(
-        self, request: Request | WebSocket, response: Response | WebSocket
-    ) -> GraphQLContext[Any]:
-        if isinstance(request, WebSocket):
-            # Called right after the upgrade is accepted: the session bound
-            # counts from here. The principal is resolved at connection_init.
-            loop = asyncio.get_running_loop()
-            return new_context(self.engine, request, response, handshake_at=loop.time())
-        context = new_context(self.engine, request, response)
-        await resolve_context(context, self.resolver, request.headers.get(PASSPORT_HEADER))
-        return context
+    async def on_ws_connect(self, context: GraphQLContext[Any]) -> UnsetType:
+        """The ``connection_ack``'s payload: none (Strawberry's ``UNSET``)."""
+        return UnsetType()
 
     async def admit(
         self, context: GraphQLContext[Any], payload: Mapping[str, object]
@@ -564,9 +521,6 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         if not isinstance(refusal, PassportError):
             raise TypeError(f"a resolved context refused with {refusal!r}")
         return CONNECTION_REFUSED_CLOSE_CODE, close_reason(refusal)
-
-    async def render_graphql_ide(self, request: Request) -> Response:
-        return HTMLResponse(self._ide_html)
 
 
 def _connection_param(payload: Mapping[str, object], name: str) -> str | None:
@@ -657,7 +611,7 @@ def graphql_app(
     # under `run_with` (host.http_config), not through ASGI.
     app = Starlette(
         routes=[
-            Route(path, view, methods=["GET", "POST"]),
+            Route(path, view.http, methods=["GET", "POST"]),
             readiness_route(engine.readiness),
             Route("/metrics", metrics, methods=["GET"]),
             *(ops_routes(engine, role=ops_role) if ops_role is not None else ()),
