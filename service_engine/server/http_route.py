@@ -167,7 +167,7 @@ async def _request_data(request: Request) -> dict[str, Any]:
         raise _BadRequest("Unsupported content type")
     body = _json(await request.body())
     if isinstance(body, list):
-        raise _BadRequest("Batching is not enabled on this endpoint: send one operation")
+        raise _BadRequest("Batching is not enabled")
     if not isinstance(body, dict):
         raise _BadRequest("The GraphQL request must be a JSON object.")
     return body
