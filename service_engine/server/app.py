@@ -166,12 +166,23 @@ def refusal_of(error: GraphQLError) -> EdgeRefusal | None:
 
 
 class _EdgeChecks(SchemaExtension):
-    """Tags the limiters' errors with their `EdgeRefusal` code, and refuses
-    a subscription over HTTP (400, pointed at the socket)."""
+    """The edge's bounds on each operation: Strawberry's `MaxTokensLimiter`
+    and `AddValidationRules` (the alias, depth and introspection rules) in
+    one extension; tags the limiters' errors with their `EdgeRefusal` code,
+    and refuses a subscription over HTTP (400, pointed at the socket)."""
 
-    def __init__(self, ws_path: str) -> None:
+    def __init__(self, ws_path: str, max_tokens: int,
+                 rules: tuple[type[ASTValidationRule], ...]) -> None:
         super().__init__()
         self.ws_path = ws_path
+        self.max_tokens = max_tokens
+        self.rules = rules
+
+    def on_operation(self) -> Iterator[None]:
+        execution = self.execution_context
+        execution.parse_options["max_tokens"] = self.max_tokens
+        execution.validation_rules = (*execution.validation_rules, *self.rules)
+        yield
 
     def on_parse(self) -> Iterator[None]:
         yield
@@ -231,8 +242,9 @@ by the document text, so a document they passed once passes again (live_ops.py).
 
 def limited_schema(schema: BaseSchema, config: EngineConfig, *,
                    ws_path: str = "/graphql/ws") -> Schema:
-    """A copy of ``schema`` running Strawberry's limiters at ``config``'s
-    bounds (tokens, aliases, depth; introspection off when configured), its
+    """A copy of ``schema`` bounded at ``config``'s bounds by one extension
+    (`_EdgeChecks`: Strawberry's token bound and its alias, depth and, when
+    configured, introspection rules), its
     documents parsed and validated once (`delivery.document_caches`), a
     subscription over HTTP refused (pointed at ``ws_path``).
 
@@ -244,23 +256,20 @@ def limited_schema(schema: BaseSchema, config: EngineConfig, *,
             f"graphql_app needs a strawberry.Schema to enforce the query limits, got "
             f"{type(schema).__name__}"
         )
-    # The alias and depth rules are built once (not per request), so the
-    # validation cache sees the same rules each time.
-    rules: list[type[ASTValidationRule]] = [
+    # The rules are built once (not per request), so the validation cache
+    # sees the same rules each time.
+    limited = copy.copy(schema)
+    rules = (
         *MaxAliasesLimiter(max_alias_count=config.query_max_aliases).validation_rules,
         *QueryDepthLimiter(max_depth=config.query_max_depth).validation_rules,
-    ]
-    limits: list[Callable[[], SchemaExtension]] = [
-        lambda: MaxTokensLimiter(max_token_count=config.query_max_tokens),
-        lambda: AddValidationRules(rules),
-    ]
-    if not config.graphql_introspection:
-        limits.append(DisableIntrospection)
-    limited = copy.copy(schema)
-    # Each operation as its validation saw it, for the delivery plan.
-    rules.append(delivery.document_seen_rule(limited))
+        # Each operation as its validation saw it, for the delivery plan.
+        delivery.document_seen_rule(limited),
+        *(() if config.graphql_introspection else DisableIntrospection().validation_rules),
+    )
+    tokens = config.query_max_tokens
     limited.extensions = (
-        *schema.extensions, *limits, lambda: _EdgeChecks(ws_path), *delivery.document_caches())
+        *schema.extensions, lambda: _EdgeChecks(ws_path, tokens, rules),
+        *delivery.document_caches())
     logging.getLogger("strawberry.execution").addFilter(_REFUSALS_AT_INFO)
     return limited
 
