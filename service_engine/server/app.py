@@ -1,8 +1,9 @@
 """The service's HTTP surface: GraphQL over HTTP and graphql-transport-ws.
 
 `graphql_app` serves, on one Starlette app, ``POST /graphql`` (and ``GET``
-queries), GraphiQL to a browser's ``GET /graphql`` (its subscriptions on
-the socket), ``/readyz`` and ``/metrics``; the graphql-transport-ws socket
+queries) and GraphiQL to a browser's ``GET /graphql`` (its subscriptions on
+the socket) on the engine's own endpoint (`service_engine.server.http_route`,
+over Strawberry's ``Schema.execute``), ``/readyz`` and ``/metrics``; the graphql-transport-ws socket
 on ``ws_path`` is the engine's own (`service_engine.server.wire`, under
 `run_with` / ``host.http_config``), not an ASGI route.
 
