@@ -1,18 +1,15 @@
 """GraphQL over HTTP: ``POST /graphql`` and ``GET`` queries, on the engine's
-own endpoint over Strawberry's public `Schema.execute`.
+own endpoint over Strawberry's public `Schema.execute`, answering as
+Strawberry's ASGI view did.
 
-The answers are those of Strawberry's ASGI view, which served this path
-before: a JSON body (``{"query", "variables", "operationName",
-"extensions"}``) or a ``GET``'s query parameters (``variables`` and
-``extensions`` JSON-encoded); the operation executed on the limited schema
-(`service_engine.server.app.limited_schema`: every limiter, cache and
+A JSON body or a ``GET``'s query parameters (``variables`` and
+``extensions`` JSON-encoded) name the operation, executed on the limited
+schema (`service_engine.server.app.limited_schema`: every limiter, cache and
 author's extension applies) under the request's principal
-(`resolve_context`); the result as ``{"data", "errors", "extensions"}``,
-JSON, 200 unless the operation set its response's status. A malformed
-request is answered 400 in plain text naming what is wrong; a mutation over
-``GET`` is refused 400; a browser's ``GET`` without a query gets GraphiQL
-(404 when it is off); a method other than ``GET`` and ``POST`` 405.
-Batches are not served (400).
+(`resolve_context`); the result is JSON, 200 unless the operation set its
+response's status. A malformed request, a batch or a mutation over ``GET``
+is answered 400 in plain text naming what is wrong; a browser's ``GET``
+without a query gets GraphiQL (404 when it is off).
 """
 
 from __future__ import annotations
@@ -108,10 +105,12 @@ class GraphQLHttp:
         method = request.method
         if method not in ("GET", "POST"):
             return PlainTextResponse("GraphQL only supports GET and POST requests.", 405)
-        if method == "GET" and _wants_ide(request):
-            if self.ide_html is None:
-                return PlainTextResponse("Not Found", 404)
-            return HTMLResponse(self.ide_html)
+        if method == "GET" and request.query_params.get("query") is None:
+            accept = request.headers.get("accept", "")
+            if "text/html" in accept or "*/*" in accept:  # a browser: the page
+                if self.ide_html is None:
+                    return PlainTextResponse("Not Found", 404)
+                return HTMLResponse(self.ide_html)
         try:
             data = await _request_data(request)
             query, variables, extensions = _operation(data)
@@ -137,14 +136,6 @@ class GraphQLHttp:
                             media_type="application/json", background=sub.background)
         response.raw_headers.extend(sub.raw_headers)
         return response
-
-
-def _wants_ide(request: Request) -> bool:
-    """A browser's ``GET`` without a query: the page, not an operation."""
-    if request.query_params.get("query") is not None:
-        return False
-    accept = request.headers.get("accept", "")
-    return "text/html" in accept or "*/*" in accept
 
 
 def _json(text: str | bytes) -> Any:
