@@ -284,6 +284,40 @@ async def test_post_without_a_usable_passport_is_refused_typed(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
+async def test_get_queries_and_malformed_requests_answer_as_strawberrys_view(db: Database) -> None:
+    """A GET query answers as its POST does; a mutation over GET, a body that is not JSON,
+    not a JSON object or of another content type, and fields of the wrong JSON type are
+    refused 400 naming what is wrong; a method other than GET and POST is 405."""
+    async with service(db) as (_, addr), httpx.AsyncClient(base_url=f"http://{addr}") as http:
+        headers = {PASSPORT_HEADER: ALICE.to_header()}
+        query = "query Me($o: Boolean!) { whoami { sub org @include(if: $o) } }"
+        got = await http.get("/graphql", params={"query": query, "variables": '{"o": true}'},
+                             headers=headers)
+        assert (got.status_code, got.headers["content-type"]) == (200, "application/json")
+        assert got.content == b'{"data":{"whoami":{"sub":"alice","org":"acme"}}}'
+        json_ = {**headers, "content-type": "application/json"}
+        refused = {
+            ("GET", "mutation { x }", None): "mutations are not allowed when using GET",
+            ("GET", "{ pod }", '{"o":'): "Unable to parse request body as JSON",
+            ("POST", None, b"{not json"): "Unable to parse request body as JSON",
+            ("POST", None, b'"{ pod }"'): "The GraphQL request must be a JSON object.",
+            ("POST", None, b'{"query": 1}'): "The GraphQL operation's `query` must be a string",
+            ("POST", None, b'{"query": "{ pod }", "variables": []}'): "`variables` must be an object",
+            ("POST", None, b"{}"): "No GraphQL query found in the request",
+            ("POST", "text/plain", b'{"query": "{ pod }"}'): "Unsupported content type",
+        }
+        for (method, detail, body), reason in refused.items():
+            if method == "GET":
+                params = {"query": detail or "", **({"variables": body} if body else {})}
+                response = await http.get("/graphql", params=params, headers=headers)
+            else:
+                sent = {**json_, "content-type": detail} if detail else json_
+                response = await http.post("/graphql", content=body, headers=sent)
+            assert response.status_code == 400, (method, body, response.text)
+            assert reason in response.text, response.text
+        assert (await http.put("/graphql", json={"query": "{ pod }"})).status_code == 405
+
+
 async def test_subscriptions_are_not_served_over_http(
     db: Database, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,8 +1,9 @@
 """The service's HTTP surface: GraphQL over HTTP and graphql-transport-ws.
 
 `graphql_app` serves, on one Starlette app, ``POST /graphql`` (and ``GET``
-queries), GraphiQL to a browser's ``GET /graphql`` (its subscriptions on
-the socket), ``/readyz`` and ``/metrics``; the graphql-transport-ws socket
+queries) and GraphiQL to a browser's ``GET /graphql`` (its subscriptions on
+the socket) on the engine's own endpoint (`service_engine.server.http_route`,
+over Strawberry's ``Schema.execute``), ``/readyz`` and ``/metrics``; the graphql-transport-ws socket
 on ``ws_path`` is the engine's own (`service_engine.server.wire`, under
 `run_with` / ``host.http_config``), not an ASGI route.
 
@@ -27,18 +28,16 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from graphql import ASTValidationRule, GraphQLError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
-from starlette.websockets import WebSocket
 from strawberry import Schema
-from strawberry.asgi import GraphQL
 from strawberry.extensions import (
     AddValidationRules,
     DisableIntrospection,
@@ -49,10 +48,15 @@ from strawberry.extensions import (
     SchemaExtension,
     ValidationCache,
 )
-from strawberry.http.websocket_origin import is_same_origin
+from strawberry.http.ides import get_graphql_ide_html
+from strawberry.http.websocket_origin import (
+    is_same_origin,
+    normalize_allowed_origins,
+    normalize_origin,
+)
 from strawberry.schema import BaseSchema
-from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.types.graphql import OperationType
+from strawberry.types.unset import UnsetType
 
 from ..config import EngineConfig
 from ..failures import ConfigError
@@ -63,17 +67,11 @@ from ..metrics import PROMETHEUS_CONTENT_TYPE
 from ..readiness import readiness_route
 from . import delivery
 from .graphiql import graphiql_html
+from .http_route import GraphQLHttp, encode_json, resolve_context
+from .http_route import new_context as new_context  # the socket's context (wire_admission)
 from .live_ops import LiveOps, per_operation_extensions
 from .ops_page import DEFAULT_OPS_ROLE, ops_routes
-from .passport import (
-    PASSPORT_HEADER,
-    OrgMember,
-    PassportError,
-    PassportMissing,
-    PassportPrincipal,
-    parse_passport,
-    resolve_principal,
-)
+from .passport import PASSPORT_HEADER, OrgMember, PassportError, PassportPrincipal
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -148,34 +146,6 @@ P = TypeVar("P")
 _log = logging.getLogger(__name__)
 
 
-async def resolve_context(
-    context: GraphQLContext[Any], resolver: PassportPrincipal[Any], value: str | None
-) -> None:
-    """Resolve ``context``'s principal from an ``X-Passport`` value.
-
-    A `PassportError` is kept as the context's refusal; any other error of
-    the resolver (or of the slices' principal facts) propagates (fail-closed).
-    """
-    try:
-        passport = parse_passport(value)
-        principal = await resolve_principal(resolver, passport)
-        # The slices' facts, right after the resolve.
-        principal = await context.engine.load_principal_facts(principal)
-    except PassportError as exc:
-        context.refuse(exc)
-        return
-    context.admit(passport, principal)
-
-
-def new_context(engine: Engine, request: Any, response: Any, *,
-                handshake_at: float | None = None) -> GraphQLContext[Any]:
-    """A request's or socket's context, its principal not resolved yet."""
-    return GraphQLContext(
-        engine, request, response, handshake_at=handshake_at,
-        refusal=PassportMissing("no principal: the passport has not been resolved"),
-    )
-
-
 _REFUSAL_MESSAGES: tuple[tuple[re.Pattern[str], EdgeRefusal], ...] = (
     # The wording of Strawberry's limiters and graphql-core's rule; a test
     # pins each, so an upgrade that changes one fails loudly.
@@ -197,12 +167,23 @@ def refusal_of(error: GraphQLError) -> EdgeRefusal | None:
 
 
 class _EdgeChecks(SchemaExtension):
-    """Tags the limiters' errors with their `EdgeRefusal` code, and refuses
-    a subscription over HTTP (400, pointed at the socket)."""
+    """The edge's bounds on each operation: Strawberry's `MaxTokensLimiter`
+    and `AddValidationRules` (the alias, depth and introspection rules) in
+    one extension; tags the limiters' errors with their `EdgeRefusal` code,
+    and refuses a subscription over HTTP (400, pointed at the socket)."""
 
-    def __init__(self, ws_path: str) -> None:
+    def __init__(self, ws_path: str, max_tokens: int,
+                 rules: tuple[type[ASTValidationRule], ...]) -> None:
         super().__init__()
         self.ws_path = ws_path
+        self.max_tokens = max_tokens
+        self.rules = rules
+
+    def on_operation(self) -> Iterator[None]:
+        execution = self.execution_context
+        execution.parse_options["max_tokens"] = self.max_tokens
+        execution.validation_rules = (*execution.validation_rules, *self.rules)
+        yield
 
     def on_parse(self) -> Iterator[None]:
         yield
@@ -262,8 +243,9 @@ by the document text, so a document they passed once passes again (live_ops.py).
 
 def limited_schema(schema: BaseSchema, config: EngineConfig, *,
                    ws_path: str = "/graphql/ws") -> Schema:
-    """A copy of ``schema`` running Strawberry's limiters at ``config``'s
-    bounds (tokens, aliases, depth; introspection off when configured), its
+    """A copy of ``schema`` bounded at ``config``'s bounds by one extension
+    (`_EdgeChecks`: Strawberry's token bound and its alias, depth and, when
+    configured, introspection rules), its
     documents parsed and validated once (`delivery.document_caches`), a
     subscription over HTTP refused (pointed at ``ws_path``).
 
@@ -275,23 +257,20 @@ def limited_schema(schema: BaseSchema, config: EngineConfig, *,
             f"graphql_app needs a strawberry.Schema to enforce the query limits, got "
             f"{type(schema).__name__}"
         )
-    # The alias and depth rules are built once (not per request), so the
-    # validation cache sees the same rules each time.
-    rules: list[type[ASTValidationRule]] = [
+    # The rules are built once (not per request), so the validation cache
+    # sees the same rules each time.
+    limited = copy.copy(schema)
+    rules = (
         *MaxAliasesLimiter(max_alias_count=config.query_max_aliases).validation_rules,
         *QueryDepthLimiter(max_depth=config.query_max_depth).validation_rules,
-    ]
-    limits: list[Callable[[], SchemaExtension]] = [
-        lambda: MaxTokensLimiter(max_token_count=config.query_max_tokens),
-        lambda: AddValidationRules(rules),
-    ]
-    if not config.graphql_introspection:
-        limits.append(DisableIntrospection)
-    limited = copy.copy(schema)
-    # Each operation as its validation saw it, for the delivery plan.
-    rules.append(delivery.document_seen_rule(limited))
+        # Each operation as its validation saw it, for the delivery plan.
+        delivery.document_seen_rule(limited),
+        *(() if config.graphql_introspection else DisableIntrospection().validation_rules),
+    )
+    tokens = config.query_max_tokens
     limited.extensions = (
-        *schema.extensions, *limits, lambda: _EdgeChecks(ws_path), *delivery.document_caches())
+        *schema.extensions, lambda: _EdgeChecks(ws_path, tokens, rules),
+        *delivery.document_caches())
     logging.getLogger("strawberry.execution").addFilter(_REFUSALS_AT_INFO)
     return limited
 
@@ -466,7 +445,10 @@ class HandshakeSlots:
         self.free += 1
 
 
-class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
+class _EngineGraphQL:
+    """One app's GraphQL: its HTTP route (`GraphQLHttp`) and what the
+    engine's socket (`service_engine.server.wire`) serves: the limited
+    schema, the bounds, admission and the known live documents."""
 
     def __init__(
         self,
@@ -481,15 +463,8 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         connection_init_wait_timeout: timedelta,
         allowed_origins: Sequence[str],
     ) -> None:
-        super().__init__(
-            limited_schema(schema, engine.config, ws_path=ws_path),
-            graphql_ide="graphiql" if graphiql else None,
-            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
-            connection_init_wait_timeout=connection_init_wait_timeout,
-            # The handler enforces ws_max_subscriptions_per_socket with a typed code.
-            max_subscriptions_per_connection=None,
-            allowed_origins=allowed_origins,
-        )
+        served = limited_schema(schema, engine.config, ws_path=ws_path)
+        self.schema = served
         self.engine = engine
         self.config: EngineConfig = engine.config
         self.open_sockets = 0
@@ -499,52 +474,44 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         self.ws_path = ws_path
         self.resolver = resolver
         self.session_max_age: timedelta = engine.config.session_max_age
+        self.connection_init_wait_timeout = connection_init_wait_timeout
         self.passport_from_connection_params = passport_from_connection_params
-        served = cast(Schema, self.schema)  # limited_schema's
+        self.allowed_origins = normalize_allowed_origins(allowed_origins)
+        self.encode_json = encode_json
         self.live_ops = LiveOps(
             served,
-            encode=self.encode_json,
+            encode=encode_json,
             # Nothing of the schema may act per operation or per field.
             enabled=not served.directives
             and not per_operation_extensions(served, _DOCUMENT_FIXED),
         )
         """Known-planned live documents, served without Strawberry per operation."""
-        self._ide_html = (
-            graphiql_html(
-                self.graphql_ide_html, http_path, ws_path,
-                asset_base=engine.config.graphiql_asset_base_url,
-            )
-            if graphiql
-            else ""
-        )
+        ide_html = graphiql_html(
+            get_graphql_ide_html("graphiql"), http_path, ws_path,
+            asset_base=engine.config.graphiql_asset_base_url,
+        ) if graphiql else None
+        self.http = GraphQLHttp(engine, served, resolver, ide_html=ide_html)
+        """The ASGI app of ``POST /graphql`` and ``GET`` queries."""
 
     def origin_allowed(self, headers: Mapping[str, str]) -> bool:
         """Whether an upgrade with ``headers`` may open the socket: no
         ``Origin`` (not a browser), a same-origin page, or an origin of
-        ``allowed_origins`` (Strawberry's ``is_websocket_origin_allowed``)."""
+        ``allowed_origins`` (``"*"``: any), as Strawberry's view decides."""
         origin = headers.get("origin")
         if origin is None:
             return True
         host = headers.get("host")
         if headers.get("sec-fetch-site") == "same-origin" or is_same_origin(origin, host):
             return True
-        if self.is_websocket_origin_allowed(cast(Any, None), origin):
+        if "*" in self.allowed_origins or normalize_origin(origin) in self.allowed_origins:
             return True
         _log.warning("refused a WebSocket from origin %r to host %r: add it to "
                      "allowed_origins if its pages may connect", origin, host)
         return False
 
-    async def get_context(
-        self, request: Request | WebSocket, response: Response | WebSocket
-    ) -> GraphQLContext[Any]:
-        if isinstance(request, WebSocket):
-            # Called right after the upgrade is accepted: the session bound
-            # counts from here. The principal is resolved at connection_init.
-            loop = asyncio.get_running_loop()
-            return new_context(self.engine, request, response, handshake_at=loop.time())
-        context = new_context(self.engine, request, response)
-        await resolve_context(context, self.resolver, request.headers.get(PASSPORT_HEADER))
-        return context
+    async def on_ws_connect(self, context: GraphQLContext[Any]) -> UnsetType:
+        """The ``connection_ack``'s payload: none (Strawberry's ``UNSET``)."""
+        return UnsetType()
 
     async def admit(
         self, context: GraphQLContext[Any], payload: Mapping[str, object]
@@ -564,9 +531,6 @@ class _EngineGraphQL(GraphQL[GraphQLContext[Any], None]):
         if not isinstance(refusal, PassportError):
             raise TypeError(f"a resolved context refused with {refusal!r}")
         return CONNECTION_REFUSED_CLOSE_CODE, close_reason(refusal)
-
-    async def render_graphql_ide(self, request: Request) -> Response:
-        return HTMLResponse(self._ide_html)
 
 
 def _connection_param(payload: Mapping[str, object], name: str) -> str | None:
@@ -657,7 +621,7 @@ def graphql_app(
     # under `run_with` (host.http_config), not through ASGI.
     app = Starlette(
         routes=[
-            Route(path, view, methods=["GET", "POST"]),
+            Route(path, view.http, methods=["GET", "POST"]),
             readiness_route(engine.readiness),
             Route("/metrics", metrics, methods=["GET"]),
             *(ops_routes(engine, role=ops_role) if ops_role is not None else ()),
