@@ -18,8 +18,9 @@ from service_engine.graphql import (
     Refusal,
     Views,
 )
-from service_engine.server.app import close_reason, new_context, resolve_context
+from service_engine.server.app import close_reason
 from service_engine.server.graphiql import graphiql_html
+from service_engine.server.http_route import new_context, resolve_context
 from service_engine.server.passport import PassportMalformed
 
 
