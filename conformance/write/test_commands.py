@@ -70,18 +70,21 @@ from ..support.sample_commands import (
     runner_for,
 )
 from ..support.sample_counter import listen_impacts
+from .test_commands_oracle import RUNNERS, Interpreting
 
 C = COMMANDS
+Runner = CommandRunner | Interpreting
+"""The compiled function's runner, or the interpreter's (its oracle)."""
 
 
 async def run(
-    runner: CommandRunner, command: str, principal: Any = ALICE, /, **inputs: Any
+    runner: Runner, command: str, principal: Any = ALICE, /, **inputs: Any
 ) -> Any:
     return await runner.run(C[command], principal, inputs)
 
 
 async def ok(
-    runner: CommandRunner, command: str, principal: Any = ALICE, /, **inputs: Any
+    runner: Runner, command: str, principal: Any = ALICE, /, **inputs: Any
 ) -> Any:
     outcome = await run(runner, command, principal, **inputs)
     assert isinstance(outcome, CommandOutcome) and outcome.ok, outcome
@@ -99,7 +102,7 @@ async def count(db: Database, sql: str, *args: Any) -> int:
     return value
 
 
-async def seed(runner: CommandRunner, task_id: str = "t1", title: str = "first",
+async def seed(runner: Runner, task_id: str = "t1", title: str = "first",
                project: str = "p1") -> CommandOutcome:
     await run(runner, "CreateProject", request_key=f"p-{project}", org="acme",
               project_id=project, name="Project")
@@ -398,12 +401,13 @@ async def test_a_return_field_reads_the_acting_principal(
     assert (outcome.name, outcome.data) == ("Locked", {"by": "root", "revision": 2})
 
 
+@pytest.mark.parametrize("kind", RUNNERS)
 async def test_every_requirement_is_checked_after_one_that_holds(
-    db: Database, database: ProvisionedDatabase,
+    db: Database, database: ProvisionedDatabase, kind: str,
 ) -> None:
     """Requirements are checked in their declared order, each of them: the
     first that fails answers its outcome and nothing is written, whatever
-    requirements held before it."""
+    requirements held before it (the interpreter as the compiled function)."""
     guarded = CATALOG.command(Command(
         "RenameQueued", ORG, Input("task_id", str), Input("title", str),
         Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing"),
@@ -415,7 +419,7 @@ async def test_every_requirement_is_checked_after_one_that_holds(
         Return("Renamed"),
     ))
     await install(database.owner_url, guarded)
-    runner = runner_for(db)
+    runner: Runner = runner_for(db) if kind == "compiled" else Interpreting(executor_for(db))
     await seed(runner, "t1", "a")
     await seed(runner, "t2", "b")
     await ok(runner, "StartTask", request_key="s", org="acme", task_id="t2",

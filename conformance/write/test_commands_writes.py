@@ -1,6 +1,6 @@
 """What a command writes, against real Postgres: the impacts of every row a
-cascade takes, the unique values it claims and frees, and the clause named
-when a value reads nothing.
+cascade takes, the unique values it claims and frees, a transition that is a
+command's only effect, and the clause named when a value reads nothing.
 
 Each test states the property it proves (the sample: `sample_commands`);
 each but the typed value_missing runs through the compiled function and
@@ -48,12 +48,15 @@ from ..support.sample_commands import (
     CREATE_PROJECT,
     CREATE_TASK,
     DELETE_TASK,
+    EVE,
     FACTS,
+    FINISH_TASK,
     KEY,
     LIFECYCLE,
     ORG,
     PROJECT,
     RENAME_TASK,
+    START_TASK,
     STEP,
     TASK,
     executor_for,
@@ -269,3 +272,32 @@ async def test_a_cascade_frees_the_unique_values_of_the_rows_it_takes(db: Databa
     assert isinstance(held, CommandOutcome) and held.name == "LabelTaken", held
     await ok(runner, LABELLED.command(DELETE_TASK), org="acme", task_id="t1")
     await ok(runner, add, org="acme", task_id="t2", step_id="s2", label="x")
+
+
+@pytest.mark.parametrize("kind", RUNNERS)
+async def test_a_transition_alone_writes_its_state_and_next_revision(
+    db: Database, database: ProvisionedDatabase, kind: str,
+) -> None:
+    """A command whose only effect is a checked transition (FinishTask) is an
+    update like any other: the update row policy judges it (another org's
+    principal is refused and nothing is written), and it writes the new state
+    with the next revision, which it answers."""
+    runner = Installing(db, database, kind)
+    await ok(runner, CATALOG.command(CREATE_PROJECT), request_key="p", org="acme",
+             project_id="p1", name="P")
+    await ok(runner, CATALOG.command(CREATE_TASK), request_key="t", org="acme", task_id="t1",
+             project_id="p1", title="T")
+    await ok(runner, CATALOG.command(START_TASK), request_key="s", org="acme", task_id="t1",
+             expected_revision=1)
+    finish = CATALOG.command(FINISH_TASK)
+    inputs = {"org": "acme", "task_id": "t1", "expected_revision": 2}
+    refused = await runner.run(finish, EVE, inputs)
+    assert isinstance(refused, CommandOutcome), refused
+    assert (refused.name, refused.data) == (
+        "Refused", {"reason": "task.update_denied", "action": "update"})
+    row = await db.pool.fetchrow("SELECT state, version FROM cmd_task WHERE id = 't1'")
+    assert row is not None and tuple(row) == ("running", 2)
+    finished = await ok(runner, finish, **inputs)
+    assert (finished.name, finished.data) == ("Finished", {"revision": 3})
+    row = await db.pool.fetchrow("SELECT state, version FROM cmd_task WHERE id = 't1'")
+    assert row is not None and tuple(row) == ("done", 3)
