@@ -310,13 +310,15 @@ async def test_cascade_deletes_at_most_its_maximum_and_refuses_beyond(db: Databa
              project_id="p1", title="small")
 
 
+@pytest.mark.parametrize("kind", RUNNERS)
 async def test_a_reverse_index_finds_rows_through_its_own_columns(
-    db: Database, database: ProvisionedDatabase
+    db: Database, database: ProvisionedDatabase, kind: str,
 ) -> None:
     """A reverse index whose table names its columns apart from the
     entity's fields (``columns``, ``key_columns``) is scanned through those
     columns: a cascade over it finds, judges and deletes every step of the
-    task, and refuses beyond its maximum."""
+    task, and refuses beyond its maximum (the interpreter as the compiled
+    function)."""
     owner = await asyncpg.connect(database.owner_url)
     try:
         await owner.execute(
@@ -330,7 +332,7 @@ async def test_a_reverse_index_finds_rows_through_its_own_columns(
     catalog = Catalog([PROJECT, TASK, replace(STEP, indexes=(by_parent,))], [LIFECYCLE], FACTS)
     delete_task = catalog.command(DELETE_TASK)
     await install(database.owner_url, delete_task)
-    runner = runner_for(db)
+    runner: Runner = runner_for(db) if kind == "compiled" else Interpreting(executor_for(db))
     await seed(runner, "t1", "small")
     await seed(runner, "t2", "large")
     for n in range(MAX_STEPS):
