@@ -65,7 +65,9 @@ class SteppedClock:
 
 
 class Interpreting:
-    """`CommandRunner.run`'s answer through the interpreter."""
+    """`CommandRunner.run`'s answer through the interpreter (acting as the
+    principal the pipeline's context holds: `interpret`'s default, where the
+    random comparison names the principal)."""
 
     def __init__(self, executor: MutationExecutor) -> None:
         self.executor = executor
@@ -74,7 +76,7 @@ class Interpreting:
         self, command: CheckedCommand, principal: Any, inputs: Mapping[str, object],
     ) -> CommandOutcome | MutationError:
         async def handler(cx: Any) -> CommandOutcome:
-            return await interpret(cx, command, inputs, principal=cx.principal,
+            return await interpret(cx, command, inputs,
                                    config=CommandConfig(idempotency_retention=RETENTION))
 
         try:
