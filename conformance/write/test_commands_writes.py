@@ -127,6 +127,25 @@ class Nameless:
     admin: bool = False
 
 
+@pytest.mark.parametrize("kind", RUNNERS)
+async def test_a_principal_without_an_id_keeps_its_records_under_the_empty_scope(
+    db: Database, database: ProvisionedDatabase, kind: str,
+) -> None:
+    """A keyed command run by a principal without an ``id`` stores its
+    outcome under the empty scope: its retry answers from that record and
+    runs nothing."""
+    runner = Installing(db, database, kind)
+    create = CATALOG.command(CREATE_PROJECT)
+    inputs = {"request_key": "k", "org": "acme", "project_id": "p1", "name": "P"}
+    first = await runner.run(create, Nameless(), inputs)
+    assert isinstance(first, CommandOutcome) and first.ok and not first.replayed, first
+    again = await runner.run(create, Nameless(), inputs)
+    assert isinstance(again, CommandOutcome) and again.replayed, again
+    assert (again.name, again.data) == (first.name, first.data)
+    scopes = await db.pool.fetch("SELECT scope FROM service_engine.command_idempotency")
+    assert [r["scope"] for r in scopes] == [""]
+
+
 NAMED_BY_CALLER = Command(
     "NameByCaller", KEY, ORG, Input("project_id", str), IdempotencyKey("request_key"),
     Create("Project", (Var("org"), Var("project_id")), as_="project",
