@@ -28,11 +28,14 @@ from service_engine.commands import (
     Create,
     Delete,
     Fact,
+    Field,
     IdempotencyKey,
     Input,
     Mutate,
+    Ne,
     Outcome,
     Read,
+    Require,
     Return,
     Service,
     Set,
@@ -144,6 +147,33 @@ async def test_a_principal_without_an_id_keeps_its_records_under_the_empty_scope
     assert (again.name, again.data) == (first.name, first.data)
     scopes = await db.pool.fetch("SELECT scope FROM service_engine.command_idempotency")
     assert [r["scope"] for r in scopes] == [""]
+
+
+NAMED_BY_ITS_ID = Command(
+    "NameByItsId", KEY, ORG, Input("project_id", str), IdempotencyKey("request_key"),
+    Create("Project", (Var("org"), Var("project_id")), as_="project",
+           else_=Outcome("ProjectExists")),
+    Require("NotReserved", Ne(Field("project", "id"), Const("reserved")), Outcome("Reserved")),
+    Set("project", "name", Field("project", "id")),
+    Return("Created", name=Field("project", "name")),
+)
+
+
+@pytest.mark.parametrize("kind", RUNNERS)
+async def test_a_create_reads_its_own_key_in_its_requirements_and_sets(
+    db: Database, database: ProvisionedDatabase, kind: str,
+) -> None:
+    """A created row's fields are readable as the command sets them, its key
+    first: a requirement judges the key given, and a set copies it."""
+    runner = Installing(db, database, kind)
+    create = CATALOG.command(NAMED_BY_ITS_ID)
+    made = await ok(runner, create, request_key="a", org="acme", project_id="p1")
+    assert (made.name, made.data) == ("Created", {"name": "p1"})
+    refused = await runner.run(create, ALICE, {"request_key": "b", "org": "acme",
+                                                "project_id": "reserved"})
+    assert isinstance(refused, CommandOutcome) and refused.name == "Reserved", refused
+    rows = await db.pool.fetch("SELECT id, name FROM cmd_project ORDER BY id")
+    assert [tuple(r) for r in rows] == [("p1", "p1")]
 
 
 NAMED_BY_CALLER = Command(
