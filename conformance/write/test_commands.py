@@ -384,11 +384,13 @@ async def test_a_set_value_registration_cannot_type_is_checked_when_it_runs(
     assert row is not None and (row["title"], row["version"]) == ("nick", 2)
 
 
+@pytest.mark.parametrize("kind", RUNNERS)
 async def test_a_return_field_reads_the_acting_principal(
-    db: Database, database: ProvisionedDatabase,
+    db: Database, database: ProvisionedDatabase, kind: str,
 ) -> None:
     """A return field may read a fact of the principal the command ran as
-    (its value in the outcome is that principal's)."""
+    (its value in the outcome is that principal's; the interpreter as the
+    compiled function)."""
     locked_by = CATALOG.command(Command(
         "LockedBy", ORG, Input("task_id", str),
         Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing")),
@@ -396,7 +398,7 @@ async def test_a_return_field_reads_the_acting_principal(
         Return("Locked", by=Fact("id"), revision=Field("task", "version")),
     ))
     await install(database.owner_url, locked_by)
-    runner = runner_for(db)
+    runner: Runner = runner_for(db) if kind == "compiled" else Interpreting(executor_for(db))
     await seed(runner)
     outcome = await runner.run(locked_by, ROOT, {"org": "acme", "task_id": "t1"})
     assert isinstance(outcome, CommandOutcome), outcome
