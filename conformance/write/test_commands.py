@@ -317,8 +317,8 @@ async def test_a_reverse_index_finds_rows_through_its_own_columns(
     """A reverse index whose table names its columns apart from the
     entity's fields (``columns``, ``key_columns``) is scanned through those
     columns: a cascade over it finds, judges and deletes every step of the
-    task, and refuses beyond its maximum (the interpreter as the compiled
-    function)."""
+    task, and refuses beyond its maximum, which it names (the interpreter as
+    the compiled function)."""
     owner = await asyncpg.connect(database.owner_url)
     try:
         await owner.execute(
@@ -340,7 +340,8 @@ async def test_a_reverse_index_finds_rows_through_its_own_columns(
     for n in range(MAX_STEPS + 1):
         await ok(runner, "AddStep", org="acme", task_id="t2", step_id=f"s2-{n}", label="x")
     too_many = await runner.run(delete_task, ALICE, {"org": "acme", "task_id": "t2"})
-    assert isinstance(too_many, CommandOutcome) and too_many.name == "TooManySteps"
+    assert isinstance(too_many, CommandOutcome), too_many
+    assert (too_many.name, too_many.data) == ("TooManySteps", {"maximum": MAX_STEPS})
     deleted = await runner.run(delete_task, ALICE, {"org": "acme", "task_id": "t1"})
     assert isinstance(deleted, CommandOutcome) and deleted.name == "Deleted", deleted
     assert await count(db, "SELECT count(*) FROM cmd_step WHERE task_id = 't1'") == 0
