@@ -70,18 +70,21 @@ from ..support.sample_commands import (
     runner_for,
 )
 from ..support.sample_counter import listen_impacts
+from .test_commands_oracle import RUNNERS, Interpreting
 
 C = COMMANDS
+Runner = CommandRunner | Interpreting
+"""The compiled function's runner, or the interpreter's (its oracle)."""
 
 
 async def run(
-    runner: CommandRunner, command: str, principal: Any = ALICE, /, **inputs: Any
+    runner: Runner, command: str, principal: Any = ALICE, /, **inputs: Any
 ) -> Any:
     return await runner.run(C[command], principal, inputs)
 
 
 async def ok(
-    runner: CommandRunner, command: str, principal: Any = ALICE, /, **inputs: Any
+    runner: Runner, command: str, principal: Any = ALICE, /, **inputs: Any
 ) -> Any:
     outcome = await run(runner, command, principal, **inputs)
     assert isinstance(outcome, CommandOutcome) and outcome.ok, outcome
@@ -99,7 +102,7 @@ async def count(db: Database, sql: str, *args: Any) -> int:
     return value
 
 
-async def seed(runner: CommandRunner, task_id: str = "t1", title: str = "first",
+async def seed(runner: Runner, task_id: str = "t1", title: str = "first",
                project: str = "p1") -> CommandOutcome:
     await run(runner, "CreateProject", request_key=f"p-{project}", org="acme",
               project_id=project, name="Project")
@@ -307,13 +310,15 @@ async def test_cascade_deletes_at_most_its_maximum_and_refuses_beyond(db: Databa
              project_id="p1", title="small")
 
 
+@pytest.mark.parametrize("kind", RUNNERS)
 async def test_a_reverse_index_finds_rows_through_its_own_columns(
-    db: Database, database: ProvisionedDatabase
+    db: Database, database: ProvisionedDatabase, kind: str,
 ) -> None:
     """A reverse index whose table names its columns apart from the
     entity's fields (``columns``, ``key_columns``) is scanned through those
     columns: a cascade over it finds, judges and deletes every step of the
-    task, and refuses beyond its maximum."""
+    task, and refuses beyond its maximum, which it names (the interpreter as
+    the compiled function)."""
     owner = await asyncpg.connect(database.owner_url)
     try:
         await owner.execute(
@@ -327,7 +332,7 @@ async def test_a_reverse_index_finds_rows_through_its_own_columns(
     catalog = Catalog([PROJECT, TASK, replace(STEP, indexes=(by_parent,))], [LIFECYCLE], FACTS)
     delete_task = catalog.command(DELETE_TASK)
     await install(database.owner_url, delete_task)
-    runner = runner_for(db)
+    runner: Runner = runner_for(db) if kind == "compiled" else Interpreting(executor_for(db))
     await seed(runner, "t1", "small")
     await seed(runner, "t2", "large")
     for n in range(MAX_STEPS):
@@ -335,7 +340,8 @@ async def test_a_reverse_index_finds_rows_through_its_own_columns(
     for n in range(MAX_STEPS + 1):
         await ok(runner, "AddStep", org="acme", task_id="t2", step_id=f"s2-{n}", label="x")
     too_many = await runner.run(delete_task, ALICE, {"org": "acme", "task_id": "t2"})
-    assert isinstance(too_many, CommandOutcome) and too_many.name == "TooManySteps"
+    assert isinstance(too_many, CommandOutcome), too_many
+    assert (too_many.name, too_many.data) == ("TooManySteps", {"maximum": MAX_STEPS})
     deleted = await runner.run(delete_task, ALICE, {"org": "acme", "task_id": "t1"})
     assert isinstance(deleted, CommandOutcome) and deleted.name == "Deleted", deleted
     assert await count(db, "SELECT count(*) FROM cmd_step WHERE task_id = 't1'") == 0
@@ -379,11 +385,13 @@ async def test_a_set_value_registration_cannot_type_is_checked_when_it_runs(
     assert row is not None and (row["title"], row["version"]) == ("nick", 2)
 
 
+@pytest.mark.parametrize("kind", RUNNERS)
 async def test_a_return_field_reads_the_acting_principal(
-    db: Database, database: ProvisionedDatabase,
+    db: Database, database: ProvisionedDatabase, kind: str,
 ) -> None:
     """A return field may read a fact of the principal the command ran as
-    (its value in the outcome is that principal's)."""
+    (its value in the outcome is that principal's; the interpreter as the
+    compiled function)."""
     locked_by = CATALOG.command(Command(
         "LockedBy", ORG, Input("task_id", str),
         Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing")),
@@ -391,19 +399,20 @@ async def test_a_return_field_reads_the_acting_principal(
         Return("Locked", by=Fact("id"), revision=Field("task", "version")),
     ))
     await install(database.owner_url, locked_by)
-    runner = runner_for(db)
+    runner: Runner = runner_for(db) if kind == "compiled" else Interpreting(executor_for(db))
     await seed(runner)
     outcome = await runner.run(locked_by, ROOT, {"org": "acme", "task_id": "t1"})
     assert isinstance(outcome, CommandOutcome), outcome
     assert (outcome.name, outcome.data) == ("Locked", {"by": "root", "revision": 2})
 
 
+@pytest.mark.parametrize("kind", RUNNERS)
 async def test_every_requirement_is_checked_after_one_that_holds(
-    db: Database, database: ProvisionedDatabase,
+    db: Database, database: ProvisionedDatabase, kind: str,
 ) -> None:
     """Requirements are checked in their declared order, each of them: the
     first that fails answers its outcome and nothing is written, whatever
-    requirements held before it."""
+    requirements held before it (the interpreter as the compiled function)."""
     guarded = CATALOG.command(Command(
         "RenameQueued", ORG, Input("task_id", str), Input("title", str),
         Mutate("Task", (Var("org"), Var("task_id")), as_="task", else_=Outcome("Missing"),
@@ -415,7 +424,7 @@ async def test_every_requirement_is_checked_after_one_that_holds(
         Return("Renamed"),
     ))
     await install(database.owner_url, guarded)
-    runner = runner_for(db)
+    runner: Runner = runner_for(db) if kind == "compiled" else Interpreting(executor_for(db))
     await seed(runner, "t1", "a")
     await seed(runner, "t2", "b")
     await ok(runner, "StartTask", request_key="s", org="acme", task_id="t2",

@@ -74,7 +74,8 @@ from ..support.sample_commands import (
     executor_for,
     runner_for,
 )
-from .test_commands import C, count, holding, ok, run, seed, task_row
+from .test_commands import C, Runner, count, holding, ok, run, seed, task_row
+from .test_commands_oracle import RUNNERS, Interpreting
 
 
 async def test_inputs_that_do_not_match_the_declaration_are_refused(db: Database) -> None:
@@ -177,13 +178,15 @@ async def test_two_tenants_hold_the_same_id(db: Database) -> None:
     assert await task_row(db, "t1") is not None  # acme's t1 stays
 
 
-async def test_cross_tenant_delete_is_refused(db: Database) -> None:
+@pytest.mark.parametrize("kind", RUNNERS)
+async def test_cross_tenant_delete_is_refused(db: Database, kind: str) -> None:
     """A delete checks the current row against the entity's delete row
     policy (the task's update policy by default): another org's principal
     gets Refused and nothing is deleted; every row a cascade takes is
     checked too (a pinned step needs an admin); the delete affordance says
-    denied exactly when the command answers Refused."""
-    runner = runner_for(db)
+    denied exactly when the command answers Refused (the interpreter as the
+    compiled function)."""
+    runner: Runner = runner_for(db) if kind == "compiled" else Interpreting(executor_for(db))
     await seed(runner)
     await ok(runner, "AddStep", org="acme", task_id="t1", step_id="s1", label="x")
     refused = await run(runner, "DeleteTask", EVE, org="acme", task_id="t1")

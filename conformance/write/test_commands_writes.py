@@ -1,6 +1,6 @@
 """What a command writes, against real Postgres: the impacts of every row a
-cascade takes, the unique values it claims and frees, and the clause named
-when a value reads nothing.
+cascade takes, the unique values it claims and frees, a transition that is a
+command's only effect, and the clause named when a value reads nothing.
 
 Each test states the property it proves (the sample: `sample_commands`);
 each but the typed value_missing runs through the compiled function and
@@ -28,11 +28,14 @@ from service_engine.commands import (
     Create,
     Delete,
     Fact,
+    Field,
     IdempotencyKey,
     Input,
     Mutate,
+    Ne,
     Outcome,
     Read,
+    Require,
     Return,
     Service,
     Set,
@@ -48,12 +51,15 @@ from ..support.sample_commands import (
     CREATE_PROJECT,
     CREATE_TASK,
     DELETE_TASK,
+    EVE,
     FACTS,
+    FINISH_TASK,
     KEY,
     LIFECYCLE,
     ORG,
     PROJECT,
     RENAME_TASK,
+    START_TASK,
     STEP,
     TASK,
     executor_for,
@@ -122,6 +128,52 @@ class Nameless:
 
     org: str = "acme"
     admin: bool = False
+
+
+@pytest.mark.parametrize("kind", RUNNERS)
+async def test_a_principal_without_an_id_keeps_its_records_under_the_empty_scope(
+    db: Database, database: ProvisionedDatabase, kind: str,
+) -> None:
+    """A keyed command run by a principal without an ``id`` stores its
+    outcome under the empty scope: its retry answers from that record and
+    runs nothing."""
+    runner = Installing(db, database, kind)
+    create = CATALOG.command(CREATE_PROJECT)
+    inputs = {"request_key": "k", "org": "acme", "project_id": "p1", "name": "P"}
+    first = await runner.run(create, Nameless(), inputs)
+    assert isinstance(first, CommandOutcome) and first.ok and not first.replayed, first
+    again = await runner.run(create, Nameless(), inputs)
+    assert isinstance(again, CommandOutcome) and again.replayed, again
+    assert (again.name, again.data) == (first.name, first.data)
+    scopes = await db.pool.fetch("SELECT scope FROM service_engine.command_idempotency")
+    assert [r["scope"] for r in scopes] == [""]
+
+
+NAMED_BY_ITS_ID = Command(
+    "NameByItsId", KEY, ORG, Input("project_id", str), IdempotencyKey("request_key"),
+    Create("Project", (Var("org"), Var("project_id")), as_="project",
+           else_=Outcome("ProjectExists")),
+    Require("NotReserved", Ne(Field("project", "id"), Const("reserved")), Outcome("Reserved")),
+    Set("project", "name", Field("project", "id")),
+    Return("Created", name=Field("project", "name")),
+)
+
+
+@pytest.mark.parametrize("kind", RUNNERS)
+async def test_a_create_reads_its_own_key_in_its_requirements_and_sets(
+    db: Database, database: ProvisionedDatabase, kind: str,
+) -> None:
+    """A created row's fields are readable as the command sets them, its key
+    first: a requirement judges the key given, and a set copies it."""
+    runner = Installing(db, database, kind)
+    create = CATALOG.command(NAMED_BY_ITS_ID)
+    made = await ok(runner, create, request_key="a", org="acme", project_id="p1")
+    assert (made.name, made.data) == ("Created", {"name": "p1"})
+    refused = await runner.run(create, ALICE, {"request_key": "b", "org": "acme",
+                                                "project_id": "reserved"})
+    assert isinstance(refused, CommandOutcome) and refused.name == "Reserved", refused
+    rows = await db.pool.fetch("SELECT id, name FROM cmd_project ORDER BY id")
+    assert [tuple(r) for r in rows] == [("p1", "p1")]
 
 
 NAMED_BY_CALLER = Command(
@@ -269,3 +321,32 @@ async def test_a_cascade_frees_the_unique_values_of_the_rows_it_takes(db: Databa
     assert isinstance(held, CommandOutcome) and held.name == "LabelTaken", held
     await ok(runner, LABELLED.command(DELETE_TASK), org="acme", task_id="t1")
     await ok(runner, add, org="acme", task_id="t2", step_id="s2", label="x")
+
+
+@pytest.mark.parametrize("kind", RUNNERS)
+async def test_a_transition_alone_writes_its_state_and_next_revision(
+    db: Database, database: ProvisionedDatabase, kind: str,
+) -> None:
+    """A command whose only effect is a checked transition (FinishTask) is an
+    update like any other: the update row policy judges it (another org's
+    principal is refused and nothing is written), and it writes the new state
+    with the next revision, which it answers."""
+    runner = Installing(db, database, kind)
+    await ok(runner, CATALOG.command(CREATE_PROJECT), request_key="p", org="acme",
+             project_id="p1", name="P")
+    await ok(runner, CATALOG.command(CREATE_TASK), request_key="t", org="acme", task_id="t1",
+             project_id="p1", title="T")
+    await ok(runner, CATALOG.command(START_TASK), request_key="s", org="acme", task_id="t1",
+             expected_revision=1)
+    finish = CATALOG.command(FINISH_TASK)
+    inputs = {"org": "acme", "task_id": "t1", "expected_revision": 2}
+    refused = await runner.run(finish, EVE, inputs)
+    assert isinstance(refused, CommandOutcome), refused
+    assert (refused.name, refused.data) == (
+        "Refused", {"reason": "task.update_denied", "action": "update"})
+    row = await db.pool.fetchrow("SELECT state, version FROM cmd_task WHERE id = 't1'")
+    assert row is not None and tuple(row) == ("running", 2)
+    finished = await ok(runner, finish, **inputs)
+    assert (finished.name, finished.data) == ("Finished", {"revision": 3})
+    row = await db.pool.fetchrow("SELECT state, version FROM cmd_task WHERE id = 't1'")
+    assert row is not None and tuple(row) == ("done", 3)
