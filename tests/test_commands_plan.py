@@ -133,6 +133,7 @@ def test_the_digest_ignores_the_key_and_sees_every_other_input() -> None:
     assert input_digest(CREATE, a) != input_digest(CREATE, {**a, "name": "m"})
 
 
+@pytest.mark.slow
 @given(st.lists(st.tuples(st.sampled_from(["s1", "s2"]), st.text(max_size=3)), max_size=12))
 def test_lock_order_is_one_total_order(items: list[tuple[str, str]]) -> None:
     """Lock order is the same whatever order the rows arrive in and holds each row once, so

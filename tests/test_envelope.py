@@ -375,6 +375,7 @@ def test_a_payload_that_does_not_fit_the_reaction_type_is_a_mismatch() -> None:
         decode_payload(incoming, CardCreated)
 
 
+@pytest.mark.slow
 @given(st.lists(st.text(max_size=8), min_size=1, max_size=4), st.lists(st.text(max_size=8), min_size=1, max_size=4))
 def test_derived_dead_letter_ids_are_distinct_for_distinct_parts(a: list[str], b: list[str]) -> None:
     """Derived dead-letter ids are equal exactly when their parts are equal (property test)."""

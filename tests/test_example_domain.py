@@ -21,6 +21,7 @@ from service_engine import DomainEvent
 IDS = st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True)
 
 
+@pytest.mark.slow
 @given(IDS, st.datetimes(timezones=st.just(UTC)))
 def test_a_cursor_round_trips_a_cards_place(card_id: str, created: datetime) -> None:
     """A card's paging cursor decodes back to its creation time and id (property test)."""

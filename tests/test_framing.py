@@ -123,6 +123,7 @@ def test_hundreds_of_impacts_span_several_frames() -> None:
     assert _reassemble(payloads) == group
 
 
+@pytest.mark.slow
 @settings(suppress_health_check=[HealthCheck.too_slow])
 @given(groups, limits)
 def test_every_payload_is_below_the_limit_and_round_trips(group: list[Impact], limit: int) -> None:
@@ -136,6 +137,7 @@ def test_every_payload_is_below_the_limit_and_round_trips(group: list[Impact], l
         assert _reassemble(payloads) == group
 
 
+@pytest.mark.slow
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 @given(many_impacts())
 def test_many_impacts_stay_below_8000_bytes(group: list[Impact]) -> None:
@@ -251,6 +253,7 @@ def test_same_impacts_same_bytes() -> None:
     assert encode_group("g1", one) == encode_group("g1", two)
 
 
+@pytest.mark.slow
 @given(groups)
 def test_encoding_is_deterministic(group: list[Impact]) -> None:
     """Re-encoding the impacts parsed from a group's frames gives the same payloads (property test)."""

@@ -425,6 +425,7 @@ async def _latest_cron_slot(db: Database) -> datetime | None:
     return value
 
 
+@pytest.mark.slow
 async def test_s176_a_full_backlog_with_nats_down_keeps_the_beat_ticking(
     db: Database, nats_server: EmbeddedNats
 ) -> None:

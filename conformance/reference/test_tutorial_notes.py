@@ -186,6 +186,7 @@ serve_embedded(SERVICE, "notes", migrations=Path(sys.argv[1]), data=Path(sys.arg
 """The tutorial's ``__main__``, its data folder and address the test's."""
 
 
+@pytest.mark.slow
 async def test_serve_embedded_serves_the_service_until_interrupted(tmp_path: Path) -> None:
     """`serve_embedded`, as the tutorial's ``__main__`` calls it, starts
     Postgres and NATS under its data folder, applies the tutorial's

@@ -85,6 +85,7 @@ class Watched:
         self.requests.append(request.url)
 
 
+@pytest.mark.slow
 async def test_a_poison_message_dead_letter_appears_is_retried_from_the_page_and_disappears(
     db: Database, streams: EmbeddedNats, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -145,6 +146,7 @@ async def _count(rows: Any, n: int) -> bool:
     return len(await rows) == n
 
 
+@pytest.mark.slow
 async def test_a_passport_without_the_ops_role_gets_no_data(
     db: Database, nats_server: EmbeddedNats
 ) -> None:
@@ -183,6 +185,7 @@ async def test_a_passport_without_the_ops_role_gets_no_data(
     assert await DeadLetters(db).get(letter.id) is not None
 
 
+@pytest.mark.slow
 async def test_the_page_shows_live_sessions_per_projector_and_the_rates(
     db: Database, nats_server: EmbeddedNats
 ) -> None:

@@ -358,6 +358,7 @@ async def test_shutdown_closes_wire_sockets_1012_and_stops_their_operations(
         assert view.open_sockets == 0
 
 
+@pytest.mark.slow
 async def test_a_reader_that_stops_pauses_its_operation_and_shutdown_aborts_it_past_the_grace(
     db: Database,
 ) -> None:

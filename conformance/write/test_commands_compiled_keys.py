@@ -14,6 +14,7 @@ from service_engine.embedded import ProvisionedDatabase
 from .test_commands_compiled import Grammar, _example
 
 
+@pytest.mark.slow
 def test_a_key_read_from_a_fact_of_the_wrong_type_names_no_row(
     database: ProvisionedDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import asyncpg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -205,6 +206,7 @@ async def _staging(
         return MutationError(INVALID_INPUT, str(exc))
 
 
+@pytest.mark.slow
 def test_the_samples_compiled_commands_equal_the_interpreter(
     database: ProvisionedDatabase,
 ) -> None:

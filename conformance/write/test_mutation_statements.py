@@ -293,6 +293,7 @@ async def test_the_inlined_offer_marks_read_back_exactly_in_postgres(db: Databas
     ]
 
 
+@pytest.mark.slow
 async def test_the_commits_of_one_coalescing_window_ride_one_drain_pass(
     store: ProvisionedDatabase, nats_server: EmbeddedNats
 ) -> None:
