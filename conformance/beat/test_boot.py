@@ -153,14 +153,25 @@ async def test_s136_schema_version_singleton(db: Database) -> None:
     async with running(first):
         await wait_until(lambda: first_ready.is_up, what="first pod UP")
         # The row goes stale (its heartbeat lapses): another version claims it.
-        await db.pool.execute(
-            "UPDATE service_engine.schema_version SET heartbeat_at = now() - interval '1 hour'"
-        )
-        third_ready = ReadinessHandle()
-        # The first pod's beat may refresh the row first; retry until the
-        # stale window is caught (the liveness here is short).
+        # The first pod's beat may refresh the row first (a refresh committed
+        # while the claim waited on the row is live to it, whatever the
+        # liveness); make it stale again and retry until the stale window is
+        # caught (bounded: the liveness here is short).
         short = config(schema_version_liveness=timedelta(milliseconds=1)).with_service_version("3.0.0")
-        third = await Engine.boot(short, db, None, third_ready)
+        claimed: list[Engine] = []
+
+        async def third_claims() -> bool:
+            await db.pool.execute(
+                "UPDATE service_engine.schema_version SET heartbeat_at = now() - interval '1 hour'"
+            )
+            try:
+                claimed.append(await Engine.boot(short, db, None, ReadinessHandle()))
+            except SchemaVersionConflict:
+                return False
+            return True
+
+        await wait_until(third_claims, what="another version claims the stale row")
+        third = claimed[0]
         assert third.version.service_version == "3.0.0"
         # The first pod, still running, now finds a live row of another
         # version: it is displaced and goes DOWN.
