@@ -300,9 +300,12 @@ class Oracle:
         lies = [s for s in self.ctx.samples if s.up is False and not covered(s.at, s.reasons)]
         self.found.steady_down = len(lies)
         if lies:
+            # Each with its pod, its time on the run's clock (as `say` prints
+            # it) and the details its readiness gave, to place it in the run.
             self.ctx.violations.append(
                 f"{len(lies)} DOWN answers outside outages: "
-                f"{sorted({r for s in lies for r in s.reasons})}")
+                f"{sorted({r for s in lies for r in s.reasons})}: " + "; ".join(
+                    f"{s.pod} at {s.at - self.ctx.began:.1f}s {s.details}" for s in lies[:5]))
 
 
 @dataclass(frozen=True)
