@@ -120,3 +120,4 @@ def test_only_the_stores_own_writes_are_inlined() -> None:
     assert (own.create_inlined(note), own.save_inlined(note), own.delete_inlined(note)) == (
         None, None, None)
     assert store.create_inlined(Note("n1", "acme", cast(Any, float("nan")))) is None
+    assert store.delete_inlined(Note(cast(Any, float("nan")), "acme", "hello")) is None

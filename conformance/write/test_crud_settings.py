@@ -18,7 +18,14 @@ from service_engine import CrudStore, Database, Mutation, MutationError, Success
 from service_engine.embedded import ProvisionedDatabase
 
 from ..support.harness import Statements, logged_pool, owner_connection
-from ..support.sample_counter import WRITER, executor_for
+from ..support.sample_counter import (
+    WRITER,
+    CrudCounter,
+    CrudCounterStore,
+    create_counter,
+    executor_for,
+    increment,
+)
 
 
 @dataclass
@@ -37,6 +44,18 @@ class MisfiledStore(CrudStore[Misfiled, str]):
 
 
 Misfiled.Store = MisfiledStore()
+
+
+class TaggedCounter(CrudCounter):
+    """A counter whose every write runs under ``app.tag = 'on'``."""
+
+
+class TaggedStore(CrudCounterStore):
+    def settings(self, aggregate: CrudCounter) -> Mapping[str, str]:
+        return {"app.tag": "on"}
+
+
+TaggedCounter.Store = TaggedStore(TaggedCounter)
 
 
 @pytest.fixture
@@ -115,3 +134,31 @@ async def test_a_write_the_policy_refuses_or_cannot_see_commits_nothing(
         assert isinstance(outcome, MutationError) and outcome.code == "not_found", outcome
     assert await _org_rows(store, "acme") == {"b-1": "one"}
     assert await _org_rows(store, "elsewhere") == {}
+
+
+async def bump_then_read(cx: Mutation[Any], key: str, other: str) -> None:
+    """A pinned row's save, then a statement with parameters: the save goes alone first."""
+    counter = await cx.load(TaggedCounter, key)
+    counter.increment(1, cx.principal.id)
+    await cx.save(counter)
+    await cx.load_optional(TaggedCounter, other)
+
+
+async def test_a_pinned_rows_save_runs_under_the_settings_wherever_it_rides(
+    database: ProvisionedDatabase, db: Database,
+) -> None:
+    """A table that admits a write only under a setting (a check on
+    ``current_setting``): a store naming it in ``settings`` creates, saves a
+    row it loaded (the UPDATE riding with COMMIT) and saves it before a
+    later statement with parameters (the UPDATE alone), each under the
+    setting; a store without it is refused, so the check is real."""
+    async with owner_connection(database) as conn:
+        await conn.execute("ALTER TABLE sample_counter_crud ADD CONSTRAINT tagged"
+                           " CHECK (coalesce(current_setting('app.tag', true), '') = 'on') NOT VALID")
+    executor = executor_for(db)
+    refused = await executor.ack(WRITER, create_counter, CrudCounter, "plain")
+    assert isinstance(refused, MutationError), refused
+    assert await executor.ack(WRITER, create_counter, TaggedCounter, "t1") == Success()
+    assert await executor.ack(WRITER, increment, TaggedCounter, "t1") == Success()
+    assert await executor.ack(WRITER, bump_then_read, "t1", "t2") == Success()
+    assert await db.pool.fetchval("SELECT value FROM sample_counter_crud WHERE id = 't1'") == 2
