@@ -271,8 +271,7 @@ def parse_passport(value: str | None) -> Passport:
     setattr_(passport, "sub", sub)
     setattr_(passport, "actor", document.get("actor") or sub)
     setattr_(passport, "org", None if org is None else sys.intern(org))
-    setattr_(passport, "roles",
-             tuple(dict.fromkeys(sys.intern(role) for role in roles)) if roles else ())
+    setattr_(passport, "roles", tuple(dict.fromkeys(map(sys.intern, roles))) if roles else ())
     setattr_(passport, "kind", sys.intern(document.get("kind", "person")))
     setattr_(passport, "claims", MappingProxyType(claims) if claims else _NO_CLAIMS)
     return passport
