@@ -10,7 +10,7 @@ from typing import Any, ClassVar, cast
 import pytest
 
 from service_engine import Aggregate, CrudStore
-from service_engine.errors import DeclarationError
+from service_engine.errors import ConfigError, DeclarationError
 
 
 @dataclass
@@ -90,7 +90,16 @@ def test_settings_that_are_not_text_are_refused_with_the_store_named() -> None:
         def settings(self, aggregate: Note) -> dict[str, str]:
             return {"app.current_org_id": "a\x00b"}
 
-    for store in (Numbered(), Nul()):
+    class NulName(NoteStore):
+        def settings(self, aggregate: Note) -> dict[str, str]:
+            return {"app.\x00": "acme"}
+
+    class NoneToday(NoteStore):
+        def settings(self, aggregate: Note) -> dict[str, str]:
+            return {}
+
+    assert NoneToday().settings_sql(Note("n1", "acme", "hello")) == ""
+    for store in (Numbered(), Nul(), NulName()):
         with pytest.raises(DeclarationError, match=type(store).__qualname__):
             store.settings_sql(Note("n1", "acme", "hello"))
 
@@ -121,3 +130,15 @@ def test_only_the_stores_own_writes_are_inlined() -> None:
         None, None, None)
     assert store.create_inlined(Note("n1", "acme", cast(Any, float("nan")))) is None
     assert store.delete_inlined(Note(cast(Any, float("nan")), "acme", "hello")) is None
+
+
+def test_an_inlined_write_needs_every_column_of_its_row() -> None:
+    """A `to_row` that leaves a column out is a `ConfigError` naming the
+    store and the columns, before anything is sent."""
+
+    class Short(NoteStore):
+        def to_row(self, aggregate: Note) -> dict[str, object]:
+            return {"id": aggregate.id}
+
+    with pytest.raises(ConfigError, match=r"\.Short\.to_row lacks columns \['org', 'body'\]$"):
+        Short().create_inlined(Note("n1", "acme", "hello"))

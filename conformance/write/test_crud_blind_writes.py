@@ -34,12 +34,15 @@ from ..support.sample_counter import (
 
 
 class OwnWrites(CrudCounter):
-    """A counter whose store has its own save and delete, and a setting."""
+    """A counter whose store has its own create, save and delete, and a setting."""
 
 
 class OwnWritesStore(CrudCounterStore):
     def settings(self, aggregate: CrudCounter) -> Mapping[str, str]:
         return {"app.tag": "on"}
+
+    async def create(self, conn: Any, aggregate: CrudCounter) -> None:
+        await super().create(conn, aggregate)
 
     async def save(self, conn: Any, aggregate: CrudCounter) -> None:
         await super().save(conn, aggregate)
@@ -62,6 +65,11 @@ async def put(cx: Mutation[Any], style: type[CrudCounter], key: str, *values: in
 
 async def drop(cx: Mutation[Any], style: type[CrudCounter], key: str) -> None:
     await cx.delete(counter(style, key, 0))
+
+
+async def create_then_put(cx: Mutation[Any], style: type[CrudCounter], key: str) -> None:
+    await cx.create(counter(style, key, 1))
+    await cx.save(counter(style, key, 2))
 
 
 async def _pipeline(db: Database, handler: Any, *args: Any) -> Any:
@@ -93,23 +101,34 @@ async def test_a_blind_save_or_delete_rides_with_its_lock(
     assert dropped[0].split("; ")[3].startswith('DELETE FROM "sample_counter_crud"'), dropped
     assert saved[-1].startswith("COMMIT") and dropped[-1].startswith("COMMIT")
     assert await db.pool.fetchval("SELECT count(*) FROM sample_counter_crud WHERE id = 'k1'") == 0
+    statements.take()
+    assert await executor.ack(WRITER, create_then_put, CrudCounter, "k2") == Success()
+    both = [s for s in statements.take() if "typeinfo_tree" not in s]
+    assert len(both) == 3 and both[0].count("pg_advisory_xact_lock") == 1, both
+    assert both[1].startswith('UPDATE "sample_counter_crud"') and "$1" in both[1], both
 
 
 async def test_a_blind_writes_refusals_name_its_key_stage_and_lock(
     database: ProvisionedDatabase, db: Database,
 ) -> None:
-    """On the inlined path and on a store's own save alike: a missing row is
-    `NotFound` naming its key, a value the table's check refuses is a
-    `ConstraintViolation` at stage ``save``; the own save runs under the
-    store's settings (a check on ``current_setting`` admits it); a key whose
-    advisory lock is held elsewhere is refused as ``lock_timeout``."""
+    """On the inlined path and on a store's own writes alike: a taken key is
+    a `ConstraintViolation` at stage ``create``, a missing row `NotFound`
+    naming its key, a value the table's check refuses a violation at stage
+    ``save``; the own create and save run under the store's settings (a
+    check on ``current_setting`` admits them, and refuses a store without
+    them); a key whose advisory lock is held elsewhere is ``lock_timeout``."""
     async with owner_connection(database) as conn:
         await conn.execute("ALTER TABLE sample_counter_crud ADD CONSTRAINT tagged CHECK"
                            " (id NOT LIKE 'own%' OR coalesce(current_setting('app.tag', true), '') = 'on')"
                            " NOT VALID")
     executor = executor_for(db, lock_timeout=timedelta(milliseconds=200))
+    refused = await executor.ack(WRITER, create_counter, CrudCounter, "own-untagged")
+    assert isinstance(refused, MutationError), refused  # the check is real
     for style, key in ((CrudCounter, "c1"), (OwnWrites, "own1")):
         assert await executor.ack(WRITER, create_counter, style, key) == Success()
+        with pytest.raises(ConstraintViolation) as taken:
+            await _pipeline(db, create_counter, style, key)
+        assert (taken.value.kind, taken.value.stage) == ("unique", Stage.CREATE)
         with pytest.raises(NotFound) as missing:
             await _pipeline(db, put, style, f"{key}-none", 1)
         assert missing.value.key == f"{key}-none"

@@ -411,8 +411,9 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
         in one statement once the transaction has begun (`create_locked`,
         prepared; a refused lock is LockTimeout at stage create); otherwise
         inlined behind the lock (and BEGIN, while deferred) and the store's
-        `settings`. A store with its own `create`, or a value without an
-        exact JSON text, takes the lock (and settings) first."""
+        `settings`. With the lock held and no settings, or for a store with
+        its own `create` or a value without an exact JSON text, the store's
+        `create` runs after the lock (and settings)."""
         settings = store.settings_sql(aggregate)
         if (
             not settings and store.creates_locked
@@ -425,7 +426,7 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
             self._tx.note_locked(identity)
             return
         inlined = store.create_inlined(aggregate)
-        if inlined is not None:
+        if inlined is not None and (settings or not self._tx.holds_lock(identity)):
             await self._lock_all([(store, key)], batched(settings, inlined), Stage.CREATE)
             return
         await self._lock_all([(store, key)], settings, Stage.CREATE)
