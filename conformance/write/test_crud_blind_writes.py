@@ -67,7 +67,10 @@ async def drop(cx: Mutation[Any], style: type[CrudCounter], key: str) -> None:
     await cx.delete(counter(style, key, 0))
 
 
-async def create_then_put(cx: Mutation[Any], style: type[CrudCounter], key: str) -> None:
+async def create_then_put(cx: Mutation[Any], style: type[CrudCounter], key: str,
+                          after: str | None = None) -> None:
+    if after is not None:  # BEGIN rides with another key's lock and load first
+        await cx.load_optional(style, after)
     await cx.create(counter(style, key, 1))
     await cx.save(counter(style, key, 2))
 
@@ -82,7 +85,9 @@ async def test_a_blind_save_or_delete_rides_with_its_lock(
 ) -> None:
     """A save of a row not loaded is one round trip with BEGIN and its lock,
     a second save of it (the lock held) the store's prepared UPDATE, and a
-    delete one round trip with its lock; then COMMIT's."""
+    delete one round trip with its lock; then COMMIT's. A create holds its
+    key's lock for a save after it, whether the lock rode with BEGIN or with
+    the INSERT."""
     db, statements = logged
     executor = executor_for(db)
     for key in ("warm", "k1"):
@@ -106,6 +111,10 @@ async def test_a_blind_save_or_delete_rides_with_its_lock(
     both = [s for s in statements.take() if "typeinfo_tree" not in s]
     assert len(both) == 3 and both[0].count("pg_advisory_xact_lock") == 1, both
     assert both[1].startswith('UPDATE "sample_counter_crud"') and "$1" in both[1], both
+    assert await executor.ack(WRITER, create_then_put, CrudCounter, "k3", "k2") == Success()
+    later = [s for s in statements.take() if "typeinfo_tree" not in s]
+    assert len(later) == 5 and "pg_advisory_xact_lock" in later[2], later  # the create's own
+    assert later[3].startswith('UPDATE "sample_counter_crud"') and "$1" in later[3], later
 
 
 async def test_a_blind_writes_refusals_name_its_key_stage_and_lock(
