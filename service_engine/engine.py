@@ -40,7 +40,7 @@ from .pipeline import MutationExecutor
 from .pipeline.ops import Ops
 from .pipeline.run import run_pipeline
 from .preflight import check_boot, check_start
-from .principal_facts import PrincipalFactLoader, PrincipalFactLoaders
+from .principal_facts import PrincipalFactBatchLoader, PrincipalFactLoader, PrincipalFactLoaders
 from .readiness import REASON_BOOTING, REASON_SHUTTING_DOWN, ReadinessHandle
 from .render.projector import Projector, RlsApplier
 from .render.registry import RenderRegistry
@@ -229,13 +229,18 @@ class Engine:
                 raise DuplicateRegistration("command", command.name)
             self._commands[command.name] = command
 
-    def register_principal_fact(self, loader: PrincipalFactLoader) -> None:
+    def register_principal_fact(
+        self, loader: PrincipalFactLoader | PrincipalFactBatchLoader, *, many: bool = False
+    ) -> None:
         """Run ``loader`` (``async (principal) -> principal`` with the slice's
         fact) right after every principal is resolved and on a
         principal-facts refresh (through `load_principal_facts` unless the
-        service registered its own refresh). A failing loader is fail-closed."""
+        service registered its own refresh). With ``many=True`` the loader
+        takes the list of principals resolved in one loop turn and answers
+        the list (``async (principals) -> principals``, in order): one read
+        for a burst of sockets. A failing loader is fail-closed."""
         first = not len(self.principal_facts)
-        self.principal_facts.register(loader)
+        self.principal_facts.register(loader, many=many)
         if first:
             with contextlib.suppress(DuplicateRegistration):
                 self.render.register_principal_refresh(self.load_principal_facts)
