@@ -99,7 +99,7 @@ async def test_a_wrong_answer_is_a_refusal(answer: object) -> None:
         return answer(principals)
 
     loaders = PrincipalFactLoaders()
-    loaders.register(teams, many=True)  # type: ignore[arg-type]
+    loaders.register(teams, many=True)
     results = await asyncio.gather(loaders.load(Who("a")), loaders.load(Who("b")),
                                    return_exceptions=True)
     assert all(isinstance(r, PrincipalFactLoadFailed) for r in results), results
