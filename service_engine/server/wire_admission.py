@@ -22,7 +22,6 @@ from strawberry.types.unset import UnsetType
 from uvicorn.config import WS_PROTOCOLS
 from uvicorn.importer import import_from_string
 from uvicorn.server import ServerState
-from websockets.datastructures import Headers as WsHeaders
 from websockets.http11 import Request, Response
 
 from . import wire_protocol as wp
@@ -68,12 +67,20 @@ class WireRequest:
     def headers(self) -> Headers:
         return Headers(raw=self._raw())
 
-    def upgrade(self) -> Request:
-        """The upgrade request again, for websockets' ``accept`` (which
-        reads only its headers)."""
-        return Request(self.path, WsHeaders(
-            [(name.decode("latin-1"), value.decode("latin-1")) for name, value in self._raw()]
-        ))
+    def get(self, name: str) -> str | None:
+        """The value of the header ``name`` (its first, as ``headers.get``
+        answers), found in the one bytes object without parsing the rest."""
+        key = name.lower().encode("latin-1") + b": "
+        blob = self._headers
+        if blob.startswith(key):
+            start = len(key)
+        else:
+            at = blob.find(b"\r\n" + key)
+            if at < 0:
+                return None
+            start = at + 2 + len(key)
+        end = blob.find(b"\r\n", start)
+        return blob[start:end if end >= 0 else len(blob)].decode("latin-1")
 
     @property
     def scope(self) -> Mapping[str, Any]:
@@ -221,15 +228,12 @@ class SocketAdmission(SocketState):
             self._slot = True
             self._admitted()
             return
-        # A burst holds every slot: wait for one, unanswered, holding only
-        # the upgrade's headers as `WireRequest`'s one bytes object: neither
-        # the parsed request (nor websockets' parser that keeps it) nor the
-        # response, rebuilt when the slot comes. Thousands of sockets wait
-        # here in a burst; their parsed headers (~70 small blocks a socket)
-        # would be freed only after the sessions admitted meanwhile had
-        # filled the heap around them.
-        self.response = None
-        # Nor a task: it waits in the endpoint's queue (`_release_slot`).
+        # A burst holds every slot: wait for one, unanswered, holding the
+        # upgrade's headers as `WireRequest`'s one bytes object and the
+        # response websockets' `accept` built (sent as it is when the slot
+        # comes: the handshake is validated and answered once), not the
+        # parsed request. No task: it waits in the endpoint's queue
+        # (`_release_slot`).
         self._unanswered = True
         self._endpoint.gate(self.loop).unanswered.append(self)
 
@@ -237,20 +241,12 @@ class SocketAdmission(SocketState):
         """A handshake slot came for this unanswered socket (`AttachGate.answer_next`)."""
         self._slot = True
         self._unanswered = False
-        assert self.request is not None
-        response = self.response = self.conn.accept(self.request.upgrade())
-        self._deflate = bool(self.conn.extensions)
-        if response.status_code != 101:  # accepted once already: not expected
-            self._release_slot()
-            self._send_response_and_close(response)
-            self._ended()
-            return
         self._admitted()
 
     def _admitted(self) -> None:
         view = self._endpoint.view
         assert self.request is not None
-        if not view.origin_allowed(self.request.headers):
+        if not view.origin_allowed(self.request):
             self._reject()
             self._ended()
             return
