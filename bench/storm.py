@@ -14,7 +14,9 @@ defaults (``ws_max_sockets`` not raised), and:
   restart brings: every client reconnecting). Reported: how many reached
   their first frame (the Reset), how many were refused (1013) or failed, and
   the seconds from the burst's start to the first frame of the last one
-  (``all_s``; the target is 2.5 s for 5,000) with the p50 / p99 over sockets,
+  (``all_s``; the target is 2.5 s for 5,000) with the p50 / p99 over sockets
+  (and the p50 / max of when the upgrade was answered and the
+  ``connection_ack`` came),
   and the service's CPU seconds (user + sys) from the burst's start until
   every socket was live (``cpu_s``) and per attach (``cpu_ms_per_attach``),
   and this process's (the client's) over the same time (``client_cpu_s``).
@@ -96,6 +98,8 @@ class StormSocket(asyncio.Protocol):
         self.live: asyncio.Future[None] = loop.create_future()
         self.lost: asyncio.Future[None] = loop.create_future()
         self.first_at = 0.0
+        self.upgraded_at = 0.0
+        self.acked_at = 0.0
         self.close_code: int | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -114,6 +118,7 @@ class StormSocket(asyncio.Protocol):
                 self._fail(f"upgrade refused: {buffer[:end].splitlines()[0]!r}")
                 return
             self._upgraded = True
+            self.upgraded_at = time.perf_counter()
             assert self._transport is not None
             self._transport.write(self._frames.init)  # on ``open``, as a client does
             buffer = buffer[end + 4:]
@@ -151,6 +156,7 @@ class StormSocket(asyncio.Protocol):
                 self._fail(f"not an ack: {payload[:80]!r}")
                 return
             self._acked = True
+            self.acked_at = time.perf_counter()
             assert self._transport is not None
             self._transport.write(self._frames.subscribe)
             return
@@ -228,8 +234,11 @@ async def storm(svc: Service, count: int, n_orgs: int, tag: str) -> dict[str, An
         await asyncio.wait_for(asyncio.gather(*(s.live for s in sockets),
                                               return_exceptions=True), 120)
     cpu, own = svc.cpu() - cpu0, time.process_time() - own0
-    firsts = [s.first_at - begin for s in sockets
-              if s.live.done() and not s.live.cancelled() and s.live.exception() is None]
+    live = [s for s in sockets
+            if s.live.done() and not s.live.cancelled() and s.live.exception() is None]
+    firsts = [s.first_at - begin for s in live]
+    upgraded = [s.upgraded_at - begin for s in live]
+    acked = [s.acked_at - begin for s in live]
     refused = sum(1 for s in sockets if s.close_code == 1013)
     rss = svc.rss()
     async with httpx.AsyncClient(base_url=f"http://{svc.addr}") as http:
@@ -239,6 +248,8 @@ async def storm(svc: Service, count: int, n_orgs: int, tag: str) -> dict[str, An
             "failed": count - len(firsts) - refused,
             "all_s": round(max(firsts, default=float("nan")), 3),
             "p50_s": round(pct(firsts, 0.5), 3), "p99_s": round(pct(firsts, 0.99), 3),
+            "upgraded_p50_max_s": (round(pct(upgraded, 0.5), 3), round(max(upgraded), 3)),
+            "acked_p50_max_s": (round(pct(acked, 0.5), 3), round(max(acked), 3)),
             "cpu_s": round(cpu, 2),
             "cpu_ms_per_attach": round(cpu / max(1, len(firsts)) * 1e3, 3),
             "client_cpu_s": round(own, 2),
