@@ -19,7 +19,8 @@ defaults (``ws_max_sockets`` not raised), and:
   ``connection_ack`` came),
   and the service's CPU seconds (user + sys) from the burst's start until
   every socket was live (``cpu_s``) and per attach (``cpu_ms_per_attach``),
-  and this process's (the client's) over the same time (``client_cpu_s``).
+  and this process's (the client's) and Postgres's over the same time
+  (``client_cpu_s``, ``postgres_cpu_s``).
 * leak: ``--cycles`` cycles of opening ``--cycle-sockets`` sessions at once
   and closing them all; the service's RSS after each cycle once the pod has
   no live session and its RSS stopped moving. ``drift`` is the RSS after the
@@ -57,6 +58,7 @@ from e2e import (
     SUBSCRIPTION,
     Service,
     Subscriber,
+    cpu_seconds,
     open_subscriber,
     passport,
     series,
@@ -65,6 +67,20 @@ from e2e import (
 )
 from websockets.frames import Close, Frame, Opcode
 from websockets.http11 import USER_AGENT
+
+
+def postgres_cpu(svc: Service) -> float:
+    """The CPU seconds of the service's embedded Postgres: its postmaster
+    and the backends running now (the pool's connections)."""
+    total = 0.0
+    for pid_file in svc.data.rglob("postmaster.pid"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            root = int(pid_file.read_text().split()[0])
+            children = Path(f"/proc/{root}/task/{root}/children").read_text().split()
+            for pid in (root, *map(int, children)):
+                with contextlib.suppress(OSError):
+                    total += cpu_seconds(pid)
+    return total
 
 
 def pct(values: list[float], q: float) -> float:
@@ -224,7 +240,7 @@ async def storm(svc: Service, count: int, n_orgs: int, tag: str) -> dict[str, An
     """``count`` sockets opened at once; when each got its first frame."""
     orgs = [f"{tag}o{j}" for j in range(n_orgs)]
     frames = Frames(svc.addr)
-    cpu0, own0 = svc.cpu(), time.process_time()
+    cpu0, own0, pg0 = svc.cpu(), time.process_time(), postgres_cpu(svc)
     begin = time.perf_counter()
     opened = await asyncio.gather(*(
         open_storm_socket(frames, f"{tag}u{i}", orgs[i % n_orgs]) for i in range(count)
@@ -233,7 +249,7 @@ async def storm(svc: Service, count: int, n_orgs: int, tag: str) -> dict[str, An
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.gather(*(s.live for s in sockets),
                                               return_exceptions=True), 120)
-    cpu, own = svc.cpu() - cpu0, time.process_time() - own0
+    cpu, own, pg = svc.cpu() - cpu0, time.process_time() - own0, postgres_cpu(svc) - pg0
     live = [s for s in sockets
             if s.live.done() and not s.live.cancelled() and s.live.exception() is None]
     firsts = [s.first_at - begin for s in live]
@@ -252,7 +268,7 @@ async def storm(svc: Service, count: int, n_orgs: int, tag: str) -> dict[str, An
             "acked_p50_max_s": (round(pct(acked, 0.5), 3), round(max(acked), 3)),
             "cpu_s": round(cpu, 2),
             "cpu_ms_per_attach": round(cpu / max(1, len(firsts)) * 1e3, 3),
-            "client_cpu_s": round(own, 2),
+            "client_cpu_s": round(own, 2), "postgres_cpu_s": round(pg, 2),
             "rss_held_mb": round(rss, 1)}
 
 
