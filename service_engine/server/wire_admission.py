@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import http
 import logging
 import sys
 from collections import deque
@@ -22,6 +23,7 @@ from strawberry.types.unset import UnsetType
 from uvicorn.config import WS_PROTOCOLS
 from uvicorn.importer import import_from_string
 from uvicorn.server import ServerState
+from websockets.datastructures import Headers as WsHeaders
 from websockets.http11 import Request, Response
 
 from . import wire_protocol as wp
@@ -140,6 +142,9 @@ class AttachGate:
         self.free += 1
 
 
+_SWITCHING = http.HTTPStatus.SWITCHING_PROTOCOLS.phrase
+"""The reason phrase of a 101 (websockets' ``accept`` answers with it)."""
+
 TURN_AFTER_ACK = 2.0
 """Seconds an acknowledged socket keeps its attach turn waiting for its
 first operation's first answer (at most the init timeout): a socket that
@@ -230,17 +235,29 @@ class SocketAdmission(SocketState):
             return
         # A burst holds every slot: wait for one, unanswered, holding the
         # upgrade's headers as `WireRequest`'s one bytes object and the
-        # response websockets' `accept` built (sent as it is when the slot
-        # comes: the handshake is validated and answered once), not the
-        # parsed request. No task: it waits in the endpoint's queue
-        # (`_release_slot`).
-        self._unanswered = True
+        # headers of websockets' accepting response as one string (the
+        # response is rebuilt from them when the slot comes: the handshake
+        # is validated and accepted once). Neither the parsed request (nor
+        # websockets' parser that keeps it) nor the response: thousands of
+        # sockets wait here in a burst, and their parsed headers (~70 small
+        # blocks a socket) would be freed only after the sessions admitted
+        # meanwhile had filled the heap around them.
+        response = self.response
+        assert response is not None
+        self.response = None
+        self._unanswered = "\r\n".join(
+            f"{name}: {value}" for name, value in response.headers.raw_items())
+        # No task: it waits in the endpoint's queue (`_release_slot`).
         self._endpoint.gate(self.loop).unanswered.append(self)
 
     def _slot_taken(self) -> None:
         """A handshake slot came for this unanswered socket (`AttachGate.answer_next`)."""
         self._slot = True
-        self._unanswered = False
+        headers, self._unanswered = self._unanswered, None
+        assert headers is not None
+        self.response = Response(101, _SWITCHING, WsHeaders(
+            [cast(tuple[str, str], tuple(line.split(": ", 1))) for line in headers.split("\r\n")]
+        ))
         self._admitted()
 
     def _admitted(self) -> None:
