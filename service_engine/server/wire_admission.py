@@ -53,9 +53,9 @@ class WireRequest:
 
     def __init__(self, headers: Iterable[tuple[str, str]], path: str,
                  client: tuple[str, int] | None) -> None:
-        self._headers = b"\r\n".join(
-            f"{key.lower()}: {value}".encode("latin-1") for key, value in headers
-        )
+        self._headers = "\r\n".join(
+            [f"{key.lower()}: {value}" for key, value in headers]
+        ).encode("latin-1")
         self.path = path
         self.client = client
 
