@@ -23,7 +23,13 @@ from .config import EngineConfig
 from .db.pool import Database
 from .db.schema_version import VersionIdentity
 from .erasure import Eraser, ErasureResult
-from .failures import DuplicateRegistration, EngineError, ShuttingDown, WorkerStopped
+from .failures import (
+    DuplicateRegistration,
+    EngineError,
+    NestedConnectionError,
+    ShuttingDown,
+    WorkerStopped,
+)
 from .impacts.model import JsonValue
 from .impacts.transport import PgListenNotify
 from .integration.component import Integration
@@ -102,7 +108,7 @@ class Engine:
             serve=self.register_projector, nats_health=self.integration.nats_health,
             accepting=self.ensure_accepting,
         )
-        self.principal_facts = PrincipalFactLoaders()
+        self.principal_facts = PrincipalFactLoaders(inline=self._holds_connection)
         """The slices' principal fact loaders (`register_principal_fact`)."""
         self._eraser = Eraser(
             db, config, lanes=self.lanes.accumulators, blobs=self.blobs,
@@ -246,6 +252,16 @@ class Engine:
                 self.render.register_principal_refresh(self.load_principal_facts)
 
     load_principal_facts = Delegate("principal_facts", PrincipalFactLoaders.load)
+
+    def _holds_connection(self) -> bool:
+        """Whether the current task holds a connection of the pool (a
+        handler's): its principal facts load in it, where a loader reaching
+        the pool is refused (`NestedConnectionError`), not in a batch's task."""
+        try:
+            self.db.refuse_nested("load_principal_facts")
+        except NestedConnectionError:
+            return True
+        return False
 
     # -- scopes (`Scopes`) ------------------------------------------------
 

@@ -81,9 +81,15 @@ class _Batch:
 
 class PrincipalFactLoaders:
     """The loaders of one engine, run in registration order over the
-    principals asked for in one loop turn."""
+    principals asked for in one loop turn.
 
-    def __init__(self) -> None:
+    ``inline()`` says whether the calling task must load its principal in
+    its own task, alone (the engine's: the task holds a connection of the
+    pool, inside a handler, where a loader reaching the pool is refused as
+    any nested acquire is; a batch's task would wait for the pool instead)."""
+
+    def __init__(self, inline: Callable[[], bool] = lambda: False) -> None:
+        self._inline = inline
         self._loaders: list[_Loader] = []
         self._batch: _Batch | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -104,9 +110,15 @@ class PrincipalFactLoaders:
         when a loader raises or answers nothing for it.
 
         The principals asked for in the same loop turn are loaded together,
-        from one task started in the next turn."""
+        from one task started in the next turn (unless ``inline()``: then in
+        the caller's task, alone)."""
         if not self._loaders:
             return principal
+        if self._inline():
+            (loaded,) = await self._load_all([principal])
+            if isinstance(loaded, PrincipalFactLoadFailed):
+                raise loaded
+            return loaded
         loop = asyncio.get_running_loop()
         batch = self._batch
         if batch is None or batch.taken or batch.loop is not loop:
@@ -152,6 +164,9 @@ class PrincipalFactLoaders:
             subset = [results[i] for i in live]
             if loader.many:
                 answered = await self._many(loader, subset)
+            elif len(subset) == 1:
+                # In this task: an inline caller's loaders run in its own.
+                answered = [await self._one(loader, subset[0])]
             else:
                 answered = list(await asyncio.gather(*(self._one(loader, p) for p in subset)))
             for i, value in zip(live, answered, strict=True):

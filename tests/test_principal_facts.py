@@ -155,3 +155,32 @@ def test_a_loader_registered_twice_is_refused() -> None:
         loaders.register(teams)
     with pytest.raises(ConfigError, match="async callable"):
         loaders.register("teams")  # type: ignore[arg-type]
+
+
+async def test_an_inline_caller_loads_alone_in_its_own_task() -> None:
+    """A caller the engine marks inline (its task holds a pool connection)
+    runs the loaders in its own task, alone: a ``many`` loader gets a list
+    of one, and its failure is raised to that caller."""
+    tasks: list[tuple[asyncio.Task[object] | None, list[str]]] = []
+
+    async def teams(principals: list[Who]) -> list[Who]:
+        tasks.append((asyncio.current_task(), [p.id for p in principals]))
+        if principals[0].id == "bad":
+            raise RuntimeError("refused")
+        return [with_fact(p, "team") for p in principals]
+
+    loaders = PrincipalFactLoaders(inline=lambda: True)
+    loaders.register(teams, many=True)
+
+    async def caller(name: str) -> tuple[object, asyncio.Task[object] | None]:
+        try:
+            return await loaders.load(Who(name)), asyncio.current_task()
+        except PrincipalFactLoadFailed as exc:
+            return exc, asyncio.current_task()
+
+    (a, task_a), (bad, _) = await asyncio.gather(caller("a"), caller("bad"))
+    assert a == Who("a", ("team",))
+    assert isinstance(bad, PrincipalFactLoadFailed)
+    assert isinstance(bad.__cause__, RuntimeError)
+    assert [names for _, names in tasks] == [["a"], ["bad"]]
+    assert tasks[0][0] is task_a
