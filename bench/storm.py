@@ -236,20 +236,49 @@ async def open_storm_socket(frames: Frames, sub: str, org: str) -> StormSocket:
     return socket
 
 
-async def storm(svc: Service, count: int, n_orgs: int, tag: str) -> dict[str, Any]:
+async def timeline(svc: Service, sockets: list[StormSocket], begin: float,
+                   every: float = 0.5) -> None:
+    """Every ``every`` seconds until cancelled: the CPU share the service,
+    this process and Postgres took over the last interval (of one core), and
+    how many sockets were upgraded, acknowledged and live by then."""
+    last = (time.perf_counter(), svc.cpu(), time.process_time(), postgres_cpu(svc))
+    while True:
+        await asyncio.sleep(every)
+        now = (time.perf_counter(), svc.cpu(), time.process_time(), postgres_cpu(svc))
+        span = now[0] - last[0]
+        shares = " ".join(f"{name} {100 * (b - a) / span:3.0f}%" for name, a, b in
+                          zip(("service", "client", "postgres"), last[1:], now[1:], strict=True))
+        upgraded = sum(1 for s in sockets if s.upgraded_at)
+        acked = sum(1 for s in sockets if s.acked_at)
+        live = sum(1 for s in sockets if s.first_at)
+        print(f"  t={now[0] - begin:5.2f}s {shares} upgraded {upgraded:5} acked {acked:5} "
+              f"live {live:5} load {os.getloadavg()[0]:.1f}", flush=True)
+        last = now
+
+
+async def storm(svc: Service, count: int, n_orgs: int, tag: str,
+                show_timeline: bool = False) -> dict[str, Any]:
     """``count`` sockets opened at once; when each got its first frame."""
     orgs = [f"{tag}o{j}" for j in range(n_orgs)]
     frames = Frames(svc.addr)
     cpu0, own0, pg0 = svc.cpu(), time.process_time(), postgres_cpu(svc)
     begin = time.perf_counter()
-    opened = await asyncio.gather(*(
-        open_storm_socket(frames, f"{tag}u{i}", orgs[i % n_orgs]) for i in range(count)
-    ), return_exceptions=True)
+    connecting = [asyncio.ensure_future(open_storm_socket(frames, f"{tag}u{i}", orgs[i % n_orgs]))
+                  for i in range(count)]
+    watch = None
+    if show_timeline:
+        watch = asyncio.ensure_future(timeline(svc, [], begin))
+    opened = await asyncio.gather(*connecting, return_exceptions=True)
     sockets = [s for s in opened if isinstance(s, StormSocket)]
+    if watch is not None:
+        watch.cancel()
+        watch = asyncio.ensure_future(timeline(svc, sockets, begin))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.gather(*(s.live for s in sockets),
                                               return_exceptions=True), 120)
     cpu, own, pg = svc.cpu() - cpu0, time.process_time() - own0, postgres_cpu(svc) - pg0
+    if watch is not None:
+        watch.cancel()
     live = [s for s in sockets
             if s.live.done() and not s.live.cancelled() and s.live.exception() is None]
     firsts = [s.first_at - begin for s in live]
@@ -317,7 +346,7 @@ async def run(args: argparse.Namespace) -> None:
                          "-r", "200", "-o", f"{args.py_spy}.{n}.{i}.txt", "-p", str(svc.pids[0])],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     await asyncio.sleep(1)  # attached before the burst
-                row = await storm(svc, args.sockets, args.orgs, f"s{n}")
+                row = await storm(svc, args.sockets, args.orgs, f"s{n}", args.timeline)
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)
                     await asyncio.to_thread(spy.wait, 30)
@@ -350,6 +379,8 @@ def main() -> None:
     parser.add_argument("--trees", default=".")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--py-spy", default="")
+    parser.add_argument("--timeline", action="store_true",
+                        help="print the CPU shares and the sockets' progress every 0.5 s")
     asyncio.run(run(parser.parse_args()))
 
 
