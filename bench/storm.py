@@ -232,7 +232,8 @@ async def open_storm_socket(frames: Frames, sub: str, org: str) -> StormSocket:
     host, port = frames.addr.rsplit(":", 1)
     loop = asyncio.get_running_loop()
     socket = StormSocket(frames.request(sub, org), frames)
-    await asyncio.wait_for(loop.create_connection(lambda: socket, host, int(port)), 120)
+    # (No wait_for of its own: the burst as a whole is bounded, `storm`.)
+    await loop.create_connection(lambda: socket, host, int(port))
     return socket
 
 
@@ -268,7 +269,7 @@ async def storm(svc: Service, count: int, n_orgs: int, tag: str,
     watch = None
     if show_timeline:
         watch = asyncio.ensure_future(timeline(svc, [], begin))
-    opened = await asyncio.gather(*connecting, return_exceptions=True)
+    opened = await asyncio.wait_for(asyncio.gather(*connecting, return_exceptions=True), 120)
     sockets = [s for s in opened if isinstance(s, StormSocket)]
     if watch is not None:
         watch.cancel()
