@@ -2,7 +2,7 @@
 
     python bench/storm.py [--sockets 5000] [--orgs 50] [--cycles 5]
                           [--cycle-sockets 1000] [--trees .,/path/to/older/tree]
-                          [--rounds 1] [--py-spy FILE]
+                          [--rounds 1] [--py-spy FILE] [--timeline]
 
 For each tree (this checkout by default; ``--trees`` adds another worktree,
 e.g. an older commit, run by the same interpreter), the reference service
@@ -11,7 +11,9 @@ defaults (``ws_max_sockets`` not raised), and:
 
 * storm: ``--sockets`` graphql-transport-ws sockets are opened at once, each
   with one ``boards`` subscription, spread over ``--orgs`` orgs (what a pod
-  restart brings: every client reconnecting). Reported: how many reached
+  restart brings: every client reconnecting), by `StormSocket`s (the bytes
+  a client sends, for a fraction of a client library's CPU: this process
+  shares the two cores with the service). Reported: how many reached
   their first frame (the Reset), how many were refused (1013) or failed, and
   the seconds from the burst's start to the first frame of the last one
   (``all_s``; the target is 2.5 s for 5,000) with the p50 / p99 over sockets
@@ -28,9 +30,11 @@ defaults (``ws_max_sockets`` not raised), and:
 
 ``--rounds`` repeats the storm, the trees interleaved (each tree's service
 up for the whole run). ``--py-spy FILE`` records the service's stacks during
-each storm (py-spy's raw format, ``FILE.<round>.<n>.txt``). The client (this
-process, lean sockets) shares the machine's cores with the service. Each
-service's data folder (``/tmp/storm-*``) is removed when the run ends.
+each storm (py-spy's raw format, ``FILE.<round>.<n>.txt``); ``--timeline``
+prints, every half second of a storm, the CPU shares of the service, this
+process and Postgres and how many sockets were upgraded, acknowledged and
+live. The leak test's subscribers are ``bench/e2e.py``'s. Each service's
+data folder (``/tmp/storm-*``) is removed when the run ends.
 """
 
 from __future__ import annotations
