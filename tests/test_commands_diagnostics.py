@@ -246,9 +246,19 @@ COMMAND_CASES: dict[str, tuple[type[Exception], str, Callable[[], object]]] = {
         "revision with an input), or overwrite=True for a deliberate replacement",
         lambda: CATALOG.command(post_command(MUTATE_POST, Set("post", "title", Var("text"))))),
     "a set of the revision": (
-        UnknownName, "command Bad: set post.version: Post declares no such field",
+        CommandDeclarationError,
+        "command Bad: set post.version: the revision is the engine's (every write of the row "
+        "sets the next one)",
         lambda: CATALOG.command(post_command(
             MUTATE_POST, Set("post", "version", Const(5), overwrite=True)))),
+    "a set of a key field": (
+        BindingError, "command Bad: set post.id: a key field is fixed by the binding",
+        lambda: CATALOG.command(post_command(
+            MUTATE_POST, Set("post", "id", Const("p2"), overwrite=True)))),
+    "a set of a field the entity lacks": (
+        UnknownName, "command Bad: set post.nope: Post declares no such field",
+        lambda: CATALOG.command(post_command(
+            MUTATE_POST, Set("post", "nope", Const(5), overwrite=True)))),
     "a transition on no binding": (
         UnboundReference, "command Bad: transition 'nope': no binding of that name",
         lambda: CATALOG.command(post_command(replace(TRANSITION, on="nope")))),

@@ -142,6 +142,17 @@ def test_an_entity_is_a_typed_dataclass() -> None:
         Catalog([Entity("A", Account, key=("org", "id"), partition_by=("org",),
                         revision="owner")])
 
+    @dataclass
+    class Loose:
+        id: str
+        version: int | None = None
+        Store: ClassVar[Any] = _Store()
+
+    # A row whose revision is NULL would have no next one.
+    with pytest.raises(CommandDeclarationError,
+                       match=r"the revision 'version' must be an int field, is int \| None"):
+        Catalog([Entity("L", Loose, key=("id",), revision="version")])
+
 
 def test_values_are_admitted_by_their_type() -> None:
     """A value is admitted by its exact type only: no bool as int nor int as bool, an int as a

@@ -123,6 +123,8 @@ def test_each_refused_input_says_what_is_wrong() -> None:
         ({"ratio": "1.5"}, r"^input ratio must be a float, got str$"),
         ({"ratio": True}, r"^input ratio must be a float, got bool$"),
         ({"at": "2026-01-01"}, r"^input at must be a datetime, got str$"),
+        ({"at": datetime(2026, 1, 1)},
+         r"^input at must be a datetime with a time zone, got one without$"),
         ({"made": "x"}, r"^made is a service value: the engine samples it, never the caller$"),
         ({"extra": 1}, r"^MakeGadget has no input 'extra'$"),
     ]

@@ -6,7 +6,7 @@ import base64
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service_engine.errors import EngineError
@@ -218,3 +218,37 @@ def test_the_default_principal_refuses_a_passport_without_an_org() -> None:
     with pytest.raises(PassportRefused) as refused:
         OrgMember.of(parse_passport('{"sub": "nobody"}'))
     assert refused.value.code == "passport_refused"
+
+
+_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-2, 2), st.just(""), st.just(" "), _names,
+    st.sampled_from(["person", "service", "robot"]),
+    st.lists(st.one_of(_names, _names, st.just(""), st.integers()), max_size=3),
+)
+_members = st.tuples(
+    st.one_of(_names, _names, _names, _values),
+    st.dictionaries(st.sampled_from(["v", "actor", "org", "roles", "kind", "team", "tier"]),
+                    _values, max_size=4),
+).map(lambda pair: {"sub": pair[0], **pair[1]})
+
+
+@settings(max_examples=300)
+@given(document=_members)
+def test_a_parsed_passport_is_one_the_constructor_accepts(document: dict[str, object]) -> None:
+    """Whatever JSON object a header carries, the parse either refuses it
+    (PassportMalformed) or gives the passport `Passport`'s validating
+    constructor builds from the same members, equal and alike in its types
+    (property test: the parse does not validate twice, so it must never build
+    what the constructor would refuse)."""
+    try:
+        parsed = parse_passport(json.dumps(document))
+    except PassportMalformed:
+        return
+    built = Passport(
+        sub=parsed.sub, actor=parsed.actor, org=parsed.org, roles=parsed.roles,
+        kind=parsed.kind, claims=dict(parsed.claims))
+    assert parsed == built and type(parsed.roles) is tuple
+    assert dict(parsed.claims) == {k: v for k, v in document.items()
+                                   if k in ("team", "tier")} == dict(built.claims)
+    assert parsed.actor == (document.get("actor") or document["sub"])
+    assert parsed.roles == tuple(dict.fromkeys(document.get("roles") or ()))  # type: ignore[call-overload]

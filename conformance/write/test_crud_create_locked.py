@@ -105,10 +105,12 @@ async def test_a_refused_lock_is_a_lock_timeout_and_writes_nothing(db: Database)
 class OwnCreateStore(CrudCounterStore):
     """A subclass with its own `create`: the one-statement form must not bypass it."""
 
-    creates = 0
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.creates = 0  # this instance's own count: no state shared between runs
 
     async def create(self, conn: Any, aggregate: CrudCounter) -> None:
-        OwnCreateStore.creates += 1
+        self.creates += 1
         await super().create(conn, aggregate)
 
 
@@ -122,7 +124,7 @@ async def test_a_store_overriding_create_keeps_the_lock_then_its_own_create(
     async with db.pool.acquire() as raw, raw.transaction():
         conn: Any = Recording(raw)
         await store.create_locked(conn, CrudCounter("c4"), _lock_key("c4"))
-    assert OwnCreateStore.creates == 1
+    assert store.creates == 1
     assert len(conn.sent) == 2 and conn.sent[0] == "SELECT pg_advisory_xact_lock($1)"
     assert conn.sent[1].startswith("INSERT INTO")
     assert await _stored(db, "c4") == 1

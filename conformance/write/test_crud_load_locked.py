@@ -80,10 +80,12 @@ async def test_a_pinned_row_holds_off_a_writer_until_commit(db: Database) -> Non
 class OwnLoadStore(CrudCounterStore):
     """A subclass with its own `load`: the one-statement form must not bypass it."""
 
-    loads = 0
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.loads = 0  # this instance's own count: no state shared between runs
 
     async def load(self, conn: Any, key: str) -> CrudCounter | None:
-        OwnLoadStore.loads += 1
+        self.loads += 1
         return await super().load(conn, key)
 
 
@@ -96,5 +98,5 @@ async def test_a_store_overriding_load_keeps_lock_then_its_own_load(db: Database
     async with db.pool.acquire() as raw, raw.transaction():
         conn: Any = Recording(raw)
         found = await load_pinned(store, conn, "k1")
-    assert found is not None and OwnLoadStore.loads == 1
+    assert found is not None and store.loads == 1
     assert len(conn.sent) == 2 and conn.sent[0].startswith("SELECT 1 ") and conn.sent[0].endswith("FOR UPDATE")

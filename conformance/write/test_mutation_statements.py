@@ -80,16 +80,21 @@ RENAME_WITH_BOARD = ("mutation($id: ID!, $title: String!) { renameBoard(id: $id,
                      "{ success error { code } board { id title } } }")
 BOUND = 10.0
 
-RENAME_ROUND_TRIPS = 7
+RENAME_ROUND_TRIPS = 5
 """A ``renameBoard`` over HTTP, its board not selected: the principal fact's
 read (released without the pool's reset); BEGIN + lock bound; the
 ``RenameBoard`` command's one call (its board lock and row, its permit, the
 title's claim and release, the UPDATE: the compiled function); the org
-projection's advisory lock; its RLS context; its UPDATE (no separate row
-pin: a CrudStore's UPDATE locks the row); the impacts' NOTIFY, the offer's
-dirty mark (and its NOTIFY), COMMIT and the release reset in one round
-trip. Nothing after COMMIT. (21 before the first round of issue 11, 11
-before the second, 8 with the interpreted command.)"""
+projection's advisory lock, its RLS context (the store's ``settings``) and
+its UPDATE (no separate row pin: a CrudStore's UPDATE locks the row) in one
+batch; the impacts' NOTIFY, the offer's dirty mark (and its NOTIFY), COMMIT
+and the release reset in one round trip. Nothing after COMMIT. (21 before
+the first round of issue 11, 11 before the second, 8 with the interpreted
+command, 7 with the projection's lock, context and write apart.)"""
+
+CREATE_ROUND_TRIPS = 5
+"""A ``createBoard``: the same shape as `RENAME_ROUND_TRIPS`, the org
+projection's lock, RLS context and INSERT in one batch."""
 
 DRAIN_PASS_ROUND_TRIPS = 4
 """One offer-drain pass over one dirty key, between lease renewals: the
@@ -201,6 +206,33 @@ async def test_a_rename_over_graphql_takes_its_pinned_round_trips(
     assert '$m0$"b-1"$m0$' in last
     assert last.endswith("COMMIT; SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL;")
     assert not any(s.startswith("SELECT pg_advisory_unlock_all") for s in sent), sent
+
+
+async def test_a_create_over_graphql_takes_its_pinned_round_trips(
+    store: ProvisionedDatabase, nats_server: EmbeddedNats
+) -> None:
+    """A ``createBoard``: after the principal fact's read and BEGIN, the
+    ``CreateBoard`` command's one call, then the org projection's lock, its
+    RLS context and its INSERT in one batch (the row lands under the org's
+    policy), then the riders with COMMIT."""
+    statements = RequestStatements()
+    async with served(store, nats_server, statements) as http:
+        for n in range(12):  # every pool connection past its type introspection
+            await _gql(http, CREATE, {"id": f"w-{n}", "title": f"warm {n}"})
+        statements.take()
+        created = await _gql(http, CREATE, {"id": "b-1", "title": "plan"})
+        assert created["createBoard"] == {"success": True, "error": None}
+        sent = _without_introspection(statements.take())
+    assert len(sent) == CREATE_ROUND_TRIPS, "\n".join(sent)
+    assert sent[2].startswith('SELECT service_engine."cmd_create_board_'), sent
+    batch = sent[3].split("; ")
+    assert batch[0].startswith("SELECT pg_advisory_xact_lock(") and len(batch) == 3, batch
+    assert batch[1] == "SELECT set_config($m0$app.current_org_id$m0$, $m0$acme$m0$, true)"
+    assert batch[2].startswith('INSERT INTO "org_board"'), batch
+    async with owner_connection(store) as conn:  # org_board is deny-when-unset
+        await conn.execute("SELECT set_config('app.current_org_id', 'acme', false)")
+        row = await conn.fetchrow("SELECT org, title FROM org_board WHERE id = 'b-1'")
+    assert row is not None and dict(row) == {"org": "acme", "title": "plan"}
 
 
 async def test_a_rename_selecting_its_board_reads_the_view_after_the_commit(
@@ -333,9 +365,10 @@ async def test_the_commits_of_one_coalescing_window_ride_one_drain_pass(
         assert batches == [10]
 
 
-CRUD_CREATE_ROUND_TRIPS = 3
+CRUD_CREATE_ROUND_TRIPS = 2
 """A CRUD handler creating one aggregate: BEGIN + lock bound + its advisory
-lock; the INSERT; the impact's NOTIFY + COMMIT + the release reset."""
+lock + the INSERT (its values inlined); the impact's NOTIFY + COMMIT + the
+release reset (3 before the INSERT rode with BEGIN)."""
 
 CRUD_WRITE_ROUND_TRIPS = 3
 """A CRUD handler loading, saving and emitting: BEGIN + lock bound + the
@@ -351,7 +384,7 @@ its public API, MagicStack/asyncpg#588), so it cannot share BEGIN's."""
 async def test_a_crud_handlers_mutation_takes_its_pinned_round_trips(
     logged: tuple[Database, Statements],
 ) -> None:
-    """A CRUD create takes three round trips and a load + save + emit four;
+    """A CRUD create takes two round trips and a load + save + emit three;
     every staged row (the impact's NOTIFY, the outbox row) rides in COMMIT's
     round trip, after the writes and before COMMIT; nothing after COMMIT."""
     db, statements = logged
@@ -375,6 +408,7 @@ async def test_a_crud_handlers_mutation_takes_its_pinned_round_trips(
         assert "pg_advisory_xact_lock" in sent[0]
         assert "; COMMIT; " in sent[-1] and "RESET ALL" in sent[-1]
         assert sent[-1].index("pg_notify('service_engine_impacts'") < sent[-1].index("COMMIT")
+    assert 'INSERT INTO "sample_counter_crud"' in created[0], created
     assert written[1].endswith("FOR UPDATE")
     last = written[-1]
     assert last.startswith('UPDATE "sample_counter_crud"') and "json_populate_record" in last

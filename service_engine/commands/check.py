@@ -125,7 +125,8 @@ class Catalog:
             raise CommandDeclarationError(
                 f"{where}: the revision {e.revision!r} cannot be a key field"
             )
-        if e.revision is not None and e.types[e.revision].base is not int:
+        if e.revision is not None and (e.types[e.revision].base is not int
+                                       or e.types[e.revision].optional):
             raise CommandDeclarationError(f"{where}: the revision {e.revision!r} must be an int "
                                           f"field, is {e.types[e.revision].describe()}")
         seen: dict[str, str] = {}

@@ -305,12 +305,16 @@ class _CommandChecker:
                 if clause.binding in deleted:
                     raise self.fail(BindingError, f"set {clause.binding}.{clause.field} "
                                     f"({self.at}): {clause.binding} is deleted before it")
-                if clause.field not in _init_fields(entity):
-                    raise self.fail(UnknownName, f"set {clause.binding}.{clause.field}: "
-                                    f"{entity.name} declares no such field")
                 if clause.field in entity.key:
                     raise self.fail(BindingError, f"set {clause.binding}.{clause.field}: a key "
                                     "field is fixed by the binding")
+                if clause.field == entity.revision:
+                    raise self.fail(CommandDeclarationError,
+                                    f"set {clause.binding}.{clause.field}: the revision is the "
+                                    "engine's (every write of the row sets the next one)")
+                if clause.field not in _init_fields(entity):
+                    raise self.fail(UnknownName, f"set {clause.binding}.{clause.field}: "
+                                    f"{entity.name} declares no such field")
                 flow = self.catalog.workflow_of(entity.name, clause.field)
                 if flow is not None and not (
                     isinstance(self.binding_of[clause.binding], Create)

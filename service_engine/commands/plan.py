@@ -68,6 +68,9 @@ def _check_input(declared: Input, value: object) -> object:
     else:
         ok = isinstance(value, datetime) and value.tzinfo is not None
     if not ok:
+        if isinstance(value, datetime) and typ is datetime:
+            raise InvalidInput(f"input {declared.name} must be a datetime with a time zone, "
+                               "got one without")
         raise InvalidInput(
             f"input {declared.name} must be a {typ.__name__}, got {type(value).__name__}"
         )

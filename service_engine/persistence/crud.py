@@ -34,7 +34,9 @@ Either way the store gets `load`, a batched `read_many` (``WHERE id = ANY($1)``)
 `create`, `create_locked` (the pipeline's create: its advisory lock and the
 insert in one statement), `save`, `save_later` (the pipeline's save of a
 row it pinned, sent with COMMIT as one statement without parameters:
-`save_inlined`) and `delete`. The table's own constraints
+`save_inlined`) and `delete`. A table under row-level security names the
+transaction-local settings its writes run under (`settings`); the pipeline
+sends them with the write, in its round trip. The table's own constraints
 (unique, foreign key, check) are the domain's: a violation rolls the whole
 command back.
 """
@@ -56,7 +58,7 @@ from ..db.types import Conn
 from ..failures import ConfigError, DeclarationError
 from .base import NotFound, Persistence, Row, Style, as_row, qualified_name
 
-__all__ = ["CrudStore", "PinnedSave", "quote_ident"]
+__all__ = ["CrudStore", "PinnedSave", "affected", "batched", "quote_ident"]
 
 A = TypeVar("A")
 K = TypeVar("K")
@@ -86,7 +88,9 @@ class _StateSql:
     insert_locked: str
     update: str
     update_from_json: str
+    insert_from_json: str
     delete: str
+    delete_from_json: str
 
     @classmethod
     def build(cls, table: str, key: str, columns: Sequence[str]) -> _StateSql:
@@ -125,7 +129,16 @@ class _StateSql:
                 + f" FROM json_populate_record(NULL::{t}, %s::json) AS __r"
                 f" WHERE __t.{k} = __r.{k}"
             ),
+            insert_from_json=(
+                f"INSERT INTO {t} ({listed}) SELECT "
+                + ", ".join(f"__r.{c}" for c in cols)
+                + f" FROM json_populate_record(NULL::{t}, %s::json) AS __r"
+            ),
             delete=f"DELETE FROM {t} WHERE {k} = $1",
+            delete_from_json=(
+                f"DELETE FROM {t} AS __t USING json_populate_record(NULL::{t}, %s::json) AS __r"
+                f" WHERE __t.{k} = __r.{k}"
+            ),
         )
 
 
@@ -139,11 +152,16 @@ class PinnedSave:
     table: str
     statement: str
     values: tuple[object, ...]
+    settings: str = ""
 
     async def send(self, conn: Conn) -> None:
         """Alone in its round trip, as `CrudStore.save` sends it (prepared,
-        with parameters; the pinned row is there to update)."""
-        await conn.execute(self.statement, *self.values)
+        with parameters; the pinned row is there to update), or inlined
+        behind the store's `settings` when it has some."""
+        if self.settings:
+            await conn.execute(self.inlined)
+        else:
+            await conn.execute(self.statement, *self.values)
 
 
 class _NotInlinable(TypeError):
@@ -170,9 +188,14 @@ def _json_value(value: object) -> object:
     raise _NotInlinable  # a type JSON does not know: left to the driver's codec
 
 
-def _affected(status: str) -> int:
+def affected(status: str) -> int:
     """The row count of a command status (``"UPDATE 1"``, ``"INSERT 0 2"``)."""
     return int(status.rsplit(" ", 1)[-1])
+
+
+def batched(*statements: str) -> str:
+    """Statements without parameters as one simple-protocol batch (empty ones left out)."""
+    return "; ".join(s for s in statements if s)
 
 
 class CrudStore(Persistence[A, K]):
@@ -241,6 +264,8 @@ class CrudStore(Persistence[A, K]):
         self._one_statement_load = cls.load is CrudStore.load and cls.lock is CrudStore.lock
         self._one_statement_create = cls.create is CrudStore.create
         self._own_save = cls.save is CrudStore.save
+        self._own_delete = cls.delete is CrudStore.delete
+        self._has_settings = cls.settings is not CrudStore.settings
 
     @property
     def store_type(self) -> str:
@@ -333,14 +358,68 @@ class CrudStore(Persistence[A, K]):
 
     async def save(self, conn: Conn, aggregate: A) -> None:
         values = self._values(aggregate)
-        if _affected(await conn.execute(self._sql.update, *values)) == 0:
+        if affected(await conn.execute(self._sql.update, *values)) == 0:
             raise NotFound(self.store_type, values[0])
+
+    def settings(self, aggregate: A) -> Mapping[str, str]:
+        """The transaction-local settings a write of ``aggregate`` runs
+        under (``set_config(name, value, true)``, gone at commit): the
+        context a row-level security policy on ``TABLE`` checks, e.g.
+        ``{"app.current_org_id": board.org}``. The pipeline sets them in the
+        write's own round trip, right before it. Default: none."""
+        return {}
+
+    def settings_sql(self, aggregate: A) -> str:
+        """`settings` as one statement without parameters (``""`` for none)."""
+        if not self._has_settings:
+            return ""
+        pairs = self.settings(aggregate)
+        calls = []
+        for name, value in pairs.items():
+            if not (isinstance(name, str) and isinstance(value, str)):
+                raise DeclarationError(
+                    f"{type(self).__qualname__}.settings maps setting names to text, "
+                    f"got {name!r}: {value!r}"
+                )
+            if "\x00" in name or "\x00" in value:
+                raise DeclarationError(
+                    f"{type(self).__qualname__}.settings: a setting cannot hold NUL ({name!r})"
+                )
+            calls.append(f"set_config({dollar_quoted(name)}, {dollar_quoted(value)}, true)")
+        return f"SELECT {', '.join(calls)}" if calls else ""
+
+    def _row_json(self, aggregate: A, columns: Sequence[str]) -> str | None:
+        """``columns`` of ``aggregate``'s row as one dollar-quoted JSON
+        literal (each column read by its own type on the server), or None
+        when a value has no exact JSON text (a naive datetime, NaN, a type
+        JSON does not know)."""
+        row = self.to_row(aggregate)
+        missing = [c for c in self.COLUMNS if c not in row]
+        if missing:
+            raise ConfigError(f"{type(self).__qualname__}.to_row lacks columns {missing}")
+        try:
+            text = json.dumps({c: _json_value(row[c]) for c in columns},
+                              allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError):
+            return None
+        return dollar_quoted(text)
+
+    def create_inlined(self, aggregate: A) -> str | None:
+        """`create` as one statement without parameters (``INSERT ... SELECT
+        ... FROM json_populate_record(...)``), to ride behind its lock and
+        `settings` in one round trip; None for a subclass with its own
+        `create` or a value without an exact JSON text."""
+        if not self._one_statement_create:
+            return None
+        literal = self._row_json(aggregate, self.COLUMNS)
+        return None if literal is None else self._sql.insert_from_json % literal
 
     def save_inlined(self, aggregate: A) -> str | None:
         """`save` as one statement without parameters (every value in one
         JSON literal, each column read by its own type), or None when it
         cannot be: a subclass with its own `save`, or a value without an
         exact JSON text (a naive datetime, NaN, a type JSON does not know).
+        Its command status counts the rows it updated (0: no such row).
 
         For a row this transaction pinned (``SELECT ... FOR UPDATE``): it
         exists until the commit, so the UPDATE's row count needs no check
@@ -348,16 +427,17 @@ class CrudStore(Persistence[A, K]):
         Values a column's type cannot read fail there as `save` would."""
         if not self._own_save:
             return None
-        row = self.to_row(aggregate)
-        missing = [c for c in self.COLUMNS if c not in row]
-        if missing:
-            raise ConfigError(f"{type(self).__qualname__}.to_row lacks columns {missing}")
-        try:
-            text = json.dumps({c: _json_value(row[c]) for c in self.COLUMNS},
-                              allow_nan=False, separators=(",", ":"))
-        except (TypeError, ValueError):
+        literal = self._row_json(aggregate, self.COLUMNS)
+        return None if literal is None else self._sql.update_from_json % literal
+
+    def delete_inlined(self, aggregate: A) -> str | None:
+        """`delete` as one statement without parameters (its status counts
+        the rows removed), or None for a subclass with its own `delete` or a
+        key without an exact JSON text."""
+        if not self._own_delete:
             return None
-        return self._sql.update_from_json % dollar_quoted(text)
+        literal = self._row_json(aggregate, (self.KEY,))
+        return None if literal is None else self._sql.delete_from_json % literal
 
     def save_later(self, aggregate: A) -> PinnedSave | None:
         """`save` of a row this transaction pinned, taken now (the values
@@ -367,10 +447,11 @@ class CrudStore(Persistence[A, K]):
         inlined = self.save_inlined(aggregate)
         if inlined is None:
             return None
-        return PinnedSave(inlined, self.TABLE.rsplit(".", 1)[-1], self._sql.update,
-                          tuple(self._values(aggregate)))
+        settings = self.settings_sql(aggregate)
+        return PinnedSave(batched(settings, inlined), self.TABLE.rsplit(".", 1)[-1],
+                          self._sql.update, tuple(self._values(aggregate)), settings)
 
     async def delete(self, conn: Conn, aggregate: A) -> None:
         key = self.key_of(aggregate)
-        if _affected(await conn.execute(self._sql.delete, key)) == 0:
+        if affected(await conn.execute(self._sql.delete, key)) == 0:
             raise NotFound(self.store_type, key)

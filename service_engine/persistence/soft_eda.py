@@ -24,7 +24,7 @@ from typing import ClassVar, TypeVar
 
 from ..db.types import Conn
 from .base import DomainEvent, NotFound, RecordsEvents, Style
-from .crud import CrudStore, _affected, quote_ident
+from .crud import CrudStore, affected, quote_ident
 
 __all__ = ["SoftEdaStore"]
 
@@ -95,7 +95,7 @@ class SoftEdaStore(CrudStore[A, K]):
             return
         values = self._values(aggregate)
         status = await conn.execute(self._update_with_facts, *values, *self._fact_params(events))
-        if _affected(status) == 0:
+        if affected(status) == 0:
             raise NotFound(self.store_type, values[0])
         aggregate.clear_pending_events()
 
@@ -106,6 +106,6 @@ class SoftEdaStore(CrudStore[A, K]):
             return
         key = self.key_of(aggregate)
         status = await conn.execute(self._delete_with_facts, key, *self._fact_params(events))
-        if _affected(status) == 0:
+        if affected(status) == 0:
             raise NotFound(self.store_type, key)
         aggregate.clear_pending_events()

@@ -46,10 +46,10 @@ from ..offers.staging import DirtyMark, DirtyMarks
 from ..outbox.gestures import MessageGestures
 from ..outbox.staging import OutboxRow
 from ..persistence.base import Aggregate, NotFound, Persistence, load_pinned, store_of
-from ..persistence.crud import CrudStore
+from ..persistence.crud import CrudStore, affected, batched
 from ..persistence.full_eda import EventSourced, Redactor
 from ..persistence.full_eda import erase as erase_events
-from .transaction import Transaction
+from .transaction import Identity, Transaction
 
 __all__ = ["BULK_PATH", "Ops", "Staged"]
 
@@ -220,18 +220,8 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
         store = store_of(type(aggregate))
         key = store.key_of(aggregate)
         identity = self._identity(store, key)
-        if (
-            isinstance(store, CrudStore) and store.creates_locked
-            and not self._tx.holds_lock(identity) and self._tx.settled
-        ):
-            # The lock rides with the insert (granted before the row is
-            # written); a refused lock is LockTimeout at stage create.
-            lock_key = aggregate_lock_key(identity[0], _lockable(key))
-            crud = store
-            await self._db(
-                Stage.CREATE, lambda: crud.create_locked(self._conn, aggregate, lock_key)
-            )
-            self._tx.note_locked(identity)
+        if isinstance(store, CrudStore):
+            await self._create_crud(store, key, identity, aggregate)
         else:
             await self._lock(store, key, pin=False)
             await self._db(Stage.CREATE, lambda: store.create(self._conn, aggregate))
@@ -261,8 +251,11 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
             # statement (COMMIT's round trip when none follows).
             self._images.clear()
             self._tx.defer_write(Stage.SAVE, later)
+        elif isinstance(store, CrudStore):
+            await self._write_crud(Stage.SAVE, store, aggregate, store.save_inlined(aggregate),
+                                   lambda: store.save(self._conn, aggregate))
         else:
-            await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
+            await self._lock(store, store.key_of(aggregate))
             await self._db(Stage.SAVE, lambda: store.save(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
         self._stage_write(store, store.key_of(aggregate), cause)
@@ -274,10 +267,15 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
         """Remove the aggregate, staging its impact as `save` does; an
         offered noun's key is retracted by the leader's next drain."""
         store = store_of(type(aggregate))
-        await self._lock(store, store.key_of(aggregate), pin=not isinstance(store, CrudStore))
         identity = self._identity(store, store.key_of(aggregate))
-        self._tx.forget_pinned(identity)
-        await self._db(Stage.DELETE, lambda: store.delete(self._conn, aggregate))
+        if isinstance(store, CrudStore):
+            self._tx.forget_pinned(identity)
+            await self._write_crud(Stage.DELETE, store, aggregate, store.delete_inlined(aggregate),
+                                   lambda: store.delete(self._conn, aggregate))
+        else:
+            await self._lock(store, store.key_of(aggregate))
+            self._tx.forget_pinned(identity)
+            await self._db(Stage.DELETE, lambda: store.delete(self._conn, aggregate))
         self._offers.aggregate(type(aggregate), store.key_of(aggregate))
         self._stage_write(store, store.key_of(aggregate), cause)
         self._blobs.release(self._blob_seen.pop(identity, frozenset()) | blob_refs_of(aggregate))
@@ -405,6 +403,54 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
             raise DeclarationError(
                 f"an aggregate key must be JSON (or a UUID), got {key!r}"
             ) from exc
+
+    async def _create_crud(
+        self, store: CrudStore[Any, Any], key: object, identity: Identity, aggregate: Aggregate
+    ) -> None:
+        """A `CrudStore`'s insert in one round trip: with its advisory lock
+        in one statement once the transaction has begun (`create_locked`,
+        prepared; a refused lock is LockTimeout at stage create); otherwise
+        inlined behind the lock (and BEGIN, while deferred) and the store's
+        `settings`. A store with its own `create`, or a value without an
+        exact JSON text, takes the lock (and settings) first."""
+        settings = store.settings_sql(aggregate)
+        if (
+            not settings and store.creates_locked
+            and not self._tx.holds_lock(identity) and self._tx.settled
+        ):
+            lock_key = aggregate_lock_key(identity[0], _lockable(key))
+            await self._db(
+                Stage.CREATE, lambda: store.create_locked(self._conn, aggregate, lock_key)
+            )
+            self._tx.note_locked(identity)
+            return
+        inlined = store.create_inlined(aggregate)
+        if inlined is not None:
+            await self._lock_all([(store, key)], batched(settings, inlined), Stage.CREATE)
+            return
+        await self._lock_all([(store, key)], settings, Stage.CREATE)
+        await self._db(Stage.CREATE, lambda: store.create(self._conn, aggregate))
+
+    async def _write_crud(
+        self, stage: Stage, store: CrudStore[Any, Any], aggregate: Aggregate,
+        inlined: str | None, write: Callable[[], Awaitable[None]],
+    ) -> None:
+        """A `CrudStore`'s save or delete (its one statement locks the row)
+        in one round trip with its advisory lock (and BEGIN, while
+        deferred) and the store's `settings`: ``inlined``, whose status
+        counts the rows it touched (none: `NotFound`). Where the lock is held
+        and there are no settings, or the write cannot be inlined, ``write``
+        (the store's own, prepared) runs after them."""
+        key = store.key_of(aggregate)
+        settings = store.settings_sql(aggregate)
+        held = self._tx.holds_lock(self._identity(store, key))
+        if inlined is not None and (settings or not held):
+            status = await self._lock_all([(store, key)], batched(settings, inlined), stage)
+            if affected(status) == 0:
+                raise NotFound(store.store_type, key)
+            return
+        await self._lock_all([(store, key)], settings, stage)
+        await self._db(stage, write)
 
     async def _lock(self, store: Persistence[Any, Any], key: object, *, pin: bool = True) -> None:
         store_type = store.store_type

@@ -99,8 +99,8 @@ class Transaction:
     ``claimed_before``, ``begun`` and `holds_lock`.
     """
 
-    __slots__ = ("_begin", "_claim", "_locked", "_on_begun", "_pinned", "_riding", "_writes",
-                 "claimed_before", "conn", "failed")
+    __slots__ = ("_begin", "_claim", "_locked", "_on_begun", "_pinned", "_riding",
+                 "_then_stage", "_writes", "claimed_before", "conn", "failed")
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
@@ -113,6 +113,7 @@ class Transaction:
         self._pinned: set[Identity] = set()
         self._writes: list[_Write] = []
         self._riding: list[_Write] = []  # the deferred writes in the round trip in flight
+        self._then_stage: Stage | None = None  # the stage of a `lock_keys` round trip's write
 
     # -- what is pending ------------------------------------------------------
 
@@ -245,10 +246,11 @@ class Transaction:
     ) -> str:
         """Take the advisory locks ``(identity, lock_key)`` in the order
         given (one already held is skipped) in one round trip: with BEGIN and
-        a deferred claim when nothing was sent yet. ``then`` (one statement
+        a deferred claim when nothing was sent yet. ``then`` (statements
         without parameters, every value a literal) runs after them in that
-        round trip (alone, as ``then_stage``, when no lock is left to take);
-        answers its command status."""
+        round trip (alone when no lock is left to take); answers the command
+        status of its last statement. An error of that round trip other than
+        a refused lock is ``then_stage``'s."""
         todo: list[tuple[Identity, int]] = []
         seen = set(self._locked)
         for identity, key in pending:
@@ -274,7 +276,11 @@ class Transaction:
         if self._begin is not None:
             begin, self._begin = self._begin, None
             sql, stage = f"{begin}; {sql}", Stage.BEGIN
-        status = await self.run(stage, lambda: self.conn.execute(sql))
+        self._then_stage = then_stage if then else None
+        try:
+            status = await self.run(stage, lambda: self.conn.execute(sql))
+        finally:
+            self._then_stage = None
         self._locked.update(identity for identity, _ in todo)
         return status
 
@@ -343,6 +349,8 @@ class Transaction:
         for write_stage, write in self._riding:
             if table is not None and table == write.table:
                 return write_stage
+        if self._then_stage is not None and not is_lock_refusal(exc):
+            return self._then_stage
         return stage
 
     def _ride_writes(self) -> list[_Write]:

@@ -26,11 +26,12 @@ import enum
 import json
 import logging
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
 
-from graphql import ASTValidationRule, GraphQLError
+from graphql import ASTValidationRule, DocumentNode, GraphQLError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -166,35 +167,76 @@ def refusal_of(error: GraphQLError) -> EdgeRefusal | None:
     return None
 
 
+class _Checked(NamedTuple):
+    """A document text as the edge parsed and validated it (`_EdgeChecks`)."""
+
+    parse_options: dict[str, Any]
+    rules: tuple[type[ASTValidationRule], ...]
+    document: DocumentNode
+    errors: list[GraphQLError]
+
+
 class _EdgeChecks(SchemaExtension):
-    """The edge's bounds on each operation: Strawberry's `MaxTokensLimiter`
-    and `AddValidationRules` (the alias, depth and introspection rules) in
-    one extension; tags the limiters' errors with their `EdgeRefusal` code,
-    and refuses a subscription over HTTP (400, pointed at the socket)."""
+    """The edge's bounds on each operation, and each document text parsed
+    and validated once: Strawberry's `MaxTokensLimiter` and
+    `AddValidationRules` (the alias, depth and introspection rules) in one
+    extension, which keeps each text's document and validation errors (its
+    limiters' refusals tagged with their `EdgeRefusal` code) and hands them
+    to the next operation of that text under the same rules and parse
+    options; refuses a subscription over HTTP (400, pointed at the socket).
 
-    def __init__(self, ws_path: str, max_tokens: int,
-                 rules: tuple[type[ASTValidationRule], ...]) -> None:
-        super().__init__()
-        self.ws_path = ws_path
-        self.max_tokens = max_tokens
-        self.rules = rules
+    `limited_schema` makes a subclass per schema, holding its bounds and its
+    documents (an LRU of ``delivery.DOCUMENT_CACHE_SIZE`` texts): the extension built
+    per operation carries nothing of its own but the text's entry.
+    """
 
-    def on_operation(self) -> Iterator[None]:
-        execution = self.execution_context
-        execution.parse_options["max_tokens"] = self.max_tokens
-        execution.validation_rules = (*execution.validation_rules, *self.rules)
-        yield
+    ws_path: ClassVar[str]
+    max_tokens: ClassVar[int]
+    rules: ClassVar[tuple[type[ASTValidationRule], ...]]
+    documents: ClassVar[OrderedDict[str, _Checked]]
+    checked: _Checked | None = None
+
+    @classmethod
+    def bounded(cls, ws_path: str, max_tokens: int,
+                rules: tuple[type[ASTValidationRule], ...]) -> type[_EdgeChecks]:
+        """The extension class (Strawberry's factory) of one limited schema."""
+        return type("EdgeChecks", (cls,), {
+            "ws_path": ws_path, "max_tokens": max_tokens, "rules": rules,
+            "documents": OrderedDict(),
+        })
 
     def on_parse(self) -> Iterator[None]:
+        execution = self.execution_context
+        options = execution.parse_options
+        options["max_tokens"] = self.max_tokens
+        rules = execution.validation_rules = (*execution.validation_rules, *self.rules)
+        query = execution.query
+        if query and execution.graphql_document is None:
+            checked = self.documents.get(query)
+            if checked is not None and checked.rules == rules and checked.parse_options == options:
+                self.documents.move_to_end(query)
+                self.checked = checked
+                execution.graphql_document = checked.document
         yield
         self._tag()
 
     def on_validate(self) -> Iterator[None]:
-        yield
-        self._tag()
-
-    def on_execute(self) -> Iterator[None]:
         execution = self.execution_context
+        checked = self.checked
+        if checked is not None and execution.pre_execution_errors is None:
+            execution.pre_execution_errors = checked.errors
+        yield
+        errors = execution.pre_execution_errors
+        if checked is None and errors is not None:
+            self._tag()
+            document, query = execution.graphql_document, execution.query
+            if document is not None and query:
+                self.documents[query] = _Checked(
+                    dict(execution.parse_options), execution.validation_rules, document, errors)
+                if len(self.documents) > delivery.DOCUMENT_CACHE_SIZE:
+                    self.documents.popitem(last=False)
+        if errors:
+            return
         context = execution.context
         if (isinstance(context, GraphQLContext) and not context.is_websocket
                 and execution.operation_type is OperationType.SUBSCRIPTION):
@@ -202,7 +244,6 @@ class _EdgeChecks(SchemaExtension):
             raise GraphQLError(
                 f"subscriptions are served over graphql-transport-ws on {self.ws_path}, "
                 "not over HTTP", extensions={"code": EdgeRefusal.SUBSCRIPTION_OVER_HTTP.value})
-        yield
 
     def _tag(self) -> None:
         for error in self.execution_context.pre_execution_errors or ():
@@ -237,17 +278,17 @@ _DOCUMENT_FIXED: tuple[type[SchemaExtension], ...] = (
     MaxTokensLimiter, AddValidationRules, DisableIntrospection, _EdgeChecks,
     ParserCache, ValidationCache,
 )
-"""The extensions `limited_schema` adds: what they do on a socket is fixed
-by the document text, so a document they passed once passes again (live_ops.py)."""
+"""The extensions whose effect on a socket is fixed by the document text
+(`limited_schema`'s, and Strawberry's caches should a service add them),
+so a document they passed once passes again (live_ops.py)."""
 
 
 def limited_schema(schema: BaseSchema, config: EngineConfig, *,
                    ws_path: str = "/graphql/ws") -> Schema:
     """A copy of ``schema`` bounded at ``config``'s bounds by one extension
     (`_EdgeChecks`: Strawberry's token bound and its alias, depth and, when
-    configured, introspection rules), its
-    documents parsed and validated once (`delivery.document_caches`), a
-    subscription over HTTP refused (pointed at ``ws_path``).
+    configured, introspection rules), each document text parsed and
+    validated once, a subscription over HTTP refused (pointed at ``ws_path``).
 
     The service's schema object is left as it was: one schema may serve
     several apps under different bounds.
@@ -267,10 +308,8 @@ def limited_schema(schema: BaseSchema, config: EngineConfig, *,
         delivery.document_seen_rule(limited),
         *(() if config.graphql_introspection else DisableIntrospection().validation_rules),
     )
-    tokens = config.query_max_tokens
     limited.extensions = (
-        *schema.extensions, lambda: _EdgeChecks(ws_path, tokens, rules),
-        *delivery.document_caches())
+        *schema.extensions, _EdgeChecks.bounded(ws_path, config.query_max_tokens, rules))
     logging.getLogger("strawberry.execution").addFilter(_REFUSALS_AT_INFO)
     return limited
 

@@ -1,7 +1,7 @@
 """The delivery plan's caches: one serialisation per cohort, a frame write per subscriber.
 
-- a document is parsed and validated once (Strawberry's `ParserCache` and
-  `ValidationCache`, `document_caches`), on the HTTP path too;
+- a document is parsed and validated once (the edge's checks,
+  `service_engine.server.app.limited_schema`), on the HTTP path too;
 - the payload shape of a (document, operation, variables) is planned once
   (`service_engine.graphql.delivery_plan`), shared by every subscription
   with that document (`plan_for`), from the operation its validation saw
@@ -13,11 +13,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import operator
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from graphql import (
@@ -29,7 +28,6 @@ from graphql import (
     ValidationRule,
     VariableValues,
 )
-from strawberry.extensions import ParserCache, SchemaExtension, ValidationCache
 from strawberry.schema import BaseSchema
 from strawberry.types import ExecutionContext
 from strawberry.types.base import StrawberryList
@@ -39,7 +37,6 @@ from ..graphql.delivery_plan import Encoded, Plan, plan_operation
 __all__ = [
     "Seen",
     "SharedPlan",
-    "document_caches",
     "document_seen_rule",
     "plan_for",
     "report_errors",
@@ -47,38 +44,13 @@ __all__ = [
 ]
 
 DOCUMENT_CACHE_SIZE = 1024
-"""Documents whose parse and validation are kept (per process)."""
+"""Document texts whose parse and validation are kept (per app)."""
 PLAN_CACHE_SIZE = 1024
 """Planned (document, operation, variables) kept (per process)."""
 ENCODED_PER_PLAN = 512
 """Serialised shared members kept per plan (a cohort's burst reuses them)."""
 
 _REVISION = "revision"
-
-
-def document_caches() -> list[Callable[[], SchemaExtension]]:
-    """Strawberry's own parse and validation caches, as extension factories.
-    They key on the query text and parse options (the token limit set in
-    ``on_operation``) and on the document and the validation rules: the
-    limiters still refuse what they refuse, once per document."""
-    return [
-        lambda: _ParserCache(maxsize=DOCUMENT_CACHE_SIZE),
-        lambda: ValidationCache(maxsize=DOCUMENT_CACHE_SIZE),
-    ]
-
-
-class _ParserCache(ParserCache):
-    """`ParserCache`, but a document that does not parse is left to the
-    ordinary parse, which raises it where Strawberry turns it into the
-    operation's error (the edge's refusal code included)."""
-
-    def on_parse(self) -> Iterator[None]:
-        context = self.execution_context
-        with contextlib.suppress(GraphQLError):
-            context.graphql_document = self.cached_parse_document(
-                context.query, **context.parse_options
-            )
-        yield
 
 
 class SharedPlan:

@@ -49,7 +49,12 @@ _ON_POST = frozenset(OperationType)
 
 def encode_json(data: object) -> str:
     """The app's JSON, over HTTP and on the socket (Strawberry's spelling)."""
-    return json.dumps(data, separators=(",", ":"))
+    return _ENCODER.encode(data)
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""``json.dumps(data, separators=(",", ":"))``'s encoder, built once (``dumps``
+builds one per call when given separators)."""
 
 
 async def resolve_context(

@@ -238,14 +238,14 @@ def parse_passport(value: str | None) -> Passport:
     `PassportMalformed` for anything that is not a passport in the format
     this module documents.
     """
-    if value is None or not value.strip():
+    text = value.strip() if value is not None else ""
+    if not text:
         raise PassportMissing(f"no {PASSPORT_HEADER} header: the gateway passed no passport")
-    text = value.strip()
     if len(text) > MAX_PASSPORT_BYTES:
         raise PassportMalformed(
             f"{PASSPORT_HEADER} is longer than {MAX_PASSPORT_BYTES} characters"
         )
-    if not text.startswith("{"):
+    if text[0] != "{":
         text = _decode_base64url(text)
     try:
         document = _DECODER.decode(text)
@@ -253,24 +253,28 @@ def parse_passport(value: str | None) -> Passport:
         raise PassportMalformed(f"passport malformed: member {exc.name!r} appears twice") from None
     except (ValueError, RecursionError):
         raise PassportMalformed(f"{PASSPORT_HEADER} is not valid JSON") from None
-    if not isinstance(document, dict):
+    if type(document) is not dict:
         raise PassportMalformed("passport malformed: not a JSON object")
     problem = _validate(document)
     if problem:
         raise PassportMalformed(f"passport malformed: {problem}")
     sub = document["sub"]
     org = document.get("org")
+    roles = document.get("roles")
     claims = {k: v for k, v in document.items() if k not in _KNOWN}
     # The org, roles and kind repeat across a pod's sessions: one string each
     # (interned; a socket keeps its passport for its life), not one per socket.
-    return Passport(
-        sub=sub,
-        actor=document.get("actor") or sub,
-        org=None if org is None else sys.intern(org),
-        roles=tuple(dict.fromkeys(sys.intern(role) for role in document.get("roles") or ())),
-        kind=cast(PassportKind, sys.intern(document.get("kind", "person"))),
-        claims=MappingProxyType(claims) if claims else _NO_CLAIMS,
-    )
+    # Built as validated (the document passed `_validate`, its claims hold no
+    # reserved name), without `Passport.__post_init__` checking it all again.
+    passport = object.__new__(Passport)
+    setattr_ = object.__setattr__
+    setattr_(passport, "sub", sub)
+    setattr_(passport, "actor", document.get("actor") or sub)
+    setattr_(passport, "org", None if org is None else sys.intern(org))
+    setattr_(passport, "roles", tuple(dict.fromkeys(map(sys.intern, roles))) if roles else ())
+    setattr_(passport, "kind", sys.intern(document.get("kind", "person")))
+    setattr_(passport, "claims", MappingProxyType(claims) if claims else _NO_CLAIMS)
+    return passport
 
 
 def _decode_base64url(text: str) -> str:
@@ -298,11 +302,13 @@ def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # A member given twice is read differently by different JSON parsers
     # (first wins, last wins): the gateway and the engine could disagree on
     # who the caller is, so the value is refused outright.
-    out: dict[str, Any] = {}
-    for name, value in pairs:
-        if name in out:
-            raise _DuplicateMember(name)
-        out[name] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for name, _value in pairs:
+            if name in seen:
+                raise _DuplicateMember(name)
+            seen.add(name)
     return out
 
 

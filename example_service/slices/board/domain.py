@@ -146,30 +146,25 @@ class OrgBoard(Aggregate):
         return cls(board.id, board.org, board.title, board.archived)
 
 
+ORG_SETTING = "app.current_org_id"
+"""The transaction-local setting ``org_board``'s row-level security policy reads."""
+
+
 async def enter_org(conn: Any, org: str | None) -> None:
     """Set the transaction's RLS org context (``''``: none, so nothing is visible)."""
-    await conn.execute("SELECT set_config('app.current_org_id', $1, true)", org or "")
+    await conn.execute("SELECT set_config($1, $2, true)", ORG_SETTING, org or "")
 
 
 class OrgBoardStore(CrudStore[OrgBoard, str]):
     """``org_board`` is under FORCE ROW LEVEL SECURITY for writes as well as
     reads: every write enters the row's org first (a transaction-local
-    setting, gone at commit)."""
+    setting the pipeline sets in the write's own round trip, gone at commit)."""
 
     TABLE = "org_board"
     AGGREGATE = OrgBoard
 
-    async def create(self, conn: Any, aggregate: OrgBoard) -> None:
-        await enter_org(conn, aggregate.org)
-        await super().create(conn, aggregate)
-
-    async def save(self, conn: Any, aggregate: OrgBoard) -> None:
-        await enter_org(conn, aggregate.org)
-        await super().save(conn, aggregate)
-
-    async def delete(self, conn: Any, aggregate: OrgBoard) -> None:
-        await enter_org(conn, aggregate.org)
-        await super().delete(conn, aggregate)
+    def settings(self, aggregate: OrgBoard) -> Mapping[str, str]:
+        return {ORG_SETTING: aggregate.org or ""}
 
 
 OrgBoard.Store = OrgBoardStore()

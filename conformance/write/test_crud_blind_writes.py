@@ -1,0 +1,129 @@
+"""A `CrudStore` write of a row the transaction did not load first (a blind
+save, a delete): under the aggregate's advisory lock, in one round trip
+with it (and BEGIN while deferred), its values inlined; with the lock
+already held, the store's own prepared statement; a store with its own
+`save` or `delete` takes the lock (and its `settings`) first, then runs it.
+Whatever the path, a missing row is `NotFound` naming its key, a broken
+constraint is the write's stage, and a lock held elsewhere is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from service_engine import Database, Mutation, MutationError, Success
+from service_engine.clock import SystemClock
+from service_engine.db.errors import ConstraintViolation, Stage
+from service_engine.db.locks import aggregate_lock_key
+from service_engine.embedded import ProvisionedDatabase
+from service_engine.persistence.base import NotFound
+from service_engine.pipeline.run import run_pipeline
+
+from ..support.example_support import example_config
+from ..support.harness import Statements, owner_connection
+from ..support.sample_counter import (
+    WRITER,
+    CrudCounter,
+    CrudCounterStore,
+    create_counter,
+    executor_for,
+)
+
+
+class OwnWrites(CrudCounter):
+    """A counter whose store has its own save and delete, and a setting."""
+
+
+class OwnWritesStore(CrudCounterStore):
+    def settings(self, aggregate: CrudCounter) -> Mapping[str, str]:
+        return {"app.tag": "on"}
+
+    async def save(self, conn: Any, aggregate: CrudCounter) -> None:
+        await super().save(conn, aggregate)
+
+    async def delete(self, conn: Any, aggregate: CrudCounter) -> None:
+        await super().delete(conn, aggregate)
+
+
+OwnWrites.Store = OwnWritesStore(OwnWrites)
+
+
+def counter(style: type[CrudCounter], key: str, value: int) -> CrudCounter:
+    return style(key, value, last_actor="w")
+
+
+async def put(cx: Mutation[Any], style: type[CrudCounter], key: str, *values: int) -> None:
+    for value in values:
+        await cx.save(counter(style, key, value))
+
+
+async def drop(cx: Mutation[Any], style: type[CrudCounter], key: str) -> None:
+    await cx.delete(counter(style, key, 0))
+
+
+async def _pipeline(db: Database, handler: Any, *args: Any) -> Any:
+    return await run_pipeline(db, example_config(), lambda conn, now: Mutation(
+        conn, example_config(), now, WRITER), lambda cx: handler(cx, *args), clock=SystemClock())
+
+
+async def test_a_blind_save_or_delete_rides_with_its_lock(
+    logged: tuple[Database, Statements],
+) -> None:
+    """A save of a row not loaded is one round trip with BEGIN and its lock,
+    a second save of it (the lock held) the store's prepared UPDATE, and a
+    delete one round trip with its lock; then COMMIT's."""
+    db, statements = logged
+    executor = executor_for(db)
+    for key in ("warm", "k1"):
+        assert await executor.ack(WRITER, create_counter, CrudCounter, key) == Success()
+    assert await executor.ack(WRITER, put, CrudCounter, "warm", 1) == Success()
+    statements.take()
+    assert await executor.ack(WRITER, put, CrudCounter, "k1", 4, 5) == Success()
+    saved = [s for s in statements.take() if "typeinfo_tree" not in s]
+    assert await executor.ack(WRITER, drop, CrudCounter, "k1") == Success()
+    dropped = [s for s in statements.take() if "typeinfo_tree" not in s]
+    assert len(saved) == 3 and len(dropped) == 2, (saved, dropped)
+    first = saved[0].split("; ")
+    assert first[0].startswith("BEGIN") and first[2].startswith("SELECT pg_advisory_xact_lock(")
+    assert first[3].startswith('UPDATE "sample_counter_crud"') and "json_populate_record" in first[3]
+    assert saved[1].startswith('UPDATE "sample_counter_crud"') and "$1" in saved[1], saved
+    assert dropped[0].split("; ")[3].startswith('DELETE FROM "sample_counter_crud"'), dropped
+    assert saved[-1].startswith("COMMIT") and dropped[-1].startswith("COMMIT")
+    assert await db.pool.fetchval("SELECT count(*) FROM sample_counter_crud WHERE id = 'k1'") == 0
+
+
+async def test_a_blind_writes_refusals_name_its_key_stage_and_lock(
+    database: ProvisionedDatabase, db: Database,
+) -> None:
+    """On the inlined path and on a store's own save alike: a missing row is
+    `NotFound` naming its key, a value the table's check refuses is a
+    `ConstraintViolation` at stage ``save``; the own save runs under the
+    store's settings (a check on ``current_setting`` admits it); a key whose
+    advisory lock is held elsewhere is refused as ``lock_timeout``."""
+    async with owner_connection(database) as conn:
+        await conn.execute("ALTER TABLE sample_counter_crud ADD CONSTRAINT tagged CHECK"
+                           " (id NOT LIKE 'own%' OR coalesce(current_setting('app.tag', true), '') = 'on')"
+                           " NOT VALID")
+    executor = executor_for(db, lock_timeout=timedelta(milliseconds=200))
+    for style, key in ((CrudCounter, "c1"), (OwnWrites, "own1")):
+        assert await executor.ack(WRITER, create_counter, style, key) == Success()
+        with pytest.raises(NotFound) as missing:
+            await _pipeline(db, put, style, f"{key}-none", 1)
+        assert missing.value.key == f"{key}-none"
+        with pytest.raises(ConstraintViolation) as broken:
+            await _pipeline(db, put, style, key, 2_000_000)
+        assert (broken.value.kind, broken.value.stage) == ("check", Stage.SAVE)
+        assert await executor.ack(WRITER, put, style, key, 7) == Success()
+        assert await db.pool.fetchval(
+            "SELECT value FROM sample_counter_crud WHERE id = $1", key) == 7
+        async with db.pool.acquire() as holder, holder.transaction():
+            await holder.execute("SELECT pg_advisory_xact_lock($1)",
+                                 aggregate_lock_key(style.Store.store_type, key))
+            refused = await executor.ack(WRITER, put, style, key, 8)
+        assert isinstance(refused, MutationError) and refused.code == "lock_timeout", refused
+        assert await executor.ack(WRITER, drop, style, key) == Success()
+        assert await db.pool.fetchval(
+            "SELECT count(*) FROM sample_counter_crud WHERE id = $1", key) == 0
