@@ -30,7 +30,8 @@ defaults (``ws_max_sockets`` not raised), and:
 
 ``--rounds`` repeats the storm, the trees interleaved (each tree's service
 up for the whole run). ``--py-spy FILE`` records the service's stacks during
-each storm (py-spy's raw format, ``FILE.<round>.<n>.txt``); ``--timeline``
+each storm (py-spy's raw format, ``FILE.<round>.<n>.txt``; ``bench/spy_profile.py``
+sums them per function); ``--timeline``
 prints, every half second of a storm, the CPU shares of the service, this
 process and Postgres and how many sockets were upgraded, acknowledged and
 live. The leak test's subscribers are ``bench/e2e.py``'s. Each service's
