@@ -82,7 +82,7 @@ if TYPE_CHECKING:
         Reaction,
         Success,
     )
-    from .principal_facts import PrincipalFactLoader
+    from .principal_facts import PrincipalFactBatchLoader, PrincipalFactLoader
     from .readiness import ReadinessHandle
     from .render import CohortKey, Keys, Ordered, Query
     from .render.projector import (
@@ -133,6 +133,7 @@ _EXPORTS: dict[str, str] = {
     "Ordered": ".render",
     "PerImpact": ".render.projector",
     "Populate": ".render.projector",
+    "PrincipalFactBatchLoader": ".principal_facts",
     "PrincipalFactLoader": ".principal_facts",
     "Projector": ".render.projector",
     "Query": ".render",
@@ -211,6 +212,7 @@ __all__ = [
     "Ordered",
     "PerImpact",
     "Populate",
+    "PrincipalFactBatchLoader",
     "PrincipalFactLoader",
     "Projector",
     "Query",

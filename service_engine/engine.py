@@ -23,7 +23,13 @@ from .config import EngineConfig
 from .db.pool import Database
 from .db.schema_version import VersionIdentity
 from .erasure import Eraser, ErasureResult
-from .failures import DuplicateRegistration, EngineError, ShuttingDown, WorkerStopped
+from .failures import (
+    DuplicateRegistration,
+    EngineError,
+    NestedConnectionError,
+    ShuttingDown,
+    WorkerStopped,
+)
 from .impacts.model import JsonValue
 from .impacts.transport import PgListenNotify
 from .integration.component import Integration
@@ -40,7 +46,7 @@ from .pipeline import MutationExecutor
 from .pipeline.ops import Ops
 from .pipeline.run import run_pipeline
 from .preflight import check_boot, check_start
-from .principal_facts import PrincipalFactLoader, PrincipalFactLoaders
+from .principal_facts import PrincipalFactBatchLoader, PrincipalFactLoader, PrincipalFactLoaders
 from .readiness import REASON_BOOTING, REASON_SHUTTING_DOWN, ReadinessHandle
 from .render.projector import Projector, RlsApplier
 from .render.registry import RenderRegistry
@@ -102,7 +108,7 @@ class Engine:
             serve=self.register_projector, nats_health=self.integration.nats_health,
             accepting=self.ensure_accepting,
         )
-        self.principal_facts = PrincipalFactLoaders()
+        self.principal_facts = PrincipalFactLoaders(inline=self._holds_connection)
         """The slices' principal fact loaders (`register_principal_fact`)."""
         self._eraser = Eraser(
             db, config, lanes=self.lanes.accumulators, blobs=self.blobs,
@@ -229,18 +235,33 @@ class Engine:
                 raise DuplicateRegistration("command", command.name)
             self._commands[command.name] = command
 
-    def register_principal_fact(self, loader: PrincipalFactLoader) -> None:
+    def register_principal_fact(
+        self, loader: PrincipalFactLoader | PrincipalFactBatchLoader, *, many: bool = False
+    ) -> None:
         """Run ``loader`` (``async (principal) -> principal`` with the slice's
         fact) right after every principal is resolved and on a
         principal-facts refresh (through `load_principal_facts` unless the
-        service registered its own refresh). A failing loader is fail-closed."""
+        service registered its own refresh). With ``many=True`` the loader
+        takes the list of principals resolved in one loop turn and answers
+        the list (``async (principals) -> principals``, in order): one read
+        for a burst of sockets. A failing loader is fail-closed."""
         first = not len(self.principal_facts)
-        self.principal_facts.register(loader)
+        self.principal_facts.register(loader, many=many)
         if first:
             with contextlib.suppress(DuplicateRegistration):
                 self.render.register_principal_refresh(self.load_principal_facts)
 
     load_principal_facts = Delegate("principal_facts", PrincipalFactLoaders.load)
+
+    def _holds_connection(self) -> bool:
+        """Whether the current task holds a connection of the pool (a
+        handler's): its principal facts load in it, where a loader reaching
+        the pool is refused (`NestedConnectionError`), not in a batch's task."""
+        try:
+            self.db.refuse_nested("load_principal_facts")
+        except NestedConnectionError:
+            return True
+        return False
 
     # -- scopes (`Scopes`) ------------------------------------------------
 

@@ -110,8 +110,12 @@ class Metrics:
             "service_engine_resets",
             description="Sessions reset, by projector and cause (overflow, reconnect, threshold)",
         )
-        self.live_sessions = meter.create_gauge(
+        # Kept in a plain dict on every attach and detach and observed at
+        # each collection: a burst of attaches sets no instrument.
+        self._live_sessions: dict[str, int] = {}
+        self.live_sessions = meter.create_observable_gauge(
             "service_engine_live_sessions",
+            callbacks=[self._observe_live_sessions],
             description="Live sessions attached to this pod, by projector",
         )
         self.render_pass_duration = meter.create_histogram(
@@ -244,8 +248,13 @@ class Metrics:
             self.resets.add(count, {**self.labels, "projector": projector, "cause": cause})
 
     def set_live_sessions(self, projector: str, count: int) -> None:
-        """Gauge the live sessions of ``projector`` on this pod."""
-        self.live_sessions.set(count, {**self.labels, "projector": projector})
+        """Gauge the live sessions of ``projector`` on this pod (observed
+        at the next collection)."""
+        self._live_sessions[projector] = count
+
+    def _observe_live_sessions(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(count, {**self.labels, "projector": projector})
+                for projector, count in list(self._live_sessions.items())]
 
     def observe_render_pass(self, seconds: float) -> None:
         """Record one render pass's duration."""

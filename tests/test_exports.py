@@ -31,7 +31,7 @@ EXPECTED = {
     # gates
     "Gate", "gated", "Reason", "ActionName", "Affordances", "affordances",
     # erasure, time, principal facts
-    "Erase", "Erasable", "Timestamp", "Clock", "PrincipalFactLoader",
+    "Erase", "Erasable", "Timestamp", "Clock", "PrincipalFactLoader", "PrincipalFactBatchLoader",
     # the integration envelope a reaction reads and a write emits
     "IntegrationEvent", "IntegrationCommand", "InboundReaction", "EventMetadata", "Actor",
 }

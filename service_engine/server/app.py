@@ -29,7 +29,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 from graphql import ASTValidationRule, DocumentNode, GraphQLError
 from starlette.applications import Starlette
@@ -464,6 +464,13 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
+class HeaderLookup(Protocol):
+    """A request's headers as far as the socket's admission reads them:
+    one header's (first) value by name, any case."""
+
+    def get(self, name: str, /) -> str | None: ...
+
+
 class HandshakeSlots:
     """The ``ws_max_handshakes`` slots of one app: a socket holds one from
     its upgrade until its ``connection_init`` arrives or it ends."""
@@ -532,7 +539,7 @@ class _EngineGraphQL:
         self.http = GraphQLHttp(engine, served, resolver, ide_html=ide_html)
         """The ASGI app of ``POST /graphql`` and ``GET`` queries."""
 
-    def origin_allowed(self, headers: Mapping[str, str]) -> bool:
+    def origin_allowed(self, headers: HeaderLookup) -> bool:
         """Whether an upgrade with ``headers`` may open the socket: no
         ``Origin`` (not a browser), a same-origin page, or an origin of
         ``allowed_origins`` (``"*"``: any), as Strawberry's view decides."""
@@ -556,7 +563,7 @@ class _EngineGraphQL:
         self, context: GraphQLContext[Any], payload: Mapping[str, object]
     ) -> tuple[int, str] | None:
         """Resolve the socket's principal; the close (code, reason) refusing it, or None."""
-        value = context.request.headers.get(PASSPORT_HEADER)
+        value = context.request.get(PASSPORT_HEADER)  # the socket's `WireRequest`
         if value is None and self.passport_from_connection_params:
             value = _connection_param(payload, PASSPORT_HEADER)
         try:

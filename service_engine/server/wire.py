@@ -168,7 +168,7 @@ class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWrite
         self._paused = False
         self._waiters: list[asyncio.Future[None]] | None = None
         self._slot = False
-        self._unanswered = False
+        self._unanswered = None
         self._closed = False
         self._lost = False
         self._upgraded = False
@@ -273,9 +273,9 @@ class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWrite
         if self._closed:
             self._close_now()
             return
-        if self.response is not None or self._unanswered:
+        if self.response is not None or self._unanswered is not None:
             # Still waiting for a handshake slot: 500, as uvicorn answers.
-            self._unanswered = False
+            self._unanswered = None
             self._send_response_and_close(self.conn.reject(500, "Internal Server Error"))
             self._ended()
             return

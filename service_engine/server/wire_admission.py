@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import http
 import logging
 import sys
 from collections import deque
@@ -52,9 +53,9 @@ class WireRequest:
 
     def __init__(self, headers: Iterable[tuple[str, str]], path: str,
                  client: tuple[str, int] | None) -> None:
-        self._headers = b"\r\n".join(
-            f"{key.lower()}: {value}".encode("latin-1") for key, value in headers
-        )
+        self._headers = "\r\n".join(
+            [f"{key.lower()}: {value}" for key, value in headers]
+        ).encode("latin-1")
         self.path = path
         self.client = client
 
@@ -68,12 +69,20 @@ class WireRequest:
     def headers(self) -> Headers:
         return Headers(raw=self._raw())
 
-    def upgrade(self) -> Request:
-        """The upgrade request again, for websockets' ``accept`` (which
-        reads only its headers)."""
-        return Request(self.path, WsHeaders(
-            [(name.decode("latin-1"), value.decode("latin-1")) for name, value in self._raw()]
-        ))
+    def get(self, name: str) -> str | None:
+        """The value of the header ``name`` (its first, as ``headers.get``
+        answers), found in the one bytes object without parsing the rest."""
+        key = name.lower().encode("latin-1") + b": "
+        blob = self._headers
+        if blob.startswith(key):
+            start = len(key)
+        else:
+            at = blob.find(b"\r\n" + key)
+            if at < 0:
+                return None
+            start = at + 2 + len(key)
+        end = blob.find(b"\r\n", start)
+        return blob[start:end if end >= 0 else len(blob)].decode("latin-1")
 
     @property
     def scope(self) -> Mapping[str, Any]:
@@ -132,6 +141,9 @@ class AttachGate:
                 return
         self.free += 1
 
+
+_SWITCHING = http.HTTPStatus.SWITCHING_PROTOCOLS.phrase
+"""The reason phrase of a 101 (websockets' ``accept`` answers with it)."""
 
 TURN_AFTER_ACK = 2.0
 """Seconds an acknowledged socket keeps its attach turn waiting for its
@@ -221,36 +233,37 @@ class SocketAdmission(SocketState):
             self._slot = True
             self._admitted()
             return
-        # A burst holds every slot: wait for one, unanswered, holding only
-        # the upgrade's headers as `WireRequest`'s one bytes object: neither
-        # the parsed request (nor websockets' parser that keeps it) nor the
-        # response, rebuilt when the slot comes. Thousands of sockets wait
-        # here in a burst; their parsed headers (~70 small blocks a socket)
-        # would be freed only after the sessions admitted meanwhile had
-        # filled the heap around them.
+        # A burst holds every slot: wait for one, unanswered, holding the
+        # upgrade's headers as `WireRequest`'s one bytes object and the
+        # headers of websockets' accepting response as one string (the
+        # response is rebuilt from them when the slot comes: the handshake
+        # is validated and accepted once). Neither the parsed request (nor
+        # websockets' parser that keeps it) nor the response: thousands of
+        # sockets wait here in a burst, and their parsed headers (~70 small
+        # blocks a socket) would be freed only after the sessions admitted
+        # meanwhile had filled the heap around them.
+        response = self.response
+        assert response is not None
         self.response = None
-        # Nor a task: it waits in the endpoint's queue (`_release_slot`).
-        self._unanswered = True
+        self._unanswered = "\r\n".join(
+            f"{name}: {value}" for name, value in response.headers.raw_items())
+        # No task: it waits in the endpoint's queue (`_release_slot`).
         self._endpoint.gate(self.loop).unanswered.append(self)
 
     def _slot_taken(self) -> None:
         """A handshake slot came for this unanswered socket (`AttachGate.answer_next`)."""
         self._slot = True
-        self._unanswered = False
-        assert self.request is not None
-        response = self.response = self.conn.accept(self.request.upgrade())
-        self._deflate = bool(self.conn.extensions)
-        if response.status_code != 101:  # accepted once already: not expected
-            self._release_slot()
-            self._send_response_and_close(response)
-            self._ended()
-            return
+        headers, self._unanswered = self._unanswered, None
+        assert headers is not None
+        self.response = Response(101, _SWITCHING, WsHeaders(
+            [cast(tuple[str, str], tuple(line.split(": ", 1))) for line in headers.split("\r\n")]
+        ))
         self._admitted()
 
     def _admitted(self) -> None:
         view = self._endpoint.view
         assert self.request is not None
-        if not view.origin_allowed(self.request.headers):
+        if not view.origin_allowed(self.request):
             self._reject()
             self._ended()
             return

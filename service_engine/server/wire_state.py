@@ -106,7 +106,8 @@ class SocketState(asyncio.Protocol):
     _paused: bool
     _waiters: list[asyncio.Future[None]] | None
     _slot: bool
-    _unanswered: bool
+    _unanswered: str | None
+    """While waiting unanswered for a handshake slot: the accepting response's headers."""
     _closed: bool
     _lost: bool
     _upgraded: bool

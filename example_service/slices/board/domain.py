@@ -219,9 +219,18 @@ class Invite(Aggregate):
 Invite.Store = CrudStore.of(Invite, "board_invite", key="token_hash")
 
 
-async def with_memberships(db: Database, principal: Principal) -> Principal:
-    """``principal`` with its `BOARD_MEMBERSHIPS` fact: the boards they joined."""
+async def with_memberships(db: Database, principals: list[Principal]) -> list[Principal]:
+    """Each of ``principals`` with its `BOARD_MEMBERSHIPS` fact: the boards
+    they joined (registered ``many``: one read for every principal resolved
+    in one loop turn)."""
     # One autocommit read that leaves no session state: released without
     # the pool's reset round trip.
-    rows = await db.fetch("SELECT board_id FROM board_member WHERE person = $1", principal.id)
-    return principal.with_fact(BOARD_MEMBERSHIPS, [row["board_id"] for row in rows])
+    rows = await db.fetch(
+        "SELECT person, board_id FROM board_member WHERE person = ANY($1::text[])",
+        [principal.id for principal in principals],
+    )
+    joined: dict[str, list[str]] = {}
+    for row in rows:
+        joined.setdefault(row["person"], []).append(row["board_id"])
+    return [principal.with_fact(BOARD_MEMBERSHIPS, joined.get(principal.id, ()))
+            for principal in principals]

@@ -15,8 +15,9 @@ ERASED = "erased"
 
 
 def register(engine: Engine) -> None:
-    """The `BOARD_MEMBERSHIPS` fact loader: the boards the principal joined."""
-    engine.register_principal_fact(partial(with_memberships, engine.db))
+    """The `BOARD_MEMBERSHIPS` fact loader: the boards the principal joined
+    (one read for the principals resolved together)."""
+    engine.register_principal_fact(partial(with_memberships, engine.db), many=True)
 
 
 class BoardErasure:
