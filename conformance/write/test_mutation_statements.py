@@ -189,7 +189,7 @@ async def test_a_rename_over_graphql_takes_its_pinned_round_trips(
         assert renamed["renameBoard"] == {"success": True, "error": None}
         sent = _without_introspection(statements.take())
     assert len(sent) == RENAME_ROUND_TRIPS, "\n".join(sent)
-    assert sent[0].startswith("SELECT board_id FROM board_member")
+    assert sent[0].startswith("SELECT person, board_id FROM board_member")  # a batch of one
     assert sent[1].startswith("BEGIN; SET LOCAL lock_timeout")
     assert sent[2].startswith('SELECT service_engine."cmd_rename_board_'), sent
     # The board's lock, row, claim and release are the call's own.
