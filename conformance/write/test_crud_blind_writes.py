@@ -16,11 +16,12 @@ import pytest
 
 from service_engine import Database, Mutation, MutationError, Success
 from service_engine.clock import SystemClock
-from service_engine.db.errors import ConstraintViolation, Stage
+from service_engine.db.errors import ConstraintViolation, DatabaseError, Stage
 from service_engine.db.locks import aggregate_lock_key
 from service_engine.embedded import ProvisionedDatabase
 from service_engine.persistence.base import NotFound
 from service_engine.pipeline.run import run_pipeline
+from service_engine.testing.faults import InjectFault
 
 from ..support.example_support import example_config
 from ..support.harness import Statements, owner_connection
@@ -75,9 +76,10 @@ async def create_then_put(cx: Mutation[Any], style: type[CrudCounter], key: str,
     await cx.save(counter(style, key, 2))
 
 
-async def _pipeline(db: Database, handler: Any, *args: Any) -> Any:
+async def _pipeline(db: Database, handler: Any, *args: Any, hook: Any = None) -> Any:
     return await run_pipeline(db, example_config(), lambda conn, now: Mutation(
-        conn, example_config(), now, WRITER), lambda cx: handler(cx, *args), clock=SystemClock())
+        conn, example_config(), now, WRITER), lambda cx: handler(cx, *args), clock=SystemClock(),
+        hook=hook)
 
 
 async def test_a_blind_save_or_delete_rides_with_its_lock(
@@ -155,3 +157,15 @@ async def test_a_blind_writes_refusals_name_its_key_stage_and_lock(
         assert await executor.ack(WRITER, drop, style, key) == Success()
         assert await db.pool.fetchval(
             "SELECT count(*) FROM sample_counter_crud WHERE id = $1", key) == 0
+
+
+async def test_a_fault_right_after_begin_is_begins_when_an_insert_rode_with_it(
+    db: Database,
+) -> None:
+    """The fault hook's BEGIN stage runs once the round trip that began the
+    transaction returned; when an INSERT rode in that round trip, a failure
+    of the hook's own statement is still BEGIN's, not the insert's."""
+    with pytest.raises(DatabaseError) as caught:
+        await _pipeline(db, create_counter, CrudCounter, "f1", hook=InjectFault(Stage.BEGIN))
+    assert caught.value.stage is Stage.BEGIN
+    assert await db.pool.fetchval("SELECT count(*) FROM sample_counter_crud WHERE id = 'f1'") == 0

@@ -218,6 +218,7 @@ class Transaction:
             self.failed = error
             raise error from exc
         self._riding = []  # the writes that rode in it are done
+        self._then_stage = None  # it named this call's errors only, not the BEGIN hook's below
         if self._on_begun is not None and self._begin is None:
             # The call that just returned sent BEGIN: the hook's BEGIN stage.
             on_begun, self._on_begun = self._on_begun, None
