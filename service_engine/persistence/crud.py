@@ -292,19 +292,21 @@ class CrudStore(Persistence[A, K]):
     def key_of(self, aggregate: A) -> K:
         return cast(K, self.to_row(aggregate)[self.KEY])
 
-    def _values(self, aggregate: A) -> list[object]:
-        """Column values in statement order: the key first, then the others."""
+    def _row(self, aggregate: A) -> Mapping[str, object]:
+        """`to_row`, every column of ``COLUMNS`` in it (else `ConfigError`)."""
         row = self.to_row(aggregate)
         missing = [c for c in self.COLUMNS if c not in row]
         if missing:
             raise ConfigError(f"{type(self).__qualname__}.to_row lacks columns {missing}")
+        return row
+
+    def _values(self, aggregate: A) -> list[object]:
+        """Column values in statement order: the key first, then the others."""
+        row = self._row(aggregate)
         return [row[self.KEY], *(row[c] for c in self.COLUMNS if c != self.KEY)]
 
     def _insert_values(self, aggregate: A) -> list[object]:
-        row = self.to_row(aggregate)
-        missing = [c for c in self.COLUMNS if c not in row]
-        if missing:
-            raise ConfigError(f"{type(self).__qualname__}.to_row lacks columns {missing}")
+        row = self._row(aggregate)
         return [row[c] for c in self.COLUMNS]
 
     async def load(self, conn: Conn, key: K) -> A | None:
@@ -393,10 +395,7 @@ class CrudStore(Persistence[A, K]):
         literal (each column read by its own type on the server), or None
         when a value has no exact JSON text (a naive datetime, NaN, a type
         JSON does not know)."""
-        row = self.to_row(aggregate)
-        missing = [c for c in self.COLUMNS if c not in row]
-        if missing:
-            raise ConfigError(f"{type(self).__qualname__}.to_row lacks columns {missing}")
+        row = self._row(aggregate)
         try:
             text = json.dumps({c: _json_value(row[c]) for c in columns},
                               allow_nan=False, separators=(",", ":"))

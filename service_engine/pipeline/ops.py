@@ -252,7 +252,8 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
             self._images.clear()
             self._tx.defer_write(Stage.SAVE, later)
         elif isinstance(store, CrudStore):
-            await self._write_crud(Stage.SAVE, store, aggregate, store.save_inlined(aggregate),
+            await self._write_crud(Stage.SAVE, store, aggregate, identity,
+                                   store.save_inlined(aggregate),
                                    lambda: store.save(self._conn, aggregate))
         else:
             await self._lock(store, store.key_of(aggregate))
@@ -270,7 +271,8 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
         identity = self._identity(store, store.key_of(aggregate))
         if isinstance(store, CrudStore):
             self._tx.forget_pinned(identity)
-            await self._write_crud(Stage.DELETE, store, aggregate, store.delete_inlined(aggregate),
+            await self._write_crud(Stage.DELETE, store, aggregate, identity,
+                                   store.delete_inlined(aggregate),
                                    lambda: store.delete(self._conn, aggregate))
         else:
             await self._lock(store, store.key_of(aggregate))
@@ -434,7 +436,7 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
 
     async def _write_crud(
         self, stage: Stage, store: CrudStore[Any, Any], aggregate: Aggregate,
-        inlined: str | None, write: Callable[[], Awaitable[None]],
+        identity: Identity, inlined: str | None, write: Callable[[], Awaitable[None]],
     ) -> None:
         """A `CrudStore`'s save or delete (its one statement locks the row)
         in one round trip with its advisory lock (and BEGIN, while
@@ -444,7 +446,7 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
         (the store's own, prepared) runs after them."""
         key = store.key_of(aggregate)
         settings = store.settings_sql(aggregate)
-        held = self._tx.holds_lock(self._identity(store, key))
+        held = self._tx.holds_lock(identity)
         if inlined is not None and (settings or not held):
             status = await self._lock_all([(store, key)], batched(settings, inlined), stage)
             if affected(status) == 0:

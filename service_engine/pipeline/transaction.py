@@ -99,8 +99,8 @@ class Transaction:
     ``claimed_before``, ``begun`` and `holds_lock`.
     """
 
-    __slots__ = ("_begin", "_claim", "_locked", "_on_begun", "_pinned", "_riding",
-                 "_then_stage", "_writes", "claimed_before", "conn", "failed")
+    __slots__ = ("_begin", "_claim", "_locked", "_on_begun", "_pinned", "_riding", "_writes",
+                 "claimed_before", "conn", "failed")
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
@@ -113,7 +113,6 @@ class Transaction:
         self._pinned: set[Identity] = set()
         self._writes: list[_Write] = []
         self._riding: list[_Write] = []  # the deferred writes in the round trip in flight
-        self._then_stage: Stage | None = None  # the stage of a `lock_keys` round trip's write
 
     # -- what is pending ------------------------------------------------------
 
@@ -190,9 +189,13 @@ class Transaction:
 
     # -- sending ------------------------------------------------------------
 
-    async def run(self, stage: Stage, call: Callable[[], Awaitable[T]]) -> T:
+    async def run(
+        self, stage: Stage, call: Callable[[], Awaitable[T]], *, written: Stage | None = None
+    ) -> T:
         """Run one database call of ``stage`` (after a deferred BEGIN),
-        translating driver errors; a driver error breaks the transaction."""
+        translating driver errors; a driver error breaks the transaction.
+        ``written``: the stage of the write the call ends with, which names
+        its errors other than a refused lock (`lock_keys`' ``then``)."""
         if self.failed is not None:
             raise self.failed
         if self.claimed_before:
@@ -214,11 +217,10 @@ class Transaction:
                 # The statement that began the transaction also took the
                 # first lock: a refused lock is the lock's, not BEGIN's.
                 stage = Stage.LOCK
-            error = translate_db_error(exc, self.stage_of(exc, stage))
+            error = translate_db_error(exc, self.stage_of(exc, stage, written))
             self.failed = error
             raise error from exc
         self._riding = []  # the writes that rode in it are done
-        self._then_stage = None  # it named this call's errors only, not the BEGIN hook's below
         if self._on_begun is not None and self._begin is None:
             # The call that just returned sent BEGIN: the hook's BEGIN stage.
             on_begun, self._on_begun = self._on_begun, None
@@ -277,11 +279,8 @@ class Transaction:
         if self._begin is not None:
             begin, self._begin = self._begin, None
             sql, stage = f"{begin}; {sql}", Stage.BEGIN
-        self._then_stage = then_stage if then else None
-        try:
-            status = await self.run(stage, lambda: self.conn.execute(sql))
-        finally:
-            self._then_stage = None
+        status = await self.run(stage, lambda: self.conn.execute(sql),
+                                written=then_stage if then else None)
         self._locked.update(identity for identity, _ in todo)
         return status
 
@@ -342,16 +341,19 @@ class Transaction:
         writes = _joined(self._ride_writes())
         await db.commit(self.conn, before="; ".join(s for s in (writes, riders) if s))
 
-    def stage_of(self, exc: BaseException, stage: Stage) -> Stage:
+    def stage_of(
+        self, exc: BaseException, stage: Stage, written: Stage | None = None
+    ) -> Stage:
         """The stage to name for ``exc``, raised by the last round trip at
         ``stage``: when deferred writes rode in it, a constraint of one's
-        table is that write's stage."""
+        table is that write's stage; when it ended with a write of stage
+        ``written``, any error but a refused lock is that write's."""
         table = getattr(exc, "table_name", None)
         for write_stage, write in self._riding:
             if table is not None and table == write.table:
                 return write_stage
-        if self._then_stage is not None and not is_lock_refusal(exc):
-            return self._then_stage
+        if written is not None and not is_lock_refusal(exc):
+            return written
         return stage
 
     def _ride_writes(self) -> list[_Write]:
