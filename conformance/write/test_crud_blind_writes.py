@@ -169,3 +169,71 @@ async def test_a_fault_right_after_begin_is_begins_when_an_insert_rode_with_it(
         await _pipeline(db, create_counter, CrudCounter, "f1", hook=InjectFault(Stage.BEGIN))
     assert caught.value.stage is Stage.BEGIN
     assert await db.pool.fetchval("SELECT count(*) FROM sample_counter_crud WHERE id = 'f1'") == 0
+
+
+async def create_then(cx: Mutation[Any], key: str, then: str) -> int | None:
+    await cx.create(counter(CrudCounter, key, 1))
+    if then == "load":
+        return (await cx.load(CrudCounter, key)).value
+    if then == "lock":
+        await cx.lock_all((CrudCounter, f"{key}-next"))
+    if then == "save-other":
+        other = await cx.load(CrudCounter, f"{key}-other")
+        other.value = 2_000_000  # the table's check refuses it
+        await cx.save(other)
+    return None
+
+
+async def test_a_create_waits_for_the_next_statement(
+    logged: tuple[Database, Statements],
+) -> None:
+    """A blind insert waits for the next statement, behind its advisory lock:
+    alone, BEGIN, the lock, the INSERT and COMMIT are one round trip; a load
+    of its key after it reads the new row; a lock taken after it comes after
+    the create's own (the handler's lock order)."""
+    db, statements = logged
+    executor = executor_for(db)
+    assert await executor.ack(WRITER, create_counter, CrudCounter, "warm") == Success()
+    statements.take()
+    assert await executor.ack(WRITER, create_counter, CrudCounter, "d1") == Success()
+    [sent] = [s for s in statements.take() if "typeinfo_tree" not in s]
+    assert sent.index("pg_advisory_xact_lock") < sent.index('INSERT INTO "sample_counter_crud"')
+    assert sent.index('INSERT INTO "sample_counter_crud"') < sent.index("; COMMIT; ")
+    assert await executor.execute(WRITER, create_then, "d2", "load") == 1
+    assert await executor.ack(WRITER, create_then, "d3", "lock") == Success()
+    sent = "; ".join(s for s in statements.take() if "pg_advisory_xact_lock" in s)
+    d3, following = (aggregate_lock_key(CrudCounter.Store.store_type, k) for k in ("d3", "d3-next"))
+    assert sent.index(f"pg_advisory_xact_lock({d3})") < sent.index(f"({following})"), sent
+    assert await db.pool.fetchval(
+        "SELECT array_agg(id ORDER BY id) FROM sample_counter_crud WHERE id LIKE 'd%'"
+    ) == ["d1", "d2", "d3"]
+
+
+async def test_a_waiting_creates_errors_stay_its_own(db: Database) -> None:
+    """A blind insert that waited for COMMIT's round trip keeps its errors:
+    a taken key is ``unique`` at stage ``create``, a lock held elsewhere
+    ``lock_timeout`` at stage ``lock``, and a pinned save of another row of
+    its table after it still ``save``'s; none commits anything."""
+    executor = executor_for(db, lock_timeout=timedelta(milliseconds=200))
+    assert await executor.ack(WRITER, create_counter, CrudCounter, "e1") == Success()
+    with pytest.raises(ConstraintViolation) as taken:
+        await _pipeline(db, create_counter, CrudCounter, "e1")
+    assert (taken.value.kind, taken.value.stage) == ("unique", Stage.CREATE)
+    async with db.pool.acquire() as holder, holder.transaction():
+        await holder.execute("SELECT pg_advisory_xact_lock($1)",
+                             aggregate_lock_key(CrudCounter.Store.store_type, "e2"))
+        refused = await executor.ack(WRITER, create_counter, CrudCounter, "e2")
+        with pytest.raises(DatabaseError) as held:
+            await run_pipeline(
+                db, example_config(lock_timeout=timedelta(milliseconds=200)),
+                lambda conn, now: Mutation(conn, example_config(), now, WRITER),
+                lambda cx: create_counter(cx, CrudCounter, "e2"), clock=SystemClock())
+    assert isinstance(refused, MutationError) and refused.code == "lock_timeout", refused
+    assert held.value.stage is Stage.LOCK
+    assert await executor.ack(WRITER, create_counter, CrudCounter, "e3-other") == Success()
+    with pytest.raises(ConstraintViolation) as broken:
+        await _pipeline(db, create_then, "e3", "save-other")
+    assert (broken.value.kind, broken.value.stage) == ("check", Stage.SAVE)
+    assert await db.pool.fetchval(
+        "SELECT array_agg(id ORDER BY id) FROM sample_counter_crud WHERE id LIKE 'e%'"
+    ) == ["e1", "e3-other"]

@@ -92,9 +92,12 @@ and the release reset in one round trip. Nothing after COMMIT. (21 before
 the first round of issue 11, 11 before the second, 8 with the interpreted
 command, 7 with the projection's lock, context and write apart.)"""
 
-CREATE_ROUND_TRIPS = 5
-"""A ``createBoard``: the same shape as `RENAME_ROUND_TRIPS`, the org
-projection's lock, RLS context and INSERT in one batch."""
+CREATE_ROUND_TRIPS = 4
+"""A ``createBoard``: the principal fact's read; BEGIN + lock bound; the
+``CreateBoard`` command's one call; then the org projection's lock, RLS
+context and INSERT (a blind insert: it waits for the next statement) with
+the impacts' NOTIFY, the offer's dirty mark, COMMIT and the release reset.
+(5 with the projection's insert in a round trip of its own.)"""
 
 DRAIN_PASS_ROUND_TRIPS = 4
 """One offer-drain pass over one dirty key, between lease renewals: the
@@ -213,8 +216,8 @@ async def test_a_create_over_graphql_takes_its_pinned_round_trips(
 ) -> None:
     """A ``createBoard``: after the principal fact's read and BEGIN, the
     ``CreateBoard`` command's one call, then the org projection's lock, its
-    RLS context and its INSERT in one batch (the row lands under the org's
-    policy), then the riders with COMMIT."""
+    RLS context and its INSERT riding with the riders and COMMIT (the row
+    lands under the org's policy)."""
     statements = RequestStatements()
     async with served(store, nats_server, statements) as http:
         for n in range(12):  # every pool connection past its type introspection
@@ -226,9 +229,11 @@ async def test_a_create_over_graphql_takes_its_pinned_round_trips(
     assert len(sent) == CREATE_ROUND_TRIPS, "\n".join(sent)
     assert sent[2].startswith('SELECT service_engine."cmd_create_board_'), sent
     batch = sent[3].split("; ")
-    assert batch[0].startswith("SELECT pg_advisory_xact_lock(") and len(batch) == 3, batch
+    assert batch[0].startswith("SELECT pg_advisory_xact_lock("), batch
     assert batch[1] == "SELECT set_config($m0$app.current_org_id$m0$, $m0$acme$m0$, true)"
     assert batch[2].startswith('INSERT INTO "org_board"'), batch
+    assert batch[3].startswith("SELECT pg_notify('service_engine_impacts'"), batch
+    assert "COMMIT" in batch[5:], batch
     async with owner_connection(store) as conn:  # org_board is deny-when-unset
         await conn.execute("SELECT set_config('app.current_org_id', 'acme', false)")
         row = await conn.fetchrow("SELECT org, title FROM org_board WHERE id = 'b-1'")
@@ -365,10 +370,11 @@ async def test_the_commits_of_one_coalescing_window_ride_one_drain_pass(
         assert batches == [10]
 
 
-CRUD_CREATE_ROUND_TRIPS = 2
+CRUD_CREATE_ROUND_TRIPS = 1
 """A CRUD handler creating one aggregate: BEGIN + lock bound + its advisory
-lock + the INSERT (its values inlined); the impact's NOTIFY + COMMIT + the
-release reset (3 before the INSERT rode with BEGIN)."""
+lock + the INSERT (its values inlined) + the impact's NOTIFY + COMMIT + the
+release reset (3 before the INSERT rode with BEGIN, 2 before it waited for
+COMMIT's round trip)."""
 
 CRUD_WRITE_ROUND_TRIPS = 3
 """A CRUD handler loading, saving and emitting: BEGIN + lock bound + the
@@ -384,7 +390,7 @@ its public API, MagicStack/asyncpg#588), so it cannot share BEGIN's."""
 async def test_a_crud_handlers_mutation_takes_its_pinned_round_trips(
     logged: tuple[Database, Statements],
 ) -> None:
-    """A CRUD create takes two round trips and a load + save + emit three;
+    """A CRUD create takes one round trip and a load + save + emit three;
     every staged row (the impact's NOTIFY, the outbox row) rides in COMMIT's
     round trip, after the writes and before COMMIT; nothing after COMMIT."""
     db, statements = logged

@@ -212,10 +212,14 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
         An existing key fails with `ConstraintViolation` (``unique``). Takes
         the advisory lock only: there is no row image to pin (`Persistence.lock`
         pins a row before a load), and the insert itself meets a concurrent
-        writer of the key on its unique index. Once the transaction has begun,
-        a `CrudStore`'s lock rides with its insert (`CrudStore.create_locked`,
-        one round trip); the transaction's first statement still takes the
-        lock with BEGIN (and a deferred claim).
+        writer of the key on its unique index.
+
+        A `CrudStore`'s insert waits for the transaction's next statement and
+        rides in front of it with its lock (and BEGIN, while deferred): a
+        handler that creates one row commits in one round trip. Its error
+        (a taken key, a refused lock) is raised by that next call, or by the
+        commit, instead of here; a handler that must know the key is free
+        before going on loads it first (`load_optional`).
         """
         store = store_of(type(aggregate))
         key = store.key_of(aggregate)
@@ -244,7 +248,10 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
         store = store_of(type(aggregate))
         identity = self._identity(store, store.key_of(aggregate))
         later = None
-        if isinstance(store, CrudStore) and self._tx.pins(identity) and self._tx.settled:
+        if (
+            isinstance(store, CrudStore) and self._tx.pins(identity) and self._tx.settled
+            and self._tx.defers_on(Stage.SAVE, store.TABLE.rsplit(".", 1)[-1])
+        ):
             later = store.save_later(aggregate)
         if later is not None:
             # Its row is pinned: the UPDATE rides in front of the next
@@ -409,14 +416,26 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
     async def _create_crud(
         self, store: CrudStore[Any, Any], key: object, identity: Identity, aggregate: Aggregate
     ) -> None:
-        """A `CrudStore`'s insert in one round trip: with its advisory lock
-        in one statement once the transaction has begun (`create_locked`,
-        prepared; a refused lock is LockTimeout at stage create); otherwise
-        inlined behind the lock (and BEGIN, while deferred) and the store's
-        `settings`. With the lock held and no settings, or for a store with
-        its own `create` or a value without an exact JSON text, the store's
-        `create` runs after the lock (and settings)."""
+        """A `CrudStore`'s insert: inlined behind its advisory lock and the
+        store's `settings`, waiting for the next statement
+        (`Transaction.defer_insert`) where the transaction defers. Otherwise
+        (a claim pending, a hook on BEGIN, a write of another stage to its
+        table waiting) in one round trip of its own: with its lock in one
+        prepared statement once begun (`create_locked`; a refused lock is
+        LockTimeout at stage create), or inlined behind the lock (and BEGIN,
+        while deferred). For a store with its own `create` or a value without
+        an exact JSON text, the store's `create` runs after the lock (and
+        settings)."""
         settings = store.settings_sql(aggregate)
+        inlined = store.create_inlined(aggregate)
+        table = store.TABLE.rsplit(".", 1)[-1]
+        if inlined is not None and self._tx.defers and self._tx.defers_on(Stage.CREATE, table):
+            self._images.clear()
+            self._tx.defer_insert(
+                Stage.CREATE, identity, aggregate_lock_key(identity[0], _lockable(key)),
+                batched(settings, inlined), table,
+            )
+            return
         if (
             not settings and store.creates_locked
             and not self._tx.holds_lock(identity) and self._tx.settled
@@ -427,7 +446,6 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
             )
             self._tx.note_locked(identity)
             return
-        inlined = store.create_inlined(aggregate)
         if inlined is not None and (settings or not self._tx.holds_lock(identity)):
             await self._lock_all([(store, key)], batched(settings, inlined), Stage.CREATE)
             return

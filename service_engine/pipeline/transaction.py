@@ -29,6 +29,9 @@ The batching rules, all kept here:
   nothing follows, the next simple-protocol batch, or a round trip of its
   own before a statement with parameters. So a load + save is three round
   trips: BEGIN with the locks, the pinned load, the save with COMMIT.
+- A blind insert without parameters (`defer_insert`: a `CrudStore`'s
+  create) waits the same way, behind its advisory lock (and BEGIN, while
+  deferred): a handler that creates one row commits in one round trip.
 - COMMIT carries whatever may ride before it (statements without
   parameters: the deferred writes, the impacts' NOTIFYs, the offer marks)
   and the pool's release reset (`commit`).
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ..db.errors import DRIVER_ERRORS, DatabaseError, Stage, is_lock_refusal, translate_db_error
@@ -50,7 +54,7 @@ from ..db.pool import Database
 from ..db.types import Conn
 from ..messaging.claims import claim_and_lock_statement, claim_statement, claim_taken
 
-__all__ = ["ClaimedBefore", "DeferredWrite", "Identity", "Transaction"]
+__all__ = ["ClaimedBefore", "DeferredWrite", "Identity", "InlinedWrite", "Transaction"]
 
 T = TypeVar("T")
 
@@ -74,6 +78,19 @@ class DeferredWrite(Protocol):
 
 
 _Write = tuple[Stage, DeferredWrite]
+
+
+@dataclass(frozen=True, slots=True)
+class InlinedWrite:
+    """A `DeferredWrite` without parameters: the same statements whether it
+    rides with others or goes alone (a blind insert behind its lock)."""
+
+    inlined: str
+    table: str
+
+    async def send(self, conn: Conn) -> None:
+        """The statements alone in their round trip."""
+        await conn.execute(self.inlined)
 
 
 def _joined(writes: list[_Write]) -> str:
@@ -181,6 +198,39 @@ class Transaction:
         before a statement with parameters. A constraint of its table it
         violates is reported as ``stage``'s."""
         self._writes.append((stage, write))
+
+    @property
+    def defers(self) -> bool:
+        """A blind insert may wait for the next statement (`defer_insert`):
+        nothing failed, no claim pending or taken before, and no hook waits
+        on BEGIN's round trip."""
+        return (self.failed is None and self._claim is None and not self.claimed_before
+                and self._on_begun is None)
+
+    def defers_on(self, stage: Stage, table: str) -> bool:
+        """No write of another stage to ``table`` waits: a constraint error
+        of ``table`` in the round trip they would share names one stage."""
+        return all(write.table != table or write_stage is stage
+                   for write_stage, write in self._writes)
+
+    def defer_insert(
+        self, stage: Stage, identity: Identity, lock_key: int, statements: str, table: str
+    ) -> None:
+        """Send ``statements`` (an insert without parameters, behind the
+        settings it runs under) after ``identity``'s advisory lock
+        ``lock_key`` (unless held) in front of the next statement: COMMIT's
+        round trip when nothing else follows. BEGIN, while still deferred,
+        goes in front of them. A constraint of
+        ``table`` it violates is ``stage``'s; a refused lock in the round
+        trip it rides in is the lock's. Only where `defers` and `defers_on`."""
+        sql = statements
+        if identity not in self._locked:
+            sql = f"SELECT pg_advisory_xact_lock({lock_key:d}); {sql}"
+            self._locked.add(identity)
+        if self._begin is not None:
+            begin, self._begin = self._begin, None
+            sql = f"{begin}; {sql}"
+        self._writes.append((stage, InlinedWrite(sql, table)))
 
     def forget_claim_taken(self) -> None:
         """The claim was taken before and the caller replays instead: the
@@ -348,6 +398,8 @@ class Transaction:
         ``stage``: when deferred writes rode in it, a constraint of one's
         table is that write's stage; when it ended with a write of stage
         ``written``, any error but a refused lock is that write's."""
+        if self._riding and is_lock_refusal(exc):
+            return Stage.LOCK  # a deferred insert's lock (`defer_insert`)
         table = getattr(exc, "table_name", None)
         for write_stage, write in self._riding:
             if table is not None and table == write.table:
