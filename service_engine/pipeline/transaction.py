@@ -113,7 +113,7 @@ class Transaction:
 
     State a context may read: ``conn`` (for a store's own SQL, always run
     through `run`), ``failed`` (the error that broke it, or None),
-    ``claimed_before``, ``begun`` and `holds_lock`.
+    ``claimed_before``, ``settled`` and `holds_lock`.
     """
 
     __slots__ = ("_begin", "_claim", "_locked", "_on_begun", "_pinned", "_riding", "_writes",
@@ -151,18 +151,14 @@ class Transaction:
         self._claim = (message_id, reaction)
 
     @property
-    def begun(self) -> bool:
-        """BEGIN was sent (nothing deferred is left to ride)."""
-        return self._begin is None
-
-    @property
     def claim_pending(self) -> bool:
         return self._claim is not None
 
     @property
     def settled(self) -> bool:
-        """Begun, no claim pending, nothing failed, no claim taken before: a
-        statement may carry its own lock (`CrudStore.create_locked`)."""
+        """BEGIN sent (or waiting in front of a deferred insert), no claim
+        pending, nothing failed, no claim taken before: a statement may carry
+        its own lock (`CrudStore.create_locked`)."""
         return (
             self._begin is None and self._claim is None
             and not self.claimed_before and self.failed is None
