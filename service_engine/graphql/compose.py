@@ -55,6 +55,7 @@ from strawberry.types.union import StrawberryUnion
 
 from ..failures import EngineError
 from .declared import derive_fields
+from .reads import camel_case
 from .results import Refusal
 from .subscriptions import DeltaCause, LanesPaused, LanesResumed
 
@@ -219,7 +220,7 @@ class SliceFragment:
             mine, more = self.root(kind), getattr(derived, kind)
             if more is not None:
                 merged = more if mine is None else merge_types(
-                    f"{_camel(self.name)}{_ROOT_TYPE_NAMES[kind]}", (mine, more))
+                    f"{camel_case(self.name)}{_ROOT_TYPE_NAMES[kind]}", (mine, more))
                 object.__setattr__(self, kind, merged)
         types = (*self.types, *(t for t in derived.types if t not in self.types))
         object.__setattr__(self, "types", types)
@@ -243,10 +244,6 @@ class SliceFragment:
     def type_names(self) -> tuple[str, ...]:
         """The GraphQL names of the types this slice declares it owns."""
         return tuple(graphql_type_name(t) for t in self.types)
-
-
-def _camel(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
 def graphql_type_name(declared: Any) -> str:

@@ -49,7 +49,7 @@ from strawberry.types.base import has_object_definition
 from ..failures import ConfigError
 from ..render.projector import Projector, projector_types
 from ..render.windows import Query, WindowSpec
-from .reads import Views
+from .reads import Views, camel_case
 from .results import MutationResult
 
 __all__ = ["Derived", "derive_fields", "mutation_field", "result_type"]
@@ -108,7 +108,7 @@ def derive_fields(
         handler.__name__: mutation_field(handler) for handler in mutations
         if handler.__name__ not in own.get("mutation", ())
     }
-    camel = _camel(slice_name)
+    camel = camel_case(slice_name)
     return Derived(
         query=_root(f"{camel}DerivedQuery", queries),
         mutation=_root(f"{camel}DerivedMutation", changes),
@@ -279,7 +279,3 @@ def _root(name: str, fields: dict[str, Any]) -> type[Any] | None:
 def _doc(cls: type) -> str | None:
     own = cls.__dict__.get("__doc__")
     return inspect.cleandoc(own) if own else None
-
-
-def _camel(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))

@@ -113,9 +113,7 @@ class Views(Generic[V]):
         if self._union is None:
             from .subscriptions import subscription_union
 
-            name = self.union_name or "".join(
-                part[:1].upper() + part[1:] for part in self.projector.split("_")
-            )
+            name = self.union_name or camel_case(self.projector)
             union = subscription_union(name, self.view_type, description=self.description)
             object.__setattr__(self, "_union", union)
             return union
@@ -242,6 +240,11 @@ class Views(Generic[V]):
                 f"not a {self.view_type.__name__}"
             )
         return view
+
+
+def camel_case(name: str) -> str:
+    """A snake_case name in CamelCase (``org_boards``: ``OrgBoards``)."""
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
 def check_views(engine: Engine, schema: BaseSchema) -> None:
