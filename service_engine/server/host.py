@@ -108,7 +108,7 @@ def http_config(
     protocol class (`service_engine.server.wire`), passed as uvicorn's
     documented ``ws`` protocol option."""
     ws: Any = "websockets-sansio"
-    view = getattr(getattr(app, "state", None), "graphql_wire", None)
+    view = getattr(getattr(app, "state", None), "graphql_view", None)
     if view is not None:
         ws = WireEndpoint(view).protocol_class()
     return uvicorn.Config(
