@@ -1,33 +1,18 @@
-"""A query field's read of one projector's views, for the caller.
+"""One projector's views, declared once (`Views`): read for a query field
+exactly as a subscription's session renders them (the same populate,
+render and RLS regime), streamed by its live field, and answered by a
+mutation's result after the commit::
 
-A slice binds its projector to the view type it renders once, and its query
-fields read through it, exactly as a subscription's session renders (the
-same populate, render and RLS regime)::
-
-    BOARD_VIEWS = Views(BOARDS, BoardView)
+    BOARD_VIEWS = Views("boards", BoardView)
 
     @strawberry.field(description="The boards the caller sees.")
     async def boards(self, info: Info, limit: int = 100) -> list[BoardView]:
         return await BOARD_VIEWS.window(info.context, BoardsQuery(limit))
 
-    @strawberry.field(description="One board, if the caller sees it.")
-    async def board(self, info: Info, id: strawberry.ID) -> BoardView | None:
-        return await BOARD_VIEWS.one(info.context, str(id))
-
-The caller is ``context.principal``; a view the projector renders that is
-not of the bound type is refused (`ProjectorViewMismatch`), never served
-under the wrong GraphQL type.
-
-A slice that lists a projector in its `SliceFragment` (``projectors=``)
-gets a `Views` of it, its query field and its live field derived
-(`service_engine.graphql.declared`); a `Views` by hand is for a window
-that takes arguments, a read under RLS, or a field of another shape.
-
-The same declaration gives the live field (`Views.field`, its union's
-types `Views.types`) and a mutation's result its view, read after the
-commit (`Views.after_commit`): the projector is named once.
-``graphql_app`` refuses to build a service whose schema serves a `Views`
-naming a projector the engine never registered (`UnregisteredProjector`).
+A slice listing a projector in its `SliceFragment` gets its `Views` and
+fields derived (`service_engine.graphql.declared`); a `Views` by hand is
+for a window that takes arguments, a read under RLS, or a field of
+another shape.
 """
 
 from __future__ import annotations
@@ -90,12 +75,11 @@ _DECLARED: weakref.WeakSet[Views[Any]] = weakref.WeakSet()
 
 @dataclass(frozen=True, slots=True, weakref_slot=True, eq=False)
 class Views(Generic[V]):
-    """The views ``projector`` renders (each a ``view_type``), read for a
-    query field and streamed by a live field (`field`); ``applier`` is the
-    projector's RLS applier, if it reads under RLS. ``union_name`` names the
-    subscription's generated types (default: the projector's name in
-    CamelCase, ``"org_boards"``: ``OrgBoards``); ``description`` says
-    whose views they are in those types' descriptions."""
+    """The views ``projector`` renders, each a ``view_type`` (another type
+    is refused with `ProjectorViewMismatch`); ``applier`` is the projector's
+    RLS applier, if it reads under RLS. ``union_name`` names the live
+    field's generated types (default: the projector's name in CamelCase);
+    ``description`` says whose views they are in those types."""
 
     projector: str
     view_type: type[V]
