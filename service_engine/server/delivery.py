@@ -1,14 +1,6 @@
-"""The delivery plan's caches: one serialisation per cohort, a frame write per subscriber.
-
-- a document is parsed and validated once (the edge's checks,
-  `service_engine.server.app.limited_schema`), on the HTTP path too;
-- the payload shape of a (document, operation, variables) is planned once
-  (`service_engine.graphql.delivery_plan`), shared by every subscription
-  with that document (`plan_for`), from the operation its validation saw
-  (`document_seen_rule`);
-- an Upsert / Remove shared by a cohort (the same view and cause objects) is
-  serialised once and reused for every session, whose frame differs only in
-  its revision and operation id (`SharedPlan`).
+"""The delivery plan's caches: a document validated once (`document_seen_rule`),
+its payload planned once per (document, operation, variables) (`plan_for`),
+and a member a cohort shares serialised once for every session (`SharedPlan`).
 """
 
 from __future__ import annotations
