@@ -27,6 +27,7 @@ import strawberry
 from strawberry.types.base import has_object_definition
 
 from ..failures import ConfigError, EngineError
+from .subscriptions import Live, SubscriptionUnion, live_field, subscription_union
 
 if TYPE_CHECKING:
     from strawberry.schema.base import BaseSchema
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from ..render.projector import RlsApplier
     from ..render.windows import WindowSpec
     from .context import GraphQLContext
-    from .subscriptions import Live, SubscriptionUnion
 
 __all__ = ["ProjectorViewMismatch", "UnregisteredProjector", "Views", "check_views"]
 
@@ -95,8 +95,6 @@ class Views(Generic[V]):
     def union(self) -> SubscriptionUnion[V]:
         """The typed subscription union of these views (built on first use)."""
         if self._union is None:
-            from .subscriptions import subscription_union
-
             name = self.union_name or camel_case(self.projector)
             union = subscription_union(name, self.view_type, description=self.description)
             object.__setattr__(self, "_union", union)
@@ -112,25 +110,12 @@ class Views(Generic[V]):
     def field(self, request: LiveFunction, /) -> Any: ...
 
     @overload
-    def field(
-        self,
-        request: None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        deprecation_reason: str | None = None,
-    ) -> Callable[[LiveFunction], Any]: ...
+    def field(self, request: None = None, /, *, name: str | None = None,
+              description: str | None = None, deprecation_reason: str | None = None
+              ) -> Callable[[LiveFunction], Any]: ...
 
-    def field(
-        self,
-        request: LiveFunction | None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        deprecation_reason: str | None = None,
-    ) -> Any:
+    def field(self, request: LiveFunction | None = None, /, *, name: str | None = None,
+              description: str | None = None, deprecation_reason: str | None = None) -> Any:
         """Declare a live subscription field over these views (a decorator,
         with or without arguments): its function maps the field's arguments
         to the `WindowSpec` to attach (or to a whole `Live`, for a client's
@@ -140,8 +125,6 @@ class Views(Generic[V]):
             def notes(self) -> WindowSpec[None]:
                 return WindowSpec(Query(None))
         """
-        from .subscriptions import live_field
-
         return live_field(
             self.union, request, name=name, description=description,
             deprecation_reason=deprecation_reason, session=self.live,
@@ -149,8 +132,6 @@ class Views(Generic[V]):
 
     def live(self, window: WindowSpec[Any], *, session_id: str | None = None) -> Live:
         """The `Live` session a subscription field over these views attaches."""
-        from .subscriptions import Live
-
         return Live(self.projector, window, self.applier, session_id)
 
     def after_commit(

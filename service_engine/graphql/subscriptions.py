@@ -100,12 +100,6 @@ Notice: TypeAlias = LaneNotice | lane_notices.LaneNotice
 raw `service_engine.lanes.notices.LaneNotice` (mapped to its member)."""
 
 
-def notice_member(notice: lane_notices.LaneNotice) -> LaneNotice:
-    """The union member of the engine's raw lane signal."""
-    lanes = list(notice.lanes)
-    return LanesPaused(lanes=lanes) if notice.paused else LanesResumed(lanes=lanes)
-
-
 @dataclass(frozen=True, slots=True)
 class Live:
     """What a live subscription field attaches: a session of ``projector``
@@ -121,8 +115,6 @@ class Live:
 LiveRequest: TypeAlias = Callable[..., Live]
 """A live field's function: its arguments (and ``self``, ``info`` when it
 declares them) to the `Live` session it attaches."""
-
-_FieldDecorator: TypeAlias = Callable[[LiveRequest], Any]
 
 _INFO = "info"
 
@@ -191,7 +183,8 @@ class SubscriptionUnion(Generic[V]):
         if isinstance(item, LanesPaused | LanesResumed):
             return item
         if isinstance(item, lane_notices.LaneNotice):
-            return notice_member(item)
+            lanes = list(item.lanes)
+            return LanesPaused(lanes=lanes) if item.paused else LanesResumed(lanes=lanes)
         raise TypeError(f"{self.union_name} cannot carry a {type(item).__name__}")
 
     def subscribe(
@@ -241,25 +234,12 @@ class SubscriptionUnion(Generic[V]):
     def field(self, request: LiveRequest, /) -> Any: ...
 
     @overload
-    def field(
-        self,
-        request: None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        deprecation_reason: str | None = None,
-    ) -> _FieldDecorator: ...
+    def field(self, request: None = None, /, *, name: str | None = None,
+              description: str | None = None, deprecation_reason: str | None = None
+              ) -> Callable[[LiveRequest], Any]: ...
 
-    def field(
-        self,
-        request: LiveRequest | None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        deprecation_reason: str | None = None,
-    ) -> Any:
+    def field(self, request: LiveRequest | None = None, /, *, name: str | None = None,
+              description: str | None = None, deprecation_reason: str | None = None) -> Any:
         """Declare a live subscription field of this union (a decorator, with
         or without arguments).
 
