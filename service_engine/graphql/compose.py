@@ -41,15 +41,8 @@ if TYPE_CHECKING:
     from ..engine import Engine
 
 __all__ = [
-    "ENGINE_OWNER",
-    "PLACEHOLDER_QUERY_FIELD",
-    "RESERVED_TYPE_NAMES",
-    "ComposedService",
-    "DuplicateSchemaMember",
-    "RegisterFn",
-    "RootKind",
-    "SliceFragment",
-    "UndeclaredSchemaMember",
+    "ENGINE_OWNER", "PLACEHOLDER_QUERY_FIELD", "RESERVED_TYPE_NAMES", "ComposedService",
+    "DuplicateSchemaMember", "RegisterFn", "RootKind", "SliceFragment", "UndeclaredSchemaMember",
     "compose_service",
 ]
 

@@ -52,16 +52,8 @@ if TYPE_CHECKING:
     from ..render.projector import RlsApplier
 
 __all__ = [
-    "DeltaCause",
-    "LaneNotice",
-    "LanesPaused",
-    "LanesResumed",
-    "Live",
-    "LiveRequest",
-    "SubscriptionUnion",
-    "merge_streams",
-    "presence_subscription_union",
-    "subscription_union",
+    "DeltaCause", "LaneNotice", "LanesPaused", "LanesResumed", "Live", "LiveRequest",
+    "SubscriptionUnion", "merge_streams", "presence_subscription_union", "subscription_union",
 ]
 
 V = TypeVar("V")

@@ -67,13 +67,8 @@ if TYPE_CHECKING:
     from ..engine import Engine
 
 __all__ = [
-    "CONNECTION_REFUSED_CLOSE_CODE",
-    "MESSAGE_TOO_BIG_CLOSE_CODE",
-    "SESSION_MAX_AGE_CLOSE_CODE",
-    "SESSION_MAX_AGE_CLOSE_REASON",
-    "TRY_AGAIN_LATER_CLOSE_CODE",
-    "EdgeRefusal",
-    "GraphQLContext",
+    "CONNECTION_REFUSED_CLOSE_CODE", "MESSAGE_TOO_BIG_CLOSE_CODE", "SESSION_MAX_AGE_CLOSE_CODE",
+    "SESSION_MAX_AGE_CLOSE_REASON", "TRY_AGAIN_LATER_CLOSE_CODE", "EdgeRefusal", "GraphQLContext",
     "graphql_app",
 ]
 

@@ -27,12 +27,7 @@ from strawberry.types.base import StrawberryList
 from ..graphql.delivery_plan import Encoded, Plan, plan_operation
 
 __all__ = [
-    "Seen",
-    "SharedPlan",
-    "document_seen_rule",
-    "plan_for",
-    "report_errors",
-    "seen",
+    "Seen", "SharedPlan", "document_seen_rule", "plan_for", "report_errors", "seen",
 ]
 
 DOCUMENT_CACHE_SIZE = 1024

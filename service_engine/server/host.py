@@ -26,23 +26,9 @@ from ..logs import configure_logging
 from .wire import WireEndpoint
 
 __all__ = [
-    "GC_THRESHOLDS",
-    "HTTP_SHUTDOWN_GRACE",
-    "LISTEN_BACKLOG",
-    "POD_ADDR_ENV",
-    "POD_INDEX_ENV",
-    "POD_READY_FILE_ENV",
-    "POD_STOP_GRACE",
-    "PodSlot",
-    "addr_text",
-    "bind_listener",
-    "http_config",
-    "parse_addr",
-    "raise_open_file_limit",
-    "run_pods",
-    "run_with",
-    "run_with_listener",
-    "tune_gc",
+    "GC_THRESHOLDS", "HTTP_SHUTDOWN_GRACE", "LISTEN_BACKLOG", "POD_ADDR_ENV", "POD_INDEX_ENV",
+    "POD_READY_FILE_ENV", "POD_STOP_GRACE", "PodSlot", "addr_text", "bind_listener", "http_config",
+    "parse_addr", "raise_open_file_limit", "run_pods", "run_with", "run_with_listener", "tune_gc",
     "write_addr_file",
 ]
 

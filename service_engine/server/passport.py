@@ -57,18 +57,9 @@ from ..failures import EngineError
 from ..impacts.model import JsonValue
 
 __all__ = [
-    "MAX_PASSPORT_BYTES",
-    "PASSPORT_HEADER",
-    "OrgMember",
-    "Passport",
-    "PassportError",
-    "PassportKind",
-    "PassportMalformed",
-    "PassportMissing",
-    "PassportPrincipal",
-    "PassportRefused",
-    "parse_passport",
-    "resolve_principal",
+    "MAX_PASSPORT_BYTES", "PASSPORT_HEADER", "OrgMember", "Passport", "PassportError",
+    "PassportKind", "PassportMalformed", "PassportMissing", "PassportPrincipal", "PassportRefused",
+    "parse_passport", "resolve_principal",
 ]
 
 PASSPORT_HEADER = "X-Passport"
