@@ -184,13 +184,9 @@ class SubscriptionUnion(Generic[V]):
         deltas: AsyncIterable[Delta[V]],
         notices: AsyncIterable[Notice] | None = None,
     ) -> AsyncGenerator[Any, None]:
-        """The subscription stream: ``deltas`` mapped to members, with
-        ``notices`` merged in as they arrive.
-
-        Ends when ``deltas`` ends; the end of ``notices`` does not end it.
-        Closing the stream (the client completes or disconnects) closes both
-        sources.
-        """
+        """The subscription stream: ``deltas`` mapped to members, ``notices``
+        merged in as they arrive (`merge_streams`: it ends with ``deltas``;
+        closing it closes both)."""
         return _mapped(self, merge_streams(deltas, notices))
 
     async def live(
@@ -233,15 +229,10 @@ class SubscriptionUnion(Generic[V]):
     def field(self, request: LiveRequest | None = None, /, *, name: str | None = None,
               description: str | None = None, deprecation_reason: str | None = None) -> Any:
         """Declare a live subscription field of this union (a decorator, with
-        or without arguments).
-
-        ``request`` maps the field's arguments to the `Live` session to
-        attach; its parameters are the field's GraphQL arguments (``self``
-        and a declared ``info`` excepted). Each subscription attaches that
-        session for ``info.context.principal`` on ``info.context.engine``,
-        streams this union's members and detaches when the client completes
-        or disconnects (`live`). ``name``, ``description`` and
-        ``deprecation_reason`` are the field's, as with
+        or without arguments): ``request`` maps the field's arguments (its
+        parameters, ``self`` and a declared ``info`` excepted) to the `Live`
+        session that each subscription attaches for the caller (`live`).
+        ``name``, ``description`` and ``deprecation_reason`` are as with
         `strawberry.subscription`.
         """
 
