@@ -58,12 +58,7 @@ class SocketWriter(SocketState):
             await self._writable()
         if self._closed:
             raise WebSocketDisconnected
-        data = self._endpoint.encode_json(message)
-        if isinstance(data, bytes):
-            self.conn.send_binary(data)
-            self._flush()
-        else:
-            self._write(data.encode())
+        self._write(self._endpoint.encode_json(message).encode())
 
     async def _writable(self) -> None:
         waiter = self.loop.create_future()
