@@ -61,7 +61,7 @@ from .http_route import new_context as new_context  # the socket's context (wire
 from .live_ops import LiveOps, per_operation_extensions
 from .ops_page import DEFAULT_OPS_ROLE, ops_routes
 from .passport import PASSPORT_HEADER, OrgMember, PassportError, PassportPrincipal
-from .wire_protocol import MESSAGE_TOO_BIG_CLOSE_CODE
+from .wire_protocol import MESSAGE_TOO_BIG_CLOSE_CODE, fit_close_reason
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -120,8 +120,6 @@ refused. The reason starts with the refusal's code (``passport_missing: ...``)."
 
 INTERNAL_ERROR_CLOSE_CODE = 4500
 """graphql-transport-ws internal error: the principal resolver failed."""
-
-_MAX_CLOSE_REASON_BYTES = 123  # RFC 6455: a close frame's payload is at most 125 bytes
 
 _log = logging.getLogger(__name__)
 
@@ -538,11 +536,7 @@ def _connection_param(payload: Mapping[str, object], name: str) -> str | None:
 
 def close_reason(refusal: PassportError) -> str:
     """``<code>: <message>``, cut to fit a WebSocket close frame."""
-    text = f"{refusal.code}: {refusal}"
-    raw = text.encode()
-    if len(raw) <= _MAX_CLOSE_REASON_BYTES:
-        return text
-    return raw[:_MAX_CLOSE_REASON_BYTES].decode("utf-8", errors="ignore")
+    return fit_close_reason(f"{refusal.code}: {refusal}")
 
 
 def graphql_app(

@@ -19,10 +19,10 @@ from typing import Any, Final
 
 __all__ = [
     "DUPLICATE_CLOSE_CODE", "FORBIDDEN", "INIT_TIMEOUT", "INVALID_INIT_PAYLOAD", "INVALID_JSON",
-    "NOT_TEXT", "PARSE_FAILED", "SUBPROTOCOL_NOT_ACCEPTABLE", "TOO_MANY_INITS", "UNAUTHORIZED",
-    "Admit", "Close", "Complete", "Ignore", "InitState", "Ping", "Pong", "Refuse", "Subscribe",
-    "decode", "duplicate", "message_too_big", "on_init", "on_message", "on_subscribe", "text_frame",
-    "too_many_subscriptions",
+    "MAX_CLOSE_REASON_BYTES", "NOT_TEXT", "PARSE_FAILED", "SUBPROTOCOL_NOT_ACCEPTABLE",
+    "TOO_MANY_INITS", "UNAUTHORIZED", "Admit", "Close", "Complete", "Ignore", "InitState", "Ping",
+    "Pong", "Refuse", "Subscribe", "decode", "duplicate", "fit_close_reason", "message_too_big",
+    "on_init", "on_message", "on_subscribe", "text_frame", "too_many_subscriptions",
 ]
 
 
@@ -48,6 +48,18 @@ DUPLICATE_CLOSE_CODE: Final = 4409
 MESSAGE_TOO_BIG_CLOSE_CODE: Final = 1009
 _MESSAGE_TOO_BIG: Final = "message_too_big"  # EdgeRefusal.MESSAGE_TOO_BIG
 _TOO_MANY_SUBSCRIPTIONS: Final = "too_many_subscriptions"  # EdgeRefusal.TOO_MANY_SUBSCRIPTIONS
+
+
+MAX_CLOSE_REASON_BYTES: Final = 123
+"""RFC 6455: a close frame's payload (the 2-byte code and the reason) is at most 125 bytes."""
+
+
+def fit_close_reason(reason: str) -> str:
+    """``reason`` cut to fit a close frame (at a character boundary)."""
+    raw = reason.encode()
+    if len(raw) <= MAX_CLOSE_REASON_BYTES:
+        return reason
+    return raw[:MAX_CLOSE_REASON_BYTES].decode("utf-8", errors="ignore")
 
 
 def message_too_big(limit: int) -> Close:

@@ -17,7 +17,6 @@ __all__ = ["SocketWriter"]
 _log = logging.getLogger(__name__)
 
 
-_MAX_CLOSE_REASON_BYTES = 123
 _CLOSE_TIMEOUT = 10.0
 """Seconds a sent close frame waits for the peer's echo (uvicorn's close_timeout)."""
 
@@ -109,11 +108,8 @@ class SocketWriter(SocketState):
             return
         self._ended()
         self._closed = True
-        raw = reason.encode()
-        if len(raw) > _MAX_CLOSE_REASON_BYTES:
-            reason = raw[:_MAX_CLOSE_REASON_BYTES].decode("utf-8", errors="ignore")
         try:
-            self.conn.send_close(code, reason)
+            self.conn.send_close(code, wp.fit_close_reason(reason))
         except InvalidState:
             self.transport.close()
             return
