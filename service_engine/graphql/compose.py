@@ -1,38 +1,16 @@
 """Compose a service's GraphQL schema from its slices, naming each slice once.
 
-Each slice declares what it adds to the service's schema as one
-`SliceFragment`. The common case is data: its projectors (each a query
-field and a live subscription field of its ``NAME``, registered with the
-engine) and its mutation handlers (each a mutation field; see
-`service_engine.graphql.declared`)::
-
-    SLICE = SliceFragment("notes", projectors=[NotesView()],
-                          mutations=[create_note, edit_note])
-
-Beside them (or instead) a slice lists its own root objects (Strawberry
-types whose fields become fields of the service's ``Query`` / ``Mutation``
-/ ``Subscription``), the GraphQL types it owns, and the function
-registering its reactions, offers and the rest with the engine::
-
-    # slices/board/__init__.py
-    SLICE = SliceFragment(
-        "board", query=BoardQuery, mutation=BoardMutation,
-        subscription=BoardSubscription, types=(BoardView, *BOARDS.types),
-        register=register,
-    )
+Each slice declares what it adds as one `SliceFragment`: its projectors and
+mutation handlers (fields derived, `service_engine.graphql.declared`), its
+own root objects and types, and what it registers with the engine::
 
     # slices/__init__.py: the one place a slice is named
     SERVICE = compose_service([board.SLICE, invite.SLICE])
-
-    # register.py / graphql.py name no slice
     SERVICE.register(engine)
     schema = SERVICE.schema()
 
-Assembly fails loud: `compose_service` raises `DuplicateSchemaMember` when
-two slices claim one root field or one type, and `ComposedService.schema`
-(or `verify`) raises `UndeclaredSchemaMember` when the composed schema has a
-root field no slice declared. Deleting a slice is deleting its folder and its
-line in the list.
+Assembly fails loud (`DuplicateSchemaMember`, `UndeclaredSchemaMember`).
+Deleting a slice is deleting its folder and its line in the list.
 """
 
 from __future__ import annotations
@@ -55,6 +33,7 @@ from strawberry.types.union import StrawberryUnion
 
 from ..failures import EngineError
 from .declared import derive_fields
+from .reads import camel_case
 from .results import Refusal
 from .subscriptions import DeltaCause, LanesPaused, LanesResumed
 
@@ -62,15 +41,8 @@ if TYPE_CHECKING:
     from ..engine import Engine
 
 __all__ = [
-    "ENGINE_OWNER",
-    "PLACEHOLDER_QUERY_FIELD",
-    "RESERVED_TYPE_NAMES",
-    "ComposedService",
-    "DuplicateSchemaMember",
-    "RegisterFn",
-    "RootKind",
-    "SliceFragment",
-    "UndeclaredSchemaMember",
+    "ENGINE_OWNER", "PLACEHOLDER_QUERY_FIELD", "RESERVED_TYPE_NAMES", "ComposedService",
+    "DuplicateSchemaMember", "RegisterFn", "RootKind", "SliceFragment", "UndeclaredSchemaMember",
     "compose_service",
 ]
 
@@ -94,13 +66,10 @@ _SLICE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 class DuplicateSchemaMember(EngineError):
-    """Two slices claim one schema member (a root field, a type, a slice name).
-
-    ``kind`` is ``"query field"``, ``"mutation field"``, ``"subscription
-    field"`` (one GraphQL name), ``"query attribute"`` / ... (one Python
-    attribute name on two root objects: merged, one would shadow the
-    other), ``"type"`` or ``"slice"``; ``owners`` the two claimants
-    (``service_engine`` for a member the engine reserves). Rename one.
+    """Two slices claim one schema member: ``kind`` is ``"query field"`` /
+    ... (one GraphQL name), ``"query attribute"`` / ... (one Python name on
+    two merged roots), ``"type"`` or ``"slice"``; ``owners`` the two
+    claimants (``service_engine`` for what the engine reserves). Rename one.
     """
 
     def __init__(self, kind: str, member: str, owners: tuple[str, str]) -> None:
@@ -114,12 +83,9 @@ class DuplicateSchemaMember(EngineError):
 
 
 class UndeclaredSchemaMember(EngineError):
-    """The composed schema has a root field no slice declared.
-
-    The schema served is not the one the slices describe (a root type built
-    by hand, an extension adding fields): declare the field in a slice's
-    `SliceFragment` instead.
-    """
+    """The composed schema has a root field no slice declared (a root type
+    built by hand, an extension adding fields): declare it in a slice's
+    `SliceFragment` instead."""
 
     def __init__(self, kind: RootKind, fields: Sequence[str]) -> None:
         names = ", ".join(repr(f) for f in fields)
@@ -133,38 +99,31 @@ class UndeclaredSchemaMember(EngineError):
 
 @dataclass(frozen=True, eq=False)
 class SliceFragment:
-    """What one slice adds to the service's schema, declared once.
+    """What one slice adds to the service's schema, declared once::
 
-    ``name`` identifies the slice (lowercase, ``[a-z][a-z0-9_]*``).
-    ``query`` / ``mutation`` / ``subscription`` are Strawberry types whose
-    fields become root fields of the service (``None`` where the slice adds
-    none). ``types`` are the GraphQL types the slice owns: declare every type
-    a slice defines, including ``subscription_union(...).types``, so that two
-    slices defining one name are caught at assembly rather than by a
-    confusing schema error; types shared through the kernel are declared by
-    nobody. ``register`` registers the slice's reactions, offers and the
-    rest with the engine.
+        SLICE = SliceFragment("notes", projectors=[NotesView()],
+                              mutations=[create_note, edit_note])
 
-    ``projectors`` (instances, or classes taking no argument) are registered
-    with the engine in `ComposedService.register`; each whose window takes
-    no query (or a dataclass query, whose fields are the arguments) gets a
-    query field and a live subscription field named by its ``NAME`` over
-    its view type, the types of both owned by the slice.
-    ``mutations`` are handlers (``async def create_note(cx, body: str) ->
-    strawberry.ID``), each a mutation field named after it answering the
-    kit's result type (`service_engine.graphql.declared`). The derived
-    fields join the slice's own root objects (a field of its own of the
-    same name wins).
+    ``name`` identifies the slice (``[a-z][a-z0-9_]*``). ``query`` /
+    ``mutation`` / ``subscription`` are Strawberry types whose fields become
+    root fields of the service. ``types`` are the GraphQL types the slice
+    owns (including ``subscription_union(...).types``), so two slices
+    defining one name are caught at assembly; kernel-shared types are
+    declared by nobody.
 
-    The rest of what a slice registers is data too, each registered with
-    the engine in `ComposedService.register`, which decides what each needs
-    (an engine without NATS keeps a mirror's table as it is and leaves an
-    offer unpublished; the slice never asks): ``mirrors`` (`Mirror`),
-    ``offers`` (`Offer`), ``reactions`` (`InboundReaction`), ``commands``
-    (checked commands), ``scopes`` (the scope keys the slice contributes)
-    and ``erasure`` (its `Erasable`, registered under the slice's name).
-    ``register`` remains for what takes the engine itself (a principal
-    fact loader reading its database, a cron naming its service).
+    ``projectors`` (instances, or classes taking no argument) each get a
+    query field and a live subscription field named by their ``NAME`` when
+    their window takes no query or a dataclass query; ``mutations`` are
+    handlers (``async def create_note(cx, body: str) -> strawberry.ID``),
+    each a mutation field named after it (`service_engine.graphql.declared`).
+    A field of the slice's own root of the same name wins.
+
+    `ComposedService.register` registers the projectors, ``mirrors``,
+    ``offers``, ``reactions``, ``commands``, ``scopes`` and ``erasure``
+    (under the slice's name) with the engine, which decides what each needs
+    (without NATS a mirror's table stays as it is and an offer is left
+    unpublished), then calls ``register`` for what takes the engine itself
+    (a principal fact loader, a cron naming its service).
     """
 
     name: str
@@ -219,7 +178,7 @@ class SliceFragment:
             mine, more = self.root(kind), getattr(derived, kind)
             if more is not None:
                 merged = more if mine is None else merge_types(
-                    f"{_camel(self.name)}{_ROOT_TYPE_NAMES[kind]}", (mine, more))
+                    f"{camel_case(self.name)}{_ROOT_TYPE_NAMES[kind]}", (mine, more))
                 object.__setattr__(self, kind, merged)
         types = (*self.types, *(t for t in derived.types if t not in self.types))
         object.__setattr__(self, "types", types)
@@ -243,10 +202,6 @@ class SliceFragment:
     def type_names(self) -> tuple[str, ...]:
         """The GraphQL names of the types this slice declares it owns."""
         return tuple(graphql_type_name(t) for t in self.types)
-
-
-def _camel(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
 def graphql_type_name(declared: Any) -> str:
@@ -277,13 +232,9 @@ RESERVED_TYPE_NAMES = frozenset(
 
 @dataclass(frozen=True, eq=False)
 class ComposedService:
-    """The service's schema roots and registration, merged from its slices.
-
-    Build it with `compose_service`. ``query`` / ``mutation`` /
-    ``subscription`` are the merged root types (``None`` when no slice adds
-    to that root); `register` runs every slice's registration; `schema`
-    builds the checked Strawberry schema.
-    """
+    """The service's schema roots and registration, merged from its slices
+    by `compose_service`: ``query`` / ``mutation`` / ``subscription`` are the
+    merged root types (``None`` when no slice adds to that root)."""
 
     slices: tuple[SliceFragment, ...]
     query: type[Any]
@@ -328,12 +279,8 @@ class ComposedService:
         )
 
     def schema(self, **options: Any) -> strawberry.Schema:
-        """Build the service's Strawberry schema and `verify` it.
-
-        ``options`` are passed to `strawberry.Schema` (``extensions``,
-        ``config``, ...); ``query`` / ``mutation`` / ``subscription`` /
-        ``types`` come from the slices.
-        """
+        """Build the service's Strawberry schema and `verify` it; ``options``
+        (``extensions``, ``config``, more ``types``) go to `strawberry.Schema`."""
         extra_types = tuple(options.pop("types", ()))
         schema = strawberry.Schema(
             query=self.query,
@@ -392,14 +339,10 @@ class _PlaceholderQuery:
 
 
 def compose_service(slices: Iterable[SliceFragment]) -> ComposedService:
-    """Merge the slices' root objects into the service's roots.
-
-    List each slice once. Raises `DuplicateSchemaMember` when two slices
-    share a name, claim one root field, or declare one type (or a type the
-    engine reserves: ``DeltaCause``, ``LanesPaused``, ``LanesResumed``,
-    ``Refusal``).
-    With no slice query field the ``Query`` root holds only the engine's
-    ``engineVersion``.
+    """Merge the slices' root objects into the service's roots. Raises
+    `DuplicateSchemaMember` when two slices share a name, claim one root
+    field, or declare one type (or one of `RESERVED_TYPE_NAMES`). With no
+    slice query field the ``Query`` root holds only ``engineVersion``.
     """
     fragments = tuple(slices)
     owners: dict[str, str] = {f"type {name}": ENGINE_OWNER for name in RESERVED_TYPE_NAMES}

@@ -28,14 +28,8 @@ class GraphQLContext(Generic[P]):
     """
 
     __slots__ = (
-        "_principal",
-        "_refusal",
-        "connection_params",
-        "engine",
-        "handshake_at",
-        "passport",
-        "request",
-        "response",
+        "_principal", "_refusal", "connection_params", "engine", "handshake_at", "passport",
+        "request", "response",
     )
 
     def __init__(

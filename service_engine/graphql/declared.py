@@ -1,34 +1,29 @@
-"""The GraphQL fields a slice's data declares: a live view per projector, a
-mutation per handler (what `SliceFragment` derives from its ``projectors``
-and ``mutations``).
+"""The GraphQL fields a slice's data declares (what `SliceFragment` derives
+from its ``projectors`` and ``mutations``).
 
-A projector listed by a slice is declared once: its ``NAME`` names a query
-field (the caller's views, in window order) and a live subscription field
-over its generated union (`service_engine.graphql.Views`), both of the view
-type its ``Projector[Row, View, Principal, Query]`` base names; its class
-docstring describes them. A window that takes no query (``Query`` is
-``None``) gives fields without arguments; a dataclass query's fields are
-the fields' arguments (``PeopleQuery(limit: int = 100)``: ``people(limit:
-Int! = 100)``), the query built from them. A projector reading under RLS,
-taking another query or rendering a view that is not a Strawberry type is
-registered only: declare its fields with a `Views`. A field the slice
-declares itself (of the same Python name, on the same root) wins::
+A projector's ``NAME`` names a query field (the caller's views, in window
+order) and a live subscription field over its generated union, both of
+the view type its ``Projector[Row, View, Principal, Query]`` base names,
+described by its class docstring. A ``None`` query gives fields without
+arguments; a dataclass query's fields are the fields' arguments
+(``PeopleQuery(limit: int = 100)``: ``people(limit: Int! = 100)``). A
+projector reading under RLS, taking another query or rendering a view that
+is not a Strawberry type is registered only: declare its fields with a
+`Views`. A field the slice declares itself (same Python name, same root)
+wins::
 
-    notes: [NoteView!]!                 # the caller's views, now
+    notes: [NoteView!]!                    # the caller's views, now
     subscription { notes: NotesMessage! }  # Reset / Upsert / Remove, live
 
-A handler listed by a slice (``async def create_note(cx, body: str) ->
-strawberry.ID``) is a mutation field named after it (``createNote``), its
-GraphQL arguments its parameters after ``cx`` (by their annotations), its
-docstring the field's description. It runs as the caller on the engine's
-executor (`GraphQLContext.execute`) and answers a `MutationResult`
-(`MutationResult.of`: a refusal's code, action and retryability as the
-executor answered them) carrying the handler's value: in ``id`` when it
-returns a ``strawberry.ID`` (``IdResult``), in a field named after a
-Strawberry type it returns (``NoteView``: ``noteView``, in
-``NoteViewResult``), in ``value`` for another scalar (``StringResult``,
-``IntResult``, ``FloatResult``, ``BooleanResult``); a handler returning
-None answers the bare ``MutationResult``. The result types are the kit's,
+A handler (``async def create_note(cx, body: str) -> strawberry.ID``) is a
+mutation field named after it (``createNote``), its arguments its
+annotated parameters after ``cx``, its docstring the field's description.
+It runs as the caller on the engine's executor and answers a
+`MutationResult` (`MutationResult.of`) carrying its value: in ``id`` for a
+``strawberry.ID`` (``IdResult``), in a field named after a Strawberry type
+it returns (``NoteView``: ``noteView`` in ``NoteViewResult``), in ``value``
+for another scalar (``StringResult``, ``IntResult``, ...); a handler
+returning None answers the bare ``MutationResult``. The result types are
 shared by every slice.
 """
 
@@ -49,7 +44,7 @@ from strawberry.types.base import has_object_definition
 from ..failures import ConfigError
 from ..render.projector import Projector, projector_types
 from ..render.windows import Query, WindowSpec
-from .reads import Views
+from .reads import Views, camel_case
 from .results import MutationResult
 
 __all__ = ["Derived", "derive_fields", "mutation_field", "result_type"]
@@ -108,7 +103,7 @@ def derive_fields(
         handler.__name__: mutation_field(handler) for handler in mutations
         if handler.__name__ not in own.get("mutation", ())
     }
-    camel = _camel(slice_name)
+    camel = camel_case(slice_name)
     return Derived(
         query=_root(f"{camel}DerivedQuery", queries),
         mutation=_root(f"{camel}DerivedMutation", changes),
@@ -279,7 +274,3 @@ def _root(name: str, fields: dict[str, Any]) -> type[Any] | None:
 def _doc(cls: type) -> str | None:
     own = cls.__dict__.get("__doc__")
     return inspect.cleandoc(own) if own else None
-
-
-def _camel(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))

@@ -53,7 +53,7 @@ from graphql import (
 )
 from graphql.execution.values import get_directive_values
 
-__all__ = ["Encoded", "NotPlanned", "Plan", "Render", "dumps", "plan_operation", "plan_value"]
+__all__ = ["Encoded", "NotPlanned", "Plan", "Render", "dumps", "plan_operation"]
 
 BACKREF = "strawberry-definition"
 """Where Strawberry keeps a GraphQL field's own definition."""
@@ -170,24 +170,6 @@ def plan_operation(
     except _Unplannable:
         return None
     return Plan(root_key, members)
-
-
-def plan_value(
-    schema: GraphQLSchema,
-    gtype: GraphQLOutputType,
-    selection_sets: Sequence[SelectionSetNode],
-    fragments: Mapping[str, FragmentDefinitionNode],
-    variables: Any,
-) -> Render | None:
-    """graphql-core's CompleteValue for a value of ``gtype`` under
-    ``selection_sets``, compiled (the same rules as `plan_operation`'s
-    members: a value it cannot render raises `NotPlanned`), or None when
-    ordinary execution must complete it (a field with a resolver below it,
-    an abstract type, ...)."""
-    try:
-        return _Planner(schema, fragments, variables).completer(gtype, selection_sets)
-    except _Unplannable:
-        return None
 
 
 class _Unplannable(Exception):

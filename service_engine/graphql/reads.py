@@ -1,33 +1,18 @@
-"""A query field's read of one projector's views, for the caller.
+"""One projector's views, declared once (`Views`): read for a query field
+exactly as a subscription's session renders them (the same populate,
+render and RLS regime), streamed by its live field, and answered by a
+mutation's result after the commit::
 
-A slice binds its projector to the view type it renders once, and its query
-fields read through it, exactly as a subscription's session renders (the
-same populate, render and RLS regime)::
-
-    BOARD_VIEWS = Views(BOARDS, BoardView)
+    BOARD_VIEWS = Views("boards", BoardView)
 
     @strawberry.field(description="The boards the caller sees.")
     async def boards(self, info: Info, limit: int = 100) -> list[BoardView]:
         return await BOARD_VIEWS.window(info.context, BoardsQuery(limit))
 
-    @strawberry.field(description="One board, if the caller sees it.")
-    async def board(self, info: Info, id: strawberry.ID) -> BoardView | None:
-        return await BOARD_VIEWS.one(info.context, str(id))
-
-The caller is ``context.principal``; a view the projector renders that is
-not of the bound type is refused (`ProjectorViewMismatch`), never served
-under the wrong GraphQL type.
-
-A slice that lists a projector in its `SliceFragment` (``projectors=``)
-gets a `Views` of it, its query field and its live field derived
-(`service_engine.graphql.declared`); a `Views` by hand is for a window
-that takes arguments, a read under RLS, or a field of another shape.
-
-The same declaration gives the live field (`Views.field`, its union's
-types `Views.types`) and a mutation's result its view, read after the
-commit (`Views.after_commit`): the projector is named once.
-``graphql_app`` refuses to build a service whose schema serves a `Views`
-naming a projector the engine never registered (`UnregisteredProjector`).
+A slice listing a projector in its `SliceFragment` gets its `Views` and
+fields derived (`service_engine.graphql.declared`); a `Views` by hand is
+for a window that takes arguments, a read under RLS, or a field of
+another shape.
 """
 
 from __future__ import annotations
@@ -42,6 +27,7 @@ import strawberry
 from strawberry.types.base import has_object_definition
 
 from ..failures import ConfigError, EngineError
+from .subscriptions import Live, SubscriptionUnion, live_field, subscription_union
 
 if TYPE_CHECKING:
     from strawberry.schema.base import BaseSchema
@@ -52,7 +38,6 @@ if TYPE_CHECKING:
     from ..render.projector import RlsApplier
     from ..render.windows import WindowSpec
     from .context import GraphQLContext
-    from .subscriptions import Live, SubscriptionUnion
 
 __all__ = ["ProjectorViewMismatch", "UnregisteredProjector", "Views", "check_views"]
 
@@ -90,12 +75,11 @@ _DECLARED: weakref.WeakSet[Views[Any]] = weakref.WeakSet()
 
 @dataclass(frozen=True, slots=True, weakref_slot=True, eq=False)
 class Views(Generic[V]):
-    """The views ``projector`` renders (each a ``view_type``), read for a
-    query field and streamed by a live field (`field`); ``applier`` is the
-    projector's RLS applier, if it reads under RLS. ``union_name`` names the
-    subscription's generated types (default: the projector's name in
-    CamelCase, ``"org_boards"``: ``OrgBoards``); ``description`` says
-    whose views they are in those types' descriptions."""
+    """The views ``projector`` renders, each a ``view_type`` (another type
+    is refused with `ProjectorViewMismatch`); ``applier`` is the projector's
+    RLS applier, if it reads under RLS. ``union_name`` names the live
+    field's generated types (default: the projector's name in CamelCase);
+    ``description`` says whose views they are in those types."""
 
     projector: str
     view_type: type[V]
@@ -111,11 +95,7 @@ class Views(Generic[V]):
     def union(self) -> SubscriptionUnion[V]:
         """The typed subscription union of these views (built on first use)."""
         if self._union is None:
-            from .subscriptions import subscription_union
-
-            name = self.union_name or "".join(
-                part[:1].upper() + part[1:] for part in self.projector.split("_")
-            )
+            name = self.union_name or camel_case(self.projector)
             union = subscription_union(name, self.view_type, description=self.description)
             object.__setattr__(self, "_union", union)
             return union
@@ -130,25 +110,12 @@ class Views(Generic[V]):
     def field(self, request: LiveFunction, /) -> Any: ...
 
     @overload
-    def field(
-        self,
-        request: None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        deprecation_reason: str | None = None,
-    ) -> Callable[[LiveFunction], Any]: ...
+    def field(self, request: None = None, /, *, name: str | None = None,
+              description: str | None = None, deprecation_reason: str | None = None
+              ) -> Callable[[LiveFunction], Any]: ...
 
-    def field(
-        self,
-        request: LiveFunction | None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        deprecation_reason: str | None = None,
-    ) -> Any:
+    def field(self, request: LiveFunction | None = None, /, *, name: str | None = None,
+              description: str | None = None, deprecation_reason: str | None = None) -> Any:
         """Declare a live subscription field over these views (a decorator,
         with or without arguments): its function maps the field's arguments
         to the `WindowSpec` to attach (or to a whole `Live`, for a client's
@@ -158,8 +125,6 @@ class Views(Generic[V]):
             def notes(self) -> WindowSpec[None]:
                 return WindowSpec(Query(None))
         """
-        from .subscriptions import live_field
-
         return live_field(
             self.union, request, name=name, description=description,
             deprecation_reason=deprecation_reason, session=self.live,
@@ -167,8 +132,6 @@ class Views(Generic[V]):
 
     def live(self, window: WindowSpec[Any], *, session_id: str | None = None) -> Live:
         """The `Live` session a subscription field over these views attaches."""
-        from .subscriptions import Live
-
         return Live(self.projector, window, self.applier, session_id)
 
     def after_commit(
@@ -242,6 +205,11 @@ class Views(Generic[V]):
                 f"not a {self.view_type.__name__}"
             )
         return view
+
+
+def camel_case(name: str) -> str:
+    """A snake_case name in CamelCase (``org_boards``: ``OrgBoards``)."""
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
 def check_views(engine: Engine, schema: BaseSchema) -> None:

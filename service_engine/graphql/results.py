@@ -1,8 +1,5 @@
 """A mutation's outcome on the wire: one refusal type and the base every
-slice's result type extends.
-
-A slice's result type names what the mutation answers with on success; the
-kit gives it ``success`` and ``error``::
+slice's result type extends::
 
     @strawberry.type(description="The outcome of a board mutation.")
     class BoardResult(MutationResult):
@@ -11,24 +8,10 @@ kit gives it ``success`` and ``error``::
     type BoardResult { success: Boolean!  error: Refusal  board: BoardView }
     type Refusal     { code: String!  message: String!  retryable: Boolean!  action: String }
 
-A resolver answers whatever the executor answered with `MutationResult.of`:
-a `MutationError` is refused, a committed value lands in the field it names,
-a declared command's `CommandOutcome` answers its success or its declared
-refusal::
-
-    return NoteResult.of(await info.context.execute(create_note, body), "id")
-    return CardResult.of(outcome, noun="card", card_id=card_id)
-
 ``code`` is the error's stable code (a gate's `Reason` code, a declared
-outcome's ``<noun>.<outcome>``, or one of the engine's: ``not_found``,
-``lock_timeout``, ``database``, ...); ``retryable`` says the same mutation
-may succeed when sent again; ``action`` names the gated action that
-refused, when one did.
-
-Inside a handler, `require_ok` answers a declared command run in the
-handler's transaction (`service_engine.commands.run_in`) as the handler's
-own refusal: the transaction rolls back and the caller gets the declared
-code and action.
+outcome's ``<noun>.<outcome>``, or the engine's: ``not_found``,
+``lock_timeout``, ...); ``retryable`` says the same mutation may succeed
+when sent again; ``action`` names the gated action that refused, if one did.
 """
 
 from __future__ import annotations

@@ -14,37 +14,16 @@ Strawberry union a slice's subscription field returns::
 
 ``revision`` is the session's contiguous delta counter (a gap means the
 client missed something and must resubscribe); a key is its canonical JSON
-text, as the engine's deltas carry it; ``keys[i]`` is the key of
-``views[i]`` in a Reset. ``cause`` is the event that caused the change when
-the projector emits causes. The lane notices carry no revision, so they
-never disturb Reset / Upsert / Remove contiguity; a LanesResumed is
-followed by a Reset.
+text; ``keys[i]`` is the key of ``views[i]`` in a Reset; ``cause`` is the
+event that caused the change when the projector emits causes. The lane
+notices carry no revision, so they never disturb that contiguity; a
+LanesResumed is followed by a Reset.
 
-A slice usually declares a live field on its `Views` (`Views.field`),
-which builds the union from the projector's name: the function maps the
-field's arguments to the window, and the kit attaches a session of that
-projector for the caller, streams its members and detaches when the client
-completes or disconnects::
-
-    BOARD_VIEWS = Views("boards", BoardView)      # the union BoardsMessage
-
-    @strawberry.type
-    class BoardSubscription:
-        @BOARD_VIEWS.field(description="The caller's boards, live.")
-        def boards(self, limit: int = 100) -> WindowSpec[BoardsQuery]:
-            return WindowSpec(Query(BoardsQuery(limit)))
-
-and declares ``BOARD_VIEWS.types`` in its `SliceFragment`. With no `Views`
+A slice usually declares a live field with `Views.field`; with no `Views`
 (a presence lane), `SubscriptionUnion.field` does the same over a function
-answering the whole `Live` (``Live("boards", window)``). The field's GraphQL
-type is the union (``BoardsMessage!``); its arguments are the function's;
-the caller is ``info.context.principal`` (a `GraphQLContext`), and a
-function that needs ``info`` itself declares it. A stream the kit does not
-attach (a test's queue) is served the same way with
-``@strawberry.subscription(graphql_type=BOARDS.type)`` over
-`SubscriptionUnion.subscribe`. The mapping from an engine delta to its
-member is one small allocation with no GraphQL work: the view object the
-projector rendered is passed through as is.
+answering the whole `Live`. A stream the kit does not attach (a test's
+queue) is served with ``@strawberry.subscription(graphql_type=BOARDS.type)``
+over `SubscriptionUnion.subscribe`.
 """
 
 from __future__ import annotations
@@ -66,7 +45,6 @@ from ..failures import ConfigError
 from ..lanes import notices as lane_notices
 from ..logs import bind_session
 from ..render.deltas import Delta, Remove, Reset, Upsert
-from ..render.stream import SessionStream
 from ..render.windows import WindowSpec
 
 if TYPE_CHECKING:
@@ -74,16 +52,8 @@ if TYPE_CHECKING:
     from ..render.projector import RlsApplier
 
 __all__ = [
-    "DeltaCause",
-    "LaneNotice",
-    "LanesPaused",
-    "LanesResumed",
-    "Live",
-    "LiveRequest",
-    "SubscriptionUnion",
-    "merge_streams",
-    "presence_subscription_union",
-    "subscription_union",
+    "DeltaCause", "LaneNotice", "LanesPaused", "LanesResumed", "Live", "LiveRequest",
+    "SubscriptionUnion", "merge_streams", "presence_subscription_union", "subscription_union",
 ]
 
 V = TypeVar("V")
@@ -122,12 +92,6 @@ Notice: TypeAlias = LaneNotice | lane_notices.LaneNotice
 raw `service_engine.lanes.notices.LaneNotice` (mapped to its member)."""
 
 
-def notice_member(notice: lane_notices.LaneNotice) -> LaneNotice:
-    """The union member of the engine's raw lane signal."""
-    lanes = list(notice.lanes)
-    return LanesPaused(lanes=lanes) if notice.paused else LanesResumed(lanes=lanes)
-
-
 @dataclass(frozen=True, slots=True)
 class Live:
     """What a live subscription field attaches: a session of ``projector``
@@ -143,8 +107,6 @@ class Live:
 LiveRequest: TypeAlias = Callable[..., Live]
 """A live field's function: its arguments (and ``self``, ``info`` when it
 declares them) to the `Live` session it attaches."""
-
-_FieldDecorator: TypeAlias = Callable[[LiveRequest], Any]
 
 _INFO = "info"
 
@@ -213,7 +175,8 @@ class SubscriptionUnion(Generic[V]):
         if isinstance(item, LanesPaused | LanesResumed):
             return item
         if isinstance(item, lane_notices.LaneNotice):
-            return notice_member(item)
+            lanes = list(item.lanes)
+            return LanesPaused(lanes=lanes) if item.paused else LanesResumed(lanes=lanes)
         raise TypeError(f"{self.union_name} cannot carry a {type(item).__name__}")
 
     def subscribe(
@@ -221,13 +184,9 @@ class SubscriptionUnion(Generic[V]):
         deltas: AsyncIterable[Delta[V]],
         notices: AsyncIterable[Notice] | None = None,
     ) -> AsyncGenerator[Any, None]:
-        """The subscription stream: ``deltas`` mapped to members, with
-        ``notices`` merged in as they arrive.
-
-        Ends when ``deltas`` ends; the end of ``notices`` does not end it.
-        Closing the stream (the client completes or disconnects) closes both
-        sources.
-        """
+        """The subscription stream: ``deltas`` mapped to members, ``notices``
+        merged in as they arrive (`merge_streams`: it ends with ``deltas``;
+        closing it closes both)."""
         return _mapped(self, merge_streams(deltas, notices))
 
     async def live(
@@ -244,25 +203,6 @@ class SubscriptionUnion(Generic[V]):
         ``projector`` for ``principal``, stream its members (with the lane
         notices merged in when the projector watches a NATS lane), and
         detach when the client completes or disconnects."""
-        async with self.attached(
-            engine, principal, projector, window, applier=applier, session_id=session_id
-        ) as (stream, notices), contextlib.aclosing(self.subscribe(stream, notices)) as messages:
-            async for message in messages:
-                yield message
-
-    @contextlib.asynccontextmanager
-    async def attached(
-        self,
-        engine: Engine,
-        principal: Any,
-        projector: str,
-        window: WindowSpec[Any],
-        *,
-        applier: RlsApplier[Any] | None,
-        session_id: str | None,
-    ) -> AsyncIterator[tuple[SessionStream[Any], lane_notices.LaneNoticeStream | None]]:
-        """A session of ``projector`` attached for ``principal`` and the lane
-        notices it watches (None: no lane), detached on the way out."""
         lanes = engine.lanes_of(projector)
         stream = await engine.attach(
             principal, projector, window, applier=applier, session_id=session_id
@@ -270,7 +210,9 @@ class SubscriptionUnion(Generic[V]):
         bind_session(str(stream.id))  # this operation's task serves this session
         notices = engine.lane_notices(lanes) if lanes else None
         try:
-            yield stream, notices
+            async with contextlib.aclosing(self.subscribe(stream, notices)) as messages:
+                async for message in messages:
+                    yield message
         finally:
             await stream.aclose()
             if notices is not None:
@@ -280,35 +222,17 @@ class SubscriptionUnion(Generic[V]):
     def field(self, request: LiveRequest, /) -> Any: ...
 
     @overload
-    def field(
-        self,
-        request: None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        deprecation_reason: str | None = None,
-    ) -> _FieldDecorator: ...
+    def field(self, request: None = None, /, *, name: str | None = None,
+              description: str | None = None, deprecation_reason: str | None = None
+              ) -> Callable[[LiveRequest], Any]: ...
 
-    def field(
-        self,
-        request: LiveRequest | None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        deprecation_reason: str | None = None,
-    ) -> Any:
+    def field(self, request: LiveRequest | None = None, /, *, name: str | None = None,
+              description: str | None = None, deprecation_reason: str | None = None) -> Any:
         """Declare a live subscription field of this union (a decorator, with
-        or without arguments).
-
-        ``request`` maps the field's arguments to the `Live` session to
-        attach; its parameters are the field's GraphQL arguments (``self``
-        and a declared ``info`` excepted). Each subscription attaches that
-        session for ``info.context.principal`` on ``info.context.engine``,
-        streams this union's members and detaches when the client completes
-        or disconnects (`live`). ``name``, ``description`` and
-        ``deprecation_reason`` are the field's, as with
+        or without arguments): ``request`` maps the field's arguments (its
+        parameters, ``self`` and a declared ``info`` excepted) to the `Live`
+        session that each subscription attaches for the caller (`live`).
+        ``name``, ``description`` and ``deprecation_reason`` are as with
         `strawberry.subscription`.
         """
 

@@ -1,21 +1,9 @@
-"""The service's HTTP surface: GraphQL over HTTP and graphql-transport-ws.
-
-`graphql_app` serves, on one Starlette app, ``POST /graphql`` (and ``GET``
-queries) and GraphiQL to a browser's ``GET /graphql`` (its subscriptions on
-the socket) on the engine's own endpoint (`service_engine.server.http_route`,
-over Strawberry's ``Schema.execute``), ``/readyz`` and ``/metrics``; the graphql-transport-ws socket
-on ``ws_path`` is the engine's own (`service_engine.server.wire`, under
-`run_with` / ``host.http_config``), not an ASGI route.
-
-The principal comes from the trusted ``X-Passport`` header
-(`service_engine.server.passport`): once per HTTP request, once per socket
-at its ``connection_init``. A socket whose passport is missing, malformed or
-refused is closed with 4403 and a reason naming the refusal; every socket is
-closed at ``session_max_age`` from its handshake (1001, ``session_max_age``).
-
-Hostile input meets a bound at the edge, each an `EngineConfig` field, each
-refused with a typed `EdgeRefusal` code (its members say which bound and
-how); none reads past its bound, and none touches work already admitted.
+"""The service's HTTP surface (`graphql_app`): ``POST /graphql`` and ``GET``
+queries (`service_engine.server.http_route`), GraphiQL, ``/readyz`` and
+``/metrics``; the graphql-transport-ws socket on ``ws_path`` is the
+engine's own (`service_engine.server.wire`, under `run_with`), not an ASGI
+route. Hostile input meets a bound at the edge, each an `EngineConfig`
+field refused with a typed `EdgeRefusal` code; none reads past its bound.
 """
 
 from __future__ import annotations
@@ -29,7 +17,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from graphql import ASTValidationRule, DocumentNode, GraphQLError
 from starlette.applications import Starlette
@@ -73,18 +61,14 @@ from .http_route import new_context as new_context  # the socket's context (wire
 from .live_ops import LiveOps, per_operation_extensions
 from .ops_page import DEFAULT_OPS_ROLE, ops_routes
 from .passport import PASSPORT_HEADER, OrgMember, PassportError, PassportPrincipal
+from .wire_protocol import MESSAGE_TOO_BIG_CLOSE_CODE, fit_close_reason
 
 if TYPE_CHECKING:
     from ..engine import Engine
 
 __all__ = [
-    "CONNECTION_REFUSED_CLOSE_CODE",
-    "MESSAGE_TOO_BIG_CLOSE_CODE",
-    "SESSION_MAX_AGE_CLOSE_CODE",
-    "SESSION_MAX_AGE_CLOSE_REASON",
-    "TRY_AGAIN_LATER_CLOSE_CODE",
-    "EdgeRefusal",
-    "GraphQLContext",
+    "CONNECTION_REFUSED_CLOSE_CODE", "MESSAGE_TOO_BIG_CLOSE_CODE", "SESSION_MAX_AGE_CLOSE_CODE",
+    "SESSION_MAX_AGE_CLOSE_REASON", "TRY_AGAIN_LATER_CLOSE_CODE", "EdgeRefusal", "GraphQLContext",
     "graphql_app",
 ]
 
@@ -121,9 +105,6 @@ class EdgeRefusal(enum.StrEnum):
     backoff (another pod may take it)."""
 
 
-MESSAGE_TOO_BIG_CLOSE_CODE = 1009
-"""RFC 6455 "message too big": a socket message passed ws_max_message_bytes."""
-
 TRY_AGAIN_LATER_CLOSE_CODE = 1013
 """RFC 6455 "try again later": the pod is at ws_max_sockets."""
 
@@ -139,10 +120,6 @@ refused. The reason starts with the refusal's code (``passport_missing: ...``)."
 
 INTERNAL_ERROR_CLOSE_CODE = 4500
 """graphql-transport-ws internal error: the principal resolver failed."""
-
-_MAX_CLOSE_REASON_BYTES = 123  # RFC 6455: a close frame's payload is at most 125 bytes
-
-P = TypeVar("P")
 
 _log = logging.getLogger(__name__)
 
@@ -177,18 +154,12 @@ class _Checked(NamedTuple):
 
 
 class _EdgeChecks(SchemaExtension):
-    """The edge's bounds on each operation, and each document text parsed
-    and validated once: Strawberry's `MaxTokensLimiter` and
-    `AddValidationRules` (the alias, depth and introspection rules) in one
-    extension, which keeps each text's document and validation errors (its
-    limiters' refusals tagged with their `EdgeRefusal` code) and hands them
-    to the next operation of that text under the same rules and parse
-    options; refuses a subscription over HTTP (400, pointed at the socket).
-
-    `limited_schema` makes a subclass per schema, holding its bounds and its
-    documents (an LRU of ``delivery.DOCUMENT_CACHE_SIZE`` texts): the extension built
-    per operation carries nothing of its own but the text's entry.
-    """
+    """The edge's bounds on each operation (Strawberry's `MaxTokensLimiter`
+    and `AddValidationRules` in one extension), each document text parsed
+    and validated once (its refusals tagged with their `EdgeRefusal` code)
+    and a subscription over HTTP refused (400, pointed at the socket).
+    `bounded` makes a subclass per schema, holding its bounds and an LRU of
+    its documents."""
 
     ws_path: ClassVar[str]
     max_tokens: ClassVar[int]
@@ -285,14 +256,9 @@ so a document they passed once passes again (live_ops.py)."""
 
 def limited_schema(schema: BaseSchema, config: EngineConfig, *,
                    ws_path: str = "/graphql/ws") -> Schema:
-    """A copy of ``schema`` bounded at ``config``'s bounds by one extension
-    (`_EdgeChecks`: Strawberry's token bound and its alias, depth and, when
-    configured, introspection rules), each document text parsed and
-    validated once, a subscription over HTTP refused (pointed at ``ws_path``).
-
+    """A copy of ``schema`` bounded at ``config``'s bounds (`_EdgeChecks`).
     The service's schema object is left as it was: one schema may serve
-    several apps under different bounds.
-    """
+    several apps under different bounds."""
     if not isinstance(schema, Schema):
         raise ConfigError(
             f"graphql_app needs a strawberry.Schema to enforce the query limits, got "
@@ -389,15 +355,7 @@ class BodyLimit:
             f"request body exceeds http_max_body_bytes ({self.limit} bytes; {detail})",
             limit=self.limit,
         )
-        await send({
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        })
+        await _start(send, 413, body, (b"connection", b"close"))
         # The whole answer is on the wire (its Content-Length says so), but
         # the response is held open while what the client is still sending
         # is read and dropped, within a bound: closing a socket with unread
@@ -408,10 +366,7 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _discard(self, receive: Receive) -> None:
-        # Read and drop the rest of the body while the client keeps sending
-        # (a standard client sends its whole body before it reads the
-        # answer), each read within LINGER_IDLE_SECONDS of the last and all
-        # within LINGER_SECONDS: nothing drained is kept.
+        # A standard client sends its whole body before it reads the answer.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + LINGER_SECONDS
         while True:
@@ -433,15 +388,15 @@ LINGER_IDLE_SECONDS = 1.0
 """How long the refused body's client may pause before the connection is closed."""
 
 
+async def _start(send: Send, status: int, body: bytes, *headers: tuple[bytes, bytes]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        *headers,
+    ]})
+
+
 async def _answer(send: Send, status: int, body: bytes) -> None:
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ],
-    })
+    await _start(send, status, body)
     await send({"type": "http.response.body", "body": body})
 
 
@@ -493,8 +448,7 @@ class HandshakeSlots:
 
 class _EngineGraphQL:
     """One app's GraphQL: its HTTP route (`GraphQLHttp`) and what the
-    engine's socket (`service_engine.server.wire`) serves: the limited
-    schema, the bounds, admission and the known live documents."""
+    engine's socket (`service_engine.server.wire`) serves."""
 
     def __init__(
         self,
@@ -513,10 +467,8 @@ class _EngineGraphQL:
         self.schema = served
         self.engine = engine
         self.config: EngineConfig = engine.config
-        self.open_sockets = 0
-        """Sockets open on this app now (bounded by ws_max_sockets)."""
+        self.open_sockets = 0  # bounded by ws_max_sockets
         self.handshakes = HandshakeSlots(engine.config.ws_max_handshakes)
-        """Sockets not yet acknowledged (bounded by ws_max_handshakes)."""
         self.ws_path = ws_path
         self.resolver = resolver
         self.session_max_age: timedelta = engine.config.session_max_age
@@ -524,20 +476,15 @@ class _EngineGraphQL:
         self.passport_from_connection_params = passport_from_connection_params
         self.allowed_origins = normalize_allowed_origins(allowed_origins)
         self.encode_json = encode_json
-        self.live_ops = LiveOps(
-            served,
-            encode=encode_json,
-            # Nothing of the schema may act per operation or per field.
-            enabled=not served.directives
-            and not per_operation_extensions(served, _DOCUMENT_FIXED),
-        )
-        """Known-planned live documents, served without Strawberry per operation."""
+        # Known-planned live documents, served without Strawberry per
+        # operation: nothing of the schema may act per operation or per field.
+        self.live_ops = LiveOps(served, encode=encode_json, enabled=not served.directives
+                                and not per_operation_extensions(served, _DOCUMENT_FIXED))
         ide_html = graphiql_html(
             get_graphql_ide_html("graphiql"), http_path, ws_path,
             asset_base=engine.config.graphiql_asset_base_url,
         ) if graphiql else None
         self.http = GraphQLHttp(engine, served, resolver, ide_html=ide_html)
-        """The ASGI app of ``POST /graphql`` and ``GET`` queries."""
 
     def origin_allowed(self, headers: HeaderLookup) -> bool:
         """Whether an upgrade with ``headers`` may open the socket: no
@@ -589,11 +536,7 @@ def _connection_param(payload: Mapping[str, object], name: str) -> str | None:
 
 def close_reason(refusal: PassportError) -> str:
     """``<code>: <message>``, cut to fit a WebSocket close frame."""
-    text = f"{refusal.code}: {refusal}"
-    raw = text.encode()
-    if len(raw) <= _MAX_CLOSE_REASON_BYTES:
-        return text
-    return raw[:_MAX_CLOSE_REASON_BYTES].decode("utf-8", errors="ignore")
+    return fit_close_reason(f"{refusal.code}: {refusal}")
 
 
 def graphql_app(
@@ -636,24 +579,17 @@ def graphql_app(
     socket (same-origin pages and non-browser clients always may);
     ``routes`` are appended to the app's routes.
 
-    ``/ops`` serves the ops page (`service_engine.server.ops_page`) to passports with
-    ``ops_role``; None leaves it out.
-
-    The edge bounds (body size, query limits, socket bounds) come from
-    ``engine.config``; see the module docstring. Raises `UnregisteredProjector`
-    when the schema serves a `Views` of a projector ``engine`` never registered.
+    ``/ops`` serves the ops page to passports with ``ops_role``; None
+    leaves it out. The edge bounds (body size, query limits, socket bounds)
+    come from ``engine.config``. Raises `UnregisteredProjector` when the
+    schema serves a `Views` of a projector ``engine`` never registered.
     """
     if isinstance(schema, ComposedService):
         schema.register(engine)
         schema = schema.schema()
     check_views(engine, schema)
     view = _EngineGraphQL(
-        engine,
-        schema,
-        principal_resolver,
-        graphiql=graphiql,
-        http_path=path,
-        ws_path=ws_path,
+        engine, schema, principal_resolver, graphiql=graphiql, http_path=path, ws_path=ws_path,
         passport_from_connection_params=passport_from_connection_params,
         connection_init_wait_timeout=connection_init_wait_timeout,
         allowed_origins=allowed_origins,
@@ -662,9 +598,7 @@ def graphql_app(
     async def metrics(_request: Request) -> Response:
         return Response(engine.metrics.exposition(), media_type=PROMETHEUS_CONTENT_TYPE)
 
-    # A Route, never a Mount: a Mount answers POST /graphql with a 307 to
-    # /graphql/. The socket on ws_path is served by `service_engine.server.wire`
-    # under `run_with` (host.http_config), not through ASGI.
+    # A Route, never a Mount: a Mount answers POST /graphql with a 307 to /graphql/.
     app = Starlette(
         routes=[
             Route(path, view.http, methods=["GET", "POST"]),
@@ -675,7 +609,5 @@ def graphql_app(
         ],
         middleware=[Middleware(BodyLimit, limit=engine.config.http_max_body_bytes)],
     )
-    app.state.graphql_view = view
-    # What the engine's own socket serves (host.http_config finds it).
-    app.state.graphql_wire = view
+    app.state.graphql_view = view  # what the engine's socket serves (host.http_config)
     return app

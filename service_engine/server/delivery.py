@@ -1,14 +1,6 @@
-"""The delivery plan's caches: one serialisation per cohort, a frame write per subscriber.
-
-- a document is parsed and validated once (the edge's checks,
-  `service_engine.server.app.limited_schema`), on the HTTP path too;
-- the payload shape of a (document, operation, variables) is planned once
-  (`service_engine.graphql.delivery_plan`), shared by every subscription
-  with that document (`plan_for`), from the operation its validation saw
-  (`document_seen_rule`);
-- an Upsert / Remove shared by a cohort (the same view and cause objects) is
-  serialised once and reused for every session, whose frame differs only in
-  its revision and operation id (`SharedPlan`).
+"""The delivery plan's caches: a document validated once (`document_seen_rule`),
+its payload planned once per (document, operation, variables) (`plan_for`),
+and a member a cohort shares serialised once for every session (`SharedPlan`).
 """
 
 from __future__ import annotations
@@ -35,12 +27,7 @@ from strawberry.types.base import StrawberryList
 from ..graphql.delivery_plan import Encoded, Plan, plan_operation
 
 __all__ = [
-    "Seen",
-    "SharedPlan",
-    "document_seen_rule",
-    "plan_for",
-    "report_errors",
-    "seen",
+    "Seen", "SharedPlan", "document_seen_rule", "plan_for", "report_errors", "seen",
 ]
 
 DOCUMENT_CACHE_SIZE = 1024
@@ -64,10 +51,9 @@ class SharedPlan:
         self._encoded: dict[tuple[Any, ...], tuple[tuple[object, ...], Encoded]] = {}
         self.last_frame: tuple[object, int, str, bytes] | None = None
         """The last whole frame a caught-up reader wrote (`LiveOp.frame_bytes`):
-        (the Upsert / Remove delta object, the reader's revision, the ``next``
-        message's head (its operation id), the frame's bytes). The sessions of
-        a cohort are given the same delta objects and mostly read them at the
-        same revision under the same id: one frame built, the rest reuse it."""
+        (delta object, revision, the ``next`` message's head, bytes). A
+        cohort's sessions mostly read the same delta at the same revision
+        under the same id: one frame built, the rest reuse it."""
 
     def encode(self, member: object) -> Encoded:
         """``member`` serialised; a member whose other fields are the objects
@@ -123,14 +109,10 @@ _UNKNOWN: Any = object()
 
 
 def _identity_fields(cls: type[Any]) -> Callable[[object], Any] | None:
-    """What identifies a cacheable member of type ``cls``: a getter of its
-    fields besides its revision (their tuple). None: not cacheable (a lane
-    notice, with no revision; a Reset, whose lists are each session's own).
-
-    Held fields are compared with ``==`` (identity first, as tuples do): a
-    member's fields are its key text, its view (a Strawberry type, whose
-    equality includes its class) and its cause (the engine's `Cause` or
-    None)."""
+    """A getter of the fields besides its revision that identify a cacheable
+    member of type ``cls`` (compared with ``==``, identity first, as tuples
+    do); None: not cacheable (a lane notice has no revision; a Reset's lists
+    are each session's own)."""
     try:
         return _FIELDS[cls]
     except KeyError:
@@ -195,12 +177,9 @@ _SEEN: OrderedDict[tuple[int, int], Seen] = OrderedDict()
 
 
 def document_seen_rule(served: BaseSchema) -> type[ValidationRule]:
-    """A validation rule (for Strawberry's ``AddValidationRules``) that
-    records each operation of a document validated for ``served``, with its
-    fragments and the graphql-core schema (graphql-core's public
-    ``ValidationContext``): what the plan needs, read back by `seen` from
-    the operation a resolver's ``info.operation`` names. The validation
-    cache runs it once per document."""
+    """A validation rule recording each operation of a document validated
+    for ``served``, with its fragments and graphql-core schema (from the
+    public ``ValidationContext``): what the plan needs, read back by `seen`."""
 
     class DocumentSeen(ValidationRule):
         def __init__(self, context: ValidationContext) -> None:

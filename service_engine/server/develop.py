@@ -51,32 +51,25 @@ def serve_embedded(
     of the booted engine answering the app to serve. Everything started is
     stopped on the way out, the servers last.
     """
-    asyncio.run(_serve(service, name, migrations, data, addr, config))
-
-
-async def _serve(
-    service: ComposedService | Callable[[Engine], ASGIApp],
-    name: str,
-    migrations: Path | Iterable[Migration],
-    data: Path,
-    addr: str,
-    config: EngineConfig | None,
-) -> None:
     from ..embedded import EmbeddedInfra
 
     listed = service_migrations(migrations) if isinstance(migrations, Path) else list(migrations)
-    async with contextlib.AsyncExitStack() as stack:  # closed in reverse: the servers last
-        infra = await EmbeddedInfra.start(data, database=name, extra_migrations=listed)
-        stack.push_async_callback(infra.aclose)
-        db = await connect_pool(infra.database.app_url)
-        stack.push_async_callback(db.aclose)
-        nats = await open_nats(infra.nats.url)
-        stack.push_async_callback(nats.aclose)
-        engine = await Engine.boot(
-            config or EngineConfig(service=name), db, nats, ReadinessHandle()
-        )
-        app = (
-            graphql_app(engine, service, passport_from_connection_params=True)
-            if isinstance(service, ComposedService) else service(engine)
-        )
-        await run_with(engine, app, addr)
+
+    async def serve() -> None:
+        async with contextlib.AsyncExitStack() as stack:  # closed in reverse: the servers last
+            infra = await EmbeddedInfra.start(data, database=name, extra_migrations=listed)
+            stack.push_async_callback(infra.aclose)
+            db = await connect_pool(infra.database.app_url)
+            stack.push_async_callback(db.aclose)
+            nats = await open_nats(infra.nats.url)
+            stack.push_async_callback(nats.aclose)
+            engine = await Engine.boot(
+                config or EngineConfig(service=name), db, nats, ReadinessHandle()
+            )
+            app = (
+                graphql_app(engine, service, passport_from_connection_params=True)
+                if isinstance(service, ComposedService) else service(engine)
+            )
+            await run_with(engine, app, addr)
+
+    asyncio.run(serve())

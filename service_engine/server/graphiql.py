@@ -53,23 +53,16 @@ _ASSET_STATUS = """<script>
 def graphiql_html(
     template: str, http_path: str, ws_path: str, *, asset_base: str = "https://unpkg.com"
 ) -> str:
-    """Strawberry's GraphiQL page, its subscriptions pointed at ``ws_path``
-    and its assets loaded from ``asset_base``.
+    """Strawberry's GraphiQL page, its subscriptions opened on ``ws_path``
+    (resolved against the page's URL, so a path prefix in front of the
+    service keeps working) and its assets loaded from ``asset_base`` instead
+    of the public CDN (a mirror of the same paths and bytes: the integrity
+    hashes stay). Assets that fail to load, or are still missing after
+    `GRAPHIQL_ASSET_TIMEOUT_SECONDS`, replace "Loading..." with a message
+    saying what to do.
 
-    Strawberry's page opens subscriptions on the page's own URL; this app
-    serves them on ``ws_path``. The URL is resolved against the page's, so
-    a service behind a path prefix keeps working when ``ws_path`` extends
-    ``http_path``.
-
-    The page loads React and GraphiQL from the public CDN; ``asset_base``
-    replaces it (an operator's mirror serving the same paths and bytes: the
-    integrity hashes stay). A script or stylesheet that fails to load, or
-    assets still missing after `GRAPHIQL_ASSET_TIMEOUT_SECONDS`, replace the
-    page's "Loading..." with a message saying so and what to do.
-
-    Raises `RuntimeError` if the page no longer has what this rewrites (a
-    Strawberry upgrade changed it): fail at startup rather than serve a
-    GraphiQL whose subscriptions silently go nowhere.
+    Raises `RuntimeError` if a Strawberry upgrade changed what this
+    rewrites: fail at startup rather than serve subscriptions going nowhere.
     """
     if _SUBSCRIPTION_URL_LINE not in template or _CDN not in template or "<head>" not in template:
         raise RuntimeError(

@@ -26,23 +26,9 @@ from ..logs import configure_logging
 from .wire import WireEndpoint
 
 __all__ = [
-    "GC_THRESHOLDS",
-    "HTTP_SHUTDOWN_GRACE",
-    "LISTEN_BACKLOG",
-    "POD_ADDR_ENV",
-    "POD_INDEX_ENV",
-    "POD_READY_FILE_ENV",
-    "POD_STOP_GRACE",
-    "PodSlot",
-    "addr_text",
-    "bind_listener",
-    "http_config",
-    "parse_addr",
-    "raise_open_file_limit",
-    "run_pods",
-    "run_with",
-    "run_with_listener",
-    "tune_gc",
+    "GC_THRESHOLDS", "HTTP_SHUTDOWN_GRACE", "LISTEN_BACKLOG", "POD_ADDR_ENV", "POD_INDEX_ENV",
+    "POD_READY_FILE_ENV", "POD_STOP_GRACE", "PodSlot", "addr_text", "bind_listener", "http_config",
+    "parse_addr", "raise_open_file_limit", "run_pods", "run_with", "run_with_listener", "tune_gc",
     "write_addr_file",
 ]
 
@@ -50,14 +36,10 @@ _log = logging.getLogger(__name__)
 
 GC_THRESHOLDS = (1_000, 10, 100)
 """The collector's thresholds on a tuned pod (Python's are 700, 10, 10): a
-full collection (the whole live heap, every session's window: 100-150 ms
-of CPU at 1,000 sessions) at most every 100 middle ones instead of 10. The
-young thresholds stay small because a collection's cost is the objects it
-walks (~1 µs each, measured by `bench/loopwatch.py`), and the count
-is of *net* allocations, i.e. young objects still alive: at 50,000 one young
-collection took 41-53 ms of CPU, and every middle one (20 of those, ~1M
-objects) would take a second. At 1,000 / 10 a young one costs ~1 ms and a
-middle one ~5 ms (bench/README.md, "Tails")."""
+full collection (every session's window: 100-150 ms at 1,000 sessions) at
+most every 100 middle ones instead of 10. The young ones stay small, as a
+collection costs ~1 µs an object it walks: at 1,000 / 10 a young one costs
+~1 ms and a middle one ~5 ms (bench/README.md, "Tails")."""
 
 
 def tune_gc() -> None:
@@ -103,12 +85,11 @@ class _Server(uvicorn.Server):
 def http_config(
     app: ASGIApp, config: EngineConfig, *, shutdown_grace: int = HTTP_SHUTDOWN_GRACE
 ) -> uvicorn.Config:
-    """The HTTP server's configuration for a pod of ``config``: ``app``'s
-    subscription socket, when the app is `graphql_app`'s, on the engine's own
-    protocol class (`service_engine.server.wire`), passed as uvicorn's
-    documented ``ws`` protocol option."""
+    """The HTTP server's configuration for a pod of ``config``; a
+    `graphql_app`'s socket is the engine's own (`service_engine.server.wire`),
+    passed as uvicorn's documented ``ws`` protocol option."""
     ws: Any = "websockets-sansio"
-    view = getattr(getattr(app, "state", None), "graphql_wire", None)
+    view = getattr(getattr(app, "state", None), "graphql_view", None)
     if view is not None:
         ws = WireEndpoint(view).protocol_class()
     return uvicorn.Config(
@@ -290,15 +271,11 @@ async def run_pods(
     env: Mapping[str, str] | None = None, on_ready: Callable[[], None] | None = None,
     stop_grace: float = POD_STOP_GRACE,
 ) -> None:
-    """Run ``pods`` child processes, each a whole pod (its own engine,
-    listener and sessions), behind ``sock``'s one port.
-
-    ``sock`` is bound with ``reuse_port`` (`bind_listener`) and never
-    listens: it holds the port (a port 0 becomes the one every pod binds)
-    while the kernel spreads connections over the pods' own listeners. Each
-    child runs ``command`` (its argv) with ``env`` over this environment and
-    its `PodSlot` (`PodSlot.from_env`: it binds with `PodSlot.bind` and
-    serves with `PodSlot.serve`); ``SERVICE_ENGINE_POD_ID``, when set, gets
+    """Run ``pods`` child processes, each a whole pod, behind ``sock``'s one
+    port: ``sock`` (bound with ``reuse_port``, never listening) holds the
+    port while the kernel spreads connections over the pods' own listeners.
+    Each child runs ``command`` with ``env`` over this environment and its
+    `PodSlot` (`PodSlot.from_env`); ``SERVICE_ENGINE_POD_ID``, when set, gets
     the pod's index as a suffix. ``on_ready`` runs once every pod is UP
     (their ready files are in ``state_dir``).
 

@@ -1,15 +1,10 @@
-"""GraphQL over HTTP: ``POST /graphql`` and ``GET`` queries, on the engine's
-own endpoint over Strawberry's public `Schema.execute`, answering as
-Strawberry's ASGI view did.
-
-A JSON body or a ``GET``'s query parameters (``variables`` and
-``extensions`` JSON-encoded) name the operation, executed on the limited
-schema (`service_engine.server.app.limited_schema`: every limiter, cache and
-author's extension applies) under the request's principal
-(`resolve_context`); the result is JSON, 200 unless the operation set its
-response's status. A malformed request, a batch or a mutation over ``GET``
-is answered 400 in plain text naming what is wrong; a browser's ``GET``
-without a query gets GraphiQL (404 when it is off).
+"""GraphQL over HTTP: ``POST /graphql`` and ``GET`` queries over Strawberry's
+public `Schema.execute` on the limited schema (`app.limited_schema`), under
+the request's principal (`resolve_context`), answering as Strawberry's ASGI
+view did: JSON, 200 unless the operation set its response's status; a
+malformed request, a batch or a mutation over ``GET`` 400 in plain text
+naming what is wrong; a browser's ``GET`` without a query GraphiQL (404
+when it is off).
 """
 
 from __future__ import annotations

@@ -54,11 +54,10 @@ def known_parameters(
     field: StrawberryField, field_def: GraphQLField, request: LiveRequest, config: Any
 ) -> tuple[dict[str, str], bool] | None:
     """The field's GraphQL argument names to ``request``'s parameter names,
-    and whether it takes ``self``; None unless every argument is a scalar or
-    an enum (or a list of them), which graphql-core's coercion hands over as
-    the value Strawberry passes (Strawberry converts only input objects,
-    ``Maybe``, ``GlobalID`` and what field extensions map): a field with any
-    other argument stays on the ordinary path."""
+    and whether it takes ``self``; None (the ordinary path) unless every
+    argument is a scalar or an enum (or a list of them): those graphql-core
+    hands over as Strawberry would (it converts input objects, ``Maybe``,
+    ``GlobalID`` and what field extensions map)."""
     if field.extensions:
         return None
     names: dict[str, str] = {}
@@ -82,7 +81,6 @@ def _innermost(declared: Any) -> Any:
     while hasattr(declared, "of_type"):  # StrawberryOptional, StrawberryList
         declared = declared.of_type
     return declared
-
 
 
 def document_key(payload: Mapping[str, object]) -> tuple[str, str | None] | None:

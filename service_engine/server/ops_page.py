@@ -13,7 +13,6 @@ which a cross-site form cannot send, and each is logged on the
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -93,18 +92,15 @@ def _refused(code: str, message: str, status: int = 403) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
 
-def _operator(request: Request, role: str) -> Passport | JSONResponse:
+def _operator(request: Request, role: str) -> Passport | tuple[str, str]:
+    """The operator's passport, or the (code, message) refusing the request."""
     try:
         passport = parse_passport(request.headers.get(PASSPORT_HEADER))
     except PassportError as exc:
-        return _refused(exc.code, str(exc))
+        return exc.code, str(exc)
     if not passport.has_role(role):
-        return _refused("ops_role_required", f"the ops page needs the {role!r} role")
+        return "ops_role_required", f"the ops page needs the {role!r} role"
     return passport
-
-
-def _code(refusal: JSONResponse) -> str:
-    return str(json.loads(bytes(refusal.body))["error"]["code"])
 
 
 def _letter_id(request: Request) -> uuid.UUID | None:
@@ -130,8 +126,8 @@ def ops_routes(
 
     async def page(request: Request) -> Response:
         operator = _operator(request, role)
-        if isinstance(operator, JSONResponse):
-            html = _asset("forbidden.html").decode().replace("{{code}}", _code(operator))
+        if not isinstance(operator, Passport):
+            html = _asset("forbidden.html").decode().replace("{{code}}", operator[0])
             return Response(html, status_code=403, media_type="text/html",
                             headers={"Content-Security-Policy": _CSP})
         html = _asset("ops.html").decode().replace("{{base}}", path)
@@ -146,8 +142,8 @@ def ops_routes(
 
     async def api_state(request: Request) -> Response:
         operator = _operator(request, role)
-        if isinstance(operator, JSONResponse):
-            return operator
+        if not isinstance(operator, Passport):
+            return _refused(*operator)
         readiness = engine.readiness.current().to_json()
         letters = await engine.dead_letters.list(limit=200)
         outbox = await outbox_status(engine.db)
@@ -181,8 +177,8 @@ def ops_routes(
 
     async def act(request: Request) -> Response:
         operator = _operator(request, role)
-        if isinstance(operator, JSONResponse):
-            return operator
+        if not isinstance(operator, Passport):
+            return _refused(*operator)
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             return _refused("json_required", "ops actions are POSTs with a JSON body", 415)
         letter_id = _letter_id(request)

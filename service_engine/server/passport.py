@@ -57,18 +57,9 @@ from ..failures import EngineError
 from ..impacts.model import JsonValue
 
 __all__ = [
-    "MAX_PASSPORT_BYTES",
-    "PASSPORT_HEADER",
-    "OrgMember",
-    "Passport",
-    "PassportError",
-    "PassportKind",
-    "PassportMalformed",
-    "PassportMissing",
-    "PassportPrincipal",
-    "PassportRefused",
-    "parse_passport",
-    "resolve_principal",
+    "MAX_PASSPORT_BYTES", "PASSPORT_HEADER", "OrgMember", "Passport", "PassportError",
+    "PassportKind", "PassportMalformed", "PassportMissing", "PassportPrincipal", "PassportRefused",
+    "parse_passport", "resolve_principal",
 ]
 
 PASSPORT_HEADER = "X-Passport"
@@ -86,20 +77,14 @@ _KNOWN = frozenset({"v", "sub", "actor", "org", "roles", "kind"})
 P = TypeVar("P")
 
 _NO_CLAIMS: Mapping[str, JsonValue] = MappingProxyType({})
-"""The claims of a passport that has none, shared (a socket keeps its
-passport for its life: an empty dict and its proxy each would be ~110
-bytes a session)."""
+"""The claims of every passport that has none (a socket keeps its passport
+for its life: ~110 bytes a session saved)."""
 
 
 class PassportError(EngineError):
-    """The request carries no passport the service will serve.
-
-    ``code`` is the stable, machine-readable refusal (``passport_missing``,
-    ``passport_malformed``, ``passport_refused``). Raised from a resolver
-    that needs the principal, it reaches the GraphQL client as an error
-    whose ``extensions.code`` is ``code``; on a WebSocket it refuses
-    ``connection_init`` (close code 4403) with the code in the reason.
-    """
+    """The request carries no passport the service will serve. ``code`` is
+    the stable refusal: the GraphQL error's ``extensions.code``, or the start
+    of the 4403 close reason refusing a socket's ``connection_init``."""
 
     code = "passport"
 
@@ -123,22 +108,16 @@ class PassportMalformed(PassportError):
 
 
 class PassportRefused(PassportError):
-    """A well-formed passport the service will not serve.
-
-    Raise it from a `PassportPrincipal` resolver (an unknown subject, a
-    retired role, a kind the service does not accept).
-    """
+    """A well-formed passport the service will not serve: raise it from a
+    `PassportPrincipal` resolver (an unknown subject, a retired role)."""
 
     code = "passport_refused"
 
 
 @dataclass(frozen=True, slots=True)
 class Passport:
-    """The parsed ``X-Passport``: the caller's identity claims, read-only.
-
-    Build one from a header with `parse_passport`; `to_header` gives the
-    canonical (base64url) header value, for clients and tests.
-    """
+    """The parsed ``X-Passport`` (`parse_passport`): the caller's identity
+    claims, read-only; `to_header` gives its canonical header value."""
 
     sub: str
     actor: str = ""
@@ -185,24 +164,17 @@ class Passport:
 
 
 PassportPrincipal: TypeAlias = Callable[[Passport], Awaitable[P]] | Callable[[Passport], P]
-"""Maps a passport to the service's own principal type, once per request
-(HTTP) or once per socket (WebSocket).
-
-A plain function or a coroutine function. Raise `PassportRefused` for a
-passport the service will not serve; any other exception is a fault of the
-service and propagates.
-"""
+"""Maps a passport to the service's own principal, once per request or
+socket (a plain or a coroutine function). Raise `PassportRefused` for a
+passport the service will not serve; any other exception propagates."""
 
 
 @dataclass(frozen=True, slots=True)
 class OrgMember:
-    """The default principal: the passport's subject (``id``) acting in its
-    ``org``, with its ``roles``.
-
-    `OrgMember.of` is `graphql_app`'s resolver when a service names none.
-    Its ``org`` matches a `TableWindow`'s ``cohort="org"`` column, so a
-    projector over an org's rows needs no `Visibility` of its own.
-    """
+    """The default principal (`OrgMember.of`, `graphql_app`'s resolver when
+    a service names none): the passport's subject (``id``) in its ``org``,
+    with its ``roles``. Its ``org`` matches a `TableWindow`'s
+    ``cohort="org"`` column, so an org's projector needs no `Visibility`."""
 
     id: str
     org: str
@@ -232,12 +204,9 @@ async def resolve_principal(resolver: PassportPrincipal[P], passport: Passport) 
 
 
 def parse_passport(value: str | None) -> Passport:
-    """Parse an ``X-Passport`` header value.
-
-    Raises `PassportMissing` for ``None`` or a blank value and
-    `PassportMalformed` for anything that is not a passport in the format
-    this module documents.
-    """
+    """Parse an ``X-Passport`` header value: `PassportMissing` for ``None``
+    or a blank one, `PassportMalformed` for anything not in the format this
+    module documents."""
     text = value.strip() if value is not None else ""
     if not text:
         raise PassportMissing(f"no {PASSPORT_HEADER} header: the gateway passed no passport")
@@ -262,10 +231,8 @@ def parse_passport(value: str | None) -> Passport:
     org = document.get("org")
     roles = document.get("roles")
     claims = {k: v for k, v in document.items() if k not in _KNOWN}
-    # The org, roles and kind repeat across a pod's sessions: one string each
-    # (interned; a socket keeps its passport for its life), not one per socket.
-    # Built as validated (the document passed `_validate`, its claims hold no
-    # reserved name), without `Passport.__post_init__` checking it all again.
+    # Built as validated, without `__post_init__` checking it all again; the
+    # org, roles and kind interned (a pod's sessions repeat them).
     passport = object.__new__(Passport)
     setattr_ = object.__setattr__
     setattr_(passport, "sub", sub)
@@ -317,11 +284,9 @@ def _refuse_constant(name: str) -> Any:
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique_members, parse_constant=_refuse_constant)
-"""One decoder for every passport: ``json.loads`` with these hooks builds a
-decoder and its scanner per call, and those builds leave small blocks alive
-in the interpreter (40-800 per 2,000 parses, not objects the collector
-reaches), scattered among a burst of sessions' memory where they keep its
-pages mapped (``bench/README.md``, "Back to idle")."""
+"""One decoder for every passport: ``json.loads`` with hooks builds one per
+call, leaving small blocks alive that keep a burst's pages mapped
+(``bench/README.md``, "Back to idle")."""
 
 
 def _non_empty_str(value: object) -> bool:

@@ -1,22 +1,12 @@
 """graphql-transport-ws as pure decisions: what a message asks for, which
 close ends a socket, and the bytes of a server's text frame. No I/O.
 
-The engine's own socket (`service_engine.server.wire`) drives these; the
-decisions and every close code and reason are Strawberry's handler's
-(``strawberry/subscriptions/protocols/graphql_transport_ws/handlers.py``)
-with the engine's overrides (`service_engine.server.app`'s
-``_TransportWSHandler``: the passport at ``connection_init``, the typed
-socket bounds), so a client cannot tell the two apart. The deliberate
-differences are where Strawberry's handler raised and dropped the socket
-without a close frame; the wire sends a close instead:
-
-- a message that is JSON but not an object (``[]``, ``"x"``), or an object
-  whose ``id`` or ``payload`` has the wrong type: 4400 "Failed to parse
-  message"; JSON nested past the interpreter's recursion limit: 4400 as
-  any text that is not JSON;
-- a ``connection_init`` whose admission raised (the principal resolver,
-  ``on_ws_connect``): 4500 "internal_error: connection_init failed";
-- any other message the socket fails to handle: 1011.
+The decisions, close codes and reasons are Strawberry's handler's
+(``graphql_transport_ws/handlers.py``), so a client cannot tell the two
+apart, except where that handler dropped the socket without a close frame:
+JSON that is not an object or has an ``id`` / ``payload`` of the wrong type
+(or nests past the recursion limit) closes 4400; a ``connection_init``
+whose admission raised closes 4500; any other failure closes 1011.
 """
 
 from __future__ import annotations
@@ -28,33 +18,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 __all__ = [
-    "DUPLICATE_CLOSE_CODE",
-    "FORBIDDEN",
-    "INIT_TIMEOUT",
-    "INVALID_INIT_PAYLOAD",
-    "INVALID_JSON",
-    "NOT_TEXT",
-    "PARSE_FAILED",
-    "SUBPROTOCOL_NOT_ACCEPTABLE",
-    "TOO_MANY_INITS",
-    "UNAUTHORIZED",
-    "Admit",
-    "Close",
-    "Complete",
-    "Ignore",
-    "InitState",
-    "Ping",
-    "Pong",
-    "Refuse",
-    "Subscribe",
-    "decode",
-    "duplicate",
-    "message_too_big",
-    "on_init",
-    "on_message",
-    "on_subscribe",
-    "text_frame",
-    "too_many_subscriptions",
+    "DUPLICATE_CLOSE_CODE", "FORBIDDEN", "INIT_TIMEOUT", "INVALID_INIT_PAYLOAD", "INVALID_JSON",
+    "MAX_CLOSE_REASON_BYTES", "NOT_TEXT", "PARSE_FAILED", "SUBPROTOCOL_NOT_ACCEPTABLE",
+    "TOO_MANY_INITS", "UNAUTHORIZED", "Admit", "Close", "Complete", "Ignore", "InitState", "Ping",
+    "Pong", "Refuse", "Subscribe", "decode", "duplicate", "fit_close_reason", "message_too_big",
+    "on_init", "on_message", "on_subscribe", "text_frame", "too_many_subscriptions",
 ]
 
 
@@ -80,6 +48,18 @@ DUPLICATE_CLOSE_CODE: Final = 4409
 MESSAGE_TOO_BIG_CLOSE_CODE: Final = 1009
 _MESSAGE_TOO_BIG: Final = "message_too_big"  # EdgeRefusal.MESSAGE_TOO_BIG
 _TOO_MANY_SUBSCRIPTIONS: Final = "too_many_subscriptions"  # EdgeRefusal.TOO_MANY_SUBSCRIPTIONS
+
+
+MAX_CLOSE_REASON_BYTES: Final = 123
+"""RFC 6455: a close frame's payload (the 2-byte code and the reason) is at most 125 bytes."""
+
+
+def fit_close_reason(reason: str) -> str:
+    """``reason`` cut to fit a close frame (at a character boundary)."""
+    raw = reason.encode()
+    if len(raw) <= MAX_CLOSE_REASON_BYTES:
+        return reason
+    return raw[:MAX_CLOSE_REASON_BYTES].decode("utf-8", errors="ignore")
 
 
 def message_too_big(limit: int) -> Close:

@@ -17,7 +17,6 @@ __all__ = ["SocketWriter"]
 _log = logging.getLogger(__name__)
 
 
-_MAX_CLOSE_REASON_BYTES = 123
 _CLOSE_TIMEOUT = 10.0
 """Seconds a sent close frame waits for the peer's echo (uvicorn's close_timeout)."""
 
@@ -58,12 +57,7 @@ class SocketWriter(SocketState):
             await self._writable()
         if self._closed:
             raise WebSocketDisconnected
-        data = self._endpoint.encode_json(message)
-        if isinstance(data, bytes):
-            self.conn.send_binary(data)
-            self._flush()
-        else:
-            self._write(data.encode())
+        self._write(self._endpoint.encode_json(message).encode())
 
     async def _writable(self) -> None:
         waiter = self.loop.create_future()
@@ -114,11 +108,8 @@ class SocketWriter(SocketState):
             return
         self._ended()
         self._closed = True
-        raw = reason.encode()
-        if len(raw) > _MAX_CLOSE_REASON_BYTES:
-            reason = raw[:_MAX_CLOSE_REASON_BYTES].decode("utf-8", errors="ignore")
         try:
-            self.conn.send_close(code, reason)
+            self.conn.send_close(code, wp.fit_close_reason(reason))
         except InvalidState:
             self.transport.close()
             return
