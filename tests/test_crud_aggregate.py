@@ -142,3 +142,14 @@ def test_an_inlined_write_needs_every_column_of_its_row() -> None:
 
     with pytest.raises(ConfigError, match=r"\.Short\.to_row lacks columns \['org', 'body'\]$"):
         Short().create_inlined(Note("n1", "acme", "hello"))
+
+
+def test_the_error_table_is_the_table_without_its_schema() -> None:
+    """A constraint error names its table without the schema: the store's
+    ``TABLE`` as the driver reports it."""
+
+    class Qualified(NoteStore):
+        TABLE = "app.notes"
+
+    assert NoteStore().error_table == NoteStore.TABLE
+    assert Qualified().error_table == "notes"

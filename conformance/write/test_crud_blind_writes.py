@@ -32,6 +32,7 @@ from ..support.sample_counter import (
     create_counter,
     executor_for,
 )
+from ..support.sample_orders import Order
 
 
 class OwnWrites(CrudCounter):
@@ -172,16 +173,25 @@ async def test_a_fault_right_after_begin_is_begins_when_an_insert_rode_with_it(
 
 
 async def create_then(cx: Mutation[Any], key: str, then: str) -> int | None:
+    other = await cx.load(CrudCounter, f"{key}-other") if then == "save-other" else None
     await cx.create(counter(CrudCounter, key, 1))
     if then == "load":
         return (await cx.load(CrudCounter, key)).value
     if then == "lock":
         await cx.lock_all((CrudCounter, f"{key}-next"))
-    if then == "save-other":
-        other = await cx.load(CrudCounter, f"{key}-other")
+    if then == "create":
+        await cx.create(counter(CrudCounter, f"{key}-next", 1))
+    if other is not None:  # pinned before the create, saved after it
         other.value = 2_000_000  # the table's check refuses it
         await cx.save(other)
     return None
+
+
+async def save_then_order(cx: Mutation[Any], key: str, order: Order) -> None:
+    pinned = await cx.load(CrudCounter, key)
+    pinned.value += 1
+    await cx.save(pinned)  # waits for COMMIT's round trip
+    await cx.create(order)  # another table: rides with it
 
 
 async def test_a_create_waits_for_the_next_statement(
@@ -199,6 +209,9 @@ async def test_a_create_waits_for_the_next_statement(
     [sent] = [s for s in statements.take() if "typeinfo_tree" not in s]
     assert sent.index("pg_advisory_xact_lock") < sent.index('INSERT INTO "sample_counter_crud"')
     assert sent.index('INSERT INTO "sample_counter_crud"') < sent.index("; COMMIT; ")
+    assert await executor.ack(WRITER, create_then, "d0", "create") == Success()
+    [sent] = [s for s in statements.take() if "typeinfo_tree" not in s]
+    assert sent.count('INSERT INTO "sample_counter_crud"') == 2 and "; COMMIT; " in sent, sent
     assert await executor.execute(WRITER, create_then, "d2", "load") == 1
     assert await executor.ack(WRITER, create_then, "d3", "lock") == Success()
     sent = "; ".join(s for s in statements.take() if "pg_advisory_xact_lock" in s)
@@ -206,14 +219,15 @@ async def test_a_create_waits_for_the_next_statement(
     assert sent.index(f"pg_advisory_xact_lock({d3})") < sent.index(f"({following})"), sent
     assert await db.pool.fetchval(
         "SELECT array_agg(id ORDER BY id) FROM sample_counter_crud WHERE id LIKE 'd%'"
-    ) == ["d1", "d2", "d3"]
+    ) == ["d0", "d0-next", "d1", "d2", "d3"]
 
 
 async def test_a_waiting_creates_errors_stay_its_own(db: Database) -> None:
     """A blind insert that waited for COMMIT's round trip keeps its errors:
-    a taken key is ``unique`` at stage ``create``, a lock held elsewhere
-    ``lock_timeout`` at stage ``lock``, and a pinned save of another row of
-    its table after it still ``save``'s; none commits anything."""
+    a taken key is ``unique`` at stage ``create`` (also beside a pinned save
+    of another table), a lock held elsewhere ``lock_timeout`` at stage
+    ``lock`` (as a blind save's is), and a pinned save of another row of its
+    table after it still ``save``'s; none commits anything."""
     executor = executor_for(db, lock_timeout=timedelta(milliseconds=200))
     assert await executor.ack(WRITER, create_counter, CrudCounter, "e1") == Success()
     with pytest.raises(ConstraintViolation) as taken:
@@ -228,8 +242,17 @@ async def test_a_waiting_creates_errors_stay_its_own(db: Database) -> None:
                 db, example_config(lock_timeout=timedelta(milliseconds=200)),
                 lambda conn, now: Mutation(conn, example_config(), now, WRITER),
                 lambda cx: create_counter(cx, CrudCounter, "e2"), clock=SystemClock())
+        with pytest.raises(DatabaseError) as blind:
+            await run_pipeline(
+                db, example_config(lock_timeout=timedelta(milliseconds=200)),
+                lambda conn, now: Mutation(conn, example_config(), now, WRITER),
+                lambda cx: put(cx, CrudCounter, "e2", 1), clock=SystemClock())
     assert isinstance(refused, MutationError) and refused.code == "lock_timeout", refused
-    assert held.value.stage is Stage.LOCK
+    assert held.value.stage is Stage.LOCK and blind.value.stage is Stage.LOCK
+    await _pipeline(db, lambda cx: cx.create(Order("e-o", "pen", 1)))
+    with pytest.raises(ConstraintViolation) as beside:
+        await _pipeline(db, save_then_order, "e1", Order("e-o", "ink", 2))
+    assert (beside.value.kind, beside.value.stage) == ("unique", Stage.CREATE)
     assert await executor.ack(WRITER, create_counter, CrudCounter, "e3-other") == Success()
     with pytest.raises(ConstraintViolation) as broken:
         await _pipeline(db, create_then, "e3", "save-other")

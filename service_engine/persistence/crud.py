@@ -403,6 +403,12 @@ class CrudStore(Persistence[A, K]):
             return None
         return dollar_quoted(text)
 
+    @property
+    def error_table(self) -> str:
+        """``TABLE`` without its schema: what a constraint error of this
+        store's writes names (the driver's ``table_name``)."""
+        return self.TABLE.rsplit(".", 1)[-1]
+
     def create_inlined(self, aggregate: A) -> str | None:
         """`create` as one statement without parameters (``INSERT ... SELECT
         ... FROM json_populate_record(...)``), to ride behind its lock and
@@ -447,7 +453,7 @@ class CrudStore(Persistence[A, K]):
         if inlined is None:
             return None
         settings = self.settings_sql(aggregate)
-        return PinnedSave(batched(settings, inlined), self.TABLE.rsplit(".", 1)[-1],
+        return PinnedSave(batched(settings, inlined), self.error_table,
                           self._sql.update, tuple(self._values(aggregate)), settings)
 
     async def delete(self, conn: Conn, aggregate: A) -> None:

@@ -250,7 +250,7 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
         later = None
         if (
             isinstance(store, CrudStore) and self._tx.pins(identity) and self._tx.settled
-            and self._tx.defers_on(Stage.SAVE, store.TABLE.rsplit(".", 1)[-1])
+            and self._tx.defers_on(Stage.SAVE, store.error_table)
         ):
             later = store.save_later(aggregate)
         if later is not None:
@@ -428,7 +428,7 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
         settings)."""
         settings = store.settings_sql(aggregate)
         inlined = store.create_inlined(aggregate)
-        table = store.TABLE.rsplit(".", 1)[-1]
+        table = store.error_table
         if inlined is not None and self._tx.defers and self._tx.defers_on(Stage.CREATE, table):
             self._images.clear()
             self._tx.defer_insert(
