@@ -221,3 +221,29 @@ async def test_a_sequenced_message_is_claimed_and_guarded_before_its_handler(
     assert "sequence_guard" in sent[1]
     assert "pg_advisory_xact_lock" in sent[2]
     assert await runner.handle(_frame(OrderShipped(order_id="o6", version=1))) == Ack("stale")
+
+
+async def test_a_reaction_that_creates_first_answers_its_claim_then_commits_the_insert(
+    logged: tuple[Database, Statements],
+) -> None:
+    """A handler whose first statement is a create: the claim and the
+    create's advisory lock ride with BEGIN (its answer decides what runs),
+    then the insert rides with COMMIT: two round trips, the order written
+    once; a redelivery replays and inserts nothing."""
+    db, statements = logged
+
+    async def create_first(cx: Reaction[Any], command: PlaceOrder) -> None:
+        await cx.create(Order(command.order_id, command.item, command.qty))
+
+    runner = _runner(db, InboundReaction.command(
+        "create_first", aggregate="order", verb="place", payload=PlaceOrder, handler=create_first,
+    ))
+    frame = _frame(PlaceOrder(order_id="o7"))
+    statements.take()
+    assert await runner.handle(frame) == Ack("applied")
+    first, last = statements.take()
+    assert "message_claim" in first and "pg_advisory_xact_lock" in first
+    assert "sample_order" not in first
+    assert last.index('INSERT INTO "sample_order"') < last.index("; COMMIT; ")
+    assert await runner.handle(frame) == Ack("replayed")
+    assert await db.pool.fetchval("SELECT count(*) FROM sample_order WHERE id = 'o7'") == 1

@@ -165,11 +165,20 @@ async def test_a_fault_right_after_begin_is_begins_when_an_insert_rode_with_it(
 ) -> None:
     """The fault hook's BEGIN stage runs once the round trip that began the
     transaction returned; when an INSERT rode in that round trip, a failure
-    of the hook's own statement is still BEGIN's, not the insert's."""
+    of the hook's own statement is still BEGIN's, not the insert's, and a
+    hook that passes lets the insert commit."""
     with pytest.raises(DatabaseError) as caught:
         await _pipeline(db, create_counter, CrudCounter, "f1", hook=InjectFault(Stage.BEGIN))
     assert caught.value.stage is Stage.BEGIN
-    assert await db.pool.fetchval("SELECT count(*) FROM sample_counter_crud WHERE id = 'f1'") == 0
+    stages: list[Stage] = []
+
+    async def passing(stage: Stage, conn: Any) -> None:
+        stages.append(stage)
+
+    await _pipeline(db, create_counter, CrudCounter, "f2", hook=passing)
+    assert stages == [Stage.BEGIN, Stage.FLUSH, Stage.COMMIT]
+    assert await db.pool.fetchval(
+        "SELECT array_agg(id) FROM sample_counter_crud WHERE id LIKE 'f%'") == ["f2"]
 
 
 async def create_then(cx: Mutation[Any], key: str, then: str) -> int | None:

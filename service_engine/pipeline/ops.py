@@ -416,25 +416,30 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
     async def _create_crud(
         self, store: CrudStore[Any, Any], key: object, identity: Identity, aggregate: Aggregate
     ) -> None:
-        """A `CrudStore`'s insert: inlined behind its advisory lock and the
-        store's `settings`, waiting for the next statement
-        (`Transaction.defer_insert`) where the transaction defers. Otherwise
-        (a claim pending, a hook on BEGIN, a write of another stage to its
-        table waiting) in one round trip of its own: with its lock in one
-        prepared statement once begun (`create_locked`; a refused lock is
-        LockTimeout at stage create), or inlined behind the lock (and BEGIN,
-        while deferred). For a store with its own `create` or a value without
-        an exact JSON text, the store's `create` runs after the lock (and
-        settings)."""
+        """A `CrudStore`'s insert, inlined behind its advisory lock and the
+        store's `settings`, waits for the next statement
+        (`Transaction.defer_insert`). A reaction's pending claim is answered
+        first (with BEGIN and the lock), and a write of another stage to its
+        table goes first alone, so an error of each names its own stage. With
+        a hook waiting on BEGIN's round trip, the insert rides with BEGIN.
+        For a store with its own `create`, or a value without an exact JSON
+        text, the store's `create` runs after the lock and settings (the lock
+        in its statement, `create_locked`, where there are no settings)."""
         settings = store.settings_sql(aggregate)
         inlined = store.create_inlined(aggregate)
-        table = store.error_table
-        if inlined is not None and self._tx.defers and self._tx.defers_on(Stage.CREATE, table):
-            self._images.clear()
-            self._tx.defer_insert(
-                Stage.CREATE, identity, aggregate_lock_key(identity[0], _lockable(key)),
-                batched(settings, inlined), table,
-            )
+        if inlined is not None:
+            if self._tx.claim_pending:
+                await self._lock_all([(store, key)])
+            if not self._tx.defers_on(Stage.CREATE, store.error_table):
+                await self._tx.send_writes()
+            if self._tx.defers:
+                self._images.clear()
+                self._tx.defer_insert(
+                    Stage.CREATE, identity, aggregate_lock_key(identity[0], _lockable(key)),
+                    batched(settings, inlined), store.error_table,
+                )
+                return
+            await self._lock_all([(store, key)], batched(settings, inlined), Stage.CREATE)
             return
         if (
             not settings and store.creates_locked
@@ -445,9 +450,6 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
                 Stage.CREATE, lambda: store.create_locked(self._conn, aggregate, lock_key)
             )
             self._tx.note_locked(identity)
-            return
-        if inlined is not None and (settings or not self._tx.holds_lock(identity)):
-            await self._lock_all([(store, key)], batched(settings, inlined), Stage.CREATE)
             return
         await self._lock_all([(store, key)], settings, Stage.CREATE)
         await self._db(Stage.CREATE, lambda: store.create(self._conn, aggregate))

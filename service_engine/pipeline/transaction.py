@@ -248,14 +248,8 @@ class Transaction:
             raise ClaimedBefore(None)
         await self.ensure_begun()
         if self._writes:
-            # A statement with parameters travels alone: the writes before
-            # it, as prepared statements (one) or inlined (several).
-            writes = self._ride_writes()
-            if len(writes) == 1:
-                [(write_stage, write)] = writes
-                await self.run(write_stage, lambda: write.send(self.conn))
-            else:
-                await self.run(writes[0][0], lambda: self.conn.execute(_joined(writes)))
+            # A statement with parameters travels alone: the writes go before it.
+            await self.send_writes()
         try:
             result = await call()
         except DRIVER_ERRORS as exc:
@@ -272,6 +266,16 @@ class Transaction:
             on_begun, self._on_begun = self._on_begun, None
             await self.run(Stage.BEGIN, on_begun)
         return result
+
+    async def send_writes(self) -> None:
+        """Send the deferred writes now, in a round trip of their own: as
+        prepared statements (one) or inlined (several)."""
+        writes = self._ride_writes()
+        if len(writes) == 1:
+            [(write_stage, write)] = writes
+            await self.run(write_stage, lambda: write.send(self.conn))
+        elif writes:
+            await self.run(writes[0][0], lambda: self.conn.execute(_joined(writes)))
 
     async def ensure_begun(self) -> None:
         """Send a deferred BEGIN now (with a deferred claim): its own round
