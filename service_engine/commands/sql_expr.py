@@ -116,6 +116,15 @@ BEGIN
   RETURN false;
 END
 $f$;
+CREATE OR REPLACE FUNCTION {SCHEMA}.cmd_fail(m text, d text, h text) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS $f$
+BEGIN
+  IF h IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = m, DETAIL = d;
+  END IF;
+  RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = m, DETAIL = d, HINT = h;
+END
+$f$;
 CREATE OR REPLACE FUNCTION {SCHEMA}.cmd_in(c jsonb, i jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $f$
   SELECT CASE WHEN i IS NOT NULL AND jsonb_typeof(c) = 'array'
@@ -123,6 +132,10 @@ LANGUAGE sql IMMUTABLE AS $f$
 $f$;
 """
 """The helper functions every compiled command calls (created once, before them).
+
+``cmd_fail`` raises a run's typed error (its message, detail and hint) from
+inside the expression that found it: a value's checks cost no statement of
+their own.
 
 The SQL ones are immutable through and through (a boolean becomes ``jsonb``
 through its text, not the stable ``to_jsonb``), so Postgres inlines each
@@ -223,6 +236,7 @@ def _admits_sql(value: str, target: ValueType) -> str:
     if target.domain is not None:
         domain = ", ".join(_lit(v) for v in sorted(target.domain, key=repr))
         checks.append(f"{value} IN ({domain})")
-    typed = " AND ".join(checks)
-    null = f"jsonb_typeof({value}) = 'null'"
-    return f"(({null} AND {str(target.optional).lower()}) OR (NOT {null} AND {typed}))"
+    typed = " AND ".join(checks)  # each false for a JSON null
+    if target.optional:
+        return f"(jsonb_typeof({value}) = 'null' OR ({typed}))"
+    return f"({typed})"
