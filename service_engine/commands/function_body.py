@@ -153,8 +153,9 @@ class _Generator:
                 command.bindings[self.index[clause.binding]], Create
             ):
                 self.changed.add(self.index[clause.binding])
-        self.causes = ("causes" if any(isinstance(e, Caused) for e in command.effects)
-                       else "'{}'::jsonb")
+        self.caused = [e for e in command.effects if isinstance(e, Caused)]
+        """The causes, each answered as ``c<j>`` (its data) with a success."""
+        self.emits = any(isinstance(e, Emit) for e in command.effects)
         self.inputs = {i.name: i for i in command.inputs}
         self.values = set(self.inputs) | {v.name for v in command.services}
         """What ``inp`` always holds: every input (a missing optional one as
@@ -164,7 +165,7 @@ class _Generator:
         for clause in command.effects:
             if isinstance(clause, Set):
                 self.set_fields.setdefault(self.index[clause.binding], set()).add(clause.field)
-        """What the answer carries as its causes."""
+
 
     def var(self, name: str, kind: str) -> str:
         return f"{kind}{self.index[name]}"
@@ -229,8 +230,7 @@ class _Generator:
         s += self.returns()
         s += ["  END decide;"]
         if self.keyed:
-            emits = ("CASE WHEN out_ok THEN emits ELSE '[]' END"
-                     if any(isinstance(e, Emit) for e in c.effects) else "'[]'::jsonb")
+            emits = "CASE WHEN out_ok THEN emits ELSE '[]' END"
             s += [
                 "  WITH swept AS (DELETE FROM service_engine.command_idempotency WHERE ctid IN ("
                 " SELECT ctid FROM service_engine.command_idempotency"
@@ -244,10 +244,9 @@ class _Generator:
                 " ON CONFLICT (command, scope, key) DO UPDATE SET"
                 " input_digest = EXCLUDED.input_digest, outcome = EXCLUDED.outcome,"
                 " sealed = EXCLUDED.sealed, recorded_at = EXCLUDED.recorded_at;",
-                "  RETURN jsonb_build_object('name', out_name, 'ok', out_ok, 'data', out_data,"
-                f" 'written', CASE WHEN out_ok THEN {self.written()} ELSE '[]' END,"
-                f" 'causes', {self.causes},"
-                f" 'emits', {emits});",
+                "  RETURN jsonb_build_object('name', out_name, 'ok', out_ok, 'data', out_data"
+                + "".join(f", {k}, {v}" for k, v in self.carried())
+                + (f", 'emits', {emits});" if self.emits else ");"),
             ]
         s.append("END")
         s = _merged(s)
@@ -260,7 +259,7 @@ class _Generator:
         decl = [("l", "bigint"), ("rec", "record"), ("ok", "boolean"),
                 ("out_name", "text"), ("out_ok", "boolean := false"),
                 ("out_data", "jsonb := '{}'"), ("written", "jsonb := '[]'"),
-                ("causes", "jsonb := '{}'"), ("claims", "jsonb := '[]'"),
+("claims", "jsonb := '[]'"),
                 ("releases", "jsonb := '[]'"), ("made", "jsonb := '[]'"),
                 ("transfers", "jsonb := '[]'"), ("claim", "jsonb"), ("released", "jsonb"),
                 ("children", "jsonb := '[]'"), ("taken", "jsonb := '[]'"),
@@ -273,6 +272,7 @@ class _Generator:
             decl += [(f"r{i}", "jsonb"), (f"n{i}", "jsonb"), (f"kt{i}", table),
                      (f"nt{i}", table), (f"f{i}", "jsonb := '[]'"),
                      (f"k{i}", f"jsonb := ctl -> 'keys' -> {_name_lit(b.as_)}")]
+        decl += [(f"c{j}", "jsonb") for j in range(len(self.caused))]
         used = _identifiers(statements)
         return ["DECLARE", *(f"  {name} {typ};" for name, typ in decl if name in used)]
 
@@ -290,8 +290,8 @@ class _Generator:
         written nothing: at once, or through the idempotency record."""
         if self.keyed:
             return [f"{indent}out_name := {name}; out_data := {data};", f"{indent}EXIT decide;"]
-        return [f"{indent}RETURN jsonb_build_object('name', {name}, 'ok', false, 'data', {data},"
-                f" 'written', '[]'::jsonb, 'causes', {self.causes}, 'emits', '[]'::jsonb);"]
+        return [f"{indent}RETURN jsonb_build_object('name', {name}, 'ok', false,"
+                f" 'data', {data});"]
 
     def answer(self, name: str, data: str = "'{}'::jsonb", indent: str = "    ") -> list[str]:
         return self.finish(_name_lit(name), data, indent)
@@ -394,7 +394,6 @@ class _Generator:
         s: list[str] = []
         scope = self.scope()
         group: list[Set] = []
-        caused: set[str] = set()
 
         def flush() -> None:
             if not group:
@@ -449,15 +448,11 @@ class _Generator:
                 data = self.fields(list(clause.data.items()), scope, "")
                 s.append(f"    f{i} := f{i} || jsonb_build_array(jsonb_build_object('t',"
                          f" {_name_lit(clause.type)}, 'd', {data}));")
-            elif isinstance(clause, Caused):
+            elif isinstance(clause, Caused) and clause.data:
+                # Its data, evaluated (and checked) here; the answer names it.
+                j = next(n for n, c in enumerate(self.caused) if c is clause)
                 data = self.fields(list(clause.data.items()), scope, f"caused {clause.name}: ")
-                cause = (f"jsonb_build_object({_name_lit(clause.noun)}, jsonb_build_object("
-                         f"'name', {_name_lit(clause.name)}, 'data', {data}))")
-                if clause.binding in caused:
-                    cause = f"coalesce(causes -> {_name_lit(clause.binding)}, '{{}}') || {cause}"
-                caused.add(clause.binding)
-                s.append(f"    causes := causes || jsonb_build_object("
-                         f"{_name_lit(clause.binding)}, {cause});")
+                s.append(f"    c{j} := {data};")
         flush()
         return s
 
@@ -803,22 +798,22 @@ class _Generator:
                      f" 'v', {b_val}) END;")
         return [*s, "    END IF;"]
 
-    def marks(self) -> list[str]:
-        """What each written binding adds to the answer's ``written``."""
+    @property
+    def marks(self) -> tuple[str, ...]:
+        """The bindings whose rows a successful run writes, in order (the
+        caller knows their keys: the answer does not carry them)."""
         c = self.command
-        found = []
-        for b in c.bindings:
-            i = self.index[b.as_]
-            if isinstance(b, Create) or i in self.deleted or i in self.changed:
-                found.append(f"jsonb_build_object('b', {_name_lit(b.as_)}, 'e',"
-                             f" {_name_lit(c.entities[b.as_].name)}, 'k', k{i})")
-        return found
+        return tuple(b.as_ for b in c.bindings
+                     if isinstance(b, Create) or self.index[b.as_] in self.deleted
+                     or self.index[b.as_] in self.changed)
 
-    def written(self) -> str:
-        """The rows a successful run wrote: each a cascade deleted, then each
-        written binding."""
-        marks = f"jsonb_build_array({', '.join(self.marks())})" if self.marks() else "'[]'::jsonb"
-        return f"written || {marks}" if self.child_entities() else marks
+    def carried(self) -> list[tuple[str, str]]:
+        """What a successful answer carries besides its name, data and
+        events: the rows a cascade deleted (``written``) and each cause's
+        data (``c<j>``)."""
+        found = [("'written'", "written")] if self.child_entities() else []
+        return found + [(f"'c{j}'", f"c{j}" if clause.data else "'{}'::jsonb")
+                        for j, clause in enumerate(self.caused)]
 
     def write(self) -> list[str]:
         c = self.command
@@ -924,7 +919,7 @@ class _Generator:
         emitted = f"jsonb_build_array({', '.join(emits)})" if emits else "'[]'::jsonb"
         if not self.keyed:
             return [f"    RETURN jsonb_build_object('name', {_name_lit(ret.name)}, 'ok', true,"
-                    f" 'data', {data}, 'written', {self.written()}, 'causes', {self.causes},"
-                    f" 'emits', {emitted});"]
+                    f" 'data', {data}" + "".join(f", {k}, {v}" for k, v in self.carried())
+                    + (f", 'emits', {emitted});" if emits else ");")]
         return [f"    out_data := {data};", *([f"    emits := {emitted};"] if emits else []),
                 f"    out_name := {_name_lit(ret.name)}; out_ok := true;"]
