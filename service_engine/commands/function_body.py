@@ -96,17 +96,24 @@ def _present(value: str, what: str) -> str:
 
 
 def _merged(lines: list[str]) -> list[str]:
-    """``lines`` with a row's start (``n0 := k0;``) folded into the set that
-    follows it (``n0 := n0 || ...``): one assignment instead of two."""
-    out: list[str] = []
-    for line in lines:
-        start = re.fullmatch(r"( +)(n\d+) := ([kr]\d+);", out[-1]) if out else None
-        if start and line.startswith(f"{start[1]}{start[2]} := {start[2]} || "):
-            folded = f"{start[2]} := {start[3]} || "
-            out[-1] = line.replace(f"{start[2]} := {start[2]} || ", folded, 1)
-        else:
-            out.append(line)
-    return out
+    """``lines`` with a row's start (``n0 := k0;``) folded into its first
+    set (``n0 := n0 || ...``) where no line between them reads the row:
+    one assignment instead of two."""
+    out = list(lines)
+    for at, line in enumerate(lines):
+        start = re.fullmatch(r"( +)(n\d+) := ([kr]\d+);", line)
+        if start is None:
+            continue
+        row = start[2]
+        for later in range(at + 1, len(out)):
+            grown = f"{row} := {row} || "
+            if out[later].startswith(start[1] + grown):
+                out[later] = out[later].replace(grown, f"{row} := {start[3]} || ", 1)
+                out[at] = ""
+                break
+            if re.search(rf"\b{row}\b", out[later]):
+                break
+    return [line for line in out if line]
 
 
 def _listed(texts: Sequence[str]) -> str:
@@ -261,7 +268,7 @@ class _Generator:
                 ("out_data", "jsonb := '{}'"), ("written", "jsonb := '[]'"),
 ("claims", "jsonb := '[]'"),
                 ("releases", "jsonb := '[]'"), ("made", "jsonb := '[]'"),
-                ("transfers", "jsonb := '[]'"), ("claim", "jsonb"), ("released", "jsonb"),
+                ("transfers", "jsonb := '[]'"), ("claim", "jsonb"), ("released", "boolean"),
                 ("children", "jsonb := '[]'"), ("taken", "jsonb := '[]'"),
                 ("emits", "jsonb := '[]'"), ("j", "integer"), ("v", "jsonb")]
         for b in c.bindings:
@@ -793,9 +800,7 @@ class _Generator:
               "        END IF;",
               "      END IF;"]
         if not isinstance(b, Create):
-            s.append(f"      released := CASE WHEN {b_present} THEN jsonb_build_object('e',"
-                     f" {_name_lit(entity.name)}, 'i', {_name_lit(unique.name)}, 'p', {b_part},"
-                     f" 'v', {b_val}) END;")
+            s.append(f"      released := {b_present};")
         return [*s, "    END IF;"]
 
     @property
@@ -898,9 +903,12 @@ class _Generator:
                       f" {_name_lit(unique.name)} AND partition = {part} AND value = {val};",
                       "    END IF;"]
             else:
-                s += ["    IF released IS NOT NULL THEN",
-                      "      DELETE FROM service_engine.command_occupancy WHERE"
-                      f" {_AT_CLAIM.replace('claim', 'released')};",
+                # The row's old value, its new one claimed.
+                present, part, val = self.occupied(i, unique, f"r{i}")
+                s += ["    IF released THEN",
+                      "      DELETE FROM service_engine.command_occupancy WHERE entity ="
+                      f" {_name_lit(c.entities[c.bindings[i].as_].name)} AND index_name ="
+                      f" {_name_lit(unique.name)} AND partition = {part} AND value = {val};",
                       "    END IF;"]
         if any(child.unique for child in self.child_entities()):
             s += ["    FOR j IN 0 .. jsonb_array_length(releases) - 1 LOOP",
