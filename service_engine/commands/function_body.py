@@ -13,6 +13,7 @@ come only from the checked declaration, quoted.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -113,7 +114,21 @@ def _merged(lines: list[str]) -> list[str]:
                 break
             if re.search(rf"\b{row}\b", out[later]):
                 break
+    # A create's defaults put under the assignment just before it.
+    for at in range(1, len(out)):
+        under = re.fullmatch(r"( +)(n\d+) := (\$m\d+\$[^$]*\$m\d+\$::jsonb) \|\| \2;", out[at])
+        if under is None:
+            continue
+        last = re.fullmatch(rf"{under[1]}{under[2]} := ([^;]*);", out[at - 1])
+        if last is not None:
+            out[at - 1] = f"{under[1]}{under[2]} := {under[3]} || ({last[1]});"
+            out[at] = ""
     return [line for line in out if line]
+
+
+def _plain(value: object) -> object:
+    """An enum member as its value (what its column holds)."""
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 def _listed(texts: Sequence[str]) -> str:
@@ -386,11 +401,15 @@ class _Generator:
         """Whether a field of ``target`` always admits ``e``'s value here (a
         constant it admits, an input of its very type), so its check is
         left out."""
-        if target.domain is not None or target.base is None:
+        plain = (str, int, float, bool, type(None))
+        if target.base is None:
             return False
         if isinstance(e, Const):
             value = e.value
-            return type(value) in (str, int, float, bool, type(None)) and admits(target, value)
+            return type(value) in plain and admits(target, value) and (
+                target.domain is None or all(type(v) in plain for v in target.domain))
+        if target.domain is not None:
+            return False
         if isinstance(e, Var) and e.name in self.inputs:
             declared = self.inputs[e.name]
             return (target.optional or not declared.optional) and target.base is declared.type
@@ -400,38 +419,29 @@ class _Generator:
         c = self.command
         s: list[str] = []
         scope = self.scope()
-        group: list[Set] = []
+        # A run of changes to one row, each ``field, value`` (SQL), applied
+        # by one assignment.
+        row: list[str] = []
+        pairs: list[str] = []
+        touched: set[str] = set()
+        """The entities whose rows changed so far (a row's alias included)."""
 
         def flush() -> None:
-            if not group:
-                return
-            name = group[0].binding
-            i = self.index[name]
-            entity = c.entities[name]
-            values = []
-            for clause in group:
-                what = f"set {name}.{clause.field}"
-                field = entity.fields[clause.field]
-                self.described[what] = field.describe()
-                value = self.expr(clause.value, scope)
-                if self.admitted(clause.value, field) and self.never_invalid(clause.value,
-                                                                             settled=False):
-                    values.append(f"{_name_lit(clause.field)}, {value}")
-                    continue
-                values.append(
-                    f"{_name_lit(clause.field)}, CASE WHEN ({value}) IS NULL THEN"
-                    f" {_fail(_INVALID, what)} WHEN NOT {_admits_sql(f'({value})', field)}"
-                    f" THEN {_fail(_INPUT, what, f'({value})::text')} ELSE {value} END")
-            s.append(f"    n{i} := n{i} || jsonb_build_object({', '.join(values)});"
-                     + self.sync(name))
-            group.clear()
+            if pairs:
+                i = self.index[row[0]]
+                touched.add(c.entities[row[0]].name)
+                s.append(f"    n{i} := n{i} || jsonb_build_object({', '.join(pairs)});"
+                         + self.sync(row[0]))
+            row.clear()
+            pairs.clear()
 
         for clause in c.effects:
             if isinstance(clause, Set):
-                if group and (clause.binding != group[0].binding
-                              or self.reads_own(clause.value, clause.binding)):
+                if row and (clause.binding != row[0]
+                            or self.reads_own(clause.value, clause.binding)):
                     flush()
-                group.append(clause)
+                row[:] = [clause.binding]
+                pairs.append(self.set_value(clause, scope))
                 continue
             flush()
             if isinstance(clause, Transition):
@@ -442,14 +452,18 @@ class _Generator:
                 expected = self.expr(clause.revision, scope)
                 sources = ", ".join(_lit(v) for v in step.move.sources)
                 state = _name_lit(step.workflow.state)
+                # The row's state as changed so far: as read, if unchanged.
+                now = (f"n{i}" if entity.name in touched
+                       or isinstance(c.bindings[i], Create) else f"r{i}")
                 s += [f"    IF NOT coalesce({SCHEMA}.cmd_int({expected}) AND"
                       f" jsonb_typeof(r{i} -> {revision}) = 'number' AND ({expected}) ="
                       f" r{i} -> {revision}, false) THEN",
                       *self.answer(clause.stale.name, indent="      "), "    END IF;",
-                      f"    IF (n{i} -> {state}) IS NULL OR (n{i} -> {state}) NOT IN ({sources})"
-                      " THEN", *self.answer(clause.illegal.name, indent="      "), "    END IF;",
-                      f"    n{i} := n{i} || jsonb_build_object({state}, {_lit(step.move.to)});"
-                      + self.sync(clause.on)]
+                      f"    IF ({now} -> {state}) IS NULL OR ({now} -> {state}) NOT IN ({sources})"
+                      " THEN", *self.answer(clause.illegal.name, indent="      "), "    END IF;"]
+                # The move opens the row's next run of changes.
+                row[:] = [clause.on]
+                pairs.append(f"{state}, {_lit(step.move.to)}")
             elif isinstance(clause, Record):
                 i = self.index[clause.binding]
                 data = self.fields(list(clause.data.items()), scope, "")
@@ -462,6 +476,21 @@ class _Generator:
                 s.append(f"    c{j} := {data};")
         flush()
         return s
+
+    def set_value(self, clause: Set, scope: _Scope) -> str:
+        """``field, value`` of ``clause``: the value checked where it is
+        evaluated (`ValueMissing` if it is `INVALID`, `InvalidInput` if its
+        field cannot hold it) unless it cannot fail."""
+        name = clause.binding
+        what = f"set {name}.{clause.field}"
+        field = self.command.entities[name].fields[clause.field]
+        self.described[what] = field.describe()
+        value = self.expr(clause.value, scope)
+        if self.admitted(clause.value, field) and self.never_invalid(clause.value, settled=False):
+            return f"{_name_lit(clause.field)}, {value}"
+        return (f"{_name_lit(clause.field)}, CASE WHEN ({value}) IS NULL THEN"
+                f" {_fail(_INVALID, what)} WHEN NOT {_admits_sql(f'({value})', field)}"
+                f" THEN {_fail(_INPUT, what, f'({value})::text')} ELSE {value} END")
 
     def reads_own(self, value: Expr, binding: str) -> bool:
         """Whether ``value`` reads a row a set on ``binding`` changes (a
@@ -492,10 +521,10 @@ class _Generator:
             unset = [f"WHEN NOT n{i} ? {_name_lit(name)} THEN"
                      f" {_fail(_INVALID, f'create {b.as_}: {name} unset')}"
                      for name in entity.all_fields if name not in defaults and name not in done]
-            given = [f"{_name_lit(name)}, {_lit(defaults[name])}"
-                     for name in entity.all_fields if name in defaults and name not in done]
+            given = {name: _plain(defaults[name]) for name in entity.all_fields
+                     if name in defaults and name not in done}
             # The defaults under the row: a field it set wins.
-            row = f"jsonb_build_object({', '.join(given)}) || n{i}" if given else f"n{i}"
+            row = f"{_lit(given)} || n{i}" if given else f"n{i}"
             if unset:
                 s.append(f"    n{i} := CASE {' '.join(unset)} ELSE {row} END;")
             elif given:
