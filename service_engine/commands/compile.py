@@ -23,10 +23,15 @@ NOTIFY (three round trips, whatever it declares)::
     occupancy releases and transfers
     the idempotency record (with the outcome, answers included)
 
-and answers the outcome as JSON (with the rows written and their causes,
-for the impacts the caller stages with the commit). `function_body` writes
-that body, `sql_expr` the SQL of its expressions and the helper functions
-they call (`PRELUDE`); this module names, creates and calls it.
+and answers the outcome as JSON: its name and data, and with a success
+what only the run knows of its impacts (each cause's data, the rows a
+cascade deleted); the call completes it with what it computed itself (the
+written bindings' keys, the causes' nouns and names: `completed`) and
+stages the impacts with the commit. `function_body` writes that body (as
+few statements as the command's order allows: Postgres sets each statement
+up again in every transaction), `sql_expr` the SQL of its expressions and
+the helper functions they call (`PRELUDE`); this module names, creates and
+calls it.
 
 Why a generated function and not one SQL statement: a command decides in
 sequence with early answers that must write nothing (a requirement after a
