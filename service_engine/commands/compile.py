@@ -23,10 +23,15 @@ NOTIFY (three round trips, whatever it declares)::
     occupancy releases and transfers
     the idempotency record (with the outcome, answers included)
 
-and answers the outcome as JSON (with the rows written and their causes,
-for the impacts the caller stages with the commit). `function_body` writes
-that body, `sql_expr` the SQL of its expressions and the helper functions
-they call (`PRELUDE`); this module names, creates and calls it.
+and answers the outcome as JSON: its name and data, and with a success
+what only the run knows of its impacts (each cause's data, the rows a
+cascade deleted); the call completes it with what it computed itself (the
+written bindings' keys, the causes' nouns and names: `completed`) and
+stages the impacts with the commit. `function_body` writes that body (as
+few statements as the command's order allows: Postgres sets each statement
+up again in every transaction), `sql_expr` the SQL of its expressions and
+the helper functions they call (`PRELUDE`); this module names, creates and
+calls it.
 
 Why a generated function and not one SQL statement: a command decides in
 sequence with early answers that must write nothing (a requirement after a
@@ -79,7 +84,7 @@ from ..db.locks import aggregate_lock_key
 from ..impacts.model import Cause, JsonValue, canonical_json
 from ..persistence.base import Aggregate, store_of
 from ..pipeline import Ops
-from .declaration import Cascade, Emit, Record
+from .declaration import Cascade, Caused, Emit, Record
 from .errors import CommandNotInstalled, NotCompilable, ValueMissing
 from .expr import INVALID, Env, evaluate, principal_fact
 from .function_body import _Generator
@@ -121,6 +126,9 @@ class CompiledCommand:
     described: Mapping[str, str]
     """Each set (``set binding.field``) -> its field's type, described (for
     the `InvalidInput` of a value the field cannot hold)."""
+    marks: tuple[str, ...] = ()
+    """The bindings whose rows a successful run writes, in order: their
+    keys are the call's, so the answer does not carry them."""
 
     @property
     def call(self) -> str:
@@ -184,6 +192,26 @@ class CompiledCommand:
             return CommandOutcome(self.command.name, answer["name"], False)
         return CommandOutcome(self.command.name, answer["name"], bool(answer["ok"]),
                               dict(answer.get("data") or {}), dict(sealed))
+
+    def completed(
+        self, answer: Mapping[str, Any], control: Mapping[str, Any],
+    ) -> Mapping[str, Any]:
+        """The function's answer with what the call already knew put back:
+        a success's ``written`` (the rows a cascade deleted, then each
+        written binding under the key the call computed) and its
+        ``causes`` (binding -> noun -> the cause, each cause's data as the
+        answer's ``c<j>``; a later cause of one noun replaces an earlier)."""
+        if not answer.get("ok") or "replay" in answer:
+            return answer
+        written = [*(answer.get("written") or ()), *(
+            {"b": name, "e": self.command.entities[name].name, "k": control["keys"][name]}
+            for name in self.marks)]
+        causes: dict[str, dict[str, Any]] = {}
+        caused = [e for e in self.command.effects if isinstance(e, Caused)]
+        for j, clause in enumerate(caused):
+            causes.setdefault(clause.binding, {})[clause.noun] = {
+                "name": clause.name, "data": answer.get(f"c{j}") or {}}
+        return {**answer, "written": written, "causes": causes}
 
     def events(self, answer: Mapping[str, Any]) -> list[Any]:
         """The integration events a successful run emits, built from the
@@ -278,7 +306,7 @@ def compile_command(
         f" RETURNS jsonb LANGUAGE plpgsql VOLATILE SET timezone = 'UTC' AS $body$\n{body}\n$body$"
     )
     return CompiledCommand(command, function, name, ddl, tuple(sorted(gen.facts)),
-                           gen.described)
+                           gen.described, gen.marks)
 
 
 _COMPILED: dict[int, tuple[CheckedCommand, CompiledCommand]] = {}
@@ -344,7 +372,7 @@ async def run_compiled(
                                    "mistyped value)") from None
             raise
 
-    answer = _decode(await tx.run(Stage.SAVE, call))
+    answer = compiled.completed(_decode(await tx.run(Stage.SAVE, call)), control)
     for noun, key, cause in compiled.impacts(answer):
         if cause is None:
             cx.impact(noun, key)

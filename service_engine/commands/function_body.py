@@ -13,7 +13,11 @@ come only from the checked declaration, quoted.
 from __future__ import annotations
 
 import dataclasses
+import enum
+import re
+import uuid
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..persistence.base import store_of
@@ -22,7 +26,6 @@ from .declaration import (
     Cascade,
     Caused,
     Create,
-    Delete,
     Emit,
     Entity,
     Mutate,
@@ -33,8 +36,9 @@ from .declaration import (
     Restrict,
     Set,
     Transition,
+    Unique,
 )
-from .expr import Expr, Fact, references
+from .expr import Const, Expr, Fact, Field, Var, references
 from .sql_expr import (
     SCHEMA,
     _admits_sql,
@@ -45,6 +49,7 @@ from .sql_expr import (
     _name_lit,
     _Scope,
 )
+from .typecheck import ValueType, admits
 
 if TYPE_CHECKING:
     from .checked import CheckedCommand
@@ -69,7 +74,88 @@ _AT_CLAIM = ("entity = claim ->> 'e' AND index_name = claim ->> 'i' AND partitio
 """The ``command_occupancy`` row of the value ``claim`` names (its primary key)."""
 
 
+def _identifiers(body: str) -> set[str]:
+    """The bare words of ``body`` outside its literals and quoted names
+    (which variables a body reads)."""
+    bare = _QUOTED.sub(" ", body)
+    return set(re.findall(r"[a-z_][a-z0-9_]*", bare))
+
+
+_QUOTED = re.compile(r"(\$m(\d+)\$.*?\$m\2\$)|('(?:[^']|'')*')|(\"(?:[^\"]|\"\")*\")", re.S)
+"""A dollar-quoted literal, a string literal or a quoted identifier."""
+
+
+def _fail(message: str, what: str, hint: str = "NULL") -> str:
+    """The call that raises a run's typed error (``message``, its detail
+    ``what``) where an expression is evaluated."""
+    return f"{SCHEMA}.cmd_fail({_name_lit(message)}, {_name_lit(what)}, {hint})"
+
+
+def _present(value: str, what: str) -> str:
+    """``value``, raising `ValueMissing` (``what``) where it is `INVALID`."""
+    return (f"CASE WHEN ({value}) IS NULL THEN {_fail(_INVALID, what)} ELSE {value} END")
+
+
+def _merged(lines: list[str]) -> list[str]:
+    """``lines`` with a row's start (``n0 := k0;``) folded into its first
+    set (``n0 := n0 || ...``) where no line between them reads the row:
+    one assignment instead of two."""
+    out = list(lines)
+    for at, line in enumerate(lines):
+        start = re.fullmatch(r"( +)(n\d+) := ([kr]\d+);", line)
+        if start is None:
+            continue
+        row = start[2]
+        for later in range(at + 1, len(out)):
+            grown = f"{row} := {row} || "
+            if out[later].startswith(start[1] + grown):
+                out[later] = out[later].replace(grown, f"{row} := {start[3]} || ", 1)
+                out[at] = ""
+                break
+            if re.search(rf"\b{row}\b", out[later]):
+                break
+    # A create's defaults put under the assignment just before it.
+    for at in range(1, len(out)):
+        under = re.fullmatch(r"( +)(n\d+) := (\$m\d+\$[^$]*\$m\d+\$::jsonb) \|\| \2;", out[at])
+        if under is None:
+            continue
+        last = re.fullmatch(rf"{under[1]}{under[2]} := ([^;]*);", out[at - 1])
+        if last is not None:
+            out[at - 1] = f"{under[1]}{under[2]} := {under[3]} || ({last[1]});"
+            out[at] = ""
+    return [line for line in out if line]
+
+
+def _plain(value: object) -> object:
+    """An enum member as its value (what its column holds)."""
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _listed(texts: Sequence[str]) -> str:
+    """The canonical JSON text of a list of canonical texts."""
+    return "'[' || " + " || ',' || ".join(texts) + " || ']'" if texts else "'[]'"
+
+
+_SCALARS = (str, int, float, bool, uuid.UUID, datetime)
+"""Field types whose JSON is a scalar: its canonical text is its own."""
+
+_INVALID = "service_engine.command_invalid"
+_INPUT = "service_engine.command_input"
+
+
 class _Generator:
+    """One command's function body.
+
+    The body is as few PL/pgSQL statements as the command's order allows:
+    each statement is planned once per session but set up again in every
+    transaction, so a statement saved is Postgres CPU saved on every call.
+    What the declaration fixes is decided here, not at run time: which
+    bindings a run changes or deletes (every effect runs unless an outcome
+    answered first), how many locks and unique claims it can take; a run of
+    sets on one binding is one assignment (each value checked where it is
+    evaluated, the first invalid one raising, in the declared order); an
+    answer without an idempotency record to write returns at once."""
+
     def __init__(self, command: CheckedCommand, tables: Mapping[str, str]) -> None:
         self.command = command
         self.tables = tables
@@ -77,6 +163,31 @@ class _Generator:
         self.facts: set[str] = set()
         self.described: dict[str, str] = {}
         """Each set's ``what`` -> its field's type, described."""
+        self.keyed = command.idempotency_key is not None
+        self.changed: set[int] = set()
+        """The bindings a run changes (every effect runs unless an answer
+        came first, so this is known here)."""
+        self.deleted = {self.index[name] for name in command.deletes}
+        for clause in command.effects:
+            if isinstance(clause, Transition):
+                self.changed.add(self.index[clause.on])
+            elif isinstance(clause, Set | Record) and not isinstance(
+                command.bindings[self.index[clause.binding]], Create
+            ):
+                self.changed.add(self.index[clause.binding])
+        self.caused = [e for e in command.effects if isinstance(e, Caused)]
+        """The causes, each answered as ``c<j>`` (its data) with a success."""
+        self.emits = any(isinstance(e, Emit) for e in command.effects)
+        self.inputs = {i.name: i for i in command.inputs}
+        self.values = set(self.inputs) | {v.name for v in command.services}
+        """What ``inp`` always holds: every input (a missing optional one as
+        JSON null) and every service value."""
+        self.set_fields: dict[int, set[str]] = {}
+        """The fields each binding's sets give a value (every set runs)."""
+        for clause in command.effects:
+            if isinstance(clause, Set):
+                self.set_fields.setdefault(self.index[clause.binding], set()).add(clause.field)
+
 
     def var(self, name: str, kind: str) -> str:
         return f"{kind}{self.index[name]}"
@@ -113,24 +224,9 @@ class _Generator:
 
     def body(self) -> str:
         c = self.command
-        decl = ["DECLARE", "  l bigint;", "  rec record;", "  v jsonb;", "  ok boolean;",
-                "  out_name text;", "  out_ok boolean := false;", "  out_data jsonb := '{}';",
-                "  written jsonb := '[]';", "  causes jsonb := '{}';",
-                "  claims jsonb := '[]';", "  releases jsonb := '[]';", "  made jsonb := '[]';",
-                "  transfers jsonb := '[]';", "  claim jsonb;", "  children jsonb := '[]';",
-                "  taken jsonb := '[]';", "  emits jsonb := '[]';", "  j integer;"]
-        for b in c.bindings:
-            i = self.index[b.as_]
-            # The key and the row typed as the table types them (its row
-            # type: `install` creates the function without resolving it).
-            table = self.table(c.entities[b.as_])
-            decl += [f"  r{i} jsonb;", f"  n{i} jsonb;", f"  ch{i} boolean := false;",
-                     f"  kt{i} {table};", f"  nt{i} {table};",
-                     f"  d{i} boolean := false;", f"  f{i} jsonb := '[]';",
-                     f"  k{i} jsonb := ctl -> 'keys' -> {_name_lit(b.as_)};"]
-        s: list[str] = ["BEGIN", "  FOREACH l IN ARRAY locks LOOP",
-                        "    PERFORM pg_advisory_xact_lock(l);", "  END LOOP;"]
-        if c.idempotency_key is not None:
+        s: list[str] = ["BEGIN"]
+        s += self.locks()
+        if self.keyed:
             s += [
                 "  SELECT input_digest, outcome, sealed, recorded_at INTO rec"
                 " FROM service_engine.command_idempotency"
@@ -155,7 +251,8 @@ class _Generator:
         s += self.write()
         s += self.returns()
         s += ["  END decide;"]
-        if c.idempotency_key is not None:
+        if self.keyed:
+            emits = "CASE WHEN out_ok THEN emits ELSE '[]' END"
             s += [
                 "  WITH swept AS (DELETE FROM service_engine.command_idempotency WHERE ctid IN ("
                 " SELECT ctid FROM service_engine.command_idempotency"
@@ -169,17 +266,57 @@ class _Generator:
                 " ON CONFLICT (command, scope, key) DO UPDATE SET"
                 " input_digest = EXCLUDED.input_digest, outcome = EXCLUDED.outcome,"
                 " sealed = EXCLUDED.sealed, recorded_at = EXCLUDED.recorded_at;",
+                "  RETURN jsonb_build_object('name', out_name, 'ok', out_ok, 'data', out_data"
+                + "".join(f", {k}, {v}" for k, v in self.carried())
+                + (f", 'emits', {emits});" if self.emits else ");"),
             ]
-        s += ["  RETURN jsonb_build_object('name', out_name, 'ok', out_ok, 'data', out_data,"
-              " 'written', CASE WHEN out_ok THEN written ELSE '[]' END, 'causes', causes,"
-              " 'emits', CASE WHEN out_ok THEN emits ELSE '[]' END);",
-              "END"]
-        return "\n".join(decl + s)
+        s.append("END")
+        s = _merged(s)
+        return "\n".join(self.declarations("\n".join(s)) + s)
 
-    @staticmethod
-    def answer(name: str, data: str = "'{}'::jsonb", indent: str = "    ") -> list[str]:
-        return [f"{indent}out_name := {_name_lit(name)}; out_data := {data};",
-                f"{indent}EXIT decide;"]
+    def declarations(self, statements: str) -> list[str]:
+        """The variables ``statements`` read, declared (an initial value is
+        an expression every call evaluates: only those used)."""
+        c = self.command
+        decl = [("l", "bigint"), ("rec", "record"), ("ok", "boolean"),
+                ("out_name", "text"), ("out_ok", "boolean := false"),
+                ("out_data", "jsonb := '{}'"), ("written", "jsonb := '[]'"),
+("claims", "jsonb := '[]'"),
+                ("releases", "jsonb := '[]'"), ("made", "jsonb := '[]'"),
+                ("transfers", "jsonb := '[]'"), ("claim", "jsonb"), ("released", "boolean"),
+                ("children", "jsonb := '[]'"), ("taken", "jsonb := '[]'"),
+                ("emits", "jsonb := '[]'"), ("j", "integer"), ("v", "jsonb")]
+        for b in c.bindings:
+            i = self.index[b.as_]
+            # The key and the row typed as the table types them (its row
+            # type: `install` creates the function without resolving it).
+            table = self.table(c.entities[b.as_])
+            decl += [(f"r{i}", "jsonb"), (f"n{i}", "jsonb"), (f"kt{i}", table),
+                     (f"nt{i}", table), (f"f{i}", "jsonb := '[]'"),
+                     (f"k{i}", f"jsonb := ctl -> 'keys' -> {_name_lit(b.as_)}")]
+        decl += [(f"c{j}", "jsonb") for j in range(len(self.caused))]
+        used = _identifiers(statements)
+        return ["DECLARE", *(f"  {name} {typ};" for name, typ in decl if name in used)]
+
+    def locks(self) -> list[str]:
+        """The advisory locks in the order the call's arguments computed:
+        one expression takes them all (a missing one is NULL: no lock)."""
+        most = len(self.command.bindings) + (1 if self.keyed else 0)
+        if most == 0:
+            return []
+        taken = ", ".join(f"pg_advisory_xact_lock(locks[{n}])" for n in range(1, most + 1))
+        return [f"  PERFORM {taken};" if most == 1 else f"  PERFORM concat({taken});"]
+
+    def finish(self, name: str, data: str, indent: str) -> list[str]:
+        """Answer the outcome ``name`` (SQL text) with ``data`` now, having
+        written nothing: at once, or through the idempotency record."""
+        if self.keyed:
+            return [f"{indent}out_name := {name}; out_data := {data};", f"{indent}EXIT decide;"]
+        return [f"{indent}RETURN jsonb_build_object('name', {name}, 'ok', false,"
+                f" 'data', {data});"]
+
+    def answer(self, name: str, data: str = "'{}'::jsonb", indent: str = "    ") -> list[str]:
+        return self.finish(_name_lit(name), data, indent)
 
     def bind(self) -> list[str]:
         c = self.command
@@ -190,18 +327,18 @@ class _Generator:
             i = self.index[b.as_]
             entity = c.entities[b.as_]
             match = ", ".join(f"t.{quote_ident(f)}" for f in entity.key)
-            s += [f"    IF k{i} IS NOT NULL AND jsonb_typeof(k{i}) = 'object' THEN",
+            s += [f"    IF jsonb_typeof(k{i}) = 'object' THEN",
                   f"      kt{i} := jsonb_populate_record(NULL::{self.table(entity)}, k{i});",
                   f"      SELECT to_jsonb(t) INTO r{i} FROM {self.table(entity)} t"
                   f" WHERE ({match}) = ({self.typed_key(i, entity)}) FOR UPDATE;",
                   "    END IF;"]
         for b in c.bindings:
             i = self.index[b.as_]
-            s += [f"    IF k{i} IS NULL OR jsonb_typeof(k{i}) <> 'object' THEN",
-                  *self.answer(b.else_.name, indent="      "), "    END IF;"]
+            # An invalid key reads nothing: absent, which a create answers too.
             if isinstance(b, Create):
-                s += [f"    IF r{i} IS NOT NULL THEN", *self.answer(b.else_.name, indent="      "),
-                      "    END IF;", f"    n{i} := k{i};"]
+                s += [f"    IF jsonb_typeof(k{i}) IS DISTINCT FROM 'object' OR r{i} IS NOT NULL"
+                      " THEN", *self.answer(b.else_.name, indent="      "), "    END IF;",
+                      f"    n{i} := k{i};"]
             else:
                 s += [f"    IF r{i} IS NULL THEN", *self.answer(b.else_.name, indent="      "),
                       "    END IF;", f"    n{i} := r{i};"]
@@ -234,11 +371,79 @@ class _Generator:
                       *self.answer("Refused", data, indent="      "), "    END IF;"]
         return s
 
+    def fields(self, items: Sequence[tuple[str, Expr]], scope: _Scope, what: str,
+               *, settled: bool = False) -> str:
+        """A ``jsonb`` object of ``items`` evaluated in order, the first
+        `INVALID` one raising `ValueMissing` (``what``: the field's name)."""
+        pairs = ", ".join(
+            f"{_name_lit(k)}, " + (self.expr(e, scope) if self.never_invalid(e, settled=settled)
+                                   else _present(self.expr(e, scope), what + k))
+            for k, e in items)
+        return f"jsonb_build_object({pairs})" if items else "'{}'::jsonb"
+
+    def never_invalid(self, e: Expr, *, settled: bool) -> bool:
+        """Whether ``e`` always has a value here, so its check is left out:
+        a constant, an input or service value, a field of a row as read or
+        a key field (``settled``: after the creates' rows were completed,
+        any field of a bound row)."""
+        if isinstance(e, Const):
+            return True
+        if isinstance(e, Var):
+            return e.name in self.values
+        if isinstance(e, Field) and e.binding in self.index and not e.name.startswith("_"):
+            b = self.command.bindings[self.index[e.binding]]
+            entity = self.command.entities[b.as_]
+            return e.name in entity.all_fields and (
+                settled or not isinstance(b, Create) or e.name in entity.key)
+        return False
+
+    def admitted(self, e: Expr, target: ValueType) -> bool:
+        """Whether a field of ``target`` always admits ``e``'s value here (a
+        constant it admits, an input of its very type), so its check is
+        left out."""
+        plain = (str, int, float, bool, type(None))
+        if target.base is None:
+            return False
+        if isinstance(e, Const):
+            value = e.value
+            return type(value) in plain and admits(target, value) and (
+                target.domain is None or all(type(v) in plain for v in target.domain))
+        if target.domain is not None:
+            return False
+        if isinstance(e, Var) and e.name in self.inputs:
+            declared = self.inputs[e.name]
+            return (target.optional or not declared.optional) and target.base is declared.type
+        return False
+
     def effects(self) -> list[str]:
         c = self.command
         s: list[str] = []
         scope = self.scope()
+        # A run of changes to one row, each ``field, value`` (SQL), applied
+        # by one assignment.
+        row: list[str] = []
+        pairs: list[str] = []
+        touched: set[str] = set()
+        """The entities whose rows changed so far (a row's alias included)."""
+
+        def flush() -> None:
+            if pairs:
+                i = self.index[row[0]]
+                touched.add(c.entities[row[0]].name)
+                s.append(f"    n{i} := n{i} || jsonb_build_object({', '.join(pairs)});"
+                         + self.sync(row[0]))
+            row.clear()
+            pairs.clear()
+
         for clause in c.effects:
+            if isinstance(clause, Set):
+                if row and (clause.binding != row[0]
+                            or self.reads_own(clause.value, clause.binding)):
+                    flush()
+                row[:] = [clause.binding]
+                pairs.append(self.set_value(clause, scope))
+                continue
+            flush()
             if isinstance(clause, Transition):
                 step = c.transitions[clause.on]
                 i = self.index[clause.on]
@@ -247,58 +452,60 @@ class _Generator:
                 expected = self.expr(clause.revision, scope)
                 sources = ", ".join(_lit(v) for v in step.move.sources)
                 state = _name_lit(step.workflow.state)
-                s += [f"    v := {expected};",
-                      f"    IF NOT coalesce({SCHEMA}.cmd_int(v) AND"
-                      f" jsonb_typeof(r{i} -> {revision}) = 'number' AND v = r{i} -> {revision},"
-                      " false) THEN",
+                # The row's state as changed so far: as read, if unchanged.
+                now = (f"n{i}" if entity.name in touched
+                       or isinstance(c.bindings[i], Create) else f"r{i}")
+                s += [f"    IF NOT coalesce({SCHEMA}.cmd_int({expected}) AND"
+                      f" jsonb_typeof(r{i} -> {revision}) = 'number' AND ({expected}) ="
+                      f" r{i} -> {revision}, false) THEN",
                       *self.answer(clause.stale.name, indent="      "), "    END IF;",
-                      f"    IF (n{i} -> {state}) IS NULL OR (n{i} -> {state}) NOT IN ({sources})"
-                      " THEN", *self.answer(clause.illegal.name, indent="      "), "    END IF;",
-                      f"    n{i} := n{i} || jsonb_build_object({state}, {_lit(step.move.to)});"
-                      + self.sync(clause.on),
-                      f"    ch{i} := true;"]
-            elif isinstance(clause, Set):
-                i = self.index[clause.binding]
-                entity = c.entities[clause.binding]
-                value = self.expr(clause.value, scope)
-                what = f"set {clause.binding}.{clause.field}"
-                self.described[what] = entity.fields[clause.field].describe()
-                s += [f"    v := {value};",
-                      "    IF v IS NULL THEN RAISE EXCEPTION USING ERRCODE = 'P0001',"
-                      f" MESSAGE = 'service_engine.command_invalid', DETAIL = {_name_lit(what)};"
-                      " END IF;",
-                      f"    IF NOT {_admits_sql('v', entity.fields[clause.field])} THEN"
-                      " RAISE EXCEPTION USING ERRCODE = 'P0001',"
-                      f" MESSAGE = 'service_engine.command_input', DETAIL = {_name_lit(what)},"
-                      " HINT = v::text; END IF;",
-                      f"    n{i} := n{i} || jsonb_build_object({_name_lit(clause.field)}, v);"
-                      + self.sync(clause.binding)]
-                if not isinstance(c.bindings[i], Create):
-                    s.append(f"    ch{i} := true;")
-            elif isinstance(clause, Delete):
-                s.append(f"    d{self.index[clause.binding]} := true;")
+                      f"    IF ({now} -> {state}) IS NULL OR ({now} -> {state}) NOT IN ({sources})"
+                      " THEN", *self.answer(clause.illegal.name, indent="      "), "    END IF;"]
+                # The move opens the row's next run of changes.
+                row[:] = [clause.on]
+                pairs.append(f"{state}, {_lit(step.move.to)}")
             elif isinstance(clause, Record):
                 i = self.index[clause.binding]
-                s.append("    v := '{}'::jsonb;")
-                for k, e in clause.data.items():
-                    s += self.valued(f"v := v || jsonb_build_object({_name_lit(k)}, claim);",
-                                     self.expr(e, scope), k)
-                s += [f"    f{i} := f{i} || jsonb_build_array(jsonb_build_object('t',"
-                      f" {_name_lit(clause.type)}, 'd', v));"]
-                if not isinstance(c.bindings[i], Create):
-                    s.append(f"    ch{i} := true;")
-            elif isinstance(clause, Caused):
-                s.append("    v := '{}'::jsonb;")
-                for k, e in clause.data.items():
-                    s += self.valued(f"v := v || jsonb_build_object({_name_lit(k)}, claim);",
-                                     self.expr(e, scope), f"caused {clause.name}: {k}")
-                s += [f"    causes := jsonb_set(causes, ARRAY[{_name_lit(clause.binding)}],"
-                      f" coalesce(causes -> {_name_lit(clause.binding)}, '{{}}') ||"
-                      f" jsonb_build_object({_name_lit(clause.noun)}, jsonb_build_object("
-                      f"'name', {_name_lit(clause.name)}, 'data', v)));"]
+                data = self.fields(list(clause.data.items()), scope, "")
+                s.append(f"    f{i} := f{i} || jsonb_build_array(jsonb_build_object('t',"
+                         f" {_name_lit(clause.type)}, 'd', {data}));")
+            elif isinstance(clause, Caused) and clause.data:
+                # Its data, evaluated (and checked) here; the answer names it.
+                j = next(n for n, c in enumerate(self.caused) if c is clause)
+                data = self.fields(list(clause.data.items()), scope, f"caused {clause.name}: ")
+                s.append(f"    c{j} := {data};")
+        flush()
         return s
 
+    def set_value(self, clause: Set, scope: _Scope) -> str:
+        """``field, value`` of ``clause``: the value checked where it is
+        evaluated (`ValueMissing` if it is `INVALID`, `InvalidInput` if its
+        field cannot hold it) unless it cannot fail."""
+        name = clause.binding
+        what = f"set {name}.{clause.field}"
+        field = self.command.entities[name].fields[clause.field]
+        self.described[what] = field.describe()
+        value = self.expr(clause.value, scope)
+        if self.admitted(clause.value, field) and self.never_invalid(clause.value, settled=False):
+            return f"{_name_lit(clause.field)}, {value}"
+        return (f"{_name_lit(clause.field)}, CASE WHEN ({value}) IS NULL THEN"
+                f" {_fail(_INVALID, what)} WHEN NOT {_admits_sql(f'({value})', field)}"
+                f" THEN {_fail(_INPUT, what, f'({value})::text')} ELSE {value} END")
+
+    def reads_own(self, value: Expr, binding: str) -> bool:
+        """Whether ``value`` reads a row a set on ``binding`` changes (a
+        created binding of its entity: the sets before it must apply first)."""
+        entity = self.command.entities[binding].name
+        for leaf in references(value):
+            if isinstance(leaf, Field) and leaf.binding in self.index:
+                read = self.command.bindings[self.index[leaf.binding]]
+                if isinstance(read, Create) and self.command.entities[read.as_].name == entity:
+                    return True
+        return False
+
     def construct(self) -> list[str]:
+        """Each create's row completed: a field it left unset takes its
+        default, one without a default raises (in the fields' order)."""
         s: list[str] = []
         for b in self.command.bindings:
             if not isinstance(b, Create):
@@ -309,22 +516,26 @@ class _Generator:
             if entity.revision is not None:
                 # A created row is at revision 1, whatever the dataclass defaults to.
                 defaults[entity.revision] = 1
-            for name in entity.all_fields:
-                if name in defaults:
-                    s.append(f"    IF NOT n{i} ? {_name_lit(name)} THEN n{i} := n{i} ||"
-                             f" jsonb_build_object({_name_lit(name)}, {_lit(defaults[name])});"
-                             " END IF;")
-                else:
-                    s.append(f"    IF NOT n{i} ? {_name_lit(name)} THEN RAISE EXCEPTION USING"
-                             " ERRCODE = 'P0001', MESSAGE = 'service_engine.command_invalid',"
-                             f" DETAIL = {_name_lit(f'create {b.as_}: {name} unset')}; END IF;")
+            # The key's fields and those its sets gave are there already.
+            done = {*entity.key, *self.set_fields.get(i, ())}
+            unset = [f"WHEN NOT n{i} ? {_name_lit(name)} THEN"
+                     f" {_fail(_INVALID, f'create {b.as_}: {name} unset')}"
+                     for name in entity.all_fields if name not in defaults and name not in done]
+            given = {name: _plain(defaults[name]) for name in entity.all_fields
+                     if name in defaults and name not in done}
+            # The defaults under the row: a field it set wins.
+            row = f"{_lit(given)} || n{i}" if given else f"n{i}"
+            if unset:
+                s.append(f"    n{i} := CASE {' '.join(unset)} ELSE {row} END;")
+            elif given:
+                s.append(f"    n{i} := {row};")
         return s
 
-    def refuse(self, policy: Any, row: str, action: str, when: str = "") -> list[str]:
+    def refuse(self, policy: Any, row: str, action: str) -> list[str]:
         pred = self.expr(policy.predicate, _Scope({}, row))
         data = (f"jsonb_build_object('reason', {_name_lit(policy.reason.code)},"
                 f" 'action', {_name_lit(action)})")
-        return [f"    IF {when}({pred}) IS DISTINCT FROM 'true'::jsonb THEN",
+        return [f"    IF ({pred}) IS DISTINCT FROM 'true'::jsonb THEN",
                 *self.answer("Refused", data, indent="      "), "    END IF;"]
 
     def policies(self) -> list[str]:
@@ -332,20 +543,16 @@ class _Generator:
         for b in self.command.bindings:
             i = self.index[b.as_]
             entity = self.command.entities[b.as_]
-            checks: list[str] = []
-            if isinstance(b, Create) and entity.create_policy is not None:
-                checks += self.refuse(entity.create_policy, f"n{i}", "create")
-            elif isinstance(b, Mutate) and entity.update_policy is not None:
-                checks += self.refuse(entity.update_policy, f"r{i}", "update", f"ch{i} AND ")
-                checks += self.refuse(entity.update_policy, f"n{i}", "update", f"ch{i} AND ")
-            if b.as_ in self.command.deletes:
+            if i in self.deleted:
                 # The row as it is (what the delete affordance judged).
-                check = entity.delete_check
-                s += [f"    IF d{i} THEN",
-                      *(self.refuse(check, f"r{i}", "delete") if check is not None else []),
-                      "    ELSE", *checks, "    END IF;"]
-            else:
-                s += checks
+                if entity.delete_check is not None:
+                    s += self.refuse(entity.delete_check, f"r{i}", "delete")
+            elif isinstance(b, Create) and entity.create_policy is not None:
+                s += self.refuse(entity.create_policy, f"n{i}", "create")
+            elif (isinstance(b, Mutate) and entity.update_policy is not None
+                  and i in self.changed):
+                s += self.refuse(entity.update_policy, f"r{i}", "update")
+                s += self.refuse(entity.update_policy, f"n{i}", "update")
         return s
 
     def typed(self, table: str, columns: Sequence[str], values: Sequence[str]) -> str:
@@ -372,7 +579,7 @@ class _Generator:
                     t = quote_ident(index.table)
                     cols = index.sql_columns[: len(target)]
                     match = ", ".join(f"t.{quote_ident(col)}" for col in cols)
-                    s += [f"    IF d{i} AND EXISTS (SELECT 1 FROM {t} t WHERE ({match}) ="
+                    s += [f"    IF EXISTS (SELECT 1 FROM {t} t WHERE ({match}) ="
                           f" {self.typed(t, cols, target)}) THEN",
                           *self.answer(step.clause.referenced.name, indent="      "),
                           "    END IF;"]
@@ -393,19 +600,17 @@ class _Generator:
                     key_text = (_canon("x -> " + _name_lit(child.key[0])) if len(child.key) == 1
                                 else _canon_list([f"x -> {_name_lit(f)}" for f in child.key]))
                     data = f"jsonb_build_object('maximum', {edge.maximum:d})"
-                    s += [f"    IF d{i} THEN",
-                          "      SELECT coalesce(jsonb_agg(x), '[]') INTO v FROM (SELECT"
+                    s += ["    SELECT coalesce(jsonb_agg(x), '[]') INTO v FROM (SELECT"
                           f" jsonb_build_object({found}) x FROM {t} t WHERE ({match}) ="
                           f" {self.typed(t, cols, target)} ORDER BY {order}"
                           f" LIMIT {edge.maximum + 1:d}) q;",
-                          f"      IF jsonb_array_length(v) > {edge.maximum:d} THEN",
-                          *self.answer(step.clause.too_many.name, data, indent="        "),
-                          "      END IF;",
-                          "      children := children || (SELECT coalesce(jsonb_agg("
+                          f"    IF jsonb_array_length(v) > {edge.maximum:d} THEN",
+                          *self.answer(step.clause.too_many.name, data, indent="      "),
+                          "    END IF;",
+                          "    children := children || (SELECT coalesce(jsonb_agg("
                           f"jsonb_build_object('e', {_name_lit(child.name)}, 'k', x, 's',"
                           f" to_jsonb({_name_lit(store_type)} || chr(1) ||"
-                          f" ({key_text})))), '[]') FROM jsonb_array_elements(v) q(x));",
-                          "    END IF;"]
+                          f" ({key_text})))), '[]') FROM jsonb_array_elements(v) q(x));"]
         s += self.children()
         return s
 
@@ -443,70 +648,96 @@ class _Generator:
                   "      END IF;"]
         return [*s, "    END LOOP;"]
 
+    def uniques(self) -> tuple[list[tuple[int, Unique]], list[tuple[int, Unique]]]:
+        """The unique values a run may claim and those it may release, each
+        ``(binding index, unique key)`` in the bindings' order: a created row
+        claims, a changed one claims its new value and releases its old one,
+        a deleted one releases (a cascade's children release theirs too)."""
+        c = self.command
+        claims: list[tuple[int, Unique]] = []
+        releases: list[tuple[int, Unique]] = []
+        for b in c.bindings:
+            if isinstance(b, Read):
+                continue
+            i = self.index[b.as_]
+            for unique in c.entities[b.as_].unique:
+                if i not in self.deleted:
+                    claims.append((i, unique))
+                if not isinstance(b, Create):
+                    releases.append((i, unique))
+        return claims, releases
+
+    @property
+    def one_claim(self) -> bool:
+        """At most one unique value claimed and none another binding or a
+        cascade releases (so none is handed over): claimed and released
+        straight, without the lists that order many."""
+        claims, releases = self.uniques()
+        if not claims:
+            return True
+        if len(claims) > 1 or any(child.unique for child in self.child_entities()):
+            return False
+        return all(r == claims[0] for r in releases)
+
+    def occupied(self, i: int, unique: Unique, row: str) -> tuple[str, str, str]:
+        """Of binding ``i``'s ``row``: whether it holds ``unique``'s value, its
+        partition's canonical text and the value's."""
+        entity = self.command.entities[self.command.bindings[i].as_]
+        route = len(entity.partition_by)
+        values = [f"{row} -> {_name_lit(f)}" for f in unique.fields]
+        present = " AND ".join(f"jsonb_typeof({v}) IS DISTINCT FROM 'null'"
+                               f" AND {v} IS NOT NULL" for v in values)
+        texts = [self.canon(v, entity, f) for v, f in zip(values, unique.fields, strict=True)]
+        return present, f"({_listed(texts[:route])})", f"({_listed(texts[route:])})"
+
+    @staticmethod
+    def canon(value: str, entity: Entity, name: str) -> str:
+        """The canonical JSON text of ``entity``'s field ``name`` holding
+        ``value``: a scalar's own text where the field's type is a scalar."""
+        if entity.types.get(name, ValueType(None)).base in _SCALARS:
+            return f"({value})::text"
+        return _canon(value)
+
+    def owner(self, i: int) -> str:
+        entity = self.command.entities[self.command.bindings[i].as_]
+        texts = [self.canon(f"k{i} -> {_name_lit(f)}", entity, f) for f in entity.key]
+        return f"({texts[0] if len(texts) == 1 else _listed(texts)})"
+
     def occupancy(self) -> list[str]:
+        if self.one_claim:
+            return self.claim_one()
         c = self.command
         s: list[str] = []
         for b in c.bindings:
-            entity = c.entities[b.as_]
-            if not entity.unique or isinstance(b, Read):
+            if isinstance(b, Read):
                 continue
             i = self.index[b.as_]
-            route = len(entity.partition_by)
-            key_values = [f"k{i} -> {_name_lit(f)}" for f in entity.key]
-            owner = (_canon(key_values[0]) if len(entity.key) == 1 else _canon_list(key_values))
-            taken = b.taken if isinstance(b, Mutate | Create) else {}
+            entity = c.entities[b.as_]
             for unique in entity.unique:
-                def occ(
-                    row: str, unique: Any = unique, route: int = route
-                ) -> tuple[str, str, str]:
-                    values = [f"{row} -> {_name_lit(f)}" for f in unique.fields]
-                    present = " AND ".join(f"jsonb_typeof({v}) IS DISTINCT FROM 'null'"
-                                           f" AND {v} IS NOT NULL" for v in values)
-                    part = f"({_canon_list(values[:route])})"
-                    val = f"({_canon_list(values[route:])})"
-                    return present, part, val
-
-                a_present, a_part, a_val = occ(f"n{i}")
-                outcome = taken.get(unique.name)
+                a_present, a_part, a_val = self.occupied(i, unique, f"n{i}")
+                outcome = b.taken.get(unique.name)
                 entry = (f"jsonb_build_object('e', {_name_lit(entity.name)}, 'i',"
-                         f" {_name_lit(unique.name)}, 'p', {a_part}, 'v', {a_val}")
+                         f" {_name_lit(unique.name)}, 'p', {a_part}, 'v', {a_val}, 'o',"
+                         f" {_name_lit(outcome.name if outcome else '')}, 'w', {self.owner(i)})")
                 if isinstance(b, Create):
                     s += [f"    IF {a_present} THEN",
-                          f"      claims := claims || jsonb_build_array({entry}, 'o',"
-                          f" {_name_lit(outcome.name if outcome else '')}, 'w', {owner}));",
-                          "    END IF;"]
+                          f"      claims := claims || jsonb_build_array({entry});", "    END IF;"]
                     continue
-                b_present, b_part, b_val = occ(f"r{i}")
+                b_present, b_part, b_val = self.occupied(i, unique, f"r{i}")
                 before = (f"jsonb_build_object('e', {_name_lit(entity.name)}, 'i',"
                           f" {_name_lit(unique.name)}, 'p', {b_part}, 'v', {b_val})")
                 release = (f"IF {b_present} THEN releases := releases ||"
                            f" jsonb_build_array({before}); END IF;")
-                if b.as_ in c.deletes:
+                if i in self.deleted:
                     # A deleted row gives up its values, claims none.
-                    s += [f"    IF d{i} THEN {release}", "    ELSE"]
+                    s.append(f"    {release}")
+                    continue
                 s += [f"    IF {a_present} AND NOT (({b_present}) AND {a_part} = {b_part}"
                       f" AND {a_val} = {b_val}) THEN",
-                      f"      claims := claims || jsonb_build_array({entry}, 'o',"
-                      f" {_name_lit(outcome.name if outcome else '')}, 'w', {owner}));",
+                      f"      claims := claims || jsonb_build_array({entry});",
                       f"      {release}",
                       "    END IF;"]
-                if b.as_ in c.deletes:
-                    s.append("    END IF;")
-        # Children a cascade removes give up their unique values too.
-        for child in self.child_entities():
-            route = len(child.partition_by)
-            for unique in child.unique:
-                values = [f"x -> 'r' -> {_name_lit(f)}" for f in unique.fields]
-                present = " AND ".join(f"jsonb_typeof({v}) IS DISTINCT FROM 'null'"
-                                       f" AND {v} IS NOT NULL" for v in values)
-                s.append(
-                    "    releases := releases || (SELECT coalesce(jsonb_agg(jsonb_build_object("
-                    f"'e', {_name_lit(child.name)}, 'i', {_name_lit(unique.name)}, 'p',"
-                    f" ({_canon_list(values[:route])}), 'v', ({_canon_list(values[route:])}))),"
-                    f" '[]') FROM jsonb_array_elements(taken) q(x) WHERE x ->> 'e' ="
-                    f" {_name_lit(child.name)} AND {present});")
-        if not s:
-            return s
+        s += self.child_releases()
         # Claims in the one fixed order (the canonical text of each value's
         # key, as the interpreter's lock order sorts it), the first of
         # equal values kept.
@@ -539,11 +770,84 @@ class _Generator:
             "      DELETE FROM service_engine.command_occupancy o USING"
             " jsonb_array_elements(made) m WHERE o.entity = m ->> 'e' AND o.index_name ="
             " m ->> 'i' AND o.partition = m ->> 'p' AND o.value = m ->> 'v';",
-            "      out_name := claim ->> 'o'; out_data := '{}';",
-            "      EXIT decide;",
+            *self.finish("claim ->> 'o'", "'{}'::jsonb", "      "),
             "    END LOOP;",
         ]
         return s
+
+    def child_releases(self) -> list[str]:
+        """Children a cascade removes give up their unique values too."""
+        s: list[str] = []
+        for child in self.child_entities():
+            route = len(child.partition_by)
+            for unique in child.unique:
+                values = [f"x -> 'r' -> {_name_lit(f)}" for f in unique.fields]
+                present = " AND ".join(f"jsonb_typeof({v}) IS DISTINCT FROM 'null'"
+                                       f" AND {v} IS NOT NULL" for v in values)
+                s.append(
+                    "    releases := releases || (SELECT coalesce(jsonb_agg(jsonb_build_object("
+                    f"'e', {_name_lit(child.name)}, 'i', {_name_lit(unique.name)}, 'p',"
+                    f" ({_canon_list(values[:route])}), 'v', ({_canon_list(values[route:])}))),"
+                    f" '[]') FROM jsonb_array_elements(taken) q(x) WHERE x ->> 'e' ="
+                    f" {_name_lit(child.name)} AND {present});")
+        return s
+
+    def claim_one(self) -> list[str]:
+        """The one value a run may claim, claimed by one insert (a value its
+        row already owns is kept; one another row holds answers its
+        outcome, nothing claimed); the old value it replaces noted as
+        ``released``."""
+        c = self.command
+        claims, _ = self.uniques()
+        s = self.child_releases()
+        if not claims:
+            return s
+        i, unique = claims[0]
+        b = c.bindings[i]
+        assert isinstance(b, Mutate | Create)
+        entity = c.entities[b.as_]
+        outcome = b.taken.get(unique.name)
+        present, part, val = self.occupied(i, unique, f"n{i}")
+        owner = self.owner(i)
+        where = (f"entity = {_name_lit(entity.name)} AND index_name = {_name_lit(unique.name)}"
+                 f" AND partition = {part} AND value = {val}")
+        if isinstance(b, Create):
+            s.append(f"    IF {present} THEN")
+        else:
+            b_present, b_part, b_val = self.occupied(i, unique, f"r{i}")
+            s.append(f"    IF {present} AND NOT (({b_present}) AND {part} = {b_part}"
+                     f" AND {val} = {b_val}) THEN")
+        s += ["      INSERT INTO service_engine.command_occupancy (entity, index_name, partition,"
+              f" value, owner) VALUES ({_name_lit(entity.name)}, {_name_lit(unique.name)}, {part},"
+              f" {val}, {owner}) ON CONFLICT DO NOTHING RETURNING true INTO ok;",
+              # Held (two statements: a condition with a query is planned
+              # at each run, for each value of ``ok``).
+              "      IF ok IS NULL THEN",
+              "        IF (SELECT owner FROM service_engine.command_occupancy WHERE"
+              f" {where}) IS DISTINCT FROM {owner} THEN",
+              *self.answer(outcome.name if outcome else "", indent="          "),
+              "        END IF;",
+              "      END IF;"]
+        if not isinstance(b, Create):
+            s.append(f"      released := {b_present};")
+        return [*s, "    END IF;"]
+
+    @property
+    def marks(self) -> tuple[str, ...]:
+        """The bindings whose rows a successful run writes, in order (the
+        caller knows their keys: the answer does not carry them)."""
+        c = self.command
+        return tuple(b.as_ for b in c.bindings
+                     if isinstance(b, Create) or self.index[b.as_] in self.deleted
+                     or self.index[b.as_] in self.changed)
+
+    def carried(self) -> list[tuple[str, str]]:
+        """What a successful answer carries besides its name, data and
+        events: the rows a cascade deleted (``written``) and each cause's
+        data (``c<j>``)."""
+        found = [("'written'", "written")] if self.child_entities() else []
+        return found + [(f"'c{j}'", f"c{j}" if clause.data else "'{}'::jsonb")
+                        for j, clause in enumerate(self.caused)]
 
     def write(self) -> list[str]:
         c = self.command
@@ -559,20 +863,32 @@ class _Generator:
                   "'e', x -> 'e', 'k', x -> 'k')), '[]') FROM jsonb_array_elements(taken) x"
                   f" WHERE x ->> 'e' = {_name_lit(child.name)});"]
         for b in c.bindings:
-            if isinstance(b, Read):
-                continue
             i = self.index[b.as_]
+            if isinstance(b, Read) or not (
+                isinstance(b, Create) or i in self.deleted or i in self.changed
+            ):
+                continue
             entity = c.entities[b.as_]
             t = self.table(entity)
             cols = ", ".join(quote_ident(f) for f in entity.all_fields)
             # The row as the table types it, read once into a typed variable
             # (no function scan in the statement that writes it).
-            typed = f"      nt{i} := jsonb_populate_record(NULL::{t}, n{i});"
+            typed = f"    nt{i} := jsonb_populate_record(NULL::{t}, n{i});"
             picked = ", ".join(f"nt{i}.{quote_ident(f)}" for f in entity.all_fields)
             key_match = f"({', '.join(f't.{quote_ident(f)}' for f in entity.key)}) = (" + (
                 f"{self.typed_key(i, entity)})")
-            mark = ("    written := written || jsonb_build_array(jsonb_build_object('b',"
-                    f" {_name_lit(b.as_)}, 'e', {_name_lit(entity.name)}, 'k', k{i}));")
+            if isinstance(b, Create):
+                s += [typed, f"    INSERT INTO {t} ({cols}) VALUES ({picked});"]
+            elif i in self.deleted:
+                s.append(f"    DELETE FROM {t} t WHERE {key_match};")
+            else:
+                if entity.revision is not None:
+                    rev = _name_lit(entity.revision)
+                    s.append(f"    n{i} := CASE WHEN jsonb_typeof(r{i} -> {rev}) = 'number' THEN"
+                             f" n{i} || jsonb_build_object({rev},"
+                             f" to_jsonb((r{i} ->> {rev})::numeric + 1)) ELSE n{i} END;"
+                             + self.sync(b.as_))
+                s += [typed, f"    UPDATE {t} t SET ({cols}) = ROW({picked}) WHERE {key_match};"]
             log = entity.fact_log
             if log is not None and any(isinstance(e, Record) and e.binding == b.as_
                                        for e in c.effects):
@@ -580,32 +896,21 @@ class _Generator:
                 # soft-EDA store writes them).
                 table, key_column, type_column, payload_column = log
                 key = quote_ident(entity.key[0])
-                mark += (f" INSERT INTO {quote_ident(table)} ({quote_ident(key_column)},"
+                s.append(f"    INSERT INTO {quote_ident(table)} ({quote_ident(key_column)},"
                          f" {quote_ident(type_column)}, {quote_ident(payload_column)})"
                          f" SELECT kt{i}.{key}, x ->> 't', x -> 'd' FROM jsonb_array_elements(f{i})"
                          " WITH ORDINALITY y(x, o) ORDER BY o;")
-            if isinstance(b, Create):
-                s += [typed[2:], f"    INSERT INTO {t} ({cols}) VALUES ({picked});", mark]
-                continue
-            if b.as_ in c.deletes:
-                s += [f"    IF d{i} THEN",
-                      f"      DELETE FROM {t} t WHERE {key_match};", "  " + mark,
-                      f"    ELSIF ch{i} THEN"]
-            else:
-                s.append(f"    IF ch{i} THEN")
-            if entity.revision is not None:
-                rev = _name_lit(entity.revision)
-                s.append(f"      IF jsonb_typeof(r{i} -> {rev}) = 'number' THEN n{i} := n{i} ||"
-                         f" jsonb_build_object({rev}, to_jsonb((r{i} ->> {rev})::numeric + 1));"
-                         " END IF;" + self.sync(b.as_))
-            s += [typed, f"      UPDATE {t} t SET ({cols}) = ROW({picked}) WHERE {key_match};",
-                  "  " + mark, "    END IF;"]
-        if any(c.entities[b.as_].unique for b in c.bindings if not isinstance(b, Read)) or any(
-            child.unique for child in self.child_entities()
-        ):
-            # One indexed statement per value released (a value transferred
-            # stays, its owner changed) and none when there is none.
-            s += [
+        s += self.release()
+        return s
+
+    def release(self) -> list[str]:
+        """The unique values the run gave up, deleted (one indexed statement
+        per value, none when there is none; a value handed to another row
+        stays, its owner changed)."""
+        c = self.command
+        _, releases = self.uniques()
+        if not self.one_claim:
+            return [
                 "    FOR j IN 0 .. jsonb_array_length(releases) - 1 LOOP",
                 "      claim := releases -> j;",
                 f"      CONTINUE WHEN transfers @> jsonb_build_array({_OCCUPIED});",
@@ -617,29 +922,41 @@ class _Generator:
                 f" WHERE {_AT_CLAIM};",
                 "    END LOOP;",
             ]
+        s: list[str] = []
+        for i, unique in releases:
+            if i in self.deleted:
+                present, part, val = self.occupied(i, unique, f"r{i}")
+                s += [f"    IF {present} THEN",
+                      "      DELETE FROM service_engine.command_occupancy WHERE entity ="
+                      f" {_name_lit(c.entities[c.bindings[i].as_].name)} AND index_name ="
+                      f" {_name_lit(unique.name)} AND partition = {part} AND value = {val};",
+                      "    END IF;"]
+            else:
+                # The row's old value, its new one claimed.
+                present, part, val = self.occupied(i, unique, f"r{i}")
+                s += ["    IF released THEN",
+                      "      DELETE FROM service_engine.command_occupancy WHERE entity ="
+                      f" {_name_lit(c.entities[c.bindings[i].as_].name)} AND index_name ="
+                      f" {_name_lit(unique.name)} AND partition = {part} AND value = {val};",
+                      "    END IF;"]
+        if any(child.unique for child in self.child_entities()):
+            s += ["    FOR j IN 0 .. jsonb_array_length(releases) - 1 LOOP",
+                  "      claim := releases -> j;",
+                  f"      DELETE FROM service_engine.command_occupancy WHERE {_AT_CLAIM};",
+                  "    END LOOP;"]
         return s
-
-    @staticmethod
-    def valued(then: str, value: str, what: str) -> list[str]:
-        """``then`` with ``claim`` holding ``value``, which must not be `INVALID`."""
-        return [f"    claim := {value};",
-                "    IF claim IS NULL THEN RAISE EXCEPTION USING ERRCODE = 'P0001',"
-                f" MESSAGE = 'service_engine.command_invalid', DETAIL = {_name_lit(what)};"
-                " END IF;", f"    {then}"]
 
     def returns(self) -> list[str]:
         ret = self.command.returns
         scope = self.scope(after=True)
-        s = ["    out_data := '{}';"]
-        for k, e in ret.fields.items():
-            s += self.valued(f"out_data := out_data || jsonb_build_object({_name_lit(k)}, claim);",
-                             self.expr(e, scope), f"return {k}")
-        for clause in self.command.effects:
-            if not isinstance(clause, Emit):
-                continue
-            s.append("    v := '{}'::jsonb;")
-            for k, e in clause.fields.items():
-                s += self.valued(f"v := v || jsonb_build_object({_name_lit(k)}, claim);",
-                                 self.expr(e, scope), f"emit {clause.event.__qualname__}.{k}")
-            s.append("    emits := emits || jsonb_build_array(v);")
-        return [*s, f"    out_name := {_name_lit(ret.name)}; out_ok := true;"]
+        data = self.fields(list(ret.fields.items()), scope, "return ", settled=True)
+        emits = [self.fields(list(clause.fields.items()), scope,
+                             f"emit {clause.event.__qualname__}.", settled=True)
+                 for clause in self.command.effects if isinstance(clause, Emit)]
+        emitted = f"jsonb_build_array({', '.join(emits)})" if emits else "'[]'::jsonb"
+        if not self.keyed:
+            return [f"    RETURN jsonb_build_object('name', {_name_lit(ret.name)}, 'ok', true,"
+                    f" 'data', {data}" + "".join(f", {k}, {v}" for k, v in self.carried())
+                    + (f", 'emits', {emitted});" if emits else ");")]
+        return [f"    out_data := {data};", *([f"    emits := {emitted};"] if emits else []),
+                f"    out_name := {_name_lit(ret.name)}; out_ok := true;"]

@@ -116,6 +116,15 @@ BEGIN
   RETURN false;
 END
 $f$;
+CREATE OR REPLACE FUNCTION {SCHEMA}.cmd_fail(m text, d text, h text) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS $f$
+BEGIN
+  IF h IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = m, DETAIL = d;
+  END IF;
+  RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = m, DETAIL = d, HINT = h;
+END
+$f$;
 CREATE OR REPLACE FUNCTION {SCHEMA}.cmd_in(c jsonb, i jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $f$
   SELECT CASE WHEN i IS NOT NULL AND jsonb_typeof(c) = 'array'
@@ -123,6 +132,10 @@ LANGUAGE sql IMMUTABLE AS $f$
 $f$;
 """
 """The helper functions every compiled command calls (created once, before them).
+
+``cmd_fail`` raises a run's typed error (its message, detail and hint) from
+inside the expression that found it: a value's checks cost no statement of
+their own.
 
 The SQL ones are immutable through and through (a boolean becomes ``jsonb``
 through its text, not the stable ``to_jsonb``), so Postgres inlines each
@@ -188,7 +201,13 @@ def _expr(e: Expr, scope: _Scope) -> str:
     if isinstance(e, Not):
         return f"{SCHEMA}.cmd_not({_expr(e.operand, scope)})"
     if isinstance(e, Contains):
-        return f"{SCHEMA}.cmd_in({_expr(e.collection, scope)}, {_expr(e.item, scope)})"
+        collection, item = _expr(e.collection, scope), _expr(e.item, scope)
+        if _scalar(e.item):
+            # `cmd_in` inline (a call of it is not: it reads the elements):
+            # an array holds a scalar exactly when it contains it.
+            return (f"CASE WHEN ({item}) IS NOT NULL AND jsonb_typeof({collection}) = 'array'"
+                    f" THEN (({collection}) @> jsonb_build_array({item}))::text::jsonb END")
+        return f"{SCHEMA}.cmd_in({collection}, {item})"
     left, right = _expr(e.left, scope), _expr(e.right, scope)
     if isinstance(e, And):
         return f"{SCHEMA}.cmd_and({left}, {right})"
@@ -202,6 +221,17 @@ def _expr(e: Expr, scope: _Scope) -> str:
         return f"{SCHEMA}.cmd_add({left}, {right}, {1 if isinstance(e, Add) else -1})"
     op = {Lt: "< 0", Le: "<= 0", Gt: "> 0", Ge: ">= 0"}[type(e)]
     return f"to_jsonb({SCHEMA}.cmd_cmp({left}, {right}) {op})"
+
+
+def _scalar(e: Expr) -> bool:
+    """Whether ``e`` is never an array or an object: an input or service
+    value (each a scalar type), a scalar constant."""
+    if isinstance(e, Var):
+        return True
+    if isinstance(e, Const):
+        value = e.value.value if isinstance(e.value, enum.Enum) else e.value
+        return value is None or type(value) in (str, int, float, bool)
+    return False
 
 
 def _admits_sql(value: str, target: ValueType) -> str:
@@ -223,6 +253,7 @@ def _admits_sql(value: str, target: ValueType) -> str:
     if target.domain is not None:
         domain = ", ".join(_lit(v) for v in sorted(target.domain, key=repr))
         checks.append(f"{value} IN ({domain})")
-    typed = " AND ".join(checks)
-    null = f"jsonb_typeof({value}) = 'null'"
-    return f"(({null} AND {str(target.optional).lower()}) OR (NOT {null} AND {typed}))"
+    typed = " AND ".join(checks)  # each false for a JSON null
+    if target.optional:
+        return f"(jsonb_typeof({value}) = 'null' OR ({typed}))"
+    return f"({typed})"
