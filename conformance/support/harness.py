@@ -129,6 +129,15 @@ class Statements:
         sent, self.sent = self.sent, []
         return sent
 
+    def take_own(self) -> list[str]:
+        """What was sent since the last take, without the driver's one-time
+        type introspection of a connection (its ``typeinfo_tree`` query and
+        the ``jit`` setting it turns off and back on around it)."""
+        return [s for s in self.take() if not any(m in s for m in _INTROSPECTION)]
+
+
+_INTROSPECTION = ("typeinfo_tree", "current_setting('jit')", "set_config('jit'")
+
 
 @contextlib.asynccontextmanager
 async def logged_pool(url: str, *, max_size: int = 1) -> AsyncIterator[tuple[Database, Statements]]:

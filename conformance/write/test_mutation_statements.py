@@ -106,14 +106,6 @@ claim, the lease check before the image, the image read, the fenced settle
 before: the lease acquire and its reset, then three fenced transactions of
 BEGIN, lease assert, statement, COMMIT and reset each.)"""
 
-_INTROSPECTION = ("WITH RECURSIVE typeinfo_tree", "current_setting('jit')",
-                  "set_config('jit'")
-
-
-def _without_introspection(sent: list[str]) -> list[str]:
-    """The driver's one-time type introspection of a new connection left out."""
-    return [s for s in sent if not s.startswith(_INTROSPECTION)]
-
 _REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("request", default=None)
 
 
@@ -190,7 +182,7 @@ async def test_a_rename_over_graphql_takes_its_pinned_round_trips(
         statements.take()
         renamed = await _gql(http, RENAME, {"id": "b-1", "title": "plan"})
         assert renamed["renameBoard"] == {"success": True, "error": None}
-        sent = _without_introspection(statements.take())
+        sent = statements.take_own()
     assert len(sent) == RENAME_ROUND_TRIPS, "\n".join(sent)
     assert sent[0].startswith("SELECT person, board_id FROM board_member")  # a batch of one
     assert sent[1].startswith("BEGIN; SET LOCAL lock_timeout")
@@ -225,7 +217,7 @@ async def test_a_create_over_graphql_takes_its_pinned_round_trips(
         statements.take()
         created = await _gql(http, CREATE, {"id": "b-1", "title": "plan"})
         assert created["createBoard"] == {"success": True, "error": None}
-        sent = _without_introspection(statements.take())
+        sent = statements.take_own()
     assert len(sent) == CREATE_ROUND_TRIPS, "\n".join(sent)
     assert sent[2].startswith('SELECT service_engine."cmd_create_board_'), sent
     batch = sent[3].split("; ")
@@ -253,7 +245,7 @@ async def test_a_rename_selecting_its_board_reads_the_view_after_the_commit(
             await _gql(http, RENAME_WITH_BOARD, {"id": "b-1", "title": f"warm {n}"})
         statements.take()
         renamed = await _gql(http, RENAME_WITH_BOARD, {"id": "b-1", "title": "plan"})
-        sent = _without_introspection(statements.take())
+        sent = statements.take_own()
     assert renamed["renameBoard"]["board"] == {"id": "b-1", "title": "plan"}
     commit = next(i for i, s in enumerate(sent) if "; COMMIT; " in s)
     assert commit == RENAME_ROUND_TRIPS - 1, sent
@@ -287,7 +279,7 @@ async def test_an_offer_drain_pass_takes_four_statements(
             assert isinstance(await executor.ack(alice, rename_board, "b-1", "plan"), Success)
             statements.take()
             [report] = (await drain.step()).values()
-            sent = _without_introspection(statements.take())
+            sent = statements.take_own()
             assert report.published == 1
             assert len(sent) == DRAIN_PASS_ROUND_TRIPS, sent
             assert "offer_dirty" in sent[0] and "SKIP LOCKED" in sent[0]
@@ -296,7 +288,7 @@ async def test_an_offer_drain_pass_takes_four_statements(
             assert not any(s.startswith(("BEGIN", "COMMIT")) or "RESET ALL" in s
                            for s in sent), sent
             await drain.step()
-            assert len(_without_introspection(statements.take())) == 1  # the claim alone
+            assert len(statements.take_own()) == 1  # the claim alone
             bucket = await nats.bind_bucket(BOARD_BUCKET)
             entry = await bucket.get("example.board.b-1")
             assert entry is not None and json.loads(entry.value)["title"] == "plan"
@@ -404,9 +396,9 @@ async def test_a_crud_handlers_mutation_takes_its_pinned_round_trips(
     assert await executor.ack(WRITER, bump, "warm") == Success()
     statements.take()
     assert await executor.ack(WRITER, create_counter, CrudCounter, "k1") == Success()
-    created = _without_introspection(statements.take())
+    created = statements.take_own()
     assert await executor.ack(WRITER, bump, "k1") == Success()
-    written = _without_introspection(statements.take())
+    written = statements.take_own()
     assert len(created) == CRUD_CREATE_ROUND_TRIPS, created
     assert len(written) == CRUD_WRITE_ROUND_TRIPS, written
     for sent in (created, written):
@@ -559,7 +551,7 @@ async def test_a_handler_that_sends_nothing_commits_in_two_round_trips(
     assert await executor.ack(WRITER, announce) == Success()
     statements.take()
     assert await executor.ack(WRITER, announce) == Success()
-    begin, commit = _without_introspection(statements.take())
+    begin, commit = statements.take_own()
     assert begin.startswith("BEGIN; SET LOCAL lock_timeout") and "COMMIT" not in begin
     assert "integration_outbox" in commit and "; COMMIT; " in commit
     assert await db.pool.fetchval(
@@ -656,7 +648,7 @@ async def test_a_declared_commands_mutation_takes_its_pinned_round_trips(
     async def sent(command: str, inputs: dict[str, Any]) -> list[str]:
         outcome = await runner.run(COMMANDS[command], ALICE, inputs)
         assert isinstance(outcome, CommandOutcome) and outcome.ok, outcome
-        return _without_introspection(statements.take())
+        return statements.take_own()
 
     org = ALICE.org
     await sent("CreateProject", {"request_key": "k0", "org": org, "project_id": "p", "name": "P"})
