@@ -131,13 +131,17 @@ async def test_a_declared_window_populates_many_sessions_in_one_statement(
         id: str
         org: str
 
-    class Declared(Projector[Row, str, object, None]):
+    @dataclass(frozen=True)
+    class Who:
+        id: str
+
+    class Declared(Projector[Row, str, Who, None]):
         NAME = "declared_notes"
         WINDOW = TableWindow("note", cohort="org")
         NOUN = "note"
         STORE = None  # type: ignore[assignment]
 
-        def project(self, row: Row, principal: object) -> str:
+        def project(self, row: Row, principal: Who) -> str:
             return row.id
 
     class Own(Declared):
