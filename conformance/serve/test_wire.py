@@ -656,20 +656,20 @@ async def test_an_invalid_upgrade_gets_websockets_refusal_and_holds_no_socket(
                  + f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n",
                  b"HTTP/1.1 405 Method Not Allowed", b"Failed to open a WebSocket connection"),
             ]
-            for head, status, text in cases:
-                answer, body = await _answer_to(served.addr, head)
-                assert answer.startswith(status), (head, answer)
-                assert text in body, (head, body)
+            for request, status, text in cases:
+                answer, body = await _answer_to(served.addr, request)
+                assert answer.startswith(status), (request, answer)
+                assert text in body, (request, body)
             assert view.open_sockets == 0
             host, port = served.addr.split(":")
             reader, writer = await asyncio.open_connection(host, int(port))
             try:
                 writer.write((base + f"Sec-WebSocket-Key: {key}\r\n"
                               "Sec-WebSocket-Version: 13\r\n\r\n").encode())
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND)
+                accepted = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND)
             finally:
                 writer.close()
-            lines = head.split(b"\r\n")
+            lines = accepted.split(b"\r\n")
             assert lines[0] == b"HTTP/1.1 101 Switching Protocols"
             assert b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=" in lines
             assert b"Sec-WebSocket-Protocol: graphql-transport-ws" in lines
