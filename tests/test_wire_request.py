@@ -71,6 +71,29 @@ def test_the_upgrade_read_is_what_websockets_parses() -> None:
     assert upgrade.headers() == list(parsed.headers.raw_items())
 
 
+def test_the_handshake_headers_are_those_websockets_accept_reads() -> None:
+    """Connection, Upgrade, Origin and every Sec-WebSocket-* header, in
+    order and repeated ones kept; websockets accepts the handshake from
+    them alone as it does from all the headers."""
+    headers = [*HEADERS, ("Upgrade", "websocket"), ("Connection", "keep-alive, Upgrade"),
+               ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="), ("Sec-WebSocket-Version", "13"),
+               ("Sec-WebSocket-Protocol", "a"), ("Sec-WebSocket-Protocol", "graphql-transport-ws"),
+               ("Sec-WebSocket-Extensions", "permessage-deflate")]
+    upgrade = read_upgrade(uvicorn_bytes("/graphql/ws", headers))
+    assert upgrade.handshake_headers() == [
+        ("origin", "http://example.test"), ("upgrade", "websocket"),
+        ("connection", "keep-alive, Upgrade"), ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ("sec-websocket-version", "13"), ("sec-websocket-protocol", "a"),
+        ("sec-websocket-protocol", "graphql-transport-ws"),
+        ("sec-websocket-extensions", "permessage-deflate"),
+    ]
+    subset = ServerProtocol().accept(Request("/", WsHeaders(upgrade.handshake_headers())))
+    whole = ServerProtocol().accept(Request("/", WsHeaders(upgrade.headers())))
+    del subset.headers["Date"], whole.headers["Date"]
+    assert subset.status_code == whole.status_code == 101
+    assert subset.serialize() == whole.serialize()
+
+
 def test_header_names_not_lowercased_are_lowercased() -> None:
     """Bytes whose names are not lowercased (not uvicorn's) are kept with
     lowercased names: `WireRequest` finds them by any case."""

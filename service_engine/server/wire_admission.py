@@ -65,6 +65,17 @@ class Upgrade(NamedTuple):
         return [cast(tuple[str, str], tuple(line.split(": ", 1)))
                 for line in self.block.decode("latin-1").split("\r\n")]
 
+    def handshake_headers(self) -> list[tuple[str, str]]:
+        """The headers websockets' ``ServerProtocol.accept`` reads (the
+        ``Connection``, ``Upgrade`` and ``Origin`` headers and the
+        ``Sec-WebSocket-*`` ones), in order: the others (the passport among
+        them) are read from `WireRequest`, not copied into websockets'."""
+        return [(name, value) for name, value in self.headers()
+                if name in _HANDSHAKE_HEADERS or name.startswith("sec-websocket-")]
+
+
+_HANDSHAKE_HEADERS = frozenset({"connection", "upgrade", "origin"})
+
 
 def read_upgrade(data: bytes) -> Upgrade:
     """The upgrade request uvicorn's HTTP protocol parsed and hands on, as
@@ -261,7 +272,7 @@ class SocketAdmission(SocketState):
         if not self._endpoint.serves(upgrade.path):
             self._hand_on(data, *server[1:])
             return
-        request = Request(upgrade.path, WsHeaders(upgrade.headers()), upgrade.method)
+        request = Request(upgrade.path, WsHeaders(upgrade.handshake_headers()), upgrade.method)
         # websockets validates the handshake and negotiates the extensions
         # (only now is it known whether this socket's frames are compressed).
         response = self.conn.accept(request)
