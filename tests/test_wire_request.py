@@ -68,7 +68,8 @@ def test_the_upgrade_read_is_what_websockets_parses() -> None:
     (parsed,) = parser.events_received()
     assert isinstance(parsed, Request)
     assert (upgrade.method, upgrade.path) == (parsed.method, parsed.path)
-    assert upgrade.headers() == list(parsed.headers.raw_items())
+    assert list(WireRequest(upgrade.block, "/", None).headers.items()) == [
+        (name, value) for name, value in parsed.headers.raw_items()]
 
 
 def test_the_handshake_headers_are_those_websockets_accept_reads() -> None:
@@ -80,15 +81,15 @@ def test_the_handshake_headers_are_those_websockets_accept_reads() -> None:
                ("Sec-WebSocket-Protocol", "a"), ("Sec-WebSocket-Protocol", "graphql-transport-ws"),
                ("Sec-WebSocket-Extensions", "permessage-deflate")]
     upgrade = read_upgrade(uvicorn_bytes("/graphql/ws", headers))
-    assert upgrade.handshake_headers() == [
+    assert upgrade.handshake == [
         ("origin", "http://example.test"), ("upgrade", "websocket"),
         ("connection", "keep-alive, Upgrade"), ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
         ("sec-websocket-version", "13"), ("sec-websocket-protocol", "a"),
         ("sec-websocket-protocol", "graphql-transport-ws"),
         ("sec-websocket-extensions", "permessage-deflate"),
     ]
-    subset = ServerProtocol().accept(Request("/", WsHeaders(upgrade.handshake_headers())))
-    whole = ServerProtocol().accept(Request("/", WsHeaders(upgrade.headers())))
+    subset = ServerProtocol().accept(Request("/", WsHeaders(upgrade.handshake)))
+    whole = ServerProtocol().accept(Request("/", WsHeaders(headers)))
     del subset.headers["Date"], whole.headers["Date"]
     assert subset.status_code == whole.status_code == 101
     assert subset.serialize() == whole.serialize()
@@ -97,9 +98,10 @@ def test_the_handshake_headers_are_those_websockets_accept_reads() -> None:
 def test_header_names_not_lowercased_are_lowercased() -> None:
     """Bytes whose names are not lowercased (not uvicorn's) are kept with
     lowercased names: `WireRequest` finds them by any case."""
-    data = b"GET / HTTP/1.1\r\nHost: a\r\nX-Passport: p: q\r\n\r\n"
+    data = b"GET / HTTP/1.1\r\nHost: a\r\nX-Passport: p: q\r\nUpgrade: websocket\r\n\r\n"
     upgrade = read_upgrade(data)
-    assert upgrade.block == b"host: a\r\nx-passport: p: q"
+    assert upgrade.block == b"host: a\r\nx-passport: p: q\r\nupgrade: websocket"
+    assert upgrade.handshake == [("upgrade", "websocket")]
     assert WireRequest(upgrade.block, "/", None).get("X-PASSPORT") == "p: q"
 
 
@@ -126,7 +128,7 @@ def test_the_101_is_websockets_answer_with_the_servers_headers() -> None:
         ("Sec-WebSocket-Protocol", "graphql-transport-ws"),
     ])
     upgrade = read_upgrade(data)
-    response = ServerProtocol().accept(Request(upgrade.path, WsHeaders(upgrade.headers())))
+    response = ServerProtocol().accept(Request(upgrade.path, WsHeaders(upgrade.handshake)))
     assert response.status_code == 101
     defaults = [(b"date", b"Mon, 07 Dec 2026 21:00:00 GMT"), (b"server", b"uvicorn")]
     answer = accepting(response, defaults, "graphql-transport-ws")

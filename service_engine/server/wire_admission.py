@@ -57,24 +57,14 @@ class Upgrade(NamedTuple):
     """The request target (the path and its query)."""
     block: bytes
     """The header lines, ``name: value`` each (names lowercased), joined by CRLF."""
-
-    def headers(self) -> list[tuple[str, str]]:
-        """The headers as ``(name, value)`` pairs, in order."""
-        if not self.block:
-            return []
-        return [cast(tuple[str, str], tuple(line.split(": ", 1)))
-                for line in self.block.decode("latin-1").split("\r\n")]
-
-    def handshake_headers(self) -> list[tuple[str, str]]:
-        """The headers websockets' ``ServerProtocol.accept`` reads (the
-        ``Connection``, ``Upgrade`` and ``Origin`` headers and the
-        ``Sec-WebSocket-*`` ones), in order: the others (the passport among
-        them) are read from `WireRequest`, not copied into websockets'."""
-        return [(name, value) for name, value in self.headers()
-                if name in _HANDSHAKE_HEADERS or name.startswith("sec-websocket-")]
+    handshake: list[tuple[str, str]]
+    """The headers websockets' ``ServerProtocol.accept`` reads (``Connection``,
+    ``Upgrade``, ``Origin`` and the ``Sec-WebSocket-*`` ones), in order: the
+    others (the passport among them) are read from `WireRequest`, not
+    copied into websockets' headers."""
 
 
-_HANDSHAKE_HEADERS = frozenset({"connection", "upgrade", "origin"})
+_HANDSHAKE_HEADERS = frozenset({b"connection", b"upgrade", b"origin"})
 
 
 def read_upgrade(data: bytes) -> Upgrade:
@@ -92,17 +82,21 @@ def read_upgrade(data: bytes) -> Upgrade:
         raise ValueError("the request line is not method, target and version")
     lines = block.split(b"\r\n") if block else []
     lowered = False
+    handshake: list[tuple[str, str]] = []
     for at, header in enumerate(lines):
-        name, colon, _value = header.partition(b": ")
+        name, colon, value = header.partition(b": ")
         if not colon or not name:
             raise ValueError(f"header line {at + 1} is not 'name: value'")
         if name.lower() != name:
-            lines[at] = name.lower() + header[len(name):]
+            name = name.lower()
+            lines[at] = name + header[len(name):]
             lowered = True
+        if name in _HANDSHAKE_HEADERS or name.startswith(b"sec-websocket-"):
+            handshake.append((name.decode("latin-1"), value.decode("latin-1")))
     if lowered:
         block = b"\r\n".join(lines)
     return Upgrade(parts[0].decode("ascii", "surrogateescape"),
-                   parts[1].decode("ascii", "surrogateescape"), block)
+                   parts[1].decode("ascii", "surrogateescape"), block, handshake)
 
 
 def accepting(response: Response, default_headers: Iterable[tuple[bytes, bytes]],
@@ -272,7 +266,7 @@ class SocketAdmission(SocketState):
         if not self._endpoint.serves(upgrade.path):
             self._hand_on(data, *server[1:])
             return
-        request = Request(upgrade.path, WsHeaders(upgrade.handshake_headers()), upgrade.method)
+        request = Request(upgrade.path, WsHeaders(upgrade.handshake), upgrade.method)
         # websockets validates the handshake and negotiates the extensions
         # (only now is it known whether this socket's frames are compressed).
         response = self.conn.accept(request)
