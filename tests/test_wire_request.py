@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 from websockets.datastructures import Headers as WsHeaders
-from websockets.http11 import Request
+from websockets.exceptions import HeaderLineTooLong, RequestLineTooLong, TooManyHeaders
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request
 from websockets.server import ServerProtocol
 
 from service_engine.server.wire_admission import WireRequest, accepting, read_upgrade
@@ -116,6 +117,27 @@ def test_bytes_not_an_upgrade_head_are_refused(data: bytes) -> None:
     """What is not a request line and ``name: value`` lines is a ValueError."""
     with pytest.raises(ValueError):
         read_upgrade(data)
+
+
+@pytest.mark.parametrize(("data", "refused"), [
+    (b"GET /" + b"a" * MAX_LINE_LENGTH + b" HTTP/1.1\r\n\r\n", RequestLineTooLong),
+    (b"GET / HTTP/1.1\r\nx: " + b"a" * MAX_LINE_LENGTH + b"\r\n\r\n", HeaderLineTooLong),
+    (b"GET / HTTP/1.1\r\n" + b"x: y\r\n" * (MAX_NUM_HEADERS + 1) + b"\r\n", TooManyHeaders),
+])
+def test_an_upgrade_past_websockets_bounds_is_refused_as_its_parser_refuses_it(
+    data: bytes, refused: type[Exception]
+) -> None:
+    """A request line or a header line longer than websockets' line bound,
+    or more headers than its bound, raise websockets' own error, as its
+    parser does for the same bytes; at the bounds it is read."""
+    with pytest.raises(refused):
+        read_upgrade(data)
+    parser = ServerProtocol()
+    parser.receive_data(data)
+    assert isinstance(parser.handshake_exc, refused)
+    at_bound = b"GET / HTTP/1.1\r\n" + b"x: y\r\n" * (MAX_NUM_HEADERS - 1) + (
+        b"x: " + b"a" * (MAX_LINE_LENGTH - 5) + b"\r\n\r\n")
+    assert len(read_upgrade(at_bound).block.split(b"\r\n")) == MAX_NUM_HEADERS
 
 
 def test_the_101_is_websockets_answer_with_the_servers_headers() -> None:

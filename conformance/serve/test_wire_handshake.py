@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS
+
 from service_engine import Database
 from service_engine.graphql import graphql_app
 
@@ -32,8 +34,9 @@ async def test_an_invalid_upgrade_gets_websockets_refusal_and_holds_no_socket(
     db: Database,
 ) -> None:
     """An upgrade to the ws path that is not a valid WebSocket handshake (a
-    key that is not 16 bytes of base64, no version, version 8, a POST) is
-    answered with websockets' own refusal (400 / 426 / 405 and its text) and
+    key that is not 16 bytes of base64, no version, version 8, more headers
+    or a longer header line than websockets' bounds, a POST) is answered
+    with websockets' own refusal (400 / 431 / 405 and its text) and
     closed; a valid one right after is served (101, its accept key and
     subprotocol), and the pod counts no socket for the refused ones."""
     key = "dGhlIHNhbXBsZSBub25jZQ=="
@@ -50,6 +53,12 @@ async def test_an_invalid_upgrade_gets_websockets_refusal_and_holds_no_socket(
                  b"HTTP/1.1 400 Bad Request", b"Sec-WebSocket-Version"),
                 (base + f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 8\r\n\r\n",
                  b"HTTP/1.1 400 Bad Request", b"Sec-WebSocket-Version"),
+                (base + "".join(f"X-Extra-{i}: {i}\r\n" for i in range(MAX_NUM_HEADERS))
+                 + f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n",
+                 b"HTTP/1.1 431 Request Header Fields Too Large", b"headers"),
+                (base + "X-Long: " + "a" * MAX_LINE_LENGTH
+                 + f"\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n",
+                 b"HTTP/1.1 431 Request Header Fields Too Large", b"bytes"),
                 (base.replace("GET ", "POST ", 1)
                  + f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n",
                  b"HTTP/1.1 405 Method Not Allowed", b"Failed to open a WebSocket connection"),

@@ -24,7 +24,13 @@ from uvicorn.config import WS_PROTOCOLS
 from uvicorn.importer import import_from_string
 from uvicorn.server import ServerState
 from websockets.datastructures import Headers as WsHeaders
-from websockets.http11 import Request, Response
+from websockets.exceptions import (
+    HeaderLineTooLong,
+    RequestLineTooLong,
+    SecurityError,
+    TooManyHeaders,
+)
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request, Response
 
 from . import wire_protocol as wp
 from .app import (
@@ -72,18 +78,29 @@ def read_upgrade(data: bytes) -> Upgrade:
     bytes, to the ``ws`` protocol it builds: its request line, then one
     ``name: value`` line per header, names lowercased, then an empty line
     (uvicorn writes it from what httptools parsed, so it is read here, not
-    parsed again by websockets). Raises ValueError for bytes not of that form."""
+    parsed again by websockets). Raises ValueError for bytes not of that
+    form, and websockets' own `RequestLineTooLong`, `HeaderLineTooLong` and
+    `TooManyHeaders` past its bounds (``MAX_LINE_LENGTH`` bytes a line with
+    its CRLF, ``MAX_NUM_HEADERS`` headers), as its parser would."""
     head, found, _ = data.partition(b"\r\n\r\n")
     if not found:
         raise ValueError("the request's head is not terminated")
     line, _, block = head.partition(b"\r\n")
+    if len(line) + 2 > MAX_LINE_LENGTH:
+        raise RequestLineTooLong(
+            f"read {len(line) + 2} bytes, expected no more than {MAX_LINE_LENGTH} bytes")
     parts = line.split(b" ")
     if len(parts) != 3 or not parts[0] or not parts[1]:
         raise ValueError("the request line is not method, target and version")
     lines = block.split(b"\r\n") if block else []
+    if len(lines) > MAX_NUM_HEADERS:
+        raise TooManyHeaders(f"expected no more than {MAX_NUM_HEADERS} headers")
     lowered = False
     handshake: list[tuple[str, str]] = []
     for at, header in enumerate(lines):
+        if len(header) + 2 > MAX_LINE_LENGTH:
+            raise HeaderLineTooLong(
+                f"read {len(header) + 2} bytes, expected no more than {MAX_LINE_LENGTH} bytes")
         name, colon, value = header.partition(b": ")
         if not colon or not name:
             raise ValueError(f"header line {at + 1} is not 'name: value'")
@@ -259,9 +276,13 @@ class SocketAdmission(SocketState):
         self._server = None
         try:
             upgrade = read_upgrade(data)
-        except ValueError as exc:
+        except (ValueError, SecurityError) as exc:
+            # websockets' answers to a request its parser refuses.
+            status = (http.HTTPStatus.REQUEST_URI_TOO_LONG if isinstance(exc, RequestLineTooLong)
+                      else http.HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE
+                      if isinstance(exc, SecurityError) else http.HTTPStatus.BAD_REQUEST)
             self._send_response_and_close(self.conn.reject(
-                http.HTTPStatus.BAD_REQUEST, f"Failed to open a WebSocket connection: {exc}.\n"))
+                status, f"Failed to open a WebSocket connection: {exc}.\n"))
             return
         if not self._endpoint.serves(upgrade.path):
             self._hand_on(data, *server[1:])
