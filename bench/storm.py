@@ -20,7 +20,8 @@ defaults (``ws_max_sockets`` not raised), and:
   (and the p50 / max of when the upgrade was answered and the
   ``connection_ack`` came),
   and the service's CPU seconds (user + sys) from the burst's start until
-  every socket was live (``cpu_s``) and per attach (``cpu_ms_per_attach``),
+  every socket was live (``cpu_s``; its sys part, the kernel's work on the
+  sockets, ``sys_s``) and per attach (``cpu_ms_per_attach``),
   and this process's (the client's) and Postgres's over the same time
   (``client_cpu_s``, ``postgres_cpu_s``).
 * leak: ``--cycles`` cycles of opening ``--cycle-sockets`` sessions at once
@@ -267,7 +268,7 @@ async def storm(svc: Service, count: int, n_orgs: int, tag: str,
     """``count`` sockets opened at once; when each got its first frame."""
     orgs = [f"{tag}o{j}" for j in range(n_orgs)]
     frames = Frames(svc.addr)
-    cpu0, own0, pg0 = svc.cpu(), time.process_time(), postgres_cpu(svc)
+    cpu0, sys0, own0, pg0 = svc.cpu(), svc.sys_cpu(), time.process_time(), postgres_cpu(svc)
     begin = time.perf_counter()
     connecting = [asyncio.ensure_future(open_storm_socket(frames, f"{tag}u{i}", orgs[i % n_orgs]))
                   for i in range(count)]
@@ -283,6 +284,7 @@ async def storm(svc: Service, count: int, n_orgs: int, tag: str,
         await asyncio.wait_for(asyncio.gather(*(s.live for s in sockets),
                                               return_exceptions=True), 120)
     cpu, own, pg = svc.cpu() - cpu0, time.process_time() - own0, postgres_cpu(svc) - pg0
+    sys_cpu = svc.sys_cpu() - sys0
     if watch is not None:
         watch.cancel()
     live = [s for s in sockets
@@ -301,7 +303,7 @@ async def storm(svc: Service, count: int, n_orgs: int, tag: str,
             "p50_s": round(pct(firsts, 0.5), 3), "p99_s": round(pct(firsts, 0.99), 3),
             "upgraded_p50_max_s": (round(pct(upgraded, 0.5), 3), round(max(upgraded), 3)),
             "acked_p50_max_s": (round(pct(acked, 0.5), 3), round(max(acked), 3)),
-            "cpu_s": round(cpu, 2),
+            "cpu_s": round(cpu, 2), "sys_s": round(sys_cpu, 2),
             "cpu_ms_per_attach": round(cpu / max(1, len(firsts)) * 1e3, 3),
             "client_cpu_s": round(own, 2), "postgres_cpu_s": round(pg, 2),
             "rss_held_mb": round(rss, 1)}

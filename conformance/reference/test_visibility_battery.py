@@ -43,6 +43,7 @@ from service_engine.impacts.model import canonical_json
 from service_engine.lanes import PresenceEntry
 from service_engine.persistence import keys as event_keys
 from service_engine.render import Reset
+from service_engine.render.attached import PopulateCx
 from service_engine.render.projector import check_window_matches_visibility
 
 from ..blackbox.harness import provision_kv, provision_lanes
@@ -220,6 +221,29 @@ async def test_every_reference_window_matches_its_visibility(
         assert hidden_somewhere == {n for n, spec in specs.items() if not spec.rls}
         zoe_boards = await _window_keys(run, principals[2], BOARDS, specs[BOARDS])
         assert zoe_boards == [canonical_json("b-acme")]
+        await _populate_many_lists_each_populate(run, principals, specs)
+
+
+async def _populate_many_lists_each_populate(
+    run: Running, principals: list[Principal], specs: dict[str, Window]
+) -> None:
+    """Every cohort-gated reference projector's `Projector.populate_many`
+    (an attach burst's windows read together) lists, for each principal's
+    window, what its `populate` lists for it alone."""
+    registry = run.engine.render
+    for name, spec in specs.items():
+        if spec.rls:
+            continue
+        projector = registry.projector(name)
+        async with registry.reading(projector, None, None) as conn:
+            windows = [
+                (PopulateCx(p, None, projector.VISIBILITY.window(p), conn), spec.query)
+                for p in principals * 3
+            ]
+            together = [list(keys) for keys in await projector.populate_many(windows)]
+            alone = [list(await projector.populate(cx, query)) for cx, query in windows]
+        assert together == alone, name
+        assert any(together), name
 
 
 async def _known(db: Database, person_id: str) -> bool:

@@ -164,7 +164,8 @@ async def test_an_upgrade_waiting_for_a_handshake_slot_holds_no_parsed_request_n
     db: Database, endpoints: list[WireEndpoint]
 ) -> None:
     """With ws_max_handshakes=1 an upgrade waiting for the slot is unanswered
-    and holds neither a response nor a task of its own; one whose peer leaves while it waits is
+    and holds neither a parsed request or response nor a task of its own
+    (only its 101, as it will be written); one whose peer leaves while it waits is
     skipped; the next is answered once the slot frees and serves normally."""
     async with (
         running_engine(db, ws_max_handshakes=1) as engine,
@@ -183,8 +184,9 @@ async def test_an_upgrade_waiting_for_a_handshake_slot_holds_no_parsed_request_n
         second = asyncio.ensure_future(ws_connect(addr, ALICE.to_header()).__aenter__())
         await wait_until(lambda: len(gate.unanswered) == 2, what="the second upgrade waiting")
         for socket in gate.unanswered:
-            assert socket.response is None
-            assert socket._admitting is None and socket._unanswered
+            assert socket._admitting is None
+            assert isinstance(socket._unanswered, bytes)
+            assert socket._unanswered.startswith(b"HTTP/1.1 101 Switching Protocols\r\n")
         leaving.close()
         await wait_until(lambda: gate.unanswered[0]._lost, what="the raw upgrade's peer gone")
         assert not second.done()

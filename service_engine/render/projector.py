@@ -7,7 +7,9 @@ renders, the ``STORE`` its rows load through (the engine calls the store's
 implements two methods:
 
 * ``async populate(cx, query)`` lists a window's keys in order, reading
-  through the `Populate` context (a cursor when paging back);
+  through the `Populate` context (a cursor when paging back); optionally
+  ``async populate_many(windows)`` lists many sessions' windows in one
+  statement (a burst of attaches reads them together);
 * ``project(row, principal)`` turns one visible row into the principal's view.
 
 Visibility is declared once (`Visibility`: ``cohorts(row)`` and
@@ -285,6 +287,27 @@ class Projector(ABC, Generic[RowT, ViewT, PrincipalT, QueryT]):
         if window is None:
             raise NotImplementedError(f"{type(self).__qualname__} declares no WINDOW")
         return await window.keys(cx, getattr(query, "limit", None))
+
+    async def populate_many(
+        self, windows: Sequence[tuple[Populate[PrincipalT], QueryT]]
+    ) -> Sequence[Sequence[JsonValue]]:
+        """List several sessions' windows at once: for each ``(cx, query)``
+        of ``windows``, in the same order, the keys `populate` lists for it.
+
+        The engine calls it when sessions of this projector attach or are
+        re-snapshotted together (a reconnect burst): every ``cx`` reads
+        through the same ``cx.conn``, inside one read transaction. The
+        default lists a declared ``WINDOW``'s windows in one statement, and
+        otherwise calls `populate` for each in turn (one statement each).
+        Override it when your `populate` can read many windows in one query;
+        the result must be what `populate` would list for each.
+        """
+        window = type(self).WINDOW
+        if window is not None and type(self).populate is Projector.populate:
+            return await window.keys_many(
+                [cx for cx, _ in windows], [getattr(query, "limit", None) for _, query in windows]
+            )
+        return [await self.populate(cx, query) for cx, query in windows]
 
     @abstractmethod
     def project(self, row: RowT, principal: PrincipalT) -> ViewT:

@@ -31,7 +31,13 @@ from ..config import EngineConfig
 from ..db.errors import Stage, translating
 from ..db.pool import Database
 from ..db.types import Conn
-from ..failures import AttachError, AttachShuttingDown, DuplicateRegistration, EngineError
+from ..failures import (
+    AttachError,
+    AttachShuttingDown,
+    ConfigError,
+    DuplicateRegistration,
+    EngineError,
+)
 from ..impacts.model import JsonValue, canonical_json
 from ..impacts.watched import WatchedNouns
 from ..logs import in_session
@@ -407,6 +413,42 @@ class RenderRegistry:
         cx = PopulateCx(principal, cursor, rec.projector.VISIBILITY.window(principal), conn)
         return keyed(await rec.projector.populate(cx, session.membership.query))
 
+    async def _populate_many(
+        self, conn: Conn, proj: Projector[Any, Any, Any, Any], recs: Sequence[AttachedSession]
+    ) -> list[dict[KeyText, JsonValue] | None]:
+        """Each session's head window (None for a `Keys` window, which has no
+        populate), read by one `Projector.populate_many` call. Sessions of
+        one cohort with the same memberships and window query see the same
+        rows: their window is asked for once."""
+        asks: list[tuple[PopulateCx, Any]] = []
+        slots: list[int | None] = []
+        shared: dict[Hashable, int] = {}
+        for rec in recs:
+            session = rec.session
+            if not session.membership.populates:
+                slots.append(None)
+                continue
+            key = populate_key(rec)
+            slot = shared.get(key) if key is not None else None
+            if slot is None:
+                slot = len(asks)
+                principal = session.principal
+                asks.append((PopulateCx(principal, None, proj.VISIBILITY.window(principal), conn),
+                             session.membership.query))
+                if key is not None:
+                    shared[key] = slot
+            slots.append(slot)
+        if not asks:
+            return [None] * len(recs)
+        lists = await proj.populate_many(asks)
+        if len(lists) != len(asks):
+            raise ConfigError(
+                f"projector {proj.NAME!r}: populate_many listed {len(lists)} windows "
+                f"for the {len(asks)} it was asked for"
+            )
+        windows = [keyed(keys) for keys in lists]
+        return [None if slot is None else windows[slot] for slot in slots]
+
     @staticmethod
     async def load(
         conn: Conn, proj: Projector[Any, Any, Any, Any], keys: Mapping[KeyText, JsonValue],
@@ -604,25 +646,12 @@ class RenderRegistry:
     ) -> None:
         """Snapshot ``recs`` (snapshot begun; ``states`` their states before
         it) in one transaction and complete each (those not ended meanwhile)."""
-        populated: list[dict[KeyText, JsonValue] | None] = []
         scopes: list[dict[KeyText, JsonValue]] = []
         union: dict[KeyText, JsonValue] = {}
-        # Sessions of one cohort with the same memberships and window query
-        # see the same rows: one populate serves them all.
-        shared: dict[Hashable, dict[KeyText, JsonValue]] = {}
         async with self.reading(proj, None, None) as conn:
-            for rec in recs:
-                session = rec.session
-                found: dict[KeyText, JsonValue] | None = None
-                if session.membership.populates:
-                    key = populate_key(rec)
-                    found = shared.get(key) if key is not None else None
-                    if found is None:
-                        found = await self.populate(conn, rec, None)
-                        if key is not None:
-                            shared[key] = found
-                keys = session.snapshot_keys(found)
-                populated.append(found)
+            populated = await self._populate_many(conn, proj, recs)
+            for rec, window in zip(recs, populated, strict=True):
+                keys = rec.session.snapshot_keys(window)
                 scopes.append(keys)
                 union.update(keys)
             rows = await self.load(conn, proj, union, tally)

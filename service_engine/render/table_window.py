@@ -126,6 +126,79 @@ class TableWindow:
         """The limit of a page: ``asked``, clamped to ``1..limit``."""
         return self.limit if asked is None else max(1, min(asked, self.limit))
 
+    def many_sql(self, value_type: str) -> str:
+        """The head pages of many windows in one query: ``$1`` the windows'
+        numbers, ``$2`` their limits, ``$3`` the cohort values of all of them
+        (of the cohort column's type, ``value_type``) and ``$4`` the number
+        of the window each value is of. Rows: each window's ``n`` and
+        ``key``, a window's keys in its order."""
+        if self.cohort is None:
+            raise ConfigError(f"the window of {self.table} has no cohort column to filter by")
+        t = _ident(self.table)
+        direction = " DESC" if self.descending else ""
+        cols = ", ".join(f"t.{_ident(c)} AS o{i}" for i, c in enumerate(self.order))
+        return (
+            f"SELECT w.n AS n, k.key AS key FROM unnest($1::int[], $2::int[]) AS w(n, lim) "
+            f"CROSS JOIN LATERAL (SELECT ARRAY(SELECT v.value FROM "
+            f"unnest($3::{value_type}[], $4::int[]) AS v(value, n) WHERE v.n = w.n) AS vals) AS a "
+            f"CROSS JOIN LATERAL (SELECT t.{_ident(self.key)} AS key, {cols} FROM {t} AS t "
+            f"WHERE t.{_ident(self.cohort)} = ANY(a.vals) "
+            f"ORDER BY {', '.join(f't.{_ident(c)}{direction}' for c in self.order)} "
+            f"LIMIT w.lim) AS k "
+            f"ORDER BY w.n, {', '.join(f'k.o{i}{direction}' for i in range(len(self.order)))}"
+        )
+
+    async def keys_many(
+        self, cxs: Sequence[PageContext], asked: Sequence[int | None]
+    ) -> list[Sequence[JsonValue]]:
+        """The page of each of ``cxs`` (``asked[i]`` the limit ``cxs[i]``
+        asks for), as `keys` lists it; all read through one connection.
+        The head pages filtered by cohort are read in one statement; a page
+        after a cursor, or with no cohort filter, is read by itself (an
+        unfiltered head page once per limit)."""
+        pages: list[Sequence[JsonValue] | None] = [None] * len(cxs)
+        together = [i for i, cx in enumerate(cxs)
+                    if cx.cursor is None and cx.cohorts is not None and self.cohort is not None]
+        if together:
+            conn = cxs[together[0]].conn
+            # The column's type, for the values' array (the query's one
+            # parameter typed by the column, as ``= ANY($1)`` is in `sql`).
+            value_type = await conn.fetchval(
+                "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute AS a "
+                "WHERE a.attrelid = $1::regclass AND a.attname = $2 AND NOT a.attisdropped",
+                _ident(self.table), self.cohort,
+            )
+            if value_type is None:
+                together = []  # no such column: each page's own query says so
+            else:
+                values: list[Any] = []
+                owners: list[int] = []
+                for n, i in enumerate(together):
+                    found = cohort_values(cxs[i].cohorts, self.kind)
+                    values.extend(found)
+                    owners.extend([n] * len(found))
+                rows = await conn.fetch(
+                    self.many_sql(value_type), list(range(len(together))),
+                    [self.page_size(asked[i]) for i in together], values, owners,
+                )
+                lists: list[list[JsonValue]] = [[] for _ in together]
+                for row in rows:
+                    lists[row["n"]].append(row["key"])
+                for n, i in enumerate(together):
+                    pages[i] = lists[n]
+        heads: dict[int, Sequence[JsonValue]] = {}
+        for i, cx in enumerate(cxs):
+            if pages[i] is not None:
+                continue
+            if cx.cursor is None and (cx.cohorts is None or self.cohort is None):
+                size = self.page_size(asked[i])
+                if size not in heads:
+                    heads[size] = await self.keys(cx, size)
+                pages[i] = heads[size]
+            else:
+                pages[i] = await self.keys(cx, asked[i])
+        return [page if page is not None else [] for page in pages]
+
     async def keys(self, cx: PageContext, asked: int | None = None) -> Sequence[JsonValue]:
         """The page's keys for ``cx`` (its cohorts, its cursor)."""
         filtered = cx.cohorts is not None and self.cohort is not None

@@ -5,7 +5,9 @@ connection, not an ASGI app.
 protocol option (``host.http_config``): on every upgrade uvicorn's HTTP
 protocol builds one (keywords ``config``, ``server_state``, ``app_state``),
 sets it on the transport and feeds it the upgrade's bytes. The socket
-parses them with websockets' Sans-I/O `ServerProtocol`; an upgrade on
+reads them (`wire_admission.read_upgrade`: uvicorn already parsed them)
+and answers through websockets' Sans-I/O `ServerProtocol`, which then
+parses the frames; an upgrade on
 another path is handed to uvicorn's own websockets-sansio protocol. From
 then on: frames in, each message's step decided by the pure
 `service_engine.server.wire_protocol` (Strawberry's handler's decisions,
@@ -32,7 +34,7 @@ from websockets.exceptions import InvalidState, PayloadTooBig
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.frames import Close as CloseFrame
 from websockets.frames import Frame, Opcode
-from websockets.http11 import Request, Response
+from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
 
 from . import wire_protocol as wp
@@ -96,9 +98,9 @@ class WireEndpoint:
             drains = self._drains = Drains(loop)
         return drains
 
-    def serves(self, request: Request) -> bool:
-        """Whether the upgrade ``request`` is for this endpoint."""
-        return unquote(request.path.partition("?")[0]) == self.path
+    def serves(self, target: str) -> bool:
+        """Whether an upgrade to ``target`` (a path and its query) is for this endpoint."""
+        return unquote(target.partition("?")[0]) == self.path
 
     def protocol_class(self) -> type[WireSocket]:
         """The protocol class uvicorn builds on every WebSocket upgrade
@@ -132,8 +134,11 @@ class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWrite
                 server_max_window_bits=12, client_max_window_bits=12,
                 compress_settings={"memLevel": 5},
             ))
+        # Open from the start: the upgrade is read from uvicorn's bytes and
+        # answered through `ServerProtocol.accept` (`SocketAdmission._upgrade`),
+        # websockets' parser reads frames only.
         self.conn = ServerProtocol(
-            extensions=extensions, max_size=config.ws_max_size,
+            extensions=extensions, max_size=config.ws_max_size, state=OPEN,
             logger=logging.getLogger("uvicorn.error"),
         )
         self.connections: set[Any] = server_state.connections
@@ -172,31 +177,24 @@ class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWrite
         self._closed = False
         self._lost = False
         self._upgraded = False
-        # Until the upgrade is parsed: what another path's socket is handed
+        # Until the upgrade is read: what another path's socket is handed
         # (`_hand_on`), the bytes read so far and the server's arguments.
         self._server: tuple[bytes, uvicorn.Config, ServerState, dict[str, Any]] | None = (
             b"", config, server_state, app_state)
         self.context: GraphQLContext[Any] | None = None
         self.subprotocol: str | None = None
         self.request: WireRequest | None = None
-        self.response: Response | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        server = self._server
-        if server is not None:
-            self._server = (server[0] + data, *server[1:])
+        if not self._upgraded:
+            self._upgrade(data)
+            return
         conn = self.conn
         conn.receive_data(data)
-        if not self._upgraded and conn.handshake_exc is not None:
-            # Not an upgrade websockets can parse: its own answer, if any.
-            self._closed = True
-            self._flush()
-            self.transport.close()
-            return
         if conn.parser_exc is not None:
             self._parser_failed(conn.parser_exc)
             return
@@ -206,10 +204,8 @@ class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWrite
             self.handle_event(event)
 
     def handle_event(self, event: Any) -> None:
-        """One event of the parser: the upgrade, then frames."""
+        """One event of the parser: a frame."""
         if not isinstance(event, Frame):
-            if isinstance(event, Request) and not self._upgraded:
-                self._upgrade(event)
             return
         opcode = event.opcode
         payload = cast(bytes, event.data)
@@ -273,7 +269,7 @@ class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWrite
         if self._closed:
             self._close_now()
             return
-        if self.response is not None or self._unanswered is not None:
+        if self._unanswered is not None:
             # Still waiting for a handshake slot: 500, as uvicorn answers.
             self._unanswered = None
             self._send_response_and_close(self.conn.reject(500, "Internal Server Error"))

@@ -13,7 +13,7 @@ import logging
 import sys
 from collections import deque
 from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import uvicorn
 from starlette.datastructures import Headers
@@ -24,7 +24,13 @@ from uvicorn.config import WS_PROTOCOLS
 from uvicorn.importer import import_from_string
 from uvicorn.server import ServerState
 from websockets.datastructures import Headers as WsHeaders
-from websockets.http11 import Request, Response
+from websockets.exceptions import (
+    HeaderLineTooLong,
+    RequestLineTooLong,
+    SecurityError,
+    TooManyHeaders,
+)
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request, Response
 
 from . import wire_protocol as wp
 from .app import (
@@ -35,27 +41,111 @@ from .app import (
 )
 from .wire_state import GATE_HOLDING, GATE_NONE, GATE_WAITING, SocketState, close_args, encoded
 
-__all__ = ["TURN_AFTER_ACK", "AttachGate", "SocketAdmission", "WireRequest"]
+__all__ = [
+    "TURN_AFTER_ACK",
+    "AttachGate",
+    "SocketAdmission",
+    "Upgrade",
+    "WireRequest",
+    "accepting",
+    "read_upgrade",
+]
 
 _log = logging.getLogger(__name__)
+
+
+class Upgrade(NamedTuple):
+    """An upgrade request as uvicorn hands it to the ``ws`` protocol
+    (`read_upgrade`): its method, its target and its header lines."""
+
+    method: str
+    path: str
+    """The request target (the path and its query)."""
+    block: bytes
+    """The header lines, ``name: value`` each (names lowercased), joined by CRLF."""
+    handshake: list[tuple[str, str]]
+    """The headers websockets' ``ServerProtocol.accept`` reads (``Connection``,
+    ``Upgrade``, ``Origin`` and the ``Sec-WebSocket-*`` ones), in order: the
+    others (the passport among them) are read from `WireRequest`, not
+    copied into websockets' headers."""
+
+
+_HANDSHAKE_HEADERS = frozenset({b"connection", b"upgrade", b"origin"})
+
+
+def read_upgrade(data: bytes) -> Upgrade:
+    """The upgrade request uvicorn's HTTP protocol parsed and hands on, as
+    bytes, to the ``ws`` protocol it builds: its request line, then one
+    ``name: value`` line per header, names lowercased, then an empty line
+    (uvicorn writes it from what httptools parsed, so it is read here, not
+    parsed again by websockets). Raises ValueError for bytes not of that
+    form, and websockets' own `RequestLineTooLong`, `HeaderLineTooLong` and
+    `TooManyHeaders` past its bounds (``MAX_LINE_LENGTH`` bytes a line with
+    its CRLF, ``MAX_NUM_HEADERS`` headers), as its parser would."""
+    head, found, _ = data.partition(b"\r\n\r\n")
+    if not found:
+        raise ValueError("the request's head is not terminated")
+    line, _, block = head.partition(b"\r\n")
+    if len(line) + 2 > MAX_LINE_LENGTH:
+        raise RequestLineTooLong(
+            f"read {len(line) + 2} bytes, expected no more than {MAX_LINE_LENGTH} bytes")
+    parts = line.split(b" ")
+    if len(parts) != 3 or not parts[0] or not parts[1]:
+        raise ValueError("the request line is not method, target and version")
+    lines = block.split(b"\r\n") if block else []
+    if len(lines) > MAX_NUM_HEADERS:
+        raise TooManyHeaders(f"expected no more than {MAX_NUM_HEADERS} headers")
+    lowered = False
+    handshake: list[tuple[str, str]] = []
+    for at, header in enumerate(lines):
+        if len(header) + 2 > MAX_LINE_LENGTH:
+            raise HeaderLineTooLong(
+                f"read {len(header) + 2} bytes, expected no more than {MAX_LINE_LENGTH} bytes")
+        name, colon, value = header.partition(b": ")
+        if not colon or not name:
+            raise ValueError(f"header line {at + 1} is not 'name: value'")
+        if name.lower() != name:
+            name = name.lower()
+            lines[at] = name + header[len(name):]
+            lowered = True
+        if name in _HANDSHAKE_HEADERS or name.startswith(b"sec-websocket-"):
+            handshake.append((name.decode("latin-1"), value.decode("latin-1")))
+    if lowered:
+        block = b"\r\n".join(lines)
+    return Upgrade(parts[0].decode("ascii", "surrogateescape"),
+                   parts[1].decode("ascii", "surrogateescape"), block, handshake)
+
+
+def accepting(response: Response, default_headers: Iterable[tuple[bytes, bytes]],
+              subprotocol: str | None) -> bytes:
+    """The 101 written for websockets' accepting ``response`` (from
+    ``ServerProtocol.accept``): its status line and headers but its Date,
+    then the server's default headers (uvicorn's date and server), then the
+    subprotocol chosen: the bytes uvicorn's own protocol writes."""
+    lines = [f"HTTP/1.1 {response.status_code} {response.reason_phrase}"]
+    lines += [f"{name}: {value}" for name, value in response.headers.raw_items()
+              if name.lower() != "date"]
+    lines += [f"{name.decode('latin-1').lower()}: {value.decode('latin-1')}"
+              for name, value in default_headers]
+    if subprotocol:
+        lines.append(f"Sec-WebSocket-Protocol: {subprotocol}")
+    lines.append("\r\n")
+    return "\r\n".join(lines).encode()
 
 
 class WireRequest:
     """What a resolver reads of the upgrade as ``info.context.request``: its
     headers (`starlette.datastructures.Headers`), path and client.
 
-    The headers are kept as one bytes object (``name: value`` lines, names
-    lowercased) and parsed when read: a socket holds one object, not a
-    tuple and two bytes per header, for headers read once (the passport,
-    at ``connection_init``)."""
+    The headers are kept as the one bytes object of the upgrade's header
+    lines (`Upgrade.block`: ``name: value`` lines, names lowercased) and
+    parsed when read: a socket holds one object, not a tuple and two bytes
+    per header, for headers read once (the passport, at ``connection_init``)."""
 
     __slots__ = ("_headers", "client", "path")
 
-    def __init__(self, headers: Iterable[tuple[str, str]], path: str,
-                 client: tuple[str, int] | None) -> None:
-        self._headers = "\r\n".join(
-            [f"{key.lower()}: {value}" for key, value in headers]
-        ).encode("latin-1")
+    def __init__(self, block: bytes, path: str, client: tuple[str, int] | None) -> None:
+        self._headers = block
         self.path = path
         self.client = client
 
@@ -142,9 +232,6 @@ class AttachGate:
         self.free += 1
 
 
-_SWITCHING = http.HTTPStatus.SWITCHING_PROTOCOLS.phrase
-"""The reason phrase of a 101 (websockets' ``accept`` answers with it)."""
-
 TURN_AFTER_ACK = 2.0
 """Seconds an acknowledged socket keeps its attach turn waiting for its
 first operation's first answer (at most the init timeout): a socket that
@@ -176,14 +263,39 @@ class SocketAdmission(SocketState):
         self.transport.set_protocol(other)
         other.data_received(head)
 
-    def _upgrade(self, request: Request) -> None:
-        """The upgrade request parsed: answer it (`_answer`) or refuse it."""
-        self._upgraded = True
-        server, self._server = self._server, None
-        if not self._endpoint.serves(request):
-            assert server is not None
-            self._hand_on(*server)
+    def _upgrade(self, data: bytes) -> None:
+        """The upgrade's bytes as uvicorn hands them (`read_upgrade`): answer
+        it (`_answer`), refuse it, or hand it on when it is for another path."""
+        server = self._server
+        assert server is not None
+        data = server[0] + data if server[0] else data
+        if b"\r\n\r\n" not in data:
+            self._server = (data, *server[1:])  # (uvicorn hands it whole)
             return
+        self._upgraded = True
+        self._server = None
+        try:
+            upgrade = read_upgrade(data)
+        except (ValueError, SecurityError) as exc:
+            # websockets' answers to a request its parser refuses.
+            status = (http.HTTPStatus.REQUEST_URI_TOO_LONG if isinstance(exc, RequestLineTooLong)
+                      else http.HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE
+                      if isinstance(exc, SecurityError) else http.HTTPStatus.BAD_REQUEST)
+            self._send_response_and_close(self.conn.reject(
+                status, f"Failed to open a WebSocket connection: {exc}.\n"))
+            return
+        if not self._endpoint.serves(upgrade.path):
+            self._hand_on(data, *server[1:])
+            return
+        request = Request(upgrade.path, WsHeaders(upgrade.handshake), upgrade.method)
+        # websockets validates the handshake and negotiates the extensions
+        # (only now is it known whether this socket's frames are compressed).
+        response = self.conn.accept(request)
+        if response.status_code != 101:
+            # Not a valid upgrade (websockets' own refusal, as uvicorn sends it).
+            self._send_response_and_close(response)
+            return
+        self._deflate = bool(self.conn.extensions)
         # The path is the endpoint's, and the peer's host one string per
         # host: shared, not one copy per socket.
         client = self.transport.get_extra_info("peername")
@@ -191,20 +303,10 @@ class SocketAdmission(SocketState):
             client = (sys.intern(str(client[0])), int(client[1]))
         else:
             client = None
-        self.request = WireRequest(request.headers.raw_items(), self._endpoint.path, client)
-        self.response = self.conn.accept(request)
-        # websockets negotiates the extensions in accept: only now is it known
-        # whether this socket's frames are compressed.
-        self._deflate = bool(self.conn.extensions)
-        self._answer(request)
+        self.request = WireRequest(upgrade.block, self._endpoint.path, client)
+        self._answer(request, response)
 
-    def _answer(self, request: Request) -> None:
-        response = self.response
-        assert response is not None
-        if response.status_code != 101:
-            # Not a valid upgrade (websockets' own refusal, as uvicorn sends it).
-            self._send_response_and_close(response)
-            return
+    def _answer(self, request: Request, response: Response) -> None:
         view = self._endpoint.view
         if view.engine.shutting_down:
             # A pod that is shutting down takes no new session: 403.
@@ -213,10 +315,14 @@ class SocketAdmission(SocketState):
         offered: list[str] = []
         for header in request.headers.get_all("Sec-WebSocket-Protocol"):
             offered.extend(token.strip() for token in header.split(","))
+        subprotocol = (GRAPHQL_TRANSPORT_WS_PROTOCOL
+                       if GRAPHQL_TRANSPORT_WS_PROTOCOL in offered else None)
+        # The 101 as it is written, built once: a burst that holds every
+        # handshake slot waits with it alone (the parsed request and
+        # websockets' response are not kept: thousands of sockets wait here).
+        answer = accepting(response, self._default_headers(), subprotocol)
         if view.open_sockets >= self._endpoint.config.ws_max_sockets:
-            protocol = (GRAPHQL_TRANSPORT_WS_PROTOCOL
-                        if GRAPHQL_TRANSPORT_WS_PROTOCOL in offered else None)
-            self._accept(protocol)
+            self._accept(answer)
             self.close(
                 TRY_AGAIN_LATER_CLOSE_CODE,
                 f"{EdgeRefusal.TOO_MANY_SOCKETS}: this pod holds ws_max_sockets "
@@ -225,49 +331,34 @@ class SocketAdmission(SocketState):
             return
         view.open_sockets += 1
         self._counted = True
-        self.subprotocol = (GRAPHQL_TRANSPORT_WS_PROTOCOL
-                            if GRAPHQL_TRANSPORT_WS_PROTOCOL in offered else None)
+        self.subprotocol = subprotocol
         slots = view.handshakes
         if not slots.full() and not self._endpoint.gate(self.loop).unanswered:
             slots.take()
             self._slot = True
-            self._admitted()
+            self._admitted(answer)
             return
         # A burst holds every slot: wait for one, unanswered, holding the
-        # upgrade's headers as `WireRequest`'s one bytes object and the
-        # headers of websockets' accepting response as one string (the
-        # response is rebuilt from them when the slot comes: the handshake
-        # is validated and accepted once). Neither the parsed request (nor
-        # websockets' parser that keeps it) nor the response: thousands of
-        # sockets wait here in a burst, and their parsed headers (~70 small
-        # blocks a socket) would be freed only after the sessions admitted
-        # meanwhile had filled the heap around them.
-        response = self.response
-        assert response is not None
-        self.response = None
-        self._unanswered = "\r\n".join(
-            f"{name}: {value}" for name, value in response.headers.raw_items())
-        # No task: it waits in the endpoint's queue (`_release_slot`).
+        # answer's bytes. No task: it waits in the endpoint's queue
+        # (`_release_slot`).
+        self._unanswered = answer
         self._endpoint.gate(self.loop).unanswered.append(self)
 
     def _slot_taken(self) -> None:
         """A handshake slot came for this unanswered socket (`AttachGate.answer_next`)."""
         self._slot = True
-        headers, self._unanswered = self._unanswered, None
-        assert headers is not None
-        self.response = Response(101, _SWITCHING, WsHeaders(
-            [cast(tuple[str, str], tuple(line.split(": ", 1))) for line in headers.split("\r\n")]
-        ))
-        self._admitted()
+        answer, self._unanswered = self._unanswered, None
+        assert answer is not None
+        self._admitted(answer)
 
-    def _admitted(self) -> None:
+    def _admitted(self, answer: bytes) -> None:
         view = self._endpoint.view
         assert self.request is not None
         if not view.origin_allowed(self.request):
             self._reject()
             self._ended()
             return
-        self._accept(self.subprotocol)
+        self._accept(answer)
         self.context = new_context(
             view.engine, cast(Any, self.request), cast(Any, self), handshake_at=self.loop.time()
         )
@@ -281,20 +372,11 @@ class SocketAdmission(SocketState):
         if self._inbox:
             self._drain_inbox()
 
-    def _accept(self, subprotocol: str | None) -> None:
-        response = self.response
-        assert response is not None
-        self.response = None
-        del response.headers["Date"]
-        headers = [(name.decode("latin-1").lower(), value.decode("latin-1"))
-                   for name, value in self._default_headers()]
-        if subprotocol:
-            headers.append(("Sec-WebSocket-Protocol", subprotocol))
-        response.headers.update(headers)
+    def _accept(self, answer: bytes) -> None:
+        """Write the 101 (`accepting`) and start the keepalive."""
         if self.transport.is_closing():
             return
-        self.conn.send_response(response)
-        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.transport.write(answer)
         self._start_keepalive()
 
     def _default_headers(self) -> list[tuple[bytes, bytes]]:
@@ -306,10 +388,8 @@ class SocketAdmission(SocketState):
         self._send_response_and_close(self.conn.reject(403, ""))
 
     def _send_response_and_close(self, response: Response) -> None:
-        self.response = None
         self._closed = True
-        self.conn.send_response(response)
-        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.transport.write(response.serialize())
         self.transport.close()
 
     def _through_gate(self) -> None:

@@ -67,7 +67,6 @@ class SocketState(asyncio.Protocol):
         "ping_interval",
         "ping_timeout",
         "request",
-        "response",
         "subprotocol",
         "transport",
     )
@@ -106,8 +105,8 @@ class SocketState(asyncio.Protocol):
     _paused: bool
     _waiters: list[asyncio.Future[None]] | None
     _slot: bool
-    _unanswered: str | None
-    """While waiting unanswered for a handshake slot: the accepting response's headers."""
+    _unanswered: bytes | None
+    """While waiting unanswered for a handshake slot: its 101, as written."""
     _closed: bool
     _lost: bool
     _upgraded: bool
@@ -115,7 +114,6 @@ class SocketState(asyncio.Protocol):
     context: GraphQLContext[Any] | None
     subprotocol: str | None
     request: Any  # the upgrade's `wire_admission.WireRequest`, once admitted
-    response: Response | None
 
     if TYPE_CHECKING:
         def _arm(self) -> None: ...

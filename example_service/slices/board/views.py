@@ -93,6 +93,45 @@ class BoardsView(Projector[Board, BoardView, Principal, BoardsQuery]):
         )
         return [row["id"] for row in rows]
 
+    async def populate_many(
+        self, windows: Sequence[tuple[Populate[Principal], BoardsQuery]]
+    ) -> list[list[Any]]:
+        # A reconnect burst's windows in one statement: each window's org
+        # and board ids, then `populate`'s query per window (its arrays
+        # gathered from the flat lists by the window's number). A page
+        # after a cursor is `populate`'s own.
+        if any(cx.cursor is not None for cx, _ in windows):
+            return [list(await self.populate(cx, query)) for cx, query in windows]
+        orgs: list[str] = []
+        org_of: list[int] = []
+        boards: list[str] = []
+        board_of: list[int] = []
+        for n, (cx, _query) in enumerate(windows):
+            found = cx.cohort_values("org")
+            orgs += found
+            org_of += [n] * len(found)
+            found = cx.cohort_values("board")
+            boards += found
+            board_of += [n] * len(found)
+        rows = await windows[0][0].conn.fetch(
+            "SELECT w.n, k.id FROM unnest($1::int[], $2::int[]) AS w(n, lim)"
+            " CROSS JOIN LATERAL (SELECT"
+            "  ARRAY(SELECT o.v FROM unnest($3::text[], $4::int[]) AS o(v, n) WHERE o.n = w.n)"
+            "  AS orgs,"
+            "  ARRAY(SELECT b.v FROM unnest($5::text[], $6::int[]) AS b(v, n) WHERE b.n = w.n)"
+            "  AS boards) AS a"
+            " CROSS JOIN LATERAL (SELECT id FROM board WHERE (org = ANY(a.orgs)"
+            "  OR id = ANY(a.boards)) ORDER BY id LIMIT w.lim) AS k"
+            " ORDER BY w.n, k.id",
+            list(range(len(windows))),
+            [min(query.limit, MAX_WINDOW) for _, query in windows],
+            orgs, org_of, boards, board_of,
+        ) if windows else []
+        lists: list[list[Any]] = [[] for _ in windows]
+        for row in rows:
+            lists[row["n"]].append(row["id"])
+        return lists
+
     def project(self, row: Board, principal: Principal) -> BoardView:
         return BoardView(
             id=strawberry.ID(row.id), org=row.org, title=row.title, owner=row.owner,
