@@ -11,7 +11,7 @@ for the union of their keys (`RenderRegistry` reads them; at most
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ __all__ = [
     "PopulateCx",
     "UnknownProjectorName",
     "populate_key",
+    "populate_slots",
 ]
 
 ATTACH_BATCH = 256
@@ -51,6 +52,31 @@ def populate_key(rec: AttachedSession) -> Hashable | None:
     except TypeError:
         return None
     return key
+
+
+def populate_slots(
+    recs: Sequence[AttachedSession],
+) -> tuple[list[AttachedSession], list[int | None]]:
+    """The sessions an attach batch asks ``populate`` for, one per
+    `populate_key` (sessions of one cohort with the same memberships and
+    window query see the same rows), and for each of ``recs`` the index of
+    its ask (None: a `Keys` window, which has no populate)."""
+    asks: list[AttachedSession] = []
+    slots: list[int | None] = []
+    shared: dict[Hashable, int] = {}
+    for rec in recs:
+        if not rec.session.membership.populates:
+            slots.append(None)
+            continue
+        key = populate_key(rec)
+        slot = shared.get(key) if key is not None else None
+        if slot is None:
+            slot = len(asks)
+            asks.append(rec)
+            if key is not None:
+                shared[key] = slot
+        slots.append(slot)
+    return asks, slots
 
 
 class UnknownProjectorName(AttachError):

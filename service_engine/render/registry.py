@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ..config import EngineConfig
@@ -48,7 +48,7 @@ from .attached import (
     AttachedSession,
     PopulateCx,
     UnknownProjectorName,
-    populate_key,
+    populate_slots,
 )
 from .cohort import principal_key
 from .cohort_index import CohortIndex, SharedGates, indexable
@@ -420,24 +420,10 @@ class RenderRegistry:
         populate), read by one `Projector.populate_many` call. Sessions of
         one cohort with the same memberships and window query see the same
         rows: their window is asked for once."""
-        asks: list[tuple[PopulateCx, Any]] = []
-        slots: list[int | None] = []
-        shared: dict[Hashable, int] = {}
-        for rec in recs:
-            session = rec.session
-            if not session.membership.populates:
-                slots.append(None)
-                continue
-            key = populate_key(rec)
-            slot = shared.get(key) if key is not None else None
-            if slot is None:
-                slot = len(asks)
-                principal = session.principal
-                asks.append((PopulateCx(principal, None, proj.VISIBILITY.window(principal), conn),
-                             session.membership.query))
-                if key is not None:
-                    shared[key] = slot
-            slots.append(slot)
+        sessions, slots = populate_slots(recs)
+        asks = [(PopulateCx(rec.session.principal, None,
+                            proj.VISIBILITY.window(rec.session.principal), conn),
+                 rec.session.membership.query) for rec in sessions]
         if not asks:
             return [None] * len(recs)
         lists = await proj.populate_many(asks)
