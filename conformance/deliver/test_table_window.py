@@ -139,7 +139,6 @@ async def test_a_declared_window_populates_many_sessions_in_one_statement(
         NAME = "declared_notes"
         WINDOW = TableWindow("note", cohort="org")
         NOUN = "note"
-        STORE = None  # type: ignore[assignment]
 
         def project(self, row: Row, principal: Who) -> str:
             return row.id
