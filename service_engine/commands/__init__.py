@@ -17,11 +17,13 @@ clause), `proofs` (what the whole command must prove), `policy` (row
 policies as gates), `plan` (the run's pure steps), `outcomes`, `config`,
 `rows` (the engine rows of migration 0010), `compile` (a command's
 generated database function: its name, creation and call),
-`function_body` (the function's PL/pgSQL body), `sql_expr` (the SQL of
-expressions and its helper functions), `install` (the schema owner creates the
-functions; a pod checks them at boot), `run` (`CommandRunner`, `run_in`:
-the compiled run path), `runner` (the interpreter: the oracle the compiled
-functions are proven equal to), `errors`.
+`function_body` (the function's PL/pgSQL body; `function_idempotency`,
+`function_deletes` and `function_occupancy` its parts written apart),
+`sql_expr` (the SQL of expressions and its helper functions), `install`
+(the schema owner creates the functions; a pod checks them at boot),
+`run` (`CommandRunner`, `run_in`: the compiled run path), `runner` (the
+interpreter: the oracle the compiled functions are proven equal to),
+`errors`.
 """
 
 from __future__ import annotations

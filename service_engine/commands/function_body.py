@@ -7,7 +7,10 @@ exact reads, the requirements and effects, the creates' defaults, the row
 policies, the delete proofs and cascades, the unique occupancy claims, the
 writes and the idempotency record, each declared outcome answered early
 with nothing written. Every value reads through `sql_expr`; identifiers
-come only from the checked declaration, quoted.
+come only from the checked declaration, quoted. Three parts are written
+apart, each called from here: `function_idempotency` (the record looked up
+and written), `function_deletes` (the delete proofs and cascades) and
+`function_occupancy` (the unique claims and releases).
 """
 
 from __future__ import annotations
@@ -15,15 +18,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..persistence.base import store_of
 from ..persistence.crud import quote_ident
 from .declaration import (
-    Cascade,
     Caused,
     Create,
     Emit,
@@ -33,17 +32,16 @@ from .declaration import (
     Read,
     Record,
     Require,
-    Restrict,
     Set,
     Transition,
-    Unique,
 )
 from .expr import Const, Expr, Fact, Field, Var, references
+from .function_deletes import _Deletes, cascade_children
+from .function_idempotency import recorded, replayed
+from .function_occupancy import _Occupancy
 from .sql_expr import (
     SCHEMA,
     _admits_sql,
-    _canon,
-    _canon_list,
     _expr,
     _lit,
     _name_lit,
@@ -64,14 +62,6 @@ def _defaults(entity: Entity) -> dict[str, object]:
                 found[f.name] = f.default
     return found
 
-
-_OCCUPIED = ("jsonb_build_object('e', claim -> 'e', 'i', claim -> 'i', 'p', claim -> 'p',"
-             " 'v', claim -> 'v')")
-"""The occupied value ``claim`` names (entity, index, partition, value)."""
-
-_AT_CLAIM = ("entity = claim ->> 'e' AND index_name = claim ->> 'i' AND partition = claim ->> 'p'"
-             " AND value = claim ->> 'v'")
-"""The ``command_occupancy`` row of the value ``claim`` names (its primary key)."""
 
 
 def _identifiers(body: str) -> set[str]:
@@ -131,13 +121,6 @@ def _plain(value: object) -> object:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-def _listed(texts: Sequence[str]) -> str:
-    """The canonical JSON text of a list of canonical texts."""
-    return "'[' || " + " || ',' || ".join(texts) + " || ']'" if texts else "'[]'"
-
-
-_SCALARS = (str, int, float, bool, uuid.UUID, datetime)
-"""Field types whose JSON is a scalar: its canonical text is its own."""
 
 _INVALID = "service_engine.command_invalid"
 _INPUT = "service_engine.command_input"
@@ -187,6 +170,12 @@ class _Generator:
         for clause in command.effects:
             if isinstance(clause, Set):
                 self.set_fields.setdefault(self.index[clause.binding], set()).add(clause.field)
+        self.cascaded = cascade_children(command)
+        """The entities whose rows a cascade removes."""
+        self.deletes = _Deletes(command, tables, self.index, self.cascaded, self.finish,
+                                self.refuse)
+        self.occupancy = _Occupancy(command, self.index, self.deleted, self.cascaded,
+                                    self.finish)
 
 
     def var(self, name: str, kind: str) -> str:
@@ -227,49 +216,20 @@ class _Generator:
         s: list[str] = ["BEGIN"]
         s += self.locks()
         if self.keyed:
-            s += [
-                "  SELECT input_digest, outcome, sealed, recorded_at INTO rec"
-                " FROM service_engine.command_idempotency"
-                f" WHERE command = {_name_lit(c.name)} AND scope = ctl ->> 'scope'"
-                " AND key = ctl ->> 'key';",
-                "  IF FOUND AND rec.recorded_at >= (ctl ->> 'since')::timestamptz THEN",
-                "    IF rec.input_digest <> ctl ->> 'digest' THEN",
-                "      RETURN jsonb_build_object('name', 'IdempotencyConflict', 'ok', false,"
-                " 'conflict', true);",
-                "    END IF;",
-                "    RETURN jsonb_build_object('replay', rec.outcome, 'sealed', rec.sealed);",
-                "  END IF;",
-            ]
+            s += replayed(c.name)
         s += ["  <<decide>>", "  BEGIN"]
         s += self.bind()
         s += self.require()
         s += self.effects()
         s += self.construct()
         s += self.policies()
-        s += self.delete_proofs()
-        s += self.occupancy()
+        s += self.deletes.proofs()
+        s += self.occupancy.claims()
         s += self.write()
         s += self.returns()
         s += ["  END decide;"]
         if self.keyed:
-            emits = "CASE WHEN out_ok THEN emits ELSE '[]' END"
-            s += [
-                "  WITH swept AS (DELETE FROM service_engine.command_idempotency WHERE ctid IN ("
-                " SELECT ctid FROM service_engine.command_idempotency"
-                " WHERE recorded_at < (ctl ->> 'since')::timestamptz"
-                " ORDER BY recorded_at LIMIT 2 FOR UPDATE SKIP LOCKED))"
-                " INSERT INTO service_engine.command_idempotency"
-                " (command, scope, key, input_digest, outcome, sealed, recorded_at)"
-                f" VALUES ({_name_lit(c.name)}, ctl ->> 'scope', ctl ->> 'key',"
-                " ctl ->> 'digest', jsonb_build_object('name', out_name, 'ok', out_ok,"
-                " 'data', out_data), ctl -> 'sealed', (ctl ->> 'now')::timestamptz)"
-                " ON CONFLICT (command, scope, key) DO UPDATE SET"
-                " input_digest = EXCLUDED.input_digest, outcome = EXCLUDED.outcome,"
-                " sealed = EXCLUDED.sealed, recorded_at = EXCLUDED.recorded_at;",
-                "  RETURN jsonb_build_object('name', out_name, 'ok', out_ok, 'data', out_data"
-                + "".join(f", {k}, {v}" for k, v in self.carried())
-                + (f", 'emits', {emits});" if self.emits else ");"),
-            ]
+            s += recorded(c.name, self.carried(), self.emits)
         s.append("END")
         s = _merged(s)
         return "\n".join(self.declarations("\n".join(s)) + s)
@@ -555,282 +515,6 @@ class _Generator:
                 s += self.refuse(entity.update_policy, f"n{i}", "update")
         return s
 
-    def typed(self, table: str, columns: Sequence[str], values: Sequence[str]) -> str:
-        """The ``columns`` of ``table`` holding the ``jsonb`` ``values``, typed
-        as the table types them (a row of ``jsonb_populate_record``)."""
-        pairs = ", ".join(f"{_name_lit(c)}, {v}" for c, v in zip(columns, values, strict=True))
-        cols = ", ".join(f"p.{quote_ident(c)}" for c in columns)
-        return (f"(SELECT {cols} FROM jsonb_populate_record(NULL::{table},"
-                f" jsonb_build_object({pairs})) p)")
-
-    def delete_proofs(self) -> list[str]:
-        c = self.command
-        catalog = c.catalog
-        s: list[str] = []
-        for name, step in c.deletes.items():
-            i = self.index[name]
-            policy = step.entity.delete_policy
-            target = [f"k{i} -> {_name_lit(f)}" for f in step.entity.key]
-            if isinstance(policy, Restrict):
-                for ref in policy.indexes:
-                    child = catalog.entities[ref.entity]
-                    index = child.index(ref.index)
-                    assert index is not None and step.clause.referenced is not None
-                    t = quote_ident(index.table)
-                    cols = index.sql_columns[: len(target)]
-                    match = ", ".join(f"t.{quote_ident(col)}" for col in cols)
-                    s += [f"    IF EXISTS (SELECT 1 FROM {t} t WHERE ({match}) ="
-                          f" {self.typed(t, cols, target)}) THEN",
-                          *self.answer(step.clause.referenced.name, indent="      "),
-                          "    END IF;"]
-            elif isinstance(policy, Cascade):
-                for edge in policy.edges:
-                    child = catalog.entities[edge.entity]
-                    index = child.index(edge.index)
-                    assert index is not None and step.clause.too_many is not None
-                    t = quote_ident(index.table)
-                    cols = index.sql_columns[: len(target)]
-                    match = ", ".join(f"t.{quote_ident(col)}" for col in cols)
-                    key_columns = index.key_columns if index.key_columns is not None else (
-                        child.key)
-                    found = ", ".join(f"{_name_lit(f)}, to_jsonb(t.{quote_ident(col)})"
-                                      for f, col in zip(child.key, key_columns, strict=True))
-                    order = ", ".join(f"t.{quote_ident(col)}" for col in key_columns)
-                    store_type = store_of(child.aggregate).store_type
-                    key_text = (_canon("x -> " + _name_lit(child.key[0])) if len(child.key) == 1
-                                else _canon_list([f"x -> {_name_lit(f)}" for f in child.key]))
-                    data = f"jsonb_build_object('maximum', {edge.maximum:d})"
-                    s += ["    SELECT coalesce(jsonb_agg(x), '[]') INTO v FROM (SELECT"
-                          f" jsonb_build_object({found}) x FROM {t} t WHERE ({match}) ="
-                          f" {self.typed(t, cols, target)} ORDER BY {order}"
-                          f" LIMIT {edge.maximum + 1:d}) q;",
-                          f"    IF jsonb_array_length(v) > {edge.maximum:d} THEN",
-                          *self.answer(step.clause.too_many.name, data, indent="      "),
-                          "    END IF;",
-                          "    children := children || (SELECT coalesce(jsonb_agg("
-                          f"jsonb_build_object('e', {_name_lit(child.name)}, 'k', x, 's',"
-                          f" to_jsonb({_name_lit(store_type)} || chr(1) ||"
-                          f" ({key_text})))), '[]') FROM jsonb_array_elements(v) q(x));"]
-        s += self.children()
-        return s
-
-    def child_entities(self) -> list[Entity]:
-        found: dict[str, Entity] = {}
-        for step in self.command.deletes.values():
-            policy = step.entity.delete_policy
-            if isinstance(policy, Cascade):
-                for edge in policy.edges:
-                    found.setdefault(edge.entity, self.command.catalog.entities[edge.entity])
-        return list(found.values())
-
-    def children(self) -> list[str]:
-        """Every row a cascade takes, read (locked) in the one fixed order and
-        judged by its own delete row policy; a row gone since is skipped."""
-        entities = self.child_entities()
-        if not entities:
-            return []
-        s = ["    FOR claim IN SELECT y.x FROM (SELECT DISTINCT ON (x ->> 's') x, x ->> 's' AS s"
-             " FROM jsonb_array_elements(children) WITH ORDINALITY q(x, n)"
-             " ORDER BY x ->> 's', n) y ORDER BY y.s COLLATE \"C\" LOOP"]
-        for child in entities:
-            t = quote_ident(self.tables[child.name])
-            match = ", ".join(f"t.{quote_ident(f)}" for f in child.key)
-            keys = ", ".join(f"q.{quote_ident(f)}" for f in child.key)
-            s += [f"      IF claim ->> 'e' = {_name_lit(child.name)} THEN",
-                  f"        SELECT to_jsonb(t) INTO v FROM {t} t WHERE ({match}) = (SELECT {keys}"
-                  f" FROM jsonb_populate_record(NULL::{t}, claim -> 'k') q) FOR UPDATE;",
-                  "        CONTINUE WHEN v IS NULL;"]
-            check = child.delete_check
-            if check is not None:
-                s += ["  " + line for line in self.refuse(check, "v", "delete")]
-            s += ["        taken := taken || jsonb_build_array(claim ||"
-                  " jsonb_build_object('r', v));",
-                  "      END IF;"]
-        return [*s, "    END LOOP;"]
-
-    def uniques(self) -> tuple[list[tuple[int, Unique]], list[tuple[int, Unique]]]:
-        """The unique values a run may claim and those it may release, each
-        ``(binding index, unique key)`` in the bindings' order: a created row
-        claims, a changed one claims its new value and releases its old one,
-        a deleted one releases (a cascade's children release theirs too)."""
-        c = self.command
-        claims: list[tuple[int, Unique]] = []
-        releases: list[tuple[int, Unique]] = []
-        for b in c.bindings:
-            if isinstance(b, Read):
-                continue
-            i = self.index[b.as_]
-            for unique in c.entities[b.as_].unique:
-                if i not in self.deleted:
-                    claims.append((i, unique))
-                if not isinstance(b, Create):
-                    releases.append((i, unique))
-        return claims, releases
-
-    @property
-    def one_claim(self) -> bool:
-        """At most one unique value claimed and none another binding or a
-        cascade releases (so none is handed over): claimed and released
-        straight, without the lists that order many."""
-        claims, releases = self.uniques()
-        if not claims:
-            return True
-        if len(claims) > 1 or any(child.unique for child in self.child_entities()):
-            return False
-        return all(r == claims[0] for r in releases)
-
-    def occupied(self, i: int, unique: Unique, row: str) -> tuple[str, str, str]:
-        """Of binding ``i``'s ``row``: whether it holds ``unique``'s value, its
-        partition's canonical text and the value's."""
-        entity = self.command.entities[self.command.bindings[i].as_]
-        route = len(entity.partition_by)
-        values = [f"{row} -> {_name_lit(f)}" for f in unique.fields]
-        present = " AND ".join(f"jsonb_typeof({v}) IS DISTINCT FROM 'null'"
-                               f" AND {v} IS NOT NULL" for v in values)
-        texts = [self.canon(v, entity, f) for v, f in zip(values, unique.fields, strict=True)]
-        return present, f"({_listed(texts[:route])})", f"({_listed(texts[route:])})"
-
-    @staticmethod
-    def canon(value: str, entity: Entity, name: str) -> str:
-        """The canonical JSON text of ``entity``'s field ``name`` holding
-        ``value``: a scalar's own text where the field's type is a scalar."""
-        if entity.types.get(name, ValueType(None)).base in _SCALARS:
-            return f"({value})::text"
-        return _canon(value)
-
-    def owner(self, i: int) -> str:
-        entity = self.command.entities[self.command.bindings[i].as_]
-        texts = [self.canon(f"k{i} -> {_name_lit(f)}", entity, f) for f in entity.key]
-        return f"({texts[0] if len(texts) == 1 else _listed(texts)})"
-
-    def occupancy(self) -> list[str]:
-        if self.one_claim:
-            return self.claim_one()
-        c = self.command
-        s: list[str] = []
-        for b in c.bindings:
-            if isinstance(b, Read):
-                continue
-            i = self.index[b.as_]
-            entity = c.entities[b.as_]
-            for unique in entity.unique:
-                a_present, a_part, a_val = self.occupied(i, unique, f"n{i}")
-                outcome = b.taken.get(unique.name)
-                entry = (f"jsonb_build_object('e', {_name_lit(entity.name)}, 'i',"
-                         f" {_name_lit(unique.name)}, 'p', {a_part}, 'v', {a_val}, 'o',"
-                         f" {_name_lit(outcome.name if outcome else '')}, 'w', {self.owner(i)})")
-                if isinstance(b, Create):
-                    s += [f"    IF {a_present} THEN",
-                          f"      claims := claims || jsonb_build_array({entry});", "    END IF;"]
-                    continue
-                b_present, b_part, b_val = self.occupied(i, unique, f"r{i}")
-                before = (f"jsonb_build_object('e', {_name_lit(entity.name)}, 'i',"
-                          f" {_name_lit(unique.name)}, 'p', {b_part}, 'v', {b_val})")
-                release = (f"IF {b_present} THEN releases := releases ||"
-                           f" jsonb_build_array({before}); END IF;")
-                if i in self.deleted:
-                    # A deleted row gives up its values, claims none.
-                    s.append(f"    {release}")
-                    continue
-                s += [f"    IF {a_present} AND NOT (({b_present}) AND {a_part} = {b_part}"
-                      f" AND {a_val} = {b_val}) THEN",
-                      f"      claims := claims || jsonb_build_array({entry});",
-                      f"      {release}",
-                      "    END IF;"]
-        s += self.child_releases()
-        # Claims in the one fixed order (the canonical text of each value's
-        # key, as the interpreter's lock order sorts it), the first of
-        # equal values kept.
-        # Sorted (and the duplicates dropped) by a query only when there
-        # is more than one claim to order.
-        s += [
-            "    IF jsonb_array_length(claims) > 1 THEN",
-            "      claims := (SELECT jsonb_agg(x.c ORDER BY x.id) FROM (SELECT DISTINCT ON (t.id)"
-            " t.c, t.id FROM (SELECT e AS c,"
-            " ('[' || (e -> 'e')::text || ',' || (e -> 'i')::text || ',' || (e -> 'p')::text"
-            " || ',' || (e -> 'v')::text || ']')"
-            " COLLATE \"C\" AS id, n FROM jsonb_array_elements(claims) WITH ORDINALITY q(e, n)) t"
-            " ORDER BY t.id, t.n) x);",
-            "    END IF;",
-            "    FOR j IN 0 .. jsonb_array_length(claims) - 1 LOOP",
-            "      claim := claims -> j;",
-            "      INSERT INTO service_engine.command_occupancy"
-            " (entity, index_name, partition, value, owner) VALUES (claim ->> 'e', claim ->> 'i',"
-            " claim ->> 'p', claim ->> 'v', claim ->> 'w') ON CONFLICT DO NOTHING"
-            " RETURNING true INTO ok;",
-            "      IF ok THEN made := made || jsonb_build_array(claim); CONTINUE; END IF;",
-            "      IF releases @> jsonb_build_array(jsonb_build_object('e', claim -> 'e', 'i',"
-            " claim -> 'i', 'p', claim -> 'p', 'v', claim -> 'v')) THEN",
-            "        transfers := transfers || jsonb_build_array(claim); CONTINUE;",
-            "      END IF;",
-            "      IF (SELECT owner FROM service_engine.command_occupancy WHERE entity ="
-            " claim ->> 'e' AND index_name = claim ->> 'i' AND partition = claim ->> 'p'"
-            " AND value = claim ->> 'v') IS NOT DISTINCT FROM claim ->> 'w' THEN CONTINUE;"
-            " END IF;",
-            "      DELETE FROM service_engine.command_occupancy o USING"
-            " jsonb_array_elements(made) m WHERE o.entity = m ->> 'e' AND o.index_name ="
-            " m ->> 'i' AND o.partition = m ->> 'p' AND o.value = m ->> 'v';",
-            *self.finish("claim ->> 'o'", "'{}'::jsonb", "      "),
-            "    END LOOP;",
-        ]
-        return s
-
-    def child_releases(self) -> list[str]:
-        """Children a cascade removes give up their unique values too."""
-        s: list[str] = []
-        for child in self.child_entities():
-            route = len(child.partition_by)
-            for unique in child.unique:
-                values = [f"x -> 'r' -> {_name_lit(f)}" for f in unique.fields]
-                present = " AND ".join(f"jsonb_typeof({v}) IS DISTINCT FROM 'null'"
-                                       f" AND {v} IS NOT NULL" for v in values)
-                s.append(
-                    "    releases := releases || (SELECT coalesce(jsonb_agg(jsonb_build_object("
-                    f"'e', {_name_lit(child.name)}, 'i', {_name_lit(unique.name)}, 'p',"
-                    f" ({_canon_list(values[:route])}), 'v', ({_canon_list(values[route:])}))),"
-                    f" '[]') FROM jsonb_array_elements(taken) q(x) WHERE x ->> 'e' ="
-                    f" {_name_lit(child.name)} AND {present});")
-        return s
-
-    def claim_one(self) -> list[str]:
-        """The one value a run may claim, claimed by one insert (a value its
-        row already owns is kept; one another row holds answers its
-        outcome, nothing claimed); the old value it replaces noted as
-        ``released``."""
-        c = self.command
-        claims, _ = self.uniques()
-        s = self.child_releases()
-        if not claims:
-            return s
-        i, unique = claims[0]
-        b = c.bindings[i]
-        assert isinstance(b, Mutate | Create)
-        entity = c.entities[b.as_]
-        outcome = b.taken.get(unique.name)
-        present, part, val = self.occupied(i, unique, f"n{i}")
-        owner = self.owner(i)
-        where = (f"entity = {_name_lit(entity.name)} AND index_name = {_name_lit(unique.name)}"
-                 f" AND partition = {part} AND value = {val}")
-        if isinstance(b, Create):
-            s.append(f"    IF {present} THEN")
-        else:
-            b_present, b_part, b_val = self.occupied(i, unique, f"r{i}")
-            s.append(f"    IF {present} AND NOT (({b_present}) AND {part} = {b_part}"
-                     f" AND {val} = {b_val}) THEN")
-        s += ["      INSERT INTO service_engine.command_occupancy (entity, index_name, partition,"
-              f" value, owner) VALUES ({_name_lit(entity.name)}, {_name_lit(unique.name)}, {part},"
-              f" {val}, {owner}) ON CONFLICT DO NOTHING RETURNING true INTO ok;",
-              # Held (two statements: a condition with a query is planned
-              # at each run, for each value of ``ok``).
-              "      IF ok IS NULL THEN",
-              "        IF (SELECT owner FROM service_engine.command_occupancy WHERE"
-              f" {where}) IS DISTINCT FROM {owner} THEN",
-              *self.answer(outcome.name if outcome else "", indent="          "),
-              "        END IF;",
-              "      END IF;"]
-        if not isinstance(b, Create):
-            s.append(f"      released := {b_present};")
-        return [*s, "    END IF;"]
 
     @property
     def marks(self) -> tuple[str, ...]:
@@ -845,23 +529,13 @@ class _Generator:
         """What a successful answer carries besides its name, data and
         events: the rows a cascade deleted (``written``) and each cause's
         data (``c<j>``)."""
-        found = [("'written'", "written")] if self.child_entities() else []
+        found = [("'written'", "written")] if self.cascaded else []
         return found + [(f"'c{j}'", f"c{j}" if clause.data else "'{}'::jsonb")
                         for j, clause in enumerate(self.caused)]
 
     def write(self) -> list[str]:
         c = self.command
-        s: list[str] = []
-        for child in self.child_entities():
-            t = quote_ident(self.tables[child.name])
-            match = ", ".join(f"t.{quote_ident(f)}" for f in child.key)
-            keys = ", ".join(f"q.{quote_ident(f)}" for f in child.key)
-            s += [f"    DELETE FROM {t} t USING jsonb_array_elements(taken) x WHERE x ->> 'e' ="
-                  f" {_name_lit(child.name)} AND ({match}) = (SELECT {keys} FROM"
-                  f" jsonb_populate_record(NULL::{t}, x -> 'k') q);",
-                  "    written := written || (SELECT coalesce(jsonb_agg(jsonb_build_object("
-                  "'e', x -> 'e', 'k', x -> 'k')), '[]') FROM jsonb_array_elements(taken) x"
-                  f" WHERE x ->> 'e' = {_name_lit(child.name)});"]
+        s = self.deletes.writes()
         for b in c.bindings:
             i = self.index[b.as_]
             if isinstance(b, Read) or not (
@@ -900,50 +574,7 @@ class _Generator:
                          f" {quote_ident(type_column)}, {quote_ident(payload_column)})"
                          f" SELECT kt{i}.{key}, x ->> 't', x -> 'd' FROM jsonb_array_elements(f{i})"
                          " WITH ORDINALITY y(x, o) ORDER BY o;")
-        s += self.release()
-        return s
-
-    def release(self) -> list[str]:
-        """The unique values the run gave up, deleted (one indexed statement
-        per value, none when there is none; a value handed to another row
-        stays, its owner changed)."""
-        c = self.command
-        _, releases = self.uniques()
-        if not self.one_claim:
-            return [
-                "    FOR j IN 0 .. jsonb_array_length(releases) - 1 LOOP",
-                "      claim := releases -> j;",
-                f"      CONTINUE WHEN transfers @> jsonb_build_array({_OCCUPIED});",
-                f"      DELETE FROM service_engine.command_occupancy WHERE {_AT_CLAIM};",
-                "    END LOOP;",
-                "    FOR j IN 0 .. jsonb_array_length(transfers) - 1 LOOP",
-                "      claim := transfers -> j;",
-                "      UPDATE service_engine.command_occupancy SET owner = claim ->> 'w'"
-                f" WHERE {_AT_CLAIM};",
-                "    END LOOP;",
-            ]
-        s: list[str] = []
-        for i, unique in releases:
-            if i in self.deleted:
-                present, part, val = self.occupied(i, unique, f"r{i}")
-                s += [f"    IF {present} THEN",
-                      "      DELETE FROM service_engine.command_occupancy WHERE entity ="
-                      f" {_name_lit(c.entities[c.bindings[i].as_].name)} AND index_name ="
-                      f" {_name_lit(unique.name)} AND partition = {part} AND value = {val};",
-                      "    END IF;"]
-            else:
-                # The row's old value, its new one claimed.
-                present, part, val = self.occupied(i, unique, f"r{i}")
-                s += ["    IF released THEN",
-                      "      DELETE FROM service_engine.command_occupancy WHERE entity ="
-                      f" {_name_lit(c.entities[c.bindings[i].as_].name)} AND index_name ="
-                      f" {_name_lit(unique.name)} AND partition = {part} AND value = {val};",
-                      "    END IF;"]
-        if any(child.unique for child in self.child_entities()):
-            s += ["    FOR j IN 0 .. jsonb_array_length(releases) - 1 LOOP",
-                  "      claim := releases -> j;",
-                  f"      DELETE FROM service_engine.command_occupancy WHERE {_AT_CLAIM};",
-                  "    END LOOP;"]
+        s += self.occupancy.release()
         return s
 
     def returns(self) -> list[str]:
