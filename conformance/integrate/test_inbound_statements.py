@@ -48,16 +48,14 @@ from ..support.sample_orders import (
     record_effect,
 )
 
-APPLIED_ROUND_TRIPS = 3
+APPLIED_ROUND_TRIPS = 5
 """place_order's round trips: BEGIN + lock bound + claim + first advisory
-lock; the load pinning its row (SELECT cols ... FOR UPDATE); then the order's
-insert, the effect's advisory lock and insert (blind inserts wait for the
-next statement), the confirmation, the impact NOTIFY and the outbox row
-(values inlined) + COMMIT + the release reset.
+lock; the load pinning its row (SELECT cols ... FOR UPDATE); insert order;
+the effect's advisory lock + insert effect; the confirmation, the impact
+NOTIFY and the outbox row (values inlined) + COMMIT + the release reset.
 (13 before the claim, the confirmation, the NOTIFY and the reset were
 folded; 8 before the row lock rode with the load; 7 before the effect's
-lock rode with its insert; 6 before the staged rows rode with COMMIT; 5
-before the inserts did.)"""
+lock rode with its insert; 6 before the staged rows rode with COMMIT.)"""
 
 
 
@@ -89,14 +87,14 @@ async def _effects(db: Database, message_id: uuid.UUID) -> int:
     return int(count)
 
 
-async def test_an_applied_reaction_takes_three_round_trips(
+async def test_an_applied_reaction_takes_five_round_trips(
     logged: tuple[Database, Statements],
 ) -> None:
     """An applied place_order: the claim and the first advisory lock ride
-    with BEGIN; the order's insert, the effect's advisory lock and insert
-    (the lock first), the confirmation, the impact's NOTIFY and the outbox
-    insert (values inlined) and the pool's release reset with COMMIT;
-    nothing is sent after it."""
+    with BEGIN, the effect's advisory lock with its insert (the lock first),
+    the confirmation, the impact's NOTIFY and the outbox insert (values
+    inlined) and the pool's release reset with COMMIT; nothing is sent
+    after it."""
     db, statements = logged
     runner = _runner(db, place_order("p"))
     assert await runner.handle(_frame(PlaceOrder(order_id="warm"))) == Ack("applied")
@@ -113,10 +111,10 @@ async def test_an_applied_reaction_takes_three_round_trips(
     assert last.index("integration_outbox") < last.index("; COMMIT; ") and "RESET ALL" in last
     assert sum("pg_advisory_xact_lock" in s for s in sent) == 2
     assert "sample_order" in sent[1] and sent[1].endswith("FOR UPDATE")  # lock + load
-    # The order's lock rode with BEGIN; the effect's comes before its insert.
-    order = last.index('INSERT INTO "sample_order"')
-    effect = last.index('INSERT INTO "sample_order_effect"')
-    assert order < last.index("pg_advisory_xact_lock") < effect < last.index("integration_outbox")
+    assert sent[2].startswith('INSERT INTO "sample_order"')  # its lock rode with BEGIN
+    effect = sent[3]
+    assert effect.startswith("WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock($1))")
+    assert 'INSERT INTO "sample_order_effect"' in effect and effect.endswith("FROM l")
     assert await _effects(db, message_id) == 1
     stored = await db.pool.fetchval(
         "SELECT jsonb_array_length(confirmations) FROM service_engine.message_claim "
@@ -223,13 +221,13 @@ async def test_a_sequenced_message_is_claimed_and_guarded_before_its_handler(
     assert await runner.handle(_frame(OrderShipped(order_id="o6", version=1))) == Ack("stale")
 
 
-async def test_a_reaction_that_creates_first_answers_its_claim_then_commits_the_insert(
+async def test_a_reaction_that_creates_first_answers_its_claim_before_the_insert(
     logged: tuple[Database, Statements],
 ) -> None:
     """A handler whose first statement is a create: the claim and the
     create's advisory lock ride with BEGIN (its answer decides what runs),
-    then the insert rides with COMMIT: two round trips, the order written
-    once; a redelivery replays and inserts nothing."""
+    then the store's prepared insert, then COMMIT: the order written once;
+    a redelivery replays and inserts nothing."""
     db, statements = logged
 
     async def create_first(cx: Reaction[Any], command: PlaceOrder) -> None:
@@ -241,9 +239,10 @@ async def test_a_reaction_that_creates_first_answers_its_claim_then_commits_the_
     frame = _frame(PlaceOrder(order_id="o7"))
     statements.take()
     assert await runner.handle(frame) == Ack("applied")
-    first, last = statements.take()
+    first, insert, last = statements.take()
     assert "message_claim" in first and "pg_advisory_xact_lock" in first
     assert "sample_order" not in first
-    assert last.index('INSERT INTO "sample_order"') < last.index("; COMMIT; ")
+    assert insert.startswith('INSERT INTO "sample_order"') and "$1" in insert
+    assert "COMMIT" in last and "sample_order" not in last
     assert await runner.handle(frame) == Ack("replayed")
     assert await db.pool.fetchval("SELECT count(*) FROM sample_order WHERE id = 'o7'") == 1

@@ -206,10 +206,12 @@ async def save_then_order(cx: Mutation[Any], key: str, order: Order) -> None:
 async def test_a_create_waits_for_the_next_statement(
     logged: tuple[Database, Statements],
 ) -> None:
-    """A blind insert waits for the next statement, behind its advisory lock:
-    alone, BEGIN, the lock, the INSERT and COMMIT are one round trip; a load
-    of its key after it reads the new row; a lock taken after it comes after
-    the create's own (the handler's lock order)."""
+    """A blind insert as the transaction's first statement waits for the
+    next one, behind its advisory lock: alone, BEGIN, the lock, the INSERT
+    and COMMIT are one round trip; a second create after it is the store's
+    prepared insert with its lock, sent after the first; a load of its key
+    after it reads the new row; a lock taken after it comes after the
+    create's own (the handler's lock order)."""
     db, statements = logged
     executor = executor_for(db)
     assert await executor.ack(WRITER, create_counter, CrudCounter, "warm") == Success()
@@ -219,8 +221,10 @@ async def test_a_create_waits_for_the_next_statement(
     assert sent.index("pg_advisory_xact_lock") < sent.index('INSERT INTO "sample_counter_crud"')
     assert sent.index('INSERT INTO "sample_counter_crud"') < sent.index("; COMMIT; ")
     assert await executor.ack(WRITER, create_then, "d0", "create") == Success()
-    [sent] = statements.take_own()
-    assert sent.count('INSERT INTO "sample_counter_crud"') == 2 and "; COMMIT; " in sent, sent
+    first, second, last = statements.take_own()
+    assert first.startswith("BEGIN") and 'INSERT INTO "sample_counter_crud"' in first
+    assert second.startswith("WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock($1))")
+    assert last.startswith("COMMIT")
     assert await executor.execute(WRITER, create_then, "d2", "load") == 1
     assert await executor.ack(WRITER, create_then, "d3", "lock") == Success()
     sent = "; ".join(s for s in statements.take() if "pg_advisory_xact_lock" in s)

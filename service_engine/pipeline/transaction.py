@@ -30,8 +30,9 @@ The batching rules, all kept here:
   own before a statement with parameters. So a load + save is three round
   trips: BEGIN with the locks, the pinned load, the save with COMMIT.
 - A blind insert without parameters (`defer_insert`: a `CrudStore`'s
-  create) waits the same way, behind its advisory lock (and BEGIN, while
-  deferred): a handler that creates one row commits in one round trip.
+  create behind its settings, or its handler's first statement) waits the
+  same way, behind its advisory lock (and BEGIN, while deferred): a handler
+  that creates one row commits in one round trip.
 - COMMIT carries whatever may ride before it (statements without
   parameters: the deferred writes, the impacts' NOTIFYs, the offer marks)
   and the pool's release reset (`commit`).
@@ -149,6 +150,11 @@ class Transaction:
         taken): that statement raises `ClaimedBefore`, and so does every
         later call, when the claim was taken before."""
         self._claim = (message_id, reaction)
+
+    @property
+    def begin_pending(self) -> bool:
+        """BEGIN waits for the transaction's first statement."""
+        return self._begin is not None
 
     @property
     def claim_pending(self) -> bool:
