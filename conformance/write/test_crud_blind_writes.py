@@ -9,6 +9,7 @@ constraint is the write's stage, and a lock held elsewhere is refused."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -32,7 +33,7 @@ from ..support.sample_counter import (
     create_counter,
     executor_for,
 )
-from ..support.sample_orders import Order
+from ..support.sample_orders import Order, OrderStore
 
 
 class OwnWrites(CrudCounter):
@@ -54,6 +55,32 @@ class OwnWritesStore(CrudCounterStore):
 
 
 OwnWrites.Store = OwnWritesStore(OwnWrites)
+
+
+class Settled(CrudCounter):
+    """A counter whose store names a setting: its create travels inlined,
+    so it waits for the next statement once the transaction has begun."""
+
+
+class SettledStore(CrudCounterStore):
+    def settings(self, aggregate: CrudCounter) -> Mapping[str, str]:
+        return {"app.tag": "on"}
+
+
+Settled.Store = SettledStore(Settled)
+
+
+@dataclass
+class SettledOrder(Order):
+    """An order whose store names a setting (another table than the counters')."""
+
+
+class SettledOrderStore(OrderStore):
+    def settings(self, aggregate: Order) -> Mapping[str, str]:
+        return {"app.tag": "on"}
+
+
+SettledOrder.Store = SettledOrderStore()
 
 
 def counter(style: type[CrudCounter], key: str, value: int) -> CrudCounter:
@@ -183,24 +210,26 @@ async def test_a_fault_right_after_begin_is_begins_when_an_insert_rode_with_it(
 
 async def create_then(cx: Mutation[Any], key: str, then: str) -> int | None:
     other = await cx.load(CrudCounter, f"{key}-other") if then == "save-other" else None
-    await cx.create(counter(CrudCounter, key, 1))
+    await cx.create(counter(Settled if other is not None else CrudCounter, key, 1))
     if then == "load":
         return (await cx.load(CrudCounter, key)).value
     if then == "lock":
         await cx.lock_all((CrudCounter, f"{key}-next"))
     if then == "create":
         await cx.create(counter(CrudCounter, f"{key}-next", 1))
+    if then == "create-settled":
+        await cx.create(counter(Settled, f"{key}-next", 1))
     if other is not None:  # pinned before the create, saved after it
         other.value = 2_000_000  # the table's check refuses it
         await cx.save(other)
     return None
 
 
-async def save_then_order(cx: Mutation[Any], key: str, order: Order) -> None:
+async def save_then_create(cx: Mutation[Any], key: str, created: Order | CrudCounter) -> None:
     pinned = await cx.load(CrudCounter, key)
     pinned.value += 1
     await cx.save(pinned)  # waits for COMMIT's round trip
-    await cx.create(order)  # another table: rides with it
+    await cx.create(created)  # behind its settings: waits too
 
 
 async def test_a_create_waits_for_the_next_statement(
@@ -209,7 +238,8 @@ async def test_a_create_waits_for_the_next_statement(
     """A blind insert as the transaction's first statement waits for the
     next one, behind its advisory lock: alone, BEGIN, the lock, the INSERT
     and COMMIT are one round trip; a second create after it is the store's
-    prepared insert with its lock, sent after the first; a load of its key
+    prepared insert with its lock, sent after the first, unless its store
+    names settings (then it waits too, and rides with the first); a load of its key
     after it reads the new row; a lock taken after it comes after the
     create's own (the handler's lock order)."""
     db, statements = logged
@@ -225,6 +255,9 @@ async def test_a_create_waits_for_the_next_statement(
     assert first.startswith("BEGIN") and 'INSERT INTO "sample_counter_crud"' in first
     assert second.startswith("WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock($1))")
     assert last.startswith("COMMIT")
+    assert await executor.ack(WRITER, create_then, "d4", "create-settled") == Success()
+    [sent] = statements.take_own()
+    assert sent.count('INSERT INTO "sample_counter_crud"') == 2 and "; COMMIT; " in sent, sent
     assert await executor.execute(WRITER, create_then, "d2", "load") == 1
     assert await executor.ack(WRITER, create_then, "d3", "lock") == Success()
     sent = "; ".join(s for s in statements.take() if "pg_advisory_xact_lock" in s)
@@ -232,13 +265,13 @@ async def test_a_create_waits_for_the_next_statement(
     assert sent.index(f"pg_advisory_xact_lock({d3})") < sent.index(f"({following})"), sent
     assert await db.pool.fetchval(
         "SELECT array_agg(id ORDER BY id) FROM sample_counter_crud WHERE id LIKE 'd%'"
-    ) == ["d0", "d0-next", "d1", "d2", "d3"]
+    ) == ["d0", "d0-next", "d1", "d2", "d3", "d4", "d4-next"]
 
 
 async def test_a_waiting_creates_errors_stay_its_own(db: Database) -> None:
     """A blind insert that waited for COMMIT's round trip keeps its errors:
-    a taken key is ``unique`` at stage ``create`` (also beside a pinned save
-    of another table), a lock held elsewhere ``lock_timeout`` at stage
+    a taken key is ``unique`` at stage ``create`` (also beside a pinned save,
+    of its table or another), a lock held elsewhere ``lock_timeout`` at stage
     ``lock`` (as a blind save's is), and a pinned save of another row of its
     table after it still ``save``'s; none commits anything."""
     executor = executor_for(db, lock_timeout=timedelta(milliseconds=200))
@@ -263,9 +296,10 @@ async def test_a_waiting_creates_errors_stay_its_own(db: Database) -> None:
     assert isinstance(refused, MutationError) and refused.code == "lock_timeout", refused
     assert held.value.stage is Stage.LOCK and blind.value.stage is Stage.LOCK
     await _pipeline(db, lambda cx: cx.create(Order("e-o", "pen", 1)))
-    with pytest.raises(ConstraintViolation) as beside:
-        await _pipeline(db, save_then_order, "e1", Order("e-o", "ink", 2))
-    assert (beside.value.kind, beside.value.stage) == ("unique", Stage.CREATE)
+    for created in (SettledOrder("e-o", "ink", 2), counter(Settled, "e1", 1)):
+        with pytest.raises(ConstraintViolation) as beside:
+            await _pipeline(db, save_then_create, "e1", created)
+        assert (beside.value.kind, beside.value.stage) == ("unique", Stage.CREATE), created
     assert await executor.ack(WRITER, create_counter, CrudCounter, "e3-other") == Success()
     with pytest.raises(ConstraintViolation) as broken:
         await _pipeline(db, create_then, "e3", "save-other")
