@@ -188,12 +188,12 @@ async def test_a_blind_writes_refusals_name_its_key_stage_and_lock(
 
 
 async def test_a_fault_right_after_begin_is_begins_when_an_insert_rode_with_it(
-    db: Database,
+    database: ProvisionedDatabase, db: Database,
 ) -> None:
     """The fault hook's BEGIN stage runs once the round trip that began the
     transaction returned; when an INSERT rode in that round trip, a failure
     of the hook's own statement is still BEGIN's, not the insert's, and a
-    hook that passes lets the insert commit."""
+    hook that passes lets the insert commit (under its store's settings)."""
     with pytest.raises(DatabaseError) as caught:
         await _pipeline(db, create_counter, CrudCounter, "f1", hook=InjectFault(Stage.BEGIN))
     assert caught.value.stage is Stage.BEGIN
@@ -204,8 +204,14 @@ async def test_a_fault_right_after_begin_is_begins_when_an_insert_rode_with_it(
 
     await _pipeline(db, create_counter, CrudCounter, "f2", hook=passing)
     assert stages == [Stage.BEGIN, Stage.FLUSH, Stage.COMMIT]
+    async with owner_connection(database) as conn:
+        await conn.execute("ALTER TABLE sample_counter_crud ADD CONSTRAINT tagged CHECK"
+                           " (id NOT LIKE 'own%' OR coalesce(current_setting('app.tag', true), '') = 'on')"
+                           " NOT VALID")
+    await _pipeline(db, create_counter, Settled, "own-f3", hook=passing)  # under its settings
     assert await db.pool.fetchval(
-        "SELECT array_agg(id) FROM sample_counter_crud WHERE id LIKE 'f%'") == ["f2"]
+        "SELECT array_agg(id ORDER BY id) FROM sample_counter_crud WHERE id LIKE '%f%'"
+    ) == ["f2", "own-f3"]
 
 
 async def create_then(cx: Mutation[Any], key: str, then: str) -> int | None:
@@ -217,8 +223,10 @@ async def create_then(cx: Mutation[Any], key: str, then: str) -> int | None:
         await cx.lock_all((CrudCounter, f"{key}-next"))
     if then == "create":
         await cx.create(counter(CrudCounter, f"{key}-next", 1))
-    if then == "create-settled":
+    if then.startswith("create-settled"):
         await cx.create(counter(Settled, f"{key}-next", 1))
+    if then == "create-settled-load":  # both wait, then go before the load
+        return (await cx.load(Settled, f"{key}-next")).value
     if other is not None:  # pinned before the create, saved after it
         other.value = 2_000_000  # the table's check refuses it
         await cx.save(other)
@@ -258,6 +266,9 @@ async def test_a_create_waits_for_the_next_statement(
     assert await executor.ack(WRITER, create_then, "d4", "create-settled") == Success()
     [sent] = statements.take_own()
     assert sent.count('INSERT INTO "sample_counter_crud"') == 2 and "; COMMIT; " in sent, sent
+    assert await executor.execute(WRITER, create_then, "d5", "create-settled-load") == 1
+    both, load, _ = statements.take_own()
+    assert both.count('INSERT INTO "sample_counter_crud"') == 2 and load.endswith("FOR UPDATE")
     assert await executor.execute(WRITER, create_then, "d2", "load") == 1
     assert await executor.ack(WRITER, create_then, "d3", "lock") == Success()
     sent = "; ".join(s for s in statements.take() if "pg_advisory_xact_lock" in s)
@@ -265,7 +276,7 @@ async def test_a_create_waits_for_the_next_statement(
     assert sent.index(f"pg_advisory_xact_lock({d3})") < sent.index(f"({following})"), sent
     assert await db.pool.fetchval(
         "SELECT array_agg(id ORDER BY id) FROM sample_counter_crud WHERE id LIKE 'd%'"
-    ) == ["d0", "d0-next", "d1", "d2", "d3", "d4", "d4-next"]
+    ) == ["d0", "d0-next", "d1", "d2", "d3", "d4", "d4-next", "d5", "d5-next"]
 
 
 async def test_a_waiting_creates_errors_stay_its_own(db: Database) -> None:
