@@ -222,9 +222,9 @@ class Transaction:
         settings it runs under) after ``identity``'s advisory lock
         ``lock_key`` (unless held) in front of the next statement: COMMIT's
         round trip when nothing else follows. BEGIN, while still deferred,
-        goes in front of them. A constraint of
-        ``table`` it violates is ``stage``'s; a refused lock in the round
-        trip it rides in is the lock's. Only where `defers` and `defers_on`."""
+        goes in front of them. A constraint of ``table`` it violates is
+        ``stage``'s; a refused lock in the round trip it rides in is the
+        lock's. Only where `defers` and `defers_on`."""
         sql = statements
         if identity not in self._locked:
             sql = f"SELECT pg_advisory_xact_lock({lock_key:d}); {sql}"
