@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..persistence.base import store_of
 from ..persistence.crud import quote_ident
-from .declaration import Cascade, Entity, Restrict
+from .declaration import Cascade, Entity, Restrict, ReverseIndex
 from .sql_expr import _canon, _canon_list, _name_lit
 
 if TYPE_CHECKING:
@@ -68,9 +68,21 @@ class _Deletes:
         return (f"(SELECT {cols} FROM jsonb_populate_record(NULL::{table},"
                 f" jsonb_build_object({pairs})) p)")
 
+    def referencing(
+        self, entity: str, index_name: str, target: Sequence[str]
+    ) -> tuple[Entity, ReverseIndex, str, list[str], str]:
+        """The rows of ``entity`` whose index ``index_name`` holds the deleted
+        row's key ``target``: the entity, the index, its table (quoted), the
+        index's leading columns and their match list (``t.col, ...``)."""
+        child = self.command.catalog.entities[entity]
+        index = child.index(index_name)
+        assert index is not None
+        cols = list(index.sql_columns[: len(target)])
+        return (child, index, quote_ident(index.table), cols,
+                ", ".join(f"t.{quote_ident(col)}" for col in cols))
+
     def proofs(self) -> list[str]:
         c = self.command
-        catalog = c.catalog
         s: list[str] = []
         for name, step in c.deletes.items():
             i = self.index[name]
@@ -78,24 +90,17 @@ class _Deletes:
             target = [f"k{i} -> {_name_lit(f)}" for f in step.entity.key]
             if isinstance(policy, Restrict):
                 for ref in policy.indexes:
-                    child = catalog.entities[ref.entity]
-                    index = child.index(ref.index)
-                    assert index is not None and step.clause.referenced is not None
-                    t = quote_ident(index.table)
-                    cols = index.sql_columns[: len(target)]
-                    match = ", ".join(f"t.{quote_ident(col)}" for col in cols)
+                    _, _, t, cols, match = self.referencing(ref.entity, ref.index, target)
+                    assert step.clause.referenced is not None
                     s += [f"    IF EXISTS (SELECT 1 FROM {t} t WHERE ({match}) ="
                           f" {self.typed(t, cols, target)}) THEN",
                           *self.answer(step.clause.referenced.name, indent="      "),
                           "    END IF;"]
             elif isinstance(policy, Cascade):
                 for edge in policy.edges:
-                    child = catalog.entities[edge.entity]
-                    index = child.index(edge.index)
-                    assert index is not None and step.clause.too_many is not None
-                    t = quote_ident(index.table)
-                    cols = index.sql_columns[: len(target)]
-                    match = ", ".join(f"t.{quote_ident(col)}" for col in cols)
+                    child, index, t, cols, match = self.referencing(edge.entity, edge.index,
+                                                                    target)
+                    assert step.clause.too_many is not None
                     key_columns = index.key_columns if index.key_columns is not None else (
                         child.key)
                     found = ", ".join(f"{_name_lit(f)}, to_jsonb(t.{quote_ident(col)})"
