@@ -429,8 +429,9 @@ class Ops(BlobGestures, SealGestures, MessageGestures):
         (`create_locked`) where the lock is not held yet. With a hook waiting
         on BEGIN's round trip, the insert rides with BEGIN."""
         settings = store.settings_sql(aggregate)
-        inlined = store.create_inlined(aggregate)
-        if inlined is not None and (settings or self._tx.begin_pending):
+        inlined = (store.create_inlined(aggregate)
+                   if settings or self._tx.begin_pending else None)
+        if inlined is not None:
             if self._tx.claim_pending:
                 await self._lock_all([(store, key)])
             if not self._tx.defers_on(Stage.CREATE, store.error_table):
