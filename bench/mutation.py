@@ -127,6 +127,8 @@ class Variant:
     addr: str = ""
     rows: list[dict[str, float]] | None = None
     data: Path | None = None
+    command: tuple[str, ...] = ("-m", "example_service")
+    """What the child runs (``stack_floor.py`` for ``--floor``)."""
 
 
 @contextlib.asynccontextmanager
@@ -143,7 +145,7 @@ async def started(variant: Variant) -> AsyncIterator[Variant]:
         "EXAMPLE_SERVICE_LOG_LEVEL": "WARNING",
     }
     log = (data / "service.log").open("wb")
-    variant.proc = subprocess.Popen([sys.executable, "-m", "example_service"],  # noqa: ASYNC220
+    variant.proc = subprocess.Popen([sys.executable, *variant.command],  # noqa: ASYNC220
                                     cwd=variant.repo, env=env, stdout=log,
                                     stderr=subprocess.STDOUT)
     try:
@@ -451,6 +453,10 @@ def parse() -> tuple[argparse.Namespace, list[Variant]]:
                         help="with --writers: create and/or rename")
     parser.add_argument("--seconds", type=float, default=10.0,
                         help="with --writers: the length of each cell")
+    parser.add_argument("--floor", action="store_true",
+                        help="with --writers: also the stack's floor (stack_floor.py): floor-gql "
+                             "(Strawberry, Starlette, uvicorn, three round trips) and floor-http "
+                             "(the same without GraphQL)")
     parser.add_argument("--pipeline-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     variants = []
@@ -458,6 +464,10 @@ def parse() -> tuple[argparse.Namespace, list[Variant]]:
         name, _, paths = spec.partition("=")
         repo, *extra = paths.split(os.pathsep)
         variants.append(Variant(name, Path(repo).resolve(), extra, rows=[]))
+    if args.floor:
+        floor = str(Path(__file__).resolve().parent / "stack_floor.py")
+        variants += [Variant("floor-gql", HERE, [], rows=[], command=(floor, "--graphql")),
+                     Variant("floor-http", HERE, [], rows=[], command=(floor,))]
     return args, variants
 
 
