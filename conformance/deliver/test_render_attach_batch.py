@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -84,6 +84,40 @@ async def test_a_member_whose_read_fails_fails_alone(db: Database) -> None:
             (reset,) = await take(stream, 1)
             assert isinstance(reset, Reset) and list(reset.views) == ['"c1"']
         assert {s.session.principal.id for s in f.runtime.registry.sessions.values()} == {"a", "b", "c"}
+
+
+async def test_an_attach_without_a_task_calls_back_as_attach_returns(db: Database) -> None:
+    """attach_soon (the socket's attach, no task of its own): ``done`` gets each
+    session's stream, its first delta the Reset of its cohort's window; a member whose
+    read fails gets its error, its session detached; a cancelled attach is detached and
+    ``done`` is never called."""
+    await seed(db, Card("c1", "acme", 1, "one"), Card("c2", "globex", 2, "two"))
+    async with frames(db, CountingCards()) as f:
+        registry = f.runtime.registry
+        got: dict[str, Any] = {}
+
+        def answer(name: str) -> Callable[[object], None]:
+            return lambda result: got.__setitem__(name, result)
+
+        principals = [
+            Principal("a", frozenset({"acme"})), Principal("bad", frozenset({"acme", "x"})),
+            Principal("g", frozenset({"globex"})), Principal("gone", frozenset({"acme"})),
+        ]
+        pending = {
+            p.id: registry.attach_soon(p, "cards", window(), answer(p.id), session_id=p.id)
+            for p in principals
+        }
+        pending["gone"].cancel()
+        await wait_until(lambda: len(got) == 3, what="every attach but the cancelled one answered")
+        assert isinstance(got["bad"], DatabaseError)
+        for name, key in (("a", '"c1"'), ("g", '"c2"')):
+            stream = got[name]
+            assert isinstance(stream, SessionStream)
+            (reset,) = await take(stream, 1)
+            assert isinstance(reset, Reset) and reset.revision == 1 and list(reset.views) == [key]
+        await wait_until(lambda: set(registry.sessions) == {"a", "g"},
+                         what="the failed and the cancelled attaches detached")
+        assert "gone" not in got
 
 
 @pytest.mark.parametrize("seed_value", [2, 7])

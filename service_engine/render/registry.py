@@ -96,6 +96,33 @@ class _Detach:
         self.registry.detach(self.session_id, "closed")
 
 
+class _Attached:
+    """`RenderRegistry.attach_soon`'s end: the first snapshot's future done."""
+
+    __slots__ = ("done", "rec", "registry")
+
+    def __init__(
+        self, registry: RenderRegistry, rec: AttachedSession,
+        done: Callable[[SessionStream[Any] | Exception], None],
+    ) -> None:
+        self.registry = registry
+        self.rec = rec
+        self.done = done
+
+    def __call__(self, ready: asyncio.Future[None]) -> None:
+        registry = self.registry
+        if ready.cancelled():
+            registry.detach(self.rec.session.id, "attach failed")
+            return
+        error = ready.exception()
+        if error is not None:
+            registry.detach(self.rec.session.id, "attach failed")
+            self.done(error if isinstance(error, Exception) else AttachShuttingDown(
+                "the attach was interrupted"))
+            return
+        self.done(registry._opened(self.rec))
+
+
 class RenderRegistry:
     """Projectors and sessions of one pod, and the reads that serve them."""
 
@@ -204,6 +231,54 @@ class RenderRegistry:
         RLS assertion does not fit the projector, and a `DatabaseError` when
         the snapshot's read fails.
         """
+        rec = self._open(principal, projector, window, session_id, applier)
+        try:
+            if rec.projector.RLS:
+                # Its reads run under this principal's RLS context: alone.
+                await self.snapshot(rec)
+            else:
+                await self.attach_batches.join(rec)
+        except BaseException:
+            self.detach(rec.session.id, "attach failed")
+            raise
+        return self._opened(rec)
+
+    def attach_soon(
+        self,
+        principal: Any,
+        projector: str,
+        window: WindowSpec[Any],
+        done: Callable[[SessionStream[Any] | Exception], None],
+        *,
+        session_id: str | None = None,
+        applier: RlsApplier[Any] | None = None,
+    ) -> asyncio.Future[None]:
+        """`attach` without a task of the caller's: ``done`` is called (from
+        a loop callback) with the session's stream once its Reset is queued,
+        or with the error refusing it (the session detached). What `attach`
+        raises before any read is raised here. Cancel the returned future to
+        give the attach up: the session is detached and ``done`` is not
+        called."""
+        rec = self._open(principal, projector, window, session_id, applier)
+        ready: asyncio.Future[None]
+        if rec.projector.RLS:
+            # Its reads run under this principal's RLS context: alone.
+            ready = asyncio.get_running_loop().create_task(self.snapshot(rec))
+        else:
+            ready = self.attach_batches.join(rec)
+        ready.add_done_callback(_Attached(self, rec, done))
+        return ready
+
+    def _open(
+        self,
+        principal: Any,
+        projector: str,
+        window: WindowSpec[Any],
+        session_id: str | None,
+        applier: RlsApplier[Any] | None,
+    ) -> AttachedSession:
+        """An attach's session, registered and watching (its interest
+        before its snapshot: the connect barrier's first step)."""
         try:
             self._accepting()
         except EngineError as exc:
@@ -236,15 +311,11 @@ class RenderRegistry:
         index = self.indexes.get(proj.NAME)
         if index is not None:
             index.join(session, rec.memberships)
-        try:
-            if proj.RLS:
-                # Its reads run under this principal's RLS context: alone.
-                await self.snapshot(rec)
-            else:
-                await self.attach_batches.join(rec)
-        except BaseException:
-            self.detach(sid, "attach failed")
-            raise
+        return rec
+
+    def _opened(self, rec: AttachedSession) -> SessionStream[Any]:
+        """An attach's first snapshot completed: its stream."""
+        stream = rec.stream
         if not self._config.render_shedding:
             stream.collapse_after(None)
         return stream
