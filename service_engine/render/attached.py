@@ -19,7 +19,7 @@ from typing import Any
 from ..db.types import Conn
 from ..failures import AttachError, AttachShuttingDown
 from ..impacts.model import JsonValue
-from .projector import Projector, RlsApplier
+from .projector import Projector, RlsApplier, Visibility
 from .session import Session
 from .stream import SessionStream
 from .table_window import cohort_values
@@ -33,6 +33,7 @@ __all__ = [
     "UnknownProjectorName",
     "populate_key",
     "populate_slots",
+    "window_of",
 ]
 
 ATTACH_BATCH = 256
@@ -45,12 +46,21 @@ gather into few batches: each costs its transaction's round trips), unless
 its queue outgrew ``ATTACH_BATCH``."""
 
 
+def window_of(rec: AttachedSession) -> frozenset[Hashable] | None:
+    """``VISIBILITY.window`` of the session's principal (populate's
+    ``cx.cohorts``): the memberships the session holds already
+    (`SharedGates.take`) when the window is the default one, all of them."""
+    visibility = rec.projector.VISIBILITY
+    if rec.memberships is not None and type(visibility).window is Visibility.window:
+        return rec.memberships
+    return visibility.window(rec.session.principal)
+
+
 def populate_key(rec: AttachedSession) -> Hashable | None:
     """What makes two attaching sessions' populates equal, or None when
     their query is not hashable (then each populates alone)."""
     session = rec.session
-    window = rec.projector.VISIBILITY.window(session.principal)
-    key = (session.cohort, window, session.membership.query)
+    key = (session.cohort, window_of(rec), session.membership.query)
     try:
         hash(key)
     except TypeError:

@@ -49,6 +49,7 @@ from .attached import (
     PopulateCx,
     UnknownProjectorName,
     populate_slots,
+    window_of,
 )
 from .cohort import principal_key
 from .cohort_index import CohortIndex, SharedGates, indexable
@@ -492,8 +493,7 @@ class RenderRegistry:
         one cohort with the same memberships and window query see the same
         rows: their window is asked for once."""
         sessions, slots = populate_slots(recs)
-        asks = [(PopulateCx(rec.session.principal, None,
-                            proj.VISIBILITY.window(rec.session.principal), conn),
+        asks = [(PopulateCx(rec.session.principal, None, window_of(rec), conn),
                  rec.session.membership.query) for rec in sessions]
         if not asks:
             return [None] * len(recs)
