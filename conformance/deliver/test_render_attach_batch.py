@@ -21,10 +21,19 @@ from service_engine.db.errors import DatabaseError
 from service_engine.render import Populate, Reset, WindowReplica
 from service_engine.render.cohort import CohortKey
 from service_engine.render.stream import SessionStream
+from service_engine.render.windows import Query, WindowSpec
 
 from ..support.harness import wait_until
 from ..support.render_support import CardWriters, frames, running_engine, seed, take, window
-from ..support.sample_cards import Card, CardsView, Principal, RankQuery
+from ..support.sample_cards import (
+    Card,
+    CardsView,
+    OrgApplier,
+    OrgCardsRls,
+    Principal,
+    RankQuery,
+    write_card,
+)
 
 
 class CountingCards(CardsView):
@@ -117,6 +126,38 @@ async def test_an_attach_without_a_task_calls_back_as_attach_returns(db: Databas
             assert isinstance(reset, Reset) and reset.revision == 1 and list(reset.views) == [key]
         await wait_until(lambda: set(registry.sessions) == {"a", "g"},
                          what="the failed and the cancelled attaches detached")
+        assert "gone" not in got
+
+
+async def test_an_rls_attach_without_a_task_reads_under_its_own_principal(
+    db: Database,
+) -> None:
+    """attach_soon of an RLS projector: each session's snapshot reads alone under its
+    own principal's context (its Reset holds only its org's rows), and ``done`` gets its
+    stream; a cancelled one is detached."""
+    async with db.pool.acquire() as conn:
+        for card in (Card("o1", "acme", 0, "acme card"), Card("o2", "globex", 0, "globex card")):
+            await write_card(conn, card, table="sample_org_card")
+    async with frames(db, OrgCardsRls()) as f:
+        registry = f.runtime.registry
+        spec: WindowSpec[Any] = WindowSpec(Query(None), rls=True)
+        got: dict[str, Any] = {}
+
+        def answer(name: str) -> Callable[[object], None]:
+            return lambda result: got.__setitem__(name, result)
+
+        pending = {
+            name: registry.attach_soon(Principal(name, frozenset({org})), "org_cards_rls", spec,
+                                       answer(name), session_id=name, applier=OrgApplier())
+            for name, org in (("a", "acme"), ("g", "globex"), ("gone", "acme"))
+        }
+        pending["gone"].cancel()
+        await wait_until(lambda: len(got) == 2, what="both attaches answered")
+        for name, title in (("a", "acme card"), ("g", "globex card")):
+            (reset,) = await take(got[name], 1)
+            assert isinstance(reset, Reset) and list(reset.views.values()) == [title]
+        await wait_until(lambda: set(registry.sessions) == {"a", "g"},
+                         what="the cancelled attach detached")
         assert "gone" not in got
 
 
