@@ -161,6 +161,23 @@ async def test_an_rls_attach_without_a_task_reads_under_its_own_principal(
         assert "gone" not in got
 
 
+async def test_the_registry_keeps_the_most_sessions_attached_at_once(db: Database) -> None:
+    """take_peak answers the most sessions attached at once since the last call (a
+    burst attached and detached in between included), then starts again from those
+    attached now: what the memory release's beat reads."""
+    await seed(db, Card("c1", "acme", 1, "one"))
+    async with frames(db, CountingCards()) as f:
+        registry = f.runtime.registry
+        registry.take_peak()
+        streams = await asyncio.gather(*(registry.attach(Principal(f"p{i}", frozenset({"acme"})),
+                                                         "cards", window()) for i in range(5)))
+        for stream in streams[1:]:
+            registry.detach(stream.id, "closed")
+        assert len(registry.sessions) == 1
+        assert registry.take_peak() == 5
+        assert registry.take_peak() == 1
+
+
 @pytest.mark.parametrize("seed_value", [2, 7])
 async def test_sessions_attached_together_amid_writers_converge_on_committed_state(
     db: Database, seed_value: int

@@ -146,6 +146,8 @@ class RenderRegistry:
         self._projectors: dict[str, Projector[Any, Any, Any, Any]] = {}
         self.interest: Interest[Session[Any, Any]] = Interest()
         self._sessions: dict[SessionId, AttachedSession] = {}
+        self._peak = 0
+        """The most sessions attached at once since `take_peak`."""
         # What snapshots held while they read, replayed by the next pass.
         self.replays: list[tuple[AttachedSession, Dirty]] = []
         self.planned = 0
@@ -212,6 +214,13 @@ class RenderRegistry:
     @property
     def sessions(self) -> Mapping[SessionId, AttachedSession]:
         return self._sessions
+
+    def take_peak(self) -> int:
+        """The most sessions attached at once since the last call (a burst
+        that came and went between two beats included); from now, the
+        sessions attached now."""
+        peak, self._peak = self._peak, len(self._sessions)
+        return peak
 
     # -- attach, detach, page, fetch ---------------------------------------------
 
@@ -303,7 +312,10 @@ class RenderRegistry:
         rec = AttachedSession(
             session, proj, stream, applier, gate, memberships, view_key=view_key,
         )
-        self._sessions[sid] = rec
+        sessions = self._sessions
+        sessions[sid] = rec
+        if len(sessions) > self._peak:
+            self._peak = len(sessions)
         self._count_live(proj.NAME, 1)
         population = window.population
         # The connect barrier: interest first, then the snapshot.
