@@ -91,7 +91,9 @@ class ReleaseAfterClose:
     most half of it, and the fall has settled (the count did not move since
     the last observation); and again ``follow_up`` observations after such a
     release (0: never), for what the closed connections freed in their last
-    callbacks after it. Feed it the live count (`observe`) on every beat."""
+    callbacks after it. Feed it the live count (`observe`) on every beat,
+    with the highest count since the last beat: a burst that opened and
+    closed between two beats counts too."""
 
     min_closed: int = RELEASE_MIN_CLOSED
     peak: int = 0
@@ -104,10 +106,13 @@ class ReleaseAfterClose:
     """Observations left until the follow-up release (0: none pending): right
     after `observe` answered True, non-zero for a fall, zero for a follow-up."""
 
-    def observe(self, live: int) -> bool:
-        """Record ``live``; True when a release is due now (after a release
-        for a fall, the peak restarts from ``live``)."""
-        settled, self.last = live == self.last, live
+    def observe(self, live: int, highest: int = 0) -> bool:
+        """Record ``live`` (and ``highest``, the most sessions live at once
+        since the last observation, when known); True when a release is due
+        now (after a release for a fall, the peak restarts from ``live``)."""
+        settled, self.last = live == self.last and highest <= live, live
+        if highest > self.peak:
+            self.peak = highest
         follow_up = False
         if self.due_in:
             self.due_in -= 1

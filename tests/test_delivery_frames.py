@@ -74,3 +74,44 @@ def test_a_cohorts_delta_is_found_without_building_its_member() -> None:
     shared.encode(reset)
     assert shared.shared(THINGS.reset, reset) is None  # a Reset's lists are the session's
     assert shared.shared(LanesPaused, LanesPaused(lanes=["x"])) is None
+
+
+def test_a_reset_of_a_cohorts_window_is_serialised_once_and_framed_per_session() -> None:
+    """encode_reset serialises a Reset once for every Reset carrying the same keys in the
+    same order with the same (or equal) views, each session's frame still exactly its own
+    (its revision, its operation id: what the plan gives that Reset alone); other keys, a
+    changed view or another order are serialised anew."""
+    document = parse(FULL)
+    operation = document.definitions[0]
+    assert isinstance(operation, OperationDefinitionNode)
+    shared = delivery.plan_for(GRAPHQL_SCHEMA, operation, {}, {"reset-test": 1})
+    assert shared is not None
+    built: list[object] = []
+
+    def message(reset: Any) -> object:
+        built.append(reset)
+        return THINGS.message(reset)
+
+    def own(reset: Reset[Any], op_id: str) -> str:
+        """The frame the plan gives this Reset by itself."""
+        return next_frame(next_frame_head(op_id), shared.plan.encode(THINGS.message(reset)))
+
+    first = Reset(1, {'"t1"': ALPHA, '"t2"': BETA})
+    cohort = [first, Reset(1, {'"t1"': ALPHA, '"t2"': BETA}),
+              Reset(7, dict(first.views)),
+              Reset(2, {'"t1"': copy.deepcopy(ALPHA), '"t2"': copy.deepcopy(BETA)})]
+    encoded = [shared.encode_reset(message, reset) for reset in cohort]
+    assert built == [first] and all(e is encoded[0] for e in encoded)
+    for reset in cohort:
+        for op_id in ("1", "op-2"):
+            data = shared.encode_reset(message, reset)
+            assert next_frame(next_frame_head(op_id), data, reset.revision) == own(reset, op_id)
+    changed = copy.deepcopy(BETA)
+    changed.title = "Beta 2"
+    others = [Reset(1, {'"t1"': ALPHA, '"t2"': changed}), Reset(1, {'"t2"': BETA, '"t1"': ALPHA}),
+              Reset(1, {'"t1"': ALPHA}), Reset(1, {})]
+    for reset in others:
+        data = shared.encode_reset(message, reset)
+        assert built[-1] is reset
+        assert next_frame(next_frame_head("1"), data, reset.revision) == own(reset, "1")
+    assert len(built) == 1 + len(others)

@@ -63,6 +63,24 @@ class _Engine:
         self.streams.append(stream)
         return stream
 
+    @property
+    def render(self) -> Any:
+        """The registry's callback attach (`RenderRegistry.attach_soon`), over `attach`."""
+        return self
+
+    def attach_soon(self, principal: Any, projector: str, window: Any, done: Any, *,
+                    applier: Any = None, session_id: str | None = None) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(
+            self.attach(principal, projector, window, applier=applier, session_id=session_id))
+
+        def finished(task: asyncio.Task[Any]) -> None:
+            if not task.cancelled():
+                error = task.exception()
+                done(task.result() if error is None else error)
+
+        task.add_done_callback(finished)
+        return task
+
     def lanes_of(self, projector: str) -> frozenset[str]:
         return frozenset()
 
@@ -206,8 +224,8 @@ async def _scenario(pairs: list[list[tuple[str, int]]]) -> None:
 
 
 async def _attached(op: LiveOp) -> None:
-    """``op``'s attach (its start's task) done: its session is live."""
-    task = op._task
+    """``op``'s attach done (the stand-in's task, then its callback): its session is live."""
+    task = op._attaching
     assert task is not None
     await asyncio.wait_for(task, 5)
     assert op.state == "live"

@@ -104,6 +104,24 @@ class _Engine:
         self.streams.append(stream)
         return stream
 
+    @property
+    def render(self) -> Any:
+        """The registry's callback attach (`RenderRegistry.attach_soon`), over `attach`."""
+        return self
+
+    def attach_soon(self, principal: Any, projector: str, window: Any, done: Any, *,
+                    applier: Any = None, session_id: str | None = None) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(
+            self.attach(principal, projector, window, applier=applier, session_id=session_id))
+
+        def finished(task: asyncio.Task[Any]) -> None:
+            if not task.cancelled():
+                error = task.exception()
+                done(task.result() if error is None else error)
+
+        task.add_done_callback(finished)
+        return task
+
     def lane_notices(self, lanes: Any) -> Any:
         notices = _Notices()
         self.notices.append(notices)
@@ -242,6 +260,28 @@ async def test_arguments_reach_the_request_as_strawberry_converts_them() -> None
     assert later.attached == ordinary.attached
     assert [sid for _, sid in later.attached] == [
         "3-<Kind.TASK: 'task'>", "10-None", "10-None", "4-<Kind.NOTE: 'note'>"]
+
+
+async def test_a_document_without_variables_gives_every_subscribe_its_arguments() -> None:
+    """A known document without variables (its arguments literals and defaults, kept after
+    its first LiveOp) calls the request for every subscribe with what the ordinary path
+    gives it, whatever variables the message carries; variables that are not an object
+    still go the ordinary way."""
+    ops = _ops()
+    literal = "subscription { things(kind: NOTE) { __typename } }"
+    await _ordinary(ops, _payload(literal), _Engine(DELTAS))
+    cases: list[Any] = [None, {}, {"unused": 1}, None]
+    later = _Engine(DELTAS)
+    for variables in cases:
+        op = ops.open("op-1", _payload(literal, variables), _Context(later))
+        assert op is not None
+        await _callback(op)
+    ordinary = _Engine(DELTAS)
+    for variables in cases:
+        await _ordinary(None, _payload(literal, variables), ordinary)
+    assert later.attached == ordinary.attached == [("things", "10-<Kind.NOTE: 'note'>")] * 4
+    context = _Context(_Engine(DELTAS))
+    assert ops.open("a", _payload(literal, [1]), context) is None  # type: ignore[arg-type]
 
 
 async def test_only_a_known_planned_document_opens() -> None:
@@ -390,7 +430,7 @@ async def test_closing_during_the_attach_detaches_and_sends_nothing() -> None:
     calls: list[object] = []
     op.start(calls.append, calls.append)
     await asyncio.wait_for(engine.entered.wait(), 1)
-    attaching = op._task
+    attaching = op._attaching
     assert attaching is not None
     op.close()
     engine.gate.set()  # type: ignore[union-attr]

@@ -48,6 +48,21 @@ def test_small_churn_never_releases() -> None:
     assert releases([0, 150, 40, 40], min_closed=100) == [40]
 
 
+def test_a_burst_between_two_beats_releases_once_it_settled() -> None:
+    """Sessions that opened and closed between two beats (the highest count
+    since the last beat, ``highest``, not a count the beat saw) release once
+    the count then stays put for a beat; a count back where it was with a
+    burst in between has not settled."""
+    policy = ReleaseAfterClose(100)
+    seen = [policy.observe(live, highest)
+            for live, highest in ((0, 0), (0, 1_000), (0, 0), (0, 0))]
+    assert seen == [False, False, True, False]
+    policy = ReleaseAfterClose(100)
+    seen = [policy.observe(live, highest)
+            for live, highest in ((0, 0), (0, 90), (0, 1_000), (400, 400), (400, 400), (400, 400))]
+    assert seen == [False, False, False, False, True, False]
+
+
 def test_a_partial_close_above_half_does_not_release() -> None:
     """A fall by more than ``min_closed`` that leaves over half the peak waits."""
     assert releases([10_000, 5_001, 5_001, 6_000, 3_000, 3_000]) == [3_000]

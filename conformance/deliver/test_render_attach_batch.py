@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -21,10 +21,19 @@ from service_engine.db.errors import DatabaseError
 from service_engine.render import Populate, Reset, WindowReplica
 from service_engine.render.cohort import CohortKey
 from service_engine.render.stream import SessionStream
+from service_engine.render.windows import Query, WindowSpec
 
 from ..support.harness import wait_until
 from ..support.render_support import CardWriters, frames, running_engine, seed, take, window
-from ..support.sample_cards import Card, CardsView, Principal, RankQuery
+from ..support.sample_cards import (
+    Card,
+    CardsView,
+    OrgApplier,
+    OrgCardsRls,
+    Principal,
+    RankQuery,
+    write_card,
+)
 
 
 class CountingCards(CardsView):
@@ -84,6 +93,89 @@ async def test_a_member_whose_read_fails_fails_alone(db: Database) -> None:
             (reset,) = await take(stream, 1)
             assert isinstance(reset, Reset) and list(reset.views) == ['"c1"']
         assert {s.session.principal.id for s in f.runtime.registry.sessions.values()} == {"a", "b", "c"}
+
+
+async def test_an_attach_without_a_task_calls_back_as_attach_returns(db: Database) -> None:
+    """attach_soon (the socket's attach, no task of its own): ``done`` gets each
+    session's stream, its first delta the Reset of its cohort's window; a member whose
+    read fails gets its error, its session detached; a cancelled attach is detached and
+    ``done`` is never called."""
+    await seed(db, Card("c1", "acme", 1, "one"), Card("c2", "globex", 2, "two"))
+    async with frames(db, CountingCards()) as f:
+        registry = f.runtime.registry
+        got: dict[str, Any] = {}
+
+        def answer(name: str) -> Callable[[object], None]:
+            return lambda result: got.__setitem__(name, result)
+
+        principals = [
+            Principal("a", frozenset({"acme"})), Principal("bad", frozenset({"acme", "x"})),
+            Principal("g", frozenset({"globex"})), Principal("gone", frozenset({"acme"})),
+        ]
+        pending = {
+            p.id: registry.attach_soon(p, "cards", window(), answer(p.id), session_id=p.id)
+            for p in principals
+        }
+        pending["gone"].cancel()
+        await wait_until(lambda: len(got) == 3, what="every attach but the cancelled one answered")
+        assert isinstance(got["bad"], DatabaseError)
+        for name, key in (("a", '"c1"'), ("g", '"c2"')):
+            stream = got[name]
+            assert isinstance(stream, SessionStream)
+            (reset,) = await take(stream, 1)
+            assert isinstance(reset, Reset) and reset.revision == 1 and list(reset.views) == [key]
+        await wait_until(lambda: set(registry.sessions) == {"a", "g"},
+                         what="the failed and the cancelled attaches detached")
+        assert "gone" not in got
+
+
+async def test_an_rls_attach_without_a_task_reads_under_its_own_principal(
+    db: Database,
+) -> None:
+    """attach_soon of an RLS projector: each session's snapshot reads alone under its
+    own principal's context (its Reset holds only its org's rows), and ``done`` gets its
+    stream; a cancelled one is detached."""
+    async with db.pool.acquire() as conn:
+        for card in (Card("o1", "acme", 0, "acme card"), Card("o2", "globex", 0, "globex card")):
+            await write_card(conn, card, table="sample_org_card")
+    async with frames(db, OrgCardsRls()) as f:
+        registry = f.runtime.registry
+        spec: WindowSpec[Any] = WindowSpec(Query(None), rls=True)
+        got: dict[str, Any] = {}
+
+        def answer(name: str) -> Callable[[object], None]:
+            return lambda result: got.__setitem__(name, result)
+
+        pending = {
+            name: registry.attach_soon(Principal(name, frozenset({org})), "org_cards_rls", spec,
+                                       answer(name), session_id=name, applier=OrgApplier())
+            for name, org in (("a", "acme"), ("g", "globex"), ("gone", "acme"))
+        }
+        pending["gone"].cancel()
+        await wait_until(lambda: len(got) == 2, what="both attaches answered")
+        for name, title in (("a", "acme card"), ("g", "globex card")):
+            (reset,) = await take(got[name], 1)
+            assert isinstance(reset, Reset) and list(reset.views.values()) == [title]
+        await wait_until(lambda: set(registry.sessions) == {"a", "g"},
+                         what="the cancelled attach detached")
+        assert "gone" not in got
+
+
+async def test_the_registry_keeps_the_most_sessions_attached_at_once(db: Database) -> None:
+    """take_peak answers the most sessions attached at once since the last call (a
+    burst attached and detached in between included), then starts again from those
+    attached now: what the memory release's beat reads."""
+    await seed(db, Card("c1", "acme", 1, "one"))
+    async with frames(db, CountingCards()) as f:
+        registry = f.runtime.registry
+        registry.take_peak()
+        streams = await asyncio.gather(*(registry.attach(Principal(f"p{i}", frozenset({"acme"})),
+                                                         "cards", window()) for i in range(5)))
+        for stream in streams[1:]:
+            registry.detach(stream.id, "closed")
+        assert len(registry.sessions) == 1
+        assert registry.take_peak() == 5
+        assert registry.take_peak() == 1
 
 
 @pytest.mark.parametrize("seed_value", [2, 7])

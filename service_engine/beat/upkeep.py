@@ -219,8 +219,9 @@ class Upkeep:
     async def _release_after_close(self) -> None:
         """Once many sessions closed (`ReleaseAfterClose`), hand the heap's
         free pages back to the OS: a pod returns toward its idle footprint."""
-        live = len(self._render.registry.sessions)
-        if self.release.observe(live):
+        registry = self._render.registry
+        live = len(registry.sessions)
+        if self.release.observe(live, registry.take_peak()):
             started = time.perf_counter()
             closed = 0
             if self.release.due_in:  # a fall, not its follow-up (the pool has its floor again)

@@ -2,10 +2,11 @@
 
 `AttachedSession` is what `RenderRegistry` keeps per live session.
 `AttachBatches` queues each attach's first snapshot with the other attaches
-of its projector: those queued while a batch waits for a reader share one
-read-only transaction, each session's populate in it, and one ``read_many``
-for the union of their keys (`RenderRegistry` reads them; at most
-``ATTACH_READERS`` batches read at once and ``ATTACH_BATCH`` sessions each).
+of its projector: those queued while the projector's batch reads (or waits
+for a reader) share the next one's read-only transaction, each session's
+populate in it, and one ``read_many`` for the union of their keys
+(`RenderRegistry` reads them; at most ``ATTACH_READERS`` batches read at
+once, one per projector unless a queue outgrew ``ATTACH_BATCH`` sessions).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from ..db.types import Conn
 from ..failures import AttachError, AttachShuttingDown
 from ..impacts.model import JsonValue
-from .projector import Projector, RlsApplier
+from .projector import Projector, RlsApplier, Visibility
 from .session import Session
 from .stream import SessionStream
 from .table_window import cohort_values
@@ -32,21 +33,34 @@ __all__ = [
     "UnknownProjectorName",
     "populate_key",
     "populate_slots",
+    "window_of",
 ]
 
 ATTACH_BATCH = 256
 """Attaches of one projector snapshotted in one transaction at most."""
 ATTACH_READERS = 2
 """Attach batches reading at once: the rest of the pool stays for writes,
-principal resolves and render passes while a burst of attaches waits."""
+principal resolves and render passes while a burst of attaches waits. A
+projector's next batch starts when its last one read (a burst's attaches
+gather into few batches: each costs its transaction's round trips), unless
+its queue outgrew ``ATTACH_BATCH``."""
+
+
+def window_of(rec: AttachedSession) -> frozenset[Hashable] | None:
+    """``VISIBILITY.window`` of the session's principal (populate's
+    ``cx.cohorts``): the memberships the session holds already
+    (`SharedGates.take`) when the window is the default one, all of them."""
+    visibility = rec.projector.VISIBILITY
+    if rec.memberships is not None and type(visibility).window is Visibility.window:
+        return rec.memberships
+    return visibility.window(rec.session.principal)
 
 
 def populate_key(rec: AttachedSession) -> Hashable | None:
     """What makes two attaching sessions' populates equal, or None when
     their query is not hashable (then each populates alone)."""
     session = rec.session
-    window = rec.projector.VISIBILITY.window(session.principal)
-    key = (session.cohort, window, session.membership.query)
+    key = (session.cohort, window_of(rec), session.membership.query)
     try:
         hash(key)
     except TypeError:
@@ -139,11 +153,15 @@ class AttachBatches:
         self.queued: dict[str, Waiting] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._readers = asyncio.Semaphore(ATTACH_READERS)
+        self._reading: dict[str, int] = {}
+        """Batches of each projector taken and not done reading."""
 
     def shrink(self) -> None:
         """Rebuild the emptied queue (a dict keeps its largest table)."""
         if not self.queued:
             self.queued = {}
+        if not self._reading:
+            self._reading = {}
 
     def join(self, rec: AttachedSession) -> asyncio.Future[None]:
         """Queue ``rec``'s first snapshot with the other attaches of its
@@ -156,7 +174,9 @@ class AttachBatches:
         queued = self.queued.get(name)
         if queued is None:
             queued = self.queued[name] = []
-            self._start(rec.projector)
+            if name not in self._reading:
+                self._start(rec.projector)
+            # (Else the batch reading starts the next one when it is done.)
         queued.append((rec, waiter))
         return waiter
 
@@ -179,6 +199,30 @@ class AttachBatches:
         return [(rec, w) for rec, w in queued if not w.done() and not rec.session.ended]
 
     async def _run(self, proj: Projector[Any, Any, Any, Any]) -> None:
+        name = proj.NAME
+        self._reading[name] = self._reading.get(name, 0) + 1
+        try:
+            await self._run_batch(proj)
+        except BaseException:
+            self._done_reading(name)
+            # Interrupted: what queued while it read is not read either.
+            for _, waiter in self.queued.pop(name, []):
+                if not waiter.done():
+                    waiter.set_exception(AttachShuttingDown("the attach was interrupted"))
+            raise
+        if self._done_reading(name) and name in self.queued:
+            self._start(proj)  # what queued while its batches read
+
+    def _done_reading(self, name: str) -> bool:
+        """One batch of ``name`` done; whether none of it reads any more."""
+        left = self._reading[name] - 1
+        if left:
+            self._reading[name] = left
+            return False
+        del self._reading[name]
+        return True
+
+    async def _run_batch(self, proj: Projector[Any, Any, Any, Any]) -> None:
         batch: Waiting | None = None
         alone = False
         try:

@@ -49,6 +49,7 @@ from .attached import (
     PopulateCx,
     UnknownProjectorName,
     populate_slots,
+    window_of,
 )
 from .cohort import principal_key
 from .cohort_index import CohortIndex, SharedGates, indexable
@@ -96,6 +97,33 @@ class _Detach:
         self.registry.detach(self.session_id, "closed")
 
 
+class _Attached:
+    """`RenderRegistry.attach_soon`'s end: the first snapshot's future done."""
+
+    __slots__ = ("done", "rec", "registry")
+
+    def __init__(
+        self, registry: RenderRegistry, rec: AttachedSession,
+        done: Callable[[SessionStream[Any] | Exception], None],
+    ) -> None:
+        self.registry = registry
+        self.rec = rec
+        self.done = done
+
+    def __call__(self, ready: asyncio.Future[None]) -> None:
+        registry = self.registry
+        if ready.cancelled():
+            registry.detach(self.rec.session.id, "attach failed")
+            return
+        error = ready.exception()
+        if error is not None:
+            registry.detach(self.rec.session.id, "attach failed")
+            self.done(error if isinstance(error, Exception) else AttachShuttingDown(
+                "the attach was interrupted"))
+            return
+        self.done(registry._opened(self.rec))
+
+
 class RenderRegistry:
     """Projectors and sessions of one pod, and the reads that serve them."""
 
@@ -118,6 +146,8 @@ class RenderRegistry:
         self._projectors: dict[str, Projector[Any, Any, Any, Any]] = {}
         self.interest: Interest[Session[Any, Any]] = Interest()
         self._sessions: dict[SessionId, AttachedSession] = {}
+        self._peak = 0
+        """The most sessions attached at once since `take_peak`."""
         # What snapshots held while they read, replayed by the next pass.
         self.replays: list[tuple[AttachedSession, Dirty]] = []
         self.planned = 0
@@ -185,6 +215,13 @@ class RenderRegistry:
     def sessions(self) -> Mapping[SessionId, AttachedSession]:
         return self._sessions
 
+    def take_peak(self) -> int:
+        """The most sessions attached at once since the last call (a burst
+        that came and went between two beats included); from now, the
+        sessions attached now."""
+        peak, self._peak = self._peak, len(self._sessions)
+        return peak
+
     # -- attach, detach, page, fetch ---------------------------------------------
 
     async def attach(
@@ -204,6 +241,54 @@ class RenderRegistry:
         RLS assertion does not fit the projector, and a `DatabaseError` when
         the snapshot's read fails.
         """
+        rec = self._open(principal, projector, window, session_id, applier)
+        try:
+            if rec.projector.RLS:
+                # Its reads run under this principal's RLS context: alone.
+                await self.snapshot(rec)
+            else:
+                await self.attach_batches.join(rec)
+        except BaseException:
+            self.detach(rec.session.id, "attach failed")
+            raise
+        return self._opened(rec)
+
+    def attach_soon(
+        self,
+        principal: Any,
+        projector: str,
+        window: WindowSpec[Any],
+        done: Callable[[SessionStream[Any] | Exception], None],
+        *,
+        session_id: str | None = None,
+        applier: RlsApplier[Any] | None = None,
+    ) -> asyncio.Future[None]:
+        """`attach` without a task of the caller's: ``done`` is called (from
+        a loop callback) with the session's stream once its Reset is queued,
+        or with the error refusing it (the session detached). What `attach`
+        raises before any read is raised here. Cancel the returned future to
+        give the attach up: the session is detached and ``done`` is not
+        called."""
+        rec = self._open(principal, projector, window, session_id, applier)
+        ready: asyncio.Future[None]
+        if rec.projector.RLS:
+            # Its reads run under this principal's RLS context: alone.
+            ready = asyncio.get_running_loop().create_task(self.snapshot(rec))
+        else:
+            ready = self.attach_batches.join(rec)
+        ready.add_done_callback(_Attached(self, rec, done))
+        return ready
+
+    def _open(
+        self,
+        principal: Any,
+        projector: str,
+        window: WindowSpec[Any],
+        session_id: str | None,
+        applier: RlsApplier[Any] | None,
+    ) -> AttachedSession:
+        """An attach's session, registered and watching (its interest
+        before its snapshot: the connect barrier's first step)."""
         try:
             self._accepting()
         except EngineError as exc:
@@ -227,7 +312,10 @@ class RenderRegistry:
         rec = AttachedSession(
             session, proj, stream, applier, gate, memberships, view_key=view_key,
         )
-        self._sessions[sid] = rec
+        sessions = self._sessions
+        sessions[sid] = rec
+        if len(sessions) > self._peak:
+            self._peak = len(sessions)
         self._count_live(proj.NAME, 1)
         population = window.population
         # The connect barrier: interest first, then the snapshot.
@@ -236,15 +324,11 @@ class RenderRegistry:
         index = self.indexes.get(proj.NAME)
         if index is not None:
             index.join(session, rec.memberships)
-        try:
-            if proj.RLS:
-                # Its reads run under this principal's RLS context: alone.
-                await self.snapshot(rec)
-            else:
-                await self.attach_batches.join(rec)
-        except BaseException:
-            self.detach(sid, "attach failed")
-            raise
+        return rec
+
+    def _opened(self, rec: AttachedSession) -> SessionStream[Any]:
+        """An attach's first snapshot completed: its stream."""
+        stream = rec.stream
         if not self._config.render_shedding:
             stream.collapse_after(None)
         return stream
@@ -421,8 +505,7 @@ class RenderRegistry:
         one cohort with the same memberships and window query see the same
         rows: their window is asked for once."""
         sessions, slots = populate_slots(recs)
-        asks = [(PopulateCx(rec.session.principal, None,
-                            proj.VISIBILITY.window(rec.session.principal), conn),
+        asks = [(PopulateCx(rec.session.principal, None, window_of(rec), conn),
                  rec.session.membership.query) for rec in sessions]
         if not asks:
             return [None] * len(recs)

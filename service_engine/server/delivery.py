@@ -25,6 +25,7 @@ from strawberry.types import ExecutionContext
 from strawberry.types.base import StrawberryList
 
 from ..graphql.delivery_plan import Encoded, Plan, plan_operation
+from ..render.deltas import Reset
 
 __all__ = [
     "Seen", "SharedPlan", "document_seen_rule", "plan_for", "report_errors", "seen",
@@ -36,6 +37,8 @@ PLAN_CACHE_SIZE = 1024
 """Planned (document, operation, variables) kept (per process)."""
 ENCODED_PER_PLAN = 512
 """Serialised shared members kept per plan (a cohort's burst reuses them)."""
+RESETS_PER_PLAN = 256
+"""Serialised Reset windows kept per plan (a reconnect burst's cohorts reuse them)."""
 
 _REVISION = "revision"
 
@@ -43,12 +46,13 @@ _REVISION = "revision"
 class SharedPlan:
     """A plan and its cache of serialised shared members."""
 
-    __slots__ = ("_encoded", "last_frame", "operation", "plan")
+    __slots__ = ("_encoded", "_resets", "last_frame", "operation", "plan")
 
     def __init__(self, operation: OperationDefinitionNode, plan: Plan) -> None:
         self.operation = operation
         self.plan = plan
         self._encoded: dict[tuple[Any, ...], tuple[tuple[object, ...], Encoded]] = {}
+        self._resets: dict[tuple[str, ...], tuple[tuple[object, ...], Encoded]] = {}
         self.last_frame: tuple[object, int, str, bytes] | None = None
         """The last whole frame a caught-up reader wrote (`LiveOp.frame_bytes`):
         (delta object, revision, the ``next`` message's head, bytes). A
@@ -75,6 +79,25 @@ class SharedPlan:
         if len(self._encoded) >= ENCODED_PER_PLAN:
             self._encoded.clear()
         self._encoded[key] = (refs, encoded)
+        return encoded
+
+    def encode_reset(self, message: Callable[[Any], object], reset: Reset[Any]) -> Encoded:
+        """The member of ``reset`` (``message(reset)``, built only when
+        needed) serialised, cut at its revision: a Reset carrying the same
+        keys in the same order with the same view objects (or equal ones)
+        as one serialised already (a cohort's sessions attaching together,
+        each its own Reset of one window) is serialised once. Its
+        ``revision`` is the first such Reset's: splice in ``reset``'s."""
+        views = reset.views
+        keys = tuple(views)
+        values = tuple(views.values())
+        hit = self._resets.get(keys)
+        if hit is not None and hit[0] == values:
+            return hit[1]
+        encoded = self.plan.encode(message(reset))
+        if len(self._resets) >= RESETS_PER_PLAN:
+            self._resets.clear()
+        self._resets[keys] = (values, encoded)
         return encoded
 
     def shared(self, member_type: type[Any], source: object) -> Encoded | None:

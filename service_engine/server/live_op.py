@@ -1,8 +1,9 @@
 """One known live subscribe served without GraphQL per operation: `LiveOp`.
 
-The socket drives a `LiveOp` by callbacks: `LiveOp.start` attaches (one
-short task), then the session stream calls back (`SessionStream.set_waker`)
-when a delta or the end is queued; the socket calls `LiveOp.drain`, which
+The socket drives a `LiveOp` by callbacks: `LiveOp.start` attaches (no
+task: `RenderRegistry.attach_soon` calls back), then the session stream
+calls back (`SessionStream.set_waker`) when a delta or the end is queued;
+the socket calls `LiveOp.drain`, which
 turns every queued delta into its frame text and hands them to
 ``write(texts)`` in one call; `pause` / `resume` follow the transport's flow
 control (a paused op takes nothing: its session collapses or Resets as the
@@ -35,7 +36,7 @@ from graphql.execution import execute_subscription_event
 from ..graphql.delivery_plan import Encoded, NotPlanned, dumps
 from ..graphql.subscriptions import Live, SubscriptionUnion
 from ..logs import bind_session
-from ..render.deltas import Remove, Upsert, renumbered
+from ..render.deltas import Remove, Reset, Upsert, renumbered
 from ..render.stream import SessionStream
 from .delivery import SharedPlan, report_errors
 from .live_known import Known
@@ -57,10 +58,13 @@ _log = logging.getLogger(__name__)
 _TAIL = "}}"
 
 
+@functools.lru_cache(maxsize=1024)
 def next_frame_head(operation_id: str) -> str:
     """The text of a ``next`` message up to its data, for ``operation_id``
     (interned: operations under one id share the one string, and a frame
-    kept for one of them is found for the others by identity)."""
+    kept for one of them is found for the others by identity; the heads of
+    the ids last used are kept, clients mostly number their operations
+    alike)."""
     return sys.intern(f'{{"id":{dumps(operation_id)},"type":"next","payload":{{"data":')
 
 
@@ -106,10 +110,6 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class _Closed(Exception):
-    """The op was closed while its attach was pending."""
-
-
 class LiveOp:
     """One known-planned live subscription on one socket, under its id.
 
@@ -120,9 +120,9 @@ class LiveOp:
     """
 
     __slots__ = (
-        "_context", "_direct", "_ending", "_executor", "_head", "_known", "_lanes", "_live",
-        "_notices", "_on_done", "_ops", "_outbox", "_paused", "_principal", "_shared", "_state",
-        "_stream", "_task", "_variables", "_wake", "_waker", "id",
+        "_attaching", "_context", "_direct", "_ending", "_executor", "_head", "_known", "_lanes",
+        "_live", "_notices", "_on_done", "_ops", "_outbox", "_paused", "_principal", "_shared",
+        "_state", "_stream", "_variables", "_wake", "_waker", "id",
     )
 
     def __init__(
@@ -141,7 +141,8 @@ class LiveOp:
         self._head = next_frame_head(operation_id)
         self._state = _State.OPENED
         self._stream: SessionStream[Any] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._attaching: asyncio.Future[None] | None = None
+        """The pending attach (`RenderRegistry.attach_soon`), cancelled by `close`."""
         self._wake: Callable[[LiveOp], None] | None = None
         self._waker: Callable[[], None] | None = None
         self._direct: Callable[[Any, int], bool] | None = None
@@ -164,20 +165,39 @@ class LiveOp:
 
     # -- attach -------------------------------------------------------------------
 
-    async def _attach(self) -> SessionStream[Any]:
-        self._state = _State.ATTACHING
+    def _attach(self) -> None:
+        """Begin the attach (`RenderRegistry.attach_soon`); `_attached` ends it."""
         live = self._live
-        stream: SessionStream[Any] = await self._context.engine.attach(
-            self._principal, live.projector, live.window,
-            applier=live.applier, session_id=live.session_id,
-        )
+        try:
+            self._attaching = self._context.engine.render.attach_soon(
+                self._principal, live.projector, live.window, self._attached,
+                applier=live.applier, session_id=live.session_id,
+            )
+        except Exception as error:
+            self._outbox = self._failed(error)
+            self._woken()
+
+    def _attached(self, result: SessionStream[Any] | Exception) -> None:
+        """The attach's end: its stream (the Reset queued), or the error
+        refusing it (what the ordinary path sends for it is queued)."""
+        self._attaching = None
         if self._state is _State.CLOSED:
-            stream.detach()
-            raise _Closed
-        bind_session(str(stream.id))
+            if isinstance(result, SessionStream):
+                result.detach()
+            return
+        if isinstance(result, Exception):
+            self._outbox = self._failed(result)
+            self._woken()
+            return
+        stream = result
+        bind_session(str(stream.id))  # (the lane notices' task inherits it)
         self._stream = stream
         self._state = _State.LIVE
-        return stream
+        if self._lanes:
+            self._notices = asyncio.get_running_loop().create_task(
+                self._read_notices(self._context.engine.lane_notices(self._lanes)))
+        if not self._paused:
+            stream.set_waker(self._waker, self._direct)  # wakes at once: the Reset is queued
 
     def _failed(self, error: Exception) -> list[str]:
         """What the ordinary path sends when the stream fails before its
@@ -220,10 +240,17 @@ class LiveOp:
             if hit is not None:
                 return next_frame(self._head, hit,
                                   delta.revision if revision is None else revision)
+        elif kind is Reset:
+            # A cohort attaching together: one serialisation of its window.
+            try:
+                data = shared.encode_reset(union.message, delta)
+            except NotPlanned:
+                return None
+            return next_frame(self._head, data, delta.revision if revision is None else revision)
         if revision is not None and delta.revision != revision:
             delta = renumbered(delta, revision)
-        data = planned(union, shared, delta)
-        return None if data is None else next_frame(self._head, data)
+        found = planned(union, shared, delta)
+        return None if found is None else next_frame(self._head, found)
 
     def frame_bytes(self, delta: Any, revision: int) -> bytes | None:
         """The whole WebSocket frame (an uncompressed text frame) of
@@ -301,7 +328,7 @@ class LiveOp:
         on_done: Callable[[str], None],
         direct: Callable[[LiveOp, Any, int], bool] | None = None,
     ) -> None:
-        """Callback mode: attach (in one short task), then call
+        """Callback mode: attach (no task: the registry calls back), then call
         ``wake(self)`` whenever frames are ready to `drain` (at most once
         until the next drain). Once the session ended and its ``complete``
         was drained, ``on_done(self.id)`` is called; after `close` neither
@@ -322,31 +349,12 @@ class LiveOp:
         if direct is not None:
             self._direct = functools.partial(direct, self)
         self._state = _State.ATTACHING
-        self._task = asyncio.get_running_loop().create_task(self._start())
+        self._attach()
 
     def _woken(self) -> None:
         wake = self._wake
         if wake is not None:
             wake(self)
-
-    async def _start(self) -> None:
-        try:
-            stream = await self._attach()
-        except _Closed:
-            return
-        except Exception as error:
-            if self._state is _State.CLOSED:
-                return
-            self._outbox = self._failed(error)
-            self._woken()
-            return
-        finally:
-            self._task = None
-        if self._lanes:
-            self._notices = asyncio.get_running_loop().create_task(
-                self._read_notices(self._context.engine.lane_notices(self._lanes)))
-        if not self._paused:
-            stream.set_waker(self._waker, self._direct)  # wakes at once: the Reset is queued
 
     async def _read_notices(self, notices: Any) -> None:
         """Callback mode's lane notices: each one's frame queued ahead of
@@ -450,10 +458,10 @@ class LiveOp:
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
-        task = self._task
-        if task is not None:
-            self._task = None
-            task.cancel()
+        attaching = self._attaching
+        if attaching is not None:
+            self._attaching = None
+            attaching.cancel()  # the registry detaches the session
         self._outbox = None
         self._release()
 

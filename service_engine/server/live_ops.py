@@ -22,17 +22,18 @@ The operation itself, its frames and flow control, is `LiveOp`
 from __future__ import annotations
 
 import contextlib
+import enum
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from graphql import FieldNode
+from graphql import FieldNode, VariableValues
 from graphql.execution import get_argument_values, get_variable_values
 from strawberry.extensions import SchemaExtension
 
 from ..graphql import subscriptions
 from ..graphql.subscriptions import Live, LiveRequest, SubscriptionUnion
-from .delivery import plan_for, seen
+from .delivery import SharedPlan, plan_for, seen
 from .live_known import Known, document_key, known_parameters
 from .live_op import LiveOp
 
@@ -71,6 +72,27 @@ def per_operation_extensions(
     return acting
 
 
+class _Fixed(NamedTuple):
+    """A document without variables: its field's arguments and its plan."""
+
+    values: Mapping[str, Any]
+    shared: SharedPlan
+
+
+_IMMUTABLE = (str, int, float, enum.Enum, type(None))
+
+
+def _immutable(values: Mapping[str, Any]) -> bool:
+    """Whether ``values`` may be handed to every request (each list is
+    copied per request; any other mutable value, a custom scalar's, is
+    computed afresh for each, as the ordinary path does)."""
+    return all(
+        isinstance(value, _IMMUTABLE)
+        or (type(value) is list and all(isinstance(item, _IMMUTABLE) for item in value))
+        for value in values.values()
+    )
+
+
 class LiveOps:
     """The known-planned live documents of one app, and their operations.
 
@@ -94,6 +116,9 @@ class LiveOps:
         self.enabled = enabled
         self._size = size
         self._known: OrderedDict[tuple[str, str | None], Known] = OrderedDict()
+        self._fixed: dict[Known, _Fixed] = {}
+        """What a known document without variables gives every ``subscribe``
+        alike: its coerced (no) variables, the field's arguments, its plan."""
 
     @property
     def known(self) -> int:
@@ -150,7 +175,8 @@ class LiveOps:
             parameters[0], parameters[1], union, request,
         )
         if len(self._known) > self._size:
-            self._known.popitem(last=False)
+            _, evicted = self._known.popitem(last=False)
+            self._fixed.pop(evicted, None)
 
     def open(
         self, operation_id: str, payload: Mapping[str, object], context: Any
@@ -170,32 +196,47 @@ class LiveOps:
             return None
         self._known.move_to_end(key)
         variables = payload.get("variables")
-        if variables is None:
-            variables = {}
-        elif not isinstance(variables, dict):
+        if variables is not None and not isinstance(variables, dict):
             return None
-        coerced = get_variable_values(
-            known.schema, known.operation.variable_definitions or (), variables,
-            max_errors=MAX_COERCION_ERRORS,
-        )
-        if isinstance(coerced, list):
-            return None  # the ordinary path reports the errors
+        fixed = self._fixed.get(known)
+        coerced: VariableValues | None = None
+        if fixed is None:
+            found_values = get_variable_values(
+                known.schema, known.operation.variable_definitions or (), variables or {},
+                max_errors=MAX_COERCION_ERRORS,
+            )
+            if isinstance(found_values, list):
+                return None  # the ordinary path reports the errors
+            coerced = found_values
         try:
-            live = self._request(known, coerced)
+            values: Mapping[str, Any]
+            if coerced is not None:
+                values = get_argument_values(known.field_def, known.field_node, coerced)
+            else:
+                assert fixed is not None
+                values = fixed.values  # no variables: the arguments are the last ones'
+            live = self._request(known, values)
             principal = context.principal
             lanes = context.engine.lanes_of(live.projector)
         except Exception:
             return None  # the ordinary path raises it where it reports it
-        shared = plan_for(known.schema, known.operation, known.fragments, coerced)
-        if shared is None:
-            return None
+        if fixed is not None:
+            shared = fixed.shared
+        else:
+            assert coerced is not None
+            found = plan_for(known.schema, known.operation, known.fragments, coerced)
+            if found is None:
+                return None
+            shared = found
+            if not known.operation.variable_definitions and _immutable(values):
+                self._fixed[known] = _Fixed(values, shared)
         return LiveOp(self, known, operation_id, context, principal, live, shared,
-                      payload.get("variables"), lanes)
+                      variables, lanes)
 
-    def _request(self, known: Known, coerced: Any) -> Live:
+    def _request(self, known: Known, values: Mapping[str, Any]) -> Live:
         """The field's `Live`: the request called with the field's
-        arguments as graphql-core coerced them (`known_parameters`)."""
-        values = get_argument_values(known.field_def, known.field_node, coerced)
+        arguments as graphql-core coerced them (``values``, from
+        `get_argument_values`; `known_parameters` maps their names)."""
         names = known.arguments
         # (A list copied, as Strawberry does: graphql-core shares a default's.)
         kwargs = {names[name]: list(value) if isinstance(value, list) else value
