@@ -43,7 +43,6 @@ from ..impacts.watched import WatchedNouns
 from ..logs import in_session
 from ..metrics import Metrics
 from .attached import (
-    ATTACH_BATCH,
     AttachBatches,
     AttachedSession,
     PopulateCx,
@@ -53,7 +52,7 @@ from .attached import (
 )
 from .cohort import principal_key
 from .cohort_index import CohortIndex, SharedGates, indexable
-from .deltas import Delta, KeyText, Reset
+from .deltas import Delta, KeyText
 from .interest import Dirty, Interest
 from .paging import NoLiveSession, PageInterrupted, PageResult
 from .projector import (
@@ -69,8 +68,8 @@ from .report import PassTally
 from .session import Session, authorize_page
 from .session_id import SessionId, new_session_id, parse_session_id
 from .sharing import HeldViews, Interned, SharedViews, view_key_of
+from .snapshots import Snapshots
 from .stream import SessionStream
-from .window_diff import SharedWindow
 from .windows import Keys, WindowSpec, keyed
 
 __all__ = ["AttachedSession", "PrincipalRefresh", "RenderRegistry", "UnknownProjectorName"]
@@ -157,9 +156,11 @@ class RenderRegistry:
         # The cohort index of projectors gated by their declared Visibility
         # (see `CohortIndex`), by projector name.
         self.indexes: dict[str, CohortIndex] = {}
+        self.snapshots = Snapshots(self)
+        """Each session's snapshot from committed state, alone or batched."""
         self.attach_batches = AttachBatches(
-            begin=self._begin_snapshot, read=self._read_attach_batch,
-            alone=lambda rec: self.snapshot(rec, begun=True),
+            begin=self.snapshots.begin, read=self.snapshots.read_attach_batch,
+            alone=lambda rec: self.snapshots.snapshot(rec, begun=True),
         )
         """Attaches waiting for their first snapshot, read in batches."""
         # Projectors whose declared view key was found not to determine the
@@ -245,7 +246,7 @@ class RenderRegistry:
         try:
             if rec.projector.RLS:
                 # Its reads run under this principal's RLS context: alone.
-                await self.snapshot(rec)
+                await self.snapshots.snapshot(rec)
             else:
                 await self.attach_batches.join(rec)
         except BaseException:
@@ -273,7 +274,7 @@ class RenderRegistry:
         ready: asyncio.Future[None]
         if rec.projector.RLS:
             # Its reads run under this principal's RLS context: alone.
-            ready = asyncio.get_running_loop().create_task(self.snapshot(rec))
+            ready = asyncio.get_running_loop().create_task(self.snapshots.snapshot(rec))
         else:
             ready = self.attach_batches.join(rec)
         ready.add_done_callback(_Attached(self, rec, done))
@@ -396,7 +397,7 @@ class RenderRegistry:
                 keys = await self.populate(conn, rec, cursor)
                 rows = await self.load(conn, rec.projector, keys, PassTally())
             rendered = self.project(rec, rows, keys, PassTally())
-            self._note_rendered(rec.projector, rows, rendered)
+            self.note_rendered(rec.projector, rows, rendered)
             try:
                 result = session.settle_page(
                     ticket, keys, rendered, capacity=self._config.window_capacity
@@ -404,7 +405,7 @@ class RenderRegistry:
             except PageInterrupted:
                 continue
             for delta in result.deltas:
-                self._emit(rec, delta)
+                self.emit(rec, delta)
             return result
         raise PageInterrupted("the window kept being re-snapshotted; try the page again")
 
@@ -497,7 +498,7 @@ class RenderRegistry:
         cx = PopulateCx(principal, cursor, rec.projector.VISIBILITY.window(principal), conn)
         return keyed(await rec.projector.populate(cx, session.membership.query))
 
-    async def _populate_many(
+    async def populate_many(
         self, conn: Conn, proj: Projector[Any, Any, Any, Any], recs: Sequence[AttachedSession]
     ) -> list[dict[KeyText, JsonValue] | None]:
         """Each session's head window (None for a `Keys` window, which has no
@@ -591,151 +592,7 @@ class RenderRegistry:
             _log.error("projector %s: view_key does not determine the view (%s); "
                        "projecting its views per session from now on", proj.NAME, views.mismatch)
 
-    # -- snapshots ------------------------------------------------------------------
-
-    async def snapshot(
-        self, rec: AttachedSession, tally: PassTally | None = None, *, cause: str | None = None,
-        begun: bool = False,
-    ) -> None:
-        """Reset ``rec`` from committed state (attach, repair or resnapshot);
-        ``cause`` (one of `RESET_CAUSES`) counts it as a reset of a live session.
-        ``begun``: the snapshot was already begun (`_begin_snapshot`) by a
-        batch whose shared read failed."""
-        tally = tally or PassTally()
-        session = rec.session
-        state = session.state.value
-        if not begun:
-            self._begin_snapshot(rec)
-        try:
-            async with self.reading(rec.projector, session.principal, rec.applier) as conn:
-                populated = (
-                    await self.populate(conn, rec, None) if session.membership.populates else None
-                )
-                keys = session.snapshot_keys(populated)
-                rows = await self.load(conn, rec.projector, keys, tally)
-            rendered = self.project(rec, rows, keys, tally)
-            self._note_rendered(rec.projector, rows, rendered)
-        except Exception as exc:
-            self._snapshot_ended(rec)
-            if state == "attaching":
-                raise
-            self.failed(rec, f"snapshot failed: {type(exc).__name__}: {exc}", exc)
-            tally.failures += 1
-            return
-        self._complete_snapshot(rec, state, populated, rendered, tally, cause)
-
-    def _begin_snapshot(self, rec: AttachedSession) -> None:
-        """The connect barrier's second step, before any read: from here the
-        session holds what commits, and replays it after its Reset."""
-        rec.session.begin_snapshot()
-        index = self.indexes.get(rec.projector.NAME)
-        if index is not None:
-            index.snapshotting.add(rec.session)
-
-    def _snapshot_ended(self, rec: AttachedSession) -> None:
-        index = self.indexes.get(rec.projector.NAME)
-        if index is not None:
-            index.snapshotting.discard(rec.session)
-
-    def _complete_snapshot(
-        self, rec: AttachedSession, state: str, populated: Mapping[KeyText, JsonValue] | None,
-        rendered: Mapping[KeyText, Any], tally: PassTally, cause: str | None,
-        shares: list[SharedWindow[Any]] | None = None,
-    ) -> None:
-        session = rec.session
-        self._snapshot_ended(rec)
-        if session.ended:
-            return  # detached while it read
-        if state == "attaching":
-            reset: Reset[Any] = session.go_live(populated, rendered, shares)
-        elif state == "repair_pending":
-            reset = session.repaired(populated, rendered, shares)
-        else:
-            reset = session.resnapshot(populated, rendered, shares)
-        rec.resync = False
-        rec.live_since = self.planned
-        self._emit(rec, reset)
-        tally.deltas += 1
-        tally.resets += 1
-        if cause is not None:
-            self.count_reset(rec.projector.NAME, cause)
-        held = session.take_held()
-        if held is not None:
-            self.replays.append((rec, held))
-            self.wake.set()
-
-    # -- attach batches -------------------------------------------------------------
-
-    async def _read_attach_batch(
-        self, proj: Projector[Any, Any, Any, Any], recs: list[AttachedSession]
-    ) -> None:
-        """Snapshot ``recs`` (all attaching, snapshot begun) in one
-        transaction and take them live (those not ended meanwhile)."""
-        await self._read_batch(proj, recs, ["attaching"] * len(recs), PassTally(), None)
-
-    async def snapshot_all(
-        self, recs: Sequence[AttachedSession], tally: PassTally, *, cause: str
-    ) -> None:
-        """Reset every live session of ``recs`` from committed state, counted
-        as resets for ``cause``. The sessions of one projector read together,
-        as attaches do (`_read_batch`: one transaction, shared populates, one
-        ``read_many`` per `ATTACH_BATCH`), so a lost listener resets a
-        thousand sessions in a few reads, not a thousand; an RLS projector's
-        sessions each read alone under their own principal's context. When a
-        shared read fails each of its sessions is read alone, so only a
-        session's own failure fails it (to repair)."""
-        grouped: dict[str, list[AttachedSession]] = {}
-        for rec in recs:
-            if not rec.session.live:
-                continue
-            if rec.projector.RLS:
-                await self.snapshot(rec, tally, cause=cause)
-            else:
-                grouped.setdefault(rec.projector.NAME, []).append(rec)
-        for group in grouped.values():
-            proj = group[0].projector
-            for at in range(0, len(group), ATTACH_BATCH):
-                # Each chunk checked as it comes: the pass awaited meanwhile.
-                chunk = [rec for rec in group[at:at + ATTACH_BATCH] if rec.session.live]
-                if not chunk:
-                    continue
-                states = [rec.session.state.value for rec in chunk]
-                for rec in chunk:
-                    self._begin_snapshot(rec)
-                try:
-                    await self._read_batch(proj, chunk, states, tally, cause)
-                except Exception:
-                    for rec in chunk:
-                        if rec.session.snapshotting:
-                            await self.snapshot(rec, tally, cause=cause, begun=True)
-
-    async def _read_batch(
-        self, proj: Projector[Any, Any, Any, Any], recs: list[AttachedSession],
-        states: list[str], tally: PassTally, cause: str | None,
-    ) -> None:
-        """Snapshot ``recs`` (snapshot begun; ``states`` their states before
-        it) in one transaction and complete each (those not ended meanwhile)."""
-        scopes: list[dict[KeyText, JsonValue]] = []
-        union: dict[KeyText, JsonValue] = {}
-        async with self.reading(proj, None, None) as conn:
-            populated = await self._populate_many(conn, proj, recs)
-            for rec, window in zip(recs, populated, strict=True):
-                keys = rec.session.snapshot_keys(window)
-                scopes.append(keys)
-                union.update(keys)
-            rows = await self.load(conn, proj, union, tally)
-        views = self.shared_views(proj)
-        # Sessions completing with equal windows hold one between them.
-        windows: list[SharedWindow[Any]] = []
-        for rec, state, found, keys in zip(recs, states, populated, scopes, strict=True):
-            if rec.session.ended:
-                continue
-            rendered = self.project(rec, rows, keys, tally, views)
-            self._note_rendered(proj, rows, rendered)
-            self._complete_snapshot(rec, state, found, rendered, tally, cause, windows)
-        self.settle_views(proj, views, tally)
-
-    def _note_rendered(
+    def note_rendered(
         self, proj: Projector[Any, Any, Any, Any], rows: Mapping[KeyText, Any],
         rendered: Mapping[KeyText, Any],
     ) -> None:
@@ -743,7 +600,7 @@ class RenderRegistry:
         if index is not None:
             index.note_rendered(proj, rows, rendered)
 
-    def _emit(self, rec: AttachedSession, delta: Delta[Any]) -> None:
+    def emit(self, rec: AttachedSession, delta: Delta[Any]) -> None:
         if not rec.stream.put(delta):
             # The subscriber fell too far behind: a Reset replaces the backlog.
             rec.resync = True

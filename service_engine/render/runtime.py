@@ -332,11 +332,11 @@ class RenderRuntime:
                     rec.session.hold(Dirty(everything=True))
                 elif rec.session.live:
                     live.append(rec)
-            await self.registry.snapshot_all(live, tally, cause=cause)
+            await self.registry.snapshots.snapshot_all(live, tally, cause=cause)
         # Their subscribers fell behind and their streams overflowed.
         behind = [r for r in self.registry.sessions.values() if r.resync and r.session.live]
         if behind:
-            await self.registry.snapshot_all(behind, tally, cause="overflow")
+            await self.registry.snapshots.snapshot_all(behind, tally, cause="overflow")
         if frame.principals:
             await self._refresh_principals(frame.principals)
 
@@ -641,7 +641,7 @@ class RenderRuntime:
             if reason is not None:
                 self.registry.detach(session.id, reason)
             elif session.state.value == "repair_pending" and not session.snapshotting:
-                await self.registry.snapshot(rec, tally=None)
+                await self.registry.snapshots.snapshot(rec, tally=None)
 
 
 def _one_statement_read(proj: Projector[Any, Any, Any, Any]) -> bool:
