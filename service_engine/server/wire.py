@@ -7,17 +7,24 @@ protocol builds one (keywords ``config``, ``server_state``, ``app_state``),
 sets it on the transport and feeds it the upgrade's bytes. The socket
 reads them (`wire_admission.read_upgrade`: uvicorn already parsed them)
 and answers through websockets' Sans-I/O `ServerProtocol`, which then
-parses the frames; an upgrade on
-another path is handed to uvicorn's own websockets-sansio protocol. From
-then on: frames in, each message's step decided by the pure
-`service_engine.server.wire_protocol` (Strawberry's handler's decisions,
-close codes and reasons, with the engine's overrides), frames out. Its jobs
-are units of their own: handshake and admission (`wire_admission`),
-deadlines and keepalive (`wire_deadlines`), operations (`wire_operations`),
-the writer with its flow control (`wire_writer`). An idle session is this
-object, its websockets connection, its transport and its soonest deadline
-in the endpoint's `DeadlineWheel`: no task, scope or timer handle of its
-own. ASGI middleware does not see this socket.
+parses the frames; an upgrade on another path is handed to uvicorn's own
+websockets-sansio protocol. From then on: frames in, each message's step
+decided by the pure `service_engine.server.wire_protocol` (Strawberry's
+handler's decisions, close codes and reasons, with the engine's
+overrides), frames out.
+
+`WireSocket` is the I/O adapter: it owns the transport and the websockets
+connection, and dispatches each step to its units, objects of their own
+holding their own state: handshake and admission
+(`wire_admission.SocketAdmission`, dropped once the socket is admitted),
+deadlines and keepalive (`wire_deadlines.SocketDeadlines`), operations
+(`wire_operations.SocketOperations`, made at the first ``subscribe``), the
+writer with its flow control (`wire_writer.SocketWriter`). A unit that
+needs the socket names what it needs in a `typing.Protocol` (``Host``).
+An idle session is this object, its writer, its deadlines, its
+operations, its websockets connection, its transport and its soonest
+deadline in the endpoint's `DeadlineWheel`: no task, scope or timer
+handle of its own. ASGI middleware does not see this socket.
 """
 
 from __future__ import annotations
@@ -50,16 +57,7 @@ from .app import (
 from .live_op import LiveOp
 from .live_ops import LiveOps
 from .wire_admission import GATE_HOLDING, GATE_NONE, AttachGate, SocketAdmission, WireRequest
-from .wire_deadlines import (
-    CLOSE,
-    INIT,
-    MAX_AGE,
-    PING,
-    PONG,
-    TURN,
-    DeadlineWheel,
-    SocketDeadlines,
-)
+from .wire_deadlines import CLOSE, INIT, MAX_AGE, PING, PONG, TURN, DeadlineWheel, SocketDeadlines
 from .wire_operations import Drains, Operation, SocketOperations
 from .wire_writer import SocketWriter
 
@@ -519,41 +517,29 @@ class WireSocket(asyncio.Protocol):
             self._counted = False
             self._endpoint.view.open_sockets -= 1
 
-    # -- its state as the tests and `bench/` read it
-
     @property
     def writable(self) -> bool:
         """The transport's buffer is under its high-water mark, and the socket open."""
         return self.writer.writable
 
+    # Its units' state, read by the tests.
     @property
-    def _closed(self) -> bool:
-        return self.writer.closed
-
+    def _closed(self) -> bool: return self.writer.closed
     @property
-    def _paused(self) -> bool:
-        return self.writer.paused
-
+    def _paused(self) -> bool: return self.writer.paused
     @property
-    def _waiters(self) -> list[asyncio.Future[None]] | None:
-        return self.writer.waiters
-
+    def _waiters(self) -> list[asyncio.Future[None]] | None: return self.writer.waiters
+    @property
+    def _ping_sent_at(self) -> float: return self.deadlines.ping_sent_at
     @property
     def _ops(self) -> Mapping[Any, Operation | LiveOp]:
         return self.operations.ops if self.operations is not None else _NO_OPS
-
-    @property
-    def _ping_sent_at(self) -> float:
-        return self.deadlines.ping_sent_at
-
     @property
     def _init_extended(self) -> bool:
         return self.admission is not None and self.admission.init_extended
-
     @property
     def _admitting(self) -> asyncio.Task[None] | None:
         return self.admission.admitting if self.admission is not None else None
-
     @property
     def _unanswered(self) -> bytes | None:
         return self.admission.unanswered if self.admission is not None else None

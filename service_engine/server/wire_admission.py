@@ -1,5 +1,6 @@
-"""A socket's handshake and admission: the upgrade answered (or handed to
-uvicorn's own protocol when on another path), ``ws_max_sockets``, the
+"""A socket's handshake and admission (a unit of
+`service_engine.server.wire.WireSocket`): the upgrade answered (or handed
+to uvicorn's own protocol when on another path), ``ws_max_sockets``, the
 ``ws_max_handshakes`` slots, the origin, and the ``connection_init``
 through the attach gate (``ws_max_attaching``) to the principal's
 resolve and the ack."""
@@ -43,19 +44,8 @@ from .app import (
 )
 from .wire_writer import SocketWriter
 
-__all__ = [
-    "GATE_HOLDING",
-    "GATE_NONE",
-    "GATE_WAITING",
-    "TURN_AFTER_ACK",
-    "AttachGate",
-    "Host",
-    "SocketAdmission",
-    "Upgrade",
-    "WireRequest",
-    "accepting",
-    "read_upgrade",
-]
+__all__ = ["GATE_HOLDING", "GATE_NONE", "GATE_WAITING", "TURN_AFTER_ACK", "AttachGate", "Host",
+           "SocketAdmission", "Upgrade", "WireRequest", "accepting", "read_upgrade"]
 
 _log = logging.getLogger(__name__)
 
@@ -187,9 +177,12 @@ class WireRequest:
 
 
 class Host(Protocol):
-    """What a socket's admission needs of the socket (`wire.WireSocket`):
-    its transport, websockets connection and writer, and the steps it
-    takes once the upgrade is answered."""
+    """What a socket's admission needs of the socket (`wire.WireSocket`): its
+    transport, websockets connection and writer, and the steps it takes for
+    the admission: answer a refusal (`_respond`), write the 101 and start
+    the keepalive (`_accept`), start the init timeout and max age
+    (`_opened`), start the attach turn's bound (`_turn`), leave the gate,
+    drop the admission once `SocketAdmission.done` (`_settle`)."""
 
     _endpoint: Any  # its `wire.WireEndpoint` (built on this module, not imported)
     loop: asyncio.AbstractEventLoop
@@ -203,28 +196,14 @@ class Host(Protocol):
     _lost: bool
 
     def close(self, code: int, reason: str) -> None: ...
-
-    def _handle(self, data: bytes) -> None:
-        """Handle one message that waited (`SocketAdmission.drain_inbox`)."""
-
+    def _handle(self, data: bytes) -> None: ...
     def _ended(self) -> None: ...
-
-    def _respond(self, response: Response) -> None:
-        """Answer the upgrade with a refusal and close."""
-
-    def _accept(self, answer: bytes) -> None:
-        """Write the 101 and start the keepalive."""
-
-    def _opened(self) -> None:
-        """The session is open: its init timeout and max age run."""
-
-    def _turn(self, bound: float) -> None:
-        """Acknowledged: its attach turn runs, ``bound`` seconds at most."""
-
+    def _respond(self, response: Response) -> None: ...
+    def _accept(self, answer: bytes) -> None: ...
+    def _opened(self) -> None: ...
+    def _turn(self, bound: float) -> None: ...
     def _leave_gate(self) -> None: ...
-
-    def _settle(self) -> None:
-        """Drop the admission once nothing of it is left (`SocketAdmission.done`)."""
+    def _settle(self) -> None: ...
 
 
 S = TypeVar("S", bound=Host)

@@ -28,19 +28,17 @@ _log = logging.getLogger(__name__)
 
 
 class Host(Protocol):
-    """What a socket's operations need of the socket (`wire.WireSocket`)."""
+    """What a socket's operations need of the socket (`wire.WireSocket`):
+    its context and loop, its close, `answered` (an operation answered: its
+    attach turn ends) and its fused write (`LiveOp.start`'s ``direct``)."""
 
     _endpoint: Any  # its `wire.WireEndpoint` (built on this module, not imported)
     loop: asyncio.AbstractEventLoop
     context: GraphQLContext[Any] | None
 
     def close(self, code: int, reason: str) -> None: ...
-
-    def answered(self) -> None:
-        """An operation answered (its attach turn ends)."""
-
-    def _fused(self, live: LiveOp, delta: Any, revision: int) -> bool:
-        """The fused write of ``live``'s frame (`LiveOp.start`'s ``direct``)."""
+    def answered(self) -> None: ...
+    def _fused(self, live: LiveOp, delta: Any, revision: int) -> bool: ...
 
 
 class Operation:
@@ -109,9 +107,7 @@ class SocketOperations:
     (drained in one loop callback per wake, or written from the render pass
     itself: the socket's fused write), any other through Strawberry's
     ``schema.stream`` in one task. Their frames go to the socket's
-    `SocketWriter`; of the socket they use its context and loop, its
-    ``close``, ``answered`` (an operation answered: its attach turn ends)
-    and ``_fused``."""
+    `SocketWriter`."""
 
     __slots__ = ("ops", "socket", "woken", "writer")
 
