@@ -456,7 +456,7 @@ class WireSocket(asyncio.Protocol):
         self.writer.flush()
 
     def _keepalive_timeout(self) -> None:
-        self.deadlines.ping_payload = None
+        self.deadlines.stop_keepalive()
         if self.writer.closed or self.transport.is_closing():
             return
         self._ended()
