@@ -169,7 +169,7 @@ class WireSocket(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         admission = self.admission
-        if admission is not None and admission.server is not None:
+        if admission is not None and admission.head is not None:
             admission.upgrade(self, data)
             return
         conn = self.conn

@@ -288,15 +288,16 @@ class SocketAdmission:
     websockets connection, writer and deadlines); once admitted, nothing
     left of this (`done`), the socket drops it."""
 
-    __slots__ = ("admitting", "gate", "inbox", "init", "init_extended", "pending_init",
-                 "read_paused", "request", "server", "slot", "subprotocol", "unanswered")
+    __slots__ = ("admitting", "app_state", "config", "gate", "head", "inbox", "init",
+                 "init_extended", "pending_init", "read_paused", "request", "server_state",
+                 "slot", "subprotocol", "unanswered")
 
     def __init__(self, config: uvicorn.Config, server_state: ServerState,
                  app_state: dict[str, Any]) -> None:
-        # Until the upgrade is read: the bytes read so far and the server's
-        # arguments (what another path's socket is handed: `_hand_on`).
-        self.server: tuple[bytes, uvicorn.Config, ServerState, dict[str, Any]] | None = (
-            b"", config, server_state, app_state)
+        self.head: bytes | None = b""
+        """Until the upgrade is read: its bytes read so far."""
+        # The server's arguments (what another path's socket is handed: `_hand_on`).
+        self.config, self.server_state, self.app_state = config, server_state, app_state
         self.init = wp.InitState()
         self.init_extended = False
         self.request: WireRequest | None = None
@@ -319,13 +320,13 @@ class SocketAdmission:
     def upgrade(self, socket: Host, data: bytes) -> None:
         """The upgrade's bytes as uvicorn hands them (`read_upgrade`): answer
         it (`_answer`), refuse it, or hand it on when it is for another path."""
-        server = self.server
-        assert server is not None
-        data = server[0] + data if server[0] else data
+        head = self.head
+        assert head is not None
+        data = head + data if head else data
         if b"\r\n\r\n" not in data:
-            self.server = (data, *server[1:])  # (uvicorn hands it whole)
+            self.head = data  # (uvicorn hands it whole)
             return
-        self.server = None
+        self.head = None
         try:
             upgrade = read_upgrade(data)
         except (ValueError, SecurityError) as exc:
@@ -338,7 +339,7 @@ class SocketAdmission:
             return
         endpoint = socket._endpoint
         if not endpoint.serves(upgrade.path):
-            self._hand_on(socket, data, *server[1:])
+            self._hand_on(socket, data)
             return
         request = Request(upgrade.path, WsHeaders(upgrade.handshake), upgrade.method)
         # websockets validates the handshake and negotiates the extensions
@@ -357,20 +358,18 @@ class SocketAdmission:
         else:
             client = None
         self.request = WireRequest(upgrade.block, endpoint.path, client)
-        config, server_state = server[1], server[2]
         self._answer(socket, request, response,
-                     [*server_state.default_headers, *config.encoded_headers])
+                     [*self.server_state.default_headers, *self.config.encoded_headers])
 
-    def _hand_on(self, socket: Host, head: bytes, config: uvicorn.Config,
-                 server_state: ServerState, app_state: dict[str, Any]) -> None:
+    def _hand_on(self, socket: Host, head: bytes) -> None:
         """An upgrade on another path: served through ASGI by uvicorn's own
         websockets-sansio protocol, handed the connection as uvicorn's HTTP
         protocol hands it (built with the same arguments, the transport set
         to it, the bytes read so far fed to it)."""
         socket.writer.closed = socket._lost = True
         socket.connections.discard(socket)
-        other = _asgi_socket_class()(config=config, server_state=server_state,
-                                     app_state=app_state)
+        other = _asgi_socket_class()(config=self.config, server_state=self.server_state,
+                                     app_state=self.app_state)
         other.connection_made(socket.transport)
         socket.transport.set_protocol(other)
         other.data_received(head)
