@@ -284,9 +284,10 @@ class SocketAdmission:
     of its attach turn: the upgrade read and answered (`upgrade`), its
     handshake slot (`release_slot`), the ``connection_init`` through the
     attach gate (`admit`), and the messages that wait meanwhile (`queue`,
-    `drain_inbox`). The socket is passed to each step (its transport,
-    websockets connection, writer and deadlines); once admitted, nothing
-    left of this (`done`), the socket drops it."""
+    `drain_inbox`). The socket is passed to each step (`Host`: what the
+    admission needs of it); once admitted, nothing left of this (`done`),
+    the socket drops it (its size differs from the long-lived units': the
+    pools a burst of them fills are freed whole)."""
 
     __slots__ = ("admitting", "app_state", "config", "gate", "head", "inbox", "init",
                  "init_extended", "pending_init", "read_paused", "request", "server_state",
