@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 CLOSE_PHASE = (
-    "SocketWriter._peer_closed", "WireSocket.connection_lost", "release_free_memory",
+    "WireSocket._peer_closed", "WireSocket.connection_lost", "release_free_memory",
     "Upkeep._release_after_close", "_call_connection_lost", "socket._real_close",
     "_SelectorTransport.close", "WireSocket._ended", "Metrics.exposition",
 )

@@ -95,8 +95,8 @@ async def test_the_endpoint_deadlines_call_each_socket_at_its_own_with_one_timer
     removed = _Waiter(deadlines, loop)
     middle = _Waiter(deadlines, loop)
     at = {late: now + 0.3, early: now + 0.02, removed: now + 0.05, middle: now + 0.1}
-    steps = {waiter: deadlines.add(waiter, when) for waiter, when in at.items()}  # type: ignore[arg-type]
-    deadlines.remove(removed, steps[removed])  # type: ignore[arg-type]
+    steps = {waiter: deadlines.add(waiter, when) for waiter, when in at.items()}
+    deadlines.remove(removed, steps[removed])
     mine = [h for h in loop._scheduled if not h.cancelled()
             and getattr(h._callback, "__self__", None) is deadlines]
     assert len(mine) == 1

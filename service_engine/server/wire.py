@@ -7,17 +7,24 @@ protocol builds one (keywords ``config``, ``server_state``, ``app_state``),
 sets it on the transport and feeds it the upgrade's bytes. The socket
 reads them (`wire_admission.read_upgrade`: uvicorn already parsed them)
 and answers through websockets' Sans-I/O `ServerProtocol`, which then
-parses the frames; an upgrade on
-another path is handed to uvicorn's own websockets-sansio protocol. From
-then on: frames in, each message's step decided by the pure
-`service_engine.server.wire_protocol` (Strawberry's handler's decisions,
-close codes and reasons, with the engine's overrides), frames out. Its jobs
-are units of their own: handshake and admission (`wire_admission`),
-deadlines and keepalive (`wire_deadlines`), operations (`wire_operations`),
-the writer with its flow control (`wire_writer`). An idle session is this
-object, its websockets connection, its transport and its soonest deadline
-in the endpoint's `DeadlineWheel`: no task, scope or timer handle of its
-own. ASGI middleware does not see this socket.
+parses the frames; an upgrade on another path is handed to uvicorn's own
+websockets-sansio protocol. From then on: frames in, each message's step
+decided by the pure `service_engine.server.wire_protocol` (Strawberry's
+handler's decisions, close codes and reasons, with the engine's
+overrides), frames out.
+
+`WireSocket` is the I/O adapter: it owns the transport and the websockets
+connection, and dispatches each step to its units, objects of their own
+holding their own state: handshake and admission
+(`wire_admission.SocketAdmission`, dropped once the socket is admitted),
+deadlines and keepalive (`wire_deadlines.SocketDeadlines`), operations
+(`wire_operations.SocketOperations`, made at the first ``subscribe``), the
+writer with its flow control (`wire_writer.SocketWriter`). A unit that
+needs the socket names what it needs in a `typing.Protocol` (``Host``).
+An idle session is this object, its writer, its deadlines, its
+operations, its websockets connection, its transport and its soonest
+deadline in the endpoint's `DeadlineWheel`: no task, scope or timer
+handle of its own. ASGI middleware does not see this socket.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, cast
 from urllib.parse import unquote
 
@@ -34,20 +43,22 @@ from websockets.exceptions import InvalidState, PayloadTooBig
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.frames import Close as CloseFrame
 from websockets.frames import Frame, Opcode
+from websockets.http11 import Response
 from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
 
 from . import wire_protocol as wp
 from .app import (
+    SESSION_MAX_AGE_CLOSE_CODE,
+    SESSION_MAX_AGE_CLOSE_REASON,
     GraphQLContext,
     _EngineGraphQL,
 )
 from .live_op import LiveOp
 from .live_ops import LiveOps
-from .wire_admission import AttachGate, SocketAdmission, WireRequest
-from .wire_deadlines import DeadlineWheel, SocketDeadlines
+from .wire_admission import GATE_HOLDING, GATE_NONE, AttachGate, SocketAdmission, WireRequest
+from .wire_deadlines import CLOSE, INIT, MAX_AGE, PING, PONG, TURN, DeadlineWheel, SocketDeadlines
 from .wire_operations import Drains, Operation, SocketOperations
-from .wire_state import GATE_HOLDING, GATE_NONE, GATE_WAITING, close_args, encoded
 from .wire_writer import SocketWriter
 
 __all__ = ["WireEndpoint", "WireRequest", "WireSocket"]
@@ -70,18 +81,18 @@ class WireEndpoint:
         self.max_age = view.session_max_age.total_seconds()
         self.encode_json = view.encode_json
         self.live_ops: LiveOps = view.live_ops
-        self.pong = encoded(view.encode_json({"type": "pong"}))
-        self.ack = encoded(view.encode_json({"type": "connection_ack"}))
+        self.pong = _encoded(view.encode_json({"type": "pong"}))
+        self.ack = _encoded(view.encode_json({"type": "connection_ack"}))
         self.max_attaching = view.config.ws_max_attaching
         self._drains: Drains | None = None
         self._deadlines: DeadlineWheel | None = None
-        self._gate: AttachGate | None = None
+        self._gate: AttachGate[WireSocket] | None = None
 
-    def gate(self, loop: asyncio.AbstractEventLoop) -> AttachGate:
+    def gate(self, loop: asyncio.AbstractEventLoop) -> AttachGate[WireSocket]:
         """The sockets of ``loop`` whose ``connection_init`` is worked on, or waits."""
         gate = self._gate
         if gate is None or gate.loop is not loop:
-            gate = self._gate = AttachGate(loop, self.max_attaching)
+            gate = self._gate = AttachGate[WireSocket](loop, self.max_attaching)
         return gate
 
     def deadlines(self, loop: asyncio.AbstractEventLoop) -> DeadlineWheel:
@@ -105,18 +116,18 @@ class WireEndpoint:
     def protocol_class(self) -> type[WireSocket]:
         """The protocol class uvicorn builds on every WebSocket upgrade
         (``uvicorn.Config(ws=...)``), serving this endpoint."""
-        return type("EndpointSocket", (WireSocket,), {"endpoint": self, "__slots__": ()})
+        return type("EndpointSocket", (WireSocket,), {"_endpoint": self, "__slots__": ()})
 
 
-class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWriter):
-    """One graphql-transport-ws socket on the wire (see the module docstring):
-    the transport's callbacks and each message's step; its jobs are its
-    units' (`wire_admission`, `wire_deadlines`, `wire_operations`,
-    `wire_writer`)."""
+class WireSocket(asyncio.Protocol):
+    """One graphql-transport-ws socket on the wire (see the module
+    docstring): the transport's callbacks, the frames, each message's step
+    (`wire_protocol`) dispatched to its units, and its close."""
 
-    __slots__ = ()
+    __slots__ = ("_counted", "_fragments", "_lost", "admission", "conn", "connections",
+                 "context", "deadlines", "loop", "operations", "transport", "writer")
 
-    endpoint: WireEndpoint
+    _endpoint: WireEndpoint
     """The endpoint served (set on the class `WireEndpoint.protocol_class` builds)."""
 
     def __init__(self, config: uvicorn.Config, server_state: ServerState,
@@ -125,7 +136,6 @@ class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWrite
         # uvicorn's keyword contract for a ``ws`` protocol class (its HTTP
         # protocol builds one on every upgrade, calls ``connection_made``,
         # sets it on the transport and feeds it the upgrade's bytes).
-        self._endpoint = type(self).endpoint
         self.loop = _loop or asyncio.get_running_loop()
         self.transport: asyncio.Transport = cast(asyncio.Transport, None)
         extensions: list[Any] = []
@@ -135,63 +145,32 @@ class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWrite
                 compress_settings={"memLevel": 5},
             ))
         # Open from the start: the upgrade is read from uvicorn's bytes and
-        # answered through `ServerProtocol.accept` (`SocketAdmission._upgrade`),
+        # answered through `ServerProtocol.accept` (`SocketAdmission.upgrade`),
         # websockets' parser reads frames only.
         self.conn = ServerProtocol(
             extensions=extensions, max_size=config.ws_max_size, state=OPEN,
             logger=logging.getLogger("uvicorn.error"),
         )
         self.connections: set[Any] = server_state.connections
-        self.ping_interval: float | None = config.ws_ping_interval
-        self.ping_timeout: float | None = config.ws_ping_timeout
-        self._deflate = False  # known once the upgrade is accepted
-        self._headers_out: list[tuple[bytes, bytes]] | None = [
-            *server_state.default_headers, *config.encoded_headers]
-        self._counted = False
-        self._init = wp.InitState()
-        self._init_extended = False
-        # The step of the endpoint's deadlines the socket waits in (`_arm`).
-        self._due_step: int | None = None
-        self._init_at: float | None = None
-        self._max_age_at: float | None = None
-        self._ping_at: float | None = None
-        self._pong_at: float | None = None
-        self._close_at: float | None = None
-        self._ping_payload: bytes | None = None
-        self._ping_sent_at = 0.0
-        self._rtt = 0.0
-        self._ops: dict[Any, Operation | LiveOp] = {}
-        self._woken: list[LiveOp] | None = None
-        self._fragments: list[bytes] | None = None
-        self._text = True
-        self._inbox: list[bytes] | None = None
-        self._admitting: asyncio.Task[None] | None = None
-        self._gate = GATE_NONE
-        self._gate_at: float | None = None
-        self._pending_init: dict[str, object] | None = None
-        self._read_paused = False
-        self._paused = False
-        self._waiters: list[asyncio.Future[None]] | None = None
-        self._slot = False
-        self._unanswered = None
-        self._closed = False
-        self._lost = False
-        self._upgraded = False
-        # Until the upgrade is read: what another path's socket is handed
-        # (`_hand_on`), the bytes read so far and the server's arguments.
-        self._server: tuple[bytes, uvicorn.Config, ServerState, dict[str, Any]] | None = (
-            b"", config, server_state, app_state)
+        self.writer = SocketWriter(self.transport, self.conn)
+        self.deadlines = SocketDeadlines(config)
+        self.admission: SocketAdmission | None = SocketAdmission(config, server_state, app_state)
+        """Until admitted (`_settle`)."""
+        self.operations: SocketOperations | None = None
+        """From the first ``subscribe`` until the socket's work ends."""
         self.context: GraphQLContext[Any] | None = None
-        self.subprotocol: str | None = None
-        self.request: WireRequest | None = None
+        self._counted = False
+        self._lost = False
+        self._fragments: tuple[bool, list[bytes]] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
+        self.transport = self.writer.transport = cast(asyncio.Transport, transport)
         self.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        if not self._upgraded:
-            self._upgrade(data)
+        admission = self.admission
+        if admission is not None and admission.head is not None:
+            admission.upgrade(self, data)
             return
         conn = self.conn
         conn.receive_data(data)
@@ -200,7 +179,7 @@ class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWrite
             return
         for event in conn.events_received():
             if self._lost:
-                return  # handed on (`_hand_on`) or gone
+                return  # handed on or gone
             self.handle_event(event)
 
     def handle_event(self, event: Any) -> None:
@@ -210,24 +189,23 @@ class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWrite
         opcode = event.opcode
         payload = cast(bytes, event.data)
         if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
-            self._text = opcode is Opcode.TEXT
             if event.fin:
-                self._message(payload)
+                self._message(payload, opcode is Opcode.TEXT)
             else:
-                self._fragments = [payload]
+                self._fragments = (opcode is Opcode.TEXT, [payload])
         elif opcode is Opcode.CONT:
-            if self._fragments is None:
+            fragments = self._fragments
+            if fragments is None:
                 return
-            self._fragments.append(payload)
+            fragments[1].append(payload)
             if event.fin:
-                data = b"".join(self._fragments)
                 self._fragments = None
-                self._message(data)
+                self._message(b"".join(fragments[1]), fragments[0])
         elif opcode is Opcode.PING:
             # websockets queued the pong.
-            self._flush()
+            self.writer.flush()
         elif opcode is Opcode.PONG:
-            self._pong(event)
+            self.deadlines.pong(bytes(event.data), self.loop.time())
         elif opcode is Opcode.CLOSE:
             self._peer_closed()
 
@@ -240,62 +218,72 @@ class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWrite
             frame = Frame(Opcode.CLOSE, CloseFrame(close.code, close.reason).serialize())
             self.transport.write(frame.serialize(mask=False))
         else:
-            self._flush()
+            self.writer.flush()
         self._ended()
-        self._closed = True
+        self.writer.closed = True
         self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
-        self._stop_keepalive()
-        self._init_at = self._max_age_at = self._close_at = None
+        deadlines = self.deadlines
+        deadlines.stop_keepalive()
+        deadlines.init_at = deadlines.max_age_at = deadlines.close_at = None
         self._arm()  # nothing pending: out of the deadlines, the socket released
-        admitting = self._admitting
-        if admitting is not None:
-            admitting.cancel()
-            self._admitting = None
+        admission = self.admission
+        if admission is not None and admission.admitting is not None:
+            admission.admitting.cancel()
+            admission.admitting = None
         self._ended()
         self.connections.discard(self)
-        self._wake_writers()
+        self.writer.wake()
         if exc is None:
             self.transport.close()
 
     def eof_received(self) -> bool | None:
         return None
 
+    def pause_writing(self) -> None:
+        self.writer.pause()
+        if self.operations is not None:
+            self.operations.pause()
+
+    def resume_writing(self) -> None:
+        self.writer.resume()
+        if self.operations is not None:
+            self.operations.resume()
+
     def shutdown(self) -> None:
         """uvicorn's server shutdown: stop the operations, close 1012."""
-        self._stop_keepalive()
-        if self._closed:
+        self.deadlines.stop_keepalive()
+        self._arm()
+        writer = self.writer
+        if writer.closed:
             self._close_now()
             return
-        if self._unanswered is not None:
+        admission = self.admission
+        if admission is not None and admission.unanswered is not None:
             # Still waiting for a handshake slot: 500, as uvicorn answers.
-            self._unanswered = None
-            self._send_response_and_close(self.conn.reject(500, "Internal Server Error"))
+            admission.unanswered = None
+            self._respond(self.conn.reject(500, "Internal Server Error"))
             self._ended()
             return
         self._ended()
-        self._closed = True
+        writer.closed = True
         with contextlib.suppress(InvalidState):
             self.conn.send_close(1012)
-        self._flush()
+        writer.flush()
         self.transport.close()
 
-    def _message(self, data: bytes) -> None:
-        if self._closed:
+    def _message(self, data: bytes, text: bool) -> None:
+        if self.writer.closed:
             return
-        if not self._text:
+        if not text:
             data = _BINARY  # its content is never read: a 4400 in its turn
-        if self._inbox is not None or self.context is None:
+        admission = self.admission
+        if admission is not None and (admission.inbox is not None or self.context is None):
             # An admit in flight (or the answer not sent yet): handled in
             # order after it, reading paused meanwhile.
-            if self._inbox is None:
-                self._inbox = []
-            self._inbox.append(data)
-            if not self._read_paused:
-                self._read_paused = True
-                self.transport.pause_reading()
+            admission.queue(self.transport, data)
             return
         self._handle(data)
 
@@ -310,56 +298,265 @@ class WireSocket(SocketAdmission, SocketDeadlines, SocketOperations, SocketWrite
 
     def _step(self, data: bytes) -> None:
         if data is _BINARY:
-            self.close(*close_args(wp.NOT_TEXT))
+            self._close_with(wp.NOT_TEXT)
             return
         endpoint = self._endpoint
         message = wp.decode(data, endpoint.limit)
         if isinstance(message, wp.Close):
-            self.close(*close_args(message))
+            self._close_with(message)
             return
-        step = wp.on_message(self._init, message, self._ops, len(self._ops),
-                             endpoint.max_operations)
+        admission = self.admission
+        ops = self.operations.ops if self.operations is not None else _NO_OPS
+        step = wp.on_message(admission.init if admission is not None else _ADMITTED, message,
+                             ops, len(ops), endpoint.max_operations)
         if isinstance(step, wp.Ping):
-            self._write(endpoint.pong)
+            self.writer.write(endpoint.pong)
         elif isinstance(step, wp.Subscribe):
-            self._subscribe(step)
+            if self.operations is None:
+                self.operations = SocketOperations(self, self.writer)
+            self.operations.subscribe(step)
         elif isinstance(step, wp.Complete):
-            self._complete(step.id)
+            if self.operations is not None:
+                self.operations.complete(step.id)
         elif isinstance(step, wp.Close):
             if isinstance(message, dict) and message.get("type") == "connection_init":
-                self._init_received_in_time()
-            self.close(*close_args(step))
+                self._init_received()
+            self._close_with(step)
         elif isinstance(step, wp.Admit):
-            self._init_received_in_time()
-            if self._inbox is None:
-                self._inbox = []  # what follows waits for the ack
-            if endpoint.gate(self.loop).enter(self):
-                self._gate = GATE_HOLDING
-                self._admitting = self.loop.create_task(self._admit(step.payload))
-            else:
-                # Its turn comes (`_through_gate`); its init timeout has ended.
-                self._gate = GATE_WAITING
-                self._pending_init = step.payload
+            self._init_received()
+            assert admission is not None  # (an admitted socket's init is never admitted)
+            admission.admit(self, step.payload)
         elif isinstance(step, wp.Refuse):
-            self._write(encoded(endpoint.encode_json(step.message)))
+            self.writer.write(endpoint.encode_json(step.message).encode())
         elif isinstance(step, wp.Ignore):
-            self._init_received_in_time()
+            self._init_received()
+
+    def _init_received(self) -> None:
+        # The timeout ends at the init, not after the principal's resolve;
+        # its handshake slot goes to the next socket.
+        admission = self.admission
+        if admission is not None:
+            if self.deadlines.init_at is not None and not admission.init.timed_out:
+                # Its step comes, and the socket finds the next deadline instead.
+                self.deadlines.init_at = None
+            admission.release_slot(self)
+
+    # -- what the units ask of the socket
+
+    def _respond(self, response: Response) -> None:
+        """Answer the upgrade with ``response`` (a refusal) and close."""
+        self.writer.closed = True
+        self.transport.write(response.serialize())
+        self.transport.close()
+
+    def _accept(self, answer: bytes) -> None:
+        """Write the 101 (`wire_admission.accepting`) and start the keepalive."""
+        if self.transport.is_closing():
+            return
+        self.transport.write(answer)
+        self.deadlines.start_keepalive(self.loop.time())
+        self._arm()
+
+    def _opened(self) -> None:
+        """The session is open: its init timeout and max age run."""
+        now = self.loop.time()
+        self.deadlines.init_at = now + self._endpoint.init_timeout
+        self.deadlines.max_age_at = now + self._endpoint.max_age
+        self._arm()
+
+    def _turn(self, bound: float) -> None:
+        """Acknowledged: its attach turn ends at its first operation's first
+        answer, or ``bound`` seconds on (at most the init timeout)."""
+        self.deadlines.turn_at = self.loop.time() + min(self._endpoint.init_timeout, bound)
+        self._arm()
+
+    def answered(self) -> None:
+        """An operation answered (a live one's first frames: attached): the
+        socket's attach turn ends."""
+        admission = self.admission
+        if admission is not None and admission.gate is GATE_HOLDING:
+            self._leave_gate()
+            self._settle()
+
+    def _leave_gate(self) -> None:
+        admission = self.admission
+        if admission is not None:
+            admission.leave_gate(self._endpoint.gate(self.loop))
+        self.deadlines.turn_at = None
+
+    def _settle(self) -> None:
+        """Admitted, nothing of the admission left: drop it."""
+        admission = self.admission
+        if admission is not None and admission.done:
+            self.admission = None
+
+    def _fused(self, live: LiveOp, delta: Any, revision: int) -> bool:
+        # Called from inside the render pass (a put into a caught-up
+        # session): write the frame now when nothing is ahead of it on this
+        # socket (no drain pending, not paused, not closing, past the attach
+        # gate, no per-message deflate); False leaves it to the wake and drain.
+        # A failure here is this socket's alone: the frame is left to the
+        # drain (which logs and ends what fails), never raised into the pass.
+        writer, operations, admission = self.writer, self.operations, self.admission
+        if (writer.paused or writer.closed or writer.deflate
+                or (operations is not None and operations.woken is not None)
+                or (admission is not None and admission.gate is not GATE_NONE)):
+            return False
+        try:
+            data = live.frame_bytes(delta, revision)
+            if data is None:
+                return False
+            self.transport.write(data)
+        except Exception:
+            return False
+        return True
+
+    # -- the deadlines
+
+    def _arm(self) -> None:
+        self.deadlines.arm(self, self._endpoint.deadlines(self.loop))
+
+    def _on_timer(self) -> None:
+        """Its step of the endpoint's `DeadlineWheel` came: run what is due."""
+        for kind in self.deadlines.due(self.loop.time()):
+            if kind == CLOSE:
+                self.transport.close()
+            elif kind == PONG:
+                self._keepalive_timeout()
+            elif kind == INIT:
+                self._init_timed_out()
+            elif kind == MAX_AGE:
+                # The operations stop before the close frame: none sends after it.
+                self._stop_operations()
+                self.close(SESSION_MAX_AGE_CLOSE_CODE, SESSION_MAX_AGE_CLOSE_REASON)
+            elif kind == PING:
+                self._send_ping()
+            elif kind == TURN:
+                self._leave_gate()  # no operation answered within the bound
+                self._settle()
+        if not self._lost:
+            self._arm()
+
+    def _init_timed_out(self) -> None:
+        admission = self.admission
+        if admission is None or admission.init.received or self.writer.closed:
+            return
+        if not admission.init_extended and self._endpoint.view.handshakes.full():
+            # A burst holds every handshake slot: one more period, never two.
+            admission.init_extended = True
+            self.deadlines.init_at = self.loop.time() + self._endpoint.init_timeout
+            return
+        admission.init.timed_out = True
+        self._close_with(wp.INIT_TIMEOUT)
+
+    def _send_ping(self) -> None:
+        if self.writer.closed or self.transport.is_closing():
+            return
+        self.conn.send_ping(self.deadlines.ping(self.loop.time()))
+        self.writer.flush()
+
+    def _keepalive_timeout(self) -> None:
+        self.deadlines.stop_keepalive()
+        if self.writer.closed or self.transport.is_closing():
+            return
+        self._ended()
+        self.conn.fail(1011, "keepalive ping timeout")
+        self.writer.flush()
+        self.writer.closed = True
+        self.transport.close()
+
+    # -- the close
+
+    def close(self, code: int, reason: str) -> None:
+        """Send a close frame and end the socket's work (the peer's echo,
+        or a bound, closes the transport)."""
+        if self.writer.closed or self._lost:
+            return
+        self._ended()
+        if not self.writer.send_close(code, reason):
+            return
+        if self.admission is not None:
+            self.admission.closed(self.transport)
+        self.deadlines.close_at = self.loop.time() + _CLOSE_TIMEOUT
+        self._arm()
+
+    def _close_with(self, close: wp.Close) -> None:
+        self.close(close.code, close.reason)
+
+    def _close_now(self) -> None:
+        """Our close frame went: close the transport now, not at the bound."""
+        if self.deadlines.close_at is not None:
+            self.deadlines.close_at = None
+            self._arm()
+        self.transport.close()
+
+    def _peer_closed(self) -> None:
+        if self.writer.closed:
+            self._close_now()  # the peer echoed our close frame: done
+            return
+        self._ended()
+        self.writer.closed = True
+        self.writer.flush()  # websockets queued the echo
+        self.transport.close()
+
+    def _stop_operations(self) -> None:
+        operations, self.operations = self.operations, None
+        if operations is not None:
+            operations.stop()
 
     def _ended(self) -> None:
         """The socket's work is over: its operations, timers, slot and count."""
         self._stop_operations()
-        if self._init_at is not None or self._max_age_at is not None:
-            self._init_at = self._max_age_at = None
+        deadlines = self.deadlines
+        if deadlines.init_at is not None or deadlines.max_age_at is not None:
+            deadlines.init_at = deadlines.max_age_at = None
             self._arm()
-        self._admitting_cancel_quiet()
-        if self._gate is not GATE_NONE and self._admitting is None:
-            # Waiting (skipped when reached), or its admit task is gone.
-            self._leave_gate()
-        self._release_slot()
+        if self.admission is not None:
+            self.admission.end(self)
         if self._counted:
             self._counted = False
             self._endpoint.view.open_sockets -= 1
 
+    @property
+    def writable(self) -> bool:
+        """The transport's buffer is under its high-water mark, and the socket open."""
+        return self.writer.writable
+
+    # Its units' state, read by the tests.
+    @property
+    def _closed(self) -> bool: return self.writer.closed
+    @property
+    def _paused(self) -> bool: return self.writer.paused
+    @property
+    def _waiters(self) -> list[asyncio.Future[None]] | None: return self.writer.waiters
+    @property
+    def _ping_sent_at(self) -> float: return self.deadlines.ping_sent_at
+    @property
+    def _ops(self) -> Mapping[Any, Operation | LiveOp]:
+        return self.operations.ops if self.operations is not None else _NO_OPS
+    @property
+    def _init_extended(self) -> bool:
+        return self.admission is not None and self.admission.init_extended
+    @property
+    def _admitting(self) -> asyncio.Task[None] | None:
+        return self.admission.admitting if self.admission is not None else None
+    @property
+    def _unanswered(self) -> bytes | None:
+        return self.admission.unanswered if self.admission is not None else None
+
 
 _BINARY = b"\0binary"
 """Stands for a binary message in the socket's queue (`WireSocket._message`)."""
+
+_ADMITTED = wp.InitState(received=True, acknowledged=True)
+"""The init state of every socket admitted (never written: an admitted
+socket's handshake is over), its own `SocketAdmission`'s dropped."""
+
+_NO_OPS: Mapping[Any, Operation | LiveOp] = MappingProxyType({})
+
+_CLOSE_TIMEOUT = 10.0
+"""Seconds a sent close frame waits for the peer's echo (uvicorn's close_timeout)."""
+
+
+def _encoded(data: str | bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else data

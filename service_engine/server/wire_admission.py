@@ -1,5 +1,6 @@
-"""A socket's handshake and admission: the upgrade answered (or handed to
-uvicorn's own protocol when on another path), ``ws_max_sockets``, the
+"""A socket's handshake and admission (a unit of
+`service_engine.server.wire.WireSocket`): the upgrade answered (or handed
+to uvicorn's own protocol when on another path), ``ws_max_sockets``, the
 ``ws_max_handshakes`` slots, the origin, and the ``connection_init``
 through the attach gate (``ws_max_attaching``) to the principal's
 resolve and the ack."""
@@ -13,7 +14,7 @@ import logging
 import sys
 from collections import deque
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple, cast
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
 import uvicorn
 from starlette.datastructures import Headers
@@ -31,25 +32,20 @@ from websockets.exceptions import (
     TooManyHeaders,
 )
 from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request, Response
+from websockets.server import ServerProtocol
 
 from . import wire_protocol as wp
 from .app import (
     TRY_AGAIN_LATER_CLOSE_CODE,
     EdgeRefusal,
+    GraphQLContext,
     HandshakeSlots,
     new_context,
 )
-from .wire_state import GATE_HOLDING, GATE_NONE, GATE_WAITING, SocketState, close_args, encoded
+from .wire_writer import SocketWriter
 
-__all__ = [
-    "TURN_AFTER_ACK",
-    "AttachGate",
-    "SocketAdmission",
-    "Upgrade",
-    "WireRequest",
-    "accepting",
-    "read_upgrade",
-]
+__all__ = ["GATE_HOLDING", "GATE_NONE", "GATE_WAITING", "TURN_AFTER_ACK", "AttachGate", "Host",
+           "SocketAdmission", "Upgrade", "WireRequest", "accepting", "read_upgrade"]
 
 _log = logging.getLogger(__name__)
 
@@ -180,23 +176,60 @@ class WireRequest:
                 "client": self.client}
 
 
-class AttachGate:
+class Host(Protocol):
+    """What a socket's admission needs of the socket (`wire.WireSocket`): its
+    transport, websockets connection and writer, and the steps it takes for
+    the admission: answer a refusal (`_respond`), write the 101 and start
+    the keepalive (`_accept`), start the init timeout and max age
+    (`_opened`), start the attach turn's bound (`_turn`), leave the gate,
+    drop the admission once `SocketAdmission.done` (`_settle`)."""
+
+    _endpoint: Any  # its `wire.WireEndpoint` (built on this module, not imported)
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    conn: ServerProtocol
+    connections: set[Any]
+    writer: SocketWriter
+    admission: SocketAdmission | None
+    context: GraphQLContext[Any] | None
+    _counted: bool
+    _lost: bool
+
+    def close(self, code: int, reason: str) -> None: ...
+    def _handle(self, data: bytes) -> None: ...
+    def _ended(self) -> None: ...
+    def _respond(self, response: Response) -> None: ...
+    def _accept(self, answer: bytes) -> None: ...
+    def _opened(self) -> None: ...
+    def _turn(self, bound: float) -> None: ...
+    def _leave_gate(self) -> None: ...
+    def _settle(self) -> None: ...
+
+
+S = TypeVar("S", bound=Host)
+
+
+GATE_NONE, GATE_WAITING, GATE_HOLDING = 0, 1, 2
+"""Where a socket is at the attach gate (`AttachGate`)."""
+
+
+class AttachGate(Generic[S]):
     """The admission of one loop's sockets, holding no task per waiting one.
 
     At most ``limit`` sockets (``ws_max_attaching``) are being attached at
     once: a turn runs from ``connection_init`` to the first answer of the
-    socket's first operation (`SocketAdmission._leave_gate`); the others wait in
-    arrival order and `SocketAdmission._through_gate` starts the work when a turn
+    socket's first operation (`SocketAdmission.leave_gate`); the others wait in
+    arrival order and `SocketAdmission.through_gate` starts the work when a turn
     comes. Upgrades waiting, unanswered, for a handshake slot wait in
-    ``unanswered`` (`SocketAdmission._release_slot` answers the next)."""
+    ``unanswered`` (`SocketAdmission.release_slot` answers the next)."""
 
     __slots__ = ("free", "loop", "unanswered", "waiting")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
         self.loop = loop
         self.free = limit
-        self.waiting: deque[SocketState] = deque()
-        self.unanswered: deque[SocketState] = deque()
+        self.waiting: deque[S] = deque()
+        self.unanswered: deque[S] = deque()
         """Upgrades waiting, unanswered, for a handshake slot (``ws_max_handshakes``)."""
 
     def answer_next(self, slots: HandshakeSlots) -> None:
@@ -204,16 +237,17 @@ class AttachGate:
         unanswered = self.unanswered
         while unanswered and not slots.full():
             socket = unanswered.popleft()
-            if socket._unanswered and not socket._lost:
+            admission = socket.admission
+            if admission is not None and admission.unanswered and not socket._lost:
                 slots.take()
                 try:
-                    socket._slot_taken()
+                    admission.slot_taken(socket)
                 except Exception:
                     # Its failure is its own: the releasing socket goes on.
                     _log.exception("an upgrade could not be answered")
                     socket.transport.abort()
 
-    def enter(self, socket: SocketState) -> bool:
+    def enter(self, socket: S) -> bool:
         """Whether ``socket`` has a turn now; if not it waits for `leave`."""
         if self.free > 0 and not self.waiting:
             self.free -= 1
@@ -226,8 +260,9 @@ class AttachGate:
         waiting = self.waiting
         while waiting:
             socket = waiting.popleft()
-            if socket._gate is GATE_WAITING:
-                socket._through_gate()
+            admission = socket.admission
+            if admission is not None and admission.gate is GATE_WAITING:
+                admission.through_gate(socket)
                 return
         self.free += 1
 
@@ -244,36 +279,55 @@ def _asgi_socket_class() -> Any:
     return import_from_string(WS_PROTOCOLS["websockets-sansio"])
 
 
-class SocketAdmission(SocketState):
-    """The upgrade, the handshake slots and the attach gate, the ``connection_init``."""
+class SocketAdmission:
+    """One socket's way in, from its upgrade's bytes to its ack and the end
+    of its attach turn: the upgrade read and answered (`upgrade`), its
+    handshake slot (`release_slot`), the ``connection_init`` through the
+    attach gate (`admit`), and the messages that wait meanwhile (`queue`,
+    `drain_inbox`). The socket is passed to each step (`Host`: what the
+    admission needs of it); once admitted, nothing left of this (`done`),
+    the socket drops it (its size differs from the long-lived units': the
+    pools a burst of them fills are freed whole)."""
 
-    __slots__ = ()
+    __slots__ = ("admitting", "app_state", "config", "gate", "head", "inbox", "init",
+                 "init_extended", "pending_init", "read_paused", "request", "server_state",
+                 "slot", "subprotocol", "unanswered")
 
-    def _hand_on(self, head: bytes, config: uvicorn.Config, server_state: ServerState,
+    def __init__(self, config: uvicorn.Config, server_state: ServerState,
                  app_state: dict[str, Any]) -> None:
-        """An upgrade on another path: served through ASGI by uvicorn's own
-        websockets-sansio protocol, handed the connection as uvicorn's HTTP
-        protocol hands it (built with the same arguments, the transport set
-        to it, the bytes read so far fed to it)."""
-        self._closed = self._lost = True
-        self.connections.discard(self)
-        other = _asgi_socket_class()(config=config, server_state=server_state,
-                                     app_state=app_state)
-        other.connection_made(self.transport)
-        self.transport.set_protocol(other)
-        other.data_received(head)
+        self.head: bytes | None = b""
+        """Until the upgrade is read: its bytes read so far."""
+        # The server's arguments (what another path's socket is handed: `_hand_on`).
+        self.config, self.server_state, self.app_state = config, server_state, app_state
+        self.init = wp.InitState()
+        self.init_extended = False
+        self.request: WireRequest | None = None
+        self.subprotocol: str | None = None
+        self.slot = False
+        self.unanswered: bytes | None = None
+        """While waiting unanswered for a handshake slot: its 101, as written."""
+        self.gate = GATE_NONE
+        self.pending_init: dict[str, object] | None = None
+        self.admitting: asyncio.Task[None] | None = None
+        self.inbox: list[bytes] | None = None
+        self.read_paused = False
 
-    def _upgrade(self, data: bytes) -> None:
+    @property
+    def done(self) -> bool:
+        """Acknowledged, its turn over, nothing waiting: the socket drops it."""
+        return (self.init.acknowledged and self.gate is GATE_NONE and self.admitting is None
+                and self.inbox is None and not self.slot and not self.read_paused)
+
+    def upgrade(self, socket: Host, data: bytes) -> None:
         """The upgrade's bytes as uvicorn hands them (`read_upgrade`): answer
         it (`_answer`), refuse it, or hand it on when it is for another path."""
-        server = self._server
-        assert server is not None
-        data = server[0] + data if server[0] else data
+        head = self.head
+        assert head is not None
+        data = head + data if head else data
         if b"\r\n\r\n" not in data:
-            self._server = (data, *server[1:])  # (uvicorn hands it whole)
+            self.head = data  # (uvicorn hands it whole)
             return
-        self._upgraded = True
-        self._server = None
+        self.head = None
         try:
             upgrade = read_upgrade(data)
         except (ValueError, SecurityError) as exc:
@@ -281,36 +335,53 @@ class SocketAdmission(SocketState):
             status = (http.HTTPStatus.REQUEST_URI_TOO_LONG if isinstance(exc, RequestLineTooLong)
                       else http.HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE
                       if isinstance(exc, SecurityError) else http.HTTPStatus.BAD_REQUEST)
-            self._send_response_and_close(self.conn.reject(
+            socket._respond(socket.conn.reject(
                 status, f"Failed to open a WebSocket connection: {exc}.\n"))
             return
-        if not self._endpoint.serves(upgrade.path):
-            self._hand_on(data, *server[1:])
+        endpoint = socket._endpoint
+        if not endpoint.serves(upgrade.path):
+            self._hand_on(socket, data)
             return
         request = Request(upgrade.path, WsHeaders(upgrade.handshake), upgrade.method)
         # websockets validates the handshake and negotiates the extensions
         # (only now is it known whether this socket's frames are compressed).
-        response = self.conn.accept(request)
+        response = socket.conn.accept(request)
         if response.status_code != 101:
             # Not a valid upgrade (websockets' own refusal, as uvicorn sends it).
-            self._send_response_and_close(response)
+            socket._respond(response)
             return
-        self._deflate = bool(self.conn.extensions)
+        socket.writer.deflate = bool(socket.conn.extensions)
         # The path is the endpoint's, and the peer's host one string per
         # host: shared, not one copy per socket.
-        client = self.transport.get_extra_info("peername")
+        client = socket.transport.get_extra_info("peername")
         if isinstance(client, tuple) and len(client) >= 2:
             client = (sys.intern(str(client[0])), int(client[1]))
         else:
             client = None
-        self.request = WireRequest(upgrade.block, self._endpoint.path, client)
-        self._answer(request, response)
+        self.request = WireRequest(upgrade.block, endpoint.path, client)
+        self._answer(socket, request, response,
+                     [*self.server_state.default_headers, *self.config.encoded_headers])
 
-    def _answer(self, request: Request, response: Response) -> None:
-        view = self._endpoint.view
+    def _hand_on(self, socket: Host, head: bytes) -> None:
+        """An upgrade on another path: served through ASGI by uvicorn's own
+        websockets-sansio protocol, handed the connection as uvicorn's HTTP
+        protocol hands it (built with the same arguments, the transport set
+        to it, the bytes read so far fed to it)."""
+        socket.writer.closed = socket._lost = True
+        socket.connections.discard(socket)
+        other = _asgi_socket_class()(config=self.config, server_state=self.server_state,
+                                     app_state=self.app_state)
+        other.connection_made(socket.transport)
+        socket.transport.set_protocol(other)
+        other.data_received(head)
+
+    def _answer(self, socket: Host, request: Request, response: Response,
+                default_headers: list[tuple[bytes, bytes]]) -> None:
+        endpoint = socket._endpoint
+        view = endpoint.view
         if view.engine.shutting_down:
             # A pod that is shutting down takes no new session: 403.
-            self._reject()
+            socket._respond(socket.conn.reject(403, ""))
             return
         offered: list[str] = []
         for header in request.headers.get_all("Sec-WebSocket-Protocol"):
@@ -320,172 +391,179 @@ class SocketAdmission(SocketState):
         # The 101 as it is written, built once: a burst that holds every
         # handshake slot waits with it alone (the parsed request and
         # websockets' response are not kept: thousands of sockets wait here).
-        answer = accepting(response, self._default_headers(), subprotocol)
-        if view.open_sockets >= self._endpoint.config.ws_max_sockets:
-            self._accept(answer)
-            self.close(
+        answer = accepting(response, default_headers, subprotocol)
+        if view.open_sockets >= endpoint.config.ws_max_sockets:
+            socket._accept(answer)
+            socket.close(
                 TRY_AGAIN_LATER_CLOSE_CODE,
                 f"{EdgeRefusal.TOO_MANY_SOCKETS}: this pod holds ws_max_sockets "
-                f"({self._endpoint.config.ws_max_sockets}); reconnect later",
+                f"({endpoint.config.ws_max_sockets}); reconnect later",
             )
             return
         view.open_sockets += 1
-        self._counted = True
+        socket._counted = True
         self.subprotocol = subprotocol
         slots = view.handshakes
-        if not slots.full() and not self._endpoint.gate(self.loop).unanswered:
+        gate = endpoint.gate(socket.loop)
+        if not slots.full() and not gate.unanswered:
             slots.take()
-            self._slot = True
-            self._admitted(answer)
+            self.slot = True
+            self._admitted(socket, answer)
             return
         # A burst holds every slot: wait for one, unanswered, holding the
         # answer's bytes. No task: it waits in the endpoint's queue
-        # (`_release_slot`).
-        self._unanswered = answer
-        self._endpoint.gate(self.loop).unanswered.append(self)
+        # (`release_slot`).
+        self.unanswered = answer
+        gate.unanswered.append(socket)
 
-    def _slot_taken(self) -> None:
+    def slot_taken(self, socket: Host) -> None:
         """A handshake slot came for this unanswered socket (`AttachGate.answer_next`)."""
-        self._slot = True
-        answer, self._unanswered = self._unanswered, None
+        self.slot = True
+        answer, self.unanswered = self.unanswered, None
         assert answer is not None
-        self._admitted(answer)
+        self._admitted(socket, answer)
 
-    def _admitted(self, answer: bytes) -> None:
-        view = self._endpoint.view
-        assert self.request is not None
-        if not view.origin_allowed(self.request):
-            self._reject()
-            self._ended()
+    def _admitted(self, socket: Host, answer: bytes) -> None:
+        view = socket._endpoint.view
+        request, self.request = self.request, None  # the context's from now on
+        assert request is not None
+        if not view.origin_allowed(request):
+            # uvicorn's answer to a close before the accept: 403, no body.
+            socket._respond(socket.conn.reject(403, ""))
+            socket._ended()
             return
-        self._accept(answer)
-        self.context = new_context(
-            view.engine, cast(Any, self.request), cast(Any, self), handshake_at=self.loop.time()
+        socket._accept(answer)
+        socket.context = new_context(
+            view.engine, cast(Any, request), cast(Any, socket), handshake_at=socket.loop.time()
         )
         if self.subprotocol is None:
-            self.close(*close_args(wp.SUBPROTOCOL_NOT_ACCEPTABLE))
+            socket.close(wp.SUBPROTOCOL_NOT_ACCEPTABLE.code, wp.SUBPROTOCOL_NOT_ACCEPTABLE.reason)
             return
-        now = self.loop.time()
-        self._init_at = now + self._endpoint.init_timeout
-        self._max_age_at = now + self._endpoint.max_age
-        self._arm()
-        if self._inbox:
-            self._drain_inbox()
+        socket._opened()
+        if self.inbox:
+            self.drain_inbox(socket)
 
-    def _accept(self, answer: bytes) -> None:
-        """Write the 101 (`accepting`) and start the keepalive."""
-        if self.transport.is_closing():
-            return
-        self.transport.write(answer)
-        self._start_keepalive()
+    def queue(self, transport: asyncio.Transport, data: bytes) -> None:
+        """A message that waits for the admission (reading paused meanwhile)."""
+        if self.inbox is None:
+            self.inbox = []
+        self.inbox.append(data)
+        if not self.read_paused:
+            self.read_paused = True
+            transport.pause_reading()
 
-    def _default_headers(self) -> list[tuple[bytes, bytes]]:
-        headers, self._headers_out = self._headers_out, None
-        return headers or []
+    def drain_inbox(self, socket: Host) -> None:
+        """Handle the messages that waited, in order, while nothing holds them."""
+        writer = socket.writer
+        while (self.inbox and not writer.closed and self.admitting is None
+               and self.gate is not GATE_WAITING):
+            data = self.inbox.pop(0)
+            socket._handle(data)
+        if self.admitting is None and self.gate is not GATE_WAITING:
+            self.inbox = None
+        if self.read_paused and not self.inbox and not writer.closed:
+            self.read_paused = False
+            socket.transport.resume_reading()
 
-    def _reject(self) -> None:
-        # uvicorn's answer to a close before the accept: 403, no body.
-        self._send_response_and_close(self.conn.reject(403, ""))
+    def closed(self, transport: asyncio.Transport) -> None:
+        """The socket sent its close: what waited is dropped, reading resumes."""
+        self.inbox = None
+        if self.read_paused:
+            self.read_paused = False
+            transport.resume_reading()
 
-    def _send_response_and_close(self, response: Response) -> None:
-        self._closed = True
-        self.transport.write(response.serialize())
-        self.transport.close()
+    def admit(self, socket: Host, payload: dict[str, object]) -> None:
+        """The ``connection_init`` to acknowledge: its turn at the attach
+        gate now, or when it comes (`through_gate`); what follows waits."""
+        if self.inbox is None:
+            self.inbox = []  # what follows waits for the ack
+        if socket._endpoint.gate(socket.loop).enter(socket):
+            self.gate = GATE_HOLDING
+            self.admitting = socket.loop.create_task(self._admit(socket, payload))
+        else:
+            # Its turn comes (`through_gate`); its init timeout has ended.
+            self.gate = GATE_WAITING
+            self.pending_init = payload
 
-    def _through_gate(self) -> None:
+    def through_gate(self, socket: Host) -> None:
         """The attach gate's turn came for this waiting socket."""
-        payload, self._pending_init = self._pending_init, None
+        payload, self.pending_init = self.pending_init, None
         assert payload is not None
-        self._gate = GATE_HOLDING
-        self._admitting = self.loop.create_task(self._admit(payload))
+        self.gate = GATE_HOLDING
+        self.admitting = socket.loop.create_task(self._admit(socket, payload))
 
-    def _leave_gate(self) -> None:
-        gate, self._gate = self._gate, GATE_NONE
-        self._pending_init = None
-        self._gate_at = None
-        if gate is GATE_HOLDING:
-            self._endpoint.gate(self.loop).leave()
+    def leave_gate(self, gate: AttachGate[Any]) -> None:
+        """The socket's turn at ``gate`` ends (or its wait there)."""
+        was, self.gate = self.gate, GATE_NONE
+        self.pending_init = None
+        if was is GATE_HOLDING:
+            gate.leave()
 
-    def _drain_inbox(self) -> None:
-        while (self._inbox and not self._closed and self._admitting is None
-               and self._gate is not GATE_WAITING):
-            data = self._inbox.pop(0)
-            self._handle(data)
-        if self._admitting is None and self._gate is not GATE_WAITING:
-            self._inbox = None
-        if self._read_paused and not self._inbox and not self._closed:
-            self._read_paused = False
-            self.transport.resume_reading()
-
-    def _init_received_in_time(self) -> None:
-        # The timeout ends at the init, not after the principal's resolve;
-        # its handshake slot goes to the next socket.
-        if self._init_at is not None and not self._init.timed_out:
-            # Its step comes, and the socket finds the next deadline instead.
-            self._init_at = None
-        self._release_slot()
-
-    async def _admit(self, payload: dict[str, object]) -> None:
+    async def _admit(self, socket: Host, payload: dict[str, object]) -> None:
+        writer = socket.writer
         try:
-            await self._admit_in_turn(payload)
+            await self._admit_in_turn(socket, payload)
         finally:
-            if not self._init.acknowledged or self._closed or self._lost:
-                self._leave_gate()
-        if self._admitting is None and not self._closed and not self._lost:
-            if self._gate is GATE_HOLDING:
+            if not self.init.acknowledged or writer.closed or socket._lost:
+                socket._leave_gate()
+        if self.admitting is None and not writer.closed and not socket._lost:
+            if self.gate is GATE_HOLDING:
                 # The turn lasts until the socket's first operation answers
                 # (a live one's Reset: its attach) or a bound passes.
-                self._gate_at = self.loop.time() + min(
-                    self._endpoint.init_timeout, TURN_AFTER_ACK)
-                self._arm()
-            self._drain_inbox()
+                socket._turn(TURN_AFTER_ACK)
+            self.drain_inbox(socket)
+            socket._settle()
 
-    async def _admit_in_turn(self, payload: dict[str, object]) -> None:
-        context = self.context
+    async def _admit_in_turn(self, socket: Host, payload: dict[str, object]) -> None:
+        context = socket.context
         assert context is not None
-        view = self._endpoint.view
+        endpoint, writer = socket._endpoint, socket.writer
         try:
-            refused = await view.admit(context, payload)
-            if self._closed:
+            refused = await endpoint.view.admit(context, payload)
+            if writer.closed:
                 return
             if refused is not None:
-                self._admitting = None
-                self.close(refused[0], refused[1])
+                self.admitting = None
+                socket.close(refused[0], refused[1])
                 return
-            self._init.received = True
+            self.init.received = True
             context.connection_params = payload
             try:
-                ack = await view.on_ws_connect(context)
+                ack = await endpoint.view.on_ws_connect(context)
             except ConnectionRejectionError:
-                self._admitting = None
-                self.close(*close_args(wp.FORBIDDEN))
+                self.admitting = None
+                socket.close(wp.FORBIDDEN.code, wp.FORBIDDEN.reason)
                 return
-            if self._closed:
+            if writer.closed:
                 return
             if isinstance(ack, UnsetType):
-                self._write(self._endpoint.ack)
+                writer.write(endpoint.ack)
             else:
-                self._write(encoded(self._endpoint.encode_json(
-                    {"type": "connection_ack", "payload": ack})))
-            self._init.acknowledged = True
+                writer.write(endpoint.encode_json(
+                    {"type": "connection_ack", "payload": ack}).encode())
+            self.init.acknowledged = True
         except asyncio.CancelledError:
             return
         except Exception:
             _log.exception("connection_init failed")
-            self._admitting = None
-            self.close(4500, "internal_error: connection_init failed")
+            self.admitting = None
+            socket.close(4500, "internal_error: connection_init failed")
             return
-        self._admitting = None
+        self.admitting = None
 
-    def _admitting_cancel_quiet(self) -> None:
-        admitting = self._admitting
+    def end(self, socket: Host) -> None:
+        """The socket's work is over: its admit task, its turn, its slot."""
+        admitting, self.admitting = self.admitting, None
         if admitting is not None and admitting is not asyncio.current_task():
             admitting.cancel()
-        self._admitting = None
+        if self.gate is not GATE_NONE:
+            # Waiting (skipped when reached), or its admit task is gone.
+            socket._leave_gate()
+        self.release_slot(socket)
 
-    def _release_slot(self) -> None:
-        if self._slot:
-            self._slot = False
-            slots = self._endpoint.view.handshakes
+    def release_slot(self, socket: Host) -> None:
+        if self.slot:
+            self.slot = False
+            slots = socket._endpoint.view.handshakes
             slots.release()
-            self._endpoint.gate(self.loop).answer_next(slots)
+            socket._endpoint.gate(socket.loop).answer_next(slots)

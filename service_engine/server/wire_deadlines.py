@@ -1,4 +1,5 @@
-"""A socket's deadlines and keepalive, one loop timer for all the sockets of a loop."""
+"""A socket's deadlines and keepalive (a unit of `service_engine.server.wire.Timed`),
+one loop timer for all the sockets of a loop (`DeadlineWheel`)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,13 @@ import logging
 import math
 import random
 import struct
+from collections.abc import Iterator
+from typing import Protocol
 
-from websockets.frames import Frame
+import uvicorn
 
-from . import wire_protocol as wp
-from .app import (
-    SESSION_MAX_AGE_CLOSE_CODE,
-    SESSION_MAX_AGE_CLOSE_REASON,
-)
-from .wire_state import SocketState, close_args
-
-__all__ = ["TICK", "DeadlineWheel", "SocketDeadlines"]
+__all__ = ["CLOSE", "INIT", "MAX_AGE", "PING", "PONG", "TICK", "TURN", "DeadlineWheel",
+           "SocketDeadlines", "Timed"]
 
 _log = logging.getLogger(__name__)
 
@@ -29,6 +26,13 @@ this much late (the deadlines are seconds to hours; the sockets of one step
 share its table, so a coarser step holds fewer bytes a socket)."""
 
 
+class Timed(Protocol):
+    """What waits in a `DeadlineWheel`: a socket (`wire.WireSocket`)."""
+
+    def _on_timer(self) -> None:
+        """Its step is due (it then arms its next deadline, if any)."""
+
+
 class Step:
     """The sockets waiting for one step, and the step (one int for all)."""
 
@@ -36,11 +40,11 @@ class Step:
 
     def __init__(self, step: int) -> None:
         self.step = step
-        self.sockets: dict[SocketState, None] = {}
+        self.sockets: dict[Timed, None] = {}
 
 
 class DeadlineWheel:
-    """The sockets of one loop by their soonest deadline (`SocketDeadlines._arm`),
+    """The sockets of one loop by their soonest deadline (`SocketDeadlines.arm`),
     in steps of `TICK`: one loop timer for the earliest step, not one timer
     handle (its callback and context) per socket. A step's sockets are called
     together once it is due; each then arms its next deadline."""
@@ -55,7 +59,7 @@ class DeadlineWheel:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_step = 0
 
-    def add(self, socket: SocketState, at: float) -> int:
+    def add(self, socket: Timed, at: float) -> int:
         """Call ``socket._on_timer`` once ``at`` passed; the step to `remove` it from."""
         step = math.ceil(at / TICK)
         record = self._steps.get(step)
@@ -67,7 +71,7 @@ class DeadlineWheel:
             self._arm(step)
         return record.step
 
-    def remove(self, socket: SocketState, step: int) -> None:
+    def remove(self, socket: Timed, step: int) -> None:
         record = self._steps.get(step)
         if record is not None:
             record.sockets.pop(socket, None)
@@ -84,7 +88,7 @@ class DeadlineWheel:
         self._timer = None
         now = self.loop.time()
         heap, steps = self._heap, self._steps
-        due: list[SocketState] = []
+        due: list[Timed] = []
         while heap and heap[0] * TICK <= now:
             record = steps.pop(heapq.heappop(heap), None)
             if record is not None:
@@ -105,120 +109,102 @@ class DeadlineWheel:
             self._arm(heap[0])
 
 
-class SocketDeadlines(SocketState):
-    """The init timeout, the session's max age, the keepalive ping and its
-    pong, the close echo's bound and the attach turn's: the soonest waits in
-    the endpoint's `DeadlineWheel`, met within `TICK`."""
+CLOSE, PONG, INIT, MAX_AGE, PING, TURN = range(6)
+"""A socket's deadlines (`SocketDeadlines.due`), in the order those due
+together in one step run: the close echo's bound, the keepalive's pong,
+the init timeout, the session's max age, the next keepalive ping, the
+attach turn's bound."""
 
-    __slots__ = ()
+_AT = ("close_at", "pong_at", "init_at", "max_age_at", "ping_at", "turn_at")
 
-    def _arm(self) -> None:
+
+class SocketDeadlines:
+    """One socket's deadlines (the init timeout, the session's max age, the
+    keepalive ping and its pong, the close echo's bound, the attach turn's)
+    and its keepalive's round trip. The soonest waits in the endpoint's
+    `DeadlineWheel` (`arm`), met within `TICK`; the socket runs what is `due`."""
+
+    __slots__ = ("close_at", "config", "due_step", "init_at", "max_age_at", "ping_at",
+                 "ping_payload", "ping_sent_at", "pong_at", "rtt", "turn_at")
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        self.config = config
+        """uvicorn's: its ``ws_ping_interval`` and ``ws_ping_timeout``."""
+        self.due_step: int | None = None
+        """The step of the `DeadlineWheel` the socket waits in."""
+        self.init_at: float | None = None
+        self.max_age_at: float | None = None
+        self.ping_at: float | None = None
+        self.pong_at: float | None = None
+        self.close_at: float | None = None
+        self.turn_at: float | None = None
+        self.ping_payload: bytes | None = None
+        self.ping_sent_at = 0.0
+        self.rtt = 0.0
+
+    def arm(self, socket: Timed, wheel: DeadlineWheel) -> None:
+        """Wait in ``wheel`` for the soonest deadline (nowhere when none is set)."""
         soonest: float | None = None
-        for at in (self._init_at, self._max_age_at, self._ping_at, self._pong_at,
-                   self._close_at, self._gate_at):
+        for at in (self.init_at, self.max_age_at, self.ping_at, self.pong_at,
+                   self.close_at, self.turn_at):
             if at is not None and (soonest is None or at < soonest):
                 soonest = at
-        step = self._due_step
+        step = self.due_step
         if step is not None:
             if soonest is not None and step * TICK <= soonest:
                 return
             # Nothing pending (the socket is released now), or due sooner.
-            self._endpoint.deadlines(self.loop).remove(self, step)
-            self._due_step = None
+            wheel.remove(socket, step)
+            self.due_step = None
         if soonest is not None:
-            self._due_step = self._endpoint.deadlines(self.loop).add(self, soonest)
+            self.due_step = wheel.add(socket, soonest)
 
-    def _on_timer(self) -> None:
-        self._due_step = None
-        now = self.loop.time()
-        # What was due when its step came, in deadline order; each runs
-        # once, and only if no earlier one cleared or moved it.
-        due = sorted((at, order) for order, at in enumerate(
-            (self._close_at, self._pong_at, self._init_at, self._max_age_at, self._ping_at,
-             self._gate_at))
+    def due(self, now: float) -> Iterator[int]:
+        """The deadlines passed by ``now`` (`CLOSE` ... `TURN`), in deadline
+        order, each cleared as it is reached: each once, and only if no
+        earlier one's work cleared or moved it meanwhile."""
+        self.due_step = None
+        due = sorted((at, kind) for kind, at in enumerate(
+            (self.close_at, self.pong_at, self.init_at, self.max_age_at, self.ping_at,
+             self.turn_at))
             if at is not None and at <= now)
-        for at, order in due:
-            if order == 0 and self._close_at == at:
-                self._close_at = None
-                self.transport.close()
-            elif order == 1 and self._pong_at == at:
-                self._keepalive_timeout()
-            elif order == 2 and self._init_at == at:
-                self._init_timed_out()
-            elif order == 3 and self._max_age_at == at:
-                self._max_age_reached()
-            elif order == 4 and self._ping_at == at:
-                self._send_ping()
-            elif order == 5 and self._gate_at == at:
-                self._leave_gate()  # no operation answered within the bound
-        if not self._lost:
-            self._arm()
+        for at, kind in due:
+            if getattr(self, _AT[kind]) == at:
+                setattr(self, _AT[kind], None)
+                yield kind
 
-    def _init_timed_out(self) -> None:
-        self._init_at = None
-        if self._init.received or self._closed:
-            return
-        view = self._endpoint.view
-        if not self._init_extended and view.handshakes.full():
-            # A burst holds every handshake slot: one more period, never two.
-            self._init_extended = True
-            self._init_at = self.loop.time() + self._endpoint.init_timeout
-            return
-        self._init.timed_out = True
-        self.close(*close_args(wp.INIT_TIMEOUT))
+    def start_keepalive(self, now: float) -> None:
+        interval = self.config.ws_ping_interval
+        if interval is not None and interval > 0:
+            self._schedule_ping(now)
 
-    def _max_age_reached(self) -> None:
-        self._max_age_at = None
-        # The operations stop before the close frame: none sends after it.
-        self._stop_operations()
-        self.close(SESSION_MAX_AGE_CLOSE_CODE, SESSION_MAX_AGE_CLOSE_REASON)
+    def _schedule_ping(self, now: float) -> None:
+        interval = self.config.ws_ping_interval
+        assert interval is not None
+        self.ping_at = now + max(0.0, interval - self.rtt)
 
-    def _start_keepalive(self) -> None:
-        if self.ping_interval is not None and self.ping_interval > 0:
-            self._schedule_ping()
-
-    def _schedule_ping(self) -> None:
-        assert self.ping_interval is not None
-        delay = max(0.0, self.ping_interval - self._rtt)
-        self._ping_at = self.loop.time() + delay
-        self._arm()
-
-    def _send_ping(self) -> None:
-        # uvicorn's keepalive: a random 4-byte ping, its pong within ping_timeout.
-        self._ping_at = None
-        if self._closed or self.transport.is_closing():
-            return
-        self._ping_payload = struct.pack("!I", random.getrandbits(32))
-        self._ping_sent_at = self.loop.time()
-        self.conn.send_ping(self._ping_payload)
-        self._flush()
-        if self.ping_timeout is not None:
-            self._pong_at = self._ping_sent_at + self.ping_timeout
-            self._arm()
+    def ping(self, now: float) -> bytes:
+        """uvicorn's keepalive: the random 4-byte ping sent now; its pong is
+        due within ``ws_ping_timeout`` (or, without one, the next ping is)."""
+        self.ping_payload = struct.pack("!I", random.getrandbits(32))
+        self.ping_sent_at = now
+        timeout = self.config.ws_ping_timeout
+        if timeout is not None:
+            self.pong_at = now + timeout
         else:
-            self._schedule_ping()
+            self._schedule_ping(now)
+        return self.ping_payload
 
-    def _pong(self, event: Frame) -> None:
-        if self._ping_payload is None or bytes(event.data) != self._ping_payload:
+    def pong(self, payload: bytes, now: float) -> None:
+        """A pong came: the round trip, and the next ping if it answers ours."""
+        if self.ping_payload is None or payload != self.ping_payload:
             return
-        self._rtt = self.loop.time() - self._ping_sent_at
-        self._ping_payload = None
-        if self._pong_at is not None:
-            self._pong_at = None
-            self._schedule_ping()
+        self.rtt = now - self.ping_sent_at
+        self.ping_payload = None
+        if self.pong_at is not None:
+            self.pong_at = None
+            self._schedule_ping(now)
 
-    def _keepalive_timeout(self) -> None:
-        self._pong_at = None
-        self._ping_payload = None
-        if self._closed or self.transport.is_closing():
-            return
-        self._ended()
-        self.conn.fail(1011, "keepalive ping timeout")
-        self._flush()
-        self._closed = True
-        self.transport.close()
-
-    def _stop_keepalive(self) -> None:
-        self._ping_at = self._pong_at = None
-        self._ping_payload = None
-        self._arm()
+    def stop_keepalive(self) -> None:
+        self.ping_at = self.pong_at = None
+        self.ping_payload = None

@@ -1,11 +1,13 @@
-"""A socket's operations: ``subscribe`` / ``complete`` / the live drains."""
+"""A socket's operations (a unit of `service_engine.server.wire.WireSocket`):
+``subscribe`` / ``complete``, the live drains and an ordinary operation's sends."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from graphql import GraphQLError, GraphQLSyntaxError
 from strawberry.http.exceptions import WebSocketDisconnected
@@ -13,25 +15,39 @@ from strawberry.schema.exceptions import CannotGetOperationTypeError
 from strawberry.types.execution import ExecutionResult, PreExecutionError
 
 from . import wire_protocol as wp
-from .app import refusal_of
+from .app import GraphQLContext, refusal_of
 from .live_op import LiveOp
-from .wire_state import GATE_HOLDING, GATE_NONE, SocketState
+from .wire_writer import SocketWriter
 
 _task_log = logging.getLogger("strawberry.ws.task")
 
 
-__all__ = ["Drains", "Operation", "OperationStreamClosed", "SocketOperations"]
+__all__ = ["Drains", "Host", "Operation", "OperationStreamClosed", "SocketOperations"]
 
 _log = logging.getLogger(__name__)
+
+
+class Host(Protocol):
+    """What a socket's operations need of the socket (`wire.WireSocket`):
+    its context and loop, its close, `answered` (an operation answered: its
+    attach turn ends) and its fused write (`LiveOp.start`'s ``direct``)."""
+
+    _endpoint: Any  # its `wire.WireEndpoint` (built on this module, not imported)
+    loop: asyncio.AbstractEventLoop
+    context: GraphQLContext[Any] | None
+
+    def close(self, code: int, reason: str) -> None: ...
+    def answered(self) -> None: ...
+    def _fused(self, live: LiveOp, delta: Any, revision: int) -> bool: ...
 
 
 class Operation:
     """One ordinary operation: its task, and whether its last message went."""
 
-    __slots__ = ("completed", "id", "socket", "task")
+    __slots__ = ("completed", "id", "operations", "task")
 
-    def __init__(self, socket: SocketState, operation_id: Any) -> None:
-        self.socket = socket
+    def __init__(self, operations: SocketOperations, operation_id: Any) -> None:
+        self.operations = operations
         self.id = operation_id
         self.completed = False
         self.task: asyncio.Task[None] | None = None
@@ -42,8 +58,8 @@ class Operation:
             return
         if message["type"] in ("complete", "error"):
             self.completed = True
-            self.socket._forget(self.id, self)
-        await self.socket.send_json(message)
+            self.operations.forget(self.id, self)
+        await self.operations.send_json(message)
 
     def close(self) -> None:
         """Stop the operation (its task is cancelled; nothing more is sent)."""
@@ -65,122 +81,128 @@ class Drains:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._sockets: list[SocketState] | None = None
+        self._sockets: list[SocketOperations] | None = None
 
-    def add(self, socket: SocketState) -> None:
+    def add(self, operations: SocketOperations) -> None:
         sockets = self._sockets
         if sockets is None:
-            self._sockets = [socket]
+            self._sockets = [operations]
             self.loop.call_soon(self._run)
         else:
-            sockets.append(socket)
+            sockets.append(operations)
 
     def _run(self) -> None:
         sockets, self._sockets = self._sockets, None
-        for socket in sockets or ():
+        for operations in sockets or ():
             try:
-                socket._drain_live()
+                operations.drain()
             except Exception:
                 # One socket's failure is its own: the others still write.
                 _log.exception("a socket's live operations failed to drain")
 
 
-class SocketOperations(SocketState):
-    """The socket's operations: a known-planned live one as a `LiveOp` in
-    callback mode (drained in one loop callback per wake, or written from
-    the render pass itself: the fused write), any other through
-    Strawberry's ``schema.stream`` in one task."""
+class SocketOperations:
+    """One socket's operations by id (`ops`), made at its first
+    ``subscribe``: a known-planned live one as a `LiveOp` in callback mode
+    (drained in one loop callback per wake, or written from the render pass
+    itself: the socket's fused write), any other through Strawberry's
+    ``schema.stream`` in one task. Their frames go to the socket's
+    `SocketWriter`."""
 
-    __slots__ = ()
+    __slots__ = ("ops", "socket", "woken", "writer")
 
-    def _subscribe(self, step: wp.Subscribe) -> None:
+    def __init__(self, socket: Host, writer: SocketWriter) -> None:
+        self.socket = socket
+        self.writer = writer
+        self.ops: dict[Any, Operation | LiveOp] = {}
+        self.woken: list[LiveOp] | None = None
+        """The live operations woken since the last `drain` (None: no drain pending)."""
+
+    def subscribe(self, step: wp.Subscribe) -> None:
+        socket = self.socket
         payload = {"query": step.query, "variables": step.variables,
                    "operationName": step.operation_name}
-        live = self._endpoint.live_ops.open(step.id, payload, self.context)
+        live = socket._endpoint.live_ops.open(step.id, payload, socket.context)
         if live is not None:
             # A known-planned live document: no task, no Strawberry; its
             # frames are drained into this socket's writes (callback mode).
-            self._ops[step.id] = live
-            live.start(self._wake, self._live_done, self._fused)
-            if self._paused:
+            self.ops[step.id] = live
+            live.start(self._wake, self._live_done, socket._fused)
+            if self.writer.paused:
                 live.pause()
             return
         operation = Operation(self, step.id)
-        operation.task = self.loop.create_task(self._run(operation, step))
+        operation.task = socket.loop.create_task(self._run(operation, step))
         operation.task.add_done_callback(_task_done)
-        self._ops[step.id] = operation
+        self.ops[step.id] = operation
 
-    def _complete(self, operation_id: Any) -> None:
+    def complete(self, operation_id: Any) -> None:
         try:
-            operation = self._ops.pop(operation_id)
+            operation = self.ops.pop(operation_id)
         except (KeyError, TypeError):
             return
         operation.close()
 
-    def _forget(self, operation_id: Any, operation: Operation | LiveOp) -> None:
-        if self._ops.get(operation_id) is operation:
-            del self._ops[operation_id]
+    def forget(self, operation_id: Any, operation: Operation | LiveOp) -> None:
+        if self.ops.get(operation_id) is operation:
+            del self.ops[operation_id]
 
-    def _stop_operations(self) -> None:
-        operations, self._ops = self._ops, {}
+    def stop(self) -> None:
+        """Stop every operation (nothing more is sent)."""
+        operations, self.ops = self.ops, {}
         for operation in operations.values():
             operation.close()
-        self._woken = None
+        self.woken = None
+
+    def pause(self) -> None:
+        """The transport paused writing: the live operations take nothing
+        (their sessions collapse, as any slow subscriber's do)."""
+        for operation in self.ops.values():
+            if isinstance(operation, LiveOp):
+                operation.pause()
+
+    def resume(self) -> None:
+        for operation in list(self.ops.values()):
+            if isinstance(operation, LiveOp):
+                operation.resume()
 
     def _wake(self, live: LiveOp) -> None:
         # Called from inside the render pass (a put): only schedule. Every
         # op woken before the next turn drains into one transport.write, and
         # every socket woken before it in one loop callback (`Drains`).
-        woken = self._woken
+        woken = self.woken
         if woken is None:
-            self._woken = [live]
-            self._endpoint.drains(self.loop).add(self)
+            self.woken = [live]
+            socket = self.socket
+            socket._endpoint.drains(socket.loop).add(self)
         else:
             woken.append(live)
 
-    def _fused(self, live: LiveOp, delta: Any, revision: int) -> bool:
-        # Called from inside the render pass (a put into a caught-up
-        # session): write the frame now when nothing is ahead of it on this
-        # socket (no drain pending, not paused, not closing, past the attach
-        # gate, no per-message deflate); False leaves it to the wake and drain.
-        # A failure here is this socket's alone: the frame is left to the
-        # drain (which logs and ends what fails), never raised into the pass.
-        if (self._woken is not None or self._paused or self._closed
-                or self._gate is not GATE_NONE or self._deflate):
-            return False
-        try:
-            data = live.frame_bytes(delta, revision)
-            if data is None:
-                return False
-            self.transport.write(data)
-        except Exception:
-            return False
-        return True
-
     def _live_done(self, operation_id: str) -> None:
         # The session ended: the id is free before its complete is written.
-        operation = self._ops.get(operation_id)
+        operation = self.ops.get(operation_id)
         if isinstance(operation, LiveOp):
-            del self._ops[operation_id]
+            del self.ops[operation_id]
 
-    def _drain_live(self) -> None:
-        woken, self._woken = self._woken, None
-        if not woken or self._closed:
+    def drain(self) -> None:
+        """Write the frames of the live operations woken since the last drain."""
+        woken, self.woken = self.woken, None
+        writer = self.writer
+        if not woken or writer.closed:
             return
-        if self._gate is GATE_HOLDING:
-            self._leave_gate()  # attached: its first frames go now
+        self.socket.answered()  # attached: its first frames go now
         if len(woken) == 1:
             # One op woken (one subscription per socket, the common case):
             # its drain's texts go straight to the transport.
             live = woken[0]
             try:
-                more = live.drain(self.write_texts)
+                more = live.drain(writer.write_texts)
             except Exception:
                 _log.exception("live operation %s failed to drain", live.id)
-                self._forget(live.id, live)
+                self.forget(live.id, live)
                 live.close()
                 return
-            if more and not self._paused:
+            if more and not writer.paused:
                 self._wake(live)
             return
         texts: list[str] = []
@@ -193,16 +215,26 @@ class SocketOperations(SocketState):
             except Exception:
                 # One op's failure is its own: the others' frames are written.
                 _log.exception("live operation %s failed to drain", live.id)
-                self._forget(live.id, live)
+                self.forget(live.id, live)
                 live.close()
-        self.write_texts(texts)
+        writer.write_texts(texts)
         for live in again:
-            if not self._paused:
+            if not writer.paused:
                 self._wake(live)
+
+    async def send_json(self, message: Mapping[str, object]) -> None:
+        """Send one message when the socket is writable (Strawberry's
+        ``send_json``; raises `WebSocketDisconnected` once it is closed)."""
+        socket, writer = self.socket, self.writer
+        socket.answered()  # an operation's first answer
+        await writer.wait_writable(socket.loop)
+        if writer.closed:
+            raise WebSocketDisconnected
+        writer.write(socket._endpoint.encode_json(message).encode())
 
     async def _run(self, operation: Operation, step: wp.Subscribe) -> None:
         # Strawberry's run_operation and _send_result_stream.
-        endpoint = self._endpoint
+        endpoint = self.socket._endpoint
         try:
             # A known-planned live field teaches LiveOps its document.
             with endpoint.live_ops.learning(
@@ -211,7 +243,7 @@ class SocketOperations(SocketState):
                 source = await endpoint.schema.stream(
                     step.query,
                     variable_values=step.variables,
-                    context_value=self.context,
+                    context_value=self.socket.context,
                     root_value=None,
                     operation_name=step.operation_name,
                 )
@@ -235,13 +267,13 @@ class SocketOperations(SocketState):
         except OperationStreamClosed:
             return
         except WebSocketDisconnected:
-            self._forget(operation.id, operation)
+            self.forget(operation.id, operation)
             return
         except Exception as error:
             _task_log.exception("Exception in worker task", exc_info=error)
             with contextlib.suppress(Exception):
                 await operation.send({"id": operation.id, "type": "complete"})
-            self._forget(operation.id, operation)
+            self.forget(operation.id, operation)
             raise
 
     async def _pre_execution_error(self, operation: Operation, result: PreExecutionError
@@ -249,8 +281,8 @@ class SocketOperations(SocketState):
         assert result.errors
         reason = _pre_execution_close_reason(result.errors[0])
         if reason:
-            self.close(4400, reason)
-            self._forget(operation.id, operation)
+            self.socket.close(4400, reason)
+            self.forget(operation.id, operation)
             raise OperationStreamClosed
         await operation.send({"id": operation.id, "type": "error",
                               "payload": [err.formatted for err in result.errors]})

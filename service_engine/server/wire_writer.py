@@ -1,89 +1,82 @@
-"""A socket's writer: text frames, flow control and the close."""
+"""A socket's writer: its text frames, the flow control of its transport
+and its close frame (a unit of `service_engine.server.wire.WireSocket`)."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping
+import asyncio
 
-from strawberry.http.exceptions import WebSocketDisconnected
 from websockets.exceptions import InvalidState
+from websockets.server import ServerProtocol
 
 from . import wire_protocol as wp
-from .live_op import LiveOp
-from .wire_state import GATE_HOLDING, SocketState
 
 __all__ = ["SocketWriter"]
 
-_log = logging.getLogger(__name__)
 
+class SocketWriter:
+    """Writes one socket's frames on its transport, fused into one
+    ``transport.write`` where it can (through websockets' `ServerProtocol`
+    once per-message deflate is negotiated: ``deflate``). While the
+    transport's buffer is past its high-water mark (`pause`) `wait_writable`
+    waits, until `resume` or the close; once `closed` nothing more is written."""
 
-_CLOSE_TIMEOUT = 10.0
-"""Seconds a sent close frame waits for the peer's echo (uvicorn's close_timeout)."""
+    __slots__ = ("closed", "conn", "deflate", "paused", "transport", "waiters")
 
+    def __init__(self, transport: asyncio.Transport, conn: ServerProtocol) -> None:
+        self.transport = transport
+        self.conn = conn
+        self.deflate = False
+        self.paused = False
+        self.closed = False
+        self.waiters: list[asyncio.Future[None]] | None = None
+        """The senders waiting for `resume` (`wait_writable`)."""
 
-class SocketWriter(SocketState):
-    """Writes and flow control: while the transport's buffer is past its
-    high-water mark (``pause_writing``) an operation's send waits and the
-    live operations take nothing (their sessions collapse, as any slow
-    subscriber's do) until ``resume_writing``; the close handshake."""
+    @property
+    def writable(self) -> bool:
+        """The transport's buffer is under its high-water mark, and the socket open."""
+        return not self.paused and not self.closed
 
-    __slots__ = ()
+    def pause(self) -> None:
+        self.paused = True
 
-    def pause_writing(self) -> None:
-        self._paused = True
-        for operation in self._ops.values():
-            if isinstance(operation, LiveOp):
-                operation.pause()
+    def resume(self) -> None:
+        self.paused = False
+        self.wake()
 
-    def resume_writing(self) -> None:
-        self._paused = False
-        self._wake_writers()
-        for operation in list(self._ops.values()):
-            if isinstance(operation, LiveOp):
-                operation.resume()
-
-    def _wake_writers(self) -> None:
-        waiters, self._waiters = self._waiters, None
+    def wake(self) -> None:
+        """Wake every sender waiting in `wait_writable`."""
+        waiters, self.waiters = self.waiters, None
         for waiter in waiters or ():
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def send_json(self, message: Mapping[str, object]) -> None:
-        """Send one message when the socket is writable (Strawberry's
-        ``send_json``; raises `WebSocketDisconnected` once it is closed)."""
-        if self._gate is GATE_HOLDING:
-            self._leave_gate()  # an operation's first answer
-        if self._paused and not self._closed:
-            await self._writable()
-        if self._closed:
-            raise WebSocketDisconnected
-        self._write(self._endpoint.encode_json(message).encode())
+    async def wait_writable(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait while paused (until `resume`, the close or the connection's loss)."""
+        if self.paused and not self.closed:
+            waiter = loop.create_future()
+            if self.waiters is None:
+                self.waiters = []
+            self.waiters.append(waiter)
+            await waiter
 
-    async def _writable(self) -> None:
-        waiter = self.loop.create_future()
-        if self._waiters is None:
-            self._waiters = []
-        self._waiters.append(waiter)
-        await waiter
-
-    def _write(self, text: bytes) -> None:
+    def write(self, text: bytes) -> None:
         """Write one text message now (the transport buffers it)."""
-        if self._closed:
+        if self.closed:
             return
-        if self._deflate:
+        if self.deflate:
             self.conn.send_text(text)
-            self._flush()
+            self.flush()
         else:
             self.transport.write(wp.text_frame(text))
 
     def write_texts(self, texts: list[str]) -> None:
         """Write several text messages in one ``transport.write``."""
-        if self._closed or not texts:
+        if self.closed or not texts:
             return
-        if self._deflate:
+        if self.deflate:
             for text in texts:
                 self.conn.send_text(text.encode())
-            self._flush()
+            self.flush()
             return
         frame = wp.text_frame
         if len(texts) == 1:
@@ -91,49 +84,22 @@ class SocketWriter(SocketState):
             return
         self.transport.write(b"".join([frame(text.encode()) for text in texts]))
 
-    @property
-    def writable(self) -> bool:
-        """The transport's buffer is under its high-water mark."""
-        return not self._paused and not self._closed
-
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write what websockets queued (a pong, a ping, a close, a deflated frame)."""
         output = self.conn.data_to_send()
         if output:
             self.transport.write(b"".join(output))
 
-    def close(self, code: int, reason: str) -> None:
-        """Send a close frame and end the socket's work (the peer's echo,
-        or a bound, closes the transport)."""
-        if self._closed or self._lost:
-            return
-        self._ended()
-        self._closed = True
+    def send_close(self, code: int, reason: str) -> bool:
+        """Send a close frame (``reason`` cut to fit) and write nothing after
+        it; False when websockets can no longer send one (the transport is
+        closed instead)."""
+        self.closed = True
         try:
             self.conn.send_close(code, wp.fit_close_reason(reason))
         except InvalidState:
             self.transport.close()
-            return
-        self._flush()
-        self._inbox = None
-        if self._read_paused:
-            self._read_paused = False
-            self.transport.resume_reading()
-        self._wake_writers()
-        self._close_at = self.loop.time() + _CLOSE_TIMEOUT
-        self._arm()
-
-    def _close_now(self) -> None:
-        """Our close frame went: close the transport now, not at the bound."""
-        if self._close_at is not None:
-            self._close_at = None
-            self._arm()
-        self.transport.close()
-
-    def _peer_closed(self) -> None:
-        if self._closed:
-            self._close_now()  # the peer echoed our close frame: done
-            return
-        self._ended()
-        self._closed = True
-        self._flush()  # websockets queued the echo
-        self.transport.close()
+            return False
+        self.flush()
+        self.wake()
+        return True
