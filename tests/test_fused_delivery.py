@@ -29,6 +29,7 @@ from service_engine.server import wire_protocol as wp
 from service_engine.server.live_op import LiveOp
 from service_engine.server.live_ops import LiveOps
 
+from .loop_support import attach_soon
 from .test_delivery_frames import DELTAS as LEARNED
 from .test_delivery_plan import ALPHA, BETA, CAUSE, FULL
 from .test_live_ops import _Context, _ops, _ordinary, _payload
@@ -70,16 +71,8 @@ class _Engine:
 
     def attach_soon(self, principal: Any, projector: str, window: Any, done: Any, *,
                     applier: Any = None, session_id: str | None = None) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(
-            self.attach(principal, projector, window, applier=applier, session_id=session_id))
-
-        def finished(task: asyncio.Task[Any]) -> None:
-            if not task.cancelled():
-                error = task.exception()
-                done(task.result() if error is None else error)
-
-        task.add_done_callback(finished)
-        return task
+        return attach_soon(self.attach(principal, projector, window, applier=applier,
+                                       session_id=session_id), done)
 
     def lanes_of(self, projector: str) -> frozenset[str]:
         return frozenset()
