@@ -89,7 +89,8 @@ async def test_a_caught_up_socket_and_a_paused_one_both_converge_with_contiguous
             reset = (await caught.next("live"))["boards"]
             assert reset["__typename"] == "BoardsReset"
             caught_wire = sockets[-1]
-            assert isinstance(caught_wire._ops.get("live"), LiveOp)
+            assert caught_wire.operations is not None
+            assert isinstance(caught_wire.operations.ops.get("live"), LiveOp)
             keeping_up = _Reader(board, reset["revision"])
             keeping_up.title = next(v["title"] for v in reset["views"] if v["id"] == board)
 
@@ -106,7 +107,8 @@ async def test_a_caught_up_socket_and_a_paused_one_both_converge_with_contiguous
                 assert slow_reset["__typename"] == "BoardsReset"
                 slow = _Reader(board, slow_reset["revision"])
                 slow.title = next(v["title"] for v in slow_reset["views"] if v["id"] == board)
-                slow_op = slow_wire._ops.get("live")
+                assert slow_wire.operations is not None
+                slow_op = slow_wire.operations.ops.get("live")
                 assert isinstance(slow_op, LiveOp)
                 tiny_send_buffer(slow_wire)  # the slow socket's transport pauses soon
                 title = ""

@@ -184,9 +184,10 @@ async def test_an_upgrade_waiting_for_a_handshake_slot_holds_no_parsed_request_n
         second = asyncio.ensure_future(ws_connect(addr, ALICE.to_header()).__aenter__())
         await wait_until(lambda: len(gate.unanswered) == 2, what="the second upgrade waiting")
         for socket in gate.unanswered:
-            assert socket._admitting is None
-            assert isinstance(socket._unanswered, bytes)
-            assert socket._unanswered.startswith(b"HTTP/1.1 101 Switching Protocols\r\n")
+            admission = socket.admission
+            assert admission is not None and admission.admitting is None
+            assert isinstance(admission.unanswered, bytes)
+            assert admission.unanswered.startswith(b"HTTP/1.1 101 Switching Protocols\r\n")
         leaving.close()
         await wait_until(lambda: gate.unanswered[0]._lost, what="the raw upgrade's peer gone")
         assert not second.done()

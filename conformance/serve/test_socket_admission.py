@@ -110,7 +110,8 @@ async def test_while_every_handshake_slot_is_taken_the_init_timeout_is_extended_
 
     def observed(socket: WireSocket) -> None:
         timed_out(socket)
-        if socket._init_extended and not socket._closed:
+        admission = socket.admission
+        if admission is not None and admission.init_extended and not socket.writer.closed:
             extended.set()
 
     monkeypatch.setattr(WireSocket, "_init_timed_out", observed)

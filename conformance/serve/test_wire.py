@@ -284,8 +284,8 @@ async def test_websocket_pings_are_answered_and_keepalive_closes_a_silent_peer(
                 # Several keepalive rounds later the answering client is open.
                 connections: set[Any] = served.server.server_state.connections
                 (wire,) = [c for c in connections if isinstance(c, WireSocket)]
-                first = wire._ping_sent_at
-                await wait_until(lambda: wire._ping_sent_at - first >= 0.25,
+                first = wire.deadlines.ping_sent_at
+                await wait_until(lambda: wire.deadlines.ping_sent_at - first >= 0.25,
                                  what="three more keepalive pings answered")
                 await send(ws, {"type": "ping"})
                 assert await receive(ws) == {"type": "pong"}
@@ -392,10 +392,10 @@ async def test_a_reader_that_stops_pauses_its_operation_and_shutdown_aborts_it_p
                                  what="the wire socket paused writing")
                 socket_ = wire_socket()
                 assert socket_ is not None
-                assert socket_._paused and not socket_._closed  # paused, not closed
+                assert socket_.writer.paused and not socket_.writer.closed  # paused, not closed
                 buffered = socket_.transport.get_write_buffer_size()
                 # Paused: the operation waits on the socket; the buffer does not grow.
-                await wait_until(lambda: bool(socket_._waiters),
+                await wait_until(lambda: bool(socket_.writer.waiters),
                                  what="the operation waits for the socket to drain")
                 assert socket_.transport.get_write_buffer_size() == buffered
                 assert buffered < 1024 * 1024
@@ -541,7 +541,8 @@ async def test_a_live_op_whose_reader_stops_is_paused_and_converges_when_it_read
             reset, buffer = await raw_live_subscription(raw, BOARDS_SUBSCRIPTION)
             wire = sockets[-1]
             assert reset["payload"]["data"]["boards"]["__typename"] == "BoardsReset"
-            assert isinstance(wire._ops.get("live"), LiveOp)
+            assert wire.operations is not None
+            assert isinstance(wire.operations.ops.get("live"), LiveOp)
             tiny_send_buffer(wire)
             title = ""
             for n in range(400):
@@ -551,8 +552,8 @@ async def test_a_live_op_whose_reader_stops_is_paused_and_converges_when_it_read
                 if not wire.writable and n >= 20:
                     break
             assert not wire.writable, "the transport never paused"
-            assert wire._paused and not wire._closed  # paused, not closed
-            op = wire._ops["live"]
+            assert wire.writer.paused and not wire.writer.closed  # paused, not closed
+            op = wire.operations.ops["live"]
             assert isinstance(op, LiveOp)
             held = wire.transport.get_write_buffer_size()
             # Paused: more writes commit and are rendered into the session; the

@@ -64,8 +64,8 @@ async def test_an_idle_socket_holds_no_timer_and_still_keeps_alive(
                 assert (await receive(ws))["type"] == "next"
                 wire = _wire(served)
                 assert _timers(wire) == [] and _waits(wire) == 1
-                first = wire._ping_sent_at
-                await wait_until(lambda: wire._ping_sent_at - first >= 0.25,
+                first = wire.deadlines.ping_sent_at
+                await wait_until(lambda: wire.deadlines.ping_sent_at - first >= 0.25,
                                  what="three more keepalive pings answered")
                 assert _timers(wire) == [] and _waits(wire) == 1
                 await send(ws, {"type": "ping"})

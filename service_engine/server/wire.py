@@ -522,28 +522,6 @@ class WireSocket(asyncio.Protocol):
         """The transport's buffer is under its high-water mark, and the socket open."""
         return self.writer.writable
 
-    # Its units' state, read by the tests.
-    @property
-    def _closed(self) -> bool: return self.writer.closed
-    @property
-    def _paused(self) -> bool: return self.writer.paused
-    @property
-    def _waiters(self) -> list[asyncio.Future[None]] | None: return self.writer.waiters
-    @property
-    def _ping_sent_at(self) -> float: return self.deadlines.ping_sent_at
-    @property
-    def _ops(self) -> Mapping[Any, Operation | LiveOp]:
-        return self.operations.ops if self.operations is not None else _NO_OPS
-    @property
-    def _init_extended(self) -> bool:
-        return self.admission is not None and self.admission.init_extended
-    @property
-    def _admitting(self) -> asyncio.Task[None] | None:
-        return self.admission.admitting if self.admission is not None else None
-    @property
-    def _unanswered(self) -> bytes | None:
-        return self.admission.unanswered if self.admission is not None else None
-
 
 _BINARY = b"\0binary"
 """Stands for a binary message in the socket's queue (`WireSocket._message`)."""
