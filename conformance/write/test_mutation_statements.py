@@ -348,7 +348,9 @@ async def test_the_commits_of_one_coalescing_window_ride_one_drain_pass(
         async def published(prefix: str) -> bool:
             return await titles() == {b: f"{prefix} {b}" for b in ids}
 
-        await wait_until(lambda: published("t"), timeout=BOUND, what="the creates offered")
+        # The creates' pass, too, starts a whole window after their first wake.
+        await wait_until(lambda: published("t"), timeout=BOUND + window["coalesce"].total_seconds(),
+                         what="the creates offered")
         batches: list[int] = []
 
         async def count(point: str, offer: str, keys: Any) -> None:
