@@ -1,5 +1,5 @@
 """Waiting on a condition of pure in-memory objects by loop turns, bounded;
-an engine stand-in's callback attach."""
+an engine stand-in's callback attach (`CallbackAttach`)."""
 
 from __future__ import annotations
 
@@ -20,17 +20,28 @@ async def turns_until(condition: Callable[[], bool], what: str, turns: int = TUR
     raise AssertionError(f"not reached in {turns} loop turns: {what}")
 
 
-def attach_soon(
-    attached: Coroutine[Any, Any, Any], done: Callable[[Any], None]
-) -> asyncio.Task[Any]:
-    """`RenderRegistry.attach_soon` over a stand-in's ``attach(...)``
-    coroutine: ``done`` gets its stream or its error, unless cancelled."""
-    task = asyncio.get_running_loop().create_task(attached)
 
-    def finished(task: asyncio.Task[Any]) -> None:
-        if not task.cancelled():
-            error = task.exception()
-            done(task.result() if error is None else error)
+class CallbackAttach:
+    """An engine stand-in's ``render.attach_soon`` (`RenderRegistry.attach_soon`)
+    over its own ``attach`` coroutine: ``done`` gets the stream or the error,
+    unless the returned task is cancelled."""
 
-    task.add_done_callback(finished)
-    return task
+    attach: Callable[..., Coroutine[Any, Any, Any]]
+
+    @property
+    def render(self) -> Any:
+        return self
+
+    def attach_soon(self, principal: Any, projector: str, window: Any,
+                    done: Callable[[Any], None], *, applier: Any = None,
+                    session_id: str | None = None) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(
+            self.attach(principal, projector, window, applier=applier, session_id=session_id))
+
+        def finished(task: asyncio.Task[Any]) -> None:
+            if not task.cancelled():
+                error = task.exception()
+                done(task.result() if error is None else error)
+
+        task.add_done_callback(finished)
+        return task

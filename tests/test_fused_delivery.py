@@ -29,7 +29,7 @@ from service_engine.server import wire_protocol as wp
 from service_engine.server.live_op import LiveOp
 from service_engine.server.live_ops import LiveOps
 
-from .loop_support import attach_soon
+from .loop_support import CallbackAttach
 from .test_delivery_frames import DELTAS as LEARNED
 from .test_delivery_plan import ALPHA, BETA, CAUSE, FULL
 from .test_live_ops import _Context, _ops, _ordinary, _payload
@@ -51,7 +51,7 @@ _KNOWN: list[LiveOps] = []
 
 
 @dataclass
-class _Engine:
+class _Engine(CallbackAttach):
     """The engine's attach: a real session stream, its first Reset queued."""
 
     streams: list[SessionStream[Any]] = field(default_factory=list)
@@ -63,16 +63,6 @@ class _Engine:
         stream.put(Reset(1, {'"t1"': ALPHA, '"t2"': BETA}))
         self.streams.append(stream)
         return stream
-
-    @property
-    def render(self) -> Any:
-        """The registry's callback attach (`RenderRegistry.attach_soon`), over `attach`."""
-        return self
-
-    def attach_soon(self, principal: Any, projector: str, window: Any, done: Any, *,
-                    applier: Any = None, session_id: str | None = None) -> asyncio.Task[Any]:
-        return attach_soon(self.attach(principal, projector, window, applier=applier,
-                                       session_id=session_id), done)
 
     def lanes_of(self, projector: str) -> frozenset[str]:
         return frozenset()

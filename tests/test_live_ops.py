@@ -31,7 +31,7 @@ from service_engine.server.app import _DOCUMENT_FIXED, limited_schema
 from service_engine.server.live_op import LiveOp
 from service_engine.server.live_ops import LiveOps, per_operation_extensions
 
-from .loop_support import attach_soon
+from .loop_support import CallbackAttach
 from .test_delivery_frames import DELTAS
 from .test_delivery_plan import (
     ALPHA,
@@ -73,7 +73,7 @@ SCHEMA = limited_schema(ORDINARY_SCHEMA, EngineConfig(service="live-ops-test"))
 
 
 @dataclass
-class _Engine:
+class _Engine(CallbackAttach):
     """The engine's attach as the kit calls it: a real session stream, pre-filled."""
 
     deltas: list[Any]
@@ -104,16 +104,6 @@ class _Engine:
             stream.end("test")
         self.streams.append(stream)
         return stream
-
-    @property
-    def render(self) -> Any:
-        """The registry's callback attach (`RenderRegistry.attach_soon`), over `attach`."""
-        return self
-
-    def attach_soon(self, principal: Any, projector: str, window: Any, done: Any, *,
-                    applier: Any = None, session_id: str | None = None) -> asyncio.Task[Any]:
-        return attach_soon(self.attach(principal, projector, window, applier=applier,
-                                       session_id=session_id), done)
 
     def lane_notices(self, lanes: Any) -> Any:
         notices = _Notices()

@@ -28,6 +28,8 @@ from service_engine.server.wire_deadlines import (
 )
 from service_engine.server.wire_writer import SocketWriter
 
+from .loop_support import turns_until
+
 
 class _Transport(asyncio.Transport):
     """asyncio's transport interface, recording what is written."""
@@ -88,14 +90,14 @@ async def test_a_paused_writer_holds_its_senders_until_resumed_or_closed() -> No
     assert not writer.writable
     first = asyncio.ensure_future(writer.wait_writable(loop))
     second = asyncio.ensure_future(writer.wait_writable(loop))
-    await asyncio.sleep(0)
+    await turns_until(lambda: len(writer.waiters or ()) == 2, "both senders waiting")
     assert not first.done() and not second.done()
     writer.resume()
     await asyncio.wait_for(asyncio.gather(first, second), 1)
     assert writer.writable and writer.waiters is None
     writer.pause()
     waiting = asyncio.ensure_future(writer.wait_writable(loop))
-    await asyncio.sleep(0)
+    await turns_until(lambda: bool(writer.waiters), "the sender waiting")
     assert writer.send_close(4400, "x" * 300)
     await asyncio.wait_for(waiting, 1)
     assert writer.closed and not writer.writable
